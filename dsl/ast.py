@@ -1,0 +1,205 @@
+"""Syntax layer: the untyped tree the parser builds, one frozen node per construct."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from dsl.diagnostics import Loc, UNKNOWN
+
+
+def _loc():
+    return attrs.field(default=UNKNOWN, eq=False, repr=False)
+
+
+# ---- attribute values (keyword arguments and options) --------------------------
+
+
+@attrs.frozen
+class Number:
+    value: Union[int, float]
+    text: str = attrs.field(eq=False, repr=False, default="")
+    """The source spelling, kept so the printer reproduces it."""
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class Ident:
+    name: str
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class String:
+    value: str
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class ListValue:
+    items: tuple
+    loc: Loc = _loc()
+
+
+Value = Union[Number, Ident, String, ListValue]
+
+
+# ---- expressions ------------------------------------------------------------------
+
+
+@attrs.frozen
+class Ref:
+    name: str
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class Kwarg:
+    name: str
+    value: Value
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class Call:
+    op: str
+    args: tuple
+    kwargs: tuple[Kwarg, ...]
+    loc: Loc = _loc()
+    op_loc: Loc = _loc()
+
+
+@attrs.frozen
+class BinOp:
+    """Infix ``+ - * /``; the checker maps it to the pointwise op of ``op``."""
+
+    op: str
+    lhs: "Expr"
+    rhs: "Expr"
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class Neg:
+    operand: "Expr"
+    loc: Loc = _loc()
+
+
+Expr = Union[Ref, Number, Call, BinOp, Neg]
+
+
+# ---- declarations and statements -----------------------------------------------
+
+
+@attrs.frozen
+class Dim:
+    """A dimension: an int, or the name of a symbolic dimension."""
+
+    value: Union[int, str]
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class TypeSpec:
+    dtype: str
+    dims: tuple[Dim, ...] | None
+    loc: Loc = _loc()
+    dtype_loc: Loc = _loc()
+
+
+@attrs.frozen
+class Layout:
+    name: str
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class Strides:
+    values: tuple[int, ...]
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class Uid:
+    value: int
+    loc: Loc = _loc()
+
+
+TensorSpec = Union[Layout, Strides, Uid]
+
+
+@attrs.frozen
+class TypesDecl:
+    """``io half`` / ``intermediate float`` / ``compute float``."""
+
+    kind: str
+    dtype: str
+    loc: Loc = _loc()
+    dtype_loc: Loc = _loc()
+
+
+@attrs.frozen
+class OptionDecl:
+    name: str
+    value: Value
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class DimDecl:
+    name: str
+    values: tuple[int, ...]
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class InputDecl:
+    name: str
+    type: TypeSpec
+    specs: tuple[TensorSpec, ...]
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class ScalarDecl:
+    name: str
+    dtype: str
+    value: Number
+    specs: tuple[TensorSpec, ...]
+    loc: Loc = _loc()
+    dtype_loc: Loc = _loc()
+
+
+@attrs.frozen
+class OutputDecl:
+    name: str
+    type: TypeSpec | None
+    specs: tuple[TensorSpec, ...]
+    expr: Expr | None
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class Assign:
+    targets: tuple[str, ...]
+    expr: Expr
+    loc: Loc = _loc()
+
+
+Stmt = Union[TypesDecl, OptionDecl, DimDecl, InputDecl, ScalarDecl, OutputDecl, Assign]
+
+
+@attrs.frozen
+class GraphDef:
+    name: str
+    stmts: tuple
+    loc: Loc = _loc()
+
+
+@attrs.frozen
+class Module:
+    file: str
+    graphs: tuple[GraphDef, ...]
+    comments: tuple[tuple[int, str], ...] = attrs.field(default=(), eq=False, repr=False)
+    """(line, text) of every comment, so the formatter keeps them."""

@@ -1,0 +1,694 @@
+"""Semantic layer: ast.Module -> ir.Program; name resolution, attributes, shape and dtype inference."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import attrs
+
+from dsl import ast
+from dsl.diagnostics import DslError, Loc, Sink, did_you_mean
+from dsl.ir import BUILD_POLICIES, HEURISTIC_MODES, Graph, Instance, Node, Options, Program, Symbol, Value
+from dsl.ops import INFIX, OPS, REQUIRED, Ctx, OpError, OpSig
+from dsl.types import (
+    DTYPES,
+    INT64_MAX,
+    LAYOUTS,
+    TensorType,
+    canonical_dtype,
+    dense_strides,
+    fmt_shape,
+    is_float,
+    itemsize,
+    layout_order,
+    overlap,
+)
+
+MAX_INSTANCES = 64
+
+_OPTION_KINDS = {f.name: f for f in attrs.fields(Options)}
+
+
+def check(module: ast.Module, sink: Sink | None = None) -> Program:
+    """Checks every graph; raises DslError carrying every error (and warning) found."""
+    sink = sink if sink is not None else Sink()
+    graphs = []
+    seen: dict[str, Loc] = {}
+    for gdef in module.graphs:
+        if gdef.name in seen:
+            sink.error(f"duplicate graph '{gdef.name}'", gdef.loc, [("first defined here", seen[gdef.name])])
+            continue
+        seen[gdef.name] = gdef.loc
+        g = _GraphChecker(module.file, gdef, sink).run()
+        if g is not None:
+            graphs.append(g)
+    if not module.graphs:
+        sink.error("no graph in file; a file holds one or more 'graph NAME { ... }' blocks", Loc(module.file, 1, 1, 1, 2))
+    sink.raise_if_errors()
+    return Program(module.file, tuple(graphs))
+
+
+@attrs.define
+class _Decl:
+    """A declared tensor before typing: an input, scalar or constant."""
+
+    name: str
+    kind: str
+    loc: Loc
+    dtype: str | None = None
+    dims: tuple = ()
+    layout: str | None = None
+    strides: tuple[int, ...] | None = None
+    uid: int | None = None
+    uid_loc: Loc | None = None
+    scalar: Any = None
+    spec_loc: Loc | None = None
+
+
+@attrs.define
+class _PNode:
+    """A node before typing."""
+
+    op: str
+    inputs: list
+    outputs: list
+    attrs: dict
+    compute: str
+    loc: Loc
+    arg_locs: list
+    attr_locs: dict
+    ok: bool = True
+
+
+@attrs.define
+class _OutDecl:
+    name: str
+    loc: Loc
+    dtype: str | None = None
+    dims: tuple | None = None
+    dims_loc: Loc | None = None
+    layout: str | None = None
+    strides: tuple[int, ...] | None = None
+    spec_loc: Loc | None = None
+    uid: int | None = None
+    uid_loc: Loc | None = None
+
+
+class _GraphChecker:
+    def __init__(self, file: str, gdef: ast.GraphDef, sink: Sink):
+        self.file, self.gdef, self.sink = file, gdef, sink
+        self.types: dict[str, tuple[str, Loc]] = {}
+        self.options: dict[str, Any] = {}
+        self.option_locs: dict[str, Loc] = {}
+        self.symbols: dict[str, Symbol] = {}
+        self.decls: dict[str, _Decl] = {}
+        self.nodes: list[_PNode] = []
+        self.produced: dict[str, tuple[_PNode, Loc]] = {}
+        self.outputs: dict[str, _OutDecl] = {}
+        self.used: set[str] = set()
+        self.poisoned: set[str] = set()
+        self.scalar_ranks: dict[str, tuple[int, Loc]] = {}
+        self.counter = itertools.count()
+        self.user_names: set[str] = set()
+
+    # ---- helpers --------------------------------------------------------------
+
+    def err(self, msg: str, loc: Loc, notes=()) -> None:
+        self.sink.error(msg, loc, notes)
+
+    def dtype(self, name: str, loc: Loc) -> str | None:
+        d = canonical_dtype(name)
+        if d is None:
+            self.err(f"unknown dtype '{name}'{did_you_mean(name, list(DTYPES) + list(_aliases()))}", loc)
+        return d
+
+    def defined_at(self, name: str) -> Loc | None:
+        if name in self.decls:
+            return self.decls[name].loc
+        if name in self.produced:
+            return self.produced[name][1]
+        if name in self.symbols:
+            return self.symbols[name].loc
+        return None
+
+    def define(self, name: str, loc: Loc) -> bool:
+        prev = self.defined_at(name)
+        if prev is not None:
+            self.err(f"'{name}' is already defined", loc, [("previous definition", prev)])
+            return False
+        return True
+
+    def fresh(self, op: str) -> str:
+        while True:
+            name = f"{op}_{next(self.counter)}"
+            if name not in self.user_names:
+                return name
+
+    # ---- the pass ----------------------------------------------------------------
+
+    def run(self) -> Graph | None:
+        n_errors = len(self.sink.errors)
+        for st in self.gdef.stmts:
+            for name in getattr(st, "targets", ()) or (getattr(st, "name", None),):
+                if name:
+                    self.user_names.add(name)
+        for st in self.gdef.stmts:
+            getattr(self, "stmt_" + type(st).__name__)(st)
+        self.finish_structure()
+        if len(self.sink.errors) > n_errors and not self.nodes:
+            return None
+        instances = self.type_instances()
+        if len(self.sink.errors) > n_errors:
+            return None
+        return self.build(instances)
+
+    def stmt_TypesDecl(self, st: ast.TypesDecl) -> None:
+        if st.kind in self.types:
+            self.err(f"'{st.kind}' type given twice", st.loc, [("first given here", self.types[st.kind][1])])
+            return
+        d = self.dtype(st.dtype, st.dtype_loc)
+        if d:
+            self.types[st.kind] = (d, st.loc)
+
+    def stmt_OptionDecl(self, st: ast.OptionDecl) -> None:
+        f = _OPTION_KINDS.get(st.name)
+        if f is None:
+            self.err(f"unknown option '{st.name}'{did_you_mean(st.name, _OPTION_KINDS)}", st.loc,
+                     [(f"options are: {', '.join(_OPTION_KINDS)}", None)])
+            return
+        if st.name in self.options:
+            self.err(f"option '{st.name}' given twice", st.loc, [("first given here", self.option_locs[st.name])])
+            return
+        value = _option_value(st.name, st.value)
+        if isinstance(value, str) and value.startswith("!"):
+            self.err(f"option '{st.name}': {value[1:]}", st.value.loc)
+            return
+        self.options[st.name] = value
+        self.option_locs[st.name] = st.loc
+
+    def stmt_DimDecl(self, st: ast.DimDecl) -> None:
+        if not self.define(st.name, st.loc):
+            return
+        if len(set(st.values)) != len(st.values):
+            self.err(f"dim '{st.name}': values repeat in {{{', '.join(map(str, st.values))}}}", st.loc)
+        if any(v < 1 or v > INT64_MAX for v in st.values):
+            self.err(f"dim '{st.name}': values must be between 1 and 2^63-1", st.loc)
+            return
+        self.symbols[st.name] = Symbol(st.name, tuple(st.values), st.loc)
+
+    def _dims(self, dims: tuple[ast.Dim, ...]) -> tuple | None:
+        out, ok = [], True
+        for d in dims:
+            if isinstance(d.value, str):
+                if d.value not in self.symbols:
+                    self.err(f"unknown dimension '{d.value}'{did_you_mean(d.value, self.symbols)}; declare it "
+                             f"with 'dim {d.value} in {{...}}' before use", d.loc)
+                    ok = False
+                self.used.add(d.value)
+            elif d.value < 1 or d.value > INT64_MAX:
+                self.err(f"dimension {d.value} out of range (1 to 2^63-1)", d.loc)
+                ok = False
+            out.append(d.value)
+        return tuple(out) if ok else None
+
+    def _specs(self, specs, rank: int, target) -> None:
+        """Applies layout / strides / uid specs to a _Decl or _OutDecl."""
+        for s in specs:
+            if isinstance(s, ast.Layout):
+                if s.name not in LAYOUTS:
+                    self.err(f"unknown layout '{s.name}'{did_you_mean(s.name, LAYOUTS)}; layouts are {', '.join(LAYOUTS)}", s.loc)
+                elif target.layout or target.strides:
+                    self.err("layout given twice", s.loc)
+                elif rank >= 0 and isinstance(order := layout_order(s.name, rank), str):
+                    self.err(order, s.loc)
+                else:
+                    target.layout, target.spec_loc = s.name, s.loc
+            elif isinstance(s, ast.Strides):
+                if target.layout or target.strides:
+                    self.err("layout given twice", s.loc)
+                elif rank >= 0 and len(s.values) != rank:
+                    self.err(f"{len(s.values)} strides for a rank-{rank} tensor", s.loc)
+                elif any(v > INT64_MAX for v in s.values):
+                    self.err("stride out of range", s.loc)
+                else:
+                    target.strides, target.spec_loc = s.values, s.loc
+            elif isinstance(s, ast.Uid):
+                if target.uid is not None:
+                    self.err("uid given twice", s.loc)
+                elif s.value < 1 or s.value > INT64_MAX:
+                    self.err(f"uid must be a positive 64-bit integer, got {s.value}", s.loc)
+                else:
+                    target.uid, target.uid_loc = s.value, s.loc
+
+    def stmt_InputDecl(self, st: ast.InputDecl) -> None:
+        if not self.define(st.name, st.loc):
+            return
+        d = _Decl(st.name, "input", st.loc)
+        self.decls[st.name] = d
+        d.dtype = self.dtype(st.type.dtype, st.type.dtype_loc)
+        dims = self._dims(st.type.dims)
+        self._specs(st.specs, len(st.type.dims), d)
+        if d.strides and dims and any(isinstance(x, str) for x in dims):
+            self.err("explicit strides need concrete dims; use a layout with symbolic dims", st.loc)
+            d.strides = None
+        if d.dtype is None or dims is None:
+            self.poisoned.add(st.name)
+        d.dims = dims or ()
+
+    def stmt_ScalarDecl(self, st: ast.ScalarDecl) -> None:
+        if not self.define(st.name, st.loc):
+            return
+        d = _Decl(st.name, "scalar", st.loc, scalar=st.value.value)
+        self.decls[st.name] = d
+        d.dtype = self.dtype(st.dtype, st.dtype_loc)
+        for s in st.specs:
+            if not isinstance(s, ast.Uid):
+                self.err("a scalar takes no layout or strides", s.loc)
+        self._specs([s for s in st.specs if isinstance(s, ast.Uid)], -1, d)
+        if d.dtype and not is_float(d.dtype) and isinstance(st.value.value, float):
+            self.err(f"scalar '{st.name}' is {d.dtype} but its value {st.value.text} is not an integer", st.value.loc)
+        if d.dtype is None:
+            self.poisoned.add(st.name)
+
+    def stmt_OutputDecl(self, st: ast.OutputDecl) -> None:
+        if st.name in self.outputs:
+            self.err(f"'{st.name}' is already an output", st.loc, [("first marked here", self.outputs[st.name].loc)])
+            return
+        o = _OutDecl(st.name, st.loc)
+        if st.type is not None:
+            o.dtype = self.dtype(st.type.dtype, st.type.dtype_loc)
+            if st.type.dims is not None:
+                o.dims = self._dims(st.type.dims)
+                o.dims_loc = st.type.loc
+        rank = len(st.type.dims) if st.type is not None and st.type.dims is not None else -1
+        self._specs(st.specs, rank, o)
+        self.outputs[st.name] = o
+        if st.expr is not None:
+            self.assign((st.name,), st.expr, st.loc)
+        elif st.name not in self.produced:
+            if st.name in self.decls:
+                self.err(f"'{st.name}' is an {self.decls[st.name].kind}; an output must be computed "
+                         f"(write 'output {st.name}_out = identity({st.name})' to copy it)", st.loc)
+            else:
+                self.err(f"output '{st.name}' is never computed{did_you_mean(st.name, self.produced)}", st.loc)
+
+    def stmt_Assign(self, st: ast.Assign) -> None:
+        self.assign(st.targets, st.expr, st.loc)
+
+    def assign(self, targets: tuple[str, ...], expr, loc: Loc) -> None:
+        if len(set(targets)) != len(targets):
+            self.err("a name appears twice on the left of '='", loc)
+            return
+        if not isinstance(expr, ast.Call) and len(targets) > 1:
+            self.err(f"{len(targets)} names on the left of '=' but the right is a single value", loc)
+            return
+        if isinstance(expr, (ast.Ref, ast.Number)):  # a plain copy
+            expr = ast.Call("identity", (expr,), (), expr.loc, expr.loc)
+        node_or_name = self.expr(expr, targets)
+        if isinstance(node_or_name, _PNode):
+            for t, produced in zip(targets, node_or_name.outputs):
+                if self.define(t, loc):
+                    self.produced[t] = (node_or_name, loc)
+                elif produced == t:
+                    node_or_name.ok = False
+
+    def expr(self, e, targets: tuple[str, ...] = ()) -> _PNode | str | None:
+        """Flattens an expression into nodes; returns the node (for calls) or a value name."""
+        if isinstance(e, ast.Ref):
+            if e.name in self.decls or e.name in self.produced:
+                self.used.add(e.name)
+                return e.name
+            if e.name in self.symbols:
+                self.err(f"'{e.name}' is a dimension, not a tensor", e.loc)
+            elif e.name in self.user_names:
+                self.err(f"'{e.name}' is used before it is defined", e.loc)
+            else:
+                known = list(self.decls) + list(self.produced)
+                self.err(f"unknown name '{e.name}'{did_you_mean(e.name, known)}", e.loc)
+            return None
+        if isinstance(e, ast.Number):
+            name = self.fresh("const")
+            self.decls[name] = _Decl(name, "const", e.loc, dtype="float", scalar=e.value)
+            self.used.add(name)
+            return name
+        if isinstance(e, ast.Neg):
+            e = ast.Call("neg", (e.operand,), (), e.loc, e.loc)
+        if isinstance(e, ast.BinOp):
+            e = ast.Call(INFIX[e.op], (e.lhs, e.rhs), (), e.loc, e.loc)
+        return self.call(e, targets)
+
+    def call(self, e: ast.Call, targets: tuple[str, ...]) -> _PNode | None:
+        sig = OPS.get(e.op)
+        args = [self.expr(a) for a in e.args]
+        arg_names = [a.outputs[0] if isinstance(a, _PNode) else a for a in args]
+        if sig is None:
+            self.err(f"unknown op '{e.op}'{did_you_mean(e.op, OPS)}", e.op_loc)
+            return None
+        n_min, n_max = len(sig.inputs), len(sig.inputs) + len(sig.optional)
+        if not n_min <= len(e.args) <= n_max:
+            want = f"{n_min}" if n_min == n_max else f"{n_min} to {n_max}"
+            ports = ", ".join(sig.inputs + tuple(f"[{p}]" for p in sig.optional))
+            self.err(f"{e.op} takes {want} input{'s' if n_max > 1 else ''} ({ports}), got {len(e.args)}", e.loc)
+            return None
+        attrs_, attr_locs, ok = self.attrs(sig, e)
+        n_results = 2 if sig.name == "sdpa" and attrs_.get("stats") else 1
+        if len(targets) > n_results:
+            self.err(f"{e.op} returns {n_results} value{'s' if n_results > 1 else ''} here, "
+                     f"but {len(targets)} names are assigned", e.loc)
+            ok = False
+        outs = list(targets[:n_results]) + [self.fresh(e.op) for _ in range(n_results - len(targets[:n_results]))]
+        compute = attrs_.pop("compute", None) or self.types.get("compute", ("float", None))[0]
+        node = _PNode(e.op, arg_names + [None] * (n_max - len(arg_names)), outs, attrs_, compute, e.loc,
+                      [a.loc for a in e.args], attr_locs, ok and None not in arg_names)
+        if sig.family != "pointwise":
+            for name, a in zip(arg_names, e.args):
+                if name in self.decls and self.decls[name].kind in ("scalar", "const"):
+                    self.err(f"{e.op}: '{a.name if isinstance(a, ast.Ref) else a.value}' is a host scalar; "
+                             f"only pointwise ops take scalars", a.loc)
+                    node.ok = False
+        self.nodes.append(node)
+        for o in outs[len(targets):]:
+            self.produced[o] = (node, e.loc)
+        return node
+
+    def attrs(self, sig: OpSig, e: ast.Call) -> tuple[dict, dict, bool]:
+        out, locs, ok = {}, {}, True
+        for kw in e.kwargs:
+            a = sig.attr(kw.name)
+            if a is None:
+                names = [x.name for x in sig.all_attrs]
+                self.err(f"{sig.name}: unknown attribute '{kw.name}'{did_you_mean(kw.name, names)}"
+                         + (f"; it takes {', '.join(names)}" if names else ""), kw.loc)
+                ok = False
+                continue
+            if kw.name in out:
+                self.err(f"{sig.name}: attribute '{kw.name}' given twice", kw.loc)
+                ok = False
+                continue
+            v = _attr_value(a, kw.value)
+            if isinstance(v, str) and v.startswith("!"):
+                self.err(f"{sig.name}: attribute '{kw.name}' {v[1:]}", kw.value.loc)
+                ok = False
+                continue
+            out[kw.name], locs[kw.name] = v, kw.loc
+        for a in sig.all_attrs:
+            if a.name not in out:
+                if a.default is REQUIRED:
+                    self.err(f"{sig.name}: missing attribute '{a.name}'"
+                             + (f" (one of {', '.join(a.choices)})" if a.choices else ""), e.loc)
+                    ok = False
+                elif a.default is not None:
+                    out[a.name] = a.default
+        return out, locs, ok
+
+    def finish_structure(self) -> None:
+        if not self.outputs and not self.sink.errors:
+            self.err(f"graph '{self.gdef.name}' has no outputs; mark results with 'output NAME = ...'", self.gdef.loc)
+        for name, d in self.decls.items():
+            if d.kind in ("input", "scalar") and name not in self.used:
+                self.sink.warning(f"{d.kind} '{name}' is never used", d.loc)
+        for name, (node, loc) in self.produced.items():
+            if name not in self.used and name not in self.outputs and name in self.user_names:
+                self.sink.warning(f"'{name}' is computed but never used", loc)
+        for s in self.symbols.values():
+            if s.name not in self.used:
+                self.sink.warning(f"dim '{s.name}' is never used", s.loc)
+        for name, o in self.outputs.items():
+            if name in self.produced and name in self.used:
+                pass  # an output may also feed later ops
+        for n in self.nodes:
+            for i in n.inputs:
+                if i is not None:
+                    self.used.add(i)
+
+    # ---- typing ------------------------------------------------------------------
+
+    def bindings(self) -> list[dict[str, int]]:
+        syms = [s for s in self.symbols.values() if s.name in self.used]
+        combos = list(itertools.islice(itertools.product(*(s.values for s in syms)), MAX_INSTANCES + 1))
+        if len(combos) > MAX_INSTANCES:
+            self.err(f"the symbolic dims give more than {MAX_INSTANCES} shapes; use fewer values", syms[0].loc)
+            combos = combos[:1]
+        return [dict(zip((s.name for s in syms), c)) for c in combos]
+
+    def type_instances(self) -> list[Instance]:
+        instances, seen = [], {}
+        bindings = self.bindings()
+        for binding in bindings:
+            label = ", ".join(f"{k} = {v}" for k, v in binding.items())
+            local = Sink()
+            types = _Typer(self, binding, local).run()
+            for d in local.items:
+                key = (d.severity, d.message, d.loc)
+                if key in seen:
+                    continue
+                seen[key] = True
+                notes = d.notes + (((f"with {label}", None),) if len(bindings) > 1 else ())
+                (self.sink.error if d.severity == "error" else self.sink.warning)(d.message, d.loc, notes)
+            if not local.errors:
+                instances.append(Instance(tuple(binding.items()), tuple(types.items())))
+        return instances
+
+    def build(self, instances: list[Instance]) -> Graph:
+        uids = _assign_uids(self)
+        values = []
+        for name, d in self.decls.items():
+            values.append(Value(name, d.kind, uids[name], d.scalar, d.loc))
+        for n in self.nodes:
+            for o in n.outputs:
+                kind = "output" if o in self.outputs else "virtual"
+                values.append(Value(o, kind, uids[o], None, self.produced[o][1]))
+        nodes = tuple(
+            Node(n.op, tuple(n.inputs), tuple(n.outputs), tuple(sorted(n.attrs.items())), n.compute, n.loc)
+            for n in self.nodes
+        )
+        opts = Options(**self.options)
+        io = self.types.get("io", (None, None))[0]
+        inter = self.types.get("intermediate", (None, None))[0] or "float"
+        compute = self.types.get("compute", (None, None))[0] or "float"
+        return Graph(self.gdef.name, self.file, io, inter, compute, opts, tuple(self.symbols.values()),
+                     tuple(values), nodes, tuple(instances), self.gdef.loc)
+
+
+class _Typer:
+    """Infers every value's concrete type for one binding of the symbolic dims."""
+
+    def __init__(self, gc: _GraphChecker, binding: dict[str, int], sink: Sink):
+        self.gc, self.binding, self.sink = gc, binding, sink
+        self.types: dict[str, TensorType] = {}
+
+    def concrete(self, dims) -> tuple[int, ...]:
+        return tuple(self.binding[d] if isinstance(d, str) else d for d in dims)
+
+    def run(self) -> dict[str, TensorType]:
+        gc = self.gc
+        for name, d in gc.decls.items():
+            if name in gc.poisoned or d.kind != "input":
+                continue
+            shape = self.concrete(d.dims)
+            if d.strides is not None:
+                strides = d.strides
+                if (ov := overlap(shape, strides)) is not None:
+                    a, b = ov
+                    self.sink.error(f"strides {list(strides)} make axes {a} and {b} of {fmt_shape(shape)} overlap", d.loc)
+                    continue
+            else:
+                strides = dense_strides(shape, layout_order(d.layout or "row_major", len(shape)))
+            t = TensorType(d.dtype, shape, strides)
+            if self.too_big(t, name, d.loc):
+                continue
+            self.types[name] = t
+        for node in gc.nodes:
+            self.node(node)
+        return self.types
+
+    def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
+        n = 1
+        for x in t.shape:
+            n *= x
+        if n * itemsize(t.dtype) > INT64_MAX or t.storage * itemsize(t.dtype) > INT64_MAX:
+            self.sink.error(f"'{name}' {fmt_shape(t.shape)} is too large: its size overflows a 64-bit integer", loc)
+            return True
+        return False
+
+    def scalar_type(self, name: str, rank: int, loc: Loc) -> TensorType:
+        d = self.gc.decls[name]
+        prev = self.gc.scalar_ranks.setdefault(name, (rank, loc))
+        if prev[0] != rank and d.kind == "scalar":
+            self.sink.error(f"scalar '{name}' is used with tensors of rank {prev[0]} and {rank}; "
+                            f"declare one scalar per rank", loc, [("first use", prev[1])])
+        shape = (1,) * rank
+        return TensorType(d.dtype, shape, dense_strides(shape))
+
+    def node(self, n: _PNode) -> None:
+        if not n.ok or any(i is not None and (i in self.gc.poisoned or (i not in self.types and i not in self.gc.decls))
+                           for i in n.inputs):
+            self.gc.poisoned.update(n.outputs)
+            return
+        sig = OPS[n.op]
+        tensor_rank = next((len(self.types[i].shape) for i in n.inputs if i in self.types), None)
+        ins = []
+        for k, i in enumerate(n.inputs):
+            if i is None:
+                ins.append(None)
+            elif i in self.types:
+                ins.append(self.types[i])
+            elif tensor_rank is None:
+                self.sink.error(f"{n.op}: needs at least one tensor input, not only scalars", n.loc)
+                self.gc.poisoned.update(n.outputs)
+                return
+            else:
+                ins.append(self.scalar_type(i, tensor_rank, n.arg_locs[k]))
+        try:
+            outs = sig.infer(Ctx(n.op, tuple(ins), n.attrs))
+        except OpError as e:
+            loc = n.loc
+            if isinstance(e.at, int) and e.at < len(n.arg_locs):
+                loc = n.arg_locs[e.at]
+            elif isinstance(e.at, str) and e.at in n.attr_locs:
+                loc = n.attr_locs[e.at]
+            self.sink.error(str(e), loc)
+            self.gc.poisoned.update(n.outputs)
+            return
+        first = next(t for t in ins if t is not None)
+        for name, out in zip(n.outputs, outs):
+            self.result(name, out, first, n)
+
+    def result(self, name: str, out, first: TensorType, n: _PNode) -> None:
+        o = self.gc.outputs.get(name)
+        order = out.order
+        if o is None:
+            dtype = out.dtype or self.gc.types.get("intermediate", ("float", None))[0]
+            t = TensorType(dtype, out.shape, dense_strides(out.shape, order))
+        else:
+            dtype = o.dtype or out.dtype or self.gc.types.get("io", (first.dtype, None))[0]
+            if o.dims is not None:
+                want = self.concrete(o.dims)
+                if want != out.shape:
+                    self.sink.error(f"output '{name}' is declared {fmt_shape(want)} but {n.op} gives "
+                                    f"{fmt_shape(out.shape)}", o.dims_loc or o.loc)
+                    return
+            strides = dense_strides(out.shape, order)
+            if o.layout:
+                lo = layout_order(o.layout, len(out.shape))
+                if isinstance(lo, str):
+                    self.sink.error(lo, o.loc)
+                    return
+                strides = dense_strides(out.shape, lo)
+            elif o.strides:
+                if len(o.strides) != len(out.shape):
+                    self.sink.error(f"{len(o.strides)} strides for output '{name}' of rank {len(out.shape)}", o.loc)
+                    return
+                if overlap(out.shape, o.strides) is not None:
+                    self.sink.error(f"strides {list(o.strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc)
+                    return
+                strides = o.strides
+            t = TensorType(dtype, out.shape, strides)
+        if not self.too_big(t, name, n.loc):
+            self.types[name] = t
+
+
+def _assign_uids(gc: _GraphChecker) -> dict[str, int]:
+    """Explicit UIDs first; the rest numbered from 1 in declaration order, skipping taken ones."""
+    explicit: dict[int, str] = {}
+    uids: dict[str, int] = {}
+    for name, spec in list(gc.decls.items()) + list(gc.outputs.items()):
+        if spec.uid is None:
+            continue
+        if spec.uid in explicit:
+            gc.err(f"uid {spec.uid} is already used by '{explicit[spec.uid]}'", spec.uid_loc)
+            continue
+        explicit[spec.uid] = name
+        uids[name] = spec.uid
+    order = list(gc.decls) + [o for n in gc.nodes for o in n.outputs]
+    nxt = 1
+    for name in order:
+        if name in uids:
+            continue
+        while nxt in explicit:
+            nxt += 1
+        uids[name] = nxt
+        nxt += 1
+    return uids
+
+
+def _aliases():
+    from dsl.types import DTYPE_ALIASES
+
+    return DTYPE_ALIASES
+
+
+def _attr_value(a, v) -> Any:
+    """Converts an ast value to the attribute's kind, or '!message' when it doesn't fit."""
+    if a.kind == "int":
+        return v.value if isinstance(v, ast.Number) and isinstance(v.value, int) else "!must be an integer"
+    if a.kind == "float":
+        return float(v.value) if isinstance(v, ast.Number) else "!must be a number"
+    if a.kind == "bool":
+        if isinstance(v, ast.Ident) and v.name in ("true", "false"):
+            return v.name == "true"
+        return "!must be true or false"
+    if a.kind == "ints":
+        if isinstance(v, ast.Number) and isinstance(v.value, int):
+            return v.value
+        if isinstance(v, ast.ListValue) and all(isinstance(x, ast.Number) and isinstance(x.value, int) for x in v.items):
+            if any(abs(x.value) > INT64_MAX for x in v.items):
+                return "!has a value out of range"
+            return tuple(x.value for x in v.items)
+        return "!must be an integer or a list of integers"
+    if a.kind == "enum":
+        if isinstance(v, ast.Ident) and v.name in a.choices:
+            return v.name
+        got = v.name if isinstance(v, ast.Ident) else "this value"
+        return f"!must be one of {', '.join(a.choices)}; got {got}" + (did_you_mean(v.name, a.choices) if isinstance(v, ast.Ident) else "")
+    if a.kind == "dtype":
+        if isinstance(v, ast.Ident) and canonical_dtype(v.name):
+            return canonical_dtype(v.name)
+        return "!must be a dtype" + (did_you_mean(v.name, DTYPES) if isinstance(v, ast.Ident) else "")
+    raise ValueError(a.kind)
+
+
+def _option_value(name: str, v) -> Any:
+    """Converts an option's ast value, or '!message'."""
+    if name == "heuristics":
+        items = v.items if isinstance(v, ast.ListValue) else (v,)
+        modes = []
+        for it in items:
+            if not isinstance(it, ast.Ident) or it.name.upper() not in HEURISTIC_MODES:
+                return f"!heuristic modes are {', '.join(HEURISTIC_MODES)}"
+            modes.append(it.name.upper())
+        return tuple(modes) if modes else f"!give at least one of {', '.join(HEURISTIC_MODES)}"
+    if name == "build_policy":
+        if isinstance(v, ast.Ident) and v.name in BUILD_POLICIES:
+            return v.name
+        return f"!must be one of {', '.join(BUILD_POLICIES)}"
+    if name == "cuda_graph":
+        if isinstance(v, ast.Ident) and v.name in ("true", "false"):
+            return v.name == "true"
+        return "!must be true or false"
+    if name in ("warmup", "iterations", "workspace_limit", "seed"):
+        lo = 1 if name == "iterations" else 0
+        if isinstance(v, ast.Number) and isinstance(v.value, int) and lo <= v.value <= INT64_MAX:
+            return v.value
+        return f"!must be an integer >= {lo}"
+    if name in ("atol", "rtol"):
+        if isinstance(v, ast.Number) and v.value >= 0:
+            return float(v.value)
+        return "!must be a number >= 0"
+    raise ValueError(name)
+
+
+def load(path_or_text: str, file: str | None = None, sink: Sink | None = None) -> Program:
+    """Parses and checks a file path or .cdg text."""
+    from pathlib import Path
+
+    from dsl.parser import parse
+
+    if file is None and "\n" not in path_or_text and "{" not in path_or_text:
+        p = Path(path_or_text)
+        return check(parse(p.read_text(), str(p)), sink)
+    return check(parse(path_or_text, file or "<string>"), sink)
+
+
+__all__ = ["check", "load", "DslError"]

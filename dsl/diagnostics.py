@@ -1,0 +1,111 @@
+"""Diagnostics layer: source locations, located errors and their rendering with a caret."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Loc:
+    """A span in a source file; renders as ``file:line:col``."""
+
+    file: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+UNKNOWN = Loc("<unknown>", 0, 0, 0, 0)
+
+
+@attrs.frozen
+class Diagnostic:
+    """One message about one place in a source file."""
+
+    severity: str
+    """"error", "warning" or "note"."""
+    message: str
+    loc: Loc
+    notes: tuple[tuple[str, Loc | None], ...] = ()
+
+    def render(self, sources: dict[str, str]) -> str:
+        lines = [f"{self.loc}: {self.severity}: {self.message}"]
+        lines += _excerpt(self.loc, sources)
+        for text, loc in self.notes:
+            if loc is None:
+                lines.append(f"  note: {text}")
+            else:
+                lines.append(f"{loc}: note: {text}")
+                lines += _excerpt(loc, sources)
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "severity": self.severity,
+            "message": self.message,
+            "file": self.loc.file,
+            "line": self.loc.line,
+            "col": self.loc.col,
+            "end_line": self.loc.end_line,
+            "end_col": self.loc.end_col,
+            "notes": [{"message": t, "loc": str(l) if l else None} for t, l in self.notes],
+        }
+
+
+def _excerpt(loc: Loc, sources: dict[str, str]) -> list[str]:
+    text = sources.get(loc.file)
+    if text is None or loc.line < 1:
+        return []
+    src_lines = text.splitlines()
+    if loc.line > len(src_lines):
+        return []
+    line = src_lines[loc.line - 1].rstrip().expandtabs(1)
+    end = loc.end_col if loc.end_line == loc.line and loc.end_col > loc.col else loc.col + 1
+    end = min(end, max(len(line) + 1, loc.col + 1))
+    return ["  " + line, "  " + " " * (loc.col - 1) + "^" * max(1, end - loc.col)]
+
+
+class DslError(Exception):
+    """Raised with one or more diagnostics; the CLI renders them, never a traceback."""
+
+    def __init__(self, diagnostics: list[Diagnostic] | Diagnostic):
+        if isinstance(diagnostics, Diagnostic):
+            diagnostics = [diagnostics]
+        self.diagnostics = list(diagnostics)
+        super().__init__("\n".join(f"{d.loc}: {d.severity}: {d.message}" for d in self.diagnostics))
+
+    def render(self, sources: dict[str, str]) -> str:
+        return "\n".join(d.render(sources) for d in self.diagnostics)
+
+
+class Sink:
+    """Collects diagnostics so that a pass can report every independent error in one run."""
+
+    def __init__(self) -> None:
+        self.items: list[Diagnostic] = []
+
+    def error(self, message: str, loc: Loc, notes=()) -> None:
+        self.items.append(Diagnostic("error", message, loc, tuple(notes)))
+
+    def warning(self, message: str, loc: Loc, notes=()) -> None:
+        self.items.append(Diagnostic("warning", message, loc, tuple(notes)))
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.items if d.severity == "error"]
+
+    def raise_if_errors(self) -> None:
+        if self.errors:
+            raise DslError(self.items)
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """A ' (did you mean X?)' suffix, or '' when nothing is close."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(candidates), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

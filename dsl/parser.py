@@ -1,0 +1,243 @@
+"""Syntax layer: .cdg text -> ast.Module, with Lark errors turned into located diagnostics."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, v_args
+from lark.lark import PostLex
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from dsl import ast
+from dsl.diagnostics import Diagnostic, DslError, Loc
+
+_BRACKETS = {"LPAR": 1, "LSQB": 1, "RPAR": -1, "RSQB": -1}
+
+# What a user calls the terminals Lark reports in "expected ..." lists.
+_TERMINAL_NAMES = {
+    "NAME": "a name",
+    "INT": "an integer",
+    "NUMBER": "a number",
+    "STRING": "a string",
+    "_NL": "end of line",
+    "SEMICOLON": "';'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "LBRACE": "'{'",
+    "RBRACE": "'}'",
+    "COMMA": "','",
+    "COLON": "':'",
+    "EQUAL": "'='",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "STAR": "'*'",
+    "SLASH": "'/'",
+    "TYPES_KIND": "'io', 'intermediate' or 'compute'",
+    "$END": "end of file",
+}
+
+
+class _NewlinesInBrackets(PostLex):
+    """Drops newlines inside ( ) and [ ] so that calls and lists may span lines."""
+
+    always_accept = ("_NL",)
+
+    def process(self, stream):
+        depth = 0
+        for tok in stream:
+            depth = max(0, depth + _BRACKETS.get(tok.type, 0))
+            if tok.type == "_NL" and depth:
+                continue
+            yield tok
+
+
+@functools.lru_cache(maxsize=None)
+def _lark() -> Lark:
+    grammar = (Path(__file__).parent / "grammar.lark").read_text()
+    return Lark(
+        grammar,
+        parser="lalr",
+        lexer="contextual",
+        postlex=_NewlinesInBrackets(),
+        propagate_positions=True,
+        maybe_placeholders=False,
+    )
+
+
+def _tok_loc(file: str, tok: Token) -> Loc:
+    return Loc(file, tok.line, tok.column, tok.end_line, tok.end_column)
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """Lark tree -> ast nodes; every node gets the span of its rule."""
+
+    def __init__(self, file: str):
+        super().__init__()
+        self.file = file
+
+    def _loc(self, meta) -> Loc:
+        if getattr(meta, "empty", True):
+            return Loc(self.file, 0, 0, 0, 0)
+        return Loc(self.file, meta.line, meta.column, meta.end_line, meta.end_column)
+
+    def _t(self, tok: Token) -> Loc:
+        return _tok_loc(self.file, tok)
+
+    def start(self, meta, graphs):
+        return tuple(graphs)
+
+    def graph(self, meta, ch):
+        return ast.GraphDef(str(ch[0]), tuple(ch[1:]), self._loc(meta))
+
+    def types_decl(self, meta, ch):
+        kind, dtype = ch
+        return ast.TypesDecl(str(kind), str(dtype), self._loc(meta), self._t(dtype))
+
+    def option_decl(self, meta, ch):
+        return ast.OptionDecl(str(ch[0]), ch[1], self._loc(meta))
+
+    def dim_decl(self, meta, ch):
+        return ast.DimDecl(str(ch[0]), tuple(int(t) for t in ch[1:]), self._loc(meta))
+
+    def input_decl(self, meta, ch):
+        return ast.InputDecl(str(ch[0]), ch[1], tuple(ch[2:]), self._loc(meta))
+
+    def scalar_decl(self, meta, ch):
+        name, dtype, value, *specs = ch
+        return ast.ScalarDecl(str(name), str(dtype), value, tuple(specs), self._loc(meta), self._t(dtype))
+
+    def output_decl(self, meta, ch):
+        name, rest = ch[0], list(ch[1:])
+        type_ = rest.pop(0) if rest and isinstance(rest[0], ast.TypeSpec) else None
+        expr = rest.pop() if rest and not isinstance(rest[-1], (ast.Layout, ast.Strides, ast.Uid)) else None
+        return ast.OutputDecl(str(name), type_, tuple(rest), expr, self._loc(meta))
+
+    def assign(self, meta, ch):
+        return ast.Assign(tuple(str(t) for t in ch[:-1]), ch[-1], self._loc(meta))
+
+    def layout(self, meta, ch):
+        return ast.Layout(str(ch[0]), self._loc(meta))
+
+    def strides(self, meta, ch):
+        return ast.Strides(tuple(int(t) for t in ch), self._loc(meta))
+
+    def uid(self, meta, ch):
+        return ast.Uid(int(ch[0]), self._loc(meta))
+
+    def tensor_type(self, meta, ch):
+        return ast.TypeSpec(str(ch[0]), tuple(ch[1:]), self._loc(meta), self._t(ch[0]))
+
+    def out_type(self, meta, ch):
+        dims = tuple(ch[1:]) if len(ch) > 1 else None
+        return ast.TypeSpec(str(ch[0]), dims, self._loc(meta), self._t(ch[0]))
+
+    def dim(self, meta, ch):
+        tok = ch[0]
+        value = int(tok) if tok.type == "INT" else str(tok)
+        return ast.Dim(value, self._loc(meta))
+
+    def _binop(op):
+        def method(self, meta, ch):
+            return ast.BinOp(op, ch[0], ch[1], self._loc(meta))
+
+        return method
+
+    add, sub, mul, div = _binop("+"), _binop("-"), _binop("*"), _binop("/")
+
+    def neg(self, meta, ch):
+        return ast.Neg(ch[0], self._loc(meta))
+
+    def call(self, meta, ch):
+        name, args = ch[0], ch[1:]
+        pos = tuple(a for a in args if not isinstance(a, ast.Kwarg))
+        kws = tuple(a for a in args if isinstance(a, ast.Kwarg))
+        return ast.Call(str(name), pos, kws, self._loc(meta), self._t(name))
+
+    def ref(self, meta, ch):
+        return ast.Ref(str(ch[0]), self._loc(meta))
+
+    def num(self, meta, ch):
+        return _number(ch[0], self._loc(meta))
+
+    def kwarg(self, meta, ch):
+        return ast.Kwarg(str(ch[0]), ch[1], self._loc(meta))
+
+    def signed_number(self, meta, ch):
+        n = _number(ch[0], self._loc(meta))
+        if meta.column < ch[0].column:  # a leading '-' (filtered from the children)
+            return ast.Number(-n.value, "-" + n.text, self._loc(meta))
+        return n
+
+    def ident(self, meta, ch):
+        return ast.Ident(str(ch[0]), self._loc(meta))
+
+    def string(self, meta, ch):
+        return ast.String(str(ch[0])[1:-1], self._loc(meta))
+
+    def list(self, meta, ch):
+        return ast.ListValue(tuple(ch), self._loc(meta))
+
+
+def _number(tok: Token, loc: Loc) -> ast.Number:
+    text = str(tok)
+    is_int = text.isdigit()
+    return ast.Number(int(text) if is_int else float(text), text, loc)
+
+
+def parse(text: str, file: str = "<string>") -> ast.Module:
+    """Parses .cdg text; raises DslError with a located diagnostic on a syntax error."""
+    comments: list[tuple[int, str]] = []
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as e:
+        raise DslError(_syntax_diagnostic(e, text, file)) from None
+    try:
+        graphs = _ToAst(file).transform(tree)
+    except VisitError as e:  # an error raised inside a transformer method
+        raise e.orig_exc from None
+    for tok in _lark().lex(text, dont_ignore=True) if "#" in text else ():
+        if tok.type == "COMMENT":
+            comments.append((tok.line, str(tok).rstrip()))
+    return ast.Module(file, graphs, tuple(comments))
+
+
+def parse_file(path: str | Path) -> ast.Module:
+    path = Path(path)
+    return parse(path.read_text(), str(path))
+
+
+def _syntax_diagnostic(e: UnexpectedInput, text: str, file: str) -> Diagnostic:
+    line, col = max(1, e.line or 1), max(1, e.column or 1)
+    if isinstance(e, UnexpectedToken) and e.token.type == "$END" or isinstance(e, UnexpectedEOF):
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        what = "unexpected end of file"
+    elif isinstance(e, UnexpectedToken):
+        tok = e.token
+        what = "unexpected end of line" if tok.type == "_NL" else f"unexpected '{tok}'"
+        loc = Loc(file, tok.line, tok.column, tok.line, tok.column + len(str(tok).split("\n")[0]))
+        return Diagnostic("error", f"syntax error: {what}; {_expected(e.expected)}", loc)
+    else:
+        char = text.splitlines()[line - 1][col - 1 : col] if isinstance(e, UnexpectedCharacters) else "?"
+        what = f"unexpected character {char!r}"
+    expected = getattr(e, "expected", None) or getattr(e, "allowed", None) or ()
+    msg = f"syntax error: {what}" + (f"; {_expected(expected)}" if expected else "")
+    return Diagnostic("error", msg, Loc(file, line, col, line, col + 1))
+
+
+def _expected(terminals) -> str:
+    names = sorted({_TERMINAL_NAMES.get(t, _keyword(t)) for t in terminals if not t.startswith("__")})
+    if len(names) > 6:
+        names = names[:6] + ["..."]
+    return "expected " + ", ".join(names)
+
+
+def _keyword(terminal: str) -> str:
+    for t in _lark().terminals:
+        if t.name == terminal and t.pattern.type == "str":
+            return repr(t.pattern.value)
+    return terminal.lower()

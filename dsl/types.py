@@ -1,0 +1,146 @@
+"""Semantic layer: data types, layouts and stride arithmetic of the language."""
+
+from __future__ import annotations
+
+import attrs
+
+#: canonical dtype -> (size in bytes, is floating point)
+DTYPES: dict[str, tuple[int, bool]] = {
+    "half": (2, True),
+    "bf16": (2, True),
+    "float": (4, True),
+    "double": (8, True),
+    "fp8_e4m3": (1, True),
+    "fp8_e5m2": (1, True),
+    "int8": (1, False),
+    "uint8": (1, False),
+    "int32": (4, False),
+    "int64": (8, False),
+    "bool": (1, False),
+}
+
+DTYPE_ALIASES = {
+    "fp16": "half",
+    "float16": "half",
+    "bfloat16": "bf16",
+    "fp32": "float",
+    "float32": "float",
+    "fp64": "double",
+    "float64": "double",
+    "e4m3": "fp8_e4m3",
+    "e5m2": "fp8_e5m2",
+}
+
+#: layout name -> how it orders the axes of a tensor of rank r (outermost first), or None
+LAYOUTS = ("row_major", "col_major", "nchw", "nhwc", "ncdhw", "ndhwc", "channels_last")
+
+INT64_MAX = 2**63 - 1
+
+
+def canonical_dtype(name: str) -> str | None:
+    if name in DTYPES:
+        return name
+    return DTYPE_ALIASES.get(name)
+
+
+def is_float(dtype: str) -> bool:
+    return DTYPES[dtype][1]
+
+
+def itemsize(dtype: str) -> int:
+    return DTYPES[dtype][0]
+
+
+def layout_order(layout: str, rank: int) -> tuple[int, ...] | str:
+    """The axis order (outermost first) of a named layout, or an error message."""
+    identity = tuple(range(rank))
+    if layout in ("row_major", "nchw", "ncdhw"):
+        if layout == "nchw" and rank != 4 or layout == "ncdhw" and rank != 5:
+            return f"layout '{layout}' needs a rank-{4 if layout == 'nchw' else 5} tensor, this one has rank {rank}"
+        return identity
+    if layout == "col_major":
+        if rank < 2:
+            return "layout 'col_major' needs a tensor of rank 2 or more"
+        return identity[:-2] + (rank - 1, rank - 2)
+    if layout in ("nhwc", "ndhwc", "channels_last"):
+        want = {"nhwc": 4, "ndhwc": 5}.get(layout)
+        if want and rank != want or rank < 3:
+            return f"layout '{layout}' needs a rank-{want or '3+'} tensor, this one has rank {rank}"
+        return (0,) + tuple(range(2, rank)) + (1,)
+    raise ValueError(layout)
+
+
+def dense_strides(shape: tuple[int, ...], order: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Packed strides for ``shape`` with axes laid out in ``order`` (outermost first)."""
+    order = tuple(range(len(shape))) if order is None else order
+    strides = [0] * len(shape)
+    step = 1
+    for axis in reversed(order):
+        strides[axis] = step
+        step *= max(1, shape[axis])
+    return tuple(strides)
+
+
+def stride_order(strides: tuple[int, ...]) -> tuple[int, ...]:
+    """The axis order (outermost first) that ``strides`` describe; ties keep axis order."""
+    return tuple(sorted(range(len(strides)), key=lambda a: (-strides[a], a)))
+
+
+def storage_elements(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Elements a buffer must hold for this view: 1 + the largest offset."""
+    if any(d == 0 for d in shape):
+        return 0
+    return 1 + sum((d - 1) * s for d, s in zip(shape, strides))
+
+
+def overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int] | None:
+    """Two axes whose elements would alias in memory, or None when the view is one-to-one."""
+    axes = sorted((a for a in range(len(shape)) if shape[a] > 1), key=lambda a: (strides[a], a))
+    for inner, outer in zip(axes, axes[1:]):
+        if strides[outer] < strides[inner] * shape[inner]:
+            return inner, outer
+    if axes and strides[axes[0]] == 0:
+        return axes[0], axes[0]
+    return None
+
+
+def broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """numpy broadcasting of two equal-rank shapes, or None when they don't broadcast."""
+    if len(a) != len(b):
+        return None
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return None
+    return tuple(out)
+
+
+def fmt_shape(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+@attrs.frozen
+class TensorType:
+    """A concrete tensor type: dtype, shape (ints) and element strides."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def storage(self) -> int:
+        return storage_elements(self.shape, self.strides)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}{fmt_shape(self.shape)}"
