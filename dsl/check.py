@@ -382,18 +382,19 @@ class _GraphChecker:
                          + (f"; it takes {', '.join(names)}" if names else ""), kw.loc)
                 ok = False
                 continue
-            if kw.name in out:
+            if kw.name in locs:
                 self.err(f"{sig.name}: attribute '{kw.name}' given twice", kw.loc)
                 ok = False
                 continue
             v = _attr_value(a, kw.value)
+            locs[kw.name] = kw.loc
             if isinstance(v, str) and v.startswith("!"):
                 self.err(f"{sig.name}: attribute '{kw.name}' {v[1:]}", kw.value.loc)
                 ok = False
                 continue
-            out[kw.name], locs[kw.name] = v, kw.loc
+            out[kw.name] = v
         for a in sig.all_attrs:
-            if a.name not in out:
+            if a.name not in out and a.name not in locs:
                 if a.default is REQUIRED:
                     self.err(f"{sig.name}: missing attribute '{a.name}'"
                              + (f" (one of {', '.join(a.choices)})" if a.choices else ""), e.loc)
@@ -433,32 +434,35 @@ class _GraphChecker:
         return [dict(zip((s.name for s in syms), c)) for c in combos]
 
     def type_instances(self) -> list[Instance]:
-        instances, seen = [], {}
+        """Types every binding of the symbolic dims; an error found in several shapes is reported once."""
+        instances = []
+        found: dict[tuple, list] = {}
         bindings = self.bindings()
         for binding in bindings:
-            label = ", ".join(f"{k} = {v}" for k, v in binding.items())
             local = Sink()
             types = _Typer(self, binding, local).run()
             for d in local.items:
-                key = (d.severity, d.message, d.loc)
-                if key in seen:
-                    continue
-                seen[key] = True
-                notes = d.notes + (((f"with {label}", None),) if len(bindings) > 1 else ())
-                (self.sink.error if d.severity == "error" else self.sink.warning)(d.message, d.loc, notes)
+                found.setdefault((d.severity, d.loc), [d, []])[1].append(binding)
             if not local.errors:
                 instances.append(Instance(tuple(binding.items()), tuple(types.items())))
+        for d, where in found.values():
+            notes = d.notes
+            if len(bindings) > 1:
+                label = ", ".join(f"{k} = {v}" for k, v in where[0].items())
+                more = f" (and {len(where) - 1} more of the {len(bindings)} shapes)" if len(where) > 1 else ""
+                notes += ((f"with {label}{more}", None),)
+            (self.sink.error if d.severity == "error" else self.sink.warning)(d.message, d.loc, notes)
         return instances
 
     def build(self, instances: list[Instance]) -> Graph:
         uids = _assign_uids(self)
         values = []
         for name, d in self.decls.items():
-            values.append(Value(name, d.kind, uids[name], d.scalar, d.loc))
+            values.append(Value(name, d.kind, uids[name], d.scalar, d.dtype if d.kind != "input" else None, d.loc))
         for n in self.nodes:
             for o in n.outputs:
                 kind = "output" if o in self.outputs else "virtual"
-                values.append(Value(o, kind, uids[o], None, self.produced[o][1]))
+                values.append(Value(o, kind, uids[o], loc=self.produced[o][1]))
         nodes = tuple(
             Node(n.op, tuple(n.inputs), tuple(n.outputs), tuple(sorted(n.attrs.items())), n.compute, n.loc)
             for n in self.nodes
@@ -477,6 +481,10 @@ class _Typer:
     def __init__(self, gc: _GraphChecker, binding: dict[str, int], sink: Sink):
         self.gc, self.binding, self.sink = gc, binding, sink
         self.types: dict[str, TensorType] = {}
+        self.poisoned: set[str] = set(gc.poisoned)
+        """values whose type could not be inferred in this instance (no cascading errors)"""
+        self.scalars: dict[str, TensorType] = {}
+        """host scalars typed by their first use: all-ones shape of the rank they meet"""
 
     def concrete(self, dims) -> tuple[int, ...]:
         return tuple(self.binding[d] if isinstance(d, str) else d for d in dims)
@@ -484,14 +492,16 @@ class _Typer:
     def run(self) -> dict[str, TensorType]:
         gc = self.gc
         for name, d in gc.decls.items():
-            if name in gc.poisoned or d.kind != "input":
+            if name in self.poisoned or d.kind != "input":
                 continue
+            self.poisoned.add(name)  # until typed below
             shape = self.concrete(d.dims)
             if d.strides is not None:
                 strides = d.strides
                 if (ov := overlap(shape, strides)) is not None:
                     a, b = ov
-                    self.sink.error(f"strides {list(strides)} make axes {a} and {b} of {fmt_shape(shape)} overlap", d.loc)
+                    what = f"axis {a} (size {shape[a]}) has stride 0" if a == b else f"axes {a} and {b} overlap"
+                    self.sink.error(f"strides {list(strides)} alias elements of {fmt_shape(shape)}: {what}", d.loc)
                     continue
             else:
                 strides = dense_strides(shape, layout_order(d.layout or "row_major", len(shape)))
@@ -499,9 +509,10 @@ class _Typer:
             if self.too_big(t, name, d.loc):
                 continue
             self.types[name] = t
+            self.poisoned.discard(name)
         for node in gc.nodes:
             self.node(node)
-        return self.types
+        return {**self.types, **self.scalars}
 
     def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
         n = 1
@@ -519,12 +530,12 @@ class _Typer:
             self.sink.error(f"scalar '{name}' is used with tensors of rank {prev[0]} and {rank}; "
                             f"declare one scalar per rank", loc, [("first use", prev[1])])
         shape = (1,) * rank
-        return TensorType(d.dtype, shape, dense_strides(shape))
+        return self.scalars.setdefault(name, TensorType(d.dtype, shape, dense_strides(shape)))
 
     def node(self, n: _PNode) -> None:
-        if not n.ok or any(i is not None and (i in self.gc.poisoned or (i not in self.types and i not in self.gc.decls))
+        if not n.ok or any(i is not None and (i in self.poisoned or (i not in self.types and i not in self.gc.decls))
                            for i in n.inputs):
-            self.gc.poisoned.update(n.outputs)
+            self.poisoned.update(n.outputs)
             return
         sig = OPS[n.op]
         tensor_rank = next((len(self.types[i].shape) for i in n.inputs if i in self.types), None)
@@ -536,7 +547,7 @@ class _Typer:
                 ins.append(self.types[i])
             elif tensor_rank is None:
                 self.sink.error(f"{n.op}: needs at least one tensor input, not only scalars", n.loc)
-                self.gc.poisoned.update(n.outputs)
+                self.poisoned.update(n.outputs)
                 return
             else:
                 ins.append(self.scalar_type(i, tensor_rank, n.arg_locs[k]))
@@ -549,13 +560,14 @@ class _Typer:
             elif isinstance(e.at, str) and e.at in n.attr_locs:
                 loc = n.attr_locs[e.at]
             self.sink.error(str(e), loc)
-            self.gc.poisoned.update(n.outputs)
+            self.poisoned.update(n.outputs)
             return
         first = next(t for t in ins if t is not None)
         for name, out in zip(n.outputs, outs):
             self.result(name, out, first, n)
 
     def result(self, name: str, out, first: TensorType, n: _PNode) -> None:
+        self.poisoned.add(name)  # until typed at the end
         o = self.gc.outputs.get(name)
         order = out.order
         if o is None:
@@ -587,6 +599,7 @@ class _Typer:
             t = TensorType(dtype, out.shape, strides)
         if not self.too_big(t, name, n.loc):
             self.types[name] = t
+            self.poisoned.discard(name)
 
 
 def _assign_uids(gc: _GraphChecker) -> dict[str, int]:

@@ -60,6 +60,8 @@ class Value:
     uid: int
     scalar: float | int | None = None
     """the host value of a scalar or constant"""
+    dtype: str | None = None
+    """the dtype of a scalar or constant (tensors have theirs per instance)"""
     loc: Loc = _loc()
 
     @property

@@ -62,6 +62,8 @@ class OpSig:
     attrs: tuple[Attr, ...] = ()
     outputs: tuple[str, ...] = ("out",)
     doc: str = ""
+    positive: tuple[int, ...] = ()
+    """inputs whose domain is positive (generated test data avoids 0 and negatives there)"""
 
     def attr(self, name: str) -> Attr | None:
         for a in self.attrs + COMMON_ATTRS:
@@ -331,12 +333,15 @@ def infer_slice(ctx: Ctx) -> list[Out]:
 # ---- the registry ----------------------------------------------------------------
 
 
+_POSITIVE = {"log": (0,), "sqrt": (0,), "rsqrt": (0,), "reciprocal": (0,), "div": (1,), "pow": (0,)}
+
+
 def _pointwise_unary(name: str, doc: str, *attrs_: Attr) -> OpSig:
-    return OpSig(name, "pointwise", ("x",), infer_unary, attrs=attrs_, doc=doc)
+    return OpSig(name, "pointwise", ("x",), infer_unary, attrs=attrs_, doc=doc, positive=_POSITIVE.get(name, ()))
 
 
 def _pointwise_binary(name: str, doc: str) -> OpSig:
-    return OpSig(name, "pointwise", ("a", "b"), infer_binary, doc=doc)
+    return OpSig(name, "pointwise", ("a", "b"), infer_binary, doc=doc, positive=_POSITIVE.get(name, ()))
 
 
 _UNARY = {
@@ -428,7 +433,7 @@ OPS: dict[str, OpSig] = {
     ),
     "batchnorm_inference": OpSig(
         "batchnorm_inference", "norm", ("x", "mean", "inv_variance", "scale", "bias"), infer_batchnorm,
-        doc="(x - mean) * inv_variance * scale + bias, per channel (axis 1)",
+        doc="(x - mean) * inv_variance * scale + bias, per channel (axis 1)", positive=(2,),
     ),
     "transpose": OpSig(
         "transpose", "layout", ("x",), infer_transpose, attrs=(Attr("perm", "ints", REQUIRED),),

@@ -229,8 +229,13 @@ def _syntax_diagnostic(e: UnexpectedInput, text: str, file: str) -> Diagnostic:
     return Diagnostic("error", msg, Loc(file, line, col, line, col + 1))
 
 
+_CLOSERS = ("RBRACE", "RPAR", "RSQB")
+
+
 def _expected(terminals) -> str:
-    names = sorted({_TERMINAL_NAMES.get(t, _keyword(t)) for t in terminals if not t.startswith("__")})
+    terminals = [t for t in terminals if not t.startswith("__")]
+    closers = [_TERMINAL_NAMES[t] for t in _CLOSERS if t in terminals]  # the likeliest fix goes first
+    names = closers + sorted({_TERMINAL_NAMES.get(t, _keyword(t)) for t in terminals} - set(closers))
     if len(names) > 6:
         names = names[:6] + ["..."]
     return "expected " + ", ".join(names)

@@ -1,0 +1,292 @@
+"""CLI layer: `cudnn-dsl check | fmt | run | emit | device-info | tune | cache | bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dsl.diagnostics import DslError, Sink
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _read(path: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{path}: no such file")
+    try:
+        return p.read_text()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a text file") from None
+
+
+def load_programs(paths, out=sys.stderr):
+    """Parses and checks each file; prints diagnostics; returns [(path, program or None)]."""
+    from dsl.check import check
+    from dsl.parser import parse
+
+    results = []
+    for path in paths:
+        text = _read(path)
+        sink = Sink()
+        program = None
+        try:
+            program = check(parse(text, path), sink)
+        except DslError as e:
+            if not sink.items:  # a syntax error raises before the checker runs
+                sink.items.extend(e.diagnostics)
+        for d in sink.items:
+            print(d.render({path: text}), file=out)
+        results.append((path, program))
+    return results
+
+
+class Progress:
+    """One self-erasing status line on a terminal; silent when stderr is not one."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, step: str) -> None:
+        if self.tty:
+            print(f"\r\033[K  {self.label}: {step} ...", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+# ---- check / fmt ----------------------------------------------------------------------
+
+
+def cmd_check(args) -> int:
+    from dsl.parser import parse
+    from dsl.printer import dump_ast, dump_ir, summary, to_json
+
+    status = EXIT_OK
+    reports = []
+    for path, program in load_programs(args.files):
+        if program is None:
+            status = EXIT_FAIL
+            continue
+        if args.emit == "ast":
+            print(dump_ast(parse(_read(path), path).graphs))
+        elif args.emit == "ir":
+            print(dump_ir(program))
+        elif args.json:
+            reports.append(to_json(program))
+        else:
+            print(summary(program))
+        if args.target or args.device_properties:
+            status = max(status, _plan_deviceless(program, args, reports if args.json else None))
+    if args.json:
+        print(json.dumps(reports if len(reports) != 1 else reports[0], indent=2, default=str))
+    return status
+
+
+def _target(args):
+    from cudnn_dsl.backend import Target
+
+    if args.device_properties:
+        return Target.from_file(args.device_properties)
+    return Target.named(args.target or "h200")
+
+
+def _plan_deviceless(program, args, reports) -> int:
+    """Lowers every instance and asks the real cuDNN library for plans for the target."""
+    from cudnn_dsl.lower import lower, plan
+
+    target = _target(args)
+    status = EXIT_OK
+    for g in program.graphs:
+        for inst in g.instances:
+            label = g.name + (f" [{inst.label}]" if inst.binding else "")
+            progress = Progress(label)
+            try:
+                low = plan(lower(g, inst, target=target), g.options.heuristics, g.options.build_policy,
+                           g.options.workspace_limit, target.name, progress, deviceless=True)
+            except DslError as e:
+                progress.done()
+                print(e.render({program.file: _read(program.file)}), file=sys.stderr)
+                status = EXIT_FAIL
+                continue
+            progress.done()
+            first = low.g.get_plan_name_at_index(0) if low.plan_count else "-"
+            steps = " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in low.timings.items())
+            skipped = "".join(f"\n    {k} skipped: {why}" for k, why in low.skipped.items())
+            line = (f"  cuDNN plans for {target.name} (sm_{target.sm_version}), graph {label}: {low.plan_count} "
+                    f"candidates, first {first}\n    {steps}{skipped}")
+            if reports is not None:
+                reports.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name,
+                                "plans": low.plan_count, "first_plan": first, "timings_s": low.timings,
+                                "skipped": low.skipped})
+            else:
+                print(line)
+    return status
+
+
+def cmd_fmt(args) -> int:
+    from dsl.parser import parse
+    from dsl.printer import fmt_module
+
+    status = EXIT_OK
+    for path in args.files:
+        text = _read(path)
+        try:
+            module = parse(text, path)
+        except DslError as e:
+            print(e.render({path: text}), file=sys.stderr)
+            status = EXIT_FAIL
+            continue
+        new = fmt_module(module)
+        if new == text:
+            continue
+        if args.check:
+            print(f"{path}: would reformat", file=sys.stderr)
+            status = EXIT_FAIL
+        elif args.stdout:
+            sys.stdout.write(new)
+        else:
+            _atomic_write(Path(path), new)
+            print(f"{path}: reformatted", file=sys.stderr)
+    return status
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# ---- run / emit / device-info ------------------------------------------------------------
+
+
+def cmd_run(args) -> int:
+    from cudnn_dsl.run import run_file
+
+    return run_file(args)
+
+
+def cmd_emit(args) -> int:
+    from cudnn_dsl.emit import emit_cudnn, emit_torch
+
+    [(path, program)] = load_programs([args.file])
+    if program is None:
+        return EXIT_FAIL
+    g = program.graph(args.graph)
+    inst = g.instance(_parse_binding(args.shape))
+    print(emit_cudnn(g, inst) if args.target == "cudnn" else emit_torch(g, inst), end="")
+    return EXIT_OK
+
+
+def cmd_device_info(args) -> int:
+    from cudnn_dsl.backend import local_device_info
+
+    print(local_device_info())
+    return EXIT_OK
+
+
+def _parse_binding(items) -> dict[str, int] | None:
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            raise UsageError(f"--shape takes NAME=VALUE, got '{item}'")
+        out[name] = int(value)
+    return out
+
+
+# ---- the parser ----------------------------------------------------------------------------
+
+
+def _add_build_options(p) -> None:
+    p.add_argument("--graph", help="only this graph of the file")
+    p.add_argument("--shape", action="append", metavar="DIM=VALUE",
+                   help="only this value of a symbolic dim (repeatable); default: every declared value")
+    p.add_argument("--heuristics", help="heuristic modes, e.g. A,B,FALLBACK (overrides the file)")
+    p.add_argument("--build-policy", choices=("heuristics_choice", "all"), help="overrides the file")
+    p.add_argument("--workspace-limit", type=int, metavar="BYTES", help="skip plans needing more workspace")
+    p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    p.add_argument("--target", help="plan for this device when there is no GPU (default h200)")
+    p.add_argument("--device-properties", metavar="JSON", help="plan for the device this descriptor describes")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cudnn-dsl",
+        description="Write fused cuDNN graphs as small .cdg files; check, compile, run, verify, tune and bench them.",
+        epilog="Exit status: 0 clean, 1 errors or mismatches, 2 usage errors. Docs: docs/language.md",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    c = sub.add_parser("check", help="parse and check .cdg files; print every inferred shape, or the errors")
+    c.add_argument("files", nargs="+", metavar="FILE")
+    c.add_argument("--emit", choices=("ast", "ir"), help="dump a stage instead of the summary")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--target", help="also ask cuDNN for plans for this device, without a GPU (e.g. h200)")
+    c.add_argument("--device-properties", metavar="JSON", help="like --target, from a descriptor file")
+    c.set_defaults(fn=cmd_check)
+
+    f = sub.add_parser("fmt", help="rewrite .cdg files in canonical form (comments kept)")
+    f.add_argument("files", nargs="+", metavar="FILE")
+    f.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is not canonical")
+    f.add_argument("--stdout", action="store_true", help="print instead of rewriting")
+    f.set_defaults(fn=cmd_fmt)
+
+    r = sub.add_parser("run", help="compile with cuDNN, run on generated or given inputs, compare with PyTorch")
+    r.add_argument("file", metavar="FILE")
+    _add_build_options(r)
+    r.add_argument("--input", action="append", metavar="NAME=FILE", help="load an input from .pt/.npy/.safetensors")
+    r.add_argument("--seed", type=int, help="seed of the generated inputs (overrides the file)")
+    r.add_argument("--atol", action="append", metavar="[NAME=]TOL", help="absolute tolerance, for all or one output")
+    r.add_argument("--rtol", action="append", metavar="[NAME=]TOL", help="relative tolerance, for all or one output")
+    r.add_argument("--iterations", type=int, help="timed executions (default: the file's, 15)")
+    r.add_argument("--save-outputs", metavar="DIR", help="write each output to DIR/GRAPH.NAME.pt")
+    r.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    r.set_defaults(fn=cmd_run)
+
+    e = sub.add_parser("emit", help="print a standalone script: the cuDNN Frontend calls, or the torch reference")
+    e.add_argument("file", metavar="FILE")
+    e.add_argument("--target", choices=("cudnn", "torch"), default="cudnn")
+    e.add_argument("--graph", help="the graph to emit (needed when the file has several)")
+    e.add_argument("--shape", action="append", metavar="DIM=VALUE", help="the value of a symbolic dim")
+    e.set_defaults(fn=cmd_emit)
+
+    d = sub.add_parser("device-info", help="print the cuDNN descriptor of the local GPU (for --device-properties)")
+    d.set_defaults(fn=cmd_device_info)
+    return p
+
+
+def main(argv=None) -> int:
+    from cudnn_dsl.backend import BackendUnavailable
+    from cudnn_dsl.tensors import BindingError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "fn", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return args.fn(args)
+    except UsageError as e:
+        print(f"cudnn-dsl: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (BackendUnavailable, BindingError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"cudnn-dsl: error: {msg}", file=sys.stderr)
+        return EXIT_FAIL
+    except BrokenPipeError:
+        return EXIT_OK

@@ -1,0 +1,304 @@
+"""Backend layer: per-op torch reference and cuDNN Frontend lowering, keyed like dsl.ops.OPS.
+
+A reference function takes the input tensors (float32 or wider, None for an absent optional),
+the node's attributes and its output types, and returns the output tensors. A lowering function takes a
+LowerCtx (the cuDNN graph and helpers), the input cuDNN tensors and the attributes, and returns
+the output cuDNN tensors; the lowering pass then stamps each with its IR uid, dtype, dims and
+strides.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+
+@attrs.frozen
+class Backend:
+    ref: Callable[..., list]
+    lower: Callable[..., list]
+
+
+# ---- pointwise ---------------------------------------------------------------------
+
+_UNARY_REF = {
+    "relu": torch.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "elu": F.elu,
+    "softplus": F.softplus,
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+    "abs": torch.abs,
+    "neg": torch.neg,
+    "reciprocal": torch.reciprocal,
+    "erf": torch.erf,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "floor": torch.floor,
+    "ceil": torch.ceil,
+    "identity": lambda x: x.clone(),
+}
+_BINARY_REF = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "max": torch.maximum,
+    "min": torch.minimum,
+    "pow": torch.pow,
+    "bias": torch.add,
+    "scale": torch.mul,
+}
+#: language name -> cuDNN Frontend builder name, where they differ
+_CUDNN_NAME = {"gelu_tanh": "gelu_approx_tanh"}
+
+
+def _unary(op: str) -> Backend:
+    fn = _UNARY_REF[op]
+    builder = _CUDNN_NAME.get(op, op)
+    return Backend(
+        ref=lambda ins, a, outs: [fn(ins[0])],
+        lower=lambda ctx, ins, a: [getattr(ctx.g, builder)(ins[0], **ctx.kw)],
+    )
+
+
+def _binary(op: str) -> Backend:
+    fn = _BINARY_REF[op]
+    return Backend(
+        ref=lambda ins, a, outs: [fn(ins[0], ins[1])],
+        lower=lambda ctx, ins, a: [getattr(ctx.g, op)(ins[0], ins[1], **ctx.kw)],
+    )
+
+
+def ref_leaky_relu(ins, a, outs):
+    return [F.leaky_relu(ins[0], a["slope"])]
+
+
+def lower_leaky_relu(ctx, ins, a):
+    return [ctx.g.leaky_relu(ins[0], negative_slope=a["slope"], **ctx.kw)]
+
+
+def ref_swish(ins, a, outs):
+    return [ins[0] * torch.sigmoid(a["beta"] * ins[0])]
+
+
+def lower_swish(ctx, ins, a):
+    return [ctx.g.swish(ins[0], swish_beta=a["beta"], **ctx.kw)]
+
+
+# ---- convolution -------------------------------------------------------------------
+
+
+def _conv_args(a: dict, n: int) -> dict:
+    def spatial(name, default):
+        v = a.get(name)
+        v = default if v is None else v
+        return list(v) if isinstance(v, tuple) else [v] * n
+
+    return {"padding": spatial("padding", 0), "stride": spatial("stride", 1), "dilation": spatial("dilation", 1)}
+
+
+def ref_conv_fprop(ins, a, outs):
+    x, w = ins
+    n = x.dim() - 2
+    conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
+    c = _conv_args(a, n)
+    return [conv(x, w, None, c["stride"], c["padding"], c["dilation"], x.shape[1] // w.shape[1])]
+
+
+def ref_conv_dgrad(ins, a, outs):
+    dy, w = ins
+    n = dy.dim() - 2
+    c = _conv_args(a, n)
+    return [torch.ops.aten.convolution_backward(
+        dy, torch.empty(outs[0].shape, dtype=dy.dtype, device=dy.device), w, None,
+        c["stride"], c["padding"], c["dilation"], False, [0] * n, 1, [True, False, False])[0]]
+
+
+def ref_conv_wgrad(ins, a, outs):
+    x, dy = ins
+    n = x.dim() - 2
+    c = _conv_args(a, n)
+    return [torch.ops.aten.convolution_backward(
+        dy, x, torch.empty(outs[0].shape, dtype=x.dtype, device=x.device), None,
+        c["stride"], c["padding"], c["dilation"], False, [0] * n, 1, [False, True, False])[1]]
+
+
+def _lower_conv(builder: str):
+    def lower(ctx, ins, a):
+        return [getattr(ctx.g, builder)(ins[0], ins[1], **_conv_args(a, ctx.rank - 2), **ctx.kw)]
+
+    return lower
+
+
+# ---- matmul, reduction ------------------------------------------------------------------
+
+
+def ref_matmul(ins, a, outs):
+    return [torch.matmul(ins[0], ins[1])]
+
+
+def lower_matmul(ctx, ins, a):
+    return [ctx.g.matmul(ins[0], ins[1], **ctx.kw)]
+
+
+def ref_reduction(ins, a, outs):
+    x = ins[0]
+    axes = list(range(x.dim())) if a.get("axes") is None else [d % x.dim() for d in a["axes"]]
+    mode = a["mode"]
+    if mode in ("mul", "mul_no_zeros"):
+        if mode == "mul_no_zeros":
+            x = torch.where(x == 0, torch.ones_like(x), x)
+        for d in axes:
+            x = x.prod(d, keepdim=True)
+        return [x]
+    fns = {
+        "sum": lambda t: t.sum(axes, keepdim=True),
+        "min": lambda t: t.amin(axes, keepdim=True),
+        "max": lambda t: t.amax(axes, keepdim=True),
+        "amax": lambda t: t.abs().amax(axes, keepdim=True),
+        "avg": lambda t: t.mean(axes, keepdim=True),
+        "norm1": lambda t: t.abs().sum(axes, keepdim=True),
+        "norm2": lambda t: t.square().sum(axes, keepdim=True).sqrt(),
+    }
+    return [fns[mode](x)]
+
+
+_REDUCTION_MODE = {"sum": "ADD", "mul": "MUL", "min": "MIN", "max": "MAX", "amax": "AMAX", "avg": "AVG",
+                   "norm1": "NORM1", "norm2": "NORM2", "mul_no_zeros": "MUL_NO_ZEROS"}
+
+
+def lower_reduction(ctx, ins, a):
+    mode = getattr(ctx.cudnn.reduction_mode, _REDUCTION_MODE[a["mode"]])
+    return [ctx.g.reduction(ins[0], mode=mode, **ctx.kw)]
+
+
+# ---- attention ---------------------------------------------------------------------
+
+
+def sdpa_scale(a: dict, head_dim: int) -> float:
+    return a["scale"] if a.get("scale") is not None else 1.0 / math.sqrt(head_dim)
+
+
+def ref_sdpa(ins, a, outs):
+    q, k, v, bias = ins
+    scale = sdpa_scale(a, q.shape[-1])
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    if not a.get("stats"):
+        return [F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=a["causal"], scale=scale)]
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias
+    if a["causal"]:
+        mask = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    stats = torch.logsumexp(s, -1, keepdim=True)
+    return [torch.matmul(torch.exp(s - stats), v), stats]
+
+
+def lower_sdpa(ctx, ins, a):
+    q, k, v, bias = ins
+    res = ctx.g.sdpa(
+        q, k, v, attn_scale=sdpa_scale(a, ctx.in_types[0].shape[-1]), bias=bias,
+        use_causal_mask=a["causal"], generate_stats=a["stats"], name=ctx.name, compute_data_type=ctx.float_type,
+    )
+    return [res[0], res[1]] if a["stats"] else [res[0]]
+
+
+# ---- norms ----------------------------------------------------------------------------
+
+
+def _norm_axes(x):
+    return list(range(1, x.dim()))
+
+
+def ref_layernorm(ins, a, outs):
+    x, scale, bias = ins
+    return [F.layer_norm(x, x.shape[1:], scale[0], bias[0], a["epsilon"])]
+
+
+def lower_layernorm(ctx, ins, a):
+    x, scale, bias = ins
+    y = ctx.g.layernorm(x, scale, bias, ctx.constant(a["epsilon"]),
+                        norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE, **ctx.kw)
+    return [y[0]]  # [Y, mean, inv_var]; the stats are None in inference
+
+
+def ref_rmsnorm(ins, a, outs):
+    x, scale, bias = ins
+    y = x * torch.rsqrt(x.square().mean(_norm_axes(x), keepdim=True) + a["epsilon"]) * scale
+    return [y + bias if bias is not None else y]
+
+
+def lower_rmsnorm(ctx, ins, a):
+    x, scale, bias = ins
+    y = ctx.g.rmsnorm(x, scale, bias, ctx.constant(a["epsilon"]),
+                      norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE, **ctx.kw)
+    return [y[0]]  # [Y, inv_var]; inv_var is None in inference
+
+
+def ref_batchnorm_inference(ins, a, outs):
+    x, mean, inv_var, scale, bias = ins
+    return [(x - mean) * inv_var * scale + bias]
+
+
+def lower_batchnorm_inference(ctx, ins, a):
+    return [ctx.g.batchnorm_inference(*ins, **ctx.kw)]
+
+
+# ---- layout ---------------------------------------------------------------------------
+
+
+def ref_transpose(ins, a, outs):
+    return [ins[0].permute(*a["perm"]).contiguous()]
+
+
+def lower_transpose(ctx, ins, a):
+    return [ctx.g.transpose(ins[0], permutation=list(a["perm"]), **ctx.kw)]
+
+
+def ref_reshape(ins, a, outs):
+    return [ins[0].reshape(a["shape"])]
+
+
+def lower_reshape(ctx, ins, a):
+    return [ctx.g.reshape(ins[0], name=ctx.name)]
+
+
+def ref_slice(ins, a, outs):
+    return [ins[0][tuple(slice(s, e) for s, e in zip(a["start"], a["end"]))]]
+
+
+def lower_slice(ctx, ins, a):
+    return [ctx.g.slice(ins[0], slices=[slice(s, e) for s, e in zip(a["start"], a["end"])], **ctx.kw)]
+
+
+BACKENDS: dict[str, Backend] = {
+    **{op: _unary(op) for op in _UNARY_REF},
+    **{op: _binary(op) for op in _BINARY_REF},
+    "leaky_relu": Backend(ref_leaky_relu, lower_leaky_relu),
+    "swish": Backend(ref_swish, lower_swish),
+    "conv_fprop": Backend(ref_conv_fprop, _lower_conv("conv_fprop")),
+    "conv_dgrad": Backend(ref_conv_dgrad, _lower_conv("conv_dgrad")),
+    "conv_wgrad": Backend(ref_conv_wgrad, _lower_conv("conv_wgrad")),
+    "matmul": Backend(ref_matmul, lower_matmul),
+    "reduction": Backend(ref_reduction, lower_reduction),
+    "sdpa": Backend(ref_sdpa, lower_sdpa),
+    "layernorm": Backend(ref_layernorm, lower_layernorm),
+    "rmsnorm": Backend(ref_rmsnorm, lower_rmsnorm),
+    "batchnorm_inference": Backend(ref_batchnorm_inference, lower_batchnorm_inference),
+    "transpose": Backend(ref_transpose, lower_transpose),
+    "reshape": Backend(ref_reshape, lower_reshape),
+    "slice": Backend(ref_slice, lower_slice),
+}

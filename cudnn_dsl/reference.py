@@ -1,0 +1,56 @@
+"""Backend layer: the PyTorch reference of a graph, generated from the IR by the op registry.
+
+One loop over the nodes (torch.fx Interpreter style): inputs are widened to float32 (float64
+for double), every op runs in that precision, and each output is rounded once to its dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from cudnn_dsl.dtypes import TORCH
+from cudnn_dsl.ops import BACKENDS
+from dsl.diagnostics import Diagnostic, DslError
+from dsl.ir import Graph, Instance
+
+
+@contextlib.contextmanager
+def _full_precision():
+    """The reference must not itself use TF32."""
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
+
+
+def run_reference(graph: Graph, instance: Instance, inputs: dict[str, torch.Tensor],
+                  device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """Evaluates the graph with torch; returns every output, in its dtype, by name."""
+    device = torch.device(device) if device is not None else next(iter(inputs.values())).device
+    env: dict[str, torch.Tensor] = {}
+    for v in graph.values:
+        if v.kind == "input":
+            env[v.name] = _wide(inputs[v.name].to(device))
+        elif v.kind in ("scalar", "const"):
+            value = inputs[v.name] if v.name in inputs else v.scalar
+            env[v.name] = _wide(torch.as_tensor(value, device=device).reshape(instance.type(v.name).shape))
+    with torch.no_grad(), _full_precision():
+        for node in graph.nodes:
+            ins = [env[i] if i else None for i in node.inputs]
+            outs = [instance.type(o) for o in node.outputs]
+            try:
+                results = BACKENDS[node.op].ref(ins, node.attr, outs)
+            except RuntimeError as e:
+                where = f"while executing `{', '.join(node.outputs)} = {node.op}(...)` in the reference"
+                raise DslError(Diagnostic("error", f"{where}: {e}", node.loc)) from None
+            env.update(zip(node.outputs, results))
+    return {v.name: env[v.name].to(TORCH[instance.type(v.name).dtype]) for v in graph.outputs}

@@ -1,0 +1,274 @@
+"""Presentation layer: the canonical .cdg printer (fmt), the AST and IR dumps, and the check summary."""
+
+from __future__ import annotations
+
+import attrs
+
+from dsl import ast
+from dsl.diagnostics import Loc
+from dsl.ir import Graph, Options, Program
+from dsl.types import fmt_shape
+
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+# ---- fmt: ast -> canonical text ---------------------------------------------------
+
+
+def fmt_value(v) -> str:
+    if isinstance(v, ast.Number):
+        return v.text or repr(v.value)
+    if isinstance(v, ast.Ident):
+        return v.name
+    if isinstance(v, ast.String):
+        return f'"{v.value}"'
+    if isinstance(v, ast.ListValue):
+        return "[" + ", ".join(fmt_value(x) for x in v.items) + "]"
+    raise TypeError(v)
+
+
+def fmt_expr(e, prec: int = 0) -> str:
+    if isinstance(e, ast.Ref):
+        return e.name
+    if isinstance(e, ast.Number):
+        return fmt_value(e)
+    if isinstance(e, ast.Neg):
+        return "-" + fmt_expr(e.operand, 3)
+    if isinstance(e, ast.Call):
+        args = [fmt_expr(a) for a in e.args] + [f"{k.name}={fmt_value(k.value)}" for k in e.kwargs]
+        return f"{e.op}({', '.join(args)})"
+    if isinstance(e, ast.BinOp):
+        p = _PREC[e.op]
+        text = f"{fmt_expr(e.lhs, p)} {e.op} {fmt_expr(e.rhs, p + 1)}"
+        return f"({text})" if p < prec else text
+    raise TypeError(e)
+
+
+def _fmt_type(t: ast.TypeSpec) -> str:
+    if t.dims is None:
+        return t.dtype
+    return t.dtype + "[" + ", ".join(str(d.value) for d in t.dims) + "]"
+
+
+def _fmt_specs(specs) -> str:
+    out = []
+    for s in specs:
+        if isinstance(s, ast.Layout):
+            out.append(s.name)
+        elif isinstance(s, ast.Strides):
+            out.append("strides [" + ", ".join(map(str, s.values)) + "]")
+        else:
+            out.append(f"uid={s.value}")
+    return "".join(" " + x for x in out)
+
+
+def fmt_stmt(st) -> str:
+    if isinstance(st, ast.TypesDecl):
+        return f"{st.kind} {st.dtype}"
+    if isinstance(st, ast.OptionDecl):
+        return f"option {st.name} = {fmt_value(st.value)}"
+    if isinstance(st, ast.DimDecl):
+        return f"dim {st.name} in {{{', '.join(map(str, st.values))}}}"
+    if isinstance(st, ast.InputDecl):
+        return f"input {st.name} : {_fmt_type(st.type)}{_fmt_specs(st.specs)}"
+    if isinstance(st, ast.ScalarDecl):
+        return f"scalar {st.name} : {st.dtype} = {fmt_value(st.value)}{_fmt_specs(st.specs)}"
+    if isinstance(st, ast.OutputDecl):
+        text = f"output {st.name}"
+        if st.type is not None:
+            text += f" : {_fmt_type(st.type)}"
+        text += _fmt_specs(st.specs)
+        return text + (f" = {fmt_expr(st.expr)}" if st.expr is not None else "")
+    if isinstance(st, ast.Assign):
+        return f"{', '.join(st.targets)} = {fmt_expr(st.expr)}"
+    raise TypeError(st)
+
+
+def fmt_module(m: ast.Module) -> str:
+    """Canonical text of a module; comments and single blank lines between groups are kept."""
+    comments = list(m.comments)
+    out: list[str] = []
+    last = [0]
+
+    def flush(before: int, indent: str) -> None:
+        while comments and comments[0][0] < before:
+            line, text = comments.pop(0)
+            gap(line, indent)
+            out.append(indent + text)
+            last[0] = line
+
+    def gap(line: int, indent: str) -> None:
+        if last[0] and line > last[0] + 1 and out and out[-1].strip() not in ("", "{") and not out[-1].endswith("{"):
+            out.append("")
+
+    def trailing(line: int) -> str:
+        if comments and comments[0][0] == line:
+            return "  " + comments.pop(0)[1]
+        return ""
+
+    for g in m.graphs:
+        flush(g.loc.line, "")
+        if out and out[-1] != "":
+            out.append("")
+        out.append(f"graph {g.name} {{" + trailing(g.loc.line))
+        last[0] = g.loc.line
+        for st in g.stmts:
+            flush(st.loc.line, "  ")
+            gap(st.loc.line, "  ")
+            tail = trailing(st.loc.end_line) if st is _last_on_line(g.stmts, st) else ""
+            out.append("  " + fmt_stmt(st) + tail)
+            last[0] = st.loc.end_line
+        flush(g.loc.end_line, "  ")
+        out.append("}" + trailing(g.loc.end_line))
+        last[0] = g.loc.end_line
+    flush(10**9, "")
+    return "\n".join(out) + "\n"
+
+
+def _last_on_line(stmts, st):
+    same = [s for s in stmts if s.loc.end_line == st.loc.end_line]
+    return same[-1]
+
+
+# ---- dumps ----------------------------------------------------------------------------
+
+
+def dump_ast(node, indent: int = 0) -> str:
+    """An indented dump of an AST node, locations left out."""
+    pad = "  " * indent
+    if isinstance(node, tuple):
+        return "\n".join(dump_ast(x, indent) for x in node)
+    if not attrs.has(type(node)):
+        return pad + repr(node)
+    fields = [f for f in attrs.fields(type(node)) if f.eq and f.name != "comments"]
+    simple = [(f.name, getattr(node, f.name)) for f in fields if not _is_tree(getattr(node, f.name))]
+    head = pad + type(node).__name__ + "".join(f" {k}={v!r}" for k, v in simple)
+    kids = [(f.name, getattr(node, f.name)) for f in fields if _is_tree(getattr(node, f.name))]
+    lines = [head]
+    for k, v in kids:
+        if isinstance(v, tuple) and not v:
+            continue
+        lines.append(f"{pad}  {k}:")
+        lines.append(dump_ast(v, indent + 2))
+    return "\n".join(lines)
+
+
+def _is_tree(v) -> bool:
+    return attrs.has(type(v)) or (isinstance(v, tuple) and any(attrs.has(type(x)) for x in v))
+
+
+def _merge(values: list[tuple[int, ...]], graph: Graph, bindings) -> str:
+    """One shape over every instance: a symbol where it follows one, a|b where it varies."""
+    parts = []
+    for axis in range(len(values[0])):
+        col = [v[axis] for v in values]
+        if len(set(col)) == 1:
+            parts.append(str(col[0]))
+            continue
+        sym = next((s.name for s in graph.symbols if all(dict(b).get(s.name) == c for b, c in zip(bindings, col))), None)
+        parts.append(sym or "|".join(str(c) for c in dict.fromkeys(col)))
+    return "[" + ", ".join(parts) + "]"
+
+
+def _type_str(graph: Graph, name: str) -> tuple[str, str]:
+    ts = [inst.type(name) for inst in graph.instances]
+    binds = [inst.binding for inst in graph.instances]
+    shape = ts[0].dtype + _merge([t.shape for t in ts], graph, binds)
+    return shape, _merge([t.strides for t in ts], graph, binds)
+
+
+def _options_str(o: Options) -> str:
+    default = Options()
+    parts = []
+    for f in attrs.fields(Options):
+        v = getattr(o, f.name)
+        if v != getattr(default, f.name):
+            parts.append(f"{f.name}={', '.join(v) if isinstance(v, tuple) else v}")
+    return "; ".join(parts) or "defaults"
+
+
+def _attrs_str(attrs_) -> str:
+    def one(v):
+        if isinstance(v, tuple):
+            return "[" + ", ".join(map(str, v)) + "]"
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    return ", ".join(f"{k}={one(v)}" for k, v in attrs_)
+
+
+def dump_ir(program: Program) -> str:
+    out = []
+    for g in program.graphs:
+        out.append(f"graph {g.name} (io={g.io or 'auto'}, intermediate={g.intermediate}, compute={g.compute})")
+        out.append(f"  options {_options_str(g.options)}")
+        for s in g.symbols:
+            out.append(f"  dim {s.name} in {{{', '.join(map(str, s.values))}}}")
+        for v in g.of_kind("input", "scalar", "const"):
+            if v.kind == "input":
+                t, st = _type_str(g, v.name)
+                out.append(f"  %{v.name} = input uid={v.uid} : {t} strides={st}")
+            else:
+                out.append(f"  %{v.name} = {v.kind} uid={v.uid} : {v.dtype} value={v.scalar}")
+        for n in g.nodes:
+            ins = ", ".join("%" + i if i else "_" for i in n.inputs)
+            res = ", ".join("%" + o for o in n.outputs)
+            a = _attrs_str(n.attrs)
+            types = "; ".join(
+                f"{g.value(o).kind} uid={g.value(o).uid} {_type_str(g, o)[0]} strides={_type_str(g, o)[1]}" for o in n.outputs
+            )
+            out.append(f"  {res} = {n.op}({ins}){' {' + a + '}' if a else ''} compute={n.compute} : {types}")
+        out.append("")
+    return "\n".join(out)
+
+
+def summary(program: Program) -> str:
+    """The human summary that `cudnn-dsl check` prints for a clean file."""
+    out = []
+    for g in program.graphs:
+        shapes = f"{len(g.instances)} shapes" if len(g.instances) > 1 else "1 shape"
+        out.append(f"{program.file}: graph {g.name}: {len(g.nodes)} ops, {shapes}")
+        out.append(f"  types    io {g.io or '(from inputs)'}, intermediate {g.intermediate}, compute {g.compute}")
+        out.append(f"  options  {_options_str(g.options)}")
+        for s in g.symbols:
+            out.append(f"  dim      {s.name} in {{{', '.join(map(str, s.values))}}}")
+        rows = []
+        for v in g.values:
+            if v.kind in ("scalar", "const"):
+                rows.append((v.kind, v.name, str(v.uid), f"{v.dtype} = {v.scalar}", "(host, by value)"))
+                continue
+            t, st = _type_str(g, v.name)
+            producer = next((n for n in g.nodes if v.name in n.outputs), None)
+            src = f"{producer.op}({', '.join(i or '_' for i in producer.inputs)})" if producer else ""
+            rows.append((v.kind, v.name, str(v.uid), t, f"strides {st}" + (f"  <- {src}" if src else "")))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        for r in rows:
+            out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
+        out.append("")
+    return "\n".join(out)
+
+
+def to_json(program: Program) -> dict:
+    graphs = []
+    for g in program.graphs:
+        insts = []
+        for inst in g.instances:
+            insts.append({
+                "binding": dict(inst.binding),
+                "types": {k: {"dtype": t.dtype, "shape": list(t.shape), "strides": list(t.strides)} for k, t in inst.types},
+            })
+        graphs.append({
+            "name": g.name,
+            "io": g.io,
+            "intermediate": g.intermediate,
+            "compute": g.compute,
+            "options": {f.name: getattr(g.options, f.name) for f in attrs.fields(Options)},
+            "dims": {s.name: list(s.values) for s in g.symbols},
+            "values": [{"name": v.name, "kind": v.kind, "uid": v.uid, "scalar": v.scalar, "dtype": v.dtype} for v in g.values],
+            "nodes": [{"op": n.op, "inputs": list(n.inputs), "outputs": list(n.outputs), "attrs": dict(n.attrs),
+                       "compute": n.compute, "loc": str(n.loc)} for n in g.nodes],
+            "instances": insts,
+        })
+    return {"file": program.file, "graphs": graphs}
+
+
+__all__ = ["fmt_module", "dump_ast", "dump_ir", "summary", "to_json", "Loc"]

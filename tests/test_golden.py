@@ -1,0 +1,62 @@
+"""Golden tests: the IR dump of every example, and the exact diagnostics of every bad input."""
+
+import difflib
+from pathlib import Path
+
+import pytest
+
+from dsl.check import check
+from dsl.diagnostics import DslError, Sink
+from dsl.parser import parse
+from dsl.printer import dump_ir
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+EXAMPLES = sorted((ROOT / "examples").glob("*.cdg"))
+ERRORS = sorted((GOLDEN / "errors").glob("*.cdg"))
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT))
+
+
+def diagnostics(path: Path) -> str:
+    text = path.read_text()
+    sink = Sink()
+    try:
+        check(parse(text, _rel(path)), sink)
+    except DslError as e:
+        if not sink.items:
+            sink.items.extend(e.diagnostics)
+    return "\n".join(d.render({_rel(path): text}) for d in sink.items) + "\n"
+
+
+def _compare(actual: str, expected_path: Path, update: bool) -> None:
+    if update:
+        old = expected_path.read_text() if expected_path.exists() else ""
+        if old != actual:
+            diff = "".join(difflib.unified_diff(old.splitlines(True), actual.splitlines(True),
+                                                str(expected_path), str(expected_path) + " (new)"))
+            print(diff)
+            expected_path.write_text(actual)
+        return
+    assert expected_path.exists(), f"no golden {expected_path}; run pytest --update-goldens and review the diff"
+    assert actual == expected_path.read_text()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_ir_dump(path, update_goldens):
+    program = check(parse(path.read_text(), _rel(path)))
+    _compare(dump_ir(program), GOLDEN / "dumps" / f"{path.stem}.ir", update_goldens)
+
+
+@pytest.mark.parametrize("path", ERRORS, ids=lambda p: p.stem)
+def test_bad_input_diagnostics(path, update_goldens):
+    out = diagnostics(path)
+    assert "error:" in out
+    assert "Traceback" not in out
+    _compare(out, path.with_suffix(".expected"), update_goldens)
+
+
+def test_there_are_at_least_40_bad_inputs():
+    assert len(ERRORS) >= 40
