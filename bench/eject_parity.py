@@ -1,0 +1,114 @@
+"""Benchmark (not a test): a compiled graph vs. its ejected standalone cuDNN script, same buffers.
+
+For each example, in one process: the graph compiled by cudnn-dsl and the script that
+`cudnn-dsl emit --target cudnn` prints are built, run on the same input buffers, checked to give
+the same outputs, then timed interleaved (CUDA events per call, median of rounds), with the host
+time per call of: the Python API call (binding checks, output allocation), the pre-bound launch,
+and the script's own execute. Usage: python bench/eject_parity.py [--json FILE] [EXAMPLE...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import cudnn_dsl  # noqa: E402
+from cudnn_dsl.backend import load_cudnn, versions  # noqa: E402
+from cudnn_dsl.emit import emit_cudnn  # noqa: E402
+from cudnn_dsl.runtime import gpu_time_us, host_time_us  # noqa: E402
+
+
+def load_script(text: str, name: str):
+    path = Path(tempfile.mkdtemp()) / f"{name}_ejected.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench(example: str, rounds: int, iters: int) -> dict:
+    cudnn = load_cudnn()
+    cg = cudnn_dsl.compile(str(ROOT / "examples" / f"{example}.cdg"))
+    inst = cg.graph.instances[0]
+    exe = cg.executable(inst)
+    tensors = cg.allocate_inputs()
+    ours = cg._bind(inst, tensors, None)
+    pack = exe.pack(tensors, ours)
+
+    mod = load_script(emit_cudnn(cg.graph, inst), example)
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+    g2 = mod.build(handle)
+    theirs = {name: torch.empty_like(t) for name, t in ours.items()}
+    buffers = {**{k: v for k, v in tensors.items() if k in mod.INPUTS}, **theirs}
+    ws2 = torch.empty(max(1, g2.get_workspace_size()), dtype=torch.uint8, device="cuda")
+    scalars = mod.host_scalars()
+
+    def run_ours():
+        exe.launch(pack)
+
+    def run_script():
+        mod.execute(g2, handle, buffers, ws2, scalars)
+
+    run_ours()
+    run_script()
+    torch.cuda.synchronize()
+    same = {n: bool(torch.equal(ours[n], theirs[n])) for n in ours}
+
+    ours_t, script_t = [], []
+    for _ in range(rounds):  # interleaved, so drift shows as spread in both
+        ours_t.append(statistics.median(gpu_time_us(run_ours, iters)))
+        script_t.append(statistics.median(gpu_time_us(run_script, iters)))
+    api = host_time_us(lambda: cg(**tensors))
+    prebound = host_time_us(run_ours)
+    script_host = host_time_us(run_script)
+    row = {
+        "example": example,
+        "plan": exe.plan_name,
+        "script_plan": g2.get_plan_name_at_index(0),
+        "identical_outputs": same,
+        "gpu_us_cudnn_dsl": statistics.median(ours_t),
+        "gpu_us_script": statistics.median(script_t),
+        "gpu_us_spread_cudnn_dsl": [min(ours_t), max(ours_t)],
+        "gpu_us_spread_script": [min(script_t), max(script_t)],
+        "host_us_api_call": api,
+        "host_us_prebound": prebound,
+        "host_us_script": script_host,
+    }
+    row["gpu_ratio"] = row["gpu_us_cudnn_dsl"] / row["gpu_us_script"]
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("examples", nargs="*", default=["conv_bias_relu", "matmul_epilogue"])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--json")
+    a = p.parse_args()
+    rows = [bench(e, a.rounds, a.iters) for e in a.examples]
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **versions()}
+    print(f"{meta}")
+    print(f"{'example':18} {'cudnn-dsl µs':>13} {'script µs':>10} {'ratio':>6} {'api host µs':>12} "
+          f"{'prebound µs':>12} {'script host µs':>15} same")
+    for r in rows:
+        print(f"{r['example']:18} {r['gpu_us_cudnn_dsl']:13.1f} {r['gpu_us_script']:10.1f} {r['gpu_ratio']:6.3f} "
+              f"{r['host_us_api_call']:12.1f} {r['host_us_prebound']:12.1f} {r['host_us_script']:15.1f} "
+              f"{all(r['identical_outputs'].values())}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""One small graph per registry op (or op family): lowered, run on the GPU, compared with torch."""
+
+import pytest
+
+from dsl.ops import OPS
+
+pytestmark = pytest.mark.gpu
+
+UNARY = [n for n, s in OPS.items() if s.family == "pointwise" and s.inputs == ("x",)]
+BINARY = [n for n, s in OPS.items() if s.family == "pointwise" and len(s.inputs) == 2]
+
+
+def graph_text(body: str, io: str = "half") -> str:
+    return f"graph t {{\n  io {io}\n  compute float\n{body}\n}}\n"
+
+
+def run(text: str, **options):
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(text, **options)
+    results = cg.check(**cg.allocate_inputs())
+    for r in results:
+        assert r.ok, str(r)
+    return results
+
+
+@pytest.mark.parametrize("op", UNARY)
+def test_unary_after_matmul(op):
+    # A pointwise op as a matmul epilogue, the fusion cuDNN's runtime engines are built for.
+    body = ("  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n"
+            f"  output y : float = {op}(matmul(a, b) * 0.125 + 2)")
+    run(graph_text(body))
+
+
+@pytest.mark.parametrize("op", BINARY)
+def test_binary_after_matmul(op):
+    body = ("  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  input c : half[1, 1, 32]\n"
+            f"  output y : float = {op}(matmul(a, b) * 0.125 + 2, c + 2)")
+    run(graph_text(body))
+
+
+@pytest.mark.parametrize("mode", ["sum", "max", "min", "amax", "avg", "norm1", "norm2"])
+def test_reduction_epilogue(mode):
+    body = ("  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n"
+            f"  y = matmul(a, b)\n  output s : float[4, 64, 1] = reduction(y, mode={mode}, axes=[2])")
+    run(graph_text(body), atol=5e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("conv", ["conv_fprop", "conv_dgrad", "conv_wgrad"])
+def test_convolutions(conv):
+    shapes = {
+        "conv_fprop": ("half[4, 32, 16, 16] nhwc", "half[64, 32, 3, 3] nhwc"),
+        "conv_dgrad": ("half[4, 64, 16, 16] nhwc", "half[64, 32, 3, 3] nhwc"),
+        "conv_wgrad": ("half[4, 32, 16, 16] nhwc", "half[4, 64, 16, 16] nhwc"),
+    }[conv]
+    out = ": float" if conv == "conv_wgrad" else ""
+    body = f"  input p : {shapes[0]}\n  input q : {shapes[1]}\n  output y {out} = {conv}(p, q, padding=[1, 1])"
+    run(graph_text(body), atol=5e-2, rtol=2e-2)
+
+
+def test_grouped_conv_with_stride_and_dilation():
+    body = ("  input x : half[4, 32, 17, 17] nhwc\n  input w : half[64, 8, 3, 3] nhwc\n"
+            "  output y = relu(conv_fprop(x, w, padding=[2, 2], stride=[2, 2], dilation=[2, 2]))")
+    run(graph_text(body))
+
+
+@pytest.mark.parametrize("variant", ["plain", "causal", "stats", "bias"])
+def test_sdpa(variant):
+    attrs = {"plain": "", "causal": ", causal=true", "stats": ", causal=true, stats=true", "bias": ""}[variant]
+    bias = ", bias" if variant == "bias" else ""
+    lines = ["  input q : half[2, 4, 128, 64]", "  input k : half[2, 4, 128, 64]", "  input v : half[2, 4, 128, 64]"]
+    if variant == "bias":
+        lines.append("  input bias : half[1, 4, 128, 128]")
+    if variant == "stats":
+        lines += [f"  o, st = sdpa(q, k, v{attrs})", "  output o", "  output st : float"]
+    else:
+        lines.append(f"  output o = sdpa(q, k, v{bias}{attrs})")
+    run(graph_text("\n".join(lines)))
+
+
+def test_sdpa_grouped_query():
+    body = ("  input q : half[2, 8, 128, 64]\n  input k : half[2, 2, 128, 64]\n  input v : half[2, 2, 128, 64]\n"
+            "  output o = sdpa(q, k, v, causal=true)")
+    run(graph_text(body))
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_norms(norm):
+    extra = "  input beta : float[1, 256, 1, 1]\n" if norm == "layernorm" else ""
+    args = "x, gamma, beta" if norm == "layernorm" else "x, gamma"
+    body = f"  input x : bf16[512, 256, 1, 1]\n  input gamma : float[1, 256, 1, 1]\n{extra}  output y = {norm}({args})"
+    run(graph_text(body, "bf16"))
+
+
+def test_batchnorm_inference():
+    body = ("  input x : half[8, 64, 16, 16] nhwc\n" + "".join(
+        f"  input {n} : float[1, 64, 1, 1] nhwc\n" for n in ("mean", "inv_var", "gamma", "beta"))
+        + "  output y = batchnorm_inference(x, mean, inv_var, gamma, beta)")
+    run(graph_text(body))
+
+
+@pytest.mark.parametrize("op", ["transpose(y, perm=[0, 2, 1])", "reshape(y, shape=[4, 2048])",
+                                "slice(y, start=[0, 0, 0], end=[4, 32, 32])"])
+def test_layout_ops(op):
+    body = f"  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  y = matmul(a, b)\n  output z = {op}"
+    run(graph_text(body))
