@@ -190,10 +190,97 @@ def cmd_emit(args) -> int:
     return EXIT_OK
 
 
+def cmd_bench(args) -> int:
+    from cudnn_dsl.bench import cmd_bench as bench
+
+    return bench(args)
+
+
 def cmd_device_info(args) -> int:
     from cudnn_dsl.backend import local_device_info
 
     print(local_device_info())
+    return EXIT_OK
+
+
+def cmd_tune(args) -> int:
+    from cudnn_dsl import backend
+    from cudnn_dsl.run import _instances, build_options
+    from cudnn_dsl.runtime import CompiledGraph
+    from cudnn_dsl.tune import plot, report, tune
+
+    if not backend.gpu_available():
+        print("cudnn-dsl: error: tune times plans on a GPU, and no CUDA GPU is visible here; "
+              "`cudnn-dsl check --target h200 FILE` plans without one", file=sys.stderr)
+        return EXIT_FAIL
+    [(path, program)] = load_programs([args.file])
+    if program is None:
+        return EXIT_FAIL
+    results, status = [], EXIT_OK
+    for g in [program.graph(args.graph)] if args.graph else program.graphs:
+        opts = build_options(g.options, args)
+        cg = CompiledGraph(g, opts, args.device, use_store=not args.no_cache)
+        for inst in _instances(g, args):
+            try:
+                r = tune(cg, inst, args.max_workspace)
+            except DslError as e:
+                print(e.render({path: _read(path)}), file=sys.stderr)
+                status = EXIT_FAIL
+                continue
+            results.append(r)
+            print(report(r))
+            if r.winner is None:
+                status = EXIT_FAIL
+            elif not args.no_cache:
+                print(f"  stored in {cg.store.root}")
+    if args.plot and results:
+        plot(results, args.plot)
+    if args.json:
+        import attrs
+
+        _atomic_write(Path(args.json), json.dumps([attrs.asdict(r) for r in results], indent=1, default=str))
+    return status
+
+
+def cmd_cache(args) -> int:
+    import time
+
+    from cudnn_dsl.store import PlanStore
+
+    store = PlanStore()
+    if args.action == "path":
+        print(store.root)
+    elif args.action == "ls":
+        rows = store.entries()
+        if not rows:
+            print(f"plan store {store.root}: empty")
+        for p, d in rows:
+            if d is None:
+                print(f"{p.stem}  (unreadable: will be rebuilt on use)")
+                continue
+            k = d.get("key", {})
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(d.get("created", 0)))
+            print(f"{p.stem}  {d.get('graph', '?'):20} {d.get('plan_name', '?')[:40]:40} "
+                  f"{'tuned' if d.get('tuned') else 'heuristic':9} {k.get('gpu', '?')} cuDNN {k.get('cudnn_backend', '?')} {when}")
+    elif args.action == "show":
+        if not args.arg:
+            raise UsageError("cache show takes an entry id (see `cudnn-dsl cache ls`)")
+        p = store.root / f"{args.arg}.json"
+        if not p.exists():
+            raise UsageError(f"no entry {args.arg} in {store.root}")
+        d = json.loads(p.read_text())
+        d["blob"] = f"<{len(d.get('blob', '')) * 3 // 4} bytes>"
+        print(json.dumps(d, indent=2))
+    elif args.action == "clear":
+        print(f"removed {store.clear()} entries from {store.root}")
+    elif args.action == "export":
+        if not args.arg:
+            raise UsageError("cache export takes a bundle file to write")
+        print(f"exported {store.export(Path(args.arg))} entries to {args.arg}")
+    elif args.action == "import":
+        if not args.arg or not Path(args.arg).is_file():
+            raise UsageError("cache import takes an existing bundle file")
+        print(f"imported {store.import_(Path(args.arg))} entries into {store.root}")
     return EXIT_OK
 
 
@@ -256,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--iterations", type=int, help="timed executions (default: the file's, 15)")
     r.add_argument("--save-outputs", metavar="DIR", help="write each output to DIR/GRAPH.NAME.pt")
     r.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    r.add_argument("--cuda-graph", action="store_true", help="capture the execution in a CUDA graph and time replays")
+    r.add_argument("--no-cache", action="store_true", help="neither read nor write the plan store")
+    r.add_argument("--rebuild", action="store_true", help="ignore stored plans; build and store anew")
     r.set_defaults(fn=cmd_run)
 
     e = sub.add_parser("emit", help="print a standalone script: the cuDNN Frontend calls, or the torch reference")
@@ -267,11 +357,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("device-info", help="print the cuDNN descriptor of the local GPU (for --device-properties)")
     d.set_defaults(fn=cmd_device_info)
+
+    t = sub.add_parser("tune", help="build and time every candidate plan on the GPU; keep the fastest in the plan store")
+    t.add_argument("file", metavar="FILE")
+    _add_build_options(t)
+    t.add_argument("--warmup", type=int, help="untimed runs per plan (default: the file's, 3)")
+    t.add_argument("--iterations", type=int, help="timed runs per plan (default: the file's, 15)")
+    t.add_argument("--max-workspace", type=int, metavar="BYTES", help="skip plans needing more workspace")
+    t.add_argument("--plot", metavar="FILE.png", help="draw the time of every plan")
+    t.add_argument("--json", metavar="FILE", help="write every plan's timings as JSON")
+    t.add_argument("--no-cache", action="store_true", help="do not save the winner in the plan store")
+    t.set_defaults(fn=cmd_tune)
+
+    b = sub.add_parser("bench", help="time the graph against hand-written cuDNN, torch eager and torch.compile")
+    b.add_argument("files", nargs="+", metavar="FILE")
+    b.add_argument("--graph", help="only this graph")
+    b.add_argument("--shape", action="append", metavar="DIM=VALUE", help="shape of a dynamic graph (default: its first)")
+    b.add_argument("--against", default="cudnn,torch,compile", help="baselines: cudnn, torch, compile (default: all)")
+    b.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    b.add_argument("--iterations", type=int, default=20, help="timed samples per round (default 20)")
+    b.add_argument("--no-peak", action="store_true", help="skip measuring the GPU's bf16 matmul peak")
+    b.add_argument("--json", metavar="FILE", help="write every figure as JSON")
+    b.add_argument("--plot", metavar="FILE.png", help="draw a chart")
+    b.set_defaults(fn=cmd_bench)
+
+    k = sub.add_parser("cache", help="list, inspect, clear, export or import the plan store")
+    k.add_argument("action", choices=("ls", "show", "clear", "export", "import", "path"))
+    k.add_argument("arg", nargs="?", help="entry id (show), or bundle file (export, import)")
+    k.set_defaults(fn=cmd_cache)
+
     return p
 
 
 def main(argv=None) -> int:
     from cudnn_dsl.backend import BackendUnavailable
+    from cudnn_dsl.store import StoreProblem
     from cudnn_dsl.tensors import BindingError
 
     parser = build_parser()
@@ -284,7 +404,7 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"cudnn-dsl: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (BackendUnavailable, BindingError, KeyError) as e:
+    except (BackendUnavailable, BindingError, KeyError, StoreProblem) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"cudnn-dsl: error: {msg}", file=sys.stderr)
         return EXIT_FAIL

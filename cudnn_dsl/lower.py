@@ -145,7 +145,7 @@ def heur_modes(cudnn, names) -> list:
 
 def plan(low: Lowered, heuristics=("A", "FALLBACK"), policy: str = "heuristics_choice",
          workspace_limit: int | None = None, target_name: str = "this GPU", progress=None,
-         deviceless: bool = False) -> Lowered:
+         deviceless: bool = False, steps=STEPS) -> Lowered:
     """Runs the five build steps, timing each; raises DslError located at the culprit op.
 
     Deviceless, build_plans of a runtime-compiled engine compiles but cannot load the kernel
@@ -161,7 +161,7 @@ def plan(low: Lowered, heuristics=("A", "FALLBACK"), policy: str = "heuristics_c
         "build_plans": lambda: g.build_plans(
             cudnn.build_plan_policy.ALL if policy == "all" else cudnn.build_plan_policy.HEURISTICS_CHOICE),
     }
-    for step in STEPS:
+    for step in steps:
         if progress:
             progress(step)
         t0 = time.perf_counter()
@@ -189,6 +189,18 @@ def _clean(e: Exception) -> str:
     return re.sub(r"\s+", " ", text)[:800]
 
 
+_KIND_WORDS = {
+    "reduction": ("reduction",),
+    "matmul": ("matmul",),
+    "conv": ("conv_fprop", "conv_dgrad", "conv_wgrad"),
+    "transpose": ("transpose",),
+    "slice": ("slice",),
+    "reshape": ("reshape",),
+    "norm": ("layernorm", "rmsnorm", "batchnorm_inference"),
+    "sdpa": ("sdpa",),
+}
+
+
 def _diagnose(low: Lowered, step: str, e: Exception, heuristics, target_name: str) -> Diagnostic:
     msg = _clean(e)
     graph = low.graph
@@ -196,6 +208,12 @@ def _diagnose(low: Lowered, step: str, e: Exception, heuristics, target_name: st
     for node in graph.nodes:  # the node whose result name appears in cuDNN's message
         if any(re.search(rf"(?<![\w]){re.escape(o)}(?![\w])", msg) for o in node.outputs):
             culprit = node
+    if culprit is None:  # else the only node of the kind cuDNN's message names
+        for word, ops in _KIND_WORDS.items():
+            kind = [n for n in graph.nodes if n.op in ops]
+            if word in msg.lower() and len(kind) == 1:
+                culprit = kind[0]
+                break
     loc = culprit.loc if culprit else graph.loc
     where = f"{culprit.op} " if culprit else ""
     notes = []

@@ -1,7 +1,9 @@
 """Backend layer: the PyTorch reference of a graph, generated from the IR by the op registry.
 
-One loop over the nodes (torch.fx Interpreter style): inputs are widened to float32 (float64
-for double), every op runs in that precision, and each output is rounded once to its dtype.
+One loop over the nodes (torch.fx Interpreter style). As a reference, inputs are widened to
+float32 (float64 for double), every op runs in that precision without TF32, and each output is
+rounded once to its dtype. With ``native=True`` the same loop is what a PyTorch user would write
+by hand — each op in the tensors' own dtypes, one kernel per op — the eager baseline of `bench`.
 """
 
 from __future__ import annotations
@@ -33,17 +35,22 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
 
 
 def run_reference(graph: Graph, instance: Instance, inputs: dict[str, torch.Tensor],
-                  device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+                  device: torch.device | str | None = None, native: bool = False) -> dict[str, torch.Tensor]:
     """Evaluates the graph with torch; returns every output, in its dtype, by name."""
     device = torch.device(device) if device is not None else next(iter(inputs.values())).device
+    widen = (lambda t: t) if native else _wide
     env: dict[str, torch.Tensor] = {}
     for v in graph.values:
         if v.kind == "input":
-            env[v.name] = _wide(inputs[v.name].to(device))
+            env[v.name] = widen(inputs[v.name].to(device))
         elif v.kind in ("scalar", "const"):
             value = inputs[v.name] if v.name in inputs else v.scalar
-            env[v.name] = _wide(torch.as_tensor(value, device=device).reshape(instance.type(v.name).shape))
-    with torch.no_grad(), _full_precision():
+            if native:  # a Python number, as a PyTorch user writes `y * 0.5`
+                env[v.name] = float(value)
+            else:
+                env[v.name] = _wide(torch.as_tensor(value, device=device).reshape(instance.type(v.name).shape))
+    precision = contextlib.nullcontext() if native else _full_precision()
+    with torch.no_grad(), precision:
         for node in graph.nodes:
             ins = [env[i] if i else None for i in node.inputs]
             outs = [instance.type(o) for o in node.outputs]

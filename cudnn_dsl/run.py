@@ -116,7 +116,8 @@ class _GpuRunner:
         from cudnn_dsl.runtime import CompiledGraph
 
         self.graph, self.opts, self.args = graph, opts, args
-        self.cg = CompiledGraph(graph, opts, args.device)
+        self.cg = CompiledGraph(graph, opts, args.device, use_store=not args.no_cache, rebuild=args.rebuild)
+        self.first_build_s: float | None = None
 
     def run(self, inst: Instance, atol, rtol, label: str) -> dict:
         from cudnn_dsl.runtime import compare_outputs, gpu_time_us
@@ -127,29 +128,56 @@ class _GpuRunner:
         exe = cg.executable(inst)
         progress.done()
         tensors = _inputs(self.graph, inst, cg.device, self.opts.seed, self.args)
-        outputs = cg._bind(inst, tensors, None)
-        pack = exe.pack(tensors, outputs)
-        exe.launch(pack)
+        graph_mode = self.args.cuda_graph or self.opts.cuda_graph
+        if graph_mode:
+            replay = cg.capture(**tensors)
+            outputs, launch = replay.outputs, replay.replay
+        else:
+            bound = cg.bind(**tensors)
+            outputs, launch = bound.outputs, bound.run
+        launch()
         torch.cuda.synchronize(cg.device)
         want = cg.reference(**tensors)
         comps = compare_outputs(self.graph, inst, outputs, want, self.opts, atol, rtol)
-        times = gpu_time_us(lambda: exe.launch(pack), self.opts.iterations, warmup=3)
+        times = gpu_time_us(launch, self.opts.iterations, warmup=3)
         low = exe.low
         median = statistics.median(times)
+        build_s = sum(low.timings.values())
         print(f"graph {label}")
-        print(f"  plan       {exe.plan_name}  ({low.plan_count} candidates; heuristics {', '.join(self.opts.heuristics)})")
+        print(f"  plan       {exe.plan_name}  (from {exe.source}; {low.plan_count or '-'} candidates; "
+              f"heuristics {', '.join(self.opts.heuristics)})")
+        for note in exe.notes + cg.kernel_cache_notes:
+            print(f"  note       {note}")
         print("  build      " + " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in low.timings.items()))
-        print(f"  workspace  {exe.workspace.numel() if low.g.get_workspace_size() else 0} bytes")
-        print(f"  gpu time   {median:.1f} µs per execution (median of {len(times)}; min {min(times):.1f}, max {max(times):.1f})")
+        if self.graph.symbols:
+            self._dynamic_note(build_s)
+        print(f"  workspace  {exe.workspace.numel() if exe.workspace.numel() > 1 else 0} bytes")
+        how = "CUDA-graph replays" if graph_mode else "executions"
+        print(f"  gpu time   {median:.1f} µs per call ({how}; median of {len(times)} samples, "
+              f"min {min(times):.1f}, max {max(times):.1f})")
         for c in comps:
             print(f"  compare    {c}")
         self._save(inst, outputs)
         return {
-            "graph": self.graph.name, "binding": dict(inst.binding), "plan": exe.plan_name, "candidates": low.plan_count,
-            "build_s": low.timings, "workspace_bytes": low.g.get_workspace_size(), "gpu_us_median": median,
-            "gpu_us": times, "compare": [attrs.asdict(c) for c in comps], "ok": all(c.ok for c in comps),
+            "graph": self.graph.name, "binding": dict(inst.binding), "plan": exe.plan_name, "source": exe.source,
+            "notes": exe.notes, "candidates": low.plan_count, "build_s": low.timings, "cuda_graph": graph_mode,
+            "workspace_bytes": int(exe.workspace.numel()), "gpu_us_median": median, "gpu_us": times,
+            "compare": [attrs.asdict(c) for c in comps], "ok": all(c.ok for c in comps),
             "device": torch.cuda.get_device_name(cg.device),
         }
+
+    def _dynamic_note(self, build_s: float) -> None:
+        """Dynamic shapes share one kernel cache: later shapes should build far faster than the first."""
+        if self.first_build_s is None:
+            self.first_build_s = build_s
+            src = "loaded from disk" if self.cg.kernel_cache_loaded else "empty at start"
+            print(f"  kernels    first shape of a dynamic graph: {build_s * 1e3:.1f} ms (shared kernel cache {src})")
+        elif build_s > 0.5 * self.first_build_s and build_s > 0.05:
+            print(f"  kernels    WARNING: this shape took {build_s * 1e3:.1f} ms, like a build from scratch: "
+                  f"the kernel cache was not reused")
+        else:
+            print(f"  kernels    reused the shared kernel cache ({build_s * 1e3:.1f} ms vs "
+                  f"{self.first_build_s * 1e3:.1f} ms for the first shape)")
 
     def _save(self, inst: Instance, outputs) -> None:
         if not self.args.save_outputs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -12,6 +13,7 @@ from cudnn_dsl.backend import Target, load_cudnn
 from cudnn_dsl.dtypes import TORCH
 from cudnn_dsl.lower import Lowered, lower, plan
 from cudnn_dsl.reference import run_reference
+from cudnn_dsl.store import Entry, PlanKey, PlanStore, StoreProblem, graph_digest
 from cudnn_dsl.tensors import BindingError, Comparison, check_binding, compare, empty, generate_inputs
 from dsl.ir import Graph, Instance, Options
 from dsl.types import fmt_shape
@@ -27,10 +29,11 @@ class Executable:
     workspace: torch.Tensor
     host: dict[int, torch.Tensor]
     """uid -> CPU tensor of each pass-by-value scalar (cuDNN reads it at launch)"""
-
-    @property
-    def plan_name(self) -> str:
-        return self.low.g.get_plan_name_at_index(self.low.g._plan_index)
+    plan_name: str = ""
+    source: str = "heuristics"
+    """where the plan came from: heuristics, or the plan store (blob, or engine id + knobs)"""
+    notes: list[str] = attrs.Factory(list)
+    """fallbacks taken on the way, said to the user"""
 
     def pack(self, tensors: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> dict[int, Any]:
         graph = self.low.graph
@@ -51,6 +54,49 @@ class Executable:
         self.low.g.execute(pack, self.workspace, handle=self.handle)
 
 
+@attrs.define
+class Bound:
+    """A graph bound once to its buffers: `run()` launches with no per-call Python checks.
+
+    The buffers were checked when bound; they must stay alive and in place. Launches go on the
+    stream that was current at bind time.
+    """
+
+    exe: Executable
+    outputs: dict[str, torch.Tensor]
+    uids: tuple[int, ...]
+    buffers: tuple
+    keep: dict
+
+    def run(self) -> dict[str, torch.Tensor]:
+        self.exe.low.g.execute(self.buffers, self.exe.workspace, handle=self.exe.handle, tensor_uids=self.uids)
+        return self.outputs
+
+
+@attrs.define
+class Replay:
+    """An execution captured into a CUDA graph; `replay()` relaunches it with one call."""
+
+    cuda_graph: Any
+    bound: Bound
+
+    @property
+    def outputs(self) -> dict[str, torch.Tensor]:
+        return self.bound.outputs
+
+    def replay(self) -> dict[str, torch.Tensor]:
+        self.cuda_graph.replay()
+        return self.bound.outputs
+
+
+def _cuda_device(device: int | str | None) -> torch.device:
+    """A CUDA device with its index, so it compares equal to a tensor's ``.device``."""
+    d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+    if d.type != "cuda":
+        raise ValueError(f"cudnn-dsl runs graphs on CUDA devices, not {d}")
+    return d if d.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def _host_scalar(value, dtype: str) -> torch.Tensor:
     return torch.full((1,), float(value), dtype=TORCH[dtype])
 
@@ -63,13 +109,21 @@ class CompiledGraph:
     """
 
     def __init__(self, graph: Graph, options: Options | None = None, device: int | str | None = None,
-                 progress=None):
+                 progress=None, use_store: bool = True, rebuild: bool = False, store: PlanStore | None = None):
         self.graph = graph
         self.options = options or graph.options
-        self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+        self.device = _cuda_device(device)
         self.progress = progress
+        self.use_store = use_store
+        """look plans up in, and save them to, the plan store"""
+        self.rebuild = rebuild
+        """ignore stored plans (and overwrite them)"""
+        self.store = store or PlanStore()
         self._exes: dict[tuple, Executable] = {}
         self._handle = None
+        self._kc = None
+        self.kernel_cache_loaded = False
+        self.kernel_cache_notes: list[str] = []
 
     # ---- specs ------------------------------------------------------------------
 
@@ -115,13 +169,147 @@ class CompiledGraph:
         if self._handle is None:
             with torch.cuda.device(self.device):
                 self._handle = cudnn.create_handle()
-        o = self.options
-        low = plan(lower(self.graph, inst, handle=self._handle), o.heuristics, o.build_policy, o.workspace_limit,
-                   torch.cuda.get_device_name(self.device), self.progress)
-        size = low.g.get_workspace_size()
-        ws = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
+        self._kernel_cache_load()
+        low = lower(self.graph, inst, handle=self._handle, kernel_cache=self._kc)
         host = {uid: _host_scalar(v, dt) for uid, (v, dt) in low.host_values.items()}
-        return Executable(low, self._handle, self.device, ws, host)
+        key = self._key(inst) if self.use_store else None
+        notes: list[str] = []
+        entry = None
+        if key is not None and not self.rebuild:
+            try:
+                entry = self.store.get(key)
+            except StoreProblem as e:
+                notes.append(f"plan store: {e}; rebuilding")
+        if entry is not None:
+            exe = self._from_entry(low, entry, host, notes)
+            if exe is not None:
+                return exe
+        o = self.options
+        plan(low, o.heuristics, o.build_policy, o.workspace_limit, torch.cuda.get_device_name(self.device),
+             self.progress)
+        exe = self._executable(low, host, "heuristics", notes)
+        if key is not None:
+            self._persist(key, exe, tuned=False)
+        self._kernel_cache_save()
+        return exe
+
+    def _executable(self, low: Lowered, host, source: str, notes, workspace: int | None = None) -> Executable:
+        size = low.g.get_workspace_size() if workspace is None else workspace
+        ws = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
+        index = getattr(low.g, "_plan_index", 0)
+        name = low.g.get_plan_name_at_index(index) if low.plan_count else ""
+        return Executable(low, self._handle, self.device, ws, host, name, source, notes)
+
+    def _from_entry(self, low: Lowered, entry, host, notes) -> Executable | None:
+        """The stored plan: its blob first (no heuristics, no compilation), then its engine and knobs."""
+        cudnn = load_cudnn()
+        t0 = time.perf_counter()
+        try:
+            g = cudnn.pygraph(handle=self._handle)
+            g.deserialize(self._handle, entry.blob)
+            loaded = Lowered(low.graph, low.instance, g, low.host_values, {"deserialize": time.perf_counter() - t0})
+            exe = self._executable(loaded, host, "plan store (serialized plan)", notes, entry.workspace)
+            exe.plan_name = entry.plan_name
+            return exe
+        except Exception as e:  # noqa: BLE001 - a blob from another build of cuDNN fails in many ways
+            notes.append(f"stored plan blob did not load ({_short(e)}); rebuilding engine {entry.engine_id}")
+        try:
+            t0 = time.perf_counter()
+            g = low.g
+            g.validate()
+            g.build_operation_graph()
+            knobs = {getattr(cudnn.knob_type, k): v for k, v in entry.knobs.items()}
+            g.create_execution_plan(entry.engine_id, knobs)
+            index = g.get_execution_plan_count() - 1
+            g.check_support()
+            g.build_plan_at_index(index)
+            low.timings["rebuild_from_engine"] = time.perf_counter() - t0
+            low.plan_count = index + 1
+            return self._executable(low, host, "plan store (engine id + knobs)", notes)
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"stored engine {entry.engine_id} did not rebuild ({_short(e)}); using heuristics")
+            return None
+
+    def _key(self, inst: Instance) -> PlanKey:
+        from cudnn_dsl.backend import versions
+
+        v = versions()
+        major, minor = torch.cuda.get_device_capability(self.device)
+        return PlanKey(graph_digest(self.graph, inst), torch.cuda.get_device_name(self.device), f"{major}.{minor}",
+                       v["cudnn_backend"], v["cudnn_frontend"])
+
+    def _persist(self, key: PlanKey, exe: Executable, tuned: bool, timing: dict | None = None) -> None:
+        g = exe.low.g
+        index = getattr(g, "_plan_index", 0)
+        try:
+            engine_id, knobs = g.get_engine_and_knobs_at_index(index)
+            blob = bytes(g.serialize(as_bytes=True))
+        except Exception as e:  # noqa: BLE001 - some plans cannot serialize; the run goes on
+            exe.notes.append(f"plan not stored: {_short(e)}")
+            return
+        self.store.put(Entry(key, self.graph.name, exe.plan_name, int(engine_id),
+                             {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()}, blob,
+                             int(exe.workspace.numel()), tuned, timing or {}, time.time()))
+
+    # ---- dynamic shapes: one kernel cache for every shape of the graph ----------------
+
+    def _kernel_cache_path(self) -> Path:
+        digest = graph_digest(self.graph, self.graph.instances[0])[:24]
+        return self.store.root.parent / "kernels" / f"{self.graph.name}-{digest}.cache"
+
+    def _kernel_cache_load(self) -> None:
+        if not self.graph.symbols or self._kc is not None:
+            return
+        cudnn = load_cudnn()
+        self._kc = cudnn.create_kernel_cache()
+        path = self._kernel_cache_path()
+        if self.use_store and not self.rebuild and path.exists():
+            try:
+                self._kc.deserialize(path.read_text())
+                self.kernel_cache_loaded = True
+            except Exception as e:  # noqa: BLE001
+                self.kernel_cache_notes.append(f"kernel cache {path.name} did not load ({_short(e)}); starting empty")
+                self._kc = cudnn.create_kernel_cache()
+
+    def _kernel_cache_save(self) -> None:
+        if self._kc is None or not self.use_store:
+            return
+        try:
+            from cudnn_dsl.store import _atomic_write
+
+            _atomic_write(self._kernel_cache_path(), self._kc.serialize())
+        except Exception as e:  # noqa: BLE001 - not every cache can serialize
+            self.kernel_cache_notes.append(f"kernel cache not saved: {_short(e)}")
+
+    # ---- fast paths -----------------------------------------------------------------------
+
+    def bind(self, out: dict[str, torch.Tensor] | None = None, **tensors) -> Bound:
+        """Checks the buffers once and returns a Bound whose run() launches with no checks."""
+        cudnn = load_cudnn()
+        inst = self.instance_for(tensors)
+        exe = self.executable(inst)
+        outputs = self._bind(inst, tensors, out)
+        pack = exe.pack(tensors, outputs)
+        cudnn.set_stream(exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
+        uids = tuple(pack)
+        return Bound(exe, outputs, uids, tuple(pack[u] for u in uids), pack)
+
+    def capture(self, out: dict[str, torch.Tensor] | None = None, **tensors) -> Replay:
+        """Captures one execution into a CUDA graph (the handle follows the capture stream)."""
+        cudnn = load_cudnn()
+        bound = self.bind(out, **tensors)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm up off the default stream, as capture wants
+            cudnn.set_stream(bound.exe.handle, side.cuda_stream)
+            bound.run()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg):
+            cudnn.set_stream(bound.exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
+            bound.run()
+        cudnn.set_stream(bound.exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
+        return Replay(cg, bound)
 
     def __call__(self, out: dict[str, torch.Tensor] | None = None, **tensors) -> dict[str, torch.Tensor]:
         inst = self.instance_for(tensors)
@@ -171,18 +359,24 @@ def compare_outputs(graph: Graph, inst: Instance, got, want, options: Options, a
                     pick(atol, v.name, options.atol), pick(rtol, v.name, options.rtol)) for v in graph.outputs]
 
 
-def gpu_time_us(fn, iterations: int = 20, warmup: int = 3) -> list[float]:
-    """Per-call GPU time of fn() in microseconds, one CUDA-event pair per call."""
+def _short(e: Exception) -> str:
+    return " ".join(str(e).split())[:300] or type(e).__name__
+
+
+def gpu_time_us(fn, iterations: int = 20, warmup: int = 3, inner: int = 10) -> list[float]:
+    """GPU time per call of fn() in microseconds: one sample per CUDA-event pair around `inner`
+    back-to-back calls, so the device queue stays full and host overhead is not counted."""
     for _ in range(warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
     for s, e in zip(starts, ends):
         s.record()
-        fn()
+        for _ in range(inner):
+            fn()
         e.record()
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+    return [s.elapsed_time(e) * 1000.0 / inner for s, e in zip(starts, ends)]
 
 
 def host_time_us(fn, iterations: int = 200) -> float:

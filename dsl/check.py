@@ -574,6 +574,9 @@ class _Typer:
             dtype = out.dtype or self.gc.types.get("intermediate", ("float", None))[0]
             t = TensorType(dtype, out.shape, dense_strides(out.shape, order))
         else:
+            if o.dtype and out.dtype and o.dtype != out.dtype:
+                self.sink.error(f"output '{name}' is declared {o.dtype} but {n.op} gives {out.dtype}", o.loc)
+                return
             dtype = o.dtype or out.dtype or self.gc.types.get("io", (first.dtype, None))[0]
             if o.dims is not None:
                 want = self.concrete(o.dims)

@@ -41,6 +41,7 @@ class Out:
     shape: tuple[int, ...]
     order: tuple[int, ...]
     dtype: str | None = None
+    """set when the op fixes its result's dtype (cuDNN's layout ops keep the input's)"""
 
 
 @attrs.frozen
@@ -64,6 +65,13 @@ class OpSig:
     doc: str = ""
     positive: tuple[int, ...] = ()
     """inputs whose domain is positive (generated test data avoids 0 and negatives there)"""
+    flops: Callable[[Ctx, list], int] | None = None
+    """floating-point operations for these input and output types (default: one per output element)"""
+
+    def count_flops(self, ctx: Ctx, outs: list[TensorType]) -> int:
+        if self.flops is not None:
+            return self.flops(ctx, outs)
+        return sum(math.prod(o.shape) for o in outs)
 
     def attr(self, name: str) -> Attr | None:
         for a in self.attrs + COMMON_ATTRS:
@@ -307,7 +315,7 @@ def infer_transpose(ctx: Ctx) -> list[Out]:
     if sorted(perm) != list(range(len(x.shape))):
         raise OpError(f"{ctx.op}: perm {list(perm)} is not a permutation of the {len(x.shape)} axes", "perm")
     shape = tuple(x.shape[p] for p in perm)
-    return [Out(shape, _row_major(len(shape)))]
+    return [Out(shape, _row_major(len(shape)), x.dtype)]
 
 
 def infer_reshape(ctx: Ctx) -> list[Out]:
@@ -315,7 +323,7 @@ def infer_reshape(ctx: Ctx) -> list[Out]:
     shape = tuple(ctx.attrs["shape"])
     if any(d < 1 for d in shape) or math.prod(shape) != math.prod(x.shape):
         raise OpError(f"{ctx.op}: cannot reshape {fmt_shape(x.shape)} ({math.prod(x.shape)} elements) to {fmt_shape(shape)}", "shape")
-    return [Out(shape, _row_major(len(shape)))]
+    return [Out(shape, _row_major(len(shape)), x.dtype)]
 
 
 def infer_slice(ctx: Ctx) -> list[Out]:
@@ -327,7 +335,28 @@ def infer_slice(ctx: Ctx) -> list[Out]:
     for i, (s, e) in enumerate(zip(start, end)):
         if not 0 <= s < e <= x.shape[i]:
             raise OpError(f"{ctx.op}: axis {i}: [{s}, {e}) is not inside [0, {x.shape[i]})", "end")
-    return [Out(tuple(e - s for s, e in zip(start, end)), stride_order(x.strides))]
+    return [Out(tuple(e - s for s, e in zip(start, end)), stride_order(x.strides), x.dtype)]
+
+
+# ---- arithmetic counts (for TFLOP/s in tune and bench) ------------------------------------
+
+
+def flops_conv(ctx: Ctx, outs) -> int:
+    """2 * (elements of the forward output) * (C/groups * filter volume), for fprop, dgrad and wgrad."""
+    y = {"conv_fprop": outs[0], "conv_dgrad": ctx.inputs[0], "conv_wgrad": ctx.inputs[1]}[ctx.op]
+    w = {"conv_fprop": ctx.inputs[1], "conv_dgrad": ctx.inputs[1], "conv_wgrad": outs[0]}[ctx.op]
+    return 2 * math.prod(y.shape) * math.prod(w.shape[1:])
+
+
+def flops_matmul(ctx: Ctx, outs) -> int:
+    return 2 * math.prod(outs[0].shape) * ctx.inputs[0].shape[-1]
+
+
+def flops_sdpa(ctx: Ctx, outs) -> int:
+    q, k, v = ctx.inputs[:3]
+    b, h, s, d = q.shape
+    full = 2 * b * h * s * k.shape[2] * (d + v.shape[3])
+    return full // 2 if ctx.attrs.get("causal") else full
 
 
 # ---- the registry ----------------------------------------------------------------
@@ -390,19 +419,20 @@ OPS: dict[str, OpSig] = {
     "bias": OpSig("bias", "pointwise", ("x", "bias"), infer_bias, doc="x + bias, bias broadcast onto x"),
     "scale": OpSig("scale", "pointwise", ("x", "scale"), infer_bias, doc="x * scale, scale broadcast onto x"),
     "conv_fprop": OpSig(
-        "conv_fprop", "conv", ("image", "weight"), infer_conv_fprop, attrs=_SPATIAL_ATTRS,
+        "conv_fprop", "conv", ("image", "weight"), infer_conv_fprop, attrs=_SPATIAL_ATTRS, flops=flops_conv,
         doc="convolution forward: image [N,C,H,W] * weight [K,C/groups,R,S] -> [N,K,P,Q]",
     ),
     "conv_dgrad": OpSig(
-        "conv_dgrad", "conv", ("grad", "weight"), infer_conv_dgrad, attrs=_SPATIAL_ATTRS,
+        "conv_dgrad", "conv", ("grad", "weight"), infer_conv_dgrad, attrs=_SPATIAL_ATTRS, flops=flops_conv,
         doc="convolution data gradient: dy [N,K,P,Q], weight [K,C,R,S] -> dx [N,C,H,W]",
     ),
     "conv_wgrad": OpSig(
-        "conv_wgrad", "conv", ("image", "grad"), infer_conv_wgrad,
+        "conv_wgrad", "conv", ("image", "grad"), infer_conv_wgrad, flops=flops_conv,
         attrs=_SPATIAL_ATTRS + (Attr("filter", "ints", None, doc="filter spatial size (inferred when omitted)"),),
         doc="convolution weight gradient: x [N,C,H,W], dy [N,K,P,Q] -> dw [K,C,R,S]",
     ),
-    "matmul": OpSig("matmul", "matmul", ("a", "b"), infer_matmul, doc="batched [..., M, K] @ [..., K, N] -> [..., M, N]"),
+    "matmul": OpSig("matmul", "matmul", ("a", "b"), infer_matmul, flops=flops_matmul,
+                    doc="batched [..., M, K] @ [..., K, N] -> [..., M, N]"),
     "reduction": OpSig(
         "reduction", "reduction", ("x",), infer_reduction,
         attrs=(
@@ -412,7 +442,7 @@ OPS: dict[str, OpSig] = {
         doc="reduce axes to size 1, keeping the rank",
     ),
     "sdpa": OpSig(
-        "sdpa", "attention", ("q", "k", "v"), infer_sdpa, optional=("bias",),
+        "sdpa", "attention", ("q", "k", "v"), infer_sdpa, optional=("bias",), flops=flops_sdpa,
         attrs=(
             Attr("scale", "float", None, doc="softmax scale (default 1/sqrt(D))"),
             Attr("causal", "bool", False, doc="causal mask (top-left aligned)"),

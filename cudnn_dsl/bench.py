@@ -1,0 +1,209 @@
+"""Bench layer: `cudnn-dsl bench` — the compiled graph against hand-written cuDNN, torch eager and
+torch.compile, in one process, on the same input buffers, checked before timed.
+
+GPU time comes from CUDA events around back-to-back calls (the device queue kept full), taken in
+interleaved rounds so a noisy machine shows as spread rather than as a wrong winner. Host time is
+the median wall time of one call. Ratios are computed within the run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import attrs
+import torch
+
+from cudnn_dsl.backend import load_cudnn, versions
+from cudnn_dsl.emit import emit_cudnn
+from cudnn_dsl.reference import run_reference
+from cudnn_dsl.runtime import CompiledGraph, gpu_time_us, host_time_us
+from cudnn_dsl.tensors import compare
+from cudnn_dsl.tune import work
+from dsl.ir import Graph, Instance
+
+BASELINES = ("cudnn", "torch", "compile")
+LABELS = {"cudnn-dsl": "cudnn-dsl", "cudnn": "hand-written cuDNN", "torch": "torch eager", "compile": "torch.compile"}
+
+
+@attrs.define
+class Contender:
+    name: str
+    fn: Callable[[], dict]
+    outputs: dict | None = None
+    samples: list[float] = attrs.Factory(list)
+    host_us: float = 0.0
+    error: str = ""
+    check: str = ""
+
+
+def _ejected(graph: Graph, inst: Instance, tensors: dict, like: dict) -> Contender:
+    """The standalone script `emit --target cudnn` prints, imported and run on our buffers."""
+    cudnn = load_cudnn()
+    path = Path(tempfile.mkdtemp(prefix="cudnn-dsl-bench-")) / f"{graph.name}_ejected.py"
+    path.write_text(emit_cudnn(graph, inst))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+    g = mod.build(handle)
+    outs = {n: torch.empty_like(t) for n, t in like.items()}
+    buffers = {**{k: v for k, v in tensors.items() if k in mod.INPUTS}, **outs}
+    ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device="cuda")
+    scalars = mod.host_scalars()
+
+    def run():
+        mod.execute(g, handle, buffers, ws, scalars)
+        return outs
+
+    return Contender("cudnn", run)
+
+
+def peak_tflops_bf16() -> float:
+    """The dense bf16 rate this GPU reaches on an 8192^3 matmul of random data (our ceiling)."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t = statistics.median(gpu_time_us(lambda: a @ b, iterations=5, warmup=2, inner=3))
+    return 2 * n**3 / (t * 1e-6) / 1e12
+
+
+def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7, iters: int = 20) -> dict:
+    cg = CompiledGraph(graph)
+    tensors = cg.allocate_inputs(dict(inst.binding))
+    bound = cg.bind(**tensors)
+    contenders = [Contender("cudnn-dsl", bound.run)]
+    host_inputs = {k: v for k, v in tensors.items()}
+    if "cudnn" in against:
+        contenders.append(_guard("cudnn", lambda: _ejected(graph, inst, tensors, bound.outputs)))
+    eager = lambda: run_reference(graph, inst, host_inputs, native=True)  # noqa: E731
+    if "torch" in against:
+        contenders.append(Contender("torch", eager))
+    if "compile" in against:
+        contenders.append(Contender("compile", torch.compile(eager)))
+    for c in contenders:  # first call: compiles what compiles, and gives outputs to check
+        try:
+            c.outputs = {k: v.clone() for k, v in c.fn().items()}
+        except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
+            c.error = c.error or " ".join(str(e).split())[:200]
+    torch.cuda.synchronize()
+    want = run_reference(graph, inst, tensors)
+    for c in contenders:
+        if c.outputs is None:
+            continue
+        comps = [compare(n, c.outputs[n], want[n], inst.type(n).dtype) for n in want]
+        c.check = "ok" if all(x.ok for x in comps) else "; ".join(str(x) for x in comps if not x.ok)
+    live = [c for c in contenders if c.outputs is not None]
+    for _ in range(rounds):
+        for c in live:
+            c.samples.append(statistics.median(gpu_time_us(c.fn, iterations=iters, warmup=2, inner=5)))
+    for c in live:
+        c.host_us = host_time_us(c.fn, iterations=100)
+    flops, moved = work(graph, inst)
+    ours = statistics.median(contenders[0].samples)
+    rows = []
+    for c in contenders:
+        row = {"name": c.name, "label": LABELS[c.name], "check": c.check, "error": c.error}
+        if c.samples:
+            med = statistics.median(c.samples)
+            row.update(gpu_us_median=med, gpu_us_min=min(c.samples), gpu_us_max=max(c.samples), host_us=c.host_us,
+                       tflops=flops / (med * 1e-6) / 1e12, gbps=moved / (med * 1e-6) / 1e9,
+                       speedup_of_cudnn_dsl=med / ours)
+        rows.append(row)
+    return {"graph": graph.name, "binding": dict(inst.binding), "flops": flops, "bytes": moved, "rows": rows}
+
+
+def _guard(name: str, make: Callable[[], Contender]) -> Contender:
+    try:
+        return make()
+    except Exception as e:  # noqa: BLE001
+        return Contender(name, lambda: {}, error=" ".join(str(e).split())[:200])
+
+
+def table(result: dict, peak: float | None) -> str:
+    label = result["graph"] + (" " + str(result["binding"]) if result["binding"] else "")
+    lines = [f"graph {label}: {result['flops'] / 1e9:.2f} GFLOP, {result['bytes'] / 1e6:.1f} MB moved at least",
+             f"  {'':20} {'GPU µs':>9} {'spread':>15} {'host µs':>8} {'TFLOP/s':>8} {'GB/s':>7} "
+             f"{'% peak':>6} {'vs cudnn-dsl':>12}  check"]
+    for r in result["rows"]:
+        if "gpu_us_median" not in r:
+            lines.append(f"  {r['label']:20} failed: {r['error']}")
+            continue
+        pk = f"{100 * r['tflops'] / peak:5.1f}%" if peak else "-"
+        lines.append(f"  {r['label']:20} {r['gpu_us_median']:9.1f} {r['gpu_us_min']:7.1f}-{r['gpu_us_max']:<7.1f} "
+                     f"{r['host_us']:8.1f} {r['tflops']:8.1f} {r['gbps']:7.0f} {pk:>6} "
+                     f"{r['speedup_of_cudnn_dsl']:11.2f}x  {r['check'] or r['error']}")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.6), squeeze=False)
+    for ax, res in zip(axes[0], results):
+        rows = [r for r in res["rows"] if "gpu_us_median" in r]
+        ax.bar([r["label"] for r in rows], [r["gpu_us_median"] for r in rows],
+               yerr=[[r["gpu_us_median"] - r["gpu_us_min"] for r in rows],
+                     [r["gpu_us_max"] - r["gpu_us_median"] for r in rows]],
+               color=["#76b900" if r["name"] == "cudnn-dsl" else "#888888" for r in rows])
+        ax.set_title(res["graph"])
+        ax.set_ylabel("GPU µs per call (median, min-max)")
+        ax.tick_params(axis="x", rotation=30, labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def cmd_bench(args) -> int:
+    from cudnn_dsl import backend
+    from cudnn_dsl.cli import EXIT_FAIL, EXIT_OK, UsageError, load_programs
+    from cudnn_dsl.run import _instances
+
+    against = tuple(x.strip() for x in args.against.split(",") if x.strip())
+    bad = set(against) - set(BASELINES)
+    if bad:
+        raise UsageError(f"--against takes {', '.join(BASELINES)}; got {', '.join(sorted(bad))}")
+    if not backend.gpu_available():
+        print("cudnn-dsl: error: bench measures on a GPU, and no CUDA GPU is visible here", file=sys.stderr)
+        return EXIT_FAIL
+    peak = None if args.no_peak else peak_tflops_bf16()
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **versions(),
+            "driver": _driver(), "peak_bf16_tflops_measured": peak}
+    print(f"{meta['gpu']}, driver {meta['driver']}, cuDNN {meta['cudnn_backend']}, frontend {meta['cudnn_frontend']}, "
+          f"torch {meta['torch']}" + (f"; measured bf16 matmul peak {peak:.0f} TFLOP/s" if peak else ""))
+    results, status = [], EXIT_OK
+    for path, program in load_programs(args.files):
+        if program is None:
+            status = EXIT_FAIL
+            continue
+        for g in [program.graph(args.graph)] if args.graph else program.graphs:
+            for inst in _instances(g, args)[:1] if not args.shape else _instances(g, args):
+                res = bench_graph(g, inst, against, args.rounds, args.iterations)
+                res["file"] = path
+                results.append(res)
+                print(table(res, peak))
+                if any(r.get("check") not in ("ok", "") for r in res["rows"]):
+                    status = EXIT_FAIL
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    if args.plot and results:
+        plot(results, args.plot)
+    return status
+
+
+def _driver() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"

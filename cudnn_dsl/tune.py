@@ -1,0 +1,170 @@
+"""Reuse layer: autotuning — build every candidate plan, time each, keep the winner in the store."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+
+import attrs
+import torch
+
+from cudnn_dsl.lower import STEPS, lower, plan
+from cudnn_dsl.runtime import CompiledGraph, Executable, _host_scalar, _short, gpu_time_us
+from dsl.ir import Graph, Instance
+from dsl.ops import OPS, Ctx
+from dsl.types import itemsize
+
+
+@attrs.define
+class Candidate:
+    index: int
+    """the heuristics' rank (0 = their first choice)"""
+    name: str
+    workspace: int = 0
+    times_us: list[float] = attrs.Factory(list)
+    error: str = ""
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.times_us) if self.times_us else math.inf
+
+
+@attrs.define
+class TuneResult:
+    graph: str
+    binding: dict
+    candidates: list[Candidate]
+    flops: int
+    bytes: int
+    build_s: dict
+    winner: Candidate | None = None
+
+    @property
+    def ranked(self) -> list[Candidate]:
+        return sorted((c for c in self.candidates if c.times_us), key=lambda c: c.median_us)
+
+
+def work(graph: Graph, inst: Instance) -> tuple[int, int]:
+    """(floating-point operations, the fewest bytes moved: every input read and output written once)."""
+    flops = 0
+    for n in graph.nodes:
+        ins = tuple(inst.type(i) if i else None for i in n.inputs)
+        flops += OPS[n.op].count_flops(Ctx(n.op, ins, n.attr), [inst.type(o) for o in n.outputs])
+    moved = sum(inst.type(v.name).numel * itemsize(inst.type(v.name).dtype) for v in graph.values
+                if v.kind in ("input", "output"))
+    return flops, moved
+
+
+class ProgressBar:
+    def __init__(self, total: int, label: str):
+        self.total, self.label, self.tty = total, label, sys.stderr.isatty()
+
+    def update(self, done: int, what: str) -> None:
+        if self.tty:
+            filled = int(30 * done / max(1, self.total))
+            print(f"\r\033[K  {self.label} [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} {what}",
+                  end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def tune(cg: CompiledGraph, inst: Instance, max_workspace: int | None = None) -> TuneResult:
+    """Times every plan the heuristics offer; selects and stores the fastest."""
+    from cudnn_dsl.backend import load_cudnn
+
+    cudnn = load_cudnn()
+    o = cg.options
+    if cg._handle is None:
+        cg._handle = cudnn.create_handle()
+    cg._kernel_cache_load()
+    low = lower(cg.graph, inst, handle=cg._handle, kernel_cache=cg._kc)
+    limit = max_workspace if max_workspace is not None else o.workspace_limit
+    plan(low, o.heuristics, "all", None, torch.cuda.get_device_name(cg.device), steps=STEPS[:4])
+    g = low.g
+    tensors = cg.allocate_inputs(dict(inst.binding))
+    outputs = cg._bind(inst, tensors, None)
+    host = {uid: _host_scalar(v, dt) for uid, (v, dt) in low.host_values.items()}
+    pack = Executable(low, cg._handle, cg.device, torch.empty(1), host).pack(tensors, outputs)
+    flops, moved = work(cg.graph, inst)
+    result = TuneResult(cg.graph.name, dict(inst.binding), [], flops, moved, dict(low.timings))
+    bar = ProgressBar(low.plan_count, cg.graph.name)
+    cudnn.set_stream(cg._handle, torch.cuda.current_stream(cg.device).cuda_stream)
+    for i in range(low.plan_count):
+        c = Candidate(i, g.get_plan_name_at_index(i))
+        result.candidates.append(c)
+        bar.update(i, c.name)
+        try:
+            t0 = time.perf_counter()
+            g.build_plan_at_index(i)
+            c.workspace = g.get_workspace_size_plan_at_index(i)
+            if limit is not None and c.workspace > limit:
+                c.error = f"needs {c.workspace} bytes of workspace, over the limit of {limit}"
+                continue
+            ws = torch.empty(max(1, c.workspace), dtype=torch.uint8, device=cg.device)
+            run = lambda: g.execute_plan_at_index(pack, ws, index=i, handle=cg._handle)  # noqa: E731
+            c.times_us = gpu_time_us(run, iterations=o.iterations, warmup=o.warmup, inner=1)
+            result.build_s.setdefault("plans", 0.0)
+            result.build_s["plans"] += time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - a plan that fails to build or run is skipped, with why
+            c.error = _short(e)
+    bar.close()
+    ranked = result.ranked
+    if ranked:
+        result.winner = ranked[0]
+        g.build_plan_at_index(result.winner.index)  # selects it for execute() and serialize()
+        low.plan_count = max(low.plan_count, 1)
+        exe = cg._executable(low, host, "autotuned", [])
+        cg._exes[inst.binding] = exe
+        if cg.use_store:
+            cg._persist(cg._key(inst), exe, tuned=True,
+                        timing={"median_us": result.winner.median_us, "candidates": len(result.candidates)})
+    return result
+
+
+def report(result: TuneResult) -> str:
+    lines = []
+    ranked = result.ranked
+    label = result.graph + (" [" + ", ".join(f"{k}={v}" for k, v in result.binding.items()) + "]" if result.binding else "")
+    lines.append(f"graph {label}: {len(result.candidates)} plans, {len(ranked)} timed")
+    lines.append(f"  {'#':>3} {'plan':44} {'median µs':>10} {'TFLOP/s':>8} {'GB/s':>8} {'workspace':>10} {'rank':>5}")
+    for pos, c in enumerate(ranked, 1):
+        t = c.median_us * 1e-6
+        lines.append(f"  {pos:>3} {c.name[:44]:44} {c.median_us:10.1f} {result.flops / t / 1e12:8.1f} "
+                     f"{result.bytes / t / 1e9:8.1f} {c.workspace:10d} {c.index:5d}")
+    for c in result.candidates:
+        if not c.times_us:
+            lines.append(f"  skipped {c.name}: {c.error}")
+    if ranked:
+        best, worst = ranked[0], ranked[-1]
+        first = next((c for c in result.candidates if c.index == 0), None)
+        lines.append(f"  winner {best.name}: {best.median_us:.1f} µs; worst {worst.median_us:.1f} µs "
+                     f"({worst.median_us / best.median_us:.2f}x spread)")
+        if first is not None and first.times_us:
+            lines.append(f"  heuristics' first choice {first.name}: {first.median_us:.1f} µs "
+                         f"({first.median_us / best.median_us:.2f}x the winner)")
+    return "\n".join(lines)
+
+
+def plot(results: list[TuneResult], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib: pip install matplotlib") from None
+    fig, axes = plt.subplots(len(results), 1, figsize=(10, 3.2 * len(results)), squeeze=False)
+    for ax, r in zip(axes[:, 0], results):
+        ranked = r.ranked
+        ax.bar(range(len(ranked)), [c.median_us for c in ranked],
+               yerr=[[c.median_us - min(c.times_us) for c in ranked], [max(c.times_us) - c.median_us for c in ranked]])
+        ax.set_title(f"{r.graph} {r.binding or ''}: plans by median GPU time")
+        ax.set_ylabel("µs")
+        ax.set_xticks(range(len(ranked)))
+        ax.set_xticklabels([c.name.split("_")[0] + f"#{c.index}" for c in ranked], rotation=90, fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

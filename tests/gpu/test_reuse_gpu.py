@@ -1,0 +1,148 @@
+"""Tune -> store -> reload -> run, recovery from bad entries, dynamic shapes, CUDA-graph capture."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+MM = str(ROOT / "examples" / "plan_serialization.cdg")
+
+
+@pytest.fixture(autouse=True)
+def private_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _check(cg, **kw):
+    results = cg.check(**cg.allocate_inputs(**kw))
+    assert results and all(r.ok for r in results), [str(r) for r in results]
+
+
+def test_tune_stores_the_winner_and_a_new_process_reuses_it(private_store):
+    import cudnn_dsl
+    from cudnn_dsl.tune import tune
+
+    cg = cudnn_dsl.compile(MM, iterations=3, warmup=1)
+    result = tune(cg, cg.graph.instances[0])
+    assert result.winner is not None and len(result.ranked) >= 1
+    assert result.ranked[0].median_us <= result.ranked[-1].median_us
+    entries = list((private_store / "plans").glob("*.json"))
+    assert len(entries) == 1 and json.loads(entries[0].read_text())["tuned"] is True
+
+    again = cudnn_dsl.compile(MM)
+    exe = again.executable(again.graph.instances[0])
+    assert exe.source == "plan store (serialized plan)", exe.notes
+    assert exe.plan_name == result.winner.name
+    _check(again)
+
+
+def test_a_corrupt_entry_is_reported_and_rebuilt(private_store):
+    import cudnn_dsl
+
+    first = cudnn_dsl.compile(MM)
+    first.executable(first.graph.instances[0])
+    [entry] = (private_store / "plans").glob("*.json")
+    entry.write_text(entry.read_text()[: len(entry.read_text()) // 2])  # truncated
+    cg = cudnn_dsl.compile(MM)
+    exe = cg.executable(cg.graph.instances[0])
+    assert exe.source == "heuristics"
+    assert any("corrupt plan entry" in n for n in exe.notes)
+    _check(cg)
+    json.loads(entry.read_text())  # rewritten whole
+
+
+def test_a_blob_that_does_not_load_falls_back_to_engine_and_knobs(private_store):
+    import base64
+    import hashlib
+
+    import cudnn_dsl
+
+    first = cudnn_dsl.compile(MM)
+    first.executable(first.graph.instances[0])
+    [entry] = (private_store / "plans").glob("*.json")
+    d = json.loads(entry.read_text())
+    junk = b"not a cudnn plan" * 8
+    d["blob"], d["blob_sha256"] = base64.b64encode(junk).decode(), hashlib.sha256(junk).hexdigest()
+    entry.write_text(json.dumps(d))
+    cg = cudnn_dsl.compile(MM)
+    exe = cg.executable(cg.graph.instances[0])
+    assert exe.source == "plan store (engine id + knobs)", exe.notes
+    assert any("did not load" in n for n in exe.notes)
+    _check(cg)
+
+
+def test_a_foreign_version_entry_is_not_used(private_store):
+    import cudnn_dsl
+
+    first = cudnn_dsl.compile(MM)
+    first.executable(first.graph.instances[0])
+    [entry] = (private_store / "plans").glob("*.json")
+    d = json.loads(entry.read_text())
+    d["key"]["cudnn_backend"] = 1
+    entry.write_text(json.dumps(d))
+    cg = cudnn_dsl.compile(MM)
+    exe = cg.executable(cg.graph.instances[0])
+    assert exe.source == "heuristics"
+    assert any("was made for" in n for n in exe.notes)
+
+
+def test_dynamic_shapes_share_a_kernel_cache_and_all_match(private_store):
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(str(ROOT / "examples" / "dynamic_shapes.cdg"))
+    for inst in cg.graph.instances:
+        _check(cg, binding=dict(inst.binding))
+    assert cg._kc is not None
+    assert list((private_store / "kernels").glob("*.cache"))
+
+
+def test_capture_and_replay_match_the_reference():
+    import torch
+
+    import cudnn_dsl
+    from cudnn_dsl.tensors import compare
+
+    cg = cudnn_dsl.compile(str(ROOT / "examples" / "cuda_graph_conv.cdg"))
+    ins = cg.allocate_inputs()
+    replay = cg.capture(**ins)
+    replay.outputs["out"].fill_(float("nan"))
+    for _ in range(3):
+        out = replay.replay()["out"]
+    torch.cuda.synchronize()
+    want = cg.reference(**ins)["out"]
+    assert compare("out", out, want, "half").ok
+    ins["x"].mul_(-1)  # replays read the bound buffers: new data, same graph
+    out = replay.replay()["out"]
+    torch.cuda.synchronize()
+    assert compare("out", out, cg.reference(**ins)["out"], "half").ok
+
+
+def test_bound_run_matches_plain_call():
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(str(ROOT / "examples" / "matmul_epilogue.cdg"))
+    ins = cg.allocate_inputs()
+    bound = cg.bind(**ins)
+    a = {k: v.clone() for k, v in bound.run().items()}
+    b = cg(**ins)
+    torch.cuda.synchronize()
+    for k in a:
+        assert torch.equal(a[k], b[k])
+
+
+def test_tune_command_prints_a_sorted_table(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "cudnn_dsl", "tune", MM, "--iterations", "3", "--warmup", "1",
+                           "--json", str(tmp_path / "t.json")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "winner" in proc.stdout and "TFLOP/s" in proc.stdout
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data[0]["winner"]["name"]
