@@ -29,8 +29,8 @@ from cudnn_dsl.tune import tune  # noqa: E402
 from dsl.check import load  # noqa: E402
 
 
-def graph(name: str, file: str | None = None):
-    return load(str(ROOT / "examples" / f"{file or name}.cdg")).graphs[0]
+def graph(file: str):
+    return load(str(ROOT / "examples" / f"{file}.cdg")).graphs[0]
 
 
 def warm_vs_cold(store: PlanStore, names) -> list[dict]:
@@ -66,15 +66,17 @@ def tuned_vs_first(store: PlanStore, names) -> list[dict]:
 
 def dynamic_builds() -> list[dict]:
     rows = []
-    for use_cache in (True, False):
-        g = graph("dynamic_conv", "dynamic_shapes")
-        cg = CompiledGraph(g, use_store=False)
-        if not use_cache:
-            cg._kernel_cache_load = lambda: None  # each shape from scratch, as without dynamic-shape mode
-        for inst in g.instances:
-            t0 = time.perf_counter()
-            cg.executable(inst)
-            rows.append({"kernel_cache": use_cache, "shape": inst.label, "build_ms": (time.perf_counter() - t0) * 1e3})
+    for file in ("dynamic_shapes", "dynamic_matmul"):
+        for use_cache in (True, False):
+            g = graph(file)
+            cg = CompiledGraph(g, use_store=False)
+            if not use_cache:
+                cg._kernel_cache_load = lambda: None  # each shape from scratch, as without dynamic-shape mode
+            for inst in g.instances:
+                t0 = time.perf_counter()
+                cg.executable(inst)
+                rows.append({"graph": g.name, "kernel_cache": use_cache, "shape": inst.label,
+                             "build_ms": (time.perf_counter() - t0) * 1e3})
     return rows
 
 
@@ -106,7 +108,7 @@ def main() -> None:
     names = ["conv_bias_relu", "matmul_epilogue", "plan_serialization"]
     out = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **versions()},
            "warm_vs_cold": warm_vs_cold(store, names),
-           "tuned_vs_first": tuned_vs_first(store, names),
+           "tuned_vs_first": tuned_vs_first(store, names + ["sdpa"]),
            "dynamic_builds": dynamic_builds(),
            "host_per_call": host_per_call(["conv_bias_relu", "matmul_epilogue"])}
     print(out["meta"])
@@ -119,7 +121,7 @@ def main() -> None:
               f"winner {r['winner']} {r['winner_us']:.1f} µs; {r['gain']:.2f}x")
     print("build time per dynamic shape:")
     for r in out["dynamic_builds"]:
-        print(f"  kernel cache {'on ' if r['kernel_cache'] else 'off'} {r['shape']:6} {r['build_ms']:8.1f} ms")
+        print(f"  {r['graph']:16} kernel cache {'on ' if r['kernel_cache'] else 'off'} {r['shape']:6} {r['build_ms']:8.1f} ms")
     print("host time per call (µs, median):")
     for r in out["host_per_call"]:
         print(f"  {r['graph']:20} plain {r['plain_call_us']:6.1f}  frontend execute {r['frontend_execute_us']:6.1f}  "

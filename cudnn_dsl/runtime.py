@@ -64,13 +64,51 @@ class Bound:
 
     exe: Executable
     outputs: dict[str, torch.Tensor]
-    uids: tuple[int, ...]
-    buffers: tuple
     keep: dict
+    """uid -> buffer: the references that keep every bound buffer alive"""
+    launch: Any = None
+
+    def __attrs_post_init__(self):
+        self.launch = _raw_launcher(self.exe, self.keep) or self._ordered_launcher()
+
+    def _ordered_launcher(self):
+        g, ws, h = self.exe.low.g, self.exe.workspace, self.exe.handle
+        uids = tuple(self.keep)
+        buffers = tuple(self.keep[u] for u in uids)
+        return lambda: g.execute(buffers, ws, handle=h, tensor_uids=uids)
 
     def run(self) -> dict[str, torch.Tensor]:
-        self.exe.low.g.execute(self.buffers, self.exe.workspace, handle=self.exe.handle, tensor_uids=self.uids)
+        self.launch()
         return self.outputs
+
+
+def _raw_launcher(exe: Executable, pack: dict):
+    """The frontend's own innermost launch, with the variant pack built once.
+
+    pygraph.execute re-normalizes the variant pack on every call (~15 µs on the H200); for a
+    bound graph the pointers never change, so the pack it builds is built here once and the
+    backend launch is called directly. These are frontend internals of the pinned version
+    (nvidia-cudnn-frontend 1.32.0): if any is missing, None sends the caller to the public path.
+    """
+    g = exe.low.g
+    try:
+        if g.selected_engine is not None:  # a python-engine plan: only the public path runs it
+            return None
+        vp = g._normalize(g._uid_to_data(pack), exe.workspace)
+        lowered = g._lowered_graph
+        if vp is None or lowered is None:
+            return None
+        cfg = g._materialize_backend_plan(g._plan_index) if g._plans else None
+        index = -1 if cfg is None or cfg.cpp_index is None else cfg.cpp_index
+        args = (vp.address, len(vp), vp.workspace, exe.handle.backend_handle or 0, index)
+        launch = lowered._execute_with_raw_ptrs
+    except Exception:  # noqa: BLE001 - any drift in the internals: use the public path
+        return None
+
+    def run(vp=vp):  # vp is held by the closure: its memory backs `args`
+        launch(*args)
+
+    return run
 
 
 @attrs.define
@@ -291,8 +329,7 @@ class CompiledGraph:
         outputs = self._bind(inst, tensors, out)
         pack = exe.pack(tensors, outputs)
         cudnn.set_stream(exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
-        uids = tuple(pack)
-        return Bound(exe, outputs, uids, tuple(pack[u] for u in uids), pack)
+        return Bound(exe, outputs, pack)
 
     def capture(self, out: dict[str, torch.Tensor] | None = None, **tensors) -> Replay:
         """Captures one execution into a CUDA graph (the handle follows the capture stream)."""
@@ -355,8 +392,18 @@ def compare_outputs(graph: Graph, inst: Instance, got, want, options: Options, a
             return v.get(name, default)
         return default if v is None else v
 
+    floor = loosest_input_dtype(graph, inst)
     return [compare(v.name, got[v.name], want[v.name], inst.type(v.name).dtype,
-                    pick(atol, v.name, options.atol), pick(rtol, v.name, options.rtol)) for v in graph.outputs]
+                    pick(atol, v.name, options.atol), pick(rtol, v.name, options.rtol), floor) for v in graph.outputs]
+
+
+def loosest_input_dtype(graph: Graph, inst: Instance) -> str | None:
+    """An output is never checked tighter than its least precise input allows (an AMAX in float
+    of bf16 data is only as exact as bf16)."""
+    from cudnn_dsl.dtypes import tolerance
+
+    dtypes = [inst.type(v.name).dtype for v in graph.of_kind("input")]
+    return max(dtypes, key=lambda d: tolerance(d)[0], default=None)
 
 
 def _short(e: Exception) -> str:

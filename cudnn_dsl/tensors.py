@@ -131,8 +131,12 @@ class Comparison:
 
 
 def compare(name: str, got: torch.Tensor, want: torch.Tensor, dtype: str,
-            atol: float | None = None, rtol: float | None = None) -> Comparison:
+            atol: float | None = None, rtol: float | None = None, floor_dtype: str | None = None) -> Comparison:
+    """Counts elements off by more than atol + rtol * |want|. Defaults come from the output's dtype,
+    and from ``floor_dtype`` (the least precise input) when that is looser."""
     d_atol, d_rtol = tolerance(dtype)
+    if floor_dtype is not None:
+        d_atol, d_rtol = max(d_atol, tolerance(floor_dtype)[0]), max(d_rtol, tolerance(floor_dtype)[1])
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol
     g = got.to(torch.float64).cpu() if got.device != want.device else got.to(torch.float64)
@@ -140,6 +144,7 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor, dtype: str,
     diff = (g - w).abs()
     bad = (diff > atol + rtol * w.abs()) | (g.isnan() ^ w.isnan()) | (g.isinf() & (g != w))
     finite = diff[diff.isfinite()]
-    rel = (diff / w.abs().clamp_min(1e-12))[diff.isfinite()]
+    significant = diff.isfinite() & (w.abs() > atol)  # relative error where it means something
+    rel = (diff / w.abs().clamp_min(1e-12))[significant]
     return Comparison(name, dtype, atol, rtol, float(finite.max()) if finite.numel() else 0.0,
                       float(rel.max()) if rel.numel() else 0.0, int(bad.sum()), g.numel())
