@@ -415,6 +415,7 @@ class _GraphChecker:
         for s in self.symbols.values():
             if s.name not in self.used:
                 self.sink.warning(f"dim '{s.name}' is never used", s.loc)
+        self.warn_conv_layouts()
         for name, o in self.outputs.items():
             if name in self.produced and name in self.used:
                 pass  # an output may also feed later ops
@@ -422,6 +423,21 @@ class _GraphChecker:
             for i in n.inputs:
                 if i is not None:
                     self.used.add(i)
+
+    def warn_conv_layouts(self) -> None:
+        """cuDNN's tensor-core convolution engines want channels-last tensors."""
+        warned = set()
+        for n in self.nodes:
+            if OPS[n.op].family != "conv":
+                continue
+            for name in n.inputs:
+                d = self.decls.get(name)
+                if d is None or d.kind != "input" or name in warned or d.strides is not None:
+                    continue
+                if d.layout not in ("nhwc", "ndhwc", "channels_last") and len(d.dims) in (4, 5):
+                    warned.add(name)
+                    self.sink.warning(f"convolution input '{name}' is not channels-last; cuDNN's tensor-core "
+                                      f"engines want '{'nhwc' if len(d.dims) == 4 else 'ndhwc'}'", d.loc)
 
     # ---- typing ------------------------------------------------------------------
 

@@ -385,7 +385,7 @@ _UNARY = {
     "log": "natural logarithm",
     "sqrt": "square root",
     "rsqrt": "1 / sqrt(x)",
-    "abs": "|x|",
+    "abs": "absolute value",
     "neg": "-x",
     "reciprocal": "1 / x",
     "erf": "the error function",

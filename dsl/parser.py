@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, v_args
+from lark.visitors import Transformer_NonRecursive
 from lark.lark import PostLex
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
@@ -72,7 +73,7 @@ def _tok_loc(file: str, tok: Token) -> Loc:
 
 
 @v_args(meta=True)
-class _ToAst(Transformer):
+class _ToAst(Transformer_NonRecursive):
     """Lark tree -> ast nodes; every node gets the span of its rule."""
 
     def __init__(self, file: str):
@@ -199,10 +200,32 @@ def parse(text: str, file: str = "<string>") -> ast.Module:
         graphs = _ToAst(file).transform(tree)
     except VisitError as e:  # an error raised inside a transformer method
         raise e.orig_exc from None
+    _check_depth(graphs)
     for tok in _lark().lex(text, dont_ignore=True) if "#" in text else ():
         if tok.type == "COMMENT":
             comments.append((tok.line, str(tok).rstrip()))
     return ast.Module(file, graphs, tuple(comments))
+
+
+MAX_DEPTH = 200
+
+
+def _check_depth(graphs) -> None:
+    """Later passes recurse over expressions; refuse, with a location, any nested too deeply."""
+    for g in graphs:
+        for st in g.stmts:
+            expr = getattr(st, "expr", None)
+            stack, deepest = [(expr, 1)] if expr is not None else [], 0
+            while stack:
+                e, d = stack.pop()
+                deepest = max(deepest, d)
+                if deepest > MAX_DEPTH:
+                    raise DslError(Diagnostic(
+                        "error", f"expression nested more than {MAX_DEPTH} levels deep; split it into named steps",
+                        st.loc))
+                kids = e.args if isinstance(e, ast.Call) else (e.lhs, e.rhs) if isinstance(e, ast.BinOp) else (
+                    (e.operand,) if isinstance(e, ast.Neg) else ())
+                stack.extend((k, d + 1) for k in kids)
 
 
 def parse_file(path: str | Path) -> ast.Module:

@@ -106,10 +106,10 @@ def fmt_module(m: ast.Module) -> str:
             return "  " + comments.pop(0)[1]
         return ""
 
-    for g in m.graphs:
+    for i, g in enumerate(m.graphs):
+        if i:
+            out.append("")  # one blank line between graphs
         flush(g.loc.line, "")
-        if out and out[-1] != "":
-            out.append("")
         out.append(f"graph {g.name} {{" + trailing(g.loc.line))
         last[0] = g.loc.line
         for st in g.stmts:

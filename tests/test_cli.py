@@ -1,0 +1,87 @@
+"""The command line on the CPU: check, fmt, emit, exit codes, JSON."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = ROOT / "examples"
+
+
+def cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "cudnn_dsl", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def test_check_summary_lists_every_inferred_type():
+    p = cli("check", EX / "dynamic_shapes.cdg")
+    assert p.returncode == 0, p.stderr
+    assert "half[N, 256, 56, 56]" in p.stdout
+    assert "dim      N in {8, 16, 24, 32}" in p.stdout
+
+
+def test_check_reports_errors_with_exit_1_and_no_traceback():
+    p = cli("check", ROOT / "tests" / "golden" / "errors" / "conv_channels.cdg")
+    assert p.returncode == 1
+    assert "conv_channels.cdg:5:28: error: conv_fprop: image has 64 channels, weight expects 48" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_usage_errors_exit_2():
+    assert cli("check", "no/such/file.cdg").returncode == 2
+    assert cli("frobnicate").returncode == 2
+    assert cli().returncode == 2
+
+
+def test_check_json_and_emit_stages():
+    p = cli("check", "--json", EX / "matmul_epilogue.cdg")
+    data = json.loads(p.stdout)
+    assert data["graphs"][0]["instances"][0]["types"]["amax"]["shape"] == [1, 1, 1]
+    assert "Call op='gelu'" in cli("check", "--emit", "ast", EX / "matmul_epilogue.cdg").stdout
+    assert "%amax = reduction(%y) {mode=amax}" in cli("check", "--emit", "ir", EX / "matmul_epilogue.cdg").stdout
+
+
+def test_fmt_check_accepts_the_examples_and_rewrites_a_messy_file(tmp_path):
+    assert cli("fmt", "--check", *sorted(EX.glob("*.cdg"))).returncode == 0
+    messy = tmp_path / "m.cdg"
+    messy.write_text("graph g {  # top\n  input x:half[2,3];output y=relu( x )*2  # tail\n\n\n  output z = -x - (x - x)\n}\n")
+    assert cli("fmt", "--check", messy).returncode == 1
+    assert cli("fmt", messy).returncode == 0
+    assert messy.read_text() == (
+        "graph g {  # top\n  input x : half[2, 3]\n  output y = relu(x) * 2  # tail\n\n  output z = -x - (x - x)\n}\n")
+
+
+def test_emit_torch_is_a_standalone_function():
+    p = cli("emit", "--target", "torch", EX / "conv_bias_relu.cdg")
+    assert p.returncode == 0, p.stderr
+    assert "def reference(x, w, b):" in p.stdout and "torch.ops.aten.convolution" in p.stdout
+    compile(p.stdout, "emitted.py", "exec")  # valid Python, not run
+
+
+def test_emit_cudnn_script_is_valid_python():
+    p = cli("emit", EX / "matmul_epilogue.cdg")
+    assert "g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])" in p.stdout
+    compile(p.stdout, "emitted.py", "exec")
+
+
+def test_run_without_gpu_says_what_it_skipped():
+    p = cli("run", EX / "plan_serialization.cdg")
+    assert p.returncode == 0, p.stderr
+    assert "no CUDA GPU here" in p.stderr
+    assert "skipped    cuDNN execution and comparison" in p.stdout
+    assert "reference  c: bf16[8, 256, 256] on the CPU" in p.stdout
+
+
+@pytest.mark.parametrize("cmd", ["tune", "bench"])
+def test_gpu_only_commands_fail_clearly_without_gpu(cmd):
+    p = cli(cmd, EX / "plan_serialization.cdg")
+    assert p.returncode == 1
+    assert "no CUDA GPU is visible" in p.stderr
+
+
+def test_help_answers():
+    p = cli("--help")
+    for word in ("check", "fmt", "run", "emit", "tune", "bench", "cache", "device-info"):
+        assert word in p.stdout

@@ -1,0 +1,90 @@
+"""The generated PyTorch reference on the CPU, against formulas written out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from cudnn_dsl.reference import run_reference
+from cudnn_dsl.tensors import BindingError, check_binding, compare, generate_inputs
+from dsl.check import load
+
+
+def ref(text: str, **inputs):
+    g = load(text, "r.cdg").graphs[0]
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", seed=1)
+    ins.update(inputs)
+    return ins, run_reference(g, inst, ins, "cpu")
+
+
+def test_matmul_epilogue_by_hand():
+    text = ("graph m {\n  input a : float[2, 8, 16]\n  input b : float[2, 16, 4]\n  input c : float[1, 1, 4]\n"
+            "  scalar s : float = 0.5\n  output y = gelu(matmul(a, b) * s + c)\n"
+            "  output m : float[1, 1, 1] = reduction(y, mode=amax)\n}\n")
+    ins, out = ref(text)
+    want = torch.nn.functional.gelu((ins["a"] @ ins["b"]) * 0.5 + ins["c"])
+    torch.testing.assert_close(out["y"], want)
+    assert out["m"].item() == pytest.approx(want.abs().max().item())
+
+
+def test_conv_grouped_strided_nhwc_by_hand():
+    text = ("graph c {\n  input x : float[2, 8, 9, 9] nhwc\n  input w : float[4, 2, 3, 3] nhwc\n"
+            "  output y = conv_fprop(x, w, padding=[1, 1], stride=[2, 2])\n}\n")
+    ins, out = ref(text)
+    assert ins["x"].stride() == (648, 1, 72, 8)
+    want = torch.nn.functional.conv2d(ins["x"].contiguous(), ins["w"].contiguous(), stride=2, padding=1, groups=4)
+    torch.testing.assert_close(out["y"], want)
+
+
+def test_sdpa_stats_are_logsumexp():
+    text = ("graph s {\n  input q : float[1, 2, 8, 4]\n  input k : float[1, 2, 8, 4]\n  input v : float[1, 2, 8, 4]\n"
+            "  o, st = sdpa(q, k, v, causal=true, stats=true)\n  output o\n  output st\n}\n")
+    ins, out = ref(text)
+    s = ins["q"] @ ins["k"].transpose(-1, -2) / math.sqrt(4)
+    s = s.masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(out["st"], torch.logsumexp(s, -1, keepdim=True))
+    torch.testing.assert_close(out["o"], torch.softmax(s, -1) @ ins["v"])
+
+
+def test_norms_by_hand():
+    text = ("graph n {\n  input x : float[4, 6, 1, 1]\n  input g : float[1, 6, 1, 1]\n  input b : float[1, 6, 1, 1]\n"
+            "  output y = layernorm(x, g, b, epsilon=0.001)\n  output z = rmsnorm(x, g)\n}\n")
+    ins, out = ref(text)
+    x = ins["x"]
+    ln = (x - x.mean((1, 2, 3), keepdim=True)) / torch.sqrt(x.var((1, 2, 3), unbiased=False, keepdim=True) + 1e-3)
+    torch.testing.assert_close(out["y"], ln * ins["g"] + ins["b"])
+    torch.testing.assert_close(out["z"], x / torch.sqrt((x * x).mean((1, 2, 3), keepdim=True) + 1e-5) * ins["g"])
+
+
+def test_outputs_are_rounded_once_to_their_dtype():
+    text = "graph h {\n  input a : half[64]\n  output y : half = a * 3 + 1\n}\n"
+    ins, out = ref(text)
+    assert out["y"].dtype == torch.float16
+    torch.testing.assert_close(out["y"], (ins["a"].float() * 3 + 1).half())
+
+
+def test_positive_domains_get_positive_inputs():
+    g = load("graph p {\n  input a : float[100]\n  output y = rsqrt(a)\n}\n", "p.cdg").graphs[0]
+    x = generate_inputs(g, g.instances[0], "cpu")["a"]
+    assert x.min() >= 0.5
+
+
+def test_binding_checks_name_the_tensor_and_both_sides():
+    from dsl.types import TensorType
+
+    want = TensorType("half", (4, 8), (8, 1))
+    t = torch.zeros(4, 8, dtype=torch.float16)
+    check_binding("a", t, want, torch.device("cpu"))
+    with pytest.raises(BindingError, match=r"'a': expected shape \[4, 8\], given \[8, 4\]"):
+        check_binding("a", t.t(), want, torch.device("cpu"))
+    with pytest.raises(BindingError, match="strides"):
+        check_binding("a", torch.zeros(8, 4, dtype=torch.float16).t(), want, torch.device("cpu"))
+
+
+def test_compare_counts_mismatches_and_nans():
+    a = torch.tensor([1.0, 2.0, float("nan"), 4.0])
+    b = torch.tensor([1.0, 2.5, 3.0, 4.0])
+    c = compare("y", a, b, "float")
+    assert not c.ok and c.mismatches == 2 and c.max_abs == pytest.approx(0.5)
+    assert compare("y", b, b, "float").ok
