@@ -117,7 +117,8 @@ def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7
                        tflops=flops / (med * 1e-6) / 1e12, gbps=moved / (med * 1e-6) / 1e9,
                        speedup_of_cudnn_dsl=med / ours)
         rows.append(row)
-    return {"graph": graph.name, "binding": dict(inst.binding), "flops": flops, "bytes": moved, "rows": rows}
+    return {"graph": graph.name, "binding": dict(inst.binding), "flops": flops, "bytes": moved, "rows": rows,
+            "plan": bound.exe.plan_name, "plan_source": bound.exe.source}
 
 
 def _guard(name: str, make: Callable[[], Contender]) -> Contender:
@@ -129,7 +130,8 @@ def _guard(name: str, make: Callable[[], Contender]) -> Contender:
 
 def table(result: dict, peak: float | None) -> str:
     label = result["graph"] + (" " + str(result["binding"]) if result["binding"] else "")
-    lines = [f"graph {label}: {result['flops'] / 1e9:.2f} GFLOP, {result['bytes'] / 1e6:.1f} MB moved at least",
+    lines = [f"graph {label}: {result['flops'] / 1e9:.2f} GFLOP, {result['bytes'] / 1e6:.1f} MB moved at least; "
+             f"cudnn-dsl plan {result['plan']} (from {result['plan_source']})",
              f"  {'':20} {'GPU µs':>9} {'spread':>15} {'host µs':>8} {'TFLOP/s':>8} {'GB/s':>7} "
              f"{'% peak':>6} {'vs cudnn-dsl':>12}  check"]
     for r in result["rows"]:
