@@ -13,7 +13,7 @@ for f in examples/*.cdg; do cdsl run "$f" --json "$OUT/run_$(basename "$f" .cdg)
 grep -E "^graph|plan  |gpu time|compare|note" "$OUT/run_all.txt" | cut -c1-160
 cdsl run examples/cuda_graph_conv.cdg | grep -E "plan  |gpu time|compare"
 timeout 200 python3 bench/reuse.py --json "$OUT/reuse.json" 2>&1 | tee "$OUT/reuse.txt" | tail -24
-cdsl tune examples/conv_bias_relu.cdg examples/matmul_epilogue.cdg examples/sdpa.cdg --plot "$OUT/tune.png" --json "$OUT/tune.json" > "$OUT/tune.txt" 2>&1 || true
+cdsl tune examples/conv_bias_relu.cdg examples/matmul_epilogue.cdg examples/sdpa.cdg examples/plan_serialization.cdg --plot "$OUT/tune.png" --json "$OUT/tune.json" > "$OUT/tune.txt" 2>&1 || echo "tune failed: $(tail -3 $OUT/tune.txt)"
 grep -E "winner|first choice" "$OUT/tune.txt"
 cdsl bench examples/conv_bias_relu.cdg examples/matmul_epilogue.cdg examples/sdpa.cdg --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.txt"
 python3 bench/eject_parity.py --json "$OUT/eject.json" 2>&1 | tail -4

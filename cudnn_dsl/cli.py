@@ -213,26 +213,27 @@ def cmd_tune(args) -> int:
         print("cudnn-dsl: error: tune times plans on a GPU, and no CUDA GPU is visible here; "
               "`cudnn-dsl check --target h200 FILE` plans without one", file=sys.stderr)
         return EXIT_FAIL
-    [(path, program)] = load_programs([args.file])
-    if program is None:
-        return EXIT_FAIL
     results, status = [], EXIT_OK
-    for g in [program.graph(args.graph)] if args.graph else program.graphs:
-        opts = build_options(g.options, args)
-        cg = CompiledGraph(g, opts, args.device, use_store=not args.no_cache)
-        for inst in _instances(g, args):
-            try:
-                r = tune(cg, inst, args.max_workspace)
-            except DslError as e:
-                print(e.render({path: _read(path)}), file=sys.stderr)
-                status = EXIT_FAIL
-                continue
-            results.append(r)
-            print(report(r))
-            if r.winner is None:
-                status = EXIT_FAIL
-            elif not args.no_cache:
-                print(f"  stored in {cg.store.root}")
+    for path, program in load_programs(args.files):
+        if program is None:
+            status = EXIT_FAIL
+            continue
+        for g in [program.graph(args.graph)] if args.graph else program.graphs:
+            opts = build_options(g.options, args)
+            cg = CompiledGraph(g, opts, args.device, use_store=not args.no_cache)
+            for inst in _instances(g, args):
+                try:
+                    r = tune(cg, inst, args.max_workspace)
+                except DslError as e:
+                    print(e.render({path: _read(path)}), file=sys.stderr)
+                    status = EXIT_FAIL
+                    continue
+                results.append(r)
+                print(report(r))
+                if r.winner is None:
+                    status = EXIT_FAIL
+                elif not args.no_cache:
+                    print(f"  stored in {cg.store.root}")
     if args.plot and results:
         plot(results, args.plot)
     if args.json:
@@ -359,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_device_info)
 
     t = sub.add_parser("tune", help="build and time every candidate plan on the GPU; keep the fastest in the plan store")
-    t.add_argument("file", metavar="FILE")
+    t.add_argument("files", nargs="+", metavar="FILE")
     _add_build_options(t)
     t.add_argument("--warmup", type=int, help="untimed runs per plan (default: the file's, 3)")
     t.add_argument("--iterations", type=int, help="timed runs per plan (default: the file's, 15)")

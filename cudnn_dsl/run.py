@@ -117,7 +117,6 @@ class _GpuRunner:
 
         self.graph, self.opts, self.args = graph, opts, args
         self.cg = CompiledGraph(graph, opts, args.device, use_store=not args.no_cache, rebuild=args.rebuild)
-        self.first_build_s: float | None = None
 
     def run(self, inst: Instance, atol, rtol, label: str) -> dict:
         from cudnn_dsl.runtime import compare_outputs, gpu_time_us
@@ -142,15 +141,12 @@ class _GpuRunner:
         times = gpu_time_us(launch, self.opts.iterations, warmup=3)
         low = exe.low
         median = statistics.median(times)
-        build_s = sum(low.timings.values())
         print(f"graph {label}")
         print(f"  plan       {exe.plan_name}  (from {exe.source}; {low.plan_count or '-'} candidates; "
               f"heuristics {', '.join(self.opts.heuristics)})")
         for note in exe.notes + cg.kernel_cache_notes:
             print(f"  note       {note}")
         print("  build      " + " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in low.timings.items()))
-        if self.graph.symbols:
-            self._dynamic_note(build_s)
         print(f"  workspace  {exe.workspace.numel() if exe.workspace.numel() > 1 else 0} bytes")
         how = "CUDA-graph replays" if graph_mode else "executions"
         print(f"  gpu time   {median:.1f} µs per call ({how}; median of {len(times)} samples, "
@@ -165,19 +161,6 @@ class _GpuRunner:
             "compare": [attrs.asdict(c) for c in comps], "ok": all(c.ok for c in comps),
             "device": torch.cuda.get_device_name(cg.device),
         }
-
-    def _dynamic_note(self, build_s: float) -> None:
-        """Dynamic shapes share one kernel cache: later shapes should build far faster than the first."""
-        if self.first_build_s is None:
-            self.first_build_s = build_s
-            src = "loaded from disk" if self.cg.kernel_cache_loaded else "empty at start"
-            print(f"  kernels    first shape of a dynamic graph: {build_s * 1e3:.1f} ms (shared kernel cache {src})")
-        elif build_s > 0.5 * self.first_build_s and build_s > 0.05:
-            print(f"  kernels    WARNING: this shape took {build_s * 1e3:.1f} ms, like a build from scratch: "
-                  f"the kernel cache was not reused")
-        else:
-            print(f"  kernels    reused the shared kernel cache ({build_s * 1e3:.1f} ms vs "
-                  f"{self.first_build_s * 1e3:.1f} ms for the first shape)")
 
     def _save(self, inst: Instance, outputs) -> None:
         if not self.args.save_outputs:

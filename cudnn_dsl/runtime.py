@@ -160,6 +160,7 @@ class CompiledGraph:
         self._exes: dict[tuple, Executable] = {}
         self._handle = None
         self._kc = None
+        self._kc_seen = False
         self.kernel_cache_loaded = False
         self.kernel_cache_notes: list[str] = []
 
@@ -223,8 +224,11 @@ class CompiledGraph:
             if exe is not None:
                 return exe
         o = self.options
+        cached = self._kc.size() if self._kc is not None else 0
         plan(low, o.heuristics, o.build_policy, o.workspace_limit, torch.cuda.get_device_name(self.device),
              self.progress)
+        if self._kc is not None:
+            notes.append(self._kernel_cache_note(cached, self._kc.size()))
         exe = self._executable(low, host, "heuristics", notes)
         if key is not None:
             self._persist(key, exe, tuned=False)
@@ -308,6 +312,16 @@ class CompiledGraph:
             except Exception as e:  # noqa: BLE001
                 self.kernel_cache_notes.append(f"kernel cache {path.name} did not load ({_short(e)}); starting empty")
                 self._kc = cudnn.create_kernel_cache()
+
+    def _kernel_cache_note(self, before: int, after: int) -> str:
+        """Whether this shape's build found its kernel in the shared cache (cuDNN counts the entries)."""
+        first = not self._kc_seen
+        self._kc_seen = True
+        if after == before:
+            return f"kernel cache: no new kernel compiled ({after} in the shared cache)"
+        if first:
+            return f"kernel cache: compiled {after - before} kernel(s) for the first shape"
+        return f"kernel cache: WARNING: this shape compiled {after - before} new kernel(s) instead of reusing the cache"
 
     def _kernel_cache_save(self) -> None:
         if self._kc is None or not self.use_store:
@@ -408,6 +422,26 @@ def loosest_input_dtype(graph: Graph, inst: Instance) -> str | None:
 
 def _short(e: Exception) -> str:
     return " ".join(str(e).split())[:300] or type(e).__name__
+
+
+def replay_time_us(fn, handle, device, iterations: int, warmup: int, inner: int = 10) -> list[float]:
+    """GPU time per call of fn() without host gaps: `inner` calls captured in a CUDA graph, then
+    one sample per replay. Falls back to event timing when the launch cannot be captured."""
+    cudnn = load_cudnn()
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+            for _ in range(inner):
+                fn()
+    except Exception:  # noqa: BLE001 - capture refused: time launches directly
+        return gpu_time_us(fn, iterations, 0, inner)
+    finally:
+        cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+    return [t / inner for t in gpu_time_us(graph.replay, iterations, warmup=1, inner=1)]
 
 
 def gpu_time_us(fn, iterations: int = 20, warmup: int = 3, inner: int = 10) -> list[float]:

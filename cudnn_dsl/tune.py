@@ -1,4 +1,8 @@
-"""Reuse layer: autotuning — build every candidate plan, time each, keep the winner in the store."""
+"""Reuse layer: autotuning — build every candidate plan, time each, keep the winner in the store.
+
+Each plan is timed as the GPU sees it: its launches are captured in a CUDA graph and replayed, so
+a short kernel is not ranked by the host time of launching it.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import attrs
 import torch
 
 from cudnn_dsl.lower import STEPS, lower, plan
-from cudnn_dsl.runtime import CompiledGraph, Executable, _host_scalar, _short, gpu_time_us
+from cudnn_dsl.runtime import CompiledGraph, Executable, _host_scalar, _short, replay_time_us
 from dsl.ir import Graph, Instance
 from dsl.ops import OPS, Ctx
 from dsl.types import itemsize
@@ -106,7 +110,7 @@ def tune(cg: CompiledGraph, inst: Instance, max_workspace: int | None = None) ->
                 continue
             ws = torch.empty(max(1, c.workspace), dtype=torch.uint8, device=cg.device)
             run = lambda: g.execute_plan_at_index(pack, ws, index=i, handle=cg._handle)  # noqa: E731
-            c.times_us = gpu_time_us(run, iterations=o.iterations, warmup=o.warmup, inner=1)
+            c.times_us = replay_time_us(run, cg._handle, cg.device, o.iterations, o.warmup)
             result.build_s.setdefault("plans", 0.0)
             result.build_s["plans"] += time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - a plan that fails to build or run is skipped, with why

@@ -100,6 +100,17 @@ def test_dynamic_shapes_share_a_kernel_cache_and_all_match(private_store):
     assert list((private_store / "kernels").glob("*.cache"))
 
 
+def test_later_shapes_reuse_the_kernel_compiled_for_the_first():
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(str(ROOT / "examples" / "dynamic_matmul.cdg"))
+    cg.use_store = False  # build every shape, so that the cache is what is measured
+    notes = [cg.executable(inst).notes for inst in cg.graph.instances]
+    assert any("compiled" in n and "first shape" in n for n in notes[0]), notes[0]
+    for later in notes[1:]:
+        assert any("no new kernel compiled" in n for n in later), later
+
+
 def test_capture_and_replay_match_the_reference():
     import torch
 
