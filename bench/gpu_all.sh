@@ -1,23 +1,38 @@
 #!/usr/bin/env bash
-# Everything this project runs on the GPU machine, in one go; results under $OUT (default ./out).
-# Usage (from the repo root): bash bench/gpu_all.sh
+# Everything this project runs on the GPU machine, in one go. Usage, from the repo root:
+#   OUT=out bash bench/gpu_all.sh
+# Leaves in $OUT: pytest_gpu.txt, log.txt (every report), bench.json/.png, tune.json/.png,
+# reuse.json, eject.json. Plans go to a private store, so the run starts cold.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 CUDNN_DSL_CACHE_DIR="$OUT/cache-$$"
+export PYTHONUNBUFFERED=1 CUDNN_DSL_CACHE_DIR="${TMPDIR:-/tmp}/cudnn-dsl-gpu-all-$$"
+LOG="$OUT/log.txt"
 cdsl() { python3 -m cudnn_dsl "$@"; }
+section() { printf '\n== %s\n' "$*" | tee -a "$LOG"; }
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
-timeout 300 python3 -m pytest -m gpu -q -rfE tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -3
-for f in examples/*.cdg; do cdsl run "$f" --json "$OUT/run_$(basename "$f" .cdg).json"; done > "$OUT/run_all.txt" 2>&1
-grep -E "^graph|plan  |gpu time|compare|note" "$OUT/run_all.txt" | cut -c1-160
-cdsl run examples/cuda_graph_conv.cdg | grep -E "plan  |gpu time|compare"
-timeout 200 python3 bench/reuse.py --json "$OUT/reuse.json" 2>&1 | tee "$OUT/reuse.txt" | tail -24
-cdsl tune examples/conv_bias_relu.cdg examples/matmul_epilogue.cdg examples/sdpa.cdg examples/plan_serialization.cdg --plot "$OUT/tune.png" --json "$OUT/tune.json" > "$OUT/tune.txt" 2>&1 || echo "tune failed: $(tail -3 $OUT/tune.txt)"
-grep -E "winner|first choice" "$OUT/tune.txt"
-cdsl bench examples/conv_bias_relu.cdg examples/matmul_epilogue.cdg examples/sdpa.cdg --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.txt"
-python3 bench/eject_parity.py --json "$OUT/eject.json" 2>&1 | tail -4
-python3 - <<'PY' 2>&1 | tee "$OUT/bare_bmm.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$LOG"
+section "pytest -m gpu"
+timeout 300 python3 -m pytest -m gpu -q -rfE tests -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
+tail -2 "$OUT/pytest_gpu.txt" | tee -a "$LOG"
+section "cudnn-dsl run, every example (cold store)"
+for f in examples/*.cdg; do cdsl run "$f"; done >> "$LOG" 2>&1
+cdsl run examples/cuda_graph_conv.cdg --cuda-graph >> "$LOG" 2>&1
+grep -cE "compare .*: ok" "$LOG" | sed 's/^/outputs matching the reference: /' | tee -a "$LOG"
+grep -E "MISMATCH|error" "$LOG" || true
+section "bench/reuse.py"
+timeout 240 python3 bench/reuse.py --json "$OUT/reuse.json" 2>&1 | tee -a "$LOG" | tail -26
+section "cudnn-dsl tune"
+cdsl tune examples/conv_bias_relu.cdg examples/matmul_epilogue.cdg examples/sdpa.cdg examples/plan_serialization.cdg \
+  --plot "$OUT/tune.png" --json "$OUT/tune.json" >> "$LOG" 2>&1 || echo "tune failed"
+grep -E "^graph|winner|first choice" "$LOG" | grep -A2 "plans, " | tail -12
+section "cudnn-dsl bench (tuned plans from the store)"
+cdsl bench examples/conv_bias_relu.cdg examples/matmul_epilogue.cdg examples/sdpa.cdg \
+  --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee -a "$LOG"
+section "bench/eject_parity.py"
+python3 bench/eject_parity.py --json "$OUT/eject.json" 2>&1 | tail -3 | tee -a "$LOG"
+section "bare bmm (the stretch goal's yardstick)"
+python3 - <<'PY' 2>&1 | tee -a "$LOG"
 import statistics, torch
 from cudnn_dsl.runtime import gpu_time_us
 a = torch.rand(16, 512, 1024, device="cuda", dtype=torch.bfloat16)
