@@ -40,6 +40,7 @@ def load_script(text: str, name: str):
 def bench(example: str, rounds: int, iters: int) -> dict:
     cudnn = load_cudnn()
     cg = cudnn_dsl.compile(str(ROOT / "examples" / f"{example}.cdg"))
+    cg.use_store = False  # the heuristics' plan, as the script builds: the same plan on both sides
     inst = cg.graph.instances[0]
     exe = cg.executable(inst)
     tensors = cg.allocate_inputs()

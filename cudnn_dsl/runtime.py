@@ -160,7 +160,7 @@ class CompiledGraph:
         self._exes: dict[tuple, Executable] = {}
         self._handle = None
         self._kc = None
-        self._kc_seen = False
+        self._kc_first_build_s: float | None = None
         self.kernel_cache_loaded = False
         self.kernel_cache_notes: list[str] = []
 
@@ -224,11 +224,11 @@ class CompiledGraph:
             if exe is not None:
                 return exe
         o = self.options
-        cached = self._kc.size() if self._kc is not None else 0
+        cached = self._kc_size()
         plan(low, o.heuristics, o.build_policy, o.workspace_limit, torch.cuda.get_device_name(self.device),
              self.progress)
         if self._kc is not None:
-            notes.append(self._kernel_cache_note(cached, self._kc.size()))
+            notes.append(self._kernel_cache_note(cached, self._kc_size(), low.timings.get("build_plans", 0.0)))
         exe = self._executable(low, host, "heuristics", notes)
         if key is not None:
             self._persist(key, exe, tuned=False)
@@ -313,15 +313,32 @@ class CompiledGraph:
                 self.kernel_cache_notes.append(f"kernel cache {path.name} did not load ({_short(e)}); starting empty")
                 self._kc = cudnn.create_kernel_cache()
 
-    def _kernel_cache_note(self, before: int, after: int) -> str:
-        """Whether this shape's build found its kernel in the shared cache (cuDNN counts the entries)."""
-        first = not self._kc_seen
-        self._kc_seen = True
-        if after == before:
-            return f"kernel cache: no new kernel compiled ({after} in the shared cache)"
+    def _kc_size(self) -> int | None:
+        """Entries in the shared kernel cache; None where cuDNN cannot count them (before 9.27)."""
+        try:
+            return self._kc.size() if self._kc is not None else None
+        except RuntimeError:
+            return None
+
+    def _kernel_cache_note(self, before: int | None, after: int | None, build_s: float) -> str:
+        """Whether this shape's build reused the shared cache: by cuDNN's count of its entries where
+        it gives one, else by build time against the first shape's."""
+        first = self._kc_first_build_s is None
         if first:
-            return f"kernel cache: compiled {after - before} kernel(s) for the first shape"
-        return f"kernel cache: WARNING: this shape compiled {after - before} new kernel(s) instead of reusing the cache"
+            self._kc_first_build_s = build_s
+        if before is not None and after is not None:
+            if after == before:
+                return f"kernel cache: no new kernel compiled ({after} in the shared cache)"
+            if first:
+                return f"kernel cache: compiled {after - before} kernel(s) for the first shape"
+            return f"kernel cache: WARNING: this shape compiled {after - before} new kernel(s) instead of reusing the cache"
+        ms, first_ms = build_s * 1e3, self._kc_first_build_s * 1e3
+        if first:
+            return f"kernel cache: first shape, build_plans {ms:.1f} ms"
+        if build_s > max(3 * self._kc_first_build_s, 0.1):
+            return (f"kernel cache: WARNING: build_plans took {ms:.1f} ms against {first_ms:.1f} ms for the first "
+                    f"shape, like a fresh compile")
+        return f"kernel cache: build_plans {ms:.1f} ms (first shape {first_ms:.1f} ms)"
 
     def _kernel_cache_save(self) -> None:
         if self._kc is None or not self.use_store:
