@@ -1,10 +1,12 @@
 """Benchmark (not a test): a compiled graph vs. its ejected standalone cuDNN script, same buffers.
 
-For each example, in one process: the graph compiled by cudnn-dsl and the script that
-`cudnn-dsl emit --target cudnn` prints are built, run on the same input buffers, checked to give
-the same outputs, then timed interleaved (CUDA events per call, median of rounds), with the host
-time per call of: the Python API call (binding checks, output allocation), the pre-bound launch,
-and the script's own execute. Usage: python bench/eject_parity.py [--json FILE] [EXAMPLE...]
+For each example, in one process: the graph compiled by cudnn-dsl (the heuristics' plan, as the
+script builds) and the script that `cudnn-dsl emit --target cudnn` prints are built, run on the
+same input buffers, checked to give the same outputs, then timed in interleaved rounds. GPU time
+is taken from CUDA-graph replays of 10 launches, so it is the device's time alone whatever the
+host is doing; the host time per call is given for the Python API call (binding checks, output
+allocation), the pre-bound launch, and the script's own execute.
+Usage: python bench/eject_parity.py [--json FILE] [EXAMPLE...]
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import cudnn_dsl  # noqa: E402
 from cudnn_dsl.backend import load_cudnn, versions  # noqa: E402
 from cudnn_dsl.emit import emit_cudnn  # noqa: E402
-from cudnn_dsl.runtime import gpu_time_us, host_time_us  # noqa: E402
+from cudnn_dsl.runtime import host_time_us, replay_time_us  # noqa: E402
 
 
 def load_script(text: str, name: str):
@@ -69,8 +71,8 @@ def bench(example: str, rounds: int, iters: int) -> dict:
 
     ours_t, script_t = [], []
     for _ in range(rounds):  # interleaved, so drift shows as spread in both
-        ours_t.append(statistics.median(gpu_time_us(run_ours, iters)))
-        script_t.append(statistics.median(gpu_time_us(run_script, iters)))
+        ours_t.append(statistics.median(replay_time_us(run_ours, exe.handle, cg.device, iters, 2)))
+        script_t.append(statistics.median(replay_time_us(run_script, handle, cg.device, iters, 2)))
     api = host_time_us(lambda: cg(**tensors))
     prebound = host_time_us(run_ours)
     script_host = host_time_us(run_script)
