@@ -5,7 +5,7 @@ script builds) and the script that `cudnn-dsl emit --target cudnn` prints are bu
 same input buffers, checked to give the same outputs, then timed in interleaved rounds. GPU time
 is taken from CUDA-graph replays of 10 launches, so it is the device's time alone whatever the
 host is doing; the host time per call is given for the Python API call (binding checks, output
-allocation), the pre-bound launch, and the script's own execute.
+allocation), a launch with the variant pack prepared, and the script's own execute.
 Usage: python bench/eject_parity.py [--json FILE] [EXAMPLE...]
 """
 
@@ -74,7 +74,7 @@ def bench(example: str, rounds: int, iters: int) -> dict:
         ours_t.append(statistics.median(replay_time_us(run_ours, exe.handle, cg.device, iters, 2)))
         script_t.append(statistics.median(replay_time_us(run_script, handle, cg.device, iters, 2)))
     api = host_time_us(lambda: cg(**tensors))
-    prebound = host_time_us(run_ours)
+    launch = host_time_us(run_ours)
     script_host = host_time_us(run_script)
     row = {
         "example": example,
@@ -86,7 +86,7 @@ def bench(example: str, rounds: int, iters: int) -> dict:
         "gpu_us_spread_cudnn_dsl": [min(ours_t), max(ours_t)],
         "gpu_us_spread_script": [min(script_t), max(script_t)],
         "host_us_api_call": api,
-        "host_us_prebound": prebound,
+        "host_us_launch": launch,
         "host_us_script": script_host,
     }
     row["gpu_ratio"] = row["gpu_us_cudnn_dsl"] / row["gpu_us_script"]
@@ -104,10 +104,10 @@ def main() -> None:
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **versions()}
     print(f"{meta}")
     print(f"{'example':18} {'cudnn-dsl µs':>13} {'script µs':>10} {'ratio':>6} {'api host µs':>12} "
-          f"{'prebound µs':>12} {'script host µs':>15} same")
+          f"{'launch µs':>12} {'script host µs':>15} same")
     for r in rows:
         print(f"{r['example']:18} {r['gpu_us_cudnn_dsl']:13.1f} {r['gpu_us_script']:10.1f} {r['gpu_ratio']:6.3f} "
-              f"{r['host_us_api_call']:12.1f} {r['host_us_prebound']:12.1f} {r['host_us_script']:15.1f} "
+              f"{r['host_us_api_call']:12.1f} {r['host_us_launch']:12.1f} {r['host_us_script']:15.1f} "
               f"{all(r['identical_outputs'].values())}")
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))

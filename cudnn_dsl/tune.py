@@ -168,6 +168,8 @@ def plot(results: list[TuneResult], path: str) -> None:
                yerr=[[c.median_us - min(c.times_us) for c in ranked], [max(c.times_us) - c.median_us for c in ranked]])
         ax.set_title(f"{r.graph} {r.binding or ''}: plans by median GPU time")
         ax.set_ylabel("µs")
+        if ranked and ranked[-1].median_us > 20 * ranked[0].median_us:
+            ax.set_yscale("log")  # one pathological plan would flatten the rest
         ax.set_xticks(range(len(ranked)))
         ax.set_xticklabels([c.name.split("_")[0] + f"#{c.index}" for c in ranked], rotation=90, fontsize=6)
     fig.tight_layout()

@@ -85,3 +85,18 @@ def test_help_answers():
     p = cli("--help")
     for word in ("check", "fmt", "run", "emit", "tune", "bench", "cache", "device-info"):
         assert word in p.stdout
+
+
+def test_run_loads_inputs_from_files_and_refuses_a_wrong_shape(tmp_path):
+    import numpy as np
+    import torch
+
+    good, bad = tmp_path / "a.pt", tmp_path / "b.npy"
+    torch.save(torch.ones(8, 256, 512), good)
+    np.save(bad, np.ones((4, 4), dtype=np.float32))
+    p = cli("run", EX / "plan_serialization.cdg", "--input", f"a={good}")
+    assert p.returncode == 0, p.stderr
+    p = cli("run", EX / "plan_serialization.cdg", "--input", f"b={bad}")
+    assert p.returncode == 1
+    assert "--input b: expected shape [8, 512, 256], the file holds [4, 4]" in p.stderr
+    assert cli("run", EX / "plan_serialization.cdg", "--input", "zz=x.pt").returncode == 2
