@@ -12,11 +12,9 @@ Usage: python bench/eject_parity.py [--json FILE] [EXAMPLE...]
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -25,22 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
-from cudnn_dsl.backend import load_cudnn, versions  # noqa: E402
-from cudnn_dsl.emit import emit_cudnn  # noqa: E402
+from cudnn_dsl.backend import versions  # noqa: E402
+from cudnn_dsl.bench import load_ejected  # noqa: E402
 from cudnn_dsl.runtime import host_time_us, replay_time_us  # noqa: E402
 
 
-def load_script(text: str, name: str):
-    path = Path(tempfile.mkdtemp()) / f"{name}_ejected.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def bench(example: str, rounds: int, iters: int) -> dict:
-    cudnn = load_cudnn()
     cg = cudnn_dsl.compile(str(ROOT / "examples" / f"{example}.cdg"))
     cg.use_store = False  # the heuristics' plan, as the script builds: the same plan on both sides
     inst = cg.graph.instances[0]
@@ -49,20 +37,11 @@ def bench(example: str, rounds: int, iters: int) -> dict:
     ours = cg._bind(inst, tensors, None)
     pack = exe.pack(tensors, ours)
 
-    mod = load_script(emit_cudnn(cg.graph, inst), example)
-    handle = cudnn.create_handle()
-    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
-    g2 = mod.build(handle)
-    theirs = {name: torch.empty_like(t) for name, t in ours.items()}
-    buffers = {**{k: v for k, v in tensors.items() if k in mod.INPUTS}, **theirs}
-    ws2 = torch.empty(max(1, g2.get_workspace_size()), dtype=torch.uint8, device="cuda")
-    scalars = mod.host_scalars()
+    script = load_ejected(cg.graph, inst, tensors, ours)
+    theirs, run_script = script.outputs, script.run
 
     def run_ours():
         exe.launch(pack)
-
-    def run_script():
-        mod.execute(g2, handle, buffers, ws2, scalars)
 
     run_ours()
     run_script()
@@ -72,14 +51,14 @@ def bench(example: str, rounds: int, iters: int) -> dict:
     ours_t, script_t = [], []
     for _ in range(rounds):  # interleaved, so drift shows as spread in both
         ours_t.append(statistics.median(replay_time_us(run_ours, exe.handle, cg.device, iters, 2)))
-        script_t.append(statistics.median(replay_time_us(run_script, handle, cg.device, iters, 2)))
+        script_t.append(statistics.median(replay_time_us(run_script, script.handle, cg.device, iters, 2)))
     api = host_time_us(lambda: cg(**tensors))
     launch = host_time_us(run_ours)
     script_host = host_time_us(run_script)
     row = {
         "example": example,
         "plan": exe.plan_name,
-        "script_plan": g2.get_plan_name_at_index(0),
+        "script_plan": script.g.get_plan_name_at_index(0),
         "identical_outputs": same,
         "gpu_us_cudnn_dsl": statistics.median(ours_t),
         "gpu_us_script": statistics.median(script_t),

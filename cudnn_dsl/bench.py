@@ -14,7 +14,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 import torch
@@ -42,8 +42,18 @@ class Contender:
     check: str = ""
 
 
-def _ejected(graph: Graph, inst: Instance, tensors: dict, like: dict) -> Contender:
-    """The standalone script `emit --target cudnn` prints, imported and run on our buffers."""
+@attrs.define
+class Ejected:
+    """The standalone script `emit --target cudnn` prints, imported, built, and bound to buffers."""
+
+    g: Any
+    handle: Any
+    outputs: dict
+    run: Callable[[], dict]
+
+
+def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict) -> Ejected:
+    """Builds the ejected script on its own handle; it reads `tensors` and writes fresh outputs."""
     cudnn = load_cudnn()
     path = Path(tempfile.mkdtemp(prefix="cudnn-dsl-bench-")) / f"{graph.name}_ejected.py"
     path.write_text(emit_cudnn(graph, inst))
@@ -62,7 +72,7 @@ def _ejected(graph: Graph, inst: Instance, tensors: dict, like: dict) -> Contend
         mod.execute(g, handle, buffers, ws, scalars)
         return outs
 
-    return Contender("cudnn", run)
+    return Ejected(g, handle, outs, run)
 
 
 def peak_tflops_bf16() -> float:
@@ -81,7 +91,7 @@ def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7
     contenders = [Contender("cudnn-dsl", bound.run)]
     host_inputs = {k: v for k, v in tensors.items()}
     if "cudnn" in against:
-        contenders.append(_guard("cudnn", lambda: _ejected(graph, inst, tensors, bound.outputs)))
+        contenders.append(_guard("cudnn", lambda: Contender("cudnn", load_ejected(graph, inst, tensors, bound.outputs).run)))
     eager = lambda: run_reference(graph, inst, host_inputs, native=True)  # noqa: E731
     if "torch" in against:
         contenders.append(Contender("torch", eager))
@@ -167,7 +177,7 @@ def plot(results: list[dict], path: str) -> None:
 
 def cmd_bench(args) -> int:
     from cudnn_dsl import backend
-    from cudnn_dsl.cli import EXIT_FAIL, EXIT_OK, UsageError, load_programs
+    from cudnn_dsl.cli import EXIT_FAIL, EXIT_OK, UsageError, load_programs, selected_graphs
     from cudnn_dsl.run import _instances
 
     against = tuple(x.strip() for x in args.against.split(",") if x.strip())
@@ -187,7 +197,7 @@ def cmd_bench(args) -> int:
         if program is None:
             status = EXIT_FAIL
             continue
-        for g in [program.graph(args.graph)] if args.graph else program.graphs:
+        for g in selected_graphs(program, args):
             for inst in _instances(g, args)[:1] if not args.shape else _instances(g, args):
                 res = bench_graph(g, inst, against, args.rounds, args.iterations)
                 res["file"] = path

@@ -47,6 +47,11 @@ def load_programs(paths, out=sys.stderr):
     return results
 
 
+def selected_graphs(program, args) -> list:
+    """The graph --graph names, or every graph of the file."""
+    return [program.graph(args.graph)] if getattr(args, "graph", None) else list(program.graphs)
+
+
 class Progress:
     """One self-erasing status line on a terminal; silent when stderr is not one."""
 
@@ -218,7 +223,7 @@ def cmd_tune(args) -> int:
         if program is None:
             status = EXIT_FAIL
             continue
-        for g in [program.graph(args.graph)] if args.graph else program.graphs:
+        for g in selected_graphs(program, args):
             opts = build_options(g.options, args)
             cg = CompiledGraph(g, opts, args.device, use_store=not args.no_cache)
             for inst in _instances(g, args):

@@ -10,7 +10,7 @@ strides.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import attrs
 import torch

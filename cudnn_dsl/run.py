@@ -11,7 +11,8 @@ import attrs
 import torch
 
 from cudnn_dsl import backend
-from cudnn_dsl.cli import EXIT_FAIL, EXIT_OK, Progress, UsageError, _parse_binding, _read, _target, load_programs
+from cudnn_dsl.cli import (EXIT_FAIL, EXIT_OK, Progress, UsageError, _parse_binding, _read, _target, load_programs,
+                           selected_graphs)
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, Options
 
@@ -83,7 +84,7 @@ def run_file(args) -> int:
     [(path, program)] = load_programs([args.file])
     if program is None:
         return EXIT_FAIL
-    graphs = [program.graph(args.graph)] if args.graph else list(program.graphs)
+    graphs = selected_graphs(program, args)
     gpu = backend.gpu_available()
     if not gpu:
         print("note: no CUDA GPU here: checking, planning for "

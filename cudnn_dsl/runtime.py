@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import torch
 
-from cudnn_dsl.backend import Target, load_cudnn
+from cudnn_dsl.backend import load_cudnn
 from cudnn_dsl.dtypes import TORCH
 from cudnn_dsl.lower import Lowered, lower, plan
 from cudnn_dsl.reference import run_reference

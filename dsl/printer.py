@@ -7,7 +7,6 @@ import attrs
 from dsl import ast
 from dsl.diagnostics import Loc
 from dsl.ir import Graph, Options, Program
-from dsl.types import fmt_shape
 
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 

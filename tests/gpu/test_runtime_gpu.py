@@ -73,8 +73,6 @@ def test_wrong_buffers_are_refused_before_launch(cg, bad, message):
 
 
 def test_storage_too_small_is_refused(cg):
-    import torch
-
     import cudnn_dsl
 
     ins = cg.allocate_inputs()
