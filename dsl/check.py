@@ -12,6 +12,7 @@ from dsl.diagnostics import DslError, Loc, Sink, did_you_mean
 from dsl.ir import BUILD_POLICIES, HEURISTIC_MODES, Graph, Instance, Node, Options, Program, Symbol, Value
 from dsl.ops import INFIX, OPS, REQUIRED, Ctx, OpError, OpSig
 from dsl.types import (
+    DTYPE_ALIASES,
     DTYPES,
     INT64_MAX,
     LAYOUTS,
@@ -120,7 +121,7 @@ class _GraphChecker:
     def dtype(self, name: str, loc: Loc) -> str | None:
         d = canonical_dtype(name)
         if d is None:
-            self.err(f"unknown dtype '{name}'{did_you_mean(name, list(DTYPES) + list(_aliases()))}", loc)
+            self.err(f"unknown dtype '{name}'{did_you_mean(name, list(DTYPES) + list(DTYPE_ALIASES))}", loc)
         return d
 
     def defined_at(self, name: str) -> Loc | None:
@@ -352,7 +353,7 @@ class _GraphChecker:
             self.err(f"{e.op} takes {want} input{'s' if n_max > 1 else ''} ({ports}), got {len(e.args)}", e.loc)
             return None
         attrs_, attr_locs, ok = self.attrs(sig, e)
-        n_results = 2 if sig.name == "sdpa" and attrs_.get("stats") else 1
+        n_results = sig.count_results(attrs_)
         if len(targets) > n_results:
             self.err(f"{e.op} returns {n_results} value{'s' if n_results > 1 else ''} here, "
                      f"but {len(targets)} names are assigned", e.loc)
@@ -416,13 +417,6 @@ class _GraphChecker:
             if s.name not in self.used:
                 self.sink.warning(f"dim '{s.name}' is never used", s.loc)
         self.warn_conv_layouts()
-        for name, o in self.outputs.items():
-            if name in self.produced and name in self.used:
-                pass  # an output may also feed later ops
-        for n in self.nodes:
-            for i in n.inputs:
-                if i is not None:
-                    self.used.add(i)
 
     def warn_conv_layouts(self) -> None:
         """cuDNN's tensor-core convolution engines want channels-last tensors."""
@@ -643,12 +637,6 @@ def _assign_uids(gc: _GraphChecker) -> dict[str, int]:
         uids[name] = nxt
         nxt += 1
     return uids
-
-
-def _aliases():
-    from dsl.types import DTYPE_ALIASES
-
-    return DTYPE_ALIASES
 
 
 def _attr_value(a, v) -> Any:

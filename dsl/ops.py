@@ -67,6 +67,11 @@ class OpSig:
     """inputs whose domain is positive (generated test data avoids 0 and negatives there)"""
     flops: Callable[[Ctx, list], int] | None = None
     """floating-point operations for these input and output types (default: one per output element)"""
+    results: Callable[[dict], int] | None = None
+    """how many of `outputs` a call returns, given its attributes (default: one)"""
+
+    def count_results(self, attrs_: dict) -> int:
+        return self.results(attrs_) if self.results is not None else 1
 
     def count_flops(self, ctx: Ctx, outs: list[TensorType]) -> int:
         if self.flops is not None:
@@ -449,6 +454,7 @@ OPS: dict[str, OpSig] = {
             Attr("stats", "bool", False, doc="also return the softmax stats [B,H,S,1] float (training)"),
         ),
         outputs=("o", "stats"),
+        results=lambda a: 2 if a.get("stats") else 1,
         doc="scaled dot-product attention: softmax(q k^T * scale + bias) v",
     ),
     "layernorm": OpSig(
