@@ -250,7 +250,8 @@ class CompiledGraph:
             g = cudnn.pygraph(handle=self._handle)
             g.deserialize(self._handle, entry.blob)
             loaded = Lowered(low.graph, low.instance, g, low.host_values, {"deserialize": time.perf_counter() - t0})
-            exe = self._executable(loaded, host, "plan store (serialized plan)", notes, entry.workspace)
+            exe = self._executable(loaded, host, "plan store (serialized plan)", notes,
+                                   max(entry.workspace, _workspace_of(g)))
             exe.plan_name = entry.plan_name
             return exe
         except Exception as e:  # noqa: BLE001 - a blob from another build of cuDNN fails in many ways
@@ -435,6 +436,14 @@ def loosest_input_dtype(graph: Graph, inst: Instance) -> str | None:
 
     dtypes = [inst.type(v.name).dtype for v in graph.of_kind("input")]
     return max(dtypes, key=lambda d: tolerance(d)[0], default=None)
+
+
+def _workspace_of(g) -> int:
+    """The workspace a loaded plan asks for; 0 where this frontend cannot say (the entry's then stands)."""
+    try:
+        return int(g.get_workspace_size())
+    except Exception:  # noqa: BLE001
+        return 0
 
 
 def _short(e: Exception) -> str:
