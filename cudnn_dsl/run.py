@@ -143,8 +143,8 @@ class _GpuRunner:
         low = exe.low
         median = statistics.median(times)
         print(f"graph {label}")
-        print(f"  plan       {exe.plan_name}  (from {exe.source}; {low.plan_count or '-'} candidates; "
-              f"heuristics {', '.join(self.opts.heuristics)})")
+        candidates = f"{low.plan_count} candidates, heuristics {', '.join(self.opts.heuristics)}; " if low.plan_count else ""
+        print(f"  plan       {exe.plan_name}  ({candidates}from {exe.source})")
         for note in exe.notes + cg.kernel_cache_notes:
             print(f"  note       {note}")
         print("  build      " + " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in low.timings.items()))
