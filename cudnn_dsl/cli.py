@@ -115,7 +115,7 @@ def _plan_deviceless(program, args, reports) -> int:
             label = g.name + (f" [{inst.label}]" if inst.binding else "")
             progress = Progress(label)
             try:
-                low = plan(lower(g, inst, target=target), g.options.heuristics, g.options.build_policy,
+                low = plan(lower(g, inst, target=target), g.options.modes(), g.options.build_policy,
                            g.options.workspace_limit, target.name, progress, deviceless=True)
             except DslError as e:
                 progress.done()
@@ -344,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_build_options(r)
     r.add_argument("--input", action="append", metavar="NAME=FILE", help="load an input from .pt/.npy/.safetensors")
     r.add_argument("--seed", type=int, help="seed of the generated inputs (overrides the file)")
+    r.add_argument("--range", action="append", metavar="NAME=LO:HI",
+                   help="value range of a generated input (default [-1, 1]; [0.5, 1.5] where an op wants positives)")
     r.add_argument("--atol", action="append", metavar="[NAME=]TOL", help="absolute tolerance, for all or one output")
     r.add_argument("--rtol", action="append", metavar="[NAME=]TOL", help="relative tolerance, for all or one output")
     r.add_argument("--iterations", type=int, help="timed executions (default: the file's, 15)")

@@ -68,7 +68,7 @@ def emit_cudnn(graph: Graph, inst: Instance) -> str:
     o = graph.options
     policy = "ALL" if o.build_policy == "all" else "HEURISTICS_CHOICE"
     body = "\n".join("    " + line for line in script.lines)
-    modes = ", ".join(f"cudnn.heur_mode.{m}" for m in o.heuristics)
+    modes = ", ".join(f"cudnn.heur_mode.{m}" for m in o.modes())
     ws_limit = f"\n    g.deselect_workspace_greater_than({o.workspace_limit})" if o.workspace_limit is not None else ""
     tensors = [(v.name, v.uid, inst.type(v.name)) for v in graph.values if v.kind in ("input", "output")]
     buffers = "\n".join(

@@ -63,10 +63,29 @@ def _instances(graph: Graph, args) -> list[Instance]:
         graph.instance(binding)]
 
 
+def _ranges(items, graph: Graph) -> dict[str, tuple[float, float]]:
+    """--range x=-2:2 -> {"x": (-2.0, 2.0)}"""
+    out = {}
+    inputs = {v.name for v in graph.of_kind("input")}
+    for item in items or ():
+        name, _, span = item.partition("=")
+        lo, sep, hi = span.partition(":")
+        try:
+            lo_f, hi_f = float(lo), float(hi)
+        except ValueError:
+            raise UsageError(f"--range takes NAME=LO:HI, got '{item}'") from None
+        if not sep or lo_f > hi_f:
+            raise UsageError(f"--range takes NAME=LO:HI with LO <= HI, got '{item}'")
+        if name not in inputs:
+            raise UsageError(f"graph '{graph.name}' has no tensor input '{name}'")
+        out[name] = (lo_f, hi_f)
+    return out
+
+
 def _inputs(graph: Graph, inst: Instance, device, seed: int, args) -> dict[str, torch.Tensor]:
     from cudnn_dsl.tensors import BindingError, generate_inputs, load_tensor, relayout
 
-    tensors = generate_inputs(graph, inst, device, seed)
+    tensors = generate_inputs(graph, inst, device, seed, _ranges(args.range, graph))
     for item in args.input or ():
         name, sep, path = item.partition("=")
         if not sep:
@@ -143,7 +162,7 @@ class _GpuRunner:
         low = exe.low
         median = statistics.median(times)
         print(f"graph {label}")
-        candidates = f"{low.plan_count} candidates, heuristics {', '.join(self.opts.heuristics)}; " if low.plan_count else ""
+        candidates = f"{low.plan_count} candidates, heuristics {', '.join(self.opts.modes())}; " if low.plan_count else ""
         print(f"  plan       {exe.plan_name}  ({candidates}from {exe.source})")
         for note in exe.notes + cg.kernel_cache_notes:
             print(f"  note       {note}")
@@ -181,7 +200,7 @@ def _cpu_run(graph: Graph, inst: Instance, opts: Options, args, label: str) -> d
     rep: dict = {"graph": graph.name, "binding": dict(inst.binding), "executed": False}
     try:
         target = _target(args)
-        low = plan(lower(graph, inst, target=target), opts.heuristics, opts.build_policy, opts.workspace_limit,
+        low = plan(lower(graph, inst, target=target), opts.modes(), opts.build_policy, opts.workspace_limit,
                    target.name, Progress(label), deviceless=True)
         first = low.g.get_plan_name_at_index(0) if low.plan_count else "-"
         print(f"  plan       for {target.name} (no device): {first}  ({low.plan_count} candidates)")

@@ -225,7 +225,7 @@ class CompiledGraph:
                 return exe
         o = self.options
         cached = self._kc_size()
-        plan(low, o.heuristics, o.build_policy, o.workspace_limit, torch.cuda.get_device_name(self.device),
+        plan(low, o.modes(), o.build_policy, o.workspace_limit, torch.cuda.get_device_name(self.device),
              self.progress)
         if self._kc is not None:
             notes.append(self._kernel_cache_note(cached, self._kc_size(), low.timings.get("build_plans", 0.0)))

@@ -57,6 +57,8 @@ def generate_inputs(graph: Graph, instance: Instance, device, seed: int = 0,
 def load_tensor(path: str | Path) -> torch.Tensor:
     """A tensor from .pt, .npy or .safetensors (a file of one tensor)."""
     path = Path(path)
+    if not path.is_file():
+        raise BindingError(f"{path}: no such file")
     if path.suffix == ".pt":
         t = torch.load(path, map_location="cpu", weights_only=True)
     elif path.suffix == ".npy":
@@ -64,7 +66,10 @@ def load_tensor(path: str | Path) -> torch.Tensor:
 
         t = torch.from_numpy(np.load(path, allow_pickle=False))
     elif path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise BindingError(f"{path}: reading .safetensors needs the safetensors package") from None
 
         tensors = load_file(str(path))
         if len(tensors) != 1:

@@ -87,7 +87,7 @@ def tune(cg: CompiledGraph, inst: Instance, max_workspace: int | None = None) ->
     cg._kernel_cache_load()
     low = lower(cg.graph, inst, handle=cg._handle, kernel_cache=cg._kc)
     limit = max_workspace if max_workspace is not None else o.workspace_limit
-    plan(low, o.heuristics, "all", None, torch.cuda.get_device_name(cg.device), steps=STEPS[:4])
+    plan(low, o.modes(tuning=True), "all", None, torch.cuda.get_device_name(cg.device), steps=STEPS[:4])
     g = low.g
     tensors = cg.allocate_inputs(dict(inst.binding))
     outputs = cg._bind(inst, tensors, None)

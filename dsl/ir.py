@@ -22,8 +22,8 @@ BUILD_POLICIES = ("heuristics_choice", "all")
 class Options:
     """Back-end options of a graph; the command line overrides them."""
 
-    heuristics: tuple[str, ...] = ("A", "FALLBACK")
-    """heuristic modes asked for plans, in order"""
+    heuristics: tuple[str, ...] | None = None
+    """heuristic modes asked for plans, in order (None: see modes())"""
     build_policy: str = "heuristics_choice"
     """build the heuristics' first supported plan, or all of them"""
     warmup: int = 3
@@ -40,6 +40,13 @@ class Options:
     """relative tolerance against the reference (default: per dtype)"""
     seed: int = 0
     """seed of the generated inputs"""
+
+    def modes(self, tuning: bool = False) -> tuple[str, ...]:
+        """The heuristic modes to ask: the file's or the command line's, else A then FALLBACK for a
+        build and every mode (A, B, FALLBACK) for autotuning, which wants every candidate."""
+        if self.heuristics:
+            return self.heuristics
+        return HEURISTIC_MODES if tuning else ("A", "FALLBACK")
 
 
 @attrs.frozen

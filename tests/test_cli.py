@@ -100,3 +100,12 @@ def test_run_loads_inputs_from_files_and_refuses_a_wrong_shape(tmp_path):
     assert p.returncode == 1
     assert "--input b: expected shape [8, 512, 256], the file holds [4, 4]" in p.stderr
     assert cli("run", EX / "plan_serialization.cdg", "--input", "zz=x.pt").returncode == 2
+    p = cli("run", EX / "plan_serialization.cdg", "--input", f"a={tmp_path / 'missing.pt'}")
+    assert p.returncode == 1 and "missing.pt: no such file" in p.stderr
+
+
+def test_run_takes_value_ranges():
+    p = cli("run", EX / "plan_serialization.cdg", "--range", "a=2:2", "--range", "b=1:1")
+    assert p.returncode == 0, p.stderr
+    assert "mean 1024" in p.stdout  # every element: 512 products of 2 * 1
+    assert cli("run", EX / "plan_serialization.cdg", "--range", "a=3:1").returncode == 2

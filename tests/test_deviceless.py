@@ -35,7 +35,7 @@ def h200():
 def test_example_gets_h200_plans_from_cudnn(graph, inst, h200):
     from cudnn_dsl.lower import lower, plan
 
-    low = plan(lower(graph, inst, target=h200), graph.options.heuristics, graph.options.build_policy,
+    low = plan(lower(graph, inst, target=h200), graph.options.modes(), graph.options.build_policy,
                target_name=h200.name, deviceless=True)
     assert low.plan_count >= 1
     assert low.g.get_plan_name_at_index(0).startswith("eng")

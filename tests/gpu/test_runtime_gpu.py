@@ -114,13 +114,26 @@ def test_emitted_cudnn_script_runs_standalone(example, tmp_path):
     assert "max |x|" in proc.stdout
 
 
-def test_run_command_reports_and_exits_zero(tmp_path):
+def test_run_command_reports_saves_and_exits_zero(tmp_path):
     import json
 
-    report = tmp_path / "r.json"
+    import torch
+
+    report, saved = tmp_path / "r.json", tmp_path / "outs"
+    torch.save(torch.full((1, 256, 1, 1), -100.0), tmp_path / "b.pt")  # a bias that zeroes every ReLU
     proc = subprocess.run([sys.executable, "-m", "cudnn_dsl", "run", str(ROOT / "examples" / "conv_bias_relu.cdg"),
-                           "--json", str(report)], capture_output=True, text=True)
+                           "--json", str(report), "--save-outputs", str(saved), "--input", f"b={tmp_path / 'b.pt'}"],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "compare    out: ok" in proc.stdout
     data = json.loads(report.read_text())
     assert data["gpu"] and data["graphs"][0]["ok"]
+    out = torch.load(saved / "conv_bias_relu.out.pt")
+    assert out.shape == (32, 256, 56, 56) and float(out.float().abs().max()) == 0.0
+
+
+def test_run_command_exits_1_on_a_mismatch():
+    proc = subprocess.run([sys.executable, "-m", "cudnn_dsl", "run", str(ROOT / "examples" / "matmul_epilogue.cdg"),
+                           "--atol", "0", "--rtol", "0"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "MISMATCH" in proc.stdout
