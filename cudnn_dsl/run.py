@@ -26,7 +26,7 @@ def build_options(base: Options, args) -> Options:
         if bad or not modes:
             raise UsageError(f"--heuristics takes A, B and FALLBACK, comma separated; got '{args.heuristics}'")
         changes["heuristics"] = modes
-    for name in ("build_policy", "workspace_limit", "seed", "iterations"):
+    for name in ("build_policy", "workspace_limit", "seed", "warmup", "iterations"):
         if getattr(args, name, None) is not None:
             changes[name] = getattr(args, name)
     return attrs.evolve(base, **changes)
