@@ -104,3 +104,30 @@ def test_export_import_and_clear(tmp_path):
     assert b.import_(tmp_path / "bundle.json") == 2
     assert b.get(key(gpu="NVIDIA H100")).plan_name == "eng4_k24=3"
     assert b.clear() == 2 and b.entries() == []
+
+
+def test_cache_command_lists_shows_exports_imports_and_clears(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUDNN_DSL_CACHE_DIR": str(tmp_path / "cache")}
+    store = PlanStore(tmp_path / "cache" / "plans")
+    store.put(entry(key()))
+    (store.root / "broken.json").write_text("{not json")
+
+    def cdsl(*args):
+        return subprocess.run([sys.executable, "-m", "cudnn_dsl", "cache", *args], capture_output=True, text=True,
+                              env=env)
+
+    ls = cdsl("ls").stdout
+    assert key().id in ls and "eng4_k24=3" in ls and "tuned" in ls and "unreadable" in ls
+    shown = json.loads(cdsl("show", key().id).stdout)
+    assert shown["plan_name"] == "eng4_k24=3" and shown["blob"].startswith("<")
+    assert cdsl("show", "nope").returncode == 2
+    bundle = tmp_path / "bundle.json"
+    assert "exported 1 entries" in cdsl("export", str(bundle)).stdout
+    assert "removed 2 entries" in cdsl("clear").stdout
+    assert "empty" in cdsl("ls").stdout
+    assert "imported 1 entries" in cdsl("import", str(bundle)).stdout
+    assert PlanStore(tmp_path / "cache" / "plans").get(key()).plan_name == "eng4_k24=3"
