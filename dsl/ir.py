@@ -124,12 +124,13 @@ class Graph:
     nodes: tuple[Node, ...]
     instances: tuple[Instance, ...]
     loc: Loc = _loc()
+    _by_name: dict = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self):
+        object.__setattr__(self, "_by_name", {v.name: v for v in self.values})
 
     def value(self, name: str) -> Value:
-        for v in self.values:
-            if v.name == name:
-                return v
-        raise KeyError(name)
+        return self._by_name[name]
 
     def of_kind(self, *kinds: str) -> tuple[Value, ...]:
         return tuple(v for v in self.values if v.kind in kinds)

@@ -111,10 +111,11 @@ def fmt_module(m: ast.Module) -> str:
         flush(g.loc.line, "")
         out.append(f"graph {g.name} {{" + trailing(g.loc.line))
         last[0] = g.loc.line
+        last_on_line = {st.loc.end_line: st for st in g.stmts}  # a line's trailing comment goes after its last statement
         for st in g.stmts:
             flush(st.loc.line, "  ")
             gap(st.loc.line, "  ")
-            tail = trailing(st.loc.end_line) if st is _last_on_line(g.stmts, st) else ""
+            tail = trailing(st.loc.end_line) if last_on_line[st.loc.end_line] is st else ""
             out.append("  " + fmt_stmt(st) + tail)
             last[0] = st.loc.end_line
         flush(g.loc.end_line, "  ")
@@ -122,11 +123,6 @@ def fmt_module(m: ast.Module) -> str:
         last[0] = g.loc.end_line
     flush(10**9, "")
     return "\n".join(out) + "\n"
-
-
-def _last_on_line(stmts, st):
-    same = [s for s in stmts if s.loc.end_line == st.loc.end_line]
-    return same[-1]
 
 
 # ---- dumps ----------------------------------------------------------------------------
