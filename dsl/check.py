@@ -1,4 +1,4 @@
-"""Semantic layer: ast.Module -> ir.Program; name resolution, attributes, shape and dtype inference."""
+"""Semantic layer: ast.Module -> ir.Program; names, declarations, attributes, and the typing of each shape."""
 
 from __future__ import annotations
 
@@ -9,22 +9,11 @@ import attrs
 
 from dsl import ast
 from dsl.diagnostics import DslError, Loc, Sink, did_you_mean
-from dsl.ir import BUILD_POLICIES, HEURISTIC_MODES, Graph, Instance, Node, Options, Program, Symbol, Value
-from dsl.ops import INFIX, OPS, REQUIRED, Ctx, OpError, OpSig
-from dsl.types import (
-    DTYPE_ALIASES,
-    DTYPES,
-    INT64_MAX,
-    LAYOUTS,
-    TensorType,
-    canonical_dtype,
-    dense_strides,
-    fmt_shape,
-    is_float,
-    itemsize,
-    layout_order,
-    overlap,
-)
+from dsl.infer import Typer
+from dsl.ir import Graph, Instance, Node, Options, Program, Symbol, Value
+from dsl.ops import INFIX, OPS, REQUIRED, OpSig
+from dsl.types import DTYPE_ALIASES, DTYPES, INT64_MAX, LAYOUTS, canonical_dtype, is_float, layout_order
+from dsl.values import attr_value, option_value
 
 MAX_INSTANCES = 64
 
@@ -181,7 +170,7 @@ class _GraphChecker:
         if st.name in self.options:
             self.err(f"option '{st.name}' given twice", st.loc, [("first given here", self.option_locs[st.name])])
             return
-        value = _option_value(st.name, st.value)
+        value = option_value(st.name, st.value)
         if isinstance(value, str) and value.startswith("!"):
             self.err(f"option '{st.name}': {value[1:]}", st.value.loc)
             return
@@ -387,7 +376,7 @@ class _GraphChecker:
                 self.err(f"{sig.name}: attribute '{kw.name}' given twice", kw.loc)
                 ok = False
                 continue
-            v = _attr_value(a, kw.value)
+            v = attr_value(a, kw.value)
             locs[kw.name] = kw.loc
             if isinstance(v, str) and v.startswith("!"):
                 self.err(f"{sig.name}: attribute '{kw.name}' {v[1:]}", kw.value.loc)
@@ -450,7 +439,7 @@ class _GraphChecker:
         bindings = self.bindings()
         for binding in bindings:
             local = Sink()
-            types = _Typer(self, binding, local).run()
+            types = Typer(self, binding, local).run()
             for d in local.items:
                 found.setdefault((d.severity, d.loc), [d, []])[1].append(binding)
             if not local.errors:
@@ -485,136 +474,6 @@ class _GraphChecker:
                      tuple(values), nodes, tuple(instances), self.gdef.loc)
 
 
-class _Typer:
-    """Infers every value's concrete type for one binding of the symbolic dims."""
-
-    def __init__(self, gc: _GraphChecker, binding: dict[str, int], sink: Sink):
-        self.gc, self.binding, self.sink = gc, binding, sink
-        self.types: dict[str, TensorType] = {}
-        self.poisoned: set[str] = set(gc.poisoned)
-        """values whose type could not be inferred in this instance (no cascading errors)"""
-        self.scalars: dict[str, TensorType] = {}
-        """host scalars typed by their first use: all-ones shape of the rank they meet"""
-
-    def concrete(self, dims) -> tuple[int, ...]:
-        return tuple(self.binding[d] if isinstance(d, str) else d for d in dims)
-
-    def run(self) -> dict[str, TensorType]:
-        gc = self.gc
-        for name, d in gc.decls.items():
-            if name in self.poisoned or d.kind != "input":
-                continue
-            self.poisoned.add(name)  # until typed below
-            shape = self.concrete(d.dims)
-            if d.strides is not None:
-                strides = d.strides
-                if (ov := overlap(shape, strides)) is not None:
-                    a, b = ov
-                    what = f"axis {a} (size {shape[a]}) has stride 0" if a == b else f"axes {a} and {b} overlap"
-                    self.sink.error(f"strides {list(strides)} alias elements of {fmt_shape(shape)}: {what}", d.loc)
-                    continue
-            else:
-                strides = dense_strides(shape, layout_order(d.layout or "row_major", len(shape)))
-            t = TensorType(d.dtype, shape, strides)
-            if self.too_big(t, name, d.loc):
-                continue
-            self.types[name] = t
-            self.poisoned.discard(name)
-        for node in gc.nodes:
-            self.node(node)
-        return {**self.types, **self.scalars}
-
-    def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
-        n = 1
-        for x in t.shape:
-            n *= x
-        if n * itemsize(t.dtype) > INT64_MAX or t.storage * itemsize(t.dtype) > INT64_MAX:
-            self.sink.error(f"'{name}' {fmt_shape(t.shape)} is too large: its size overflows a 64-bit integer", loc)
-            return True
-        return False
-
-    def scalar_type(self, name: str, rank: int, loc: Loc) -> TensorType:
-        d = self.gc.decls[name]
-        prev = self.gc.scalar_ranks.setdefault(name, (rank, loc))
-        if prev[0] != rank and d.kind == "scalar":
-            self.sink.error(f"scalar '{name}' is used with tensors of rank {prev[0]} and {rank}; "
-                            f"declare one scalar per rank", loc, [("first use", prev[1])])
-        shape = (1,) * rank
-        return self.scalars.setdefault(name, TensorType(d.dtype, shape, dense_strides(shape)))
-
-    def node(self, n: _PNode) -> None:
-        if not n.ok or any(i is not None and (i in self.poisoned or (i not in self.types and i not in self.gc.decls))
-                           for i in n.inputs):
-            self.poisoned.update(n.outputs)
-            return
-        sig = OPS[n.op]
-        tensor_rank = next((len(self.types[i].shape) for i in n.inputs if i in self.types), None)
-        ins = []
-        for k, i in enumerate(n.inputs):
-            if i is None:
-                ins.append(None)
-            elif i in self.types:
-                ins.append(self.types[i])
-            elif tensor_rank is None:
-                self.sink.error(f"{n.op}: needs at least one tensor input, not only scalars", n.loc)
-                self.poisoned.update(n.outputs)
-                return
-            else:
-                ins.append(self.scalar_type(i, tensor_rank, n.arg_locs[k]))
-        try:
-            outs = sig.infer(Ctx(n.op, tuple(ins), n.attrs))
-        except OpError as e:
-            loc = n.loc
-            if isinstance(e.at, int) and e.at < len(n.arg_locs):
-                loc = n.arg_locs[e.at]
-            elif isinstance(e.at, str) and e.at in n.attr_locs:
-                loc = n.attr_locs[e.at]
-            self.sink.error(str(e), loc)
-            self.poisoned.update(n.outputs)
-            return
-        first = next(t for t in ins if t is not None)
-        for name, out in zip(n.outputs, outs):
-            self.result(name, out, first, n)
-
-    def result(self, name: str, out, first: TensorType, n: _PNode) -> None:
-        self.poisoned.add(name)  # until typed at the end
-        o = self.gc.outputs.get(name)
-        order = out.order
-        if o is None:
-            dtype = out.dtype or self.gc.types.get("intermediate", ("float", None))[0]
-            t = TensorType(dtype, out.shape, dense_strides(out.shape, order))
-        else:
-            if o.dtype and out.dtype and o.dtype != out.dtype:
-                self.sink.error(f"output '{name}' is declared {o.dtype} but {n.op} gives {out.dtype}", o.loc)
-                return
-            dtype = o.dtype or out.dtype or self.gc.types.get("io", (first.dtype, None))[0]
-            if o.dims is not None:
-                want = self.concrete(o.dims)
-                if want != out.shape:
-                    self.sink.error(f"output '{name}' is declared {fmt_shape(want)} but {n.op} gives "
-                                    f"{fmt_shape(out.shape)}", o.dims_loc or o.loc)
-                    return
-            strides = dense_strides(out.shape, order)
-            if o.layout:
-                lo = layout_order(o.layout, len(out.shape))
-                if isinstance(lo, str):
-                    self.sink.error(lo, o.loc)
-                    return
-                strides = dense_strides(out.shape, lo)
-            elif o.strides:
-                if len(o.strides) != len(out.shape):
-                    self.sink.error(f"{len(o.strides)} strides for output '{name}' of rank {len(out.shape)}", o.loc)
-                    return
-                if overlap(out.shape, o.strides) is not None:
-                    self.sink.error(f"strides {list(o.strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc)
-                    return
-                strides = o.strides
-            t = TensorType(dtype, out.shape, strides)
-        if not self.too_big(t, name, n.loc):
-            self.types[name] = t
-            self.poisoned.discard(name)
-
-
 def _assign_uids(gc: _GraphChecker) -> dict[str, int]:
     """Explicit UIDs first; the rest numbered from 1 in declaration order, skipping taken ones."""
     explicit: dict[int, str] = {}
@@ -637,66 +496,6 @@ def _assign_uids(gc: _GraphChecker) -> dict[str, int]:
         uids[name] = nxt
         nxt += 1
     return uids
-
-
-def _attr_value(a, v) -> Any:
-    """Converts an ast value to the attribute's kind, or '!message' when it doesn't fit."""
-    if a.kind == "int":
-        return v.value if isinstance(v, ast.Number) and isinstance(v.value, int) else "!must be an integer"
-    if a.kind == "float":
-        return float(v.value) if isinstance(v, ast.Number) else "!must be a number"
-    if a.kind == "bool":
-        if isinstance(v, ast.Ident) and v.name in ("true", "false"):
-            return v.name == "true"
-        return "!must be true or false"
-    if a.kind == "ints":
-        if isinstance(v, ast.Number) and isinstance(v.value, int):
-            return v.value
-        if isinstance(v, ast.ListValue) and all(isinstance(x, ast.Number) and isinstance(x.value, int) for x in v.items):
-            if any(abs(x.value) > INT64_MAX for x in v.items):
-                return "!has a value out of range"
-            return tuple(x.value for x in v.items)
-        return "!must be an integer or a list of integers"
-    if a.kind == "enum":
-        if isinstance(v, ast.Ident) and v.name in a.choices:
-            return v.name
-        got = v.name if isinstance(v, ast.Ident) else "this value"
-        return f"!must be one of {', '.join(a.choices)}; got {got}" + (did_you_mean(v.name, a.choices) if isinstance(v, ast.Ident) else "")
-    if a.kind == "dtype":
-        if isinstance(v, ast.Ident) and canonical_dtype(v.name):
-            return canonical_dtype(v.name)
-        return "!must be a dtype" + (did_you_mean(v.name, DTYPES) if isinstance(v, ast.Ident) else "")
-    raise ValueError(a.kind)
-
-
-def _option_value(name: str, v) -> Any:
-    """Converts an option's ast value, or '!message'."""
-    if name == "heuristics":
-        items = v.items if isinstance(v, ast.ListValue) else (v,)
-        modes = []
-        for it in items:
-            if not isinstance(it, ast.Ident) or it.name.upper() not in HEURISTIC_MODES:
-                return f"!heuristic modes are {', '.join(HEURISTIC_MODES)}"
-            modes.append(it.name.upper())
-        return tuple(modes) if modes else f"!give at least one of {', '.join(HEURISTIC_MODES)}"
-    if name == "build_policy":
-        if isinstance(v, ast.Ident) and v.name in BUILD_POLICIES:
-            return v.name
-        return f"!must be one of {', '.join(BUILD_POLICIES)}"
-    if name == "cuda_graph":
-        if isinstance(v, ast.Ident) and v.name in ("true", "false"):
-            return v.name == "true"
-        return "!must be true or false"
-    if name in ("warmup", "iterations", "workspace_limit", "seed"):
-        lo = 1 if name == "iterations" else 0
-        if isinstance(v, ast.Number) and isinstance(v.value, int) and lo <= v.value <= INT64_MAX:
-            return v.value
-        return f"!must be an integer >= {lo}"
-    if name in ("atol", "rtol"):
-        if isinstance(v, ast.Number) and v.value >= 0:
-            return float(v.value)
-        return "!must be a number >= 0"
-    raise ValueError(name)
 
 
 def load(path_or_text: str, file: str | None = None, sink: Sink | None = None) -> Program:

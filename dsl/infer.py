@@ -1,0 +1,142 @@
+"""Semantic layer: shape, stride and dtype inference for one binding of a graph's symbolic dims.
+
+The checker resolves names and attributes once; a Typer then gives every value a concrete
+TensorType for one binding, reporting into its own sink so that the checker can merge what
+several bindings found.
+"""
+
+from __future__ import annotations
+
+from dsl.diagnostics import Loc, Sink
+from dsl.ops import OPS, Ctx, OpError
+from dsl.types import INT64_MAX, TensorType, dense_strides, fmt_shape, itemsize, layout_order, overlap
+
+
+class Typer:
+    """Infers every value's concrete type for one binding of the symbolic dims."""
+
+    def __init__(self, gc, binding: dict[str, int], sink: Sink):
+        self.gc, self.binding, self.sink = gc, binding, sink
+        self.types: dict[str, TensorType] = {}
+        self.poisoned: set[str] = set(gc.poisoned)
+        """values whose type could not be inferred in this instance (no cascading errors)"""
+        self.scalars: dict[str, TensorType] = {}
+        """host scalars typed by their first use: all-ones shape of the rank they meet"""
+
+    def concrete(self, dims) -> tuple[int, ...]:
+        return tuple(self.binding[d] if isinstance(d, str) else d for d in dims)
+
+    def run(self) -> dict[str, TensorType]:
+        gc = self.gc
+        for name, d in gc.decls.items():
+            if name in self.poisoned or d.kind != "input":
+                continue
+            self.poisoned.add(name)  # until typed below
+            shape = self.concrete(d.dims)
+            if d.strides is not None:
+                strides = d.strides
+                if (ov := overlap(shape, strides)) is not None:
+                    a, b = ov
+                    what = f"axis {a} (size {shape[a]}) has stride 0" if a == b else f"axes {a} and {b} overlap"
+                    self.sink.error(f"strides {list(strides)} alias elements of {fmt_shape(shape)}: {what}", d.loc)
+                    continue
+            else:
+                strides = dense_strides(shape, layout_order(d.layout or "row_major", len(shape)))
+            t = TensorType(d.dtype, shape, strides)
+            if self.too_big(t, name, d.loc):
+                continue
+            self.types[name] = t
+            self.poisoned.discard(name)
+        for node in gc.nodes:
+            self.node(node)
+        return {**self.types, **self.scalars}
+
+    def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
+        n = 1
+        for x in t.shape:
+            n *= x
+        if n * itemsize(t.dtype) > INT64_MAX or t.storage * itemsize(t.dtype) > INT64_MAX:
+            self.sink.error(f"'{name}' {fmt_shape(t.shape)} is too large: its size overflows a 64-bit integer", loc)
+            return True
+        return False
+
+    def scalar_type(self, name: str, rank: int, loc: Loc) -> TensorType:
+        d = self.gc.decls[name]
+        prev = self.gc.scalar_ranks.setdefault(name, (rank, loc))
+        if prev[0] != rank and d.kind == "scalar":
+            self.sink.error(f"scalar '{name}' is used with tensors of rank {prev[0]} and {rank}; "
+                            f"declare one scalar per rank", loc, [("first use", prev[1])])
+        shape = (1,) * rank
+        return self.scalars.setdefault(name, TensorType(d.dtype, shape, dense_strides(shape)))
+
+    def node(self, n) -> None:
+        if not n.ok or any(i is not None and (i in self.poisoned or (i not in self.types and i not in self.gc.decls))
+                           for i in n.inputs):
+            self.poisoned.update(n.outputs)
+            return
+        sig = OPS[n.op]
+        tensor_rank = next((len(self.types[i].shape) for i in n.inputs if i in self.types), None)
+        ins = []
+        for k, i in enumerate(n.inputs):
+            if i is None:
+                ins.append(None)
+            elif i in self.types:
+                ins.append(self.types[i])
+            elif tensor_rank is None:
+                self.sink.error(f"{n.op}: needs at least one tensor input, not only scalars", n.loc)
+                self.poisoned.update(n.outputs)
+                return
+            else:
+                ins.append(self.scalar_type(i, tensor_rank, n.arg_locs[k]))
+        try:
+            outs = sig.infer(Ctx(n.op, tuple(ins), n.attrs))
+        except OpError as e:
+            loc = n.loc
+            if isinstance(e.at, int) and e.at < len(n.arg_locs):
+                loc = n.arg_locs[e.at]
+            elif isinstance(e.at, str) and e.at in n.attr_locs:
+                loc = n.attr_locs[e.at]
+            self.sink.error(str(e), loc)
+            self.poisoned.update(n.outputs)
+            return
+        first = next(t for t in ins if t is not None)
+        for name, out in zip(n.outputs, outs):
+            self.result(name, out, first, n)
+
+    def result(self, name: str, out, first: TensorType, n) -> None:
+        self.poisoned.add(name)  # until typed at the end
+        o = self.gc.outputs.get(name)
+        order = out.order
+        if o is None:
+            dtype = out.dtype or self.gc.types.get("intermediate", ("float", None))[0]
+            t = TensorType(dtype, out.shape, dense_strides(out.shape, order))
+        else:
+            if o.dtype and out.dtype and o.dtype != out.dtype:
+                self.sink.error(f"output '{name}' is declared {o.dtype} but {n.op} gives {out.dtype}", o.loc)
+                return
+            dtype = o.dtype or out.dtype or self.gc.types.get("io", (first.dtype, None))[0]
+            if o.dims is not None:
+                want = self.concrete(o.dims)
+                if want != out.shape:
+                    self.sink.error(f"output '{name}' is declared {fmt_shape(want)} but {n.op} gives "
+                                    f"{fmt_shape(out.shape)}", o.dims_loc or o.loc)
+                    return
+            strides = dense_strides(out.shape, order)
+            if o.layout:
+                lo = layout_order(o.layout, len(out.shape))
+                if isinstance(lo, str):
+                    self.sink.error(lo, o.loc)
+                    return
+                strides = dense_strides(out.shape, lo)
+            elif o.strides:
+                if len(o.strides) != len(out.shape):
+                    self.sink.error(f"{len(o.strides)} strides for output '{name}' of rank {len(out.shape)}", o.loc)
+                    return
+                if overlap(out.shape, o.strides) is not None:
+                    self.sink.error(f"strides {list(o.strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc)
+                    return
+                strides = o.strides
+            t = TensorType(dtype, out.shape, strides)
+        if not self.too_big(t, name, n.loc):
+            self.types[name] = t
+            self.poisoned.discard(name)
