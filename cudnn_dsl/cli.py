@@ -190,7 +190,10 @@ def cmd_emit(args) -> int:
     if program is None:
         return EXIT_FAIL
     g = program.graph(args.graph)
-    inst = g.instance(_parse_binding(args.shape))
+    chosen = select_instances(g, args.shape)
+    if len(chosen) > 1:
+        raise UsageError(f"graph '{g.name}' has {len(chosen)} shapes; choose one with --shape")
+    inst = chosen[0]
     print(emit_cudnn(g, inst) if args.target == "cudnn" else emit_torch(g, inst), end="")
     return EXIT_OK
 
@@ -290,16 +293,29 @@ def cmd_cache(args) -> int:
     return EXIT_OK
 
 
-def _parse_binding(items) -> dict[str, int] | None:
-    if not items:
-        return None
-    out = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        if not value.isdigit():
-            raise UsageError(f"--shape takes NAME=VALUE, got '{item}'")
-        out[name] = int(value)
+def _parse_shapes(items) -> dict[str, set[int]]:
+    """--shape N=8 --shape N=16 --shape M=4 (or N=8,16) -> {"N": {8, 16}, "M": {4}}"""
+    out: dict[str, set[int]] = {}
+    for item in items or ():
+        name, _, values = item.partition("=")
+        parts = values.split(",")
+        if not name or not all(p.strip().isdigit() for p in parts):
+            raise UsageError(f"--shape takes NAME=VALUE[,VALUE...], got '{item}'")
+        out.setdefault(name, set()).update(int(p) for p in parts)
     return out
+
+
+def select_instances(graph, items) -> list:
+    """The graph's shapes that --shape selects (every declared one when it selects none)."""
+    wanted = _parse_shapes(items)
+    bad = set(wanted) - {s.name for s in graph.symbols}
+    if bad:
+        raise UsageError(f"graph '{graph.name}' has no symbolic dim {', '.join(sorted(bad))}")
+    chosen = [i for i in graph.instances if all(dict(i.binding)[k] in v for k, v in wanted.items())]
+    if not chosen:
+        declared = "; ".join(f"{s.name} in {{{', '.join(map(str, s.values))}}}" for s in graph.symbols)
+        raise UsageError(f"--shape selects none of graph '{graph.name}'s shapes ({declared})")
+    return chosen
 
 
 # ---- the parser ----------------------------------------------------------------------------
@@ -308,7 +324,7 @@ def _parse_binding(items) -> dict[str, int] | None:
 def _add_build_options(p) -> None:
     p.add_argument("--graph", help="only this graph of the file")
     p.add_argument("--shape", action="append", metavar="DIM=VALUE",
-                   help="only this value of a symbolic dim (repeatable); default: every declared value")
+                   help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value")
     p.add_argument("--heuristics", help="heuristic modes, e.g. A,B,FALLBACK (overrides the file)")
     p.add_argument("--build-policy", choices=("heuristics_choice", "all"), help="overrides the file")
     p.add_argument("--workspace-limit", type=int, metavar="BYTES", help="skip plans needing more workspace")

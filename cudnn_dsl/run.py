@@ -11,7 +11,7 @@ import attrs
 import torch
 
 from cudnn_dsl import backend
-from cudnn_dsl.cli import (EXIT_FAIL, EXIT_OK, Progress, UsageError, _parse_binding, _read, _target, load_programs,
+from cudnn_dsl.cli import (EXIT_FAIL, EXIT_OK, Progress, UsageError, _read, _target, load_programs, select_instances,
                            selected_graphs)
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, Options
@@ -52,15 +52,7 @@ def _tolerances(items, graph: Graph) -> dict[str, float]:
 
 
 def _instances(graph: Graph, args) -> list[Instance]:
-    binding = _parse_binding(getattr(args, "shape", None))
-    if not binding:
-        return list(graph.instances)
-    names = {s.name for s in graph.symbols}
-    bad = set(binding) - names
-    if bad:
-        raise UsageError(f"graph '{graph.name}' has no symbolic dim {', '.join(sorted(bad))}")
-    return [i for i in graph.instances if all(dict(i.binding).get(k) == v for k, v in binding.items())] or [
-        graph.instance(binding)]
+    return select_instances(graph, getattr(args, "shape", None))
 
 
 def _ranges(items, graph: Graph) -> dict[str, tuple[float, float]]:

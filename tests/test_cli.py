@@ -109,3 +109,15 @@ def test_run_takes_value_ranges():
     assert p.returncode == 0, p.stderr
     assert "mean 1024" in p.stdout  # every element: 512 products of 2 * 1
     assert cli("run", EX / "plan_serialization.cdg", "--range", "a=3:1").returncode == 2
+
+
+def test_shape_selects_values_of_a_symbolic_dim():
+    p = cli("run", EX / "dynamic_shapes.cdg", "--shape", "N=8", "--shape", "N=24")
+    assert p.returncode == 0, p.stderr
+    assert "graph dynamic_conv [N=8]" in p.stdout and "graph dynamic_conv [N=24]" in p.stdout
+    assert "[N=16]" not in p.stdout
+    p = cli("run", EX / "dynamic_shapes.cdg", "--shape", "N=12")
+    assert p.returncode == 2 and "selects none" in p.stderr
+    p = cli("emit", EX / "dynamic_shapes.cdg")
+    assert p.returncode == 2 and "choose one with --shape" in p.stderr
+    assert cli("emit", EX / "dynamic_shapes.cdg", "--shape", "N=16").returncode == 0
