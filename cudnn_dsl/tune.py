@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from cudnn_dsl.lower import STEPS, lower, plan
-from cudnn_dsl.runtime import CompiledGraph, Executable, _host_scalar, _short, replay_time_us
+from cudnn_dsl.runtime import CompiledGraph, Executable, _host_scalar, _short, compare_outputs, replay_time_us
 from dsl.ir import Graph, Instance
 from dsl.ops import OPS, Ctx
 from dsl.types import itemsize
@@ -44,6 +44,8 @@ class TuneResult:
     bytes: int
     build_s: dict
     winner: Candidate | None = None
+    check: str = ""
+    """the winner's outputs against the reference"""
 
     @property
     def ranked(self) -> list[Candidate]:
@@ -120,8 +122,13 @@ def tune(cg: CompiledGraph, inst: Instance, max_workspace: int | None = None) ->
     if ranked:
         result.winner = ranked[0]
         g.build_plan_at_index(result.winner.index)  # selects it for execute() and serialize()
-        low.plan_count = max(low.plan_count, 1)
         exe = cg._executable(low, host, "autotuned", [])
+        exe.launch(exe.pack(tensors, outputs))  # the winner must also be right, not only fast
+        comps = compare_outputs(cg.graph, inst, outputs, cg.reference(**tensors), o)
+        result.check = "; ".join(str(c) for c in comps)
+        if not all(c.ok for c in comps):
+            result.winner = None  # nothing is stored; the caller reports the mismatch
+            return result
         cg._exes[inst.binding] = exe
         if cg.use_store:
             cg._persist(cg._key(inst), exe, tuned=True,
@@ -142,11 +149,15 @@ def report(result: TuneResult) -> str:
     for c in result.candidates:
         if not c.times_us:
             lines.append(f"  skipped {c.name}: {c.error}")
+    if result.check:
+        lines.append(f"  fastest plan against the reference: {result.check}")
     if ranked:
         best, worst = ranked[0], ranked[-1]
         first = next((c for c in result.candidates if c.index == 0), None)
         lines.append(f"  winner {best.name}: {best.median_us:.1f} µs; worst {worst.median_us:.1f} µs "
                      f"({worst.median_us / best.median_us:.2f}x spread)")
+        if result.winner is None:
+            lines.append("  nothing stored: the fastest plan's outputs do not match the reference")
         if first is not None and first.times_us:
             lines.append(f"  heuristics' first choice {first.name}: {first.median_us:.1f} µs "
                          f"({first.median_us / best.median_us:.2f}x the winner)")

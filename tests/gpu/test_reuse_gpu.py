@@ -30,6 +30,7 @@ def test_tune_stores_the_winner_and_a_new_process_reuses_it(private_store):
     result = tune(cg, cg.graph.instances[0])
     assert result.winner is not None and len(result.ranked) >= 1
     assert result.ranked[0].median_us <= result.ranked[-1].median_us
+    assert result.check.startswith("c: ok"), result.check
     entries = list((private_store / "plans").glob("*.json"))
     assert len(entries) == 1 and json.loads(entries[0].read_text())["tuned"] is True
 
