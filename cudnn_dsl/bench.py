@@ -23,6 +23,7 @@ from cudnn_dsl.backend import load_cudnn, versions
 from cudnn_dsl.emit import emit_cudnn
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.runtime import CompiledGraph, gpu_time_us, host_time_us, loosest_input_dtype
+from cudnn_dsl.store import atomic_write
 from cudnn_dsl.tensors import compare
 from cudnn_dsl.tune import work
 from dsl.ir import Graph, Instance
@@ -177,8 +178,7 @@ def plot(results: list[dict], path: str) -> None:
 
 def cmd_bench(args) -> int:
     from cudnn_dsl import backend
-    from cudnn_dsl.cli import EXIT_FAIL, EXIT_OK, UsageError, load_programs, selected_graphs
-    from cudnn_dsl.run import _instances
+    from cudnn_dsl.cli import EXIT_FAIL, UsageError, load_graphs, select_instances
 
     against = tuple(x.strip() for x in args.against.split(",") if x.strip())
     bad = set(against) - set(BASELINES)
@@ -192,21 +192,19 @@ def cmd_bench(args) -> int:
             "driver": _driver(), "peak_bf16_tflops_measured": peak}
     print(f"{meta['gpu']}, driver {meta['driver']}, cuDNN {meta['cudnn_backend']}, frontend {meta['cudnn_frontend']}, "
           f"torch {meta['torch']}" + (f"; measured bf16 matmul peak {peak:.0f} TFLOP/s" if peak else ""))
-    results, status = [], EXIT_OK
-    for path, program in load_programs(args.files):
-        if program is None:
-            status = EXIT_FAIL
-            continue
-        for g in selected_graphs(program, args):
-            for inst in _instances(g, args)[:1] if not args.shape else _instances(g, args):
-                res = bench_graph(g, inst, against, args.rounds, args.iterations)
-                res["file"] = path
-                results.append(res)
-                print(table(res, peak))
-                if any(r.get("check") not in ("ok", "") for r in res["rows"]):
-                    status = EXIT_FAIL
+    results = []
+    graphs, status = load_graphs(args)
+    for path, g in graphs:
+        shapes = select_instances(g, args.shape)
+        for inst in shapes if args.shape else shapes[:1]:
+            res = bench_graph(g, inst, against, args.rounds, args.iterations)
+            res["file"] = path
+            results.append(res)
+            print(table(res, peak))
+            if any(r.get("check") not in ("ok", "") for r in res["rows"]):
+                status = EXIT_FAIL
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        atomic_write(Path(args.json), json.dumps({"meta": meta, "results": results}, indent=1))
     if args.plot and results:
         plot(results, args.plot)
     return status

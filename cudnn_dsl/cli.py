@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from cudnn_dsl.store import atomic_write
 from dsl.diagnostics import DslError, Sink
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -50,6 +51,17 @@ def load_programs(paths, out=sys.stderr):
 def selected_graphs(program, args) -> list:
     """The graph --graph names, or every graph of the file."""
     return [program.graph(args.graph)] if getattr(args, "graph", None) else list(program.graphs)
+
+
+def load_graphs(args) -> tuple[list, int]:
+    """(path, graph) for each graph selected from args.files, and EXIT_FAIL if a file had errors."""
+    graphs, status = [], EXIT_OK
+    for path, program in load_programs(args.files):
+        if program is None:
+            status = EXIT_FAIL
+            continue
+        graphs += [(path, g) for g in selected_graphs(program, args)]
+    return graphs, status
 
 
 class Progress:
@@ -104,27 +116,35 @@ def _target(args):
     return Target.named(args.target or "h200")
 
 
+def plan_without_device(graph, inst, options, target, label: str):
+    """Lowers one shape and asks the real cuDNN library for the target's plans, with no GPU."""
+    from cudnn_dsl.lower import lower, plan
+
+    progress = Progress(label)
+    try:
+        return plan(lower(graph, inst, target=target), options.modes(), options.build_policy,
+                    options.workspace_limit, target.name, progress, deviceless=True)
+    finally:
+        progress.done()
+
+
 def _plan_deviceless(program, args, reports) -> int:
     """Lowers every instance and asks the real cuDNN library for plans for the target."""
-    from cudnn_dsl.lower import lower, plan
+    from cudnn_dsl.lower import first_plan_name, timings_text
 
     target = _target(args)
     status = EXIT_OK
     for g in program.graphs:
         for inst in g.instances:
             label = g.name + (f" [{inst.label}]" if inst.binding else "")
-            progress = Progress(label)
             try:
-                low = plan(lower(g, inst, target=target), g.options.modes(), g.options.build_policy,
-                           g.options.workspace_limit, target.name, progress, deviceless=True)
+                low = plan_without_device(g, inst, g.options, target, label)
             except DslError as e:
-                progress.done()
                 print(e.render({program.file: _read(program.file)}), file=sys.stderr)
                 status = EXIT_FAIL
                 continue
-            progress.done()
-            first = low.g.get_plan_name_at_index(0) if low.plan_count else "-"
-            steps = " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in low.timings.items())
+            first = first_plan_name(low)
+            steps = timings_text(low.timings)
             skipped = "".join(f"\n    {k} skipped: {why}" for k, why in low.skipped.items())
             line = (f"  cuDNN plans for {target.name} (sm_{target.sm_version}), graph {label}: {low.plan_count} "
                     f"candidates, first {first}\n    {steps}{skipped}")
@@ -159,19 +179,9 @@ def cmd_fmt(args) -> int:
         elif args.stdout:
             sys.stdout.write(new)
         else:
-            _atomic_write(Path(path), new)
+            atomic_write(Path(path), new)
             print(f"{path}: reformatted", file=sys.stderr)
     return status
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    import os
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 # ---- run / emit / device-info ------------------------------------------------------------
@@ -213,7 +223,7 @@ def cmd_device_info(args) -> int:
 
 def cmd_tune(args) -> int:
     from cudnn_dsl import backend
-    from cudnn_dsl.run import _instances, build_options
+    from cudnn_dsl.run import build_options
     from cudnn_dsl.runtime import CompiledGraph
     from cudnn_dsl.tune import plot, report, tune
 
@@ -221,33 +231,29 @@ def cmd_tune(args) -> int:
         print("cudnn-dsl: error: tune times plans on a GPU, and no CUDA GPU is visible here; "
               "`cudnn-dsl check --target h200 FILE` plans without one", file=sys.stderr)
         return EXIT_FAIL
-    results, status = [], EXIT_OK
-    for path, program in load_programs(args.files):
-        if program is None:
-            status = EXIT_FAIL
-            continue
-        for g in selected_graphs(program, args):
-            opts = build_options(g.options, args)
-            cg = CompiledGraph(g, opts, args.device, use_store=not args.no_cache)
-            for inst in _instances(g, args):
-                try:
-                    r = tune(cg, inst, args.max_workspace)
-                except DslError as e:
-                    print(e.render({path: _read(path)}), file=sys.stderr)
-                    status = EXIT_FAIL
-                    continue
-                results.append(r)
-                print(report(r))
-                if r.winner is None:
-                    status = EXIT_FAIL
-                elif not args.no_cache:
-                    print(f"  stored in {cg.store.root}")
+    results = []
+    graphs, status = load_graphs(args)
+    for path, g in graphs:
+        cg = CompiledGraph(g, build_options(g.options, args), args.device, use_store=not args.no_cache)
+        for inst in select_instances(g, args.shape):
+            try:
+                r = tune(cg, inst, args.max_workspace)
+            except DslError as e:
+                print(e.render({path: _read(path)}), file=sys.stderr)
+                status = EXIT_FAIL
+                continue
+            results.append(r)
+            print(report(r))
+            if r.winner is None:
+                status = EXIT_FAIL
+            elif not args.no_cache:
+                print(f"  stored in {cg.store.root}")
     if args.plot and results:
         plot(results, args.plot)
     if args.json:
         import attrs
 
-        _atomic_write(Path(args.json), json.dumps([attrs.asdict(r) for r in results], indent=1, default=str))
+        atomic_write(Path(args.json), json.dumps([attrs.asdict(r) for r in results], indent=1, default=str))
     return status
 
 

@@ -11,8 +11,10 @@ import attrs
 import torch
 
 from cudnn_dsl import backend
-from cudnn_dsl.cli import (EXIT_FAIL, EXIT_OK, Progress, UsageError, _read, _target, load_programs, select_instances,
-                           selected_graphs)
+from cudnn_dsl.cli import (EXIT_FAIL, EXIT_OK, Progress, UsageError, _read, _target, load_programs, plan_without_device,
+                           select_instances, selected_graphs)
+from cudnn_dsl.lower import first_plan_name, timings_text
+from cudnn_dsl.store import atomic_write
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, Options
 
@@ -49,10 +51,6 @@ def _tolerances(items, graph: Graph) -> dict[str, float]:
         elif name in {v.name for v in graph.values}:
             raise UsageError(f"'{name}' is not an output of graph '{graph.name}'")
     return out
-
-
-def _instances(graph: Graph, args) -> list[Instance]:
-    return select_instances(graph, getattr(args, "shape", None))
 
 
 def _ranges(items, graph: Graph) -> dict[str, tuple[float, float]]:
@@ -107,7 +105,7 @@ def run_file(args) -> int:
         atol = _tolerances(args.atol, g)
         rtol = _tolerances(args.rtol, g)
         runner = _GpuRunner(g, opts, args) if gpu else None
-        for inst in _instances(g, args):
+        for inst in select_instances(g, args.shape):
             label = g.name + (f" [{inst.label}]" if inst.binding else "")
             try:
                 rep = runner.run(inst, atol, rtol, label) if gpu else _cpu_run(g, inst, opts, args, label)
@@ -119,7 +117,7 @@ def run_file(args) -> int:
             if not rep.get("ok", True):
                 status = EXIT_FAIL
     if args.json:
-        Path(args.json).write_text(json.dumps({"file": path, "gpu": gpu, "graphs": reports}, indent=2, default=str))
+        atomic_write(Path(args.json), json.dumps({"file": path, "gpu": gpu, "graphs": reports}, indent=2, default=str))
     return status
 
 
@@ -158,7 +156,7 @@ class _GpuRunner:
         print(f"  plan       {exe.plan_name}  ({candidates}from {exe.source})")
         for note in exe.notes + cg.kernel_cache_notes:
             print(f"  note       {note}")
-        print("  build      " + " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in low.timings.items()))
+        print("  build      " + timings_text(low.timings))
         print(f"  workspace  {exe.workspace.numel() if exe.workspace.numel() > 1 else 0} bytes")
         how = "CUDA-graph replays" if graph_mode else "executions"
         print(f"  gpu time   {median:.1f} µs per call ({how}; median of {len(times)} samples, "
@@ -185,18 +183,16 @@ class _GpuRunner:
 
 
 def _cpu_run(graph: Graph, inst: Instance, opts: Options, args, label: str) -> dict:
-    from cudnn_dsl.lower import lower, plan
     from cudnn_dsl.reference import run_reference
 
     print(f"graph {label}")
     rep: dict = {"graph": graph.name, "binding": dict(inst.binding), "executed": False}
     try:
         target = _target(args)
-        low = plan(lower(graph, inst, target=target), opts.modes(), opts.build_policy, opts.workspace_limit,
-                   target.name, Progress(label), deviceless=True)
-        first = low.g.get_plan_name_at_index(0) if low.plan_count else "-"
+        low = plan_without_device(graph, inst, opts, target, label)
+        first = first_plan_name(low)
         print(f"  plan       for {target.name} (no device): {first}  ({low.plan_count} candidates)")
-        print("  build      " + " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in low.timings.items()))
+        print("  build      " + timings_text(low.timings))
         for step, why in low.skipped.items():
             print(f"  skipped    {step}: {why}")
         rep.update(plan=first, candidates=low.plan_count, build_s=low.timings, skipped=low.skipped)

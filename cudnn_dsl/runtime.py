@@ -13,7 +13,7 @@ from cudnn_dsl.backend import load_cudnn
 from cudnn_dsl.dtypes import TORCH
 from cudnn_dsl.lower import Lowered, lower, plan
 from cudnn_dsl.reference import run_reference
-from cudnn_dsl.store import Entry, PlanKey, PlanStore, StoreProblem, graph_digest
+from cudnn_dsl.store import Entry, PlanKey, PlanStore, StoreProblem, atomic_write, graph_digest
 from cudnn_dsl.tensors import BindingError, Comparison, check_binding, compare, empty, generate_inputs
 from dsl.ir import Graph, Instance, Options
 from dsl.types import fmt_shape
@@ -36,17 +36,7 @@ class Executable:
     """fallbacks taken on the way, said to the user"""
 
     def pack(self, tensors: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> dict[int, Any]:
-        graph = self.low.graph
-        pack = dict(self.host)
-        for v in graph.inputs:
-            if v.name in tensors:
-                if v.kind == "scalar":
-                    pack[v.uid] = _host_scalar(tensors[v.name], self.low.instance.type(v.name).dtype)
-                else:
-                    pack[v.uid] = tensors[v.name]
-        for v in graph.outputs:
-            pack[v.uid] = outputs[v.name]
-        return pack
+        return make_pack(self.low, self.host, tensors, outputs)
 
     def launch(self, pack: dict[int, Any]) -> None:
         cudnn = load_cudnn()
@@ -139,6 +129,26 @@ def _host_scalar(value, dtype: str) -> torch.Tensor:
     return torch.full((1,), float(value), dtype=TORCH[dtype])
 
 
+def host_tensors(low: Lowered) -> dict[int, torch.Tensor]:
+    """uid -> CPU tensor of every pass-by-value tensor the lowering made, at its declared value."""
+    return {uid: _host_scalar(v, dt) for uid, (v, dt) in low.host_values.items()}
+
+
+def make_pack(low: Lowered, host: dict, tensors: dict, outputs: dict) -> dict[int, Any]:
+    """The variant pack, uid -> buffer: host scalars (a scalar given by name overrides its value),
+    device inputs, outputs."""
+    pack = dict(host)
+    for v in low.graph.inputs:
+        if v.name in tensors:
+            if v.kind == "scalar":
+                pack[v.uid] = _host_scalar(tensors[v.name], low.instance.type(v.name).dtype)
+            else:
+                pack[v.uid] = tensors[v.name]
+    for v in low.graph.outputs:
+        pack[v.uid] = outputs[v.name]
+    return pack
+
+
 class CompiledGraph:
     """A checked graph, compiled for the local GPU on first use of each shape.
 
@@ -210,7 +220,7 @@ class CompiledGraph:
                 self._handle = cudnn.create_handle()
         self._kernel_cache_load()
         low = lower(self.graph, inst, handle=self._handle, kernel_cache=self._kc)
-        host = {uid: _host_scalar(v, dt) for uid, (v, dt) in low.host_values.items()}
+        host = host_tensors(low)
         key = self._key(inst) if self.use_store else None
         notes: list[str] = []
         entry = None
@@ -345,9 +355,7 @@ class CompiledGraph:
         if self._kc is None or not self.use_store:
             return
         try:
-            from cudnn_dsl.store import _atomic_write
-
-            _atomic_write(self._kernel_cache_path(), self._kc.serialize())
+            atomic_write(self._kernel_cache_path(), self._kc.serialize())
         except Exception as e:  # noqa: BLE001 - not every cache can serialize
             self.kernel_cache_notes.append(f"kernel cache not saved: {_short(e)}")
 

@@ -121,7 +121,7 @@ class PlanStore:
     def put(self, entry: Entry) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         p = self.path(entry.key)
-        _atomic_write(p, json.dumps(entry.to_json(), indent=1))
+        atomic_write(p, json.dumps(entry.to_json(), indent=1))
         return p
 
     def entries(self) -> list[tuple[Path, dict | None]]:
@@ -142,7 +142,7 @@ class PlanStore:
 
     def export(self, dest: Path) -> int:
         bundle = [d for _, d in self.entries() if d is not None]
-        _atomic_write(dest, json.dumps({"format": FORMAT, "entries": bundle}))
+        atomic_write(dest, json.dumps({"format": FORMAT, "entries": bundle}))
         return len(bundle)
 
     def import_(self, src: Path) -> int:
@@ -156,7 +156,8 @@ class PlanStore:
         return n
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Writes text so that a reader sees the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from cudnn_dsl.lower import STEPS, lower, plan
-from cudnn_dsl.runtime import CompiledGraph, Executable, _host_scalar, _short, compare_outputs, replay_time_us
+from cudnn_dsl.runtime import CompiledGraph, _short, compare_outputs, host_tensors, make_pack, replay_time_us
 from dsl.ir import Graph, Instance
 from dsl.ops import OPS, Ctx
 from dsl.types import itemsize
@@ -93,8 +93,8 @@ def tune(cg: CompiledGraph, inst: Instance, max_workspace: int | None = None) ->
     g = low.g
     tensors = cg.allocate_inputs(dict(inst.binding))
     outputs = cg._bind(inst, tensors, None)
-    host = {uid: _host_scalar(v, dt) for uid, (v, dt) in low.host_values.items()}
-    pack = Executable(low, cg._handle, cg.device, torch.empty(1), host).pack(tensors, outputs)
+    host = host_tensors(low)
+    pack = make_pack(low, host, tensors, outputs)
     flops, moved = work(cg.graph, inst)
     result = TuneResult(cg.graph.name, dict(inst.binding), [], flops, moved, dict(low.timings))
     bar = ProgressBar(low.plan_count, cg.graph.name)
@@ -123,7 +123,7 @@ def tune(cg: CompiledGraph, inst: Instance, max_workspace: int | None = None) ->
         result.winner = ranked[0]
         g.build_plan_at_index(result.winner.index)  # selects it for execute() and serialize()
         exe = cg._executable(low, host, "autotuned", [])
-        exe.launch(exe.pack(tensors, outputs))  # the winner must also be right, not only fast
+        exe.launch(pack)  # the winner must also be right, not only fast
         comps = compare_outputs(cg.graph, inst, outputs, cg.reference(**tensors), o)
         result.check = "; ".join(str(c) for c in comps)
         if not all(c.ok for c in comps):
