@@ -25,11 +25,11 @@ from cudnn_dsl.backend import versions  # noqa: E402
 from cudnn_dsl.runtime import CompiledGraph, host_time_us  # noqa: E402
 from cudnn_dsl.store import PlanStore  # noqa: E402
 from cudnn_dsl.tune import tune  # noqa: E402
-from dsl.check import load  # noqa: E402
+from dsl.pipeline import program  # noqa: E402
 
 
 def graph(file: str):
-    return load(str(ROOT / "examples" / f"{file}.cdg")).graphs[0]
+    return program(ROOT / "examples" / f"{file}.cdg").graphs[0]
 
 
 def warm_vs_cold(store: PlanStore, names) -> list[dict]:

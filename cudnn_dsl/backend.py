@@ -31,6 +31,14 @@ class BackendUnavailable(Exception):
     """cuDNN cannot be loaded here; the message says why and what to install."""
 
 
+class UnknownTarget(ValueError):
+    """--target names no known device (a usage error)."""
+
+
+class DescriptorFileError(ValueError):
+    """A --device-properties file that cannot be read (a usage error)."""
+
+
 @attrs.frozen
 class Target:
     """A device to plan for without having it: a descriptor and its SM version."""
@@ -41,7 +49,10 @@ class Target:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Target":
-        text = Path(path).read_text()
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise DescriptorFileError(f"{path}: cannot read the device descriptor ({e})") from None
         try:
             d = json.loads(text)
             ver = int(d["deviceVer"])
@@ -54,7 +65,7 @@ class Target:
         path = DEVICES_DIR / f"{name.lower()}.json"
         if not path.exists():
             known = ", ".join(p.stem for p in sorted(DEVICES_DIR.glob("*.json")))
-            raise BackendUnavailable(f"unknown target '{name}' (known: {known}); or pass --device-properties FILE.json")
+            raise UnknownTarget(f"unknown target '{name}' (known: {known}); or pass --device-properties FILE.json")
         return cls.from_file(path)
 
 

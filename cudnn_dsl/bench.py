@@ -9,7 +9,6 @@ the median wall time of one call. Ratios are computed within the run.
 from __future__ import annotations
 
 import importlib.util
-import json
 import statistics
 import sys
 import tempfile
@@ -19,12 +18,12 @@ from typing import Any, Callable
 import attrs
 import torch
 
-from cudnn_dsl.backend import load_cudnn, versions
+from cudnn_dsl.backend import load_cudnn
 from cudnn_dsl.emit import emit_cudnn
 from cudnn_dsl.reference import run_reference
-from cudnn_dsl.runtime import CompiledGraph, gpu_time_us, host_time_us, loosest_input_dtype
-from cudnn_dsl.store import atomic_write
-from cudnn_dsl.tensors import compare
+from cudnn_dsl.runtime import CompiledGraph
+from cudnn_dsl.tensors import compare, loosest_input_dtype
+from cudnn_dsl.timing import gpu_time_us, host_time_us
 from cudnn_dsl.tune import work
 from dsl.ir import Graph, Instance
 
@@ -157,7 +156,7 @@ def table(result: dict, peak: float | None) -> str:
 
 
 def plot(results: list[dict], path: str) -> None:
-    import matplotlib
+    import matplotlib  # the CLI checks that it is installed before any work
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -174,47 +173,3 @@ def plot(results: list[dict], path: str) -> None:
         ax.tick_params(axis="x", rotation=30, labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-
-
-def cmd_bench(args) -> int:
-    from cudnn_dsl import backend
-    from cudnn_dsl.cli import EXIT_FAIL, UsageError, load_graphs, select_instances
-
-    against = tuple(x.strip() for x in args.against.split(",") if x.strip())
-    bad = set(against) - set(BASELINES)
-    if bad:
-        raise UsageError(f"--against takes {', '.join(BASELINES)}; got {', '.join(sorted(bad))}")
-    if not backend.gpu_available():
-        print("cudnn-dsl: error: bench measures on a GPU, and no CUDA GPU is visible here", file=sys.stderr)
-        return EXIT_FAIL
-    peak = None if args.no_peak else peak_tflops_bf16()
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **versions(),
-            "driver": _driver(), "peak_bf16_tflops_measured": peak}
-    print(f"{meta['gpu']}, driver {meta['driver']}, cuDNN {meta['cudnn_backend']}, frontend {meta['cudnn_frontend']}, "
-          f"torch {meta['torch']}" + (f"; measured bf16 matmul peak {peak:.0f} TFLOP/s" if peak else ""))
-    results = []
-    graphs, status = load_graphs(args)
-    for path, g in graphs:
-        shapes = select_instances(g, args.shape)
-        for inst in shapes if args.shape else shapes[:1]:
-            res = bench_graph(g, inst, against, args.rounds, args.iterations)
-            res["file"] = path
-            results.append(res)
-            print(table(res, peak))
-            if any(r.get("check") not in ("ok", "") for r in res["rows"]):
-                status = EXIT_FAIL
-    if args.json:
-        atomic_write(Path(args.json), json.dumps({"meta": meta, "results": results}, indent=1))
-    if args.plot and results:
-        plot(results, args.plot)
-    return status
-
-
-def _driver() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "?"

@@ -1,36 +1,24 @@
-"""Backend layer: the language's dtypes as torch and cuDNN types, and default tolerances."""
+"""Backend layer: the language's dtypes as torch and cuDNN types, and default tolerances.
+
+Torch is imported only when a torch dtype is asked for, so lowering and deviceless planning
+(`check --target`) run without it.
+"""
 
 from __future__ import annotations
 
-import torch
-
-TORCH = {
-    "half": torch.float16,
-    "bf16": torch.bfloat16,
-    "float": torch.float32,
-    "double": torch.float64,
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "bool": torch.bool,
-}
-FROM_TORCH = {v: k for k, v in TORCH.items()}
-
-_CUDNN_NAMES = {
-    "half": "HALF",
-    "bf16": "BFLOAT16",
-    "float": "FLOAT",
-    "double": "DOUBLE",
-    "fp8_e4m3": "FP8_E4M3",
-    "fp8_e5m2": "FP8_E5M2",
-    "int8": "INT8",
-    "uint8": "UINT8",
-    "int32": "INT32",
-    "int64": "INT64",
-    "bool": "BOOLEAN",
+#: language dtype -> (torch attribute, cuDNN data_type name)
+_NAMES = {
+    "half": ("float16", "HALF"),
+    "bf16": ("bfloat16", "BFLOAT16"),
+    "float": ("float32", "FLOAT"),
+    "double": ("float64", "DOUBLE"),
+    "fp8_e4m3": ("float8_e4m3fn", "FP8_E4M3"),
+    "fp8_e5m2": ("float8_e5m2", "FP8_E5M2"),
+    "int8": ("int8", "INT8"),
+    "uint8": ("uint8", "UINT8"),
+    "int32": ("int32", "INT32"),
+    "int64": ("int64", "INT64"),
+    "bool": ("bool", "BOOLEAN"),
 }
 
 #: (atol, rtol) against the reference, by output dtype
@@ -44,8 +32,29 @@ TOLERANCES = {
 }
 
 
+def torch_dtype(dtype: str):
+    import torch
+
+    return getattr(torch, _NAMES[dtype][0])
+
+
+def torch_dtype_name(dtype: str) -> str:
+    """'torch.float16': how a generated script spells the dtype."""
+    return f"torch.{_NAMES[dtype][0]}"
+
+
+def from_torch(t_dtype) -> str | None:
+    """The language's name of a torch dtype, None when it has none."""
+    name = str(t_dtype).removeprefix("torch.")
+    return next((k for k, (attr, _) in _NAMES.items() if attr == name), None)
+
+
+def cudnn_name(dtype: str) -> str:
+    return _NAMES[dtype][1]
+
+
 def cudnn_type(cudnn, dtype: str):
-    return getattr(cudnn.data_type, _CUDNN_NAMES[dtype])
+    return getattr(cudnn.data_type, cudnn_name(dtype))
 
 
 def tolerance(dtype: str) -> tuple[float, float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import keyword
 import re
 
-from cudnn_dsl.dtypes import TORCH
+from cudnn_dsl.dtypes import torch_dtype_name
 from cudnn_dsl.lower import lower
 from dsl.ir import Graph, Instance
 
@@ -72,11 +72,11 @@ def emit_cudnn(graph: Graph, inst: Instance) -> str:
     ws_limit = f"\n    g.deselect_workspace_greater_than({o.workspace_limit})" if o.workspace_limit is not None else ""
     tensors = [(v.name, v.uid, inst.type(v.name)) for v in graph.values if v.kind in ("input", "output")]
     buffers = "\n".join(
-        f"        {n!r}: torch.empty_strided({list(t.shape)}, {list(t.strides)}, dtype={TORCH[t.dtype]}, device=device),"
+        f"        {n!r}: torch.empty_strided({list(t.shape)}, {list(t.strides)}, dtype={torch_dtype_name(t.dtype)}, device=device),"
         for n, _, t in tensors)
     inputs = [v.name for v in graph.of_kind("input")]
     outputs = [v.name for v in graph.outputs]
-    host = ", ".join(f"{uid}: torch.full((1,), {val!r}, dtype={TORCH[dt]})" for uid, (val, dt) in low.host_values.items())
+    host = ", ".join(f"{uid}: torch.full((1,), {val!r}, dtype={torch_dtype_name(dt)})" for uid, (val, dt) in low.host_values.items())
     shape = f" ({inst.label})" if inst.binding else ""
     return f'''"""Graph '{graph.name}'{shape} built with the cuDNN Frontend directly.
 

@@ -1,26 +1,22 @@
-"""Backend layer: IR graph instance -> cuDNN Frontend graph -> execution plans.
+"""Backend layer: one instance of an IR graph -> the cuDNN Frontend graph calls (no planning).
 
-The build walks validate -> build_operation_graph -> create_execution_plans -> check_support ->
-build_plans, timing each step. Whatever cuDNN raises is reported at the .cdg location of the op
-it concerns (cuDNN nodes are named after their IR results), with cuDNN's own words kept.
+Every cuDNN tensor is named after its IR value, so that cuDNN's messages can be mapped back to
+the .cdg line of the op they concern (build.py does that). `emit` runs this same pass against a
+recorder, so the ejected script cannot drift from what `run` builds.
 """
 
 from __future__ import annotations
 
-import re
-import time
 from typing import Any, Callable
 
 import attrs
 
 from cudnn_dsl.backend import Target, device_properties, load_cudnn
 from cudnn_dsl.dtypes import cudnn_type
-from cudnn_dsl.ops import BACKENDS
+from cudnn_dsl.ops import IMPLS
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance, Node
 from dsl.types import TensorType
-
-STEPS = ("validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans")
 
 
 @attrs.define
@@ -41,10 +37,6 @@ class LowerCtx:
     @property
     def rank(self) -> int:
         return len(self.in_types[0].shape)
-
-    @property
-    def float_type(self):
-        return cudnn_type(self.cudnn, "float")
 
     @property
     def kw(self) -> dict:
@@ -115,14 +107,14 @@ def lower(graph: Graph, instance: Instance, *, handle=None, target: Target | Non
         elif v.kind in ("scalar", "const"):
             rank = len(instance.type(v.name).shape)
             tensors[v.name] = by_value(v.name, v.uid, v.scalar, v.dtype, rank)
-    for node in graph.nodes:
+    for index, node in enumerate(graph.nodes):
         in_types = [instance.type(i) if i else None for i in node.inputs]
         ctx = LowerCtx(cudnn, g, node, in_types, node.compute, new_constant)
         ins = [tensors[i] if i else None for i in node.inputs]
         try:
-            outs = BACKENDS[node.op].lower(ctx, ins, node.attr)
+            outs = IMPLS[node.op].lower(ctx, ins, instance.attrs(index))
         except Exception as e:  # noqa: BLE001 - cuDNN's builders raise many types
-            raise DslError(Diagnostic("error", f"cuDNN rejected {node.op}: {_clean(e)}", node.loc)) from None
+            raise DslError(Diagnostic("error", f"cuDNN rejected {node.op}: {clean(e)}", node.loc)) from None
         for name, t in zip(node.outputs, outs):
             _stamp(cudnn, t, graph.value(name), instance.type(name))
             tensors[name] = t
@@ -139,103 +131,7 @@ def _stamp(cudnn, t, value, ty: TensorType) -> None:
         t.set_output(True)
 
 
-def heur_modes(cudnn, names) -> list:
-    return [getattr(cudnn.heur_mode, n) for n in names]
-
-
-def plan(low: Lowered, heuristics=("A", "FALLBACK"), policy: str = "heuristics_choice",
-         workspace_limit: int | None = None, target_name: str = "this GPU", progress=None,
-         deviceless: bool = False, steps=STEPS) -> Lowered:
-    """Runs the five build steps, timing each; raises DslError located at the culprit op.
-
-    Deviceless, build_plans of a runtime-compiled engine compiles but cannot load the kernel
-    without a GPU driver; that step is then recorded as skipped, with the reason.
-    """
-    cudnn = load_cudnn()
-    g = low.g
-    actions = {
-        "validate": g.validate,
-        "build_operation_graph": g.build_operation_graph,
-        "create_execution_plans": lambda: g.create_execution_plans(heur_modes(cudnn, heuristics)),
-        "check_support": lambda: _check_support(g, workspace_limit),
-        "build_plans": lambda: g.build_plans(
-            cudnn.build_plan_policy.ALL if policy == "all" else cudnn.build_plan_policy.HEURISTICS_CHOICE),
-    }
-    if deviceless:  # the first plan tells whether kernels load here; compiling every one would not
-        actions["build_plans"] = lambda: g.build_plan_at_index(0)
-    for step in steps:
-        if progress:
-            progress(step)
-        t0 = time.perf_counter()
-        try:
-            actions[step]()
-        except Exception as e:  # noqa: BLE001 - cuDNN raises RuntimeError, its own errors, ValueError
-            if deviceless and step == "build_plans" and "CUDA_DRIVER" in str(e):
-                low.skipped[step] = "the chosen engine compiles its kernel at run time, and loading it needs a GPU"
-                continue
-            raise DslError(_diagnose(low, step, e, heuristics, target_name)) from None
-        low.timings[step] = time.perf_counter() - t0
-        if step == "create_execution_plans":
-            low.plan_count = g.get_execution_plan_count()
-    return low
-
-
-def timings_text(timings: dict[str, float]) -> str:
-    """'validate 0.3 ms · build_operation_graph 1.1 ms · ...'"""
-    return " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items())
-
-
-def first_plan_name(low: Lowered) -> str:
-    return low.g.get_plan_name_at_index(0) if low.plan_count else "-"
-
-
-def _check_support(g, workspace_limit):
-    if workspace_limit is not None:
-        g.deselect_workspace_greater_than(workspace_limit)
-    g.check_support()
-
-
-def _clean(e: Exception) -> str:
-    text = str(e).strip() or type(e).__name__
-    return re.sub(r"\s+", " ", text)[:800]
-
-
-_KIND_WORDS = {
-    "reduction": ("reduction",),
-    "matmul": ("matmul",),
-    "conv": ("conv_fprop", "conv_dgrad", "conv_wgrad"),
-    "transpose": ("transpose",),
-    "slice": ("slice",),
-    "reshape": ("reshape",),
-    "norm": ("layernorm", "rmsnorm", "batchnorm_inference"),
-    "sdpa": ("sdpa",),
-}
-
-
-def _diagnose(low: Lowered, step: str, e: Exception, heuristics, target_name: str) -> Diagnostic:
-    msg = _clean(e)
-    graph = low.graph
-    culprit = None
-    for node in graph.nodes:  # the node whose result name appears in cuDNN's message
-        if any(re.search(rf"(?<![\w]){re.escape(o)}(?![\w])", msg) for o in node.outputs):
-            culprit = node
-    if culprit is None:  # else the only node of the kind cuDNN's message names
-        for word, ops in _KIND_WORDS.items():
-            kind = [n for n in graph.nodes if n.op in ops]
-            if word in msg.lower() and len(kind) == 1:
-                culprit = kind[0]
-                break
-    loc = culprit.loc if culprit else graph.loc
-    where = f"{culprit.op} " if culprit else ""
-    notes = []
-    if step in ("create_execution_plans", "check_support", "build_plans"):
-        types = sorted({low.instance.type(v.name).dtype for v in graph.values if v.kind in ("input", "output")})
-        ops = ", ".join(dict.fromkeys(n.op for n in graph.nodes))
-        notes.append((
-            f"no cuDNN engine for {target_name} supports this graph (ops: {ops}; io dtypes: {', '.join(types)}; "
-            f"heuristics {', '.join(heuristics)}). Try: NHWC layouts for conv tensors, half/bf16 inputs with float "
-            f"compute, channel counts that are multiples of 8, 'option heuristics = [A, B, FALLBACK]', or splitting "
-            f"the graph where an op cannot fuse with its neighbours", None))
-    if low.instance.binding:
-        notes.append((f"with {low.instance.label}", None))
-    return Diagnostic("error", f"cuDNN {step} failed for {where}graph '{graph.name}': {msg}", loc, tuple(notes))
+def clean(e: BaseException, limit: int = 800) -> str:
+    """An exception's words on one line, clipped: what cuDNN said, fit for a message."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:limit]

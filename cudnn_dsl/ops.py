@@ -4,12 +4,11 @@ A reference function takes the input tensors (float32 or wider, None for an abse
 the node's attributes and its output types, and returns the output tensors. A lowering function takes a
 LowerCtx (the cuDNN graph and helpers), the input cuDNN tensors and the attributes, and returns
 the output cuDNN tensors; the lowering pass then stamps each with its IR uid, dtype, dims and
-strides.
+strides. Attributes arrive canonical (dsl.ops.canonical): no row here fills a default.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import attrs
@@ -18,7 +17,9 @@ import torch.nn.functional as F
 
 
 @attrs.frozen
-class Backend:
+class OpImpl:
+    """How one op runs: its torch reference and its cuDNN lowering."""
+
     ref: Callable[..., list]
     lower: Callable[..., list]
 
@@ -62,18 +63,18 @@ _BINARY_REF = {
 _CUDNN_NAME = {"gelu_tanh": "gelu_approx_tanh"}
 
 
-def _unary(op: str) -> Backend:
+def _unary(op: str) -> OpImpl:
     fn = _UNARY_REF[op]
     builder = _CUDNN_NAME.get(op, op)
-    return Backend(
+    return OpImpl(
         ref=lambda ins, a, outs: [fn(ins[0])],
         lower=lambda ctx, ins, a: [getattr(ctx.g, builder)(ins[0], **ctx.kw)],
     )
 
 
-def _binary(op: str) -> Backend:
+def _binary(op: str) -> OpImpl:
     fn = _BINARY_REF[op]
-    return Backend(
+    return OpImpl(
         ref=lambda ins, a, outs: [fn(ins[0], ins[1])],
         lower=lambda ctx, ins, a: [getattr(ctx.g, op)(ins[0], ins[1], **ctx.kw)],
     )
@@ -98,44 +99,33 @@ def lower_swish(ctx, ins, a):
 # ---- convolution -------------------------------------------------------------------
 
 
-def _conv_args(a: dict, n: int) -> dict:
-    def spatial(name, default):
-        v = a.get(name)
-        v = default if v is None else v
-        return list(v) if isinstance(v, tuple) else [v] * n
-
-    return {"padding": spatial("padding", 0), "stride": spatial("stride", 1), "dilation": spatial("dilation", 1)}
+def _conv_args(a: dict) -> dict:
+    return {"padding": list(a["padding"]), "stride": list(a["stride"]), "dilation": list(a["dilation"])}
 
 
 def ref_conv_fprop(ins, a, outs):
     x, w = ins
-    n = x.dim() - 2
-    conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
-    c = _conv_args(a, n)
-    return [conv(x, w, None, c["stride"], c["padding"], c["dilation"], x.shape[1] // w.shape[1])]
+    conv = (F.conv1d, F.conv2d, F.conv3d)[x.dim() - 3]
+    return [conv(x, w, None, a["stride"], a["padding"], a["dilation"], x.shape[1] // w.shape[1])]
 
 
 def ref_conv_dgrad(ins, a, outs):
     dy, w = ins
-    n = dy.dim() - 2
-    c = _conv_args(a, n)
     return [torch.ops.aten.convolution_backward(
         dy, torch.empty(outs[0].shape, dtype=dy.dtype, device=dy.device), w, None,
-        c["stride"], c["padding"], c["dilation"], False, [0] * n, 1, [True, False, False])[0]]
+        a["stride"], a["padding"], a["dilation"], False, [0] * (dy.dim() - 2), 1, [True, False, False])[0]]
 
 
 def ref_conv_wgrad(ins, a, outs):
     x, dy = ins
-    n = x.dim() - 2
-    c = _conv_args(a, n)
     return [torch.ops.aten.convolution_backward(
         dy, x, torch.empty(outs[0].shape, dtype=x.dtype, device=x.device), None,
-        c["stride"], c["padding"], c["dilation"], False, [0] * n, 1, [False, True, False])[1]]
+        a["stride"], a["padding"], a["dilation"], False, [0] * (x.dim() - 2), 1, [False, True, False])[1]]
 
 
 def _lower_conv(builder: str):
     def lower(ctx, ins, a):
-        return [getattr(ctx.g, builder)(ins[0], ins[1], **_conv_args(a, ctx.rank - 2), **ctx.kw)]
+        return [getattr(ctx.g, builder)(ins[0], ins[1], **_conv_args(a), **ctx.kw)]
 
     return lower
 
@@ -153,7 +143,7 @@ def lower_matmul(ctx, ins, a):
 
 def ref_reduction(ins, a, outs):
     x = ins[0]
-    axes = list(range(x.dim())) if a.get("axes") is None else [d % x.dim() for d in a["axes"]]
+    axes = list(a["axes"])
     mode = a["mode"]
     if mode in ("mul", "mul_no_zeros"):
         if mode == "mul_no_zeros":
@@ -173,29 +163,21 @@ def ref_reduction(ins, a, outs):
     return [fns[mode](x)]
 
 
-_REDUCTION_MODE = {"sum": "ADD", "mul": "MUL", "min": "MIN", "max": "MAX", "amax": "AMAX", "avg": "AVG",
-                   "norm1": "NORM1", "norm2": "NORM2", "mul_no_zeros": "MUL_NO_ZEROS"}
-
-
 def lower_reduction(ctx, ins, a):
-    mode = getattr(ctx.cudnn.reduction_mode, _REDUCTION_MODE[a["mode"]])
+    mode = getattr(ctx.cudnn.reduction_mode, "ADD" if a["mode"] == "sum" else a["mode"].upper())
     return [ctx.g.reduction(ins[0], mode=mode, **ctx.kw)]
 
 
 # ---- attention ---------------------------------------------------------------------
 
 
-def sdpa_scale(a: dict, head_dim: int) -> float:
-    return a["scale"] if a.get("scale") is not None else 1.0 / math.sqrt(head_dim)
-
-
 def ref_sdpa(ins, a, outs):
     q, k, v, bias = ins
-    scale = sdpa_scale(a, q.shape[-1])
+    scale = a["scale"]
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    if not a.get("stats"):
+    if not a["stats"]:
         return [F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=a["causal"], scale=scale)]
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if bias is not None:
@@ -210,8 +192,7 @@ def ref_sdpa(ins, a, outs):
 def lower_sdpa(ctx, ins, a):
     q, k, v, bias = ins
     res = ctx.g.sdpa(
-        q, k, v, attn_scale=sdpa_scale(a, ctx.in_types[0].shape[-1]), bias=bias,
-        use_causal_mask=a["causal"], generate_stats=a["stats"], name=ctx.name, compute_data_type=ctx.float_type,
+        q, k, v, attn_scale=a["scale"], bias=bias, use_causal_mask=a["causal"], generate_stats=a["stats"], **ctx.kw
     )
     return [res[0], res[1]] if a["stats"] else [res[0]]
 
@@ -284,21 +265,21 @@ def lower_slice(ctx, ins, a):
     return [ctx.g.slice(ins[0], slices=[slice(s, e) for s, e in zip(a["start"], a["end"])], **ctx.kw)]
 
 
-BACKENDS: dict[str, Backend] = {
+IMPLS: dict[str, OpImpl] = {
     **{op: _unary(op) for op in _UNARY_REF},
     **{op: _binary(op) for op in _BINARY_REF},
-    "leaky_relu": Backend(ref_leaky_relu, lower_leaky_relu),
-    "swish": Backend(ref_swish, lower_swish),
-    "conv_fprop": Backend(ref_conv_fprop, _lower_conv("conv_fprop")),
-    "conv_dgrad": Backend(ref_conv_dgrad, _lower_conv("conv_dgrad")),
-    "conv_wgrad": Backend(ref_conv_wgrad, _lower_conv("conv_wgrad")),
-    "matmul": Backend(ref_matmul, lower_matmul),
-    "reduction": Backend(ref_reduction, lower_reduction),
-    "sdpa": Backend(ref_sdpa, lower_sdpa),
-    "layernorm": Backend(ref_layernorm, lower_layernorm),
-    "rmsnorm": Backend(ref_rmsnorm, lower_rmsnorm),
-    "batchnorm_inference": Backend(ref_batchnorm_inference, lower_batchnorm_inference),
-    "transpose": Backend(ref_transpose, lower_transpose),
-    "reshape": Backend(ref_reshape, lower_reshape),
-    "slice": Backend(ref_slice, lower_slice),
+    "leaky_relu": OpImpl(ref_leaky_relu, lower_leaky_relu),
+    "swish": OpImpl(ref_swish, lower_swish),
+    "conv_fprop": OpImpl(ref_conv_fprop, _lower_conv("conv_fprop")),
+    "conv_dgrad": OpImpl(ref_conv_dgrad, _lower_conv("conv_dgrad")),
+    "conv_wgrad": OpImpl(ref_conv_wgrad, _lower_conv("conv_wgrad")),
+    "matmul": OpImpl(ref_matmul, lower_matmul),
+    "reduction": OpImpl(ref_reduction, lower_reduction),
+    "sdpa": OpImpl(ref_sdpa, lower_sdpa),
+    "layernorm": OpImpl(ref_layernorm, lower_layernorm),
+    "rmsnorm": OpImpl(ref_rmsnorm, lower_rmsnorm),
+    "batchnorm_inference": OpImpl(ref_batchnorm_inference, lower_batchnorm_inference),
+    "transpose": OpImpl(ref_transpose, lower_transpose),
+    "reshape": OpImpl(ref_reshape, lower_reshape),
+    "slice": OpImpl(ref_slice, lower_slice),
 }

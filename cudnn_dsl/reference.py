@@ -12,8 +12,8 @@ import contextlib
 
 import torch
 
-from cudnn_dsl.dtypes import TORCH
-from cudnn_dsl.ops import BACKENDS
+from cudnn_dsl.dtypes import torch_dtype
+from cudnn_dsl.ops import IMPLS
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
 
@@ -51,13 +51,13 @@ def run_reference(graph: Graph, instance: Instance, inputs: dict[str, torch.Tens
                 env[v.name] = _wide(torch.as_tensor(value, device=device).reshape(instance.type(v.name).shape))
     precision = contextlib.nullcontext() if native else _full_precision()
     with torch.no_grad(), precision:
-        for node in graph.nodes:
+        for index, node in enumerate(graph.nodes):
             ins = [env[i] if i else None for i in node.inputs]
             outs = [instance.type(o) for o in node.outputs]
             try:
-                results = BACKENDS[node.op].ref(ins, node.attr, outs)
-            except RuntimeError as e:
+                results = IMPLS[node.op].ref(ins, instance.attrs(index), outs)
+            except (RuntimeError, ValueError) as e:
                 where = f"while executing `{', '.join(node.outputs)} = {node.op}(...)` in the reference"
                 raise DslError(Diagnostic("error", f"{where}: {e}", node.loc)) from None
             env.update(zip(node.outputs, results))
-    return {v.name: env[v.name].to(TORCH[instance.type(v.name).dtype]) for v in graph.outputs}
+    return {v.name: env[v.name].to(torch_dtype(instance.type(v.name).dtype)) for v in graph.outputs}

@@ -26,11 +26,12 @@ FORMAT = 1
 
 
 def graph_digest(graph: Graph, inst: Instance) -> str:
-    """A hash of what the plan depends on: ops, attributes, tensor types and uids."""
+    """A hash of what the plan depends on: ops, canonical attributes, tensor types and uids."""
     canon = {
         "types": [graph.io, graph.intermediate, graph.compute],
         "values": [[v.name, v.kind, v.uid, v.dtype, v.scalar if v.kind == "const" else None] for v in graph.values],
-        "nodes": [[n.op, list(n.inputs), list(n.outputs), [[k, v] for k, v in n.attrs], n.compute] for n in graph.nodes],
+        "nodes": [[n.op, list(n.inputs), list(n.outputs), [[k, v] for k, v in inst.node_attrs[i]], n.compute]
+                  for i, n in enumerate(graph.nodes)],
         "instance": [[k, t.dtype, list(t.shape), list(t.strides)] for k, t in sorted(inst.types)],
     }
     return hashlib.sha256(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()

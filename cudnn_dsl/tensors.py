@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import attrs
 import torch
 
-from cudnn_dsl.dtypes import FROM_TORCH, TORCH, tolerance
+from cudnn_dsl.dtypes import from_torch, tolerance, torch_dtype
+from dsl.diagnostics import Loc, RuleError
 from dsl.ir import Graph, Instance
 from dsl.ops import OPS
-from dsl.types import TensorType, fmt_shape, itemsize
+from dsl.options import Options
+from dsl.types import TensorType, check_value, fmt_shape, itemsize
+
+ALIGNMENT = 16
+"""bytes: cuDNN assumes every device buffer is aligned to this (misaligned SDPA operands give wrong
+results on sm_90, not an error)"""
 
 
 class BindingError(Exception):
-    """A tensor bound to a graph does not match what the graph needs."""
+    """A tensor bound to a graph does not match what the graph needs; `loc` is where the graph
+    declares the value, when the message concerns one."""
+
+    def __init__(self, message: str, loc: Loc | None = None):
+        super().__init__(message)
+        self.loc = loc
 
 
 def empty(t: TensorType, device) -> torch.Tensor:
-    return torch.empty_strided(t.shape, t.strides, dtype=TORCH[t.dtype], device=device)
+    return torch.empty_strided(t.shape, t.strides, dtype=torch_dtype(t.dtype), device=device)
+
+
+def host_scalar(value, dtype: str) -> torch.Tensor:
+    """The one-element CPU tensor cuDNN reads a pass-by-value scalar from."""
+    return torch.full((1,), float(value), dtype=torch_dtype(dtype))
 
 
 def _positive_inputs(graph: Graph) -> set[str]:
@@ -33,76 +50,96 @@ def _positive_inputs(graph: Graph) -> set[str]:
 def generate_inputs(graph: Graph, instance: Instance, device, seed: int = 0,
                     ranges: dict[str, tuple[float, float]] | None = None) -> dict[str, torch.Tensor]:
     """Seeded inputs in their declared layout: floats in [-1, 1] ([0.5, 1.5] where an op wants
-    positive values), integers in [-8, 8], booleans at random; `ranges` overrides by name."""
+    positive values), integers in [-8, 8], booleans at random; `ranges` overrides by name. Drawn
+    on the CPU, so a seed gives the same inputs on every device."""
     ranges = ranges or {}
     positive = _positive_inputs(graph)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     out = {}
     for v in graph.of_kind("input"):
         t = instance.type(v.name)
         lo, hi = ranges.get(v.name, (0.5, 1.5) if v.name in positive else (-1.0, 1.0))
-        buf = empty(t, device)
         if t.dtype == "bool":
-            src = torch.rand(t.shape, generator=gen, device=device) < 0.5
+            src = torch.rand(t.shape, generator=gen) < 0.5
         elif t.dtype in ("int8", "uint8", "int32", "int64"):
             lo_i, hi_i = (int(lo * 8), int(hi * 8)) if v.name not in ranges else (int(lo), int(hi))
-            src = torch.randint(max(lo_i, 0) if t.dtype == "uint8" else lo_i, hi_i + 1, t.shape, generator=gen, device=device)
+            src = torch.randint(max(lo_i, 0) if t.dtype == "uint8" else lo_i, hi_i + 1, t.shape, generator=gen)
         else:
-            src = torch.rand(t.shape, generator=gen, device=device) * (hi - lo) + lo
+            src = torch.rand(t.shape, generator=gen) * (hi - lo) + lo
+        buf = empty(t, device)
         buf.copy_(src)
         out[v.name] = buf
     return out
 
 
 def load_tensor(path: str | Path) -> torch.Tensor:
-    """A tensor from .pt, .npy or .safetensors (a file of one tensor)."""
+    """A tensor from .pt, .npy or .safetensors (a file of one dense tensor); no pickled code runs."""
     path = Path(path)
     if not path.is_file():
         raise BindingError(f"{path}: no such file")
-    if path.suffix == ".pt":
-        t = torch.load(path, map_location="cpu", weights_only=True)
-    elif path.suffix == ".npy":
-        import numpy as np
+    try:
+        if path.suffix == ".pt":
+            t = torch.load(path, map_location="cpu", weights_only=True)
+        elif path.suffix == ".npy":
+            import numpy as np
 
-        t = torch.from_numpy(np.load(path, allow_pickle=False))
-    elif path.suffix == ".safetensors":
-        try:
+            t = torch.from_numpy(np.load(path, allow_pickle=False))
+        elif path.suffix == ".safetensors":
             from safetensors.torch import load_file
-        except ImportError:
-            raise BindingError(f"{path}: reading .safetensors needs the safetensors package") from None
 
-        tensors = load_file(str(path))
-        if len(tensors) != 1:
-            raise BindingError(f"{path}: holds {len(tensors)} tensors; give a file of one")
-        t = next(iter(tensors.values()))
-    else:
-        raise BindingError(f"{path}: unknown tensor file type (use .pt, .npy or .safetensors)")
+            tensors = load_file(str(path))
+            if len(tensors) != 1:
+                raise BindingError(f"{path}: holds {len(tensors)} tensors; give a file of one")
+            t = next(iter(tensors.values()))
+        else:
+            raise BindingError(f"{path}: unknown tensor file type (use .pt, .npy or .safetensors)")
+    except BindingError:
+        raise
+    except ImportError:
+        raise BindingError(f"{path}: reading {path.suffix} files needs a package that is not installed") from None
+    except Exception as e:  # noqa: BLE001 - unpickling refusals, truncated zips, bad headers: all say "not a tensor file"
+        raise BindingError(f"{path}: not a readable tensor file ({' '.join(str(e).split())[:200]})") from None
     if not isinstance(t, torch.Tensor):
-        raise BindingError(f"{path}: does not hold a tensor")
+        raise BindingError(f"{path}: holds a {type(t).__name__}, not a tensor")
+    if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
+        raise BindingError(f"{path}: holds a {t.layout if t.layout != torch.strided else t.device.type} tensor; "
+                           f"give a dense one")
+    if t.is_complex():
+        raise BindingError(f"{path}: holds a complex tensor; cuDNN graphs take real data")
     return t
 
 
-def relayout(t: torch.Tensor, want: TensorType, device) -> torch.Tensor:
-    """A loaded tensor moved to the device in the graph's layout and dtype (shape must match)."""
+def relayout(t: torch.Tensor, want: TensorType, device, cast: bool = False) -> torch.Tensor:
+    """A loaded tensor moved to the device in the graph's layout and dtype (shape must match).
+    A dtype change that would lose information is refused unless `cast`."""
     if tuple(t.shape) != want.shape:
         raise BindingError(f"expected shape {fmt_shape(want.shape)}, the file holds {fmt_shape(tuple(t.shape))}")
+    target = torch_dtype(want.dtype)
+    converted = t.to(target)
+    if t.dtype != target and not cast:
+        back = converted.to(t.dtype)
+        if not torch.equal(back, t) and not (t.is_floating_point() and torch.equal(back.isnan(), t.isnan())
+                                             and torch.equal(back[~t.isnan()], t[~t.isnan()])):
+            raise BindingError(f"the file holds {from_torch(t.dtype) or t.dtype} values that {want.dtype} cannot "
+                               f"hold exactly; convert them yourself, or pass --cast-inputs")
     buf = empty(want, device)
-    buf.copy_(t.to(device=device, dtype=TORCH[want.dtype]))
+    buf.copy_(converted.to(device))
     return buf
 
 
-def check_binding(name: str, t, want: TensorType, device: torch.device) -> None:
-    """Everything cuDNN will assume about a buffer, checked before it sees the pointer."""
+def check_binding(name: str, t, want: TensorType, device: torch.device | None, loc: Loc | None = None) -> None:
+    """Everything cuDNN will assume about a buffer, checked before it sees the pointer. With no
+    device (the reference), only what the math needs: type, shape and dtype."""
     if not isinstance(t, torch.Tensor):
-        raise BindingError(f"'{name}': expected a torch.Tensor, got {type(t).__name__}")
+        raise BindingError(f"'{name}': expected a torch.Tensor, got {type(t).__name__}", loc)
     problems = []
     if tuple(t.shape) != want.shape:
         problems.append(f"shape {fmt_shape(want.shape)}, given {fmt_shape(tuple(t.shape))}")
-    if t.dtype != TORCH[want.dtype]:
-        problems.append(f"dtype {want.dtype}, given {FROM_TORCH.get(t.dtype, t.dtype)}")
-    if t.device != device:
+    if t.dtype != torch_dtype(want.dtype):
+        problems.append(f"dtype {want.dtype}, given {from_torch(t.dtype) or t.dtype}")
+    if device is not None and t.device != device:
         problems.append(f"device {device}, given {t.device}")
-    if not problems:
+    if not problems and device is not None:
         strides = tuple(t.stride())
         if any(s != w and d > 1 for s, w, d in zip(strides, want.strides, want.shape)):
             problems.append(f"strides {list(want.strides)}, given {list(strides)}")
@@ -110,8 +147,41 @@ def check_binding(name: str, t, want: TensorType, device: torch.device) -> None:
         have = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
         if have < need:
             problems.append(f"a buffer of {need} bytes, given {have}")
+        if t.data_ptr() % ALIGNMENT:
+            problems.append(f"an address aligned to {ALIGNMENT} bytes, given one {t.data_ptr() % ALIGNMENT} past it")
     if problems:
-        raise BindingError(f"'{name}': expected " + "; ".join(problems))
+        raise BindingError(f"'{name}': expected " + "; ".join(problems), loc)
+
+
+def check_inputs(graph: Graph, inst: Instance, tensors: dict, device: torch.device | None) -> None:
+    """Names, then each bound tensor (check_binding), then each scalar given by value."""
+    names = {v.name for v in graph.inputs}
+    unknown = set(tensors) - names
+    if unknown:
+        raise BindingError(f"graph '{graph.name}' has no input {', '.join(sorted(unknown))} "
+                           f"(inputs: {', '.join(sorted(names))})")
+    for v in graph.of_kind("input"):
+        if v.name not in tensors:
+            raise BindingError(f"graph '{graph.name}': input '{v.name}' is not bound", v.loc)
+        check_binding(v.name, tensors[v.name], inst.type(v.name), device, v.loc)
+    for v in graph.of_kind("scalar"):
+        if v.name in tensors:
+            scalar_value(v.name, tensors[v.name], inst.type(v.name).dtype, v.loc)
+
+
+def scalar_value(name: str, value, dtype: str, loc: Loc | None = None) -> float | int:
+    """A scalar given by value (a number, or a one-element tensor), checked against its dtype."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise BindingError(f"scalar '{name}': expected one value, given a tensor of {value.numel()}", loc)
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BindingError(f"scalar '{name}': expected a finite number, given {value!r}", loc)
+    try:
+        check_value(dtype, value)
+    except RuleError as e:
+        raise BindingError(f"scalar '{name}': {e}", loc) from None
+    return value
 
 
 @attrs.frozen
@@ -153,3 +223,29 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor, dtype: str,
     rel = (diff / w.abs().clamp_min(1e-12))[significant]
     return Comparison(name, dtype, atol, rtol, float(finite.max()) if finite.numel() else 0.0,
                       float(rel.max()) if rel.numel() else 0.0, int(bad.sum()), g.numel())
+
+
+def compare_outputs(graph: Graph, inst: Instance, got, want, options: Options, atol=None, rtol=None) -> list[Comparison]:
+    """Every output against the reference. atol/rtol: one tolerance for all, or {output: tolerance};
+    None: the options', else the dtype's."""
+
+    def pick(v, name, default):
+        if isinstance(v, dict):
+            return v.get(name, default)
+        return default if v is None else v
+
+    floor = loosest_input_dtype(graph, inst)
+    return [compare(v.name, got[v.name], want[v.name], inst.type(v.name).dtype,
+                    pick(atol, v.name, options.atol), pick(rtol, v.name, options.rtol), floor) for v in graph.outputs]
+
+
+def loosest_input_dtype(graph: Graph, inst: Instance) -> str | None:
+    """An output is never checked tighter than its least precise input allows (an AMAX in float
+    of bf16 data is only as exact as bf16)."""
+    dtypes = [inst.type(v.name).dtype for v in graph.of_kind("input")]
+    return max(dtypes, key=lambda d: tolerance(d)[0], default=None)
+
+
+def reference_bytes(graph: Graph, inst: Instance) -> int:
+    """About what the reference holds at once: every value, widened to float32 or wider."""
+    return sum(t.numel * max(4, itemsize(t.dtype)) for _, t in inst.types)

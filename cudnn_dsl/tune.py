@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 import time
+from typing import Callable
 
 import attrs
 import torch
 
-from cudnn_dsl.lower import STEPS, lower, plan
-from cudnn_dsl.runtime import CompiledGraph, _short, compare_outputs, host_tensors, make_pack, replay_time_us
+from cudnn_dsl.build import host_tensors
+from cudnn_dsl.lower import clean
+from cudnn_dsl.runtime import CompiledGraph, make_pack
+from cudnn_dsl.tensors import compare_outputs
+from cudnn_dsl.timing import replay_time_us
 from dsl.ir import Graph, Instance
 from dsl.ops import OPS, Ctx
 from dsl.types import itemsize
@@ -55,84 +58,54 @@ class TuneResult:
 def work(graph: Graph, inst: Instance) -> tuple[int, int]:
     """(floating-point operations, the fewest bytes moved: every input read and output written once)."""
     flops = 0
-    for n in graph.nodes:
+    for index, n in enumerate(graph.nodes):
         ins = tuple(inst.type(i) if i else None for i in n.inputs)
-        flops += OPS[n.op].count_flops(Ctx(n.op, ins, n.attr), [inst.type(o) for o in n.outputs])
+        flops += OPS[n.op].count_flops(Ctx(n.op, ins, inst.attrs(index)), [inst.type(o) for o in n.outputs])
     moved = sum(inst.type(v.name).numel * itemsize(inst.type(v.name).dtype) for v in graph.values
                 if v.kind in ("input", "output"))
     return flops, moved
 
 
-class ProgressBar:
-    def __init__(self, total: int, label: str):
-        self.total, self.label, self.tty = total, label, sys.stderr.isatty()
-
-    def update(self, done: int, what: str) -> None:
-        if self.tty:
-            filled = int(30 * done / max(1, self.total))
-            print(f"\r\033[K  {self.label} [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} {what}",
-                  end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.tty:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
-
-
-def tune(cg: CompiledGraph, inst: Instance, max_workspace: int | None = None) -> TuneResult:
-    """Times every plan the heuristics offer; selects and stores the fastest."""
-    from cudnn_dsl.backend import load_cudnn
-
-    cudnn = load_cudnn()
+def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | None = None) -> TuneResult:
+    """Times every plan the heuristics offer (every mode); selects and stores the fastest, once its
+    outputs match the reference. Plans over the options' workspace limit are skipped, with why.
+    `progress` hears what is being done ("3/42 eng4_k24=43")."""
+    planner = cg.planner
     o = cg.options
-    if cg._handle is None:
-        cg._handle = cudnn.create_handle()
-    cg._kernel_cache_load()
-    low = lower(cg.graph, inst, handle=cg._handle, kernel_cache=cg._kc)
-    limit = max_workspace if max_workspace is not None else o.workspace_limit
-    plan(low, o.modes(tuning=True), "all", None, torch.cuda.get_device_name(cg.device), steps=STEPS[:4])
-    g = low.g
+    cands = planner.candidates(inst)
     tensors = cg.allocate_inputs(dict(inst.binding))
-    outputs = cg._bind(inst, tensors, None)
-    host = host_tensors(low)
-    pack = make_pack(low, host, tensors, outputs)
+    outputs = cg.bind_outputs(inst, tensors)
+    pack = make_pack(cands.low, host_tensors(cands.low), tensors, outputs)
     flops, moved = work(cg.graph, inst)
-    result = TuneResult(cg.graph.name, dict(inst.binding), [], flops, moved, dict(low.timings))
-    bar = ProgressBar(low.plan_count, cg.graph.name)
-    cudnn.set_stream(cg._handle, torch.cuda.current_stream(cg.device).cuda_stream)
-    for i in range(low.plan_count):
-        c = Candidate(i, g.get_plan_name_at_index(i))
+    result = TuneResult(cg.graph.name, dict(inst.binding), [], flops, moved, dict(cands.low.timings))
+    for i in range(cands.count):
+        c = Candidate(i, cands.name(i))
         result.candidates.append(c)
-        bar.update(i, c.name)
+        if progress:
+            progress(f"{i + 1}/{cands.count} {c.name}")
         try:
             t0 = time.perf_counter()
-            g.build_plan_at_index(i)
-            c.workspace = g.get_workspace_size_plan_at_index(i)
-            if limit is not None and c.workspace > limit:
-                c.error = f"needs {c.workspace} bytes of workspace, over the limit of {limit}"
+            c.workspace = cands.build(i)
+            if o.workspace_limit is not None and c.workspace > o.workspace_limit:
+                c.error = f"needs {c.workspace} bytes of workspace, over the limit of {o.workspace_limit}"
                 continue
             ws = torch.empty(max(1, c.workspace), dtype=torch.uint8, device=cg.device)
-            run = lambda: g.execute_plan_at_index(pack, ws, index=i, handle=cg._handle)  # noqa: E731
-            c.times_us = replay_time_us(run, cg._handle, cg.device, o.iterations, o.warmup)
-            result.build_s.setdefault("plans", 0.0)
-            result.build_s["plans"] += time.perf_counter() - t0
+            c.times_us = replay_time_us(cands.runner(i, pack, ws), planner.handle, cg.device, o.iterations, o.warmup)
+            result.build_s["plans"] = result.build_s.get("plans", 0.0) + time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - a plan that fails to build or run is skipped, with why
-            c.error = _short(e)
-    bar.close()
+            c.error = clean(e, 300)
     ranked = result.ranked
-    if ranked:
-        result.winner = ranked[0]
-        g.build_plan_at_index(result.winner.index)  # selects it for execute() and serialize()
-        exe = cg._executable(low, host, "autotuned", [])
-        exe.launch(pack)  # the winner must also be right, not only fast
-        comps = compare_outputs(cg.graph, inst, outputs, cg.reference(**tensors), o)
-        result.check = "; ".join(str(c) for c in comps)
-        if not all(c.ok for c in comps):
-            result.winner = None  # nothing is stored; the caller reports the mismatch
-            return result
-        cg._exes[inst.binding] = exe
-        if cg.use_store:
-            cg._persist(cg._key(inst), exe, tuned=True,
-                        timing={"median_us": result.winner.median_us, "candidates": len(result.candidates)})
+    if not ranked:
+        return result
+    result.winner = ranked[0]
+    exe = cands.executable(result.winner.index)
+    exe.launch(make_pack(exe.low, exe.host, tensors, outputs))  # the winner must also be right, not only fast
+    comps = compare_outputs(cg.graph, inst, outputs, cg.reference(tensors), o)
+    result.check = "; ".join(str(c) for c in comps)
+    if not all(c.ok for c in comps):
+        result.winner = None  # nothing is stored; the caller reports the mismatch
+        return result
+    planner.adopt(exe, tuned=True, timing={"median_us": result.winner.median_us, "candidates": len(result.candidates)})
     return result
 
 

@@ -9,6 +9,12 @@ import attrs
 from dsl.diagnostics import Loc, UNKNOWN
 
 
+KEYWORDS = frozenset(
+    ("graph", "io", "intermediate", "compute", "option", "dim", "input", "scalar", "output", "strides", "uid", "in")
+)
+"""words of the grammar, which may not name a graph, tensor or dim"""
+
+
 def _loc():
     return attrs.field(default=UNKNOWN, eq=False, repr=False)
 

@@ -1,4 +1,5 @@
-"""Semantic layer: ast.Module -> ir.Program; names, declarations, attributes, and the typing of each shape."""
+"""Semantic layer: ast.Module -> ir.Program. Resolves names, declarations, options and attributes
+into a ``Resolved`` record, then types each binding of the symbolic dims (``dsl.infer``)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,15 @@ from typing import Any
 import attrs
 
 from dsl import ast
-from dsl.diagnostics import DslError, Loc, Sink, did_you_mean
+from dsl.diagnostics import Loc, RuleError, Sink
 from dsl.infer import Typer
-from dsl.ir import Graph, Instance, Node, Options, Program, Symbol, Value
-from dsl.ops import INFIX, OPS, REQUIRED, OpSig
-from dsl.types import DTYPE_ALIASES, DTYPES, INT64_MAX, LAYOUTS, canonical_dtype, is_float, layout_order
-from dsl.values import attr_value, option_value
+from dsl.ir import Graph, Instance, Node, Program, Symbol, Value
+from dsl.ops import INFIX, OPS, OpSig
+from dsl.options import OPTIONS, Options
+from dsl.types import DTYPE_ALIASES, DTYPES, INT64_MAX, LAYOUTS, canonical_dtype, check_value, layout_order
+from dsl.values import REQUIRED, convert
 
 MAX_INSTANCES = 64
-
-_OPTION_KINDS = {f.name: f for f in attrs.fields(Options)}
 
 
 def check(module: ast.Module, sink: Sink | None = None) -> Program:
@@ -40,7 +40,7 @@ def check(module: ast.Module, sink: Sink | None = None) -> Program:
 
 
 @attrs.define
-class _Decl:
+class Decl:
     """A declared tensor before typing: an input, scalar or constant."""
 
     name: str
@@ -53,12 +53,11 @@ class _Decl:
     uid: int | None = None
     uid_loc: Loc | None = None
     scalar: Any = None
-    spec_loc: Loc | None = None
 
 
 @attrs.define
-class _PNode:
-    """A node before typing."""
+class PNode:
+    """A node before typing: its attributes as given (converted, not yet canonical)."""
 
     op: str
     inputs: list
@@ -72,7 +71,7 @@ class _PNode:
 
 
 @attrs.define
-class _OutDecl:
+class OutDecl:
     name: str
     loc: Loc
     dtype: str | None = None
@@ -80,9 +79,25 @@ class _OutDecl:
     dims_loc: Loc | None = None
     layout: str | None = None
     strides: tuple[int, ...] | None = None
-    spec_loc: Loc | None = None
     uid: int | None = None
     uid_loc: Loc | None = None
+
+
+@attrs.frozen
+class Resolved:
+    """One graph with every name resolved: what typing needs, read-only."""
+
+    types: dict[str, str]
+    """'io' / 'intermediate' / 'compute' -> dtype, as declared"""
+    decls: dict[str, Decl]
+    nodes: tuple[PNode, ...]
+    outputs: dict[str, OutDecl]
+    poisoned: frozenset[str]
+    """names whose declaration failed: their uses are not reported again"""
+
+    @property
+    def intermediate(self) -> str:
+        return self.types.get("intermediate", "float")
 
 
 class _GraphChecker:
@@ -92,13 +107,14 @@ class _GraphChecker:
         self.options: dict[str, Any] = {}
         self.option_locs: dict[str, Loc] = {}
         self.symbols: dict[str, Symbol] = {}
-        self.decls: dict[str, _Decl] = {}
-        self.nodes: list[_PNode] = []
-        self.produced: dict[str, tuple[_PNode, Loc]] = {}
-        self.outputs: dict[str, _OutDecl] = {}
+        self.decls: dict[str, Decl] = {}
+        self.nodes: list[PNode] = []
+        self.produced: dict[str, tuple[PNode, Loc]] = {}
+        self.outputs: dict[str, OutDecl] = {}
         self.used: set[str] = set()
         self.poisoned: set[str] = set()
-        self.scalar_ranks: dict[str, tuple[int, Loc]] = {}
+        self.failed: set[str] = set()
+        """names assigned from an expression that failed: later uses stay silent"""
         self.counter = itertools.count()
         self.user_names: set[str] = set()
 
@@ -110,7 +126,7 @@ class _GraphChecker:
     def dtype(self, name: str, loc: Loc) -> str | None:
         d = canonical_dtype(name)
         if d is None:
-            self.err(f"unknown dtype '{name}'{did_you_mean(name, list(DTYPES) + list(DTYPE_ALIASES))}", loc)
+            self.err(f"unknown dtype '{name}'{self.sink.hint(name, list(DTYPES) + list(DTYPE_ALIASES))}", loc)
         return d
 
     def defined_at(self, name: str) -> Loc | None:
@@ -123,6 +139,9 @@ class _GraphChecker:
         return None
 
     def define(self, name: str, loc: Loc) -> bool:
+        if name in ast.KEYWORDS:
+            self.err(f"'{name}' is a keyword of the language; choose another name", loc)
+            return False
         prev = self.defined_at(name)
         if prev is not None:
             self.err(f"'{name}' is already defined", loc, [("previous definition", prev)])
@@ -138,7 +157,9 @@ class _GraphChecker:
     # ---- the pass ----------------------------------------------------------------
 
     def run(self) -> Graph | None:
-        n_errors = len(self.sink.errors)
+        n_errors = self.sink.n_errors
+        if self.gdef.name in ast.KEYWORDS:
+            self.err(f"'{self.gdef.name}' is a keyword of the language; choose another graph name", self.gdef.loc)
         for st in self.gdef.stmts:
             for name in getattr(st, "targets", ()) or (getattr(st, "name", None),):
                 if name:
@@ -146,10 +167,17 @@ class _GraphChecker:
         for st in self.gdef.stmts:
             getattr(self, "stmt_" + type(st).__name__)(st)
         self.finish_structure()
-        if len(self.sink.errors) > n_errors and not self.nodes:
+        if self.sink.n_errors > n_errors and not self.nodes:
             return None
-        instances = self.type_instances()
-        if len(self.sink.errors) > n_errors:
+        resolved = Resolved(
+            {k: d for k, (d, _) in self.types.items()},
+            self.decls,
+            tuple(self.nodes),
+            self.outputs,
+            frozenset(self.poisoned),
+        )
+        instances = self.type_instances(resolved)
+        if self.sink.n_errors > n_errors:
             return None
         return self.build(instances)
 
@@ -162,19 +190,19 @@ class _GraphChecker:
             self.types[st.kind] = (d, st.loc)
 
     def stmt_OptionDecl(self, st: ast.OptionDecl) -> None:
-        f = _OPTION_KINDS.get(st.name)
-        if f is None:
-            self.err(f"unknown option '{st.name}'{did_you_mean(st.name, _OPTION_KINDS)}", st.loc,
-                     [(f"options are: {', '.join(_OPTION_KINDS)}", None)])
+        a = OPTIONS.get(st.name)
+        if a is None:
+            self.err(f"unknown option '{st.name}'{self.sink.hint(st.name, OPTIONS)}", st.loc,
+                     [(f"options are: {', '.join(OPTIONS)}", None)])
             return
         if st.name in self.options:
             self.err(f"option '{st.name}' given twice", st.loc, [("first given here", self.option_locs[st.name])])
             return
-        value = option_value(st.name, st.value)
-        if isinstance(value, str) and value.startswith("!"):
-            self.err(f"option '{st.name}': {value[1:]}", st.value.loc)
+        try:
+            self.options[st.name] = convert(a, st.value)
+        except RuleError as e:
+            self.err(f"option '{st.name}' {e}", st.value.loc)
             return
-        self.options[st.name] = value
         self.option_locs[st.name] = st.loc
 
     def stmt_DimDecl(self, st: ast.DimDecl) -> None:
@@ -192,7 +220,7 @@ class _GraphChecker:
         for d in dims:
             if isinstance(d.value, str):
                 if d.value not in self.symbols:
-                    self.err(f"unknown dimension '{d.value}'{did_you_mean(d.value, self.symbols)}; declare it "
+                    self.err(f"unknown dimension '{d.value}'{self.sink.hint(d.value, self.symbols)}; declare it "
                              f"with 'dim {d.value} in {{...}}' before use", d.loc)
                     ok = False
                 self.used.add(d.value)
@@ -203,17 +231,21 @@ class _GraphChecker:
         return tuple(out) if ok else None
 
     def _specs(self, specs, rank: int, target) -> None:
-        """Applies layout / strides / uid specs to a _Decl or _OutDecl."""
+        """Applies layout / strides / uid specs to a Decl or OutDecl (rank -1: not known yet)."""
         for s in specs:
             if isinstance(s, ast.Layout):
                 if s.name not in LAYOUTS:
-                    self.err(f"unknown layout '{s.name}'{did_you_mean(s.name, LAYOUTS)}; layouts are {', '.join(LAYOUTS)}", s.loc)
+                    self.err(f"unknown layout '{s.name}'{self.sink.hint(s.name, LAYOUTS)}; layouts are "
+                             f"{', '.join(LAYOUTS)}", s.loc)
                 elif target.layout or target.strides:
                     self.err("layout given twice", s.loc)
-                elif rank >= 0 and isinstance(order := layout_order(s.name, rank), str):
-                    self.err(order, s.loc)
                 else:
-                    target.layout, target.spec_loc = s.name, s.loc
+                    try:
+                        if rank >= 0:
+                            layout_order(s.name, rank)
+                        target.layout = s.name
+                    except RuleError as e:
+                        self.err(str(e), s.loc)
             elif isinstance(s, ast.Strides):
                 if target.layout or target.strides:
                     self.err("layout given twice", s.loc)
@@ -222,7 +254,7 @@ class _GraphChecker:
                 elif any(v > INT64_MAX for v in s.values):
                     self.err("stride out of range", s.loc)
                 else:
-                    target.strides, target.spec_loc = s.values, s.loc
+                    target.strides = s.values
             elif isinstance(s, ast.Uid):
                 if target.uid is not None:
                     self.err("uid given twice", s.loc)
@@ -234,7 +266,7 @@ class _GraphChecker:
     def stmt_InputDecl(self, st: ast.InputDecl) -> None:
         if not self.define(st.name, st.loc):
             return
-        d = _Decl(st.name, "input", st.loc)
+        d = Decl(st.name, "input", st.loc)
         self.decls[st.name] = d
         d.dtype = self.dtype(st.type.dtype, st.type.dtype_loc)
         dims = self._dims(st.type.dims)
@@ -249,23 +281,27 @@ class _GraphChecker:
     def stmt_ScalarDecl(self, st: ast.ScalarDecl) -> None:
         if not self.define(st.name, st.loc):
             return
-        d = _Decl(st.name, "scalar", st.loc, scalar=st.value.value)
+        d = Decl(st.name, "scalar", st.loc, scalar=st.value.value)
         self.decls[st.name] = d
         d.dtype = self.dtype(st.dtype, st.dtype_loc)
         for s in st.specs:
             if not isinstance(s, ast.Uid):
                 self.err("a scalar takes no layout or strides", s.loc)
         self._specs([s for s in st.specs if isinstance(s, ast.Uid)], -1, d)
-        if d.dtype and not is_float(d.dtype) and isinstance(st.value.value, float):
-            self.err(f"scalar '{st.name}' is {d.dtype} but its value {st.value.text} is not an integer", st.value.loc)
         if d.dtype is None:
+            self.poisoned.add(st.name)
+            return
+        try:
+            check_value(d.dtype, st.value.value)
+        except RuleError as e:
+            self.err(f"scalar '{st.name}': {e}", st.value.loc)
             self.poisoned.add(st.name)
 
     def stmt_OutputDecl(self, st: ast.OutputDecl) -> None:
         if st.name in self.outputs:
             self.err(f"'{st.name}' is already an output", st.loc, [("first marked here", self.outputs[st.name].loc)])
             return
-        o = _OutDecl(st.name, st.loc)
+        o = OutDecl(st.name, st.loc)
         if st.type is not None:
             o.dtype = self.dtype(st.type.dtype, st.type.dtype_loc)
             if st.type.dims is not None:
@@ -276,12 +312,12 @@ class _GraphChecker:
         self.outputs[st.name] = o
         if st.expr is not None:
             self.assign((st.name,), st.expr, st.loc)
-        elif st.name not in self.produced:
+        elif st.name not in self.produced and st.name not in self.failed:
             if st.name in self.decls:
                 self.err(f"'{st.name}' is an {self.decls[st.name].kind}; an output must be computed "
                          f"(write 'output {st.name}_out = identity({st.name})' to copy it)", st.loc)
             else:
-                self.err(f"output '{st.name}' is never computed{did_you_mean(st.name, self.produced)}", st.loc)
+                self.err(f"output '{st.name}' is never computed{self.sink.hint(st.name, self.produced)}", st.loc)
 
     def stmt_Assign(self, st: ast.Assign) -> None:
         self.assign(st.targets, st.expr, st.loc)
@@ -295,31 +331,40 @@ class _GraphChecker:
             return
         if isinstance(expr, (ast.Ref, ast.Number)):  # a plain copy
             expr = ast.Call("identity", (expr,), (), expr.loc, expr.loc)
-        node_or_name = self.expr(expr, targets)
-        if isinstance(node_or_name, _PNode):
-            for t, produced in zip(targets, node_or_name.outputs):
-                if self.define(t, loc):
-                    self.produced[t] = (node_or_name, loc)
-                elif produced == t:
-                    node_or_name.ok = False
+        node = self.expr(expr, targets)
+        if not isinstance(node, PNode):  # the expression failed (and said why): its names are silent
+            self.failed.update(t for t in targets if self.defined_at(t) is None)
+            return
+        for t, produced in zip(targets, node.outputs):
+            if self.define(t, loc):
+                self.produced[t] = (node, loc)
+            elif produced == t:
+                node.ok = False
 
-    def expr(self, e, targets: tuple[str, ...] = ()) -> _PNode | str | None:
+    def expr(self, e, targets: tuple[str, ...] = ()) -> PNode | str | None:
         """Flattens an expression into nodes; returns the node (for calls) or a value name."""
         if isinstance(e, ast.Ref):
             if e.name in self.decls or e.name in self.produced:
                 self.used.add(e.name)
                 return e.name
+            if e.name in self.failed:
+                return None
             if e.name in self.symbols:
                 self.err(f"'{e.name}' is a dimension, not a tensor", e.loc)
             elif e.name in self.user_names:
                 self.err(f"'{e.name}' is used before it is defined", e.loc)
             else:
                 known = list(self.decls) + list(self.produced)
-                self.err(f"unknown name '{e.name}'{did_you_mean(e.name, known)}", e.loc)
+                self.err(f"unknown name '{e.name}'{self.sink.hint(e.name, known)}", e.loc)
             return None
         if isinstance(e, ast.Number):
             name = self.fresh("const")
-            self.decls[name] = _Decl(name, "const", e.loc, dtype="float", scalar=e.value)
+            self.decls[name] = Decl(name, "const", e.loc, dtype="float", scalar=e.value)
+            try:
+                check_value("float", e.value)
+            except RuleError as err:
+                self.err(f"number literal: {err}", e.loc)
+                self.poisoned.add(name)
             self.used.add(name)
             return name
         if isinstance(e, ast.Neg):
@@ -328,12 +373,12 @@ class _GraphChecker:
             e = ast.Call(INFIX[e.op], (e.lhs, e.rhs), (), e.loc, e.loc)
         return self.call(e, targets)
 
-    def call(self, e: ast.Call, targets: tuple[str, ...]) -> _PNode | None:
+    def call(self, e: ast.Call, targets: tuple[str, ...]) -> PNode | None:
         sig = OPS.get(e.op)
         args = [self.expr(a) for a in e.args]
-        arg_names = [a.outputs[0] if isinstance(a, _PNode) else a for a in args]
+        arg_names = [a.outputs[0] if isinstance(a, PNode) else a for a in args]
         if sig is None:
-            self.err(f"unknown op '{e.op}'{did_you_mean(e.op, OPS)}", e.op_loc)
+            self.err(f"unknown op '{e.op}'{self.sink.hint(e.op, OPS)}", e.op_loc)
             return None
         n_min, n_max = len(sig.inputs), len(sig.inputs) + len(sig.optional)
         if not n_min <= len(e.args) <= n_max:
@@ -349,8 +394,8 @@ class _GraphChecker:
             ok = False
         outs = list(targets[:n_results]) + [self.fresh(e.op) for _ in range(n_results - len(targets[:n_results]))]
         compute = attrs_.pop("compute", None) or self.types.get("compute", ("float", None))[0]
-        node = _PNode(e.op, arg_names + [None] * (n_max - len(arg_names)), outs, attrs_, compute, e.loc,
-                      [a.loc for a in e.args], attr_locs, ok and None not in arg_names)
+        node = PNode(e.op, arg_names + [None] * (n_max - len(arg_names)), outs, attrs_, compute, e.loc,
+                     [a.loc for a in e.args], attr_locs, ok and None not in arg_names)
         if sig.family != "pointwise":
             for name, a in zip(arg_names, e.args):
                 if name in self.decls and self.decls[name].kind in ("scalar", "const"):
@@ -363,12 +408,13 @@ class _GraphChecker:
         return node
 
     def attrs(self, sig: OpSig, e: ast.Call) -> tuple[dict, dict, bool]:
+        """The given attributes, converted (defaults and canonical forms come at typing)."""
         out, locs, ok = {}, {}, True
         for kw in e.kwargs:
             a = sig.attr(kw.name)
             if a is None:
                 names = [x.name for x in sig.all_attrs]
-                self.err(f"{sig.name}: unknown attribute '{kw.name}'{did_you_mean(kw.name, names)}"
+                self.err(f"{sig.name}: unknown attribute '{kw.name}'{self.sink.hint(kw.name, names)}"
                          + (f"; it takes {', '.join(names)}" if names else ""), kw.loc)
                 ok = False
                 continue
@@ -376,25 +422,21 @@ class _GraphChecker:
                 self.err(f"{sig.name}: attribute '{kw.name}' given twice", kw.loc)
                 ok = False
                 continue
-            v = attr_value(a, kw.value)
             locs[kw.name] = kw.loc
-            if isinstance(v, str) and v.startswith("!"):
-                self.err(f"{sig.name}: attribute '{kw.name}' {v[1:]}", kw.value.loc)
+            try:
+                out[kw.name] = convert(a, kw.value)
+            except RuleError as err:
+                self.err(f"{sig.name}: attribute '{kw.name}' {err}", kw.value.loc)
                 ok = False
-                continue
-            out[kw.name] = v
-        for a in sig.all_attrs:
-            if a.name not in out and a.name not in locs:
-                if a.default is REQUIRED:
-                    self.err(f"{sig.name}: missing attribute '{a.name}'"
-                             + (f" (one of {', '.join(a.choices)})" if a.choices else ""), e.loc)
-                    ok = False
-                elif a.default is not None:
-                    out[a.name] = a.default
+        for a in sig.attrs:
+            if a.default is REQUIRED and a.name not in locs:
+                self.err(f"{sig.name}: missing attribute '{a.name}'"
+                         + (f" (one of {', '.join(a.choices)})" if a.choices else ""), e.loc)
+                ok = False
         return out, locs, ok
 
     def finish_structure(self) -> None:
-        if not self.outputs and not self.sink.errors:
+        if not self.outputs and not self.sink.n_errors:
             self.err(f"graph '{self.gdef.name}' has no outputs; mark results with 'output NAME = ...'", self.gdef.loc)
         for name, d in self.decls.items():
             if d.kind in ("input", "scalar") and name not in self.used:
@@ -405,22 +447,23 @@ class _GraphChecker:
         for s in self.symbols.values():
             if s.name not in self.used:
                 self.sink.warning(f"dim '{s.name}' is never used", s.loc)
-        self.warn_conv_layouts()
+        self.lint()
 
-    def warn_conv_layouts(self) -> None:
-        """cuDNN's tensor-core convolution engines want channels-last tensors."""
+    def lint(self) -> None:
+        """The registry's per-op warnings about declared inputs, each input warned about once."""
         warned = set()
         for n in self.nodes:
-            if OPS[n.op].family != "conv":
+            sig = OPS[n.op]
+            if sig.lint is None:
                 continue
-            for name in n.inputs:
-                d = self.decls.get(name)
-                if d is None or d.kind != "input" or name in warned or d.strides is not None:
-                    continue
-                if d.layout not in ("nhwc", "ndhwc", "channels_last") and len(d.dims) in (4, 5):
-                    warned.add(name)
-                    self.sink.warning(f"convolution input '{name}' is not channels-last; cuDNN's tensor-core "
-                                      f"engines want '{'nhwc' if len(d.dims) == 4 else 'ndhwc'}'", d.loc)
+            seen = tuple(
+                (d.name, len(d.dims), d.layout, d.strides is not None) if (d := self.decls.get(i)) and d.kind == "input"
+                else None for i in n.inputs
+            )
+            for i, message in sig.lint(seen):
+                if n.inputs[i] not in warned:
+                    warned.add(n.inputs[i])
+                    self.sink.warning(message, self.decls[n.inputs[i]].loc)
 
     # ---- typing ------------------------------------------------------------------
 
@@ -432,25 +475,25 @@ class _GraphChecker:
             combos = combos[:1]
         return [dict(zip((s.name for s in syms), c)) for c in combos]
 
-    def type_instances(self) -> list[Instance]:
+    def type_instances(self, resolved: Resolved) -> list[Instance]:
         """Types every binding of the symbolic dims; an error found in several shapes is reported once."""
         instances = []
         found: dict[tuple, list] = {}
         bindings = self.bindings()
         for binding in bindings:
             local = Sink()
-            types = Typer(self, binding, local).run()
+            typed = Typer(resolved, binding, local).run()
             for d in local.items:
                 found.setdefault((d.severity, d.loc), [d, []])[1].append(binding)
-            if not local.errors:
-                instances.append(Instance(tuple(binding.items()), tuple(types.items())))
+            if not local.n_errors:
+                instances.append(Instance(tuple(binding.items()), tuple(typed.types.items()), typed.node_attrs))
         for d, where in found.values():
             notes = d.notes
             if len(bindings) > 1:
                 label = ", ".join(f"{k} = {v}" for k, v in where[0].items())
                 more = f" (and {len(where) - 1} more of the {len(bindings)} shapes)" if len(where) > 1 else ""
                 notes += ((f"with {label}{more}", None),)
-            (self.sink.error if d.severity == "error" else self.sink.warning)(d.message, d.loc, notes)
+            self.sink.add(attrs.evolve(d, notes=notes))
         return instances
 
     def build(self, instances: list[Instance]) -> Graph:
@@ -462,10 +505,7 @@ class _GraphChecker:
             for o in n.outputs:
                 kind = "output" if o in self.outputs else "virtual"
                 values.append(Value(o, kind, uids[o], loc=self.produced[o][1]))
-        nodes = tuple(
-            Node(n.op, tuple(n.inputs), tuple(n.outputs), tuple(sorted(n.attrs.items())), n.compute, n.loc)
-            for n in self.nodes
-        )
+        nodes = tuple(Node(n.op, tuple(n.inputs), tuple(n.outputs), n.compute, n.loc) for n in self.nodes)
         opts = Options(**self.options)
         io = self.types.get("io", (None, None))[0]
         inter = self.types.get("intermediate", (None, None))[0] or "float"
@@ -496,18 +536,3 @@ def _assign_uids(gc: _GraphChecker) -> dict[str, int]:
         uids[name] = nxt
         nxt += 1
     return uids
-
-
-def load(path_or_text: str, file: str | None = None, sink: Sink | None = None) -> Program:
-    """Parses and checks a file path or .cdg text."""
-    from pathlib import Path
-
-    from dsl.parser import parse
-
-    if file is None and "\n" not in path_or_text and "{" not in path_or_text:
-        p = Path(path_or_text)
-        return check(parse(p.read_text(), str(p)), sink)
-    return check(parse(path_or_text, file or "<string>"), sink)
-
-
-__all__ = ["check", "load", "DslError"]

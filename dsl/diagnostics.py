@@ -56,6 +56,10 @@ class Diagnostic:
         }
 
 
+EXCERPT_WIDTH = 120
+"""the widest source excerpt shown; a longer line is clipped around the caret"""
+
+
 def _excerpt(loc: Loc, sources: dict[str, str]) -> list[str]:
     text = sources.get(loc.file)
     if text is None or loc.line < 1:
@@ -64,9 +68,15 @@ def _excerpt(loc: Loc, sources: dict[str, str]) -> list[str]:
     if loc.line > len(src_lines):
         return []
     line = src_lines[loc.line - 1].rstrip().expandtabs(1)
-    end = loc.end_col if loc.end_line == loc.line and loc.end_col > loc.col else loc.col + 1
-    end = min(end, max(len(line) + 1, loc.col + 1))
-    return ["  " + line, "  " + " " * (loc.col - 1) + "^" * max(1, end - loc.col)]
+    col = loc.col
+    end = loc.end_col if loc.end_line == loc.line and loc.end_col > col else col + 1
+    end = min(end, max(len(line) + 1, col + 1))
+    if len(line) > EXCERPT_WIDTH:  # a generated one-line file must not echo megabytes
+        start = max(0, min(col - 1 - EXCERPT_WIDTH // 3, len(line) - EXCERPT_WIDTH))
+        line = ("..." if start else "") + line[start : start + EXCERPT_WIDTH] + "..."
+        shift = start - (3 if start else 0)
+        col, end = col - shift, min(end - shift, EXCERPT_WIDTH + 4)
+    return ["  " + line, "  " + " " * (col - 1) + "^" * max(1, end - col)]
 
 
 class DslError(Exception):
@@ -82,25 +92,60 @@ class DslError(Exception):
         return "\n".join(d.render(sources) for d in self.diagnostics)
 
 
+class RuleError(Exception):
+    """A language rule was broken. Raised by rules that do not know where they are (shape rules,
+    value converters); ``at`` names the culprit (an input index or an attribute name) and the
+    caller turns the error into a located Diagnostic."""
+
+    def __init__(self, message: str, at: int | str | None = None):
+        super().__init__(message)
+        self.at = at
+
+
+MAX_ERRORS = 100
+"""errors kept per run; past it they are counted, not rendered (and no longer get suggestions)"""
+
+
 class Sink:
     """Collects diagnostics so that a pass can report every independent error in one run."""
 
     def __init__(self) -> None:
         self.items: list[Diagnostic] = []
+        self.n_errors = 0
+        self.dropped = 0
 
     def error(self, message: str, loc: Loc, notes=()) -> None:
+        self.n_errors += 1
+        if self.n_errors > MAX_ERRORS:
+            self.dropped += 1
+            return
         self.items.append(Diagnostic("error", message, loc, tuple(notes)))
 
     def warning(self, message: str, loc: Loc, notes=()) -> None:
         self.items.append(Diagnostic("warning", message, loc, tuple(notes)))
 
+    def add(self, d: Diagnostic) -> None:
+        (self.error if d.severity == "error" else self.warning)(d.message, d.loc, d.notes)
+
     @property
     def errors(self) -> list[Diagnostic]:
         return [d for d in self.items if d.severity == "error"]
 
+    def hint(self, word: str, candidates) -> str:
+        """did_you_mean, while errors are few: with thousands of unknown names, matching each
+        against every known name would make checking quadratic."""
+        return did_you_mean(word, candidates) if self.n_errors < MAX_ERRORS else ""
+
+    def diagnostics(self) -> list[Diagnostic]:
+        """Everything collected, and a last line counting the errors that were not kept."""
+        if not self.dropped:
+            return list(self.items)
+        last = self.items[-1].loc if self.items else UNKNOWN
+        return self.items + [Diagnostic("note", f"{self.dropped} more errors not shown", last)]
+
     def raise_if_errors(self) -> None:
-        if self.errors:
-            raise DslError(self.items)
+        if self.n_errors:
+            raise DslError(self.diagnostics())
 
 
 def did_you_mean(word: str, candidates) -> str:

@@ -1,34 +1,49 @@
-"""Semantic layer: shape, stride and dtype inference for one binding of a graph's symbolic dims.
+"""Semantic layer: shape, stride, dtype and attribute inference for one binding of a graph's symbolic dims.
 
-The checker resolves names and attributes once; a Typer then gives every value a concrete
-TensorType for one binding, reporting into its own sink so that the checker can merge what
-several bindings found.
+The checker resolves names once into a ``Resolved`` record; a Typer then gives every value a
+concrete TensorType and every node its canonical attributes for one binding, reporting into its
+own sink so that the checker can merge what several bindings found.
 """
 
 from __future__ import annotations
 
-from dsl.diagnostics import Loc, Sink
-from dsl.ops import OPS, Ctx, OpError
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from dsl.diagnostics import Loc, RuleError, Sink
+from dsl.ops import OPS, Ctx, canonical
 from dsl.types import INT64_MAX, TensorType, dense_strides, fmt_shape, itemsize, layout_order, overlap
+
+if TYPE_CHECKING:
+    from dsl.check import Resolved
+
+
+@attrs.frozen
+class Typed:
+    types: dict[str, TensorType]
+    node_attrs: tuple[tuple[tuple[str, Any], ...], ...]
+    """per node: its canonical attributes, sorted by name (empty for a node that failed)"""
 
 
 class Typer:
-    """Infers every value's concrete type for one binding of the symbolic dims."""
+    """Infers every value's concrete type, and every node's attributes, for one binding."""
 
-    def __init__(self, gc, binding: dict[str, int], sink: Sink):
-        self.gc, self.binding, self.sink = gc, binding, sink
+    def __init__(self, resolved: Resolved, binding: dict[str, int], sink: Sink):
+        self.r, self.binding, self.sink = resolved, binding, sink
         self.types: dict[str, TensorType] = {}
-        self.poisoned: set[str] = set(gc.poisoned)
+        self.poisoned: set[str] = set(resolved.poisoned)
         """values whose type could not be inferred in this instance (no cascading errors)"""
         self.scalars: dict[str, TensorType] = {}
         """host scalars typed by their first use: all-ones shape of the rank they meet"""
+        self.scalar_uses: dict[str, tuple[int, Loc]] = {}
+        self.node_attrs: list[tuple] = []
 
     def concrete(self, dims) -> tuple[int, ...]:
         return tuple(self.binding[d] if isinstance(d, str) else d for d in dims)
 
-    def run(self) -> dict[str, TensorType]:
-        gc = self.gc
-        for name, d in gc.decls.items():
+    def run(self) -> Typed:
+        for name, d in self.r.decls.items():
             if name in self.poisoned or d.kind != "input":
                 continue
             self.poisoned.add(name)  # until typed below
@@ -47,33 +62,34 @@ class Typer:
                 continue
             self.types[name] = t
             self.poisoned.discard(name)
-        for node in gc.nodes:
-            self.node(node)
-        return {**self.types, **self.scalars}
+        for node in self.r.nodes:
+            self.node_attrs.append(self.node(node))
+        return Typed({**self.types, **self.scalars}, tuple(self.node_attrs))
 
     def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
-        n = 1
-        for x in t.shape:
-            n *= x
-        if n * itemsize(t.dtype) > INT64_MAX or t.storage * itemsize(t.dtype) > INT64_MAX:
+        if t.numel * itemsize(t.dtype) > INT64_MAX or t.storage * itemsize(t.dtype) > INT64_MAX:
             self.sink.error(f"'{name}' {fmt_shape(t.shape)} is too large: its size overflows a 64-bit integer", loc)
             return True
         return False
 
-    def scalar_type(self, name: str, rank: int, loc: Loc) -> TensorType:
-        d = self.gc.decls[name]
-        prev = self.gc.scalar_ranks.setdefault(name, (rank, loc))
+    def scalar_type(self, name: str, rank: int, loc: Loc) -> TensorType | None:
+        """The all-ones type of a host scalar at the rank it meets; None (reported) when a scalar
+        meets a second rank: cuDNN gives a pass-by-value tensor one shape."""
+        d = self.r.decls[name]
+        prev = self.scalar_uses.setdefault(name, (rank, loc))
         if prev[0] != rank and d.kind == "scalar":
             self.sink.error(f"scalar '{name}' is used with tensors of rank {prev[0]} and {rank}; "
                             f"declare one scalar per rank", loc, [("first use", prev[1])])
+            return None
         shape = (1,) * rank
         return self.scalars.setdefault(name, TensorType(d.dtype, shape, dense_strides(shape)))
 
-    def node(self, n) -> None:
-        if not n.ok or any(i is not None and (i in self.poisoned or (i not in self.types and i not in self.gc.decls))
+    def node(self, n) -> tuple:
+        """Types one node's results; returns its canonical attributes (empty when it failed)."""
+        if not n.ok or any(i is not None and (i in self.poisoned or (i not in self.types and i not in self.r.decls))
                            for i in n.inputs):
             self.poisoned.update(n.outputs)
-            return
+            return ()
         sig = OPS[n.op]
         tensor_rank = next((len(self.types[i].shape) for i in n.inputs if i in self.types), None)
         ins = []
@@ -85,12 +101,16 @@ class Typer:
             elif tensor_rank is None:
                 self.sink.error(f"{n.op}: needs at least one tensor input, not only scalars", n.loc)
                 self.poisoned.update(n.outputs)
-                return
+                return ()
+            elif (st := self.scalar_type(i, tensor_rank, n.arg_locs[k])) is None:
+                self.poisoned.update(n.outputs)
+                return ()
             else:
-                ins.append(self.scalar_type(i, tensor_rank, n.arg_locs[k]))
+                ins.append(st)
         try:
-            outs = sig.infer(Ctx(n.op, tuple(ins), n.attrs))
-        except OpError as e:
+            full = canonical(sig, n.attrs, tuple(ins))
+            outs = sig.infer(Ctx(n.op, tuple(ins), full))
+        except RuleError as e:
             loc = n.loc
             if isinstance(e.at, int) and e.at < len(n.arg_locs):
                 loc = n.arg_locs[e.at]
@@ -98,42 +118,43 @@ class Typer:
                 loc = n.attr_locs[e.at]
             self.sink.error(str(e), loc)
             self.poisoned.update(n.outputs)
-            return
+            return ()
         first = next(t for t in ins if t is not None)
         for name, out in zip(n.outputs, outs):
             self.result(name, out, first, n)
+        return tuple(sorted(full.items()))
 
     def result(self, name: str, out, first: TensorType, n) -> None:
         self.poisoned.add(name)  # until typed at the end
-        o = self.gc.outputs.get(name)
-        order = out.order
+        o = self.r.outputs.get(name)
         if o is None:
-            dtype = out.dtype or self.gc.types.get("intermediate", ("float", None))[0]
-            t = TensorType(dtype, out.shape, dense_strides(out.shape, order))
+            dtype = out.dtype or self.r.intermediate
+            t = TensorType(dtype, out.shape, dense_strides(out.shape, out.order))
         else:
             if o.dtype and out.dtype and o.dtype != out.dtype:
                 self.sink.error(f"output '{name}' is declared {o.dtype} but {n.op} gives {out.dtype}", o.loc)
                 return
-            dtype = o.dtype or out.dtype or self.gc.types.get("io", (first.dtype, None))[0]
+            dtype = o.dtype or out.dtype or self.r.types.get("io", first.dtype)
             if o.dims is not None:
                 want = self.concrete(o.dims)
                 if want != out.shape:
                     self.sink.error(f"output '{name}' is declared {fmt_shape(want)} but {n.op} gives "
                                     f"{fmt_shape(out.shape)}", o.dims_loc or o.loc)
                     return
-            strides = dense_strides(out.shape, order)
+            strides = dense_strides(out.shape, out.order)
             if o.layout:
-                lo = layout_order(o.layout, len(out.shape))
-                if isinstance(lo, str):
-                    self.sink.error(lo, o.loc)
+                try:
+                    strides = dense_strides(out.shape, layout_order(o.layout, len(out.shape)))
+                except RuleError as e:
+                    self.sink.error(str(e), o.loc)
                     return
-                strides = dense_strides(out.shape, lo)
             elif o.strides:
                 if len(o.strides) != len(out.shape):
                     self.sink.error(f"{len(o.strides)} strides for output '{name}' of rank {len(out.shape)}", o.loc)
                     return
                 if overlap(out.shape, o.strides) is not None:
-                    self.sink.error(f"strides {list(o.strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc)
+                    self.sink.error(f"strides {list(o.strides)} overlap for output '{name}' {fmt_shape(out.shape)}",
+                                    o.loc)
                     return
                 strides = o.strides
             t = TensorType(dtype, out.shape, strides)

@@ -1,4 +1,9 @@
-"""Semantic layer: the checked, typed, immutable IR (one Graph per `graph` block)."""
+"""Semantic layer: the checked, typed, immutable IR (one Graph per `graph` block).
+
+The IR is canonical: two spellings of the same graph give equal IR (and one plan-store key).
+Concrete facts live in one Instance per binding of the symbolic dims: the type of every value and
+the full attribute set of every node, defaults filled and lists expanded.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ from typing import Any
 
 import attrs
 
-from dsl.diagnostics import Loc, UNKNOWN
+from dsl.diagnostics import UNKNOWN, Loc
+from dsl.options import Options
 from dsl.types import TensorType
 
 
@@ -14,39 +20,8 @@ def _loc():
     return attrs.field(default=UNKNOWN, eq=False, repr=False)
 
 
-HEURISTIC_MODES = ("A", "B", "FALLBACK")
-BUILD_POLICIES = ("heuristics_choice", "all")
-
-
-@attrs.frozen
-class Options:
-    """Back-end options of a graph; the command line overrides them."""
-
-    heuristics: tuple[str, ...] | None = None
-    """heuristic modes asked for plans, in order (None: see modes())"""
-    build_policy: str = "heuristics_choice"
-    """build the heuristics' first supported plan, or all of them"""
-    warmup: int = 3
-    """untimed runs per plan when autotuning"""
-    iterations: int = 15
-    """timed runs per plan when autotuning"""
-    cuda_graph: bool = False
-    """capture execution into a CUDA graph and replay it"""
-    workspace_limit: int | None = None
-    """bytes; plans needing more workspace are skipped"""
-    atol: float | None = None
-    """absolute tolerance against the reference (default: per dtype)"""
-    rtol: float | None = None
-    """relative tolerance against the reference (default: per dtype)"""
-    seed: int = 0
-    """seed of the generated inputs"""
-
-    def modes(self, tuning: bool = False) -> tuple[str, ...]:
-        """The heuristic modes to ask: the file's or the command line's, else A then FALLBACK for a
-        build and every mode (A, B, FALLBACK) for autotuning, which wants every candidate."""
-        if self.heuristics:
-            return self.heuristics
-        return HEURISTIC_MODES if tuning else ("A", "FALLBACK")
+class NotFound(LookupError):
+    """A graph or shape that a caller asked for by name is not in the program."""
 
 
 @attrs.frozen
@@ -78,37 +53,46 @@ class Value:
 
 @attrs.frozen
 class Node:
-    """One op application, in topological order."""
+    """One op application, in topological order (its attributes are per Instance)."""
 
     op: str
     inputs: tuple[str | None, ...]
     outputs: tuple[str, ...]
-    attrs: tuple[tuple[str, Any], ...]
     compute: str
     loc: Loc = _loc()
 
-    @property
-    def attr(self) -> dict[str, Any]:
-        return dict(self.attrs)
+
+def shape_label(binding) -> str:
+    """'N=8, M=4' for a binding of symbolic dims."""
+    return ", ".join(f"{k}={v}" for k, v in binding)
 
 
 @attrs.frozen
 class Instance:
-    """The concrete types of every value for one binding of the symbolic dimensions."""
+    """The concrete types of every value, and the canonical attributes of every node, for one
+    binding of the symbolic dimensions."""
 
     binding: tuple[tuple[str, int], ...]
     types: tuple[tuple[str, TensorType], ...]
+    node_attrs: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    """per node of the graph, in order: (name, value) of every attribute, sorted by name"""
     _by_name: dict = attrs.field(init=False, eq=False, repr=False)
+    _attr_dicts: tuple = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self):
         object.__setattr__(self, "_by_name", dict(self.types))
+        object.__setattr__(self, "_attr_dicts", tuple(dict(a) for a in self.node_attrs))
 
     def type(self, name: str) -> TensorType:
         return self._by_name[name]
 
+    def attrs(self, node_index: int) -> dict[str, Any]:
+        """The canonical attributes of the graph's node at this index (do not modify)."""
+        return self._attr_dicts[node_index]
+
     @property
     def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.binding)
+        return shape_label(self.binding)
 
 
 @attrs.frozen
@@ -144,14 +128,21 @@ class Graph:
     def outputs(self) -> tuple[Value, ...]:
         return self.of_kind("output")
 
+    @property
+    def declared_shapes(self) -> str:
+        """'N in {8, 16}; M in {4}' — what a caller may bind."""
+        return "; ".join(f"{s.name} in {{{', '.join(map(str, s.values))}}}" for s in self.symbols)
+
     def instance(self, binding: dict[str, int] | None = None) -> Instance:
         """The instance for a binding of the symbolic dims (the only one when there are none)."""
+        if not binding and len(self.instances) == 1:
+            return self.instances[0]
         want = tuple(sorted((binding or {}).items()))
         for inst in self.instances:
-            if tuple(sorted(inst.binding)) == want or (not binding and len(self.instances) == 1):
+            if tuple(sorted(inst.binding)) == want:
                 return inst
-        declared = ", ".join(f"{s.name} in {{{', '.join(map(str, s.values))}}}" for s in self.symbols)
-        raise KeyError(f"graph '{self.name}' has no shape for {dict(want) or 'no binding'}; declared: {declared}")
+        raise NotFound(f"graph '{self.name}' has no shape {dict(want) or 'without a binding'}; "
+                       f"declared: {self.declared_shapes}")
 
 
 @attrs.frozen
@@ -163,9 +154,9 @@ class Program:
         if name is None:
             if len(self.graphs) != 1:
                 names = ", ".join(g.name for g in self.graphs)
-                raise KeyError(f"{self.file} holds {len(self.graphs)} graphs ({names}); choose one")
+                raise NotFound(f"{self.file} holds {len(self.graphs)} graphs ({names}); choose one")
             return self.graphs[0]
         for g in self.graphs:
             if g.name == name:
                 return g
-        raise KeyError(f"{self.file} has no graph '{name}' (it has: {', '.join(g.name for g in self.graphs)})")
+        raise NotFound(f"{self.file} has no graph '{name}' (it has: {', '.join(g.name for g in self.graphs)})")

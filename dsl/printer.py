@@ -6,7 +6,8 @@ import attrs
 
 from dsl import ast
 from dsl.diagnostics import Loc
-from dsl.ir import Graph, Options, Program
+from dsl.ir import Graph, Program
+from dsl.options import Options
 
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 
@@ -182,13 +183,20 @@ def _options_str(o: Options) -> str:
     return "; ".join(parts) or "defaults"
 
 
-def _attrs_str(attrs_) -> str:
-    def one(v):
-        if isinstance(v, tuple):
-            return "[" + ", ".join(map(str, v)) + "]"
-        return str(v).lower() if isinstance(v, bool) else str(v)
+def _attr_str(v) -> str:
+    if isinstance(v, tuple):
+        return "[" + ", ".join(map(str, v)) + "]"
+    return str(v).lower() if isinstance(v, bool) else str(v)
 
-    return ", ".join(f"{k}={one(v)}" for k, v in attrs_)
+
+def _attrs_str(graph: Graph, index: int) -> str:
+    """A node's canonical attributes; one that differs between shapes shows each value, a|b."""
+    per_inst = [inst.node_attrs[index] for inst in graph.instances]
+    parts = []
+    for k, _ in per_inst[0]:
+        values = dict.fromkeys(_attr_str(dict(a)[k]) for a in per_inst)
+        parts.append(f"{k}={'|'.join(values)}")
+    return ", ".join(parts)
 
 
 def dump_ir(program: Program) -> str:
@@ -204,10 +212,10 @@ def dump_ir(program: Program) -> str:
                 out.append(f"  %{v.name} = input uid={v.uid} : {t} strides={st}")
             else:
                 out.append(f"  %{v.name} = {v.kind} uid={v.uid} : {v.dtype} value={v.scalar}")
-        for n in g.nodes:
+        for index, n in enumerate(g.nodes):
             ins = ", ".join("%" + i if i else "_" for i in n.inputs)
             res = ", ".join("%" + o for o in n.outputs)
-            a = _attrs_str(n.attrs)
+            a = _attrs_str(g, index)
             types = "; ".join(
                 f"{g.value(o).kind} uid={g.value(o).uid} {_type_str(g, o)[0]} strides={_type_str(g, o)[1]}" for o in n.outputs
             )
@@ -250,6 +258,7 @@ def to_json(program: Program) -> dict:
             insts.append({
                 "binding": dict(inst.binding),
                 "types": {k: {"dtype": t.dtype, "shape": list(t.shape), "strides": list(t.strides)} for k, t in inst.types},
+                "attrs": [{k: list(v) if isinstance(v, tuple) else v for k, v in a} for a in inst.node_attrs],
             })
         graphs.append({
             "name": g.name,
@@ -259,8 +268,8 @@ def to_json(program: Program) -> dict:
             "options": {f.name: getattr(g.options, f.name) for f in attrs.fields(Options)},
             "dims": {s.name: list(s.values) for s in g.symbols},
             "values": [{"name": v.name, "kind": v.kind, "uid": v.uid, "scalar": v.scalar, "dtype": v.dtype} for v in g.values],
-            "nodes": [{"op": n.op, "inputs": list(n.inputs), "outputs": list(n.outputs), "attrs": dict(n.attrs),
-                       "compute": n.compute, "loc": str(n.loc)} for n in g.nodes],
+            "nodes": [{"op": n.op, "inputs": list(n.inputs), "outputs": list(n.outputs), "compute": n.compute,
+                       "loc": str(n.loc)} for n in g.nodes],
             "instances": insts,
         })
     return {"file": program.file, "graphs": graphs}

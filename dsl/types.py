@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from dsl.diagnostics import RuleError
+
 #: canonical dtype -> (size in bytes, is floating point)
 DTYPES: dict[str, tuple[int, bool]] = {
     "half": (2, True),
@@ -36,6 +38,21 @@ LAYOUTS = ("row_major", "col_major", "nchw", "nhwc", "ncdhw", "ndhwc", "channels
 
 INT64_MAX = 2**63 - 1
 
+#: the values each dtype can hold (a host scalar or a literal is checked against its dtype)
+DTYPE_RANGE: dict[str, tuple[float, float]] = {
+    "half": (-65504.0, 65504.0),
+    "bf16": (-3.3895313892515355e38, 3.3895313892515355e38),
+    "float": (-3.4028234663852886e38, 3.4028234663852886e38),
+    "double": (-1.7976931348623157e308, 1.7976931348623157e308),
+    "fp8_e4m3": (-448.0, 448.0),
+    "fp8_e5m2": (-57344.0, 57344.0),
+    "int8": (-(2**7), 2**7 - 1),
+    "uint8": (0, 2**8 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+    "bool": (0, 1),
+}
+
 
 def canonical_dtype(name: str) -> str | None:
     if name in DTYPES:
@@ -51,23 +68,32 @@ def itemsize(dtype: str) -> int:
     return DTYPES[dtype][0]
 
 
-def layout_order(layout: str, rank: int) -> tuple[int, ...] | str:
-    """The axis order (outermost first) of a named layout, or an error message."""
+def check_value(dtype: str, value: float | int) -> None:
+    """RuleError when a host value does not fit its dtype (out of range, or not an integer)."""
+    lo, hi = DTYPE_RANGE[dtype]
+    if not is_float(dtype) and isinstance(value, float) and not value.is_integer():
+        raise RuleError(f"{value} is not an integer, and the dtype is {dtype}")
+    if not lo <= value <= hi:
+        raise RuleError(f"{value} is out of range for {dtype} ({lo:g} to {hi:g})")
+
+
+def layout_order(layout: str, rank: int) -> tuple[int, ...]:
+    """The axis order (outermost first) of a named layout; RuleError when it does not fit the rank."""
     identity = tuple(range(rank))
     if layout in ("row_major", "nchw", "ncdhw"):
         if layout == "nchw" and rank != 4 or layout == "ncdhw" and rank != 5:
-            return f"layout '{layout}' needs a rank-{4 if layout == 'nchw' else 5} tensor, this one has rank {rank}"
+            raise RuleError(f"layout '{layout}' needs a rank-{4 if layout == 'nchw' else 5} tensor, this one has rank {rank}")
         return identity
     if layout == "col_major":
         if rank < 2:
-            return "layout 'col_major' needs a tensor of rank 2 or more"
+            raise RuleError("layout 'col_major' needs a tensor of rank 2 or more")
         return identity[:-2] + (rank - 1, rank - 2)
     if layout in ("nhwc", "ndhwc", "channels_last"):
         want = {"nhwc": 4, "ndhwc": 5}.get(layout)
         if want and rank != want or rank < 3:
-            return f"layout '{layout}' needs a rank-{want or '3+'} tensor, this one has rank {rank}"
+            raise RuleError(f"layout '{layout}' needs a rank-{want or '3+'} tensor, this one has rank {rank}")
         return (0,) + tuple(range(2, rank)) + (1,)
-    raise ValueError(layout)
+    raise AssertionError(layout)
 
 
 def dense_strides(shape: tuple[int, ...], order: tuple[int, ...] | None = None) -> tuple[int, ...]:

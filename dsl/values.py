@@ -1,74 +1,163 @@
-"""Semantic layer: attribute and option values, converted from the AST and checked.
+"""Semantic layer: attributes and options — their declared kinds, and the one converter of values.
 
-Each converter returns the value, or a string starting with '!' that says what is wrong (the
-caller reports it at the value's location).
+An op's attributes and a graph's options are rows of the same kind (``Attr``), and every value,
+whether it comes from a .cdg file, the command line or the Python API, goes through ``convert``:
+one set of rules, one set of messages. Bad values raise ``RuleError``; the caller locates it.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
+import attrs
+
 from dsl import ast
-from dsl.diagnostics import did_you_mean
-from dsl.ir import BUILD_POLICIES, HEURISTIC_MODES
-from dsl.types import DTYPES, INT64_MAX, canonical_dtype
+from dsl.diagnostics import RuleError, did_you_mean
+from dsl.types import DTYPE_ALIASES, DTYPES, INT64_MAX, canonical_dtype
+
+REQUIRED = object()
+"""default of an attribute the user must give"""
+DERIVED = object()
+"""default of an attribute the op's rule computes from the input types (e.g. sdpa's scale)"""
+
+KINDS = ("int", "float", "bool", "ints", "spatial", "enum", "enums", "dtype")
+"""int; float; bool; ints: a list of ints (one int is a list of one); spatial: one int for every
+spatial dim or a list of them, expanded to the node's spatial rank; enum: one of `choices` (any
+case); enums: a list of them; dtype: a dtype name or alias."""
 
 
-def attr_value(a, v) -> Any:
-    """Converts an ast value to the attribute's kind, or '!message' when it doesn't fit."""
+@attrs.frozen
+class Attr:
+    name: str
+    kind: str
+    default: Any = REQUIRED
+    choices: tuple[str, ...] = ()
+    doc: str = ""
+    lo: float | None = None
+    """least value (every item of a list); None: no bound"""
+    hi: float | None = INT64_MAX
+    """greatest value (every item of a list)"""
+    optional: bool = False
+    """None is a value of its own (an option left to a default decided elsewhere)"""
+
+    def __attrs_post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"attribute {self.name}: unknown kind {self.kind}")
+
+    @property
+    def described(self) -> str:
+        """How the docs and messages name what the attribute takes."""
+        return {
+            "int": "an integer",
+            "float": "a number",
+            "bool": "true or false",
+            "ints": "a list of integers",
+            "spatial": "an integer or a list of integers",
+            "enum": "one of " + ", ".join(self.choices),
+            "enums": "a list of " + ", ".join(self.choices),
+            "dtype": "a dtype",
+        }[self.kind]
+
+
+def _bounded(a: Attr, x):
+    if a.lo is not None and x < a.lo or a.hi is not None and x > a.hi:
+        lo = "" if a.lo is None else f">= {_num(a.lo)}"
+        hi = "" if a.hi is None or a.hi == INT64_MAX else f"<= {_num(a.hi)}"
+        rng = " and ".join(p for p in (lo, hi) if p) or "within 64 bits"
+        raise RuleError(f"must be {rng}, got {_num(x)}")
+    return x
+
+
+def _num(x) -> str:
+    return str(int(x)) if isinstance(x, float) and x.is_integer() and abs(x) < 1e15 else str(x)
+
+
+def _int(a: Attr, v) -> int:
+    if isinstance(v, ast.Number) and isinstance(v.value, int):
+        if abs(v.value) > INT64_MAX:
+            raise RuleError(f"has a value out of range ({v.text or v.value})")
+        return _bounded(a, v.value)
+    raise RuleError(f"must be {'an integer' if a.kind == 'int' else a.described}")
+
+
+def _enum(a: Attr, v) -> str:
+    if isinstance(v, ast.Ident):
+        for c in a.choices:
+            if c.lower() == v.name.lower():
+                return c
+        raise RuleError(f"must be one of {', '.join(a.choices)}; got {v.name}{did_you_mean(v.name, a.choices)}")
+    raise RuleError(f"must be one of {', '.join(a.choices)}")
+
+
+def convert(a: Attr, v) -> Any:
+    """An AST value as the attribute's canonical Python value (tuples for lists, enums in their
+    declared spelling, floats finite); RuleError says what is wrong with it."""
     if a.kind == "int":
-        return v.value if isinstance(v, ast.Number) and isinstance(v.value, int) else "!must be an integer"
+        return _int(a, v)
     if a.kind == "float":
-        return float(v.value) if isinstance(v, ast.Number) else "!must be a number"
+        if isinstance(v, ast.Number):
+            x = float(v.value)
+            if not math.isfinite(x):
+                raise RuleError("must be a finite number")
+            return _bounded(a, x)
+        raise RuleError("must be a number")
     if a.kind == "bool":
         if isinstance(v, ast.Ident) and v.name in ("true", "false"):
             return v.name == "true"
-        return "!must be true or false"
-    if a.kind == "ints":
-        if isinstance(v, ast.Number) and isinstance(v.value, int):
-            return v.value
-        if isinstance(v, ast.ListValue) and all(isinstance(x, ast.Number) and isinstance(x.value, int) for x in v.items):
-            if any(abs(x.value) > INT64_MAX for x in v.items):
-                return "!has a value out of range"
-            return tuple(x.value for x in v.items)
-        return "!must be an integer or a list of integers"
+        raise RuleError("must be true or false")
+    if a.kind in ("ints", "spatial"):
+        if isinstance(v, ast.ListValue):
+            if not v.items:
+                raise RuleError(f"must be {a.described}, not an empty list")
+            return tuple(_int(a, x) for x in v.items)
+        value = _int(a, v)
+        return value if a.kind == "spatial" else (value,)
     if a.kind == "enum":
-        if isinstance(v, ast.Ident) and v.name in a.choices:
-            return v.name
-        got = v.name if isinstance(v, ast.Ident) else "this value"
-        return f"!must be one of {', '.join(a.choices)}; got {got}" + (did_you_mean(v.name, a.choices) if isinstance(v, ast.Ident) else "")
+        return _enum(a, v)
+    if a.kind == "enums":
+        items = v.items if isinstance(v, ast.ListValue) else (v,)
+        if not items:
+            raise RuleError(f"give at least one of {', '.join(a.choices)}")
+        return tuple(_enum(a, x) for x in items)
     if a.kind == "dtype":
         if isinstance(v, ast.Ident) and canonical_dtype(v.name):
             return canonical_dtype(v.name)
-        return "!must be a dtype" + (did_you_mean(v.name, DTYPES) if isinstance(v, ast.Ident) else "")
-    raise ValueError(a.kind)
+        hint = did_you_mean(v.name, list(DTYPES) + list(DTYPE_ALIASES)) if isinstance(v, ast.Ident) else ""
+        raise RuleError("must be a dtype" + hint)
+    raise AssertionError(a.kind)
 
 
-def option_value(name: str, v) -> Any:
-    """Converts an option's ast value, or '!message'."""
-    if name == "heuristics":
-        items = v.items if isinstance(v, ast.ListValue) else (v,)
-        modes = []
-        for it in items:
-            if not isinstance(it, ast.Ident) or it.name.upper() not in HEURISTIC_MODES:
-                return f"!heuristic modes are {', '.join(HEURISTIC_MODES)}"
-            modes.append(it.name.upper())
-        return tuple(modes) if modes else f"!give at least one of {', '.join(HEURISTIC_MODES)}"
-    if name == "build_policy":
-        if isinstance(v, ast.Ident) and v.name in BUILD_POLICIES:
-            return v.name
-        return f"!must be one of {', '.join(BUILD_POLICIES)}"
-    if name == "cuda_graph":
-        if isinstance(v, ast.Ident) and v.name in ("true", "false"):
-            return v.name == "true"
-        return "!must be true or false"
-    if name in ("warmup", "iterations", "workspace_limit", "seed"):
-        lo = 1 if name == "iterations" else 0
-        if isinstance(v, ast.Number) and isinstance(v.value, int) and lo <= v.value <= INT64_MAX:
-            return v.value
-        return f"!must be an integer >= {lo}"
-    if name in ("atol", "rtol"):
-        if isinstance(v, ast.Number) and v.value >= 0:
-            return float(v.value)
-        return "!must be a number >= 0"
-    raise ValueError(name)
+# ---- values from outside a .cdg file, made into the AST values that `convert` takes ------------
+
+_NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+
+
+def _text_item(text: str):
+    text = text.strip()
+    if _NUMBER.fullmatch(text):
+        sign, body = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
+        value = int(body) if body.isdigit() else float(body)
+        return ast.Number(sign * value, text)
+    return ast.Ident(text)
+
+
+def from_text(a: Attr, text: str):
+    """A command-line value: '3', '0.5', 'true', 'A,B' (lists are comma separated)."""
+    if a.kind in ("ints", "spatial", "enums") and "," in text:
+        return ast.ListValue(tuple(_text_item(t) for t in text.split(",") if t.strip()))
+    return _text_item(text)
+
+
+def from_python(a: Attr, value):
+    """A Python API value: bool, int, float, str, or a list or tuple of them."""
+    if isinstance(value, bool):
+        return ast.Ident("true" if value else "false")
+    if isinstance(value, (int, float)):
+        return ast.Number(value, repr(value))
+    if isinstance(value, str):
+        return from_text(a, value)
+    if isinstance(value, (list, tuple)):
+        return ast.ListValue(tuple(from_python(a, x) for x in value))
+    raise RuleError(f"must be {a.described}, got a {type(value).__name__}")

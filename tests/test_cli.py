@@ -36,11 +36,11 @@ def test_usage_errors_exit_2():
 
 
 def test_check_json_and_emit_stages():
-    p = cli("check", "--json", EX / "matmul_epilogue.cdg")
+    p = cli("check", "--json", "-", EX / "matmul_epilogue.cdg")
     data = json.loads(p.stdout)
-    assert data["graphs"][0]["instances"][0]["types"]["amax"]["shape"] == [1, 1, 1]
+    assert data["files"][0]["graphs"][0]["instances"][0]["types"]["amax"]["shape"] == [1, 1, 1]
     assert "Call op='gelu'" in cli("check", "--emit", "ast", EX / "matmul_epilogue.cdg").stdout
-    assert "%amax = reduction(%y) {mode=amax}" in cli("check", "--emit", "ir", EX / "matmul_epilogue.cdg").stdout
+    assert "%amax = reduction(%y) {axes=[0, 1, 2], mode=amax}" in cli("check", "--emit", "ir", EX / "matmul_epilogue.cdg").stdout
 
 
 def test_fmt_check_accepts_the_examples_and_rewrites_a_messy_file(tmp_path):
@@ -54,7 +54,7 @@ def test_fmt_check_accepts_the_examples_and_rewrites_a_messy_file(tmp_path):
 
 
 def test_emit_torch_is_a_standalone_function():
-    p = cli("emit", "--target", "torch", EX / "conv_bias_relu.cdg")
+    p = cli("emit", "--format", "torch", EX / "conv_bias_relu.cdg")
     assert p.returncode == 0, p.stderr
     assert "def reference(x, w, b):" in p.stdout and "torch.ops.aten.convolution" in p.stdout
     compile(p.stdout, "emitted.py", "exec")  # valid Python, not run

@@ -5,9 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from dsl.check import check
-from dsl.diagnostics import DslError, Sink
-from dsl.parser import parse
+from dsl.pipeline import load, program
 from dsl.printer import dump_ir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,14 +19,7 @@ def _rel(p: Path) -> str:
 
 
 def diagnostics(path: Path) -> str:
-    text = path.read_text()
-    sink = Sink()
-    try:
-        check(parse(text, _rel(path)), sink)
-    except DslError as e:
-        if not sink.items:
-            sink.items.extend(e.diagnostics)
-    return "\n".join(d.render({_rel(path): text}) for d in sink.items) + "\n"
+    return load(path, file=_rel(path)).render() + "\n"
 
 
 def _compare(actual: str, expected_path: Path, update: bool) -> None:
@@ -46,8 +37,7 @@ def _compare(actual: str, expected_path: Path, update: bool) -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_ir_dump(path, update_goldens):
-    program = check(parse(path.read_text(), _rel(path)))
-    _compare(dump_ir(program), GOLDEN / "dumps" / f"{path.stem}.ir", update_goldens)
+    _compare(dump_ir(program(path, file=_rel(path))), GOLDEN / "dumps" / f"{path.stem}.ir", update_goldens)
 
 
 @pytest.mark.parametrize("path", ERRORS, ids=lambda p: p.stem)

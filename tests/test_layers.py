@@ -3,14 +3,14 @@
 import subprocess
 import sys
 
-from cudnn_dsl.ops import BACKENDS
+from cudnn_dsl.ops import IMPLS
 from dsl.ops import OPS
 
 
 def test_dsl_imports_neither_torch_nor_cudnn():
     code = (
-        "import sys; import dsl.parser, dsl.check, dsl.printer, dsl.ops, dsl.ir, dsl.types; "
-        "from dsl.check import load; load('graph g {\\n input x : half[2]\\n output y = relu(x)\\n}\\n'); "
+        "import sys; import dsl.parser, dsl.check, dsl.printer, dsl.ops, dsl.ir, dsl.types, dsl.pipeline; "
+        "from dsl.pipeline import program; program(text='graph g {\\n input x : half[2]\\n output y = relu(x)\\n}\\n'); "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'cudnn', 'cudnn_dsl', 'numpy')]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -19,7 +19,7 @@ def test_dsl_imports_neither_torch_nor_cudnn():
 
 
 def test_every_op_has_exactly_one_backend_entry():
-    assert set(OPS) == set(BACKENDS)
+    assert set(OPS) == set(IMPLS)
 
 
 def test_every_op_is_documented():

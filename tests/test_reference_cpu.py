@@ -7,11 +7,11 @@ import torch
 
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.tensors import BindingError, check_binding, compare, generate_inputs
-from dsl.check import load
+from dsl.pipeline import program
 
 
 def ref(text: str, **inputs):
-    g = load(text, "r.cdg").graphs[0]
+    g = program(text=text, file="r.cdg").graphs[0]
     inst = g.instances[0]
     ins = generate_inputs(g, inst, "cpu", seed=1)
     ins.update(inputs)
@@ -65,7 +65,7 @@ def test_outputs_are_rounded_once_to_their_dtype():
 
 
 def test_positive_domains_get_positive_inputs():
-    g = load("graph p {\n  input a : float[100]\n  output y = rsqrt(a)\n}\n", "p.cdg").graphs[0]
+    g = program(text="graph p {\n  input a : float[100]\n  output y = rsqrt(a)\n}\n", file="p.cdg").graphs[0]
     x = generate_inputs(g, g.instances[0], "cpu")["a"]
     assert x.min() >= 0.5
 

@@ -6,7 +6,7 @@ import multiprocessing as mp
 import pytest
 
 from cudnn_dsl.store import Entry, PlanKey, PlanStore, StoreProblem, graph_digest
-from dsl.check import load
+from dsl.pipeline import program
 
 TEXT = """graph g {
   input a : half[4, 8]
@@ -28,9 +28,9 @@ def entry(k: PlanKey, blob: bytes = b"\x00plan\xff" * 10, plan="eng4_k24=3") -> 
 
 
 def test_digest_ignores_file_and_scalar_values_but_not_shapes():
-    g1 = load(TEXT, "one.cdg").graphs[0]
-    g2 = load(TEXT.replace("0.5", "2.0"), "two.cdg").graphs[0]
-    g3 = load(TEXT.replace("[4, 8]", "[4, 16]"), "one.cdg").graphs[0]
+    g1 = program(text=TEXT, file="one.cdg").graphs[0]
+    g2 = program(text=TEXT.replace("0.5", "2.0"), file="two.cdg").graphs[0]
+    g3 = program(text=TEXT.replace("[4, 8]", "[4, 16]"), file="one.cdg").graphs[0]
     d = lambda g: graph_digest(g, g.instances[0])  # noqa: E731
     assert d(g1) == d(g2)
     assert d(g1) != d(g3)

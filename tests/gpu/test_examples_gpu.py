@@ -10,10 +10,10 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.cdg
 
 
 def _cases():
-    from dsl.check import load
+    from dsl.pipeline import program
 
     for path in EXAMPLES:
-        for g in load(str(path)).graphs:
+        for g in program(path).graphs:
             for inst in g.instances:
                 yield pytest.param(path, g.name, dict(inst.binding), id=f"{path.stem}:{g.name}:{inst.label or 'static'}")
 

@@ -1,0 +1,467 @@
+"""Build layer: the only place that drives cuDNN's build steps.
+
+validate -> build_operation_graph -> create_execution_plans -> check_support -> build_plans, timed,
+with every failure reported at the .cdg location of the op it concerns. A Planner owns what a
+graph's builds share (the cuDNN handle on its device, the dynamic-shape kernel cache, the plan
+store) and turns one shape of a graph into an Executable: from the store (serialized plan, then
+engine id and knobs), else from the heuristics. Tuning asks it for the candidates and adopts a
+winner; planning without a device goes through `plan_deviceless`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, Callable, Iterable
+
+import attrs
+
+from cudnn_dsl.backend import Target, load_cudnn, versions
+from cudnn_dsl.dtypes import cudnn_name
+from cudnn_dsl.lower import Lowered, clean, lower
+from cudnn_dsl.store import Entry, PlanKey, PlanStore, StoreProblem, graph_digest
+from dsl.diagnostics import Diagnostic, DslError
+from dsl.ir import Graph, Instance
+from dsl.ops import FAMILIES, OPS
+from dsl.options import Options
+
+STEPS = ("validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans")
+
+
+# ---- the five steps --------------------------------------------------------------------
+
+
+def plan(low: Lowered, options: Options, target_name: str = "this GPU", progress: Callable[[str], None] | None = None,
+         deviceless: bool = False, steps: Iterable[str] = STEPS, tuning: bool = False) -> Lowered:
+    """Runs the build steps on a lowered graph, timing each; raises DslError located at the culprit op.
+
+    `tuning` asks every heuristic mode and keeps every plan (each is then built by index).
+    Deviceless, build_plans of a runtime-compiled engine compiles but cannot load the kernel
+    without a GPU driver; that step is then recorded as skipped, with the reason.
+    """
+    cudnn = load_cudnn()
+    g = low.g
+    modes = options.modes(tuning)
+    policy = "all" if tuning else options.build_policy
+    limit = None if tuning else options.workspace_limit
+    actions = {
+        "validate": g.validate,
+        "build_operation_graph": g.build_operation_graph,
+        "create_execution_plans": lambda: g.create_execution_plans([getattr(cudnn.heur_mode, m) for m in modes]),
+        "check_support": lambda: _check_support(g, limit),
+        "build_plans": lambda: g.build_plans(
+            cudnn.build_plan_policy.ALL if policy == "all" else cudnn.build_plan_policy.HEURISTICS_CHOICE),
+    }
+    if deviceless:  # the first plan tells whether kernels load here; compiling every one would not
+        actions["build_plans"] = lambda: g.build_plan_at_index(0)
+    for step in steps:
+        if progress:
+            progress(step)
+        t0 = time.perf_counter()
+        try:
+            actions[step]()
+        except Exception as e:  # noqa: BLE001 - cuDNN raises RuntimeError, its own errors, ValueError
+            if deviceless and step == "build_plans" and "CUDA_DRIVER" in str(e):
+                low.skipped[step] = "the chosen engine compiles its kernel at run time, and loading it needs a GPU"
+                continue
+            raise DslError(diagnose(low, step, e, modes, target_name)) from None
+        low.timings[step] = time.perf_counter() - t0
+        if step == "create_execution_plans":
+            low.plan_count = g.get_execution_plan_count()
+    return low
+
+
+def _check_support(g, workspace_limit: int | None) -> None:
+    if workspace_limit is not None:
+        g.deselect_workspace_greater_than(workspace_limit)
+    g.check_support()
+
+
+def plan_deviceless(graph: Graph, inst: Instance, options: Options, target: Target,
+                    progress: Callable[[str], None] | None = None) -> Lowered:
+    """Lowers one shape and asks the real cuDNN library for the target's plans, with no GPU."""
+    return plan(lower(graph, inst, target=target), options, target.name, progress, deviceless=True)
+
+
+def timings_text(timings: dict[str, float]) -> str:
+    """'validate 0.3 ms · build_operation_graph 1.1 ms · ...'"""
+    return " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items())
+
+
+def first_plan_name(low: Lowered) -> str:
+    return low.g.get_plan_name_at_index(0) if low.plan_count else "-"
+
+
+def diagnose(low: Lowered, step: str, e: Exception, modes, target_name: str) -> Diagnostic:
+    """cuDNN's refusal as a located diagnostic: at the op whose result cuDNN names, else at the
+    only op of the family cuDNN names, else at the graph (with where each op is); the advice is
+    the registry's, for the families the graph holds."""
+    msg = clean(e)
+    graph = low.graph
+    culprit = None
+    for node in graph.nodes:  # the node whose result name appears in cuDNN's message
+        if any(re.search(rf"(?<![\w]){re.escape(o)}(?![\w])", msg) for o in node.outputs):
+            culprit = node
+    if culprit is None:  # else the only node of the family cuDNN's message names
+        for family in dict.fromkeys(OPS[n.op].family for n in graph.nodes):
+            of_family = [n for n in graph.nodes if OPS[n.op].family == family]
+            if len(of_family) == 1 and any(w in msg.lower() for w in FAMILIES[family].words):
+                culprit = of_family[0]
+                break
+    notes = []
+    if culprit is None and len(graph.nodes) > 1:
+        notes += [(f"{n.op} is here", n.loc) for n in graph.nodes if OPS[n.op].family != "pointwise"][:4]
+    if step in ("create_execution_plans", "check_support", "build_plans"):
+        dtypes = sorted({low.instance.type(v.name).dtype for v in graph.values if v.kind in ("input", "output")})
+        families = dict.fromkeys(OPS[n.op].family for n in graph.nodes)
+        advice = "; ".join(FAMILIES[f].advice for f in families)
+        notes.append((f"no cuDNN engine for {target_name} supports this graph (io dtypes {', '.join(dtypes)}; "
+                       f"heuristics {', '.join(modes)}). Try: {advice}; or 'option heuristics = [A, B, FALLBACK]'",
+                       None))
+    if low.instance.binding:
+        notes.append((f"with {low.instance.label}", None))
+    where = f"{culprit.op} in " if culprit else ""
+    loc = culprit.loc if culprit else graph.loc
+    return Diagnostic("error", f"cuDNN {step} failed for {where}graph '{graph.name}': {msg}", loc, tuple(notes))
+
+
+# ---- executables -------------------------------------------------------------------------
+
+
+@attrs.define
+class Executable:
+    """One planned shape: the cuDNN graph with a plan selected, its workspace, its host scalars."""
+
+    low: Lowered
+    handle: Any
+    device: Any
+    workspace: Any
+    """a torch uint8 tensor on the device"""
+    host: dict[int, Any]
+    """uid -> CPU tensor of each pass-by-value scalar (cuDNN reads it at launch)"""
+    plan_name: str = ""
+    source: str = "heuristics"
+    """where the plan came from: heuristics, autotuned, or the plan store (blob, or engine id + knobs)"""
+    notes: list[str] = attrs.Factory(list)
+    """fallbacks taken on the way, said to the user"""
+
+    @property
+    def workspace_bytes(self) -> int:
+        return int(self.workspace.numel()) if self.workspace.numel() > 1 else 0
+
+    def launch(self, pack: dict[int, Any]) -> None:
+        """The frontend's public execute, on the device's current stream."""
+        import torch
+
+        cudnn = load_cudnn()
+        cudnn.set_stream(self.handle, torch.cuda.current_stream(self.device).cuda_stream)
+        self.low.g.execute(pack, self.workspace, handle=self.handle)
+
+
+def host_tensors(low: Lowered) -> dict[int, Any]:
+    """uid -> CPU tensor of every pass-by-value tensor the lowering made, at its declared value."""
+    from cudnn_dsl.tensors import host_scalar
+
+    return {uid: host_scalar(v, dt) for uid, (v, dt) in low.host_values.items()}
+
+
+def _selected_index(g) -> int:
+    """The plan index the frontend selected (build_plans or build_plan_at_index sets it)."""
+    return int(getattr(g, "_plan_index", 0) or 0)
+
+
+class Candidates:
+    """Every plan the heuristics offer for one shape, planned through check_support; each is
+    built and run by its index (the heuristics' rank)."""
+
+    def __init__(self, planner: Planner, low: Lowered):
+        self.planner, self.low = planner, low
+
+    @property
+    def count(self) -> int:
+        return self.low.plan_count
+
+    def name(self, index: int) -> str:
+        return self.low.g.get_plan_name_at_index(index)
+
+    def build(self, index: int) -> int:
+        """Builds one plan; returns the workspace it needs in bytes."""
+        self.low.g.build_plan_at_index(index)
+        return int(self.low.g.get_workspace_size_plan_at_index(index))
+
+    def runner(self, index: int, pack: dict, workspace) -> Callable[[], None]:
+        """A launch of this plan on these buffers (built first)."""
+        g, handle = self.low.g, self.planner.handle
+        return lambda: g.execute_plan_at_index(pack, workspace, index=index, handle=handle)
+
+    def executable(self, index: int) -> Executable:
+        """This plan selected for execute() and serialize()."""
+        self.low.g.build_plan_at_index(index)
+        return self.planner.executable_of(self.low, "autotuned", [])
+
+
+class Planner:
+    """Turns each shape of one graph into an Executable, sharing a handle, a kernel cache and the
+    plan store across shapes."""
+
+    def __init__(self, graph: Graph, options: Options, device, store: PlanStore | None = None,
+                 use_store: bool = True, rebuild: bool = False, progress: Callable[[str], None] | None = None):
+        self.graph, self.options, self.device = graph, options, device
+        self.store = store or PlanStore()
+        self.use_store = use_store
+        """look plans up in, and save them to, the plan store"""
+        self.rebuild = rebuild
+        """ignore stored plans (and overwrite them)"""
+        self.progress = progress
+        self.use_kernel_cache = bool(graph.symbols)
+        """share one kernel cache across the shapes of a dynamic graph"""
+        self._handle = None
+        self._kc = None
+        self._kc_first_build_s: float | None = None
+        self._exes: dict[tuple, Executable] = {}
+        self.kernel_cache_loaded = False
+        self.kernel_cache_notes: list[str] = []
+
+    # ---- what every build shares ----------------------------------------------------------
+
+    @property
+    def handle(self):
+        """The cuDNN handle, created on this planner's device."""
+        if self._handle is None:
+            import torch
+
+            with torch.cuda.device(self.device):
+                self._handle = load_cudnn().create_handle()
+        return self._handle
+
+    @property
+    def device_name(self) -> str:
+        import torch
+
+        return torch.cuda.get_device_name(self.device)
+
+    def key(self, inst: Instance) -> PlanKey:
+        import torch
+
+        v = versions()
+        major, minor = torch.cuda.get_device_capability(self.device)
+        return PlanKey(graph_digest(self.graph, inst), self.device_name, f"{major}.{minor}",
+                       v["cudnn_backend"], v["cudnn_frontend"])
+
+    def lower(self, inst: Instance) -> Lowered:
+        self._kernel_cache_load()
+        return lower(self.graph, inst, handle=self.handle, kernel_cache=self._kc)
+
+    def executable_of(self, low: Lowered, source: str, notes: list[str], workspace: int | None = None) -> Executable:
+        """An Executable of the plan the lowered graph has selected, its workspace allocated."""
+        import torch
+
+        size = low.g.get_workspace_size() if workspace is None else workspace
+        ws = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
+        name = low.g.get_plan_name_at_index(_selected_index(low.g)) if low.plan_count else ""
+        return Executable(low, self.handle, self.device, ws, host_tensors(low), name, source, notes)
+
+    # ---- one shape -> an executable -------------------------------------------------------
+
+    def executable(self, inst: Instance) -> Executable:
+        """The shape's executable: built once per planner, from the store when it can be."""
+        exe = self._exes.get(inst.binding)
+        if exe is None:
+            exe = self._exes[inst.binding] = self._build(inst)
+        return exe
+
+    def _build(self, inst: Instance) -> Executable:
+        low = self.lower(inst)
+        key = self.key(inst) if self.use_store else None
+        notes: list[str] = []
+        if key is not None and not self.rebuild:
+            exe = self._from_store(low, key, notes)
+            if exe is not None:
+                return exe
+        cached = self._kc_size()
+        plan(low, self.options, self.device_name, self.progress)
+        if self._kc is not None:
+            notes.append(self._kernel_cache_note(cached, self._kc_size(), low.timings.get("build_plans", 0.0)))
+        exe = self.executable_of(low, "heuristics", notes)
+        if key is not None:
+            self._persist(key, exe, tuned=False)
+        self._kernel_cache_save()
+        return exe
+
+    def _from_store(self, low: Lowered, key: PlanKey, notes: list[str]) -> Executable | None:
+        try:
+            entry = self.store.get(key)
+        except StoreProblem as e:
+            notes.append(f"plan store: {e}; rebuilding")
+            return None
+        if entry is None:
+            return None
+        limit = self.options.workspace_limit
+        if limit is not None and entry.workspace > limit:
+            notes.append(f"stored plan {entry.plan_name} needs {entry.workspace} bytes of workspace, over the limit "
+                         f"of {limit}; rebuilding")
+            return None
+        return self._from_blob(low, entry, notes) or self._from_engine(low, entry, notes)
+
+    def _from_blob(self, low: Lowered, entry: Entry, notes: list[str]) -> Executable | None:
+        """The serialized plan: no heuristics query, no kernel compilation."""
+        cudnn = load_cudnn()
+        t0 = time.perf_counter()
+        try:
+            g = cudnn.pygraph(handle=self.handle)
+            g.deserialize(self.handle, entry.blob)
+            mismatch = _plan_mismatch(g, low)
+        except Exception as e:  # noqa: BLE001 - a blob from another build of cuDNN fails in many ways
+            notes.append(f"stored plan blob did not load ({clean(e, 300)}); rebuilding engine {entry.engine_id}")
+            return None
+        if mismatch:
+            notes.append(f"stored plan blob is not this graph's ({mismatch}); rebuilding engine {entry.engine_id}")
+            return None
+        loaded = Lowered(low.graph, low.instance, g, low.host_values, {"deserialize": time.perf_counter() - t0})
+        workspace = max(entry.workspace, _workspace_of(g))
+        exe = self.executable_of(loaded, "plan store (serialized plan)", notes, workspace)
+        exe.plan_name = entry.plan_name
+        return exe
+
+    def _from_engine(self, low: Lowered, entry: Entry, notes: list[str]) -> Executable | None:
+        """The stored engine id and knobs, built on the freshly lowered graph."""
+        cudnn = load_cudnn()
+        try:
+            t0 = time.perf_counter()
+            g = low.g
+            g.validate()
+            g.build_operation_graph()
+            g.create_execution_plan(entry.engine_id, {getattr(cudnn.knob_type, k): v for k, v in entry.knobs.items()})
+            index = g.get_execution_plan_count() - 1
+            _check_support(g, self.options.workspace_limit)
+            g.build_plan_at_index(index)
+            low.timings["rebuild_from_engine"] = time.perf_counter() - t0
+            low.plan_count = index + 1
+        except Exception as e:  # noqa: BLE001 - an engine this cuDNN no longer offers, knobs it refuses
+            notes.append(f"stored engine {entry.engine_id} did not rebuild ({clean(e, 300)}); using heuristics")
+            return None
+        return self.executable_of(low, "plan store (engine id + knobs)", notes)
+
+    def _persist(self, key: PlanKey, exe: Executable, tuned: bool, timing: dict | None = None) -> None:
+        g = exe.low.g
+        try:
+            engine_id, knobs = g.get_engine_and_knobs_at_index(_selected_index(g))
+            blob = bytes(g.serialize(as_bytes=True))
+        except Exception as e:  # noqa: BLE001 - some plans cannot serialize; the run goes on
+            exe.notes.append(f"plan not stored: {clean(e, 300)}")
+            return
+        entry = Entry(key, self.graph.name, exe.plan_name, int(engine_id),
+                      {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()}, blob,
+                      int(exe.workspace.numel()), tuned, timing or {}, time.time())
+        try:
+            self.store.put(entry)
+        except (OSError, StoreProblem) as e:
+            exe.notes.append(f"plan not stored: {e}")
+
+    # ---- tuning ------------------------------------------------------------------------------
+
+    def candidates(self, inst: Instance) -> Candidates:
+        """Every plan of every heuristic mode for this shape, planned through check_support."""
+        low = self.lower(inst)
+        plan(low, self.options, self.device_name, self.progress, steps=STEPS[:4], tuning=True)
+        return Candidates(self, low)
+
+    def adopt(self, exe: Executable, tuned: bool = True, timing: dict | None = None) -> None:
+        """Makes exe the shape's executable from now on, and stores it (when the store is on)."""
+        inst = exe.low.instance
+        self._exes[inst.binding] = exe
+        if self.use_store:
+            self._persist(self.key(inst), exe, tuned, timing)
+        self._kernel_cache_save()
+
+    # ---- dynamic shapes: one kernel cache for every shape of the graph ----------------------
+
+    def _kernel_cache_key(self) -> str:
+        return graph_digest(self.graph, self.graph.instances[0])[:24]
+
+    def _kernel_cache_load(self) -> None:
+        if not self.use_kernel_cache or self._kc is not None:
+            return
+        cudnn = load_cudnn()
+        self._kc = cudnn.create_kernel_cache()
+        if not self.use_store or self.rebuild:
+            return
+        try:
+            text = self.store.load_kernel_cache(self.graph.name, self._kernel_cache_key())
+        except StoreProblem as e:
+            self.kernel_cache_notes.append(f"kernel cache: {e}; starting empty")
+            return
+        if text is None:
+            return
+        try:
+            self._kc.deserialize(text)
+            self.kernel_cache_loaded = True
+        except Exception as e:  # noqa: BLE001 - a cache from another cuDNN build
+            self.kernel_cache_notes.append(f"kernel cache did not load ({clean(e, 300)}); starting empty")
+            self._kc = cudnn.create_kernel_cache()
+
+    def _kc_size(self) -> int | None:
+        """Entries in the shared kernel cache; None where cuDNN cannot count them (before 9.27)."""
+        try:
+            return self._kc.size() if self._kc is not None else None
+        except RuntimeError:
+            return None
+
+    def _kernel_cache_note(self, before: int | None, after: int | None, build_s: float) -> str:
+        """Whether this shape's build reused the shared cache: by cuDNN's count of its entries where
+        it gives one, else by build time against the first shape's."""
+        first = self._kc_first_build_s is None
+        if first:
+            self._kc_first_build_s = build_s
+        if before is not None and after is not None:
+            if after == before:
+                return f"kernel cache: no new kernel compiled ({after} in the shared cache)"
+            if first:
+                return f"kernel cache: compiled {after - before} kernel(s) for the first shape"
+            return f"kernel cache: WARNING: this shape compiled {after - before} new kernel(s) instead of reusing the cache"
+        ms, first_ms = build_s * 1e3, self._kc_first_build_s * 1e3
+        if first:
+            return f"kernel cache: first shape, build_plans {ms:.1f} ms"
+        if build_s > max(3 * self._kc_first_build_s, 0.1):
+            return (f"kernel cache: WARNING: build_plans took {ms:.1f} ms against {first_ms:.1f} ms for the first "
+                    f"shape, like a fresh compile")
+        return f"kernel cache: build_plans {ms:.1f} ms (first shape {first_ms:.1f} ms)"
+
+    def _kernel_cache_save(self) -> None:
+        if self._kc is None or not self.use_store:
+            return
+        try:
+            self.store.save_kernel_cache(self.graph.name, self._kernel_cache_key(), self._kc.serialize())
+        except Exception as e:  # noqa: BLE001 - not every cache can serialize; the run goes on
+            self.kernel_cache_notes.append(f"kernel cache not saved: {clean(e, 300)}")
+
+
+def _workspace_of(g) -> int:
+    """The workspace a loaded plan asks for; 0 where this frontend cannot say (the entry's then stands)."""
+    try:
+        return int(g.get_workspace_size())
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _plan_mismatch(g, low: Lowered) -> str:
+    """What in a deserialized plan differs from the graph it was stored for ('' when it matches):
+    every input and output of the IR, by uid, with its dims, strides and dtype. A bundle imported
+    from elsewhere must not make a call compute another graph."""
+    try:
+        tensors = json.loads(repr(g))["tensors"]
+    except (ValueError, KeyError, TypeError):
+        return "its tensors cannot be read back"
+    loaded = {t["uid"]: t for t in tensors if not t.get("is_virtual")}
+    for v in low.graph.values:
+        if v.kind not in ("input", "output"):
+            continue
+        t = low.instance.type(v.name)
+        got = loaded.get(v.uid)
+        want = (list(t.shape), list(t.strides), cudnn_name(t.dtype))
+        if got is None:
+            return f"no tensor of uid {v.uid} ('{v.name}')"
+        if (got.get("dim"), got.get("stride"), got.get("data_type")) != want:
+            return f"'{v.name}' (uid {v.uid}) is {got.get('data_type')}{got.get('dim')} there"
+    return ""

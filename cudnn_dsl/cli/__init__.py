@@ -1,0 +1,54 @@
+"""CLI layer: `cudnn-dsl COMMAND ...`. One file per command (register + run); this module builds
+the parser and is the only place where an exception becomes a message and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from cudnn_dsl.cli.common import EXIT_OK, EXIT_USAGE, report
+
+#: command -> module under cudnn_dsl.cli, in the order --help lists them
+COMMANDS = {
+    "check": "check",
+    "fmt": "fmt",
+    "run": "run",
+    "emit": "emit",
+    "tune": "tune",
+    "bench": "bench",
+    "cache": "cache",
+    "device-info": "device_info",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cudnn_dsl import __version__
+
+    p = argparse.ArgumentParser(
+        prog="cudnn-dsl",
+        description="Write fused cuDNN graphs as small .cdg files; check, compile, run, verify, tune and bench them.",
+        epilog="Exit status: 0 clean, 1 errors or mismatches, 2 usage errors, 70 internal error (a bug), "
+               "130 interrupted. Docs: docs/language.md",
+    )
+    p.add_argument("--version", action="version", version=f"cudnn-dsl {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        cmd = importlib.import_module(f"cudnn_dsl.cli.{module}")
+        cmd.register(sub.add_parser(name, help=cmd.HELP, description=cmd.HELP))
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse itself exits 2 on a bad command line
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # `cudnn-dsl check f.cdg | head -1`
+        sys.stderr.close()
+        return EXIT_OK
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - the one place errors become exit codes
+        return report(e)

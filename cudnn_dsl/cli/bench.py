@@ -1,0 +1,67 @@
+"""`cudnn-dsl bench FILE...`: the compiled graph against hand-written cuDNN, torch eager and
+torch.compile, on the same buffers, in one process."""
+
+from __future__ import annotations
+
+from cudnn_dsl.cli import common
+
+HELP = "time the graph against hand-written cuDNN, torch eager and torch.compile"
+
+
+def register(p) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--graph", help="only this graph of each file")
+    p.add_argument("--shape", action="append", metavar="DIM=VALUE", help="shape of a dynamic graph (default: its first)")
+    p.add_argument("--against", help="comma-separated baselines: cudnn (the ejected script), torch (eager), "
+                   "compile (torch.compile); default: all")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    p.add_argument("--iterations", type=int, default=20, help="timed samples per round (default 20)")
+    p.add_argument("--no-peak", action="store_true", help="skip measuring the GPU's bf16 matmul peak")
+    p.add_argument("--json", metavar="FILE", help="write every figure as JSON ('-' for stdout)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw a chart (needs matplotlib)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from cudnn_dsl.bench import BASELINES
+
+    against = tuple(x.strip() for x in args.against.split(",") if x.strip()) if args.against else BASELINES
+    bad = set(against) - set(BASELINES)
+    if bad or not against:
+        raise common.UsageError(f"--against takes {', '.join(BASELINES)}; got {args.against!r}")
+    if args.rounds < 1 or args.iterations < 1:
+        raise common.UsageError("--rounds and --iterations must be at least 1")
+    common.check_writable(args.json, "--json")
+    common.check_writable(args.plot, "--plot")
+    common.require_matplotlib(args.plot)
+    common.require_gpu("bench measures on a GPU")
+    from cudnn_dsl.bench import bench_graph, peak_tflops_bf16, plot, table
+    from cudnn_dsl.timing import environment
+
+    peak = None if args.no_peak else peak_tflops_bf16()
+    env = {**environment(), "peak_bf16_tflops_measured": peak}
+    print(f"{env['gpu']}, driver {env['driver']}, cuDNN {env['cudnn_backend']}, frontend {env['cudnn_frontend']}, "
+          f"torch {env['torch']}" + (f"; measured bf16 matmul peak {peak:.0f} TFLOP/s" if peak else ""))
+    results, status = [], common.EXIT_OK
+    for path in args.files:
+        result = common.load_file(path)
+        if not result.ok:
+            status = common.EXIT_FAIL
+            continue
+        for g in common.select_graphs(result.program, args.graph):
+            shapes = common.select_instances(g, args.shape)
+            for inst in shapes if args.shape else shapes[:1]:
+                try:
+                    res = bench_graph(g, inst, against, args.rounds, args.iterations)
+                except Exception as e:  # noqa: BLE001 - a graph cuDNN declines is reported; the others still run
+                    status = max(status, common.report(e))
+                    continue
+                res["file"] = path
+                results.append(res)
+                print(table(res, peak))
+                if any(r.get("check") not in ("ok", "") for r in res["rows"]):
+                    status = max(status, common.EXIT_FAIL)
+    common.write_json(args.json, {"environment": env, "results": results})
+    if args.plot and results:
+        plot(results, args.plot)
+    return status

@@ -1,0 +1,258 @@
+"""CLI layer: what the commands share — loading files, choosing graphs and shapes, options and
+targets from flags, JSON reports, progress, and the one function that turns an exception into
+a message and an exit code.
+
+Nothing here imports torch or cuDNN at module level: `check`, `fmt` and `--help` must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from dsl.diagnostics import Diagnostic, DslError, RuleError
+from dsl.ir import Graph, Instance, NotFound, Program
+from dsl.options import OPTIONS, Options
+from dsl.pipeline import Result, SourceUnreadable, load
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_BUG, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
+
+SOURCES: dict[str, str] = {}
+"""file -> text of every file loaded in this process, so that any later error can quote its line"""
+
+
+class UsageError(Exception):
+    """The command line asks for something that cannot be (exit 2)."""
+
+
+def warn(message: str) -> None:
+    print(f"cudnn-dsl: {message}", file=sys.stderr)
+
+
+# ---- exceptions -> messages and exit codes (main() and per-item loops share this) ----------
+
+
+def report(e: BaseException) -> int:
+    """Prints what went wrong, in the user's terms; returns the exit code it deserves."""
+    from cudnn_dsl.backend import BackendUnavailable, DescriptorFileError, UnknownTarget
+    from cudnn_dsl.store import StoreProblem
+
+    if isinstance(e, DslError):
+        print(e.render(SOURCES), file=sys.stderr)
+        return EXIT_FAIL
+    if isinstance(e, (UsageError, NotFound, SourceUnreadable, UnknownTarget, DescriptorFileError)):
+        warn(f"error: {e}")
+        return EXIT_USAGE
+    if isinstance(e, (BackendUnavailable, StoreProblem)):
+        warn(f"error: {e}")
+        return EXIT_FAIL
+    if _is_binding_error(e):
+        if getattr(e, "loc", None) is not None:
+            print(Diagnostic("error", str(e), e.loc).render(SOURCES), file=sys.stderr)
+        else:
+            warn(f"error: {e}")
+        return EXIT_FAIL
+    if isinstance(e, KeyboardInterrupt):
+        warn("interrupted")
+        return EXIT_INTERRUPTED
+    traceback.print_exception(e)
+    warn(f"internal error: {type(e).__name__}: {e}\nThis is a bug in cudnn-dsl; please report it with the "
+         f"command line and the traceback above.")
+    return EXIT_BUG
+
+
+def _is_binding_error(e: BaseException) -> bool:
+    mod = sys.modules.get("cudnn_dsl.tensors")  # never imported just to answer no
+    return mod is not None and isinstance(e, mod.BindingError)
+
+
+# ---- files, graphs, shapes -----------------------------------------------------------------
+
+
+def load_file(path: str, stop: str = "ir") -> Result:
+    """Parses (and checks) one file, printing its diagnostics to stderr; SourceUnreadable when
+    there is no such file."""
+    result = load(path, stop=stop)
+    SOURCES[result.file] = result.text
+    if result.diagnostics:
+        print(result.render(), file=sys.stderr)
+    return result
+
+
+def select_graphs(program: Program, name: str | None) -> list[Graph]:
+    """The graph --graph names, or every graph of the file."""
+    try:
+        return [program.graph(name)] if name else list(program.graphs)
+    except NotFound as e:
+        raise UsageError(str(e)) from None
+
+
+def _parse_shapes(items) -> dict[str, set[int]]:
+    """--shape N=8 --shape N=16 --shape M=4 (or N=8,16) -> {"N": {8, 16}, "M": {4}}"""
+    out: dict[str, set[int]] = {}
+    for item in items or ():
+        name, _, values = item.partition("=")
+        parts = values.split(",")
+        if not name or not all(p.strip().isdigit() for p in parts):
+            raise UsageError(f"--shape takes NAME=VALUE[,VALUE...], got '{item}'")
+        out.setdefault(name, set()).update(int(p) for p in parts)
+    return out
+
+
+def select_instances(graph: Graph, items) -> list[Instance]:
+    """The graph's shapes that --shape selects (every declared one when it selects none)."""
+    wanted = _parse_shapes(items)
+    bad = set(wanted) - {s.name for s in graph.symbols}
+    if bad:
+        dims = ", ".join(s.name for s in graph.symbols) or "none"
+        raise UsageError(f"graph '{graph.name}' has no symbolic dim {', '.join(sorted(bad))} (its dims: {dims})")
+    chosen = [i for i in graph.instances if all(dict(i.binding)[k] in v for k, v in wanted.items())]
+    if not chosen:
+        raise UsageError(f"--shape selects none of graph '{graph.name}'s shapes ({graph.declared_shapes})")
+    return chosen
+
+
+def label(graph: Graph, inst: Instance) -> str:
+    """'g' or 'g [N=8]': how reports name one shape of a graph."""
+    return graph.name + (f" [{inst.label}]" if inst.binding else "")
+
+
+# ---- flags ------------------------------------------------------------------------------------
+
+OPTION_FLAGS = ("heuristics", "build_policy", "workspace_limit", "seed", "warmup", "iterations")
+"""options that have a flag of the same name (--build-policy for build_policy)"""
+
+
+def add_option_flags(p, *names: str) -> None:
+    for name in names:
+        a = OPTIONS[name]
+        metavar = {"int": "N", "enums": ",".join(a.choices), "enum": "|".join(a.choices)}.get(a.kind)
+        p.add_argument("--" + name.replace("_", "-"), dest=name, metavar=metavar,
+                       help=f"{a.doc} (overrides the file's 'option {name}')")
+
+
+def options_from(args, base: Options) -> Options:
+    """The file's options with the command line's on top, converted as the file's are."""
+    given = {n: getattr(args, n) for n in OPTION_FLAGS if getattr(args, n, None) is not None}
+    if getattr(args, "cuda_graph", False):
+        given["cuda_graph"] = "true"
+    try:
+        return base.with_values(given, source="text")
+    except RuleError as e:
+        raise UsageError(f"--{str(e.at).replace('_', '-')}: {e}") from None
+
+
+def add_target_flags(p, what: str) -> None:
+    p.add_argument("--target", metavar="GPU", help=f"{what} (a name from cudnn_dsl/devices/, e.g. h200)")
+    p.add_argument("--device-properties", metavar="JSON", help="like --target, from a descriptor that "
+                   "`cudnn-dsl device-info` printed on that GPU")
+
+
+def target_from(args, default: str | None = None):
+    """The device --target or --device-properties names (default: `default`), checked before any
+    work; None when neither is given and there is no default."""
+    from cudnn_dsl.backend import Target
+
+    if args.device_properties:
+        return Target.from_file(args.device_properties)
+    name = args.target or default
+    return Target.named(name) if name else None
+
+
+def named_values(items, flag: str, valid: list[str], convert: Callable[[str], Any], *,
+                 unnamed_ok: bool = False) -> dict[str, Any]:
+    """--flag NAME=VALUE (repeated) -> {NAME: convert(VALUE)}; with unnamed_ok, a bare VALUE is
+    every name's. A name that is not valid is a usage error naming the valid ones."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        name, sep, text = item.partition("=")
+        if not sep:
+            if not unnamed_ok:
+                raise UsageError(f"{flag} takes NAME=VALUE, got '{item}'")
+            name, text = "", item
+        if name and name not in valid:
+            raise UsageError(f"{flag} {item}: no '{name}' here; the names are {', '.join(valid) or 'none'}")
+        try:
+            value = convert(text)
+        except ValueError as e:
+            raise UsageError(f"{flag} {item}: {e}") from None
+        out.update({n: value for n in valid} if not name else {name: value})
+    return out
+
+
+def tolerance(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("a tolerance is a finite number >= 0")
+    return value
+
+
+def value_range(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(":")
+    lo_f, hi_f = float(lo), float(hi) if sep else float("nan")
+    if not sep or not lo_f <= hi_f or abs(hi_f) == float("inf") or abs(lo_f) == float("inf"):
+        raise ValueError("takes LO:HI, finite, with LO <= HI")
+    return lo_f, hi_f
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+
+def check_writable(path: str | None, flag: str) -> None:
+    """A report path that cannot be written is a usage error before any work."""
+    if path is None or path == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory")
+    if p.parent != Path("") and p.parent.exists() and not p.parent.is_dir():
+        raise UsageError(f"{flag} {path}: {p.parent} is not a directory")
+
+
+def write_json(path: str | None, data: Any) -> None:
+    """A JSON report to a file (atomically) or to stdout ('-')."""
+    if path is None:
+        return
+    text = json.dumps(data, indent=1, default=str)
+    if path == "-":
+        print(text)
+        return
+    from cudnn_dsl.store import atomic_write
+
+    atomic_write(Path(path), text + "\n")
+
+
+def require_matplotlib(path: str | None, flag: str = "--plot") -> None:
+    if path is None:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(f"{flag} needs matplotlib: pip install matplotlib")
+
+
+def require_gpu(what: str) -> None:
+    from cudnn_dsl.backend import BackendUnavailable, gpu_available
+
+    if not gpu_available():
+        raise BackendUnavailable(f"{what}, and no CUDA GPU is visible here; `cudnn-dsl check --target h200 FILE` "
+                                 f"plans without one")
+
+
+class Progress:
+    """One self-erasing status line on a terminal; silent when stderr is not one."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, step: str) -> None:
+        if self.tty:
+            print(f"\r\033[K  {self.label}: {step} ...", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)

@@ -1,0 +1,280 @@
+"""`cudnn-dsl run FILE`: compile, execute, compare with the reference, report.
+
+On a machine without a GPU it does what it can: checks the file, asks cuDNN for the target's
+plans without a device, runs the PyTorch reference on the CPU, and says what it skipped.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from cudnn_dsl.cli import common
+
+HELP = "compile with cuDNN, run on generated or given inputs, compare with the PyTorch reference"
+
+
+def register(p) -> None:
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--graph", help="only this graph of the file")
+    p.add_argument("--shape", action="append", metavar="DIM=VALUE",
+                   help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value")
+    common.add_option_flags(p, *common.OPTION_FLAGS)
+    p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    common.add_target_flags(p, "without a GPU here, plan for this GPU (default h200)")
+    p.add_argument("--input", action="append", metavar="NAME=FILE",
+                   help="an input from .pt/.npy/.safetensors instead of generated values")
+    p.add_argument("--cast-inputs", action="store_true",
+                   help="convert --input files to the declared dtype even where values change (e.g. float32 -> bf16)")
+    p.add_argument("--scalar", action="append", metavar="NAME=VALUE", help="a scalar's value instead of its default")
+    p.add_argument("--range", action="append", metavar="NAME=LO:HI",
+                   help="value range of a generated input (default [-1, 1]; [0.5, 1.5] where an op wants positives)")
+    p.add_argument("--atol", action="append", metavar="[NAME=]TOL", help="absolute tolerance, for all or one output")
+    p.add_argument("--rtol", action="append", metavar="[NAME=]TOL", help="relative tolerance, for all or one output")
+    p.add_argument("--cuda-graph", action="store_true", help="capture the execution in a CUDA graph and time replays")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the plan store")
+    p.add_argument("--rebuild", action="store_true", help="ignore stored plans; build and store anew")
+    p.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference and the comparison")
+    p.add_argument("--save-outputs", metavar="DIR",
+                   help="write each output to DIR/GRAPH.NAME.pt (without a GPU: the reference's, as .reference.pt)")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from cudnn_dsl.backend import gpu_available
+    from cudnn_dsl.tensors import load_tensor
+
+    common.check_writable(args.json, "--json")
+    if args.save_outputs and Path(args.save_outputs).exists() and not Path(args.save_outputs).is_dir():
+        raise common.UsageError(f"--save-outputs {args.save_outputs}: not a directory")
+    gpu = gpu_available()
+    target = common.target_from(args, default=None if gpu else "h200")  # checked before any work
+    result = common.load_file(args.file)
+    entry = {"file": result.file, "diagnostics": [d.to_json() for d in result.diagnostics], "graphs": []}
+    if not result.ok:
+        common.write_json(args.json, {"files": [entry]})
+        return common.EXIT_FAIL
+    graphs = common.select_graphs(result.program, args.graph)
+    tensor_inputs = sorted({v.name for g in graphs for v in g.of_kind("input")})
+    files = common.named_values(args.input, "--input", tensor_inputs, str)
+    loaded = {name: _load(name, path, load_tensor) for name, path in files.items()}  # before any planning
+    if not gpu:
+        common.warn(f"note: no CUDA GPU here: checking, planning for {target.name} without a device, and running "
+                    f"the PyTorch reference on the CPU; the cuDNN execution is skipped")
+    status = common.EXIT_OK
+    for g in graphs:
+        setup = _Setup(g, args, loaded)
+        runner = _GpuRunner(setup) if gpu else _CpuRunner(setup, target)
+        for inst in common.select_instances(g, args.shape):
+            try:
+                rep = runner.run(inst)
+            except Exception as e:  # noqa: BLE001 - one shape's failure is reported; the others still run
+                if isinstance(e, common.UsageError):
+                    raise
+                status = max(status, common.report(e))
+                continue
+            entry["graphs"].append(rep)
+            if not rep.get("ok", True):
+                status = max(status, common.EXIT_FAIL)
+    from cudnn_dsl.timing import environment
+
+    common.write_json(args.json, {"files": [entry], "environment": environment() if gpu else {}})
+    return status
+
+
+def _load(name: str, path: str, load_tensor):
+    from cudnn_dsl.tensors import BindingError
+
+    try:
+        return load_tensor(path)
+    except BindingError as e:
+        raise BindingError(f"--input {name}: {e}") from None
+
+
+class _Setup:
+    """One graph's flags, converted and checked once: options, tolerances, ranges, scalars."""
+
+    def __init__(self, graph, args, loaded: dict):
+        from cudnn_dsl.tensors import BindingError, scalar_value
+
+        self.graph, self.args, self.loaded = graph, args, {k: v for k, v in loaded.items()
+                                                           if k in {x.name for x in graph.of_kind("input")}}
+        self.opts = common.options_from(args, graph.options)
+        outputs = [v.name for v in graph.outputs]
+        self.atol = common.named_values(args.atol, "--atol", outputs, common.tolerance, unnamed_ok=True)
+        self.rtol = common.named_values(args.rtol, "--rtol", outputs, common.tolerance, unnamed_ok=True)
+        inputs = [v.name for v in graph.of_kind("input")]
+        self.ranges = common.named_values(args.range, "--range", inputs, common.value_range)
+        scalars = {v.name: v for v in graph.of_kind("scalar")}
+        given = common.named_values(args.scalar, "--scalar", list(scalars), _number)
+        self.scalars = {}
+        for name, value in given.items():
+            try:
+                self.scalars[name] = scalar_value(name, value, scalars[name].dtype)
+            except BindingError as e:
+                raise common.UsageError(f"--scalar {e}") from None
+
+    def inputs(self, inst, device) -> dict:
+        """Generated inputs, the --input files in their place, and the --scalar values."""
+        from cudnn_dsl.tensors import BindingError, generate_inputs, relayout
+
+        tensors = generate_inputs(self.graph, inst, device, self.opts.seed, self.ranges)
+        for name, t in self.loaded.items():
+            try:
+                tensors[name] = relayout(t, inst.type(name), device, self.args.cast_inputs)
+            except BindingError as e:
+                raise BindingError(f"--input {name}: {e}", self.graph.value(name).loc) from None
+        return {**tensors, **self.scalars}
+
+    def save(self, inst, outputs: dict, suffix: str = "") -> list[str]:
+        import torch
+
+        if not self.args.save_outputs:
+            return []
+        d = Path(self.args.save_outputs)
+        d.mkdir(parents=True, exist_ok=True)
+        shape = "".join(f".{k}{v}" for k, v in inst.binding)
+        paths = []
+        for name, t in outputs.items():
+            path = d / f"{self.graph.name}{shape}.{name}{suffix}.pt"
+            torch.save(t.cpu(), path)
+            paths.append(str(path))
+        return paths
+
+
+def _number(text: str) -> float | int:
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+class _GpuRunner:
+    def __init__(self, setup: _Setup):
+        from cudnn_dsl.runtime import CompiledGraph
+
+        self.s = setup
+        a = setup.args
+        self.cg = CompiledGraph(setup.graph, setup.opts, a.device, use_store=not a.no_cache, rebuild=a.rebuild)
+
+    def run(self, inst) -> dict:
+        import torch
+
+        from cudnn_dsl.build import timings_text
+        from cudnn_dsl.tensors import compare_outputs
+        from cudnn_dsl.timing import gpu_time_us
+
+        cg, s, opts = self.cg, self.s, self.s.opts
+        name = common.label(s.graph, inst)
+        tensors = s.inputs(inst, cg.device)
+        progress = common.Progress(name)
+        cg.planner.progress = progress
+        try:
+            graph_mode = s.args.cuda_graph or opts.cuda_graph
+            if graph_mode:
+                replay = cg.capture(tensors)
+                outputs, launch, exe = replay.outputs, replay.replay, replay.bound.exe
+            else:
+                bound = cg.bind(tensors)
+                outputs, launch, exe = bound.outputs, bound.run, bound.exe
+        finally:
+            progress.done()
+        launch()
+        torch.cuda.synchronize(cg.device)
+        comps = []
+        if not s.args.no_reference:
+            want = cg.reference(tensors)
+            comps = compare_outputs(s.graph, inst, outputs, want, opts, s.atol, s.rtol)
+        times = gpu_time_us(launch, opts.iterations, warmup=opts.warmup)
+        low = exe.low
+        median = statistics.median(times)
+        print(f"graph {name}")
+        candidates = f"{low.plan_count} candidates, heuristics {', '.join(opts.modes())}; " if low.plan_count else ""
+        print(f"  plan       {exe.plan_name}  ({candidates}from {exe.source})")
+        for note in exe.notes + cg.planner.kernel_cache_notes:
+            print(f"  note       {note}")
+        print("  build      " + timings_text(low.timings))
+        print(f"  workspace  {exe.workspace_bytes} bytes")
+        how = "CUDA-graph replays" if graph_mode else "executions"
+        print(f"  gpu time   {median:.1f} µs per call ({how}; median of {len(times)} samples, "
+              f"min {min(times):.1f}, max {max(times):.1f})")
+        for c in comps:
+            print(f"  compare    {c}")
+        if s.args.no_reference:
+            print("  skipped    the reference and the comparison (--no-reference)")
+        saved = s.save(inst, outputs)
+        import attrs
+
+        return {
+            "graph": s.graph.name, "binding": dict(inst.binding), "executed": True, "plan": exe.plan_name,
+            "source": exe.source, "notes": exe.notes, "candidates": low.plan_count, "build_s": low.timings,
+            "cuda_graph": graph_mode, "workspace_bytes": exe.workspace_bytes, "gpu_us_median": median,
+            "gpu_us": times, "compare": [attrs.asdict(c) for c in comps], "ok": all(c.ok for c in comps),
+            "saved": saved,
+        }
+
+
+class _CpuRunner:
+    def __init__(self, setup: _Setup, target):
+        self.s, self.target = setup, target
+
+    def run(self, inst) -> dict:
+        from cudnn_dsl.backend import BackendUnavailable
+        from cudnn_dsl.build import first_plan_name, plan_deviceless, timings_text
+        from cudnn_dsl.reference import run_reference
+        from cudnn_dsl.tensors import reference_bytes
+
+        s, target = self.s, self.target
+        name = common.label(s.graph, inst)
+        print(f"graph {name}")
+        rep: dict = {"graph": s.graph.name, "binding": dict(inst.binding), "executed": False, "skipped": {}}
+        progress = common.Progress(name)
+        try:
+            low = plan_deviceless(s.graph, inst, s.opts, target, progress)
+            first = first_plan_name(low)
+            print(f"  plan       for {target.name} (no device): {first}  ({low.plan_count} candidates)")
+            print("  build      " + timings_text(low.timings))
+            for step, why in low.skipped.items():
+                print(f"  skipped    {step}: {why}")
+            rep.update(plan=first, candidates=low.plan_count, build_s=low.timings, skipped=dict(low.skipped))
+        except BackendUnavailable as e:
+            print(f"  skipped    cuDNN planning: {e}")
+            rep["skipped"]["plan"] = str(e)
+        finally:
+            progress.done()
+        need, have = reference_bytes(s.graph, inst), _available_memory()
+        if s.args.no_reference:
+            why = "--no-reference"
+        elif have is not None and need > have // 2:
+            why = f"it would hold about {need / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB of memory is free"
+        else:
+            why = ""
+        if why:
+            print(f"  skipped    the PyTorch reference: {why}")
+            rep["skipped"]["reference"] = why
+        else:
+            outs = run_reference(s.graph, inst, s.inputs(inst, "cpu"), "cpu")
+            for out_name, t in outs.items():
+                f = t.float()
+                print(f"  reference  {out_name}: {inst.type(out_name)} on the CPU, mean {f.mean():.4g}, "
+                      f"max |x| {f.abs().max():.4g}")
+            rep["reference"] = {n: {"mean": float(t.float().mean()), "absmax": float(t.float().abs().max())}
+                                for n, t in outs.items()}
+            rep["saved"] = s.save(inst, outs, ".reference")
+            if rep["saved"]:
+                print(f"  saved      the reference outputs to {s.args.save_outputs} (*.reference.pt)")
+        print("  skipped    cuDNN execution and comparison: no CUDA GPU here")
+        rep["skipped"]["execution"] = "no CUDA GPU here"
+        return rep
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory free for new allocations (MemAvailable), None where the system does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -1,0 +1,63 @@
+"""`cudnn-dsl tune FILE...`: build and time every candidate plan on the GPU; keep the fastest."""
+
+from __future__ import annotations
+
+from cudnn_dsl.cli import common
+
+HELP = "build and time every candidate plan on the GPU; keep the fastest in the plan store"
+
+
+def register(p) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--graph", help="only this graph of each file")
+    p.add_argument("--shape", action="append", metavar="DIM=VALUE",
+                   help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value")
+    common.add_option_flags(p, *common.OPTION_FLAGS)
+    p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the time of every plan (needs matplotlib)")
+    p.add_argument("--json", metavar="FILE", help="write every plan's timings as JSON ('-' for stdout)")
+    p.add_argument("--no-cache", action="store_true", help="do not save the winner in the plan store")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    common.check_writable(args.json, "--json")
+    common.check_writable(args.plot, "--plot")
+    common.require_matplotlib(args.plot)
+    common.require_gpu("tune times plans on a GPU")
+    import attrs
+
+    from cudnn_dsl.runtime import CompiledGraph
+    from cudnn_dsl.timing import environment
+    from cudnn_dsl.tune import plot, report, tune
+
+    results, files, status = [], [], common.EXIT_OK
+    for path in args.files:
+        result = common.load_file(path)
+        files.append({"file": result.file, "diagnostics": [d.to_json() for d in result.diagnostics], "graphs": []})
+        if not result.ok:
+            status = common.EXIT_FAIL
+            continue
+        for g in common.select_graphs(result.program, args.graph):
+            cg = CompiledGraph(g, common.options_from(args, g.options), args.device, use_store=not args.no_cache)
+            for inst in common.select_instances(g, args.shape):
+                progress = common.Progress(common.label(g, inst))
+                cg.planner.progress = progress
+                try:
+                    r = tune(cg, inst, progress)
+                except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still run
+                    status = max(status, common.report(e))
+                    continue
+                finally:
+                    progress.done()
+                results.append(r)
+                files[-1]["graphs"].append(attrs.asdict(r))
+                print(report(r))
+                if r.winner is None:
+                    status = max(status, common.EXIT_FAIL)
+                elif not args.no_cache:
+                    print(f"  stored in {cg.planner.store.root}")
+    if args.plot and results:
+        plot(results, args.plot)
+    common.write_json(args.json, {"files": files, "environment": environment(args.device)})
+    return status

@@ -1,0 +1,77 @@
+"""Measure layer: GPU time per call (CUDA events, CUDA-graph replays) and host time per call.
+
+Figures are measured, never asserted: these feed `run`, `tune`, `bench` and the benchmark scripts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from cudnn_dsl.backend import load_cudnn
+
+
+def replay_time_us(fn, handle, device, iterations: int, warmup: int, inner: int = 10) -> list[float]:
+    """GPU time per call of fn() without host gaps: `inner` calls captured in a CUDA graph, then
+    one sample per replay. Falls back to event timing when the launch cannot be captured."""
+    cudnn = load_cudnn()
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+            for _ in range(inner):
+                fn()
+    except Exception:  # noqa: BLE001 - capture refused: time launches directly
+        return gpu_time_us(fn, iterations, 0, inner)
+    finally:
+        cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+    return [t / inner for t in gpu_time_us(graph.replay, iterations, warmup=1, inner=1)]
+
+
+def gpu_time_us(fn, iterations: int = 20, warmup: int = 3, inner: int = 10) -> list[float]:
+    """GPU time per call of fn() in microseconds: one sample per CUDA-event pair around `inner`
+    back-to-back calls, so the device queue stays full and host overhead is not counted."""
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    for s, e in zip(starts, ends):
+        s.record()
+        for _ in range(inner):
+            fn()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1000.0 / inner for s, e in zip(starts, ends)]
+
+
+def host_time_us(fn, iterations: int = 200) -> float:
+    """Median host time of one call of fn() in microseconds (the GPU is synchronized at the end)."""
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    times.sort()
+    return times[len(times) // 2]
+
+
+def environment(device=None) -> dict:
+    """What a measurement ran on: GPU, driver, cuDNN backend and frontend, torch (for every JSON report)."""
+    import subprocess
+
+    from cudnn_dsl.backend import versions
+
+    env = {"torch": torch.__version__, **versions()}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(device)
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            env["driver"] = "?"
+    return env

@@ -1,0 +1,81 @@
+"""Semantic layer: the options of a graph — one table, whatever the source of a value.
+
+A graph's `option NAME = VALUE` lines, the command line's flags and ``cudnn_dsl.compile(**options)``
+all name the same rows and convert through the same ``dsl.values.convert``, so a value is valid (or
+refused, with the same words) everywhere. The command line wins over the file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from dsl.diagnostics import RuleError, did_you_mean
+from dsl.types import INT64_MAX
+from dsl.values import Attr, convert, from_python, from_text
+
+HEURISTIC_MODES = ("A", "B", "FALLBACK")
+BUILD_POLICIES = ("heuristics_choice", "all")
+
+
+def _option(kind: str, default, doc: str, **kw):
+    return attrs.field(default=default, metadata={"attr": lambda name: Attr(name, kind, default, doc=doc, **kw)})
+
+
+@attrs.frozen
+class Options:
+    """Build, tuning and checking options of a graph."""
+
+    heuristics: tuple[str, ...] | None = _option(
+        "enums", None, "heuristic modes asked for plans, in order (default: A, FALLBACK; every mode when tuning)",
+        choices=HEURISTIC_MODES, optional=True)
+    build_policy: str = _option(
+        "enum", "heuristics_choice", "build the heuristics' first supported plan, or all of them",
+        choices=BUILD_POLICIES)
+    warmup: int = _option("int", 3, "untimed runs per plan when timing", lo=0, hi=10_000)
+    iterations: int = _option("int", 15, "timed runs per plan", lo=1, hi=1_000_000)
+    cuda_graph: bool = _option("bool", False, "capture execution into a CUDA graph and replay it")
+    workspace_limit: int | None = _option(
+        "int", None, "bytes; plans needing more workspace are skipped", lo=0, optional=True)
+    atol: float | None = _option(
+        "float", None, "absolute tolerance against the reference (default: per dtype)", lo=0, hi=None,
+        optional=True)
+    rtol: float | None = _option(
+        "float", None, "relative tolerance against the reference (default: per dtype)", lo=0, hi=None,
+        optional=True)
+    seed: int = _option("int", 0, "seed of the generated inputs", lo=0, hi=INT64_MAX)
+
+    def modes(self, tuning: bool = False) -> tuple[str, ...]:
+        """The heuristic modes to ask: the file's or the command line's, else A then FALLBACK for a
+        build and every mode (A, B, FALLBACK) for autotuning, which wants every candidate."""
+        if self.heuristics:
+            return self.heuristics
+        return HEURISTIC_MODES if tuning else ("A", "FALLBACK")
+
+    def with_values(self, values: dict[str, Any], source: str = "python") -> "Options":
+        """These options with others on top, each converted from `source` ("python", "text" for the
+        command line, or "ast"); RuleError(at=the option's name) says what is wrong with the first bad one."""
+        changes = {}
+        for name, value in values.items():
+            a = option(name)
+            if value is None and a.optional:
+                changes[name] = None
+                continue
+            raw = {"python": from_python, "text": from_text}.get(source, lambda _, v: v)(a, value)
+            try:
+                changes[name] = convert(a, raw)
+            except RuleError as e:
+                raise RuleError(str(e), name) from None
+        return attrs.evolve(self, **changes)
+
+
+OPTIONS: dict[str, Attr] = {f.name: f.metadata["attr"](f.name) for f in attrs.fields(Options)}
+
+
+def option(name: str) -> Attr:
+    """The row of an option; RuleError lists the options when there is none."""
+    a = OPTIONS.get(name)
+    if a is None:
+        raise RuleError(f"unknown option '{name}'{did_you_mean(name, OPTIONS)}; options are {', '.join(OPTIONS)}")
+    return a

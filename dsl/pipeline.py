@@ -1,0 +1,108 @@
+"""The front door of the language: source -> AST -> IR, stopping after any stage.
+
+The command line, the Python API and the golden tests all come in here, so a file is read,
+decoded and reported the same way everywhere. Nothing here raises for a bad program: every
+problem is a located Diagnostic in the result.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+
+from dsl import ast
+from dsl.diagnostics import Diagnostic, DslError, Loc, Sink
+from dsl.ir import Program
+
+STAGES = ("ast", "ir")
+
+
+class SourceUnreadable(Exception):
+    """A path that cannot be read as a file: missing, a directory, no permission (a usage error)."""
+
+
+@attrs.frozen
+class Result:
+    file: str
+    text: str
+    module: ast.Module | None = None
+    program: Program | None = None
+    diagnostics: tuple[Diagnostic, ...] = ()
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "error"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def render(self) -> str:
+        """Every diagnostic with its source excerpt."""
+        return "\n".join(d.render({self.file: self.text}) for d in self.diagnostics)
+
+    def raise_if_errors(self) -> None:
+        if self.errors:
+            raise DslError(list(self.diagnostics))
+
+
+def read_source(path: str | os.PathLike) -> tuple[str, Diagnostic | None]:
+    """The text of a .cdg file, or a located error when it is not UTF-8 text (a BOM is allowed);
+    SourceUnreadable when there is no file to read."""
+    p = Path(path)
+    if p.is_dir():
+        raise SourceUnreadable(f"{path}: is a directory")
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise SourceUnreadable(f"{path}: no such file") from None
+    except OSError as e:
+        raise SourceUnreadable(f"{path}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8-sig"), None
+    except UnicodeDecodeError as e:
+        good = data[: e.start].decode("utf-8", errors="replace")
+        line = good.count("\n") + 1
+        col = len(good) - (good.rfind("\n") + 1) + 1
+        text = data.decode("utf-8", errors="replace")
+        why = f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); .cdg files are UTF-8"
+        return text, Diagnostic("error", why, Loc(str(path), line, col, line, col + 1))
+
+
+def load(path: str | os.PathLike | None = None, *, text: str | None = None, file: str | None = None,
+         stop: str = "ir") -> Result:
+    """Parses (and, unless stop="ast", checks) a file or a text. `file` names a text in messages."""
+    from dsl.check import check
+    from dsl.parser import parse
+
+    if stop not in STAGES:
+        raise ValueError(f"stop must be one of {STAGES}")
+    if text is None:
+        if path is None:
+            raise ValueError("give a path or a text")
+        file = file or str(path)
+        text, problem = read_source(path)
+        if problem is not None:
+            return Result(file, text, diagnostics=(problem,))
+    file = file or "<string>"
+    try:
+        module = parse(text, file)
+    except DslError as e:
+        return Result(file, text, diagnostics=tuple(e.diagnostics))
+    if stop == "ast":
+        return Result(file, text, module)
+    sink = Sink()
+    try:
+        program = check(module, sink)
+    except DslError:
+        return Result(file, text, module, diagnostics=tuple(sink.diagnostics()))
+    return Result(file, text, module, program, tuple(sink.diagnostics()))
+
+
+def program(path: str | os.PathLike | None = None, *, text: str | None = None, file: str | None = None) -> Program:
+    """The checked program of a file or a text; DslError carries every diagnostic when it has errors."""
+    result = load(path, text=text, file=file)
+    result.raise_if_errors()
+    return result.program
