@@ -1,7 +1,7 @@
 """Benchmark (not a test): a compiled graph vs. its ejected standalone cuDNN script, same buffers.
 
 For each example, in one process: the graph compiled by cudnn-dsl (the heuristics' plan, as the
-script builds) and the script that `cudnn-dsl emit --target cudnn` prints are built, run on the
+script builds) and the script that `cudnn-dsl emit --format cudnn` prints are built, run on the
 same input buffers, checked to give the same outputs, then timed in interleaved rounds. GPU time
 is taken from CUDA-graph replays of 10 launches, so it is the device's time alone whatever the
 host is doing; the host time per call is given for the Python API call (binding checks, output
@@ -23,19 +23,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
-from cudnn_dsl.backend import versions  # noqa: E402
 from cudnn_dsl.bench import load_ejected  # noqa: E402
-from cudnn_dsl.runtime import host_time_us, replay_time_us  # noqa: E402
+from cudnn_dsl.runtime import make_pack  # noqa: E402
+from cudnn_dsl.timing import environment, host_time_us, replay_time_us  # noqa: E402
 
 
 def bench(example: str, rounds: int, iters: int) -> dict:
     cg = cudnn_dsl.compile(str(ROOT / "examples" / f"{example}.cdg"))
-    cg.use_store = False  # the heuristics' plan, as the script builds: the same plan on both sides
+    cg.planner.use_store = False  # the heuristics' plan, as the script builds: the same plan on both sides
     inst = cg.graph.instances[0]
     exe = cg.executable(inst)
     tensors = cg.allocate_inputs()
-    ours = cg._bind(inst, tensors, None)
-    pack = exe.pack(tensors, ours)
+    ours = cg.bind_outputs(inst, tensors)
+    pack = make_pack(exe.low, exe.host, tensors, ours)
 
     script = load_ejected(cg.graph, inst, tensors, ours)
     theirs, run_script = script.outputs, script.run
@@ -80,7 +80,7 @@ def main() -> None:
     p.add_argument("--json")
     a = p.parse_args()
     rows = [bench(e, a.rounds, a.iters) for e in a.examples]
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **versions()}
+    meta = environment()
     print(f"{meta}")
     print(f"{'example':18} {'cudnn-dsl µs':>13} {'script µs':>10} {'ratio':>6} {'api host µs':>12} "
           f"{'launch µs':>12} {'script host µs':>15} same")

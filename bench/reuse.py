@@ -21,8 +21,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cudnn_dsl.backend import versions  # noqa: E402
-from cudnn_dsl.runtime import CompiledGraph, host_time_us  # noqa: E402
+from cudnn_dsl.runtime import CompiledGraph  # noqa: E402
+from cudnn_dsl.timing import environment, host_time_us  # noqa: E402
 from cudnn_dsl.store import PlanStore  # noqa: E402
 from cudnn_dsl.tune import tune  # noqa: E402
 from dsl.pipeline import program  # noqa: E402
@@ -69,8 +69,7 @@ def dynamic_builds() -> list[dict]:
         for use_cache in (True, False):
             g = graph(file)
             cg = CompiledGraph(g, use_store=False)
-            if not use_cache:
-                cg._kernel_cache_load = lambda: None  # each shape from scratch, as without dynamic-shape mode
+            cg.planner.use_kernel_cache = use_cache  # off: each shape from scratch, as without dynamic-shape mode
             for inst in g.instances:
                 t0 = time.perf_counter()
                 cg.executable(inst)
@@ -105,7 +104,7 @@ def main() -> None:
     a = p.parse_args()
     store = PlanStore(Path(tempfile.mkdtemp()) / "plans")
     names = ["conv_bias_relu", "matmul_epilogue", "plan_serialization"]
-    out = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **versions()},
+    out = {"meta": environment(),
            "warm_vs_cold": warm_vs_cold(store, names),
            "tuned_vs_first": tuned_vs_first(store, names + ["sdpa"]),
            "dynamic_builds": dynamic_builds(),

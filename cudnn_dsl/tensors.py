@@ -109,21 +109,26 @@ def load_tensor(path: str | Path) -> torch.Tensor:
     return t
 
 
-def relayout(t: torch.Tensor, want: TensorType, device, cast: bool = False) -> torch.Tensor:
-    """A loaded tensor moved to the device in the graph's layout and dtype (shape must match).
-    A dtype change that would lose information is refused unless `cast`."""
+def converted(t: torch.Tensor, want: TensorType, cast: bool = False) -> torch.Tensor:
+    """A loaded tensor in the graph's dtype (its shape must match). A dtype change that would lose
+    information is refused unless `cast`."""
     if tuple(t.shape) != want.shape:
         raise BindingError(f"expected shape {fmt_shape(want.shape)}, the file holds {fmt_shape(tuple(t.shape))}")
     target = torch_dtype(want.dtype)
-    converted = t.to(target)
+    out = t.to(target)
     if t.dtype != target and not cast:
-        back = converted.to(t.dtype)
-        if not torch.equal(back, t) and not (t.is_floating_point() and torch.equal(back.isnan(), t.isnan())
-                                             and torch.equal(back[~t.isnan()], t[~t.isnan()])):
+        back, nan = out.to(t.dtype), t.isnan() if t.is_floating_point() else None
+        exact = torch.equal(back, t) if nan is None else torch.equal(back.isnan(), nan) and torch.equal(back[~nan], t[~nan])
+        if not exact:
             raise BindingError(f"the file holds {from_torch(t.dtype) or t.dtype} values that {want.dtype} cannot "
                                f"hold exactly; convert them yourself, or pass --cast-inputs")
+    return out
+
+
+def relayout(t: torch.Tensor, want: TensorType, device) -> torch.Tensor:
+    """A tensor of the right shape and dtype copied to the device in the graph's layout."""
     buf = empty(want, device)
-    buf.copy_(converted.to(device))
+    buf.copy_(t.to(device))
     return buf
 
 

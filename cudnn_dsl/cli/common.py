@@ -183,11 +183,17 @@ def named_values(items, flag: str, valid: list[str], convert: Callable[[str], An
     return out
 
 
-def tolerance(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise ValueError("a tolerance is a finite number >= 0")
-    return value
+def option_value(name: str) -> Callable[[str], Any]:
+    """A converter of command-line text by the option's own rule (--atol x=TOL is the atol option's
+    value for one output)."""
+
+    def convert(text: str):
+        try:
+            return getattr(Options().with_values({name: text}, source="text"), name)
+        except RuleError as e:
+            raise ValueError(str(e)) from None
+
+    return convert
 
 
 def value_range(text: str) -> tuple[float, float]:

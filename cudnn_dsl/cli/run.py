@@ -59,12 +59,13 @@ def run(args) -> int:
     tensor_inputs = sorted({v.name for g in graphs for v in g.of_kind("input")})
     files = common.named_values(args.input, "--input", tensor_inputs, str)
     loaded = {name: _load(name, path, load_tensor) for name, path in files.items()}  # before any planning
+    setups = [_Setup(g, args, loaded) for g in graphs]  # every flag checked before any work
     if not gpu:
         common.warn(f"note: no CUDA GPU here: checking, planning for {target.name} without a device, and running "
                     f"the PyTorch reference on the CPU; the cuDNN execution is skipped")
     status = common.EXIT_OK
-    for g in graphs:
-        setup = _Setup(g, args, loaded)
+    for setup in setups:
+        g = setup.graph
         runner = _GpuRunner(setup) if gpu else _CpuRunner(setup, target)
         for inst in common.select_instances(g, args.shape):
             try:
@@ -102,8 +103,8 @@ class _Setup:
                                                            if k in {x.name for x in graph.of_kind("input")}}
         self.opts = common.options_from(args, graph.options)
         outputs = [v.name for v in graph.outputs]
-        self.atol = common.named_values(args.atol, "--atol", outputs, common.tolerance, unnamed_ok=True)
-        self.rtol = common.named_values(args.rtol, "--rtol", outputs, common.tolerance, unnamed_ok=True)
+        self.atol = common.named_values(args.atol, "--atol", outputs, common.option_value("atol"), unnamed_ok=True)
+        self.rtol = common.named_values(args.rtol, "--rtol", outputs, common.option_value("rtol"), unnamed_ok=True)
         inputs = [v.name for v in graph.of_kind("input")]
         self.ranges = common.named_values(args.range, "--range", inputs, common.value_range)
         scalars = {v.name: v for v in graph.of_kind("scalar")}
@@ -115,16 +116,24 @@ class _Setup:
             except BindingError as e:
                 raise common.UsageError(f"--scalar {e}") from None
 
-    def inputs(self, inst, device) -> dict:
-        """Generated inputs, the --input files in their place, and the --scalar values."""
-        from cudnn_dsl.tensors import BindingError, generate_inputs, relayout
+    def files(self, inst) -> dict:
+        """The --input files in this shape's dtype; refused (before any planning) when they do not fit."""
+        from cudnn_dsl.tensors import BindingError, converted
 
-        tensors = generate_inputs(self.graph, inst, device, self.opts.seed, self.ranges)
+        out = {}
         for name, t in self.loaded.items():
             try:
-                tensors[name] = relayout(t, inst.type(name), device, self.args.cast_inputs)
+                out[name] = converted(t, inst.type(name), self.args.cast_inputs)
             except BindingError as e:
                 raise BindingError(f"--input {name}: {e}", self.graph.value(name).loc) from None
+        return out
+
+    def inputs(self, inst, device, files: dict) -> dict:
+        """Generated inputs, the --input files in their place, and the --scalar values."""
+        from cudnn_dsl.tensors import generate_inputs, relayout
+
+        tensors = generate_inputs(self.graph, inst, device, self.opts.seed, self.ranges)
+        tensors.update((name, relayout(t, inst.type(name), device)) for name, t in files.items())
         return {**tensors, **self.scalars}
 
     def save(self, inst, outputs: dict, suffix: str = "") -> list[str]:
@@ -167,7 +176,7 @@ class _GpuRunner:
 
         cg, s, opts = self.cg, self.s, self.s.opts
         name = common.label(s.graph, inst)
-        tensors = s.inputs(inst, cg.device)
+        tensors = s.inputs(inst, cg.device, s.files(inst))
         progress = common.Progress(name)
         cg.planner.progress = progress
         try:
@@ -224,9 +233,11 @@ class _CpuRunner:
         from cudnn_dsl.build import first_plan_name, plan_deviceless, timings_text
         from cudnn_dsl.reference import run_reference
         from cudnn_dsl.tensors import reference_bytes
+        from dsl.diagnostics import DslError
 
         s, target = self.s, self.target
         name = common.label(s.graph, inst)
+        files = s.files(inst)
         print(f"graph {name}")
         rep: dict = {"graph": s.graph.name, "binding": dict(inst.binding), "executed": False, "skipped": {}}
         progress = common.Progress(name)
@@ -241,6 +252,10 @@ class _CpuRunner:
         except BackendUnavailable as e:
             print(f"  skipped    cuDNN planning: {e}")
             rep["skipped"]["plan"] = str(e)
+        except DslError as e:  # cuDNN declines the graph: said, and the reference still runs
+            print(f"  plan       for {target.name} (no device): cuDNN declines this graph (see the error)")
+            common.report(e)
+            rep.update(ok=False, error=[d.to_json() for d in e.diagnostics])
         finally:
             progress.done()
         need, have = reference_bytes(s.graph, inst), _available_memory()
@@ -254,7 +269,7 @@ class _CpuRunner:
             print(f"  skipped    the PyTorch reference: {why}")
             rep["skipped"]["reference"] = why
         else:
-            outs = run_reference(s.graph, inst, s.inputs(inst, "cpu"), "cpu")
+            outs = run_reference(s.graph, inst, s.inputs(inst, "cpu", files), "cpu")
             for out_name, t in outs.items():
                 f = t.float()
                 print(f"  reference  {out_name}: {inst.type(out_name)} on the CPU, mean {f.mean():.4g}, "

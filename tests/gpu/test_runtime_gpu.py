@@ -50,7 +50,7 @@ def test_out_buffers_are_written_in_place(cg):
 
     ins = cg.allocate_inputs()
     out = torch.full((4, 64, 32), float("nan"), dtype=torch.float16, device="cuda")
-    res = cg(out={"c": out}, **ins)
+    res = cg(ins, {"c": out})
     assert res["c"].data_ptr() == out.data_ptr()
     assert not out.isnan().any()
 

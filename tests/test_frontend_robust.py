@@ -1,0 +1,125 @@
+"""The front end on hostile or odd input: bounded time and memory, located errors, no traceback."""
+
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dsl.parser import MAX_SOURCE_BYTES, MAX_STATEMENT_TOKENS
+from dsl.pipeline import load
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check(text: str):
+    return load(text=text, file="t.cdg")
+
+
+def test_a_runaway_statement_is_stopped_while_lexing_in_bounded_memory(tmp_path):
+    # a 3.6 MB flat chain once took 24 GB and never finished (reliability review D5)
+    chain = tmp_path / "chain.cdg"
+    chain.write_text("graph g {\n  input x : half[4, 4]\n  output y = " + "x + " * 900_000 + "x\n}\n")
+    code = (f"import resource\nfrom dsl.pipeline import load\nr = load({str(chain)!r})\n"
+            f"print(r.errors[0].message)\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    message, rss_kb = p.stdout.splitlines()
+    assert f"statement longer than {MAX_STATEMENT_TOKENS} tokens" in message
+    assert int(rss_kb) < 400_000 and time.perf_counter() - t0 < 30
+
+
+def test_a_file_over_the_size_limit_is_refused_at_once():
+    r = check("#" * (MAX_SOURCE_BYTES + 1))
+    assert "the limit is" in r.errors[0].message and r.errors[0].loc.line == 1
+
+
+def test_deep_nesting_is_refused_with_a_location():
+    r = check("graph g {\n  input x : half[4]\n  output y = " + "relu(" * 300 + "x" + ")" * 300 + "\n}\n")
+    assert "nested more than 200 levels" in r.errors[0].message and r.errors[0].loc.line == 3
+
+
+def test_thousands_of_unknown_names_are_checked_in_linear_time():
+    # 20,000 errors once took 262 s: each 'did you mean' matched against every known name (D12)
+    lines = "".join(f"  y{i} = relu(zz{i})\n" for i in range(20_000))
+    t0 = time.perf_counter()
+    r = check("graph g {\n  input x : half[4, 4]\n" + lines + "  output o = relu(x)\n}\n")
+    assert time.perf_counter() - t0 < 30
+    assert len(r.errors) == 100 and r.diagnostics[-1].message == "19900 more errors not shown"
+    assert "(did you mean" in r.errors[0].message or "unknown name 'zz0'" in r.errors[0].message
+
+
+@pytest.mark.parametrize("literal,words", [("1e999", "too large"), ("1e-999", "too small")])
+def test_a_number_a_float_cannot_hold_is_an_error(literal, words):
+    r = check(f"graph g {{\n  input x : half[4]\n  scalar s : float = {literal}\n  output y = x * s\n}}\n")
+    assert not r.ok and words in r.errors[0].message and r.errors[0].loc.line == 3
+
+
+def test_a_scalar_out_of_its_dtype_range_is_an_error():
+    r = check("graph g {\n  input x : half[4]\n  scalar s : half = 1e6\n  output y = x * s\n}\n")
+    assert "out of range for half" in r.errors[0].message
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path):
+    f = tmp_path / "bom.cdg"
+    f.write_bytes(b"\xef\xbb\xbfgraph g {\n  input x : half[4, 4]\n  output y = relu(x)\n}\n")
+    assert load(f).ok
+
+
+def test_text_that_is_not_utf8_is_a_located_error(tmp_path):
+    f = tmp_path / "u16.cdg"
+    f.write_bytes("graph g {\n".encode() + b"  input x \xff\xfe: half[4]\n")
+    r = load(f)
+    d = r.errors[0]
+    assert "not UTF-8" in d.message and (d.loc.line, d.loc.col) == (2, 11)
+
+
+def test_an_unexpected_character_names_no_misleading_alternatives():
+    # the contextual lexer once said "expected '}', ')'" with no parenthesis open (D20)
+    r = check("graph g {\n  input x : half[4, 4]\n  output y = relu(x)\n}\n@\n")
+    assert r.errors[0].message == "syntax error: unexpected character '@'"
+
+
+@pytest.mark.parametrize("text", [
+    "graph graph {\n  input x : half[4]\n  output y = relu(x)\n}\n",
+    "graph g {\n  input input : half[4]\n  output y = relu(input)\n}\n",
+    "graph g {\n  input x : half[4]\n  output uid = relu(x)\n}\n",
+])
+def test_keywords_cannot_name_things(text):
+    r = check(text)
+    assert any("is a keyword of the language" in d.message for d in r.errors), r.render()
+
+
+def test_after_an_unknown_op_its_result_is_not_reported_again():
+    r = check("graph g {\n  input x : half[4]\n  t = frobnicate(x)\n  output y = relu(t)\n}\n")
+    assert [d.message for d in r.errors] == ["unknown op 'frobnicate'"]
+
+
+def test_a_layout_op_output_takes_the_graphs_io_dtype():
+    r = check("graph g {\n  io bf16\n  input a : bf16[2, 4, 8]\n  input b : bf16[2, 8, 4]\n"
+              "  output y = reshape(matmul(a, b), shape=[8, 4])\n}\n")
+    assert r.program.graphs[0].instances[0].type("y").dtype == "bf16"
+
+
+def test_conv_wgrad_filter_is_checked_against_the_shapes():
+    text = ("graph g {\n  input x : half[2, 8, 9, 9] nhwc\n  input dy : half[2, 16, 7, 7] nhwc\n"
+            "  output dw = conv_wgrad(x, dy, filter=%s)\n}\n")
+    assert check(text % "[3, 3]").ok
+    r = check(text % "[5, 5]")
+    assert "a filter of [5, 5] does not map image" in r.errors[0].message
+    assert r.errors[0].loc.col == text.splitlines()[3].index("filter") + 1
+
+
+def test_a_line_of_a_megabyte_is_quoted_clipped():
+    r = check("graph g {\n  input x : half[4]\n  output y = relu(x)" + " " * 1_000_000 + "$\n}\n")
+    lines = r.render().splitlines()
+    assert max(len(x) for x in lines) < 300 and lines[-1].strip() == "^"
+
+
+def test_the_example_files_are_parsed_within_the_memory_of_a_small_machine():
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for f in sorted((ROOT / "examples").glob("*.cdg")):
+        assert load(f).ok
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 100_000
