@@ -14,6 +14,7 @@ from dsl.infer import Typer
 from dsl.ir import Graph, Instance, Node, Program, Symbol, Value
 from dsl.ops import INFIX, OPS, OpSig
 from dsl.options import OPTIONS, Options
+from dsl.resolved import Decl, OutDecl, PNode, Resolved
 from dsl.types import DTYPE_ALIASES, DTYPES, INT64_MAX, LAYOUTS, canonical_dtype, check_value, layout_order
 from dsl.values import REQUIRED, convert
 
@@ -37,67 +38,6 @@ def check(module: ast.Module, sink: Sink | None = None) -> Program:
         sink.error("no graph in file; a file holds one or more 'graph NAME { ... }' blocks", Loc(module.file, 1, 1, 1, 2))
     sink.raise_if_errors()
     return Program(module.file, tuple(graphs))
-
-
-@attrs.define
-class Decl:
-    """A declared tensor before typing: an input, scalar or constant."""
-
-    name: str
-    kind: str
-    loc: Loc
-    dtype: str | None = None
-    dims: tuple = ()
-    layout: str | None = None
-    strides: tuple[int, ...] | None = None
-    uid: int | None = None
-    uid_loc: Loc | None = None
-    scalar: Any = None
-
-
-@attrs.define
-class PNode:
-    """A node before typing: its attributes as given (converted, not yet canonical)."""
-
-    op: str
-    inputs: list
-    outputs: list
-    attrs: dict
-    compute: str
-    loc: Loc
-    arg_locs: list
-    attr_locs: dict
-    ok: bool = True
-
-
-@attrs.define
-class OutDecl:
-    name: str
-    loc: Loc
-    dtype: str | None = None
-    dims: tuple | None = None
-    dims_loc: Loc | None = None
-    layout: str | None = None
-    strides: tuple[int, ...] | None = None
-    uid: int | None = None
-    uid_loc: Loc | None = None
-
-
-@attrs.frozen
-class Resolved:
-    """One graph with every name resolved: what typing needs, read-only."""
-
-    types: dict[str, str]
-    """'io' / 'intermediate' / 'compute' -> dtype, as declared"""
-    decls: dict[str, Decl]
-    nodes: tuple[PNode, ...]
-    outputs: dict[str, OutDecl]
-    poisoned: frozenset[str]
-    """names whose declaration failed: their uses are not reported again"""
-
-    @property
-    def intermediate(self) -> str:
-        return self.types.get("intermediate", "float")
 
 
 class _GraphChecker:

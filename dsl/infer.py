@@ -7,16 +7,14 @@ own sink so that the checker can merge what several bindings found.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from dsl.diagnostics import Loc, RuleError, Sink
 from dsl.ops import OPS, Ctx, canonical
+from dsl.resolved import Resolved
 from dsl.types import INT64_MAX, TensorType, dense_strides, fmt_shape, itemsize, layout_order, overlap
-
-if TYPE_CHECKING:
-    from dsl.check import Resolved
 
 
 @attrs.frozen

@@ -32,3 +32,93 @@ def test_language_reference_names_every_op():
     text = (Path(__file__).resolve().parents[1] / "docs" / "language.md").read_text()
     missing = [op for op in OPS if f"`{op}`" not in text]
     assert not missing, f"docs/language.md does not mention {missing}"
+
+
+# ---- the rules the layout keeps (README, Layout) ---------------------------------------------
+
+import ast  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = {
+    ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+    for pkg in ("dsl", "cudnn_dsl") for p in sorted((ROOT / pkg).rglob("*.py")) if p.name != "_tables.py"
+}
+BUILD_STEPS = {"validate", "build_operation_graph", "create_execution_plans", "create_execution_plan",
+               "check_support", "build_plans", "build_plan_at_index", "deserialize"}
+#: the cuDNN Frontend internals the pinned-version fast launch uses (runtime._raw_launcher), and the
+#: plan index the frontend keeps (build._selected_index): theirs, not another module of ours
+FRONTEND_INTERNALS = {"_normalize", "_uid_to_data", "_lowered_graph", "_materialize_backend_plan", "_plan_index",
+                      "_plans", "_execute_with_raw_ptrs"}
+#: Lark's loader of serialized tables (what its own standalone parsers call): dsl.parser._lark
+LARK_INTERNALS = {"_load_from_dict"}
+
+
+def _imports(module: str, tree) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module if node.level == 0 else module.rsplit(".", node.level)[0] + "." + node.module
+            names = {f"{base}.{a.name}" for a in node.names}
+            out.update(names if names & MODULES.keys() else {base})
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m in MODULES}
+
+
+def _trees():
+    return {m: ast.parse(p.read_text()) for m, p in MODULES.items()}
+
+
+def test_no_import_cycles():
+    graph = {m: _imports(m, t) - {m} for m, t in _trees().items()}
+    graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}  # a package's own init
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        if state.get(m) == 1:
+            raise AssertionError("import cycle: " + " -> ".join(path + [m]))
+        if state.get(m) == 2:
+            return
+        state[m] = 1
+        for d in graph[m]:
+            visit(d, path + [m])
+        state[m] = 2
+
+    for m in graph:
+        visit(m, [])
+
+
+def test_a_command_is_one_file_that_imports_no_other_command():
+    from cudnn_dsl.cli import COMMANDS
+
+    commands = {f"cudnn_dsl.cli.{m}" for m in COMMANDS.values()}
+    for m, tree in _trees().items():
+        if m in commands:
+            assert not (_imports(m, tree) & (commands | {"cudnn_dsl.cli"})), m
+
+
+def test_no_module_reads_another_modules_private_names():
+    for m, tree in _trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("dsl", "cudnn_dsl"):
+                assert not [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")
+                            and a.name != "_tables"], m
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = node.value.id if isinstance(node.value, ast.Name) else None
+                allowed = FRONTEND_INTERNALS | LARK_INTERNALS
+                assert owner in ("self", "cls") or node.attr in allowed, f"{m}: .{node.attr}"
+
+
+def test_only_the_build_module_drives_cudnns_build_steps():
+    for m, tree in _trees().items():
+        calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+        if m != "cudnn_dsl.build":
+            assert not calls & BUILD_STEPS, f"{m} calls {calls & BUILD_STEPS}"
+
+
+def test_only_the_cli_entry_point_turns_exceptions_into_exit_codes():
+    for m, p in MODULES.items():
+        text = p.read_text()
+        if m not in ("cudnn_dsl.cli", "cudnn_dsl.cli.common", "cudnn_dsl.__main__"):
+            assert "sys.exit" not in text and "SystemExit" not in text, m

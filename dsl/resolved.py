@@ -1,0 +1,73 @@
+"""Semantic layer: a graph between name resolution (check.py) and typing (infer.py).
+
+The checker fills these records; the typer reads a frozen Resolved and never reaches into the checker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from dsl.diagnostics import Loc
+
+
+@attrs.define
+class Decl:
+    """A declared tensor before typing: an input, scalar or constant."""
+
+    name: str
+    kind: str
+    loc: Loc
+    dtype: str | None = None
+    dims: tuple = ()
+    layout: str | None = None
+    strides: tuple[int, ...] | None = None
+    uid: int | None = None
+    uid_loc: Loc | None = None
+    scalar: Any = None
+
+
+@attrs.define
+class PNode:
+    """A node before typing: its attributes as given (converted, not yet canonical)."""
+
+    op: str
+    inputs: list
+    outputs: list
+    attrs: dict
+    compute: str
+    loc: Loc
+    arg_locs: list
+    attr_locs: dict
+    ok: bool = True
+
+
+@attrs.define
+class OutDecl:
+    name: str
+    loc: Loc
+    dtype: str | None = None
+    dims: tuple | None = None
+    dims_loc: Loc | None = None
+    layout: str | None = None
+    strides: tuple[int, ...] | None = None
+    uid: int | None = None
+    uid_loc: Loc | None = None
+
+
+@attrs.frozen
+class Resolved:
+    """One graph with every name resolved: what typing needs, read-only."""
+
+    types: dict[str, str]
+    """'io' / 'intermediate' / 'compute' -> dtype, as declared"""
+    decls: dict[str, Decl]
+    nodes: tuple[PNode, ...]
+    outputs: dict[str, OutDecl]
+    poisoned: frozenset[str]
+    """names whose declaration failed: their uses are not reported again"""
+
+    @property
+    def intermediate(self) -> str:
+        return self.types.get("intermediate", "float")
