@@ -82,12 +82,16 @@ def main() -> None:
     rows = [bench(e, a.rounds, a.iters) for e in a.examples]
     meta = environment()
     print(f"{meta}")
-    print(f"{'example':18} {'cudnn-dsl µs':>13} {'script µs':>10} {'ratio':>6} {'api host µs':>12} "
-          f"{'launch µs':>12} {'script host µs':>15} same")
+    print(
+        f"{'example':18} {'cudnn-dsl µs':>13} {'script µs':>10} {'ratio':>6} {'api host µs':>12} "
+        f"{'launch µs':>12} {'script host µs':>15} same"
+    )
     for r in rows:
-        print(f"{r['example']:18} {r['gpu_us_cudnn_dsl']:13.1f} {r['gpu_us_script']:10.1f} {r['gpu_ratio']:6.3f} "
-              f"{r['host_us_api_call']:12.1f} {r['host_us_launch']:12.1f} {r['host_us_script']:15.1f} "
-              f"{all(r['identical_outputs'].values())}")
+        print(
+            f"{r['example']:18} {r['gpu_us_cudnn_dsl']:13.1f} {r['gpu_us_script']:10.1f} {r['gpu_ratio']:6.3f} "
+            f"{r['host_us_api_call']:12.1f} {r['host_us_launch']:12.1f} {r['host_us_script']:15.1f} "
+            f"{all(r['identical_outputs'].values())}"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
 

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cudnn_dsl.runtime import CompiledGraph  # noqa: E402
-from cudnn_dsl.timing import environment, host_time_us  # noqa: E402
 from cudnn_dsl.store import PlanStore  # noqa: E402
+from cudnn_dsl.timing import environment, host_time_us  # noqa: E402
 from cudnn_dsl.tune import tune  # noqa: E402
 from dsl.pipeline import program  # noqa: E402
 
@@ -43,8 +43,15 @@ def warm_vs_cold(store: PlanStore, names) -> list[dict]:
         t0 = time.perf_counter()
         exe = CompiledGraph(g, store=store).executable(inst)
         warm = time.perf_counter() - t0
-        rows.append({"graph": name, "cold_ms": cold * 1e3, "warm_ms": warm * 1e3, "speedup": cold / warm,
-                     "warm_source": exe.source})
+        rows.append(
+            {
+                "graph": name,
+                "cold_ms": cold * 1e3,
+                "warm_ms": warm * 1e3,
+                "speedup": cold / warm,
+                "warm_source": exe.source,
+            }
+        )
     return rows
 
 
@@ -55,11 +62,18 @@ def tuned_vs_first(store: PlanStore, names) -> list[dict]:
         cg = CompiledGraph(g, store=store)
         r = tune(cg, g.instances[0])
         first = next((c for c in r.candidates if c.index == 0 and c.times_us), None)
-        rows.append({"graph": name, "plans": len(r.candidates), "timed": len(r.ranked),
-                     "winner": r.winner.name if r.winner else None,
-                     "winner_us": r.winner.median_us if r.winner else None,
-                     "first_choice": first.name if first else None, "first_us": first.median_us if first else None,
-                     "gain": (first.median_us / r.winner.median_us) if first and r.winner else None})
+        rows.append(
+            {
+                "graph": name,
+                "plans": len(r.candidates),
+                "timed": len(r.ranked),
+                "winner": r.winner.name if r.winner else None,
+                "winner_us": r.winner.median_us if r.winner else None,
+                "first_choice": first.name if first else None,
+                "first_us": first.median_us if first else None,
+                "gain": (first.median_us / r.winner.median_us) if first and r.winner else None,
+            }
+        )
     return rows
 
 
@@ -73,8 +87,14 @@ def dynamic_builds() -> list[dict]:
             for inst in g.instances:
                 t0 = time.perf_counter()
                 cg.executable(inst)
-                rows.append({"graph": g.name, "kernel_cache": use_cache, "shape": inst.label,
-                             "build_ms": (time.perf_counter() - t0) * 1e3})
+                rows.append(
+                    {
+                        "graph": g.name,
+                        "kernel_cache": use_cache,
+                        "shape": inst.label,
+                        "build_ms": (time.perf_counter() - t0) * 1e3,
+                    }
+                )
     return rows
 
 
@@ -90,11 +110,18 @@ def host_per_call(names) -> list[dict]:
         replay = cg.capture(**ins)
         exe = bound.exe
         pack = bound.keep
-        fe = lambda: exe.low.g.execute(pack, exe.workspace, handle=exe.handle)  # noqa: E731
         cudnn.set_stream(exe.handle, torch.cuda.current_stream().cuda_stream)
-        rows.append({"graph": name, "plain_call_us": host_time_us(lambda: cg(**ins)),
-                     "frontend_execute_us": host_time_us(fe), "prebound_us": host_time_us(bound.run),
-                     "cuda_graph_replay_us": host_time_us(replay.replay)})
+        rows.append(
+            {
+                "graph": name,
+                "plain_call_us": host_time_us(lambda cg=cg, ins=ins: cg(**ins)),
+                "frontend_execute_us": host_time_us(
+                    lambda exe=exe, pack=pack: exe.low.g.execute(pack, exe.workspace, handle=exe.handle)
+                ),
+                "prebound_us": host_time_us(bound.run),
+                "cuda_graph_replay_us": host_time_us(replay.replay),
+            }
+        )
     return rows
 
 
@@ -104,26 +131,38 @@ def main() -> None:
     a = p.parse_args()
     store = PlanStore(Path(tempfile.mkdtemp()) / "plans")
     names = ["conv_bias_relu", "matmul_epilogue", "plan_serialization"]
-    out = {"meta": environment(),
-           "warm_vs_cold": warm_vs_cold(store, names),
-           "tuned_vs_first": tuned_vs_first(store, names + ["sdpa"]),
-           "dynamic_builds": dynamic_builds(),
-           "host_per_call": host_per_call(["conv_bias_relu", "matmul_epilogue"])}
+    out = {
+        "meta": environment(),
+        "warm_vs_cold": warm_vs_cold(store, names),
+        "tuned_vs_first": tuned_vs_first(store, names + ["sdpa"]),
+        "dynamic_builds": dynamic_builds(),
+        "host_per_call": host_per_call(["conv_bias_relu", "matmul_epilogue"]),
+    }
     print(out["meta"])
     print("warm start vs cold build (one process):")
     for r in out["warm_vs_cold"]:
-        print(f"  {r['graph']:20} cold {r['cold_ms']:8.1f} ms  warm {r['warm_ms']:7.1f} ms  {r['speedup']:6.1f}x  ({r['warm_source']})")
+        print(
+            f"  {r['graph']:20} cold {r['cold_ms']:8.1f} ms  warm {r['warm_ms']:7.1f} ms  {r['speedup']:6.1f}x  "
+            f"({r['warm_source']})"
+        )
     print("autotuned vs heuristics' first plan:")
     for r in out["tuned_vs_first"]:
-        print(f"  {r['graph']:20} {r['timed']}/{r['plans']} timed; first {r['first_choice']} {r['first_us']:.1f} µs; "
-              f"winner {r['winner']} {r['winner_us']:.1f} µs; {r['gain']:.2f}x")
+        print(
+            f"  {r['graph']:20} {r['timed']}/{r['plans']} timed; first {r['first_choice']} {r['first_us']:.1f} µs; "
+            f"winner {r['winner']} {r['winner_us']:.1f} µs; {r['gain']:.2f}x"
+        )
     print("build time per dynamic shape:")
     for r in out["dynamic_builds"]:
-        print(f"  {r['graph']:16} kernel cache {'on ' if r['kernel_cache'] else 'off'} {r['shape']:6} {r['build_ms']:8.1f} ms")
+        print(
+            f"  {r['graph']:16} kernel cache {'on ' if r['kernel_cache'] else 'off'} {r['shape']:6} "
+            f"{r['build_ms']:8.1f} ms"
+        )
     print("host time per call (µs, median):")
     for r in out["host_per_call"]:
-        print(f"  {r['graph']:20} plain {r['plain_call_us']:6.1f}  frontend execute {r['frontend_execute_us']:6.1f}  "
-              f"pre-bound {r['prebound_us']:6.1f}  CUDA-graph replay {r['cuda_graph_replay_us']:6.1f}")
+        print(
+            f"  {r['graph']:20} plain {r['plain_call_us']:6.1f}  frontend execute {r['frontend_execute_us']:6.1f}  "
+            f"pre-bound {r['prebound_us']:6.1f}  CUDA-graph replay {r['cuda_graph_replay_us']:6.1f}"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
 

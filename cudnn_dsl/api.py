@@ -19,8 +19,14 @@ def _is_text(source: str) -> bool:
     return "\n" in source or source.lstrip().startswith(("graph ", "graph\t", "#"))
 
 
-def compile(source: str | os.PathLike | None = None, graph: str | None = None, device: int | str | None = None, *,
-            text: str | None = None, **options) -> CompiledGraph:
+def compile(
+    source: str | os.PathLike | None = None,
+    graph: str | None = None,
+    device: int | str | None = None,
+    *,
+    text: str | None = None,
+    **options,
+) -> CompiledGraph:
     """Checks a .cdg file (a path, or `text=`) and returns one of its graphs, compiled for the GPU
     on first call. `options` override the file's (heuristics, build_policy, workspace_limit, atol,
     rtol, seed, ...) and are validated as the file's are. The checker's warnings are issued as

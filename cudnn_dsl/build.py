@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import attrs
 
@@ -32,8 +33,15 @@ STEPS = ("validate", "build_operation_graph", "create_execution_plans", "check_s
 # ---- the five steps --------------------------------------------------------------------
 
 
-def plan(low: Lowered, options: Options, target_name: str = "this GPU", progress: Callable[[str], None] | None = None,
-         deviceless: bool = False, steps: Iterable[str] = STEPS, tuning: bool = False) -> Lowered:
+def plan(
+    low: Lowered,
+    options: Options,
+    target_name: str = "this GPU",
+    progress: Callable[[str], None] | None = None,
+    deviceless: bool = False,
+    steps: Iterable[str] = STEPS,
+    tuning: bool = False,
+) -> Lowered:
     """Runs the build steps on a lowered graph, timing each; raises DslError located at the culprit op.
 
     `tuning` asks every heuristic mode and keeps every plan (each is then built by index).
@@ -51,7 +59,8 @@ def plan(low: Lowered, options: Options, target_name: str = "this GPU", progress
         "create_execution_plans": lambda: g.create_execution_plans([getattr(cudnn.heur_mode, m) for m in modes]),
         "check_support": lambda: _check_support(g, limit),
         "build_plans": lambda: g.build_plans(
-            cudnn.build_plan_policy.ALL if policy == "all" else cudnn.build_plan_policy.HEURISTICS_CHOICE),
+            cudnn.build_plan_policy.ALL if policy == "all" else cudnn.build_plan_policy.HEURISTICS_CHOICE
+        ),
     }
     if deviceless:  # the first plan tells whether kernels load here; compiling every one would not
         actions["build_plans"] = lambda: g.build_plan_at_index(0)
@@ -78,8 +87,9 @@ def _check_support(g, workspace_limit: int | None) -> None:
     g.check_support()
 
 
-def plan_deviceless(graph: Graph, inst: Instance, options: Options, target: Target,
-                    progress: Callable[[str], None] | None = None) -> Lowered:
+def plan_deviceless(
+    graph: Graph, inst: Instance, options: Options, target: Target, progress: Callable[[str], None] | None = None
+) -> Lowered:
     """Lowers one shape and asks the real cuDNN library for the target's plans, with no GPU."""
     return plan(lower(graph, inst, target=target), options, target.name, progress, deviceless=True)
 
@@ -116,9 +126,13 @@ def diagnose(low: Lowered, step: str, e: Exception, modes, target_name: str) -> 
         dtypes = sorted({low.instance.type(v.name).dtype for v in graph.values if v.kind in ("input", "output")})
         families = dict.fromkeys(OPS[n.op].family for n in graph.nodes)
         advice = "; ".join(FAMILIES[f].advice for f in families)
-        notes.append((f"no cuDNN engine for {target_name} supports this graph (io dtypes {', '.join(dtypes)}; "
-                       f"heuristics {', '.join(modes)}). Try: {advice}; or 'option heuristics = [A, B, FALLBACK]'",
-                       None))
+        notes.append(
+            (
+                f"no cuDNN engine for {target_name} supports this graph (io dtypes {', '.join(dtypes)}; "
+                f"heuristics {', '.join(modes)}). Try: {advice}; or 'option heuristics = [A, B, FALLBACK]'",
+                None,
+            )
+        )
     if low.instance.binding:
         notes.append((f"with {low.instance.label}", None))
     where = f"{culprit.op} in " if culprit else ""
@@ -205,8 +219,16 @@ class Planner:
     """Turns each shape of one graph into an Executable, sharing a handle, a kernel cache and the
     plan store across shapes."""
 
-    def __init__(self, graph: Graph, options: Options, device, store: PlanStore | None = None,
-                 use_store: bool = True, rebuild: bool = False, progress: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        graph: Graph,
+        options: Options,
+        device,
+        store: PlanStore | None = None,
+        use_store: bool = True,
+        rebuild: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ):
         self.graph, self.options, self.device = graph, options, device
         self.store = store or PlanStore()
         self.use_store = use_store
@@ -246,8 +268,13 @@ class Planner:
 
         v = versions()
         major, minor = torch.cuda.get_device_capability(self.device)
-        return PlanKey(graph_digest(self.graph, inst), self.device_name, f"{major}.{minor}",
-                       v["cudnn_backend"], v["cudnn_frontend"])
+        return PlanKey(
+            graph_digest(self.graph, inst),
+            self.device_name,
+            f"{major}.{minor}",
+            v["cudnn_backend"],
+            v["cudnn_frontend"],
+        )
 
     def lower(self, inst: Instance) -> Lowered:
         self._kernel_cache_load()
@@ -299,8 +326,10 @@ class Planner:
             return None
         limit = self.options.workspace_limit
         if limit is not None and entry.workspace > limit:
-            notes.append(f"stored plan {entry.plan_name} needs {entry.workspace} bytes of workspace, over the limit "
-                         f"of {limit}; rebuilding")
+            notes.append(
+                f"stored plan {entry.plan_name} needs {entry.workspace} bytes of workspace, over the limit "
+                f"of {limit}; rebuilding"
+            )
             return None
         return self._from_blob(low, entry, notes) or self._from_engine(low, entry, notes)
 
@@ -351,9 +380,18 @@ class Planner:
         except Exception as e:  # noqa: BLE001 - some plans cannot serialize; the run goes on
             exe.notes.append(f"plan not stored: {clean(e, 300)}")
             return
-        entry = Entry(key, self.graph.name, exe.plan_name, int(engine_id),
-                      {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()}, blob,
-                      int(exe.workspace.numel()), tuned, timing or {}, time.time())
+        entry = Entry(
+            key,
+            self.graph.name,
+            exe.plan_name,
+            int(engine_id),
+            {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()},
+            blob,
+            int(exe.workspace.numel()),
+            tuned,
+            timing or {},
+            time.time(),
+        )
         try:
             self.store.put(entry)
         except (OSError, StoreProblem) as e:
@@ -419,13 +457,18 @@ class Planner:
                 return f"kernel cache: no new kernel compiled ({after} in the shared cache)"
             if first:
                 return f"kernel cache: compiled {after - before} kernel(s) for the first shape"
-            return f"kernel cache: WARNING: this shape compiled {after - before} new kernel(s) instead of reusing the cache"
+            return (
+                f"kernel cache: WARNING: this shape compiled {after - before} new kernel(s) instead of reusing the "
+                f"cache"
+            )
         ms, first_ms = build_s * 1e3, self._kc_first_build_s * 1e3
         if first:
             return f"kernel cache: first shape, build_plans {ms:.1f} ms"
         if build_s > max(3 * self._kc_first_build_s, 0.1):
-            return (f"kernel cache: WARNING: build_plans took {ms:.1f} ms against {first_ms:.1f} ms for the first "
-                    f"shape, like a fresh compile")
+            return (
+                f"kernel cache: WARNING: build_plans took {ms:.1f} ms against {first_ms:.1f} ms for the first "
+                f"shape, like a fresh compile"
+            )
         return f"kernel cache: build_plans {ms:.1f} ms (first shape {first_ms:.1f} ms)"
 
     def _kernel_cache_save(self) -> None:

@@ -7,7 +7,8 @@ recorder, so the ejected script cannot drift from what `run` builds.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -61,8 +62,9 @@ class Lowered:
     """step -> why it could not run here (deviceless planning of runtime-compiled engines)"""
 
 
-def lower(graph: Graph, instance: Instance, *, handle=None, target: Target | None = None,
-          kernel_cache=None, cudnn=None) -> Lowered:
+def lower(
+    graph: Graph, instance: Instance, *, handle=None, target: Target | None = None, kernel_cache=None, cudnn=None
+) -> Lowered:
     """Emits the cuDNN Frontend graph calls for one instance (no planning yet).
 
     ``cudnn`` defaults to the real frontend; `emit` passes a recorder that writes the same
@@ -91,8 +93,14 @@ def lower(graph: Graph, instance: Instance, *, handle=None, target: Target | Non
 
     def by_value(name: str, uid: int, value: float, dtype: str, rank: int):
         host[uid] = (value, dtype)
-        return g.tensor(name=name, dim=[1] * rank, stride=[1] * rank, data_type=cudnn_type(cudnn, dtype),
-                        is_pass_by_value=True, uid=uid)
+        return g.tensor(
+            name=name,
+            dim=[1] * rank,
+            stride=[1] * rank,
+            data_type=cudnn_type(cudnn, dtype),
+            is_pass_by_value=True,
+            uid=uid,
+        )
 
     def new_constant(value: float, rank: int):
         uid = next_uid[0]
@@ -102,8 +110,9 @@ def lower(graph: Graph, instance: Instance, *, handle=None, target: Target | Non
     for v in graph.values:
         if v.kind == "input":
             t = instance.type(v.name)
-            tensors[v.name] = g.tensor(name=v.name, dim=list(t.shape), stride=list(t.strides),
-                                       data_type=cudnn_type(cudnn, t.dtype), uid=v.uid)
+            tensors[v.name] = g.tensor(
+                name=v.name, dim=list(t.shape), stride=list(t.strides), data_type=cudnn_type(cudnn, t.dtype), uid=v.uid
+            )
         elif v.kind in ("scalar", "const"):
             rank = len(instance.type(v.name).shape)
             tensors[v.name] = by_value(v.name, v.uid, v.scalar, v.dtype, rank)

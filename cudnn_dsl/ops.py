@@ -9,7 +9,7 @@ strides. Attributes arrive canonical (dsl.ops.canonical): no row here fills a de
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -111,16 +111,40 @@ def ref_conv_fprop(ins, a, outs):
 
 def ref_conv_dgrad(ins, a, outs):
     dy, w = ins
-    return [torch.ops.aten.convolution_backward(
-        dy, torch.empty(outs[0].shape, dtype=dy.dtype, device=dy.device), w, None,
-        a["stride"], a["padding"], a["dilation"], False, [0] * (dy.dim() - 2), 1, [True, False, False])[0]]
+    return [
+        torch.ops.aten.convolution_backward(
+            dy,
+            torch.empty(outs[0].shape, dtype=dy.dtype, device=dy.device),
+            w,
+            None,
+            a["stride"],
+            a["padding"],
+            a["dilation"],
+            False,
+            [0] * (dy.dim() - 2),
+            1,
+            [True, False, False],
+        )[0]
+    ]
 
 
 def ref_conv_wgrad(ins, a, outs):
     x, dy = ins
-    return [torch.ops.aten.convolution_backward(
-        dy, x, torch.empty(outs[0].shape, dtype=x.dtype, device=x.device), None,
-        a["stride"], a["padding"], a["dilation"], False, [0] * (x.dim() - 2), 1, [False, True, False])[1]]
+    return [
+        torch.ops.aten.convolution_backward(
+            dy,
+            x,
+            torch.empty(outs[0].shape, dtype=x.dtype, device=x.device),
+            None,
+            a["stride"],
+            a["padding"],
+            a["dilation"],
+            False,
+            [0] * (x.dim() - 2),
+            1,
+            [False, True, False],
+        )[1]
+    ]
 
 
 def _lower_conv(builder: str):
@@ -211,8 +235,9 @@ def ref_layernorm(ins, a, outs):
 
 def lower_layernorm(ctx, ins, a):
     x, scale, bias = ins
-    y = ctx.g.layernorm(x, scale, bias, ctx.constant(a["epsilon"]),
-                        norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE, **ctx.kw)
+    y = ctx.g.layernorm(
+        x, scale, bias, ctx.constant(a["epsilon"]), norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE, **ctx.kw
+    )
     return [y[0]]  # [Y, mean, inv_var]; the stats are None in inference
 
 
@@ -224,8 +249,9 @@ def ref_rmsnorm(ins, a, outs):
 
 def lower_rmsnorm(ctx, ins, a):
     x, scale, bias = ins
-    y = ctx.g.rmsnorm(x, scale, bias, ctx.constant(a["epsilon"]),
-                      norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE, **ctx.kw)
+    y = ctx.g.rmsnorm(
+        x, scale, bias, ctx.constant(a["epsilon"]), norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE, **ctx.kw
+    )
     return [y[0]]  # [Y, inv_var]; inv_var is None in inference
 
 

@@ -34,8 +34,13 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
 
 
-def run_reference(graph: Graph, instance: Instance, inputs: dict[str, torch.Tensor],
-                  device: torch.device | str | None = None, native: bool = False) -> dict[str, torch.Tensor]:
+def run_reference(
+    graph: Graph,
+    instance: Instance,
+    inputs: dict[str, torch.Tensor],
+    device: torch.device | str | None = None,
+    native: bool = False,
+) -> dict[str, torch.Tensor]:
     """Evaluates the graph with torch; returns every output, in its dtype, by name."""
     device = torch.device(device) if device is not None else next(iter(inputs.values())).device
     widen = (lambda t: t) if native else _wide

@@ -16,8 +16,16 @@ from cudnn_dsl.build import Executable, Planner, plan_deviceless
 from cudnn_dsl.lower import Lowered
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.store import PlanStore
-from cudnn_dsl.tensors import (BindingError, Comparison, check_binding, check_inputs, compare_outputs, empty,
-                               generate_inputs, host_scalar)
+from cudnn_dsl.tensors import (
+    BindingError,
+    Comparison,
+    check_binding,
+    check_inputs,
+    compare_outputs,
+    empty,
+    generate_inputs,
+    host_scalar,
+)
 from dsl.ir import Graph, Instance
 from dsl.options import Options
 from dsl.types import fmt_shape
@@ -111,8 +119,10 @@ class Replay:
         return self.bound.outputs
 
 
-NO_GPU = ("no CUDA GPU is visible here; cg.reference(...) runs the PyTorch reference on the CPU, and "
-          "cg.plan(target='h200') asks cuDNN for plans without a device")
+NO_GPU = (
+    "no CUDA GPU is visible here; cg.reference(...) runs the PyTorch reference on the CPU, and "
+    "cg.plan(target='h200') asks cuDNN for plans without a device"
+)
 
 
 def _device(device: int | str | None) -> tuple[torch.device | None, str]:
@@ -143,13 +153,24 @@ class CompiledGraph:
     left to their declared value. Without a GPU, the reference and deviceless planning still work.
     """
 
-    def __init__(self, graph: Graph, options: Options | None = None, device: int | str | None = None,
-                 progress=None, use_store: bool = True, rebuild: bool = False, store: PlanStore | None = None):
+    def __init__(
+        self,
+        graph: Graph,
+        options: Options | None = None,
+        device: int | str | None = None,
+        progress=None,
+        use_store: bool = True,
+        rebuild: bool = False,
+        store: PlanStore | None = None,
+    ):
         self.graph = graph
         self.options = options or graph.options
         self.device, self.no_gpu = _device(device)
-        self.planner = (Planner(graph, self.options, self.device, store, use_store, rebuild, progress)
-                        if self.device is not None else None)
+        self.planner = (
+            Planner(graph, self.options, self.device, store, use_store, rebuild, progress)
+            if self.device is not None
+            else None
+        )
 
     # ---- specs ------------------------------------------------------------------
 
@@ -169,14 +190,21 @@ class CompiledGraph:
         if len(self.graph.instances) == 1:
             return self.graph.instances[0]
         for inst in self.graph.instances:
-            if all(tuple(tensors[v.name].shape) == inst.type(v.name).shape
-                   for v in self.graph.of_kind("input") if isinstance(tensors.get(v.name), torch.Tensor)):
+            if all(
+                tuple(tensors[v.name].shape) == inst.type(v.name).shape
+                for v in self.graph.of_kind("input")
+                if isinstance(tensors.get(v.name), torch.Tensor)
+            ):
                 return inst
         given = ", ".join(f"{k} {fmt_shape(tuple(t.shape))}" for k, t in tensors.items() if isinstance(t, torch.Tensor))
-        raise BindingError(f"graph '{self.graph.name}': inputs ({given}) match none of the declared shapes "
-                           f"({self.graph.declared_shapes})")
+        raise BindingError(
+            f"graph '{self.graph.name}': inputs ({given}) match none of the declared shapes "
+            f"({self.graph.declared_shapes})"
+        )
 
-    def allocate_inputs(self, binding: dict[str, int] | None = None, seed: int | None = None) -> dict[str, torch.Tensor]:
+    def allocate_inputs(
+        self, binding: dict[str, int] | None = None, seed: int | None = None
+    ) -> dict[str, torch.Tensor]:
         """Seeded inputs of one shape, on the GPU (on the CPU when there is none)."""
         inst = self.graph.instance(binding)
         return generate_inputs(self.graph, inst, self.device or "cpu", self.options.seed if seed is None else seed)
@@ -254,11 +282,19 @@ class CompiledGraph:
         check_inputs(self.graph, inst, tensors, None)
         devices = {t.device for t in tensors.values() if isinstance(t, torch.Tensor)}
         if len(devices) > 1:
-            raise BindingError(f"graph '{self.graph.name}': inputs are on several devices ({sorted(map(str, devices))})")
+            raise BindingError(
+                f"graph '{self.graph.name}': inputs are on several devices ({sorted(map(str, devices))})"
+            )
         return run_reference(self.graph, inst, tensors, devices.pop() if devices else "cpu")
 
-    def check(self, tensors: dict | None = None, atol: dict | float | None = None, rtol: dict | float | None = None,
-              /, **named) -> list[Comparison]:
+    def check(
+        self,
+        tensors: dict | None = None,
+        atol: dict | float | None = None,
+        rtol: dict | float | None = None,
+        /,
+        **named,
+    ) -> list[Comparison]:
         """Runs the graph and its reference on the same inputs and compares every output."""
         tensors = _named(tensors, named)
         got = self(tensors)

@@ -47,8 +47,9 @@ def _positive_inputs(graph: Graph) -> set[str]:
     return out
 
 
-def generate_inputs(graph: Graph, instance: Instance, device, seed: int = 0,
-                    ranges: dict[str, tuple[float, float]] | None = None) -> dict[str, torch.Tensor]:
+def generate_inputs(
+    graph: Graph, instance: Instance, device, seed: int = 0, ranges: dict[str, tuple[float, float]] | None = None
+) -> dict[str, torch.Tensor]:
     """Seeded inputs in their declared layout: floats in [-1, 1] ([0.5, 1.5] where an op wants
     positive values), integers in [-8, 8], booleans at random; `ranges` overrides by name. Drawn
     on the CPU, so a seed gives the same inputs on every device."""
@@ -102,8 +103,9 @@ def load_tensor(path: str | Path) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise BindingError(f"{path}: holds a {type(t).__name__}, not a tensor")
     if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
-        raise BindingError(f"{path}: holds a {t.layout if t.layout != torch.strided else t.device.type} tensor; "
-                           f"give a dense one")
+        raise BindingError(
+            f"{path}: holds a {t.layout if t.layout != torch.strided else t.device.type} tensor; give a dense one"
+        )
     if t.is_complex():
         raise BindingError(f"{path}: holds a complex tensor; cuDNN graphs take real data")
     return t
@@ -118,10 +120,14 @@ def converted(t: torch.Tensor, want: TensorType, cast: bool = False) -> torch.Te
     out = t.to(target)
     if t.dtype != target and not cast:
         back, nan = out.to(t.dtype), t.isnan() if t.is_floating_point() else None
-        exact = torch.equal(back, t) if nan is None else torch.equal(back.isnan(), nan) and torch.equal(back[~nan], t[~nan])
+        exact = (
+            torch.equal(back, t) if nan is None else torch.equal(back.isnan(), nan) and torch.equal(back[~nan], t[~nan])
+        )
         if not exact:
-            raise BindingError(f"the file holds {from_torch(t.dtype) or t.dtype} values that {want.dtype} cannot "
-                               f"hold exactly; convert them yourself, or pass --cast-inputs")
+            raise BindingError(
+                f"the file holds {from_torch(t.dtype) or t.dtype} values that {want.dtype} cannot "
+                f"hold exactly; convert them yourself, or pass --cast-inputs"
+            )
     return out
 
 
@@ -163,8 +169,9 @@ def check_inputs(graph: Graph, inst: Instance, tensors: dict, device: torch.devi
     names = {v.name for v in graph.inputs}
     unknown = set(tensors) - names
     if unknown:
-        raise BindingError(f"graph '{graph.name}' has no input {', '.join(sorted(unknown))} "
-                           f"(inputs: {', '.join(sorted(names))})")
+        raise BindingError(
+            f"graph '{graph.name}' has no input {', '.join(sorted(unknown))} (inputs: {', '.join(sorted(names))})"
+        )
     for v in graph.of_kind("input"):
         if v.name not in tensors:
             raise BindingError(f"graph '{graph.name}': input '{v.name}' is not bound", v.loc)
@@ -206,12 +213,21 @@ class Comparison:
 
     def __str__(self) -> str:
         verdict = "ok" if self.ok else f"MISMATCH in {self.mismatches} of {self.numel}"
-        return (f"{self.name}: {verdict} (max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g}; "
-                f"atol {self.atol:g}, rtol {self.rtol:g})")
+        return (
+            f"{self.name}: {verdict} (max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g}; "
+            f"atol {self.atol:g}, rtol {self.rtol:g})"
+        )
 
 
-def compare(name: str, got: torch.Tensor, want: torch.Tensor, dtype: str,
-            atol: float | None = None, rtol: float | None = None, floor_dtype: str | None = None) -> Comparison:
+def compare(
+    name: str,
+    got: torch.Tensor,
+    want: torch.Tensor,
+    dtype: str,
+    atol: float | None = None,
+    rtol: float | None = None,
+    floor_dtype: str | None = None,
+) -> Comparison:
     """Counts elements off by more than atol + rtol * |want|. Defaults come from the output's dtype,
     and from ``floor_dtype`` (the least precise input) when that is looser."""
     d_atol, d_rtol = tolerance(dtype)
@@ -226,11 +242,21 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor, dtype: str,
     finite = diff[diff.isfinite()]
     significant = diff.isfinite() & (w.abs() > atol)  # relative error where it means something
     rel = (diff / w.abs().clamp_min(1e-12))[significant]
-    return Comparison(name, dtype, atol, rtol, float(finite.max()) if finite.numel() else 0.0,
-                      float(rel.max()) if rel.numel() else 0.0, int(bad.sum()), g.numel())
+    return Comparison(
+        name,
+        dtype,
+        atol,
+        rtol,
+        float(finite.max()) if finite.numel() else 0.0,
+        float(rel.max()) if rel.numel() else 0.0,
+        int(bad.sum()),
+        g.numel(),
+    )
 
 
-def compare_outputs(graph: Graph, inst: Instance, got, want, options: Options, atol=None, rtol=None) -> list[Comparison]:
+def compare_outputs(
+    graph: Graph, inst: Instance, got, want, options: Options, atol=None, rtol=None
+) -> list[Comparison]:
     """Every output against the reference. atol/rtol: one tolerance for all, or {output: tolerance};
     None: the options', else the dtype's."""
 
@@ -240,8 +266,18 @@ def compare_outputs(graph: Graph, inst: Instance, got, want, options: Options, a
         return default if v is None else v
 
     floor = loosest_input_dtype(graph, inst)
-    return [compare(v.name, got[v.name], want[v.name], inst.type(v.name).dtype,
-                    pick(atol, v.name, options.atol), pick(rtol, v.name, options.rtol), floor) for v in graph.outputs]
+    return [
+        compare(
+            v.name,
+            got[v.name],
+            want[v.name],
+            inst.type(v.name).dtype,
+            pick(atol, v.name, options.atol),
+            pick(rtol, v.name, options.rtol),
+            floor,
+        )
+        for v in graph.outputs
+    ]
 
 
 def loosest_input_dtype(graph: Graph, inst: Instance) -> str | None:

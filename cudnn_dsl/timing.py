@@ -70,8 +70,16 @@ def environment(device=None) -> dict:
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(device)
         try:
-            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                           capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+            env["driver"] = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                )
+                .stdout.strip()
+                .splitlines()[0]
+            )
         except (OSError, subprocess.SubprocessError, IndexError):
             env["driver"] = "?"
     return env

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -61,8 +61,11 @@ def work(graph: Graph, inst: Instance) -> tuple[int, int]:
     for index, n in enumerate(graph.nodes):
         ins = tuple(inst.type(i) if i else None for i in n.inputs)
         flops += OPS[n.op].count_flops(Ctx(n.op, ins, inst.attrs(index)), [inst.type(o) for o in n.outputs])
-    moved = sum(inst.type(v.name).numel * itemsize(inst.type(v.name).dtype) for v in graph.values
-                if v.kind in ("input", "output"))
+    moved = sum(
+        inst.type(v.name).numel * itemsize(inst.type(v.name).dtype)
+        for v in graph.values
+        if v.kind in ("input", "output")
+    )
     return flops, moved
 
 
@@ -112,13 +115,17 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
 def report(result: TuneResult) -> str:
     lines = []
     ranked = result.ranked
-    label = result.graph + (" [" + ", ".join(f"{k}={v}" for k, v in result.binding.items()) + "]" if result.binding else "")
+    label = result.graph + (
+        " [" + ", ".join(f"{k}={v}" for k, v in result.binding.items()) + "]" if result.binding else ""
+    )
     lines.append(f"graph {label}: {len(result.candidates)} plans, {len(ranked)} timed")
     lines.append(f"  {'#':>3} {'plan':44} {'median µs':>10} {'TFLOP/s':>8} {'GB/s':>8} {'workspace':>10} {'rank':>5}")
     for pos, c in enumerate(ranked, 1):
         t = c.median_us * 1e-6
-        lines.append(f"  {pos:>3} {c.name[:44]:44} {c.median_us:10.1f} {result.flops / t / 1e12:8.1f} "
-                     f"{result.bytes / t / 1e9:8.1f} {c.workspace:10d} {c.index:5d}")
+        lines.append(
+            f"  {pos:>3} {c.name[:44]:44} {c.median_us:10.1f} {result.flops / t / 1e12:8.1f} "
+            f"{result.bytes / t / 1e9:8.1f} {c.workspace:10d} {c.index:5d}"
+        )
     for c in result.candidates:
         if not c.times_us:
             lines.append(f"  skipped {c.name}: {c.error}")
@@ -127,13 +134,17 @@ def report(result: TuneResult) -> str:
     if ranked:
         best, worst = ranked[0], ranked[-1]
         first = next((c for c in result.candidates if c.index == 0), None)
-        lines.append(f"  winner {best.name}: {best.median_us:.1f} µs; worst {worst.median_us:.1f} µs "
-                     f"({worst.median_us / best.median_us:.2f}x spread)")
+        lines.append(
+            f"  winner {best.name}: {best.median_us:.1f} µs; worst {worst.median_us:.1f} µs "
+            f"({worst.median_us / best.median_us:.2f}x spread)"
+        )
         if result.winner is None:
             lines.append("  nothing stored: the fastest plan's outputs do not match the reference")
         if first is not None and first.times_us:
-            lines.append(f"  heuristics' first choice {first.name}: {first.median_us:.1f} µs "
-                         f"({first.median_us / best.median_us:.2f}x the winner)")
+            lines.append(
+                f"  heuristics' first choice {first.name}: {first.median_us:.1f} µs "
+                f"({first.median_us / best.median_us:.2f}x the winner)"
+            )
     return "\n".join(lines)
 
 
@@ -148,8 +159,11 @@ def plot(results: list[TuneResult], path: str) -> None:
     fig, axes = plt.subplots(len(results), 1, figsize=(10, 3.2 * len(results)), squeeze=False)
     for ax, r in zip(axes[:, 0], results):
         ranked = r.ranked
-        ax.bar(range(len(ranked)), [c.median_us for c in ranked],
-               yerr=[[c.median_us - min(c.times_us) for c in ranked], [max(c.times_us) - c.median_us for c in ranked]])
+        ax.bar(
+            range(len(ranked)),
+            [c.median_us for c in ranked],
+            yerr=[[c.median_us - min(c.times_us) for c in ranked], [max(c.times_us) - c.median_us for c in ranked]],
+        )
         ax.set_title(f"{r.graph} {r.binding or ''}: plans by median GPU time")
         ax.set_ylabel("µs")
         if ranked and ranked[-1].median_us > 20 * ranked[0].median_us:

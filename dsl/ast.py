@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Union
-
 import attrs
 
-from dsl.diagnostics import Loc, UNKNOWN
-
+from dsl.diagnostics import UNKNOWN, Loc
 
 KEYWORDS = frozenset(
     ("graph", "io", "intermediate", "compute", "option", "dim", "input", "scalar", "output", "strides", "uid", "in")
@@ -24,7 +21,7 @@ def _loc():
 
 @attrs.frozen
 class Number:
-    value: Union[int, float]
+    value: int | float
     text: str = attrs.field(eq=False, repr=False, default="")
     """The source spelling, kept so the printer reproduces it."""
     loc: Loc = _loc()
@@ -48,7 +45,7 @@ class ListValue:
     loc: Loc = _loc()
 
 
-Value = Union[Number, Ident, String, ListValue]
+Value = Number | Ident | String | ListValue
 
 
 # ---- expressions ------------------------------------------------------------------
@@ -81,18 +78,18 @@ class BinOp:
     """Infix ``+ - * /``; the checker maps it to the pointwise op of ``op``."""
 
     op: str
-    lhs: "Expr"
-    rhs: "Expr"
+    lhs: Expr
+    rhs: Expr
     loc: Loc = _loc()
 
 
 @attrs.frozen
 class Neg:
-    operand: "Expr"
+    operand: Expr
     loc: Loc = _loc()
 
 
-Expr = Union[Ref, Number, Call, BinOp, Neg]
+Expr = Ref | Number | Call | BinOp | Neg
 
 
 # ---- declarations and statements -----------------------------------------------
@@ -102,7 +99,7 @@ Expr = Union[Ref, Number, Call, BinOp, Neg]
 class Dim:
     """A dimension: an int, or the name of a symbolic dimension."""
 
-    value: Union[int, str]
+    value: int | str
     loc: Loc = _loc()
 
 
@@ -132,7 +129,7 @@ class Uid:
     loc: Loc = _loc()
 
 
-TensorSpec = Union[Layout, Strides, Uid]
+TensorSpec = Layout | Strides | Uid
 
 
 @attrs.frozen
@@ -193,7 +190,7 @@ class Assign:
     loc: Loc = _loc()
 
 
-Stmt = Union[TypesDecl, OptionDecl, DimDecl, InputDecl, ScalarDecl, OutputDecl, Assign]
+Stmt = TypesDecl | OptionDecl | DimDecl | InputDecl | ScalarDecl | OutputDecl | Assign
 
 
 @attrs.frozen

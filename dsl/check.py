@@ -35,7 +35,9 @@ def check(module: ast.Module, sink: Sink | None = None) -> Program:
         if g is not None:
             graphs.append(g)
     if not module.graphs:
-        sink.error("no graph in file; a file holds one or more 'graph NAME { ... }' blocks", Loc(module.file, 1, 1, 1, 2))
+        sink.error(
+            "no graph in file; a file holds one or more 'graph NAME { ... }' blocks", Loc(module.file, 1, 1, 1, 2)
+        )
     sink.raise_if_errors()
     return Program(module.file, tuple(graphs))
 
@@ -132,8 +134,11 @@ class _GraphChecker:
     def stmt_OptionDecl(self, st: ast.OptionDecl) -> None:
         a = OPTIONS.get(st.name)
         if a is None:
-            self.err(f"unknown option '{st.name}'{self.sink.hint(st.name, OPTIONS)}", st.loc,
-                     [(f"options are: {', '.join(OPTIONS)}", None)])
+            self.err(
+                f"unknown option '{st.name}'{self.sink.hint(st.name, OPTIONS)}",
+                st.loc,
+                [(f"options are: {', '.join(OPTIONS)}", None)],
+            )
             return
         if st.name in self.options:
             self.err(f"option '{st.name}' given twice", st.loc, [("first given here", self.option_locs[st.name])])
@@ -160,8 +165,11 @@ class _GraphChecker:
         for d in dims:
             if isinstance(d.value, str):
                 if d.value not in self.symbols:
-                    self.err(f"unknown dimension '{d.value}'{self.sink.hint(d.value, self.symbols)}; declare it "
-                             f"with 'dim {d.value} in {{...}}' before use", d.loc)
+                    self.err(
+                        f"unknown dimension '{d.value}'{self.sink.hint(d.value, self.symbols)}; declare it "
+                        f"with 'dim {d.value} in {{...}}' before use",
+                        d.loc,
+                    )
                     ok = False
                 self.used.add(d.value)
             elif d.value < 1 or d.value > INT64_MAX:
@@ -175,8 +183,10 @@ class _GraphChecker:
         for s in specs:
             if isinstance(s, ast.Layout):
                 if s.name not in LAYOUTS:
-                    self.err(f"unknown layout '{s.name}'{self.sink.hint(s.name, LAYOUTS)}; layouts are "
-                             f"{', '.join(LAYOUTS)}", s.loc)
+                    self.err(
+                        f"unknown layout '{s.name}'{self.sink.hint(s.name, LAYOUTS)}; layouts are {', '.join(LAYOUTS)}",
+                        s.loc,
+                    )
                 elif target.layout or target.strides:
                     self.err("layout given twice", s.loc)
                 else:
@@ -254,8 +264,11 @@ class _GraphChecker:
             self.assign((st.name,), st.expr, st.loc)
         elif st.name not in self.produced and st.name not in self.failed:
             if st.name in self.decls:
-                self.err(f"'{st.name}' is an {self.decls[st.name].kind}; an output must be computed "
-                         f"(write 'output {st.name}_out = identity({st.name})' to copy it)", st.loc)
+                self.err(
+                    f"'{st.name}' is an {self.decls[st.name].kind}; an output must be computed "
+                    f"(write 'output {st.name}_out = identity({st.name})' to copy it)",
+                    st.loc,
+                )
             else:
                 self.err(f"output '{st.name}' is never computed{self.sink.hint(st.name, self.produced)}", st.loc)
 
@@ -329,21 +342,36 @@ class _GraphChecker:
         attrs_, attr_locs, ok = self.attrs(sig, e)
         n_results = sig.count_results(attrs_)
         if len(targets) > n_results:
-            self.err(f"{e.op} returns {n_results} value{'s' if n_results > 1 else ''} here, "
-                     f"but {len(targets)} names are assigned", e.loc)
+            self.err(
+                f"{e.op} returns {n_results} value{'s' if n_results > 1 else ''} here, "
+                f"but {len(targets)} names are assigned",
+                e.loc,
+            )
             ok = False
         outs = list(targets[:n_results]) + [self.fresh(e.op) for _ in range(n_results - len(targets[:n_results]))]
         compute = attrs_.pop("compute", None) or self.types.get("compute", ("float", None))[0]
-        node = PNode(e.op, arg_names + [None] * (n_max - len(arg_names)), outs, attrs_, compute, e.loc,
-                     [a.loc for a in e.args], attr_locs, ok and None not in arg_names)
+        node = PNode(
+            e.op,
+            arg_names + [None] * (n_max - len(arg_names)),
+            outs,
+            attrs_,
+            compute,
+            e.loc,
+            [a.loc for a in e.args],
+            attr_locs,
+            ok and None not in arg_names,
+        )
         if sig.family != "pointwise":
             for name, a in zip(arg_names, e.args):
                 if name in self.decls and self.decls[name].kind in ("scalar", "const"):
-                    self.err(f"{e.op}: '{a.name if isinstance(a, ast.Ref) else a.value}' is a host scalar; "
-                             f"only pointwise ops take scalars", a.loc)
+                    self.err(
+                        f"{e.op}: '{a.name if isinstance(a, ast.Ref) else a.value}' is a host scalar; "
+                        f"only pointwise ops take scalars",
+                        a.loc,
+                    )
                     node.ok = False
         self.nodes.append(node)
-        for o in outs[len(targets):]:
+        for o in outs[len(targets) :]:
             self.produced[o] = (node, e.loc)
         return node
 
@@ -354,8 +382,11 @@ class _GraphChecker:
             a = sig.attr(kw.name)
             if a is None:
                 names = [x.name for x in sig.all_attrs]
-                self.err(f"{sig.name}: unknown attribute '{kw.name}'{self.sink.hint(kw.name, names)}"
-                         + (f"; it takes {', '.join(names)}" if names else ""), kw.loc)
+                self.err(
+                    f"{sig.name}: unknown attribute '{kw.name}'{self.sink.hint(kw.name, names)}"
+                    + (f"; it takes {', '.join(names)}" if names else ""),
+                    kw.loc,
+                )
                 ok = False
                 continue
             if kw.name in locs:
@@ -370,8 +401,11 @@ class _GraphChecker:
                 ok = False
         for a in sig.attrs:
             if a.default is REQUIRED and a.name not in locs:
-                self.err(f"{sig.name}: missing attribute '{a.name}'"
-                         + (f" (one of {', '.join(a.choices)})" if a.choices else ""), e.loc)
+                self.err(
+                    f"{sig.name}: missing attribute '{a.name}'"
+                    + (f" (one of {', '.join(a.choices)})" if a.choices else ""),
+                    e.loc,
+                )
                 ok = False
         return out, locs, ok
 
@@ -381,7 +415,7 @@ class _GraphChecker:
         for name, d in self.decls.items():
             if d.kind in ("input", "scalar") and name not in self.used:
                 self.sink.warning(f"{d.kind} '{name}' is never used", d.loc)
-        for name, (node, loc) in self.produced.items():
+        for name, (_, loc) in self.produced.items():
             if name not in self.used and name not in self.outputs and name in self.user_names:
                 self.sink.warning(f"'{name}' is computed but never used", loc)
         for s in self.symbols.values():
@@ -397,8 +431,10 @@ class _GraphChecker:
             if sig.lint is None:
                 continue
             seen = tuple(
-                (d.name, len(d.dims), d.layout, d.strides is not None) if (d := self.decls.get(i)) and d.kind == "input"
-                else None for i in n.inputs
+                (d.name, len(d.dims), d.layout, d.strides is not None)
+                if (d := self.decls.get(i)) and d.kind == "input"
+                else None
+                for i in n.inputs
             )
             for i, message in sig.lint(seen):
                 if n.inputs[i] not in warned:
@@ -450,8 +486,19 @@ class _GraphChecker:
         io = self.types.get("io", (None, None))[0]
         inter = self.types.get("intermediate", (None, None))[0] or "float"
         compute = self.types.get("compute", (None, None))[0] or "float"
-        return Graph(self.gdef.name, self.file, io, inter, compute, opts, tuple(self.symbols.values()),
-                     tuple(values), nodes, tuple(instances), self.gdef.loc)
+        return Graph(
+            self.gdef.name,
+            self.file,
+            io,
+            inter,
+            compute,
+            opts,
+            tuple(self.symbols.values()),
+            tuple(values),
+            nodes,
+            tuple(instances),
+            self.gdef.loc,
+        )
 
 
 def _assign_uids(gc: _GraphChecker) -> dict[str, int]:

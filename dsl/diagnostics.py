@@ -52,7 +52,7 @@ class Diagnostic:
             "col": self.loc.col,
             "end_line": self.loc.end_line,
             "end_col": self.loc.end_col,
-            "notes": [{"message": t, "loc": str(l) if l else None} for t, l in self.notes],
+            "notes": [{"message": text, "loc": str(loc) if loc else None} for text, loc in self.notes],
         }
 
 

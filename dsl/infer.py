@@ -76,16 +76,20 @@ class Typer:
         d = self.r.decls[name]
         prev = self.scalar_uses.setdefault(name, (rank, loc))
         if prev[0] != rank and d.kind == "scalar":
-            self.sink.error(f"scalar '{name}' is used with tensors of rank {prev[0]} and {rank}; "
-                            f"declare one scalar per rank", loc, [("first use", prev[1])])
+            self.sink.error(
+                f"scalar '{name}' is used with tensors of rank {prev[0]} and {rank}; declare one scalar per rank",
+                loc,
+                [("first use", prev[1])],
+            )
             return None
         shape = (1,) * rank
         return self.scalars.setdefault(name, TensorType(d.dtype, shape, dense_strides(shape)))
 
     def node(self, n) -> tuple:
         """Types one node's results; returns its canonical attributes (empty when it failed)."""
-        if not n.ok or any(i is not None and (i in self.poisoned or (i not in self.types and i not in self.r.decls))
-                           for i in n.inputs):
+        if not n.ok or any(
+            i is not None and (i in self.poisoned or (i not in self.types and i not in self.r.decls)) for i in n.inputs
+        ):
             self.poisoned.update(n.outputs)
             return ()
         sig = OPS[n.op]
@@ -136,8 +140,10 @@ class Typer:
             if o.dims is not None:
                 want = self.concrete(o.dims)
                 if want != out.shape:
-                    self.sink.error(f"output '{name}' is declared {fmt_shape(want)} but {n.op} gives "
-                                    f"{fmt_shape(out.shape)}", o.dims_loc or o.loc)
+                    self.sink.error(
+                        f"output '{name}' is declared {fmt_shape(want)} but {n.op} gives {fmt_shape(out.shape)}",
+                        o.dims_loc or o.loc,
+                    )
                     return
             strides = dense_strides(out.shape, out.order)
             if o.layout:
@@ -151,8 +157,9 @@ class Typer:
                     self.sink.error(f"{len(o.strides)} strides for output '{name}' of rank {len(out.shape)}", o.loc)
                     return
                 if overlap(out.shape, o.strides) is not None:
-                    self.sink.error(f"strides {list(o.strides)} overlap for output '{name}' {fmt_shape(out.shape)}",
-                                    o.loc)
+                    self.sink.error(
+                        f"strides {list(o.strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc
+                    )
                     return
                 strides = o.strides
             t = TensorType(dtype, out.shape, strides)

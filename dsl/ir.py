@@ -141,8 +141,9 @@ class Graph:
         for inst in self.instances:
             if tuple(sorted(inst.binding)) == want:
                 return inst
-        raise NotFound(f"graph '{self.name}' has no shape {dict(want) or 'without a binding'}; "
-                       f"declared: {self.declared_shapes}")
+        raise NotFound(
+            f"graph '{self.name}' has no shape {dict(want) or 'without a binding'}; declared: {self.declared_shapes}"
+        )
 
 
 @attrs.frozen

@@ -9,7 +9,8 @@ every enum in its declared spelling (``canonical``), so no back-end row ever fil
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -47,16 +48,26 @@ class Family:
 
 
 FAMILIES = {
-    "pointwise": Family(("pointwise",), "pointwise ops fuse as the epilogue of a matmul, conv or norm; a chain of "
-                        "pointwise ops alone may need a graph of its own"),
-    "conv": Family(("conv", "convolution"), "NHWC layouts for conv tensors, half/bf16 data with float compute, and "
-                   "channel counts that are multiples of 8"),
+    "pointwise": Family(
+        ("pointwise",),
+        "pointwise ops fuse as the epilogue of a matmul, conv or norm; a chain of "
+        "pointwise ops alone may need a graph of its own",
+    ),
+    "conv": Family(
+        ("conv", "convolution"),
+        "NHWC layouts for conv tensors, half/bf16 data with float compute, and channel counts that are multiples of 8",
+    ),
     "matmul": Family(("matmul",), "half/bf16 data with float compute, and inner dims that are multiples of 8"),
-    "reduction": Family(("reduction",), "a reduction fuses after a matmul or conv over its output; alone it may need "
-                        "a graph of its own"),
-    "attention": Family(("sdpa", "attention"), "half/bf16 q, k, v with head dims that are multiples of 8 (at most 256)"),
-    "norm": Family(("norm", "layernorm", "rmsnorm", "batchnorm"), "norms fuse with a pointwise epilogue on some "
-                   "engines only; a norm alone is the safest graph"),
+    "reduction": Family(
+        ("reduction",), "a reduction fuses after a matmul or conv over its output; alone it may need a graph of its own"
+    ),
+    "attention": Family(
+        ("sdpa", "attention"), "half/bf16 q, k, v with head dims that are multiples of 8 (at most 256)"
+    ),
+    "norm": Family(
+        ("norm", "layernorm", "rmsnorm", "batchnorm"),
+        "norms fuse with a pointwise epilogue on some engines only; a norm alone is the safest graph",
+    ),
     "layout": Family(("reshape", "transpose", "slice"), "layout ops need a newer cuDNN, or a graph of their own"),
 }
 
@@ -101,7 +112,9 @@ class OpSig:
         return self.attrs + COMMON_ATTRS
 
 
-COMMON_ATTRS = (Attr("compute", "dtype", None, doc="compute data type of this op (default: the graph's)", optional=True),)
+COMMON_ATTRS = (
+    Attr("compute", "dtype", None, doc="compute data type of this op (default: the graph's)", optional=True),
+)
 
 REDUCTION_MODES = ("sum", "mul", "min", "max", "amax", "avg", "norm1", "norm2", "mul_no_zeros")
 
@@ -169,8 +182,7 @@ def infer_bias(ctx: Ctx) -> list[Out]:
     out = infer_binary(ctx)
     if out[0].shape != x.shape:
         raise RuleError(
-            f"{ctx.op}: {fmt_shape(b.shape)} must broadcast onto the input {fmt_shape(x.shape)} "
-            f"without growing it",
+            f"{ctx.op}: {fmt_shape(b.shape)} must broadcast onto the input {fmt_shape(x.shape)} without growing it",
             1,
         )
     return out
@@ -221,7 +233,8 @@ def infer_conv_dgrad(ctx: Ctx) -> list[Out]:
         raise RuleError(f"{ctx.op}: gradient has {dy.shape[1]} channels, filter has {w.shape[0]} outputs", 1)
     pad, stride, dil = _conv_params(ctx)
     spatial = [
-        (o - 1) * stride[i] - 2 * pad[i] + dil[i] * (r - 1) + 1 for i, (o, r) in enumerate(zip(dy.shape[2:], w.shape[2:]))
+        (o - 1) * stride[i] - 2 * pad[i] + dil[i] * (r - 1) + 1
+        for i, (o, r) in enumerate(zip(dy.shape[2:], w.shape[2:]))
     ]
     if any(s < 1 for s in spatial):
         raise RuleError(f"{ctx.op}: no input size gives gradient {fmt_shape(dy.shape)}", 0)
@@ -230,8 +243,9 @@ def infer_conv_dgrad(ctx: Ctx) -> list[Out]:
 
 def _wgrad_filter(x: TensorType, dy: TensorType, pad, stride, dil) -> tuple[int, ...]:
     """The filter size that maps x to dy (the largest, when stride leaves a choice)."""
-    return tuple((h + 2 * p - (o - 1) * s - 1) // d + 1
-                 for h, o, p, s, d in zip(x.shape[2:], dy.shape[2:], pad, stride, dil))
+    return tuple(
+        (h + 2 * p - (o - 1) * s - 1) // d + 1 for h, o, p, s, d in zip(x.shape[2:], dy.shape[2:], pad, stride, dil)
+    )
 
 
 def derive_conv_wgrad(ctx: Ctx) -> dict:
@@ -251,13 +265,19 @@ def infer_conv_wgrad(ctx: Ctx) -> list[Out]:
     pad, stride, dil = _conv_params(ctx)
     filt = ctx.attrs["filter"]
     if len(filt) != len(x.shape) - 2:
-        raise RuleError(f"{ctx.op}: 'filter' has {len(filt)} values, the image has {len(x.shape) - 2} spatial dims",
-                        "filter")
-    fits = all(r >= 1 and (h + 2 * p - d * (r - 1) - 1) // s + 1 == o
-               for r, h, o, p, s, d in zip(filt, x.shape[2:], dy.shape[2:], pad, stride, dil))
+        raise RuleError(
+            f"{ctx.op}: 'filter' has {len(filt)} values, the image has {len(x.shape) - 2} spatial dims", "filter"
+        )
+    fits = all(
+        r >= 1 and (h + 2 * p - d * (r - 1) - 1) // s + 1 == o
+        for r, h, o, p, s, d in zip(filt, x.shape[2:], dy.shape[2:], pad, stride, dil)
+    )
     if not fits:
-        raise RuleError(f"{ctx.op}: a filter of {list(filt)} does not map image {fmt_shape(x.shape)} to gradient "
-                        f"{fmt_shape(dy.shape)} with this padding, stride and dilation", "filter")
+        raise RuleError(
+            f"{ctx.op}: a filter of {list(filt)} does not map image {fmt_shape(x.shape)} to gradient "
+            f"{fmt_shape(dy.shape)} with this padding, stride and dilation",
+            "filter",
+        )
     return [Out((dy.shape[1], x.shape[1], *filt), stride_order(x.strides))]
 
 
@@ -266,7 +286,9 @@ def infer_matmul(ctx: Ctx) -> list[Out]:
     if len(a.shape) < 2 or len(b.shape) < 2:
         raise RuleError(f"{ctx.op}: inputs need rank >= 2, got {fmt_shape(a.shape)} and {fmt_shape(b.shape)}", 0)
     if len(a.shape) != len(b.shape):
-        raise RuleError(f"{ctx.op}: inputs have ranks {len(a.shape)} and {len(b.shape)}; use 1 for broadcast batch dims", 1)
+        raise RuleError(
+            f"{ctx.op}: inputs have ranks {len(a.shape)} and {len(b.shape)}; use 1 for broadcast batch dims", 1
+        )
     if a.dtype != b.dtype:
         raise RuleError(f"{ctx.op}: dtype conflict: A is {a.dtype}, B is {b.dtype}", 1)
     if a.shape[-1] != b.shape[-2]:
@@ -277,7 +299,9 @@ def infer_matmul(ctx: Ctx) -> list[Out]:
         )
     batch = broadcast(a.shape[:-2], b.shape[:-2])
     if batch is None:
-        raise RuleError(f"{ctx.op}: batch dims {fmt_shape(a.shape[:-2])} and {fmt_shape(b.shape[:-2])} do not broadcast", 1)
+        raise RuleError(
+            f"{ctx.op}: batch dims {fmt_shape(a.shape[:-2])} and {fmt_shape(b.shape[:-2])} do not broadcast", 1
+        )
     shape = (*batch, a.shape[-2], b.shape[-1])
     return [Out(shape, _row_major(len(shape)))]
 
@@ -314,7 +338,9 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
         raise RuleError(f"{ctx.op}: dtype conflict: q {q.dtype}, k {k.dtype}, v {v.dtype}", 1)
     b, h, s, d = q.shape
     if k.shape[0] != b or v.shape[0] != b:
-        raise RuleError(f"{ctx.op}: batch differs: q {fmt_shape(q.shape)}, k {fmt_shape(k.shape)}, v {fmt_shape(v.shape)}", 1)
+        raise RuleError(
+            f"{ctx.op}: batch differs: q {fmt_shape(q.shape)}, k {fmt_shape(k.shape)}, v {fmt_shape(v.shape)}", 1
+        )
     if k.shape[3] != d:
         raise RuleError(f"{ctx.op}: head dim differs: q has D={d}, k has D={k.shape[3]}", 1)
     if k.shape[1] != v.shape[1] or h % k.shape[1]:
@@ -322,7 +348,9 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
     if k.shape[2] != v.shape[2]:
         raise RuleError(f"{ctx.op}: k has {k.shape[2]} keys, v has {v.shape[2]}", 2)
     if bias is not None and broadcast(bias.shape, (b, h, s, k.shape[2])) != (b, h, s, k.shape[2]):
-        raise RuleError(f"{ctx.op}: bias {fmt_shape(bias.shape)} does not broadcast to {fmt_shape((b, h, s, k.shape[2]))}", 3)
+        raise RuleError(
+            f"{ctx.op}: bias {fmt_shape(bias.shape)} does not broadcast to {fmt_shape((b, h, s, k.shape[2]))}", 3
+        )
     outs = [Out((b, h, s, v.shape[3]), stride_order(q.strides))]
     if ctx.attrs["stats"]:
         outs.append(Out((b, h, s, 1), _row_major(4), "float"))
@@ -335,8 +363,11 @@ def _norm_params(ctx: Ctx, first: int) -> None:
     for i in range(first, len(ctx.inputs)):
         t = ctx.inputs[i]
         if t is not None and t.shape != want:
-            raise RuleError(f"{ctx.op}: {OPS[ctx.op].inputs[i] if i < len(OPS[ctx.op].inputs) else 'bias'} must be "
-                          f"{fmt_shape(want)} (input {fmt_shape(x.shape)} with batch 1), got {fmt_shape(t.shape)}", i)
+            raise RuleError(
+                f"{ctx.op}: {OPS[ctx.op].inputs[i] if i < len(OPS[ctx.op].inputs) else 'bias'} must be "
+                f"{fmt_shape(want)} (input {fmt_shape(x.shape)} with batch 1), got {fmt_shape(t.shape)}",
+                i,
+            )
 
 
 def infer_norm(ctx: Ctx) -> list[Out]:
@@ -371,7 +402,10 @@ def infer_reshape(ctx: Ctx) -> list[Out]:
     x = ctx.inputs[0]
     shape = tuple(ctx.attrs["shape"])
     if any(d < 1 for d in shape) or math.prod(shape) != math.prod(x.shape):
-        raise RuleError(f"{ctx.op}: cannot reshape {fmt_shape(x.shape)} ({math.prod(x.shape)} elements) to {fmt_shape(shape)}", "shape")
+        raise RuleError(
+            f"{ctx.op}: cannot reshape {fmt_shape(x.shape)} ({math.prod(x.shape)} elements) to {fmt_shape(shape)}",
+            "shape",
+        )
     return [Out(shape, _row_major(len(shape)))]
 
 
@@ -397,7 +431,9 @@ def lint_channels_last(inputs: tuple) -> list[tuple[int, str]]:
         name, rank, layout, strided = d
         if not strided and rank in (4, 5) and layout not in ("nhwc", "ndhwc", "channels_last"):
             want = "nhwc" if rank == 4 else "ndhwc"
-            out.append((i, f"convolution input '{name}' is not channels-last; cuDNN's tensor-core engines want '{want}'"))
+            out.append(
+                (i, f"convolution input '{name}' is not channels-last; cuDNN's tensor-core engines want '{want}'")
+            )
     return out
 
 
@@ -476,39 +512,77 @@ _SPATIAL_ATTRS = (
 
 OPS: dict[str, OpSig] = {
     **{n: _pointwise_unary(n, d) for n, d in _UNARY.items()},
-    "leaky_relu": _pointwise_unary("leaky_relu", "x if x > 0 else slope * x", Attr("slope", "float", 0.01, hi=None, doc="slope for x < 0")),
-    "swish": _pointwise_unary("swish", "x * sigmoid(beta * x)", Attr("beta", "float", 1.0, hi=None, doc="the sigmoid's scale")),
+    "leaky_relu": _pointwise_unary(
+        "leaky_relu", "x if x > 0 else slope * x", Attr("slope", "float", 0.01, hi=None, doc="slope for x < 0")
+    ),
+    "swish": _pointwise_unary(
+        "swish", "x * sigmoid(beta * x)", Attr("beta", "float", 1.0, hi=None, doc="the sigmoid's scale")
+    ),
     **{n: _pointwise_binary(n, d) for n, d in _BINARY.items()},
     "bias": OpSig("bias", "pointwise", ("x", "bias"), infer_bias, doc="x + bias, bias broadcast onto x"),
     "scale": OpSig("scale", "pointwise", ("x", "scale"), infer_bias, doc="x * scale, scale broadcast onto x"),
     "conv_fprop": OpSig(
-        "conv_fprop", "conv", ("image", "weight"), infer_conv_fprop, attrs=_SPATIAL_ATTRS, flops=flops_conv,
+        "conv_fprop",
+        "conv",
+        ("image", "weight"),
+        infer_conv_fprop,
+        attrs=_SPATIAL_ATTRS,
+        flops=flops_conv,
         lint=lint_channels_last,
         doc="convolution forward: image [N,C,H,W] * weight [K,C/groups,R,S] -> [N,K,P,Q]",
     ),
     "conv_dgrad": OpSig(
-        "conv_dgrad", "conv", ("grad", "weight"), infer_conv_dgrad, attrs=_SPATIAL_ATTRS, flops=flops_conv,
+        "conv_dgrad",
+        "conv",
+        ("grad", "weight"),
+        infer_conv_dgrad,
+        attrs=_SPATIAL_ATTRS,
+        flops=flops_conv,
         lint=lint_channels_last,
         doc="convolution data gradient: dy [N,K,P,Q], weight [K,C,R,S] -> dx [N,C,H,W]",
     ),
     "conv_wgrad": OpSig(
-        "conv_wgrad", "conv", ("image", "grad"), infer_conv_wgrad, flops=flops_conv, derive=derive_conv_wgrad,
+        "conv_wgrad",
+        "conv",
+        ("image", "grad"),
+        infer_conv_wgrad,
+        flops=flops_conv,
+        derive=derive_conv_wgrad,
         lint=lint_channels_last,
-        attrs=_SPATIAL_ATTRS + (Attr("filter", "ints", DERIVED, doc="filter spatial size (inferred from the shapes when omitted)", lo=1),),
+        attrs=_SPATIAL_ATTRS
+        + (Attr("filter", "ints", DERIVED, doc="filter spatial size (inferred from the shapes when omitted)", lo=1),),
         doc="convolution weight gradient: x [N,C,H,W], dy [N,K,P,Q] -> dw [K,C,R,S]",
     ),
-    "matmul": OpSig("matmul", "matmul", ("a", "b"), infer_matmul, flops=flops_matmul,
-                    doc="batched [..., M, K] @ [..., K, N] -> [..., M, N]"),
+    "matmul": OpSig(
+        "matmul",
+        "matmul",
+        ("a", "b"),
+        infer_matmul,
+        flops=flops_matmul,
+        doc="batched [..., M, K] @ [..., K, N] -> [..., M, N]",
+    ),
     "reduction": OpSig(
-        "reduction", "reduction", ("x",), infer_reduction, derive=derive_reduction,
+        "reduction",
+        "reduction",
+        ("x",),
+        infer_reduction,
+        derive=derive_reduction,
         attrs=(
             Attr("mode", "enum", REQUIRED, REDUCTION_MODES, doc="how to combine elements"),
-            Attr("axes", "ints", DERIVED, doc="axes reduced to 1 (default: all); negative counts from the end", lo=None),
+            Attr(
+                "axes", "ints", DERIVED, doc="axes reduced to 1 (default: all); negative counts from the end", lo=None
+            ),
         ),
         doc="reduce axes to size 1, keeping the rank",
     ),
     "sdpa": OpSig(
-        "sdpa", "attention", ("q", "k", "v"), infer_sdpa, optional=("bias",), flops=flops_sdpa, derive=derive_sdpa,
+        "sdpa",
+        "attention",
+        ("q", "k", "v"),
+        infer_sdpa,
+        optional=("bias",),
+        flops=flops_sdpa,
+        derive=derive_sdpa,
         attrs=(
             Attr("scale", "float", DERIVED, doc="softmax scale (default 1/sqrt(D))", hi=None),
             Attr("causal", "bool", False, doc="causal mask (top-left aligned)"),
@@ -519,31 +593,55 @@ OPS: dict[str, OpSig] = {
         doc="scaled dot-product attention: softmax(q k^T * scale + bias) v",
     ),
     "layernorm": OpSig(
-        "layernorm", "norm", ("x", "scale", "bias"), infer_norm,
+        "layernorm",
+        "norm",
+        ("x", "scale", "bias"),
+        infer_norm,
         attrs=(Attr("epsilon", "float", 1e-5, lo=0, hi=None, doc="added to the variance"),),
         doc="layer norm (inference) over all axes but the first; scale and bias are [1, ...]",
     ),
     "rmsnorm": OpSig(
-        "rmsnorm", "norm", ("x", "scale"), infer_norm, optional=("bias",),
+        "rmsnorm",
+        "norm",
+        ("x", "scale"),
+        infer_norm,
+        optional=("bias",),
         attrs=(Attr("epsilon", "float", 1e-5, lo=0, hi=None, doc="added to the variance"),),
         doc="RMS norm (inference) over all axes but the first; scale (and bias) are [1, ...]",
     ),
     "batchnorm_inference": OpSig(
-        "batchnorm_inference", "norm", ("x", "mean", "inv_variance", "scale", "bias"), infer_batchnorm,
-        doc="(x - mean) * inv_variance * scale + bias, per channel (axis 1)", positive=(2,),
+        "batchnorm_inference",
+        "norm",
+        ("x", "mean", "inv_variance", "scale", "bias"),
+        infer_batchnorm,
+        doc="(x - mean) * inv_variance * scale + bias, per channel (axis 1)",
+        positive=(2,),
     ),
     "transpose": OpSig(
-        "transpose", "layout", ("x",), infer_transpose, attrs=(Attr("perm", "ints", REQUIRED, doc="the new order of the axes", lo=0),),
+        "transpose",
+        "layout",
+        ("x",),
+        infer_transpose,
+        attrs=(Attr("perm", "ints", REQUIRED, doc="the new order of the axes", lo=0),),
         doc="permute the axes",
     ),
     "reshape": OpSig(
-        "reshape", "layout", ("x",), infer_reshape, attrs=(Attr("shape", "ints", REQUIRED, doc="the new dims", lo=1),),
+        "reshape",
+        "layout",
+        ("x",),
+        infer_reshape,
+        attrs=(Attr("shape", "ints", REQUIRED, doc="the new dims", lo=1),),
         doc="same elements, new shape",
     ),
     "slice": OpSig(
-        "slice", "layout", ("x",), infer_slice,
-        attrs=(Attr("start", "ints", REQUIRED, doc="first index per axis", lo=0),
-               Attr("end", "ints", REQUIRED, doc="one past the last index per axis", lo=0)),
+        "slice",
+        "layout",
+        ("x",),
+        infer_slice,
+        attrs=(
+            Attr("start", "ints", REQUIRED, doc="first index per axis", lo=0),
+            Attr("end", "ints", REQUIRED, doc="one past the last index per axis", lo=0),
+        ),
         doc="the box [start, end) per axis",
     ),
 }

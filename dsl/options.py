@@ -28,22 +28,30 @@ class Options:
     """Build, tuning and checking options of a graph."""
 
     heuristics: tuple[str, ...] | None = _option(
-        "enums", None, "heuristic modes asked for plans, in order (default: A, FALLBACK; every mode when tuning)",
-        choices=HEURISTIC_MODES, optional=True)
+        "enums",
+        None,
+        "heuristic modes asked for plans, in order (default: A, FALLBACK; every mode when tuning)",
+        choices=HEURISTIC_MODES,
+        optional=True,
+    )
     build_policy: str = _option(
-        "enum", "heuristics_choice", "build the heuristics' first supported plan, or all of them",
-        choices=BUILD_POLICIES)
+        "enum",
+        "heuristics_choice",
+        "build the heuristics' first supported plan, or all of them",
+        choices=BUILD_POLICIES,
+    )
     warmup: int = _option("int", 3, "untimed runs per plan when timing", lo=0, hi=10_000)
     iterations: int = _option("int", 15, "timed runs per plan", lo=1, hi=1_000_000)
     cuda_graph: bool = _option("bool", False, "capture execution into a CUDA graph and replay it")
     workspace_limit: int | None = _option(
-        "int", None, "bytes; plans needing more workspace are skipped", lo=0, optional=True)
+        "int", None, "bytes; plans needing more workspace are skipped", lo=0, optional=True
+    )
     atol: float | None = _option(
-        "float", None, "absolute tolerance against the reference (default: per dtype)", lo=0, hi=None,
-        optional=True)
+        "float", None, "absolute tolerance against the reference (default: per dtype)", lo=0, hi=None, optional=True
+    )
     rtol: float | None = _option(
-        "float", None, "relative tolerance against the reference (default: per dtype)", lo=0, hi=None,
-        optional=True)
+        "float", None, "relative tolerance against the reference (default: per dtype)", lo=0, hi=None, optional=True
+    )
     seed: int = _option("int", 0, "seed of the generated inputs", lo=0, hi=INT64_MAX)
 
     def modes(self, tuning: bool = False) -> tuple[str, ...]:
@@ -53,7 +61,7 @@ class Options:
             return self.heuristics
         return HEURISTIC_MODES if tuning else ("A", "FALLBACK")
 
-    def with_values(self, values: dict[str, Any], source: str = "python") -> "Options":
+    def with_values(self, values: dict[str, Any], source: str = "python") -> Options:
         """These options with others on top, each converted from `source` ("python", "text" for the
         command line, or "ast"); RuleError(at=the option's name) says what is wrong with the first bad one."""
         changes = {}

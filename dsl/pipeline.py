@@ -71,8 +71,9 @@ def read_source(path: str | os.PathLike) -> tuple[str, Diagnostic | None]:
         return text, Diagnostic("error", why, Loc(str(path), line, col, line, col + 1))
 
 
-def load(path: str | os.PathLike | None = None, *, text: str | None = None, file: str | None = None,
-         stop: str = "ir") -> Result:
+def load(
+    path: str | os.PathLike | None = None, *, text: str | None = None, file: str | None = None, stop: str = "ir"
+) -> Result:
     """Parses (and, unless stop="ast", checks) a file or a text. `file` names a text in messages."""
     from dsl.check import check
     from dsl.parser import parse

@@ -112,7 +112,9 @@ def fmt_module(m: ast.Module) -> str:
         flush(g.loc.line, "")
         out.append(f"graph {g.name} {{" + trailing(g.loc.line))
         last[0] = g.loc.line
-        last_on_line = {st.loc.end_line: st for st in g.stmts}  # a line's trailing comment goes after its last statement
+        last_on_line = {
+            st.loc.end_line: st for st in g.stmts
+        }  # a line's trailing comment goes after its last statement
         for st in g.stmts:
             flush(st.loc.line, "  ")
             gap(st.loc.line, "  ")
@@ -161,7 +163,9 @@ def _merge(values: list[tuple[int, ...]], graph: Graph, bindings) -> str:
         if len(set(col)) == 1:
             parts.append(str(col[0]))
             continue
-        sym = next((s.name for s in graph.symbols if all(dict(b).get(s.name) == c for b, c in zip(bindings, col))), None)
+        sym = next(
+            (s.name for s in graph.symbols if all(dict(b).get(s.name) == c for b, c in zip(bindings, col))), None
+        )
         parts.append(sym or "|".join(str(c) for c in dict.fromkeys(col)))
     return "[" + ", ".join(parts) + "]"
 
@@ -217,7 +221,8 @@ def dump_ir(program: Program) -> str:
             res = ", ".join("%" + o for o in n.outputs)
             a = _attrs_str(g, index)
             types = "; ".join(
-                f"{g.value(o).kind} uid={g.value(o).uid} {_type_str(g, o)[0]} strides={_type_str(g, o)[1]}" for o in n.outputs
+                f"{g.value(o).kind} uid={g.value(o).uid} {_type_str(g, o)[0]} strides={_type_str(g, o)[1]}"
+                for o in n.outputs
             )
             out.append(f"  {res} = {n.op}({ins}){' {' + a + '}' if a else ''} compute={n.compute} : {types}")
         out.append("")
@@ -255,23 +260,40 @@ def to_json(program: Program) -> dict:
     for g in program.graphs:
         insts = []
         for inst in g.instances:
-            insts.append({
-                "binding": dict(inst.binding),
-                "types": {k: {"dtype": t.dtype, "shape": list(t.shape), "strides": list(t.strides)} for k, t in inst.types},
-                "attrs": [{k: list(v) if isinstance(v, tuple) else v for k, v in a} for a in inst.node_attrs],
-            })
-        graphs.append({
-            "name": g.name,
-            "io": g.io,
-            "intermediate": g.intermediate,
-            "compute": g.compute,
-            "options": {f.name: getattr(g.options, f.name) for f in attrs.fields(Options)},
-            "dims": {s.name: list(s.values) for s in g.symbols},
-            "values": [{"name": v.name, "kind": v.kind, "uid": v.uid, "scalar": v.scalar, "dtype": v.dtype} for v in g.values],
-            "nodes": [{"op": n.op, "inputs": list(n.inputs), "outputs": list(n.outputs), "compute": n.compute,
-                       "loc": str(n.loc)} for n in g.nodes],
-            "instances": insts,
-        })
+            insts.append(
+                {
+                    "binding": dict(inst.binding),
+                    "types": {
+                        k: {"dtype": t.dtype, "shape": list(t.shape), "strides": list(t.strides)} for k, t in inst.types
+                    },
+                    "attrs": [{k: list(v) if isinstance(v, tuple) else v for k, v in a} for a in inst.node_attrs],
+                }
+            )
+        graphs.append(
+            {
+                "name": g.name,
+                "io": g.io,
+                "intermediate": g.intermediate,
+                "compute": g.compute,
+                "options": {f.name: getattr(g.options, f.name) for f in attrs.fields(Options)},
+                "dims": {s.name: list(s.values) for s in g.symbols},
+                "values": [
+                    {"name": v.name, "kind": v.kind, "uid": v.uid, "scalar": v.scalar, "dtype": v.dtype}
+                    for v in g.values
+                ],
+                "nodes": [
+                    {
+                        "op": n.op,
+                        "inputs": list(n.inputs),
+                        "outputs": list(n.outputs),
+                        "compute": n.compute,
+                        "loc": str(n.loc),
+                    }
+                    for n in g.nodes
+                ],
+                "instances": insts,
+            }
+        )
     return {"file": program.file, "graphs": graphs}
 
 

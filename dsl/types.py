@@ -82,7 +82,9 @@ def layout_order(layout: str, rank: int) -> tuple[int, ...]:
     identity = tuple(range(rank))
     if layout in ("row_major", "nchw", "ncdhw"):
         if layout == "nchw" and rank != 4 or layout == "ncdhw" and rank != 5:
-            raise RuleError(f"layout '{layout}' needs a rank-{4 if layout == 'nchw' else 5} tensor, this one has rank {rank}")
+            raise RuleError(
+                f"layout '{layout}' needs a rank-{4 if layout == 'nchw' else 5} tensor, this one has rank {rank}"
+            )
         return identity
     if layout == "col_major":
         if rank < 2:

@@ -15,5 +15,6 @@ def run_cli(*args) -> subprocess.CompletedProcess:
             code = main([str(a) for a in args])
         except SystemExit as e:  # argparse's own usage errors
             code = e.code
-    return subprocess.CompletedProcess([sys.executable, "-m", "cudnn_dsl", *map(str, args)], code, out.getvalue(),
-                                       err.getvalue())
+    return subprocess.CompletedProcess(
+        [sys.executable, "-m", "cudnn_dsl", *map(str, args)], code, out.getvalue(), err.getvalue()
+    )

@@ -32,18 +32,22 @@ def test_the_reference_and_deviceless_planning_run_without_a_gpu():
     assert low.plan_count >= 1
 
 
-@pytest.mark.parametrize("change,words", [
-    (lambda t: t.update(b=torch.zeros(8, 512, 128, dtype=torch.bfloat16)), "'b': expected shape [8, 512, 256]"),
-    (lambda t: t.pop("b"), "input 'b' is not bound"),
-    (lambda t: t.update(zz=torch.zeros(1)), "has no input zz (inputs: a, b)"),
-    (lambda t: t.update(a=t["a"].float()), "dtype bf16, given float"),
-])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        (lambda t: t.update(b=torch.zeros(8, 512, 128, dtype=torch.bfloat16)), "'b': expected shape [8, 512, 256]"),
+        (lambda t: t.pop("b"), "input 'b' is not bound"),
+        (lambda t: t.update(zz=torch.zeros(1)), "has no input zz (inputs: a, b)"),
+        (lambda t: t.update(a=t["a"].float()), "dtype bf16, given float"),
+    ],
+)
 def test_the_reference_checks_its_inputs_like_a_binding(change, words):
     cg = cudnn_dsl.compile(MM)
     ins = cg.allocate_inputs()
     change(ins)
-    with pytest.raises(BindingError, match=words.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
-                       .replace(")", r"\)")):
+    with pytest.raises(
+        BindingError, match=words.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")
+    ):
         cg.reference(**ins)
 
 
@@ -71,7 +75,9 @@ def test_paths_and_texts_are_told_apart(tmp_path):
 
 
 def test_inputs_named_like_keywords_of_the_api_can_be_bound():
-    cg = cudnn_dsl.compile(text="graph g {\n  input out : float[4]\n  input atol : float[4]\n  output y = out + atol\n}\n")
+    cg = cudnn_dsl.compile(
+        text="graph g {\n  input out : float[4]\n  input atol : float[4]\n  output y = out + atol\n}\n"
+    )
     ins = cg.allocate_inputs()
     y = cg.reference(out=ins["out"], atol=ins["atol"])["y"]
     torch.testing.assert_close(y, ins["out"] + ins["atol"])

@@ -12,8 +12,10 @@ from dsl.options import Options
 from dsl.pipeline import load, program
 from dsl.printer import dump_ir
 
-CONV = ("graph g {\n  io half\n  input x : half[8, 16, 9, 9] nhwc\n  input w : half[32, 16, 3, 3] nhwc\n"
-        "  output y = conv_fprop(x, w%s)\n}\n")
+CONV = (
+    "graph g {\n  io half\n  input x : half[8, 16, 9, 9] nhwc\n  input w : half[32, 16, 3, 3] nhwc\n"
+    "  output y = conv_fprop(x, w%s)\n}\n"
+)
 
 
 def test_four_spellings_of_a_default_convolution_are_one_graph():
@@ -26,29 +28,36 @@ def test_four_spellings_of_a_default_convolution_are_one_graph():
 
 
 def test_attributes_are_filled_expanded_and_normalized():
-    text = ("graph g {\n  input a : float[2, 3, 4]\n  output s : float[1, 3, 1] = reduction(a, mode=SUM, axes=[-1, 0])\n"
-            "  output r = leaky_relu(a)\n}\n")
+    text = (
+        "graph g {\n  input a : float[2, 3, 4]\n  output s : float[1, 3, 1] = reduction(a, mode=SUM, axes=[-1, 0])\n"
+        "  output r = leaky_relu(a)\n}\n"
+    )
     inst = program(text=text, file="g.cdg").graphs[0].instances[0]
     assert inst.attrs(0) == {"mode": "sum", "axes": (0, 2)}  # enum in its declared spelling, axes sorted, positive
     assert inst.attrs(1) == {"slope": 0.01}  # the default, written down
 
 
 def test_a_default_that_depends_on_the_shape_is_per_shape():
-    text = ("graph g {\n  dim D in {64, 128}\n  input q : half[1, 2, 16, D]\n  input k : half[1, 2, 16, D]\n"
-            "  input v : half[1, 2, 16, D]\n  output o = sdpa(q, k, v)\n}\n")
+    text = (
+        "graph g {\n  dim D in {64, 128}\n  input q : half[1, 2, 16, D]\n  input k : half[1, 2, 16, D]\n"
+        "  input v : half[1, 2, 16, D]\n  output o = sdpa(q, k, v)\n}\n"
+    )
     g = program(text=text, file="g.cdg").graphs[0]
     assert [i.attrs(0)["scale"] for i in g.instances] == [0.125, 1 / math.sqrt(128)]
     assert f"scale=0.125|{1 / math.sqrt(128)}" in dump_ir(program(text=text, file="g.cdg"))
 
 
-@pytest.mark.parametrize("name,value,words", [
-    ("build_policy", "al", "must be one of heuristics_choice, all; got al (did you mean 'all'?)"),
-    ("heuristics", "Z", "must be one of A, B, FALLBACK; got Z"),
-    ("iterations", 0, "must be >= 1"),
-    ("seed", 10**23, "has a value out of range"),
-    ("atol", -1, "must be >= 0"),
-    ("cuda_graph", "maybe", "must be true or false"),
-])
+@pytest.mark.parametrize(
+    "name,value,words",
+    [
+        ("build_policy", "al", "must be one of heuristics_choice, all; got al (did you mean 'all'?)"),
+        ("heuristics", "Z", "must be one of A, B, FALLBACK; got Z"),
+        ("iterations", 0, "must be >= 1"),
+        ("seed", 10**23, "has a value out of range"),
+        ("atol", -1, "must be >= 0"),
+        ("cuda_graph", "maybe", "must be true or false"),
+    ],
+)
 def test_an_option_is_refused_with_the_same_words_from_every_source(tmp_path, name, value, words):
     import subprocess
     import sys
@@ -66,8 +75,11 @@ def test_an_option_is_refused_with_the_same_words_from_every_source(tmp_path, na
     assert not r.ok and words[:20] in r.errors[0].message
     if name != "cuda_graph":  # a flag of its own (`--cuda-graph`) cannot be given a bad value
         flag = "--" + name.replace("_", "-")
-        p = subprocess.run([sys.executable, "-m", "cudnn_dsl", "run", "examples/plan_serialization.cdg", flag,
-                            str(value)], capture_output=True, text=True)
+        p = subprocess.run(
+            [sys.executable, "-m", "cudnn_dsl", "run", "examples/plan_serialization.cdg", flag, str(value)],
+            capture_output=True,
+            text=True,
+        )
         assert p.returncode == 2 and re.search(f"{flag}( {value})?: {re.escape(words[:20])}", p.stderr), p.stderr
 
 

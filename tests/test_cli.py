@@ -40,17 +40,23 @@ def test_check_json_and_emit_stages():
     data = json.loads(p.stdout)
     assert data["files"][0]["graphs"][0]["instances"][0]["types"]["amax"]["shape"] == [1, 1, 1]
     assert "Call op='gelu'" in cli("check", "--emit", "ast", EX / "matmul_epilogue.cdg").stdout
-    assert "%amax = reduction(%y) {axes=[0, 1, 2], mode=amax}" in cli("check", "--emit", "ir", EX / "matmul_epilogue.cdg").stdout
+    assert (
+        "%amax = reduction(%y) {axes=[0, 1, 2], mode=amax}"
+        in cli("check", "--emit", "ir", EX / "matmul_epilogue.cdg").stdout
+    )
 
 
 def test_fmt_check_accepts_the_examples_and_rewrites_a_messy_file(tmp_path):
     assert cli("fmt", "--check", *sorted(EX.glob("*.cdg"))).returncode == 0
     messy = tmp_path / "m.cdg"
-    messy.write_text("graph g {  # top\n  input x:half[2,3];output y=relu( x )*2  # tail\n\n\n  output z = -x - (x - x)\n}\n")
+    messy.write_text(
+        "graph g {  # top\n  input x:half[2,3];output y=relu( x )*2  # tail\n\n\n  output z = -x - (x - x)\n}\n"
+    )
     assert cli("fmt", "--check", messy).returncode == 1
     assert cli("fmt", messy).returncode == 0
     assert messy.read_text() == (
-        "graph g {  # top\n  input x : half[2, 3]\n  output y = relu(x) * 2  # tail\n\n  output z = -x - (x - x)\n}\n")
+        "graph g {  # top\n  input x : half[2, 3]\n  output y = relu(x) * 2  # tail\n\n  output z = -x - (x - x)\n}\n"
+    )
 
 
 def test_emit_torch_is_a_standalone_function():

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli_util import run_cli
+
 from cudnn_dsl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,30 +25,33 @@ def cli(*args):
     return run_cli(*args)
 
 
-@pytest.mark.parametrize("args,words", [
-    (("run", MM, "--graph", "nosuch"), "has no graph 'nosuch'"),
-    (("emit", EX / "layernorm.cdg"), "holds 2 graphs"),
-    (("run", EX / "dynamic_shapes.cdg", "--shape", "N=12"), "selects none"),
-    (("run", EX / "dynamic_shapes.cdg", "--shape", "Q=8"), "has no symbolic dim Q (its dims: N)"),
-    (("run", MM, "--target", "nosuch"), "unknown target 'nosuch'"),
-    (("check", "--target", "nosuch", MM), "unknown target 'nosuch'"),
-    (("check", "--device-properties", "/nonexistent.json", MM), "cannot read the device descriptor"),
-    (("run", MM, "--atol", "cc=0.1"), "--atol cc=0.1: no 'cc' here; the names are c"),
-    (("run", MM, "--rtol", "a=0.1"), "no 'a' here; the names are c"),
-    (("run", MM, "--input", "zz=x.pt"), "no 'zz' here; the names are a, b"),
-    (("run", MM, "--range", "q=0:1"), "no 'q' here; the names are a, b"),
-    (("run", MM, "--range", "a=3:1"), "LO <= HI"),
-    (("run", MM, "--scalar", "s=1"), "the names are none"),
-    (("run", MM, "--iterations", "0"), "--iterations: must be >= 1"),
-    (("run", MM, "--iterations", "-3"), "--iterations: must be >= 1"),
-    (("run", MM, "--seed", "99999999999999999999999"), "--seed: has a value out of range"),
-    (("run", MM, "--heuristics", "Z"), "--heuristics: must be one of A, B, FALLBACK"),
-    (("run", MM, "--json", "examples"), "--json examples: is a directory"),
-    (("run", MM, "--save-outputs", "README.md"), "not a directory"),
-    (("check", "examples"), "examples: is a directory"),
-    (("check", "no/such/file.cdg"), "no such file"),
-    (("bench", MM, "--plot", "x.png", "--against", "nothing"), "--against takes"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (("run", MM, "--graph", "nosuch"), "has no graph 'nosuch'"),
+        (("emit", EX / "layernorm.cdg"), "holds 2 graphs"),
+        (("run", EX / "dynamic_shapes.cdg", "--shape", "N=12"), "selects none"),
+        (("run", EX / "dynamic_shapes.cdg", "--shape", "Q=8"), "has no symbolic dim Q (its dims: N)"),
+        (("run", MM, "--target", "nosuch"), "unknown target 'nosuch'"),
+        (("check", "--target", "nosuch", MM), "unknown target 'nosuch'"),
+        (("check", "--device-properties", "/nonexistent.json", MM), "cannot read the device descriptor"),
+        (("run", MM, "--atol", "cc=0.1"), "--atol cc=0.1: no 'cc' here; the names are c"),
+        (("run", MM, "--rtol", "a=0.1"), "no 'a' here; the names are c"),
+        (("run", MM, "--input", "zz=x.pt"), "no 'zz' here; the names are a, b"),
+        (("run", MM, "--range", "q=0:1"), "no 'q' here; the names are a, b"),
+        (("run", MM, "--range", "a=3:1"), "LO <= HI"),
+        (("run", MM, "--scalar", "s=1"), "the names are none"),
+        (("run", MM, "--iterations", "0"), "--iterations: must be >= 1"),
+        (("run", MM, "--iterations", "-3"), "--iterations: must be >= 1"),
+        (("run", MM, "--seed", "99999999999999999999999"), "--seed: has a value out of range"),
+        (("run", MM, "--heuristics", "Z"), "--heuristics: must be one of A, B, FALLBACK"),
+        (("run", MM, "--json", "examples"), "--json examples: is a directory"),
+        (("run", MM, "--save-outputs", "README.md"), "not a directory"),
+        (("check", "examples"), "examples: is a directory"),
+        (("check", "no/such/file.cdg"), "no such file"),
+        (("bench", MM, "--plot", "x.png", "--against", "nothing"), "--against takes"),
+    ],
+)
 def test_usage_errors_exit_2_and_say_what_is_valid(args, words):
     p = cli(*args)
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
@@ -63,11 +66,18 @@ def test_version_and_help_answer():
 
 
 def test_check_fmt_and_help_import_neither_torch_nor_cudnn():
-    for args in (["check", str(EX / "sdpa.cdg")], ["fmt", "--check", str(EX / "sdpa.cdg")], ["--help"],
-                 ["run", "--help"], ["check", "--emit", "ir", str(EX / "sdpa.cdg")]):
-        code = ("import sys\nfrom cudnn_dsl.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-                "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'cudnn', 'numpy'})\n"
-                "print('HEAVY', heavy, file=sys.stderr)\n")
+    for args in (
+        ["check", str(EX / "sdpa.cdg")],
+        ["fmt", "--check", str(EX / "sdpa.cdg")],
+        ["--help"],
+        ["run", "--help"],
+        ["check", "--emit", "ir", str(EX / "sdpa.cdg")],
+    ):
+        code = (
+            "import sys\nfrom cudnn_dsl.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'cudnn', 'numpy'})\n"
+            "print('HEAVY', heavy, file=sys.stderr)\n"
+        )
         p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT)
         assert "HEAVY []" in p.stderr, (args, p.stderr[-500:])
 
@@ -131,24 +141,38 @@ def test_diagnostics_follow_a_redirected_stderr():
 
 
 def test_ctrl_c_is_a_message_and_exit_130():
-    p = subprocess.Popen([sys.executable, "-m", "cudnn_dsl", "run", str(EX / "conv_bias_relu.cdg")], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cudnn_dsl", "run", str(EX / "conv_bias_relu.cdg")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     time.sleep(2.0)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130 and "cudnn-dsl: interrupted" in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("make,words", [
-    (lambda d: d.joinpath("e.pt").write_bytes(b""), "not a readable tensor file"),
-    (lambda d: d.joinpath("e.pt").write_bytes(os.urandom(300)), "not a readable tensor file"),
-    (lambda d: __import__("torch").save({"a": 1}, d / "e.pt"), "holds a dict, not a tensor"),
-    (lambda d: __import__("torch").save(__import__("torch").ones(8, 256, 512, dtype=__import__("torch").complex64),
-                                        d / "e.pt"), "complex"),
-    (lambda d: __import__("torch").save(__import__("torch").randn(8, 256, 512), d / "e.pt"),
-     "float values that bf16 cannot hold exactly"),
-])
+@pytest.mark.parametrize(
+    "make,words",
+    [
+        (lambda d: d.joinpath("e.pt").write_bytes(b""), "not a readable tensor file"),
+        (lambda d: d.joinpath("e.pt").write_bytes(os.urandom(300)), "not a readable tensor file"),
+        (lambda d: __import__("torch").save({"a": 1}, d / "e.pt"), "holds a dict, not a tensor"),
+        (
+            lambda d: __import__("torch").save(
+                __import__("torch").ones(8, 256, 512, dtype=__import__("torch").complex64), d / "e.pt"
+            ),
+            "complex",
+        ),
+        (
+            lambda d: __import__("torch").save(__import__("torch").randn(8, 256, 512), d / "e.pt"),
+            "float values that bf16 cannot hold exactly",
+        ),
+    ],
+)
 def test_bad_input_files_are_refused_before_planning(tmp_path, make, words):
     make(tmp_path)
     p = cli("run", MM, "--input", f"a={tmp_path / 'e.pt'}")
@@ -175,8 +199,10 @@ def test_run_without_a_gpu_saves_the_reference_outputs(tmp_path):
 
 def test_run_takes_scalar_values(tmp_path):
     g = tmp_path / "s.cdg"
-    g.write_text("graph g {\n  input a : half[1, 8, 8]\n  input b : half[1, 8, 8]\n  scalar s : float = 1\n"
-                 "  output y = matmul(a, b) * s\n}\n")
+    g.write_text(
+        "graph g {\n  input a : half[1, 8, 8]\n  input b : half[1, 8, 8]\n  scalar s : float = 1\n"
+        "  output y = matmul(a, b) * s\n}\n"
+    )
     one = cli("run", g, "--range", "a=1:1", "--range", "b=1:1")
     two = cli("run", g, "--range", "a=1:1", "--range", "b=1:1", "--scalar", "s=2.5")
     assert "mean 8," in one.stdout and "mean 20," in two.stdout, one.stdout + one.stderr

@@ -38,16 +38,23 @@ def test_example_gets_h200_plans_from_cudnn(graph, inst, h200):
     low = plan_deviceless(graph, inst, graph.options, h200)
     assert low.plan_count >= 1
     assert low.g.get_plan_name_at_index(0).startswith("eng")
-    assert set(low.timings) | set(low.skipped) == {"validate", "build_operation_graph", "create_execution_plans",
-                                                    "check_support", "build_plans"}
+    assert set(low.timings) | set(low.skipped) == {
+        "validate",
+        "build_operation_graph",
+        "create_execution_plans",
+        "check_support",
+        "build_plans",
+    }
 
 
 def test_a_fusion_cudnn_rejects_is_reported_at_the_graph_with_advice(h200):
     from cudnn_dsl.build import plan_deviceless
     from dsl.diagnostics import DslError
 
-    text = ("graph ln_gelu {\n  io bf16\n  input x : bf16[64, 256, 1, 1]\n  input g : float[1, 256, 1, 1]\n"
-            "  input b : float[1, 256, 1, 1]\n  output y = gelu(layernorm(x, g, b))\n}\n")
+    text = (
+        "graph ln_gelu {\n  io bf16\n  input x : bf16[64, 256, 1, 1]\n  input g : float[1, 256, 1, 1]\n"
+        "  input b : float[1, 256, 1, 1]\n  output y = gelu(layernorm(x, g, b))\n}\n"
+    )
     g = program(text=text, file="ln.cdg").graphs[0]
     with pytest.raises(DslError) as e:
         plan_deviceless(g, g.instances[0], g.options, h200)
@@ -73,7 +80,11 @@ def test_check_target_command_plans_each_graph_and_shape():
     import sys
 
     files = [ROOT / "examples" / "dynamic_shapes.cdg", ROOT / "examples" / "layernorm.cdg"]
-    p = subprocess.run([sys.executable, "-m", "cudnn_dsl", "check", "--target", "h200", *map(str, files)],
-                       capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "cudnn_dsl", "check", "--target", "h200", *map(str, files)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("cuDNN plans for NVIDIA H200 (sm_90)") == 6  # 4 batch sizes + 2 norms

@@ -22,8 +22,10 @@ def test_a_runaway_statement_is_stopped_while_lexing_in_bounded_memory(tmp_path)
     # a 3.6 MB flat chain once took 24 GB and never finished (reliability review D5)
     chain = tmp_path / "chain.cdg"
     chain.write_text("graph g {\n  input x : half[4, 4]\n  output y = " + "x + " * 900_000 + "x\n}\n")
-    code = (f"import resource\nfrom dsl.pipeline import load\nr = load({str(chain)!r})\n"
-            f"print(r.errors[0].message)\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    code = (
+        f"import resource\nfrom dsl.pipeline import load\nr = load({str(chain)!r})\n"
+        f"print(r.errors[0].message)\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     message, rss_kb = p.stdout.splitlines()
@@ -70,7 +72,7 @@ def test_a_byte_order_mark_is_accepted(tmp_path):
 
 def test_text_that_is_not_utf8_is_a_located_error(tmp_path):
     f = tmp_path / "u16.cdg"
-    f.write_bytes("graph g {\n".encode() + b"  input x \xff\xfe: half[4]\n")
+    f.write_bytes(b"graph g {\n" + b"  input x \xff\xfe: half[4]\n")
     r = load(f)
     d = r.errors[0]
     assert "not UTF-8" in d.message and (d.loc.line, d.loc.col) == (2, 11)
@@ -82,11 +84,14 @@ def test_an_unexpected_character_names_no_misleading_alternatives():
     assert r.errors[0].message == "syntax error: unexpected character '@'"
 
 
-@pytest.mark.parametrize("text", [
-    "graph graph {\n  input x : half[4]\n  output y = relu(x)\n}\n",
-    "graph g {\n  input input : half[4]\n  output y = relu(input)\n}\n",
-    "graph g {\n  input x : half[4]\n  output uid = relu(x)\n}\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "graph graph {\n  input x : half[4]\n  output y = relu(x)\n}\n",
+        "graph g {\n  input input : half[4]\n  output y = relu(input)\n}\n",
+        "graph g {\n  input x : half[4]\n  output uid = relu(x)\n}\n",
+    ],
+)
 def test_keywords_cannot_name_things(text):
     r = check(text)
     assert any("is a keyword of the language" in d.message for d in r.errors), r.render()
@@ -98,14 +103,18 @@ def test_after_an_unknown_op_its_result_is_not_reported_again():
 
 
 def test_a_layout_op_output_takes_the_graphs_io_dtype():
-    r = check("graph g {\n  io bf16\n  input a : bf16[2, 4, 8]\n  input b : bf16[2, 8, 4]\n"
-              "  output y = reshape(matmul(a, b), shape=[8, 4])\n}\n")
+    r = check(
+        "graph g {\n  io bf16\n  input a : bf16[2, 4, 8]\n  input b : bf16[2, 8, 4]\n"
+        "  output y = reshape(matmul(a, b), shape=[8, 4])\n}\n"
+    )
     assert r.program.graphs[0].instances[0].type("y").dtype == "bf16"
 
 
 def test_conv_wgrad_filter_is_checked_against_the_shapes():
-    text = ("graph g {\n  input x : half[2, 8, 9, 9] nhwc\n  input dy : half[2, 16, 7, 7] nhwc\n"
-            "  output dw = conv_wgrad(x, dy, filter=%s)\n}\n")
+    text = (
+        "graph g {\n  input x : half[2, 8, 9, 9] nhwc\n  input dy : half[2, 16, 7, 7] nhwc\n"
+        "  output dw = conv_wgrad(x, dy, filter=%s)\n}\n"
+    )
     assert check(text % "[3, 3]").ok
     r = check(text % "[5, 5]")
     assert "a filter of [5, 5] does not map image" in r.errors[0].message

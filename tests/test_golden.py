@@ -26,8 +26,11 @@ def _compare(actual: str, expected_path: Path, update: bool) -> None:
     if update:
         old = expected_path.read_text() if expected_path.exists() else ""
         if old != actual:
-            diff = "".join(difflib.unified_diff(old.splitlines(True), actual.splitlines(True),
-                                                str(expected_path), str(expected_path) + " (new)"))
+            diff = "".join(
+                difflib.unified_diff(
+                    old.splitlines(True), actual.splitlines(True), str(expected_path), str(expected_path) + " (new)"
+                )
+            )
             print(diff)
             expected_path.write_text(actual)
         return
@@ -50,3 +53,12 @@ def test_bad_input_diagnostics(path, update_goldens):
 
 def test_there_are_at_least_40_bad_inputs():
     assert len(ERRORS) >= 40
+
+
+def test_the_parser_tables_are_generated_from_the_grammar():
+    """dsl/grammar_tables.json must match dsl/grammar.lark (regenerate: python -m dsl.parser)."""
+    import hashlib
+    import json
+
+    tables = json.loads((ROOT / "dsl" / "grammar_tables.json").read_text())
+    assert tables["grammar_sha256"] == hashlib.sha256((ROOT / "dsl" / "grammar.lark").read_bytes()).hexdigest()

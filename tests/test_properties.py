@@ -53,8 +53,12 @@ def programs(draw):
     for j in range(draw(st.integers(1, 6))):
         a, b = draw(st.sampled_from(names)), draw(st.sampled_from(names))
         form = draw(st.integers(0, 3))
-        expr = [f"{draw(st.sampled_from(UNARY))}({a})", f"{a} {draw(st.sampled_from('+-*/'))} {b}",
-                f"({a} - {b}) * {draw(st.floats(0.01, 100).map(lambda x: round(x, 3)))}", f"-{a}"][form]
+        expr = [
+            f"{draw(st.sampled_from(UNARY))}({a})",
+            f"{a} {draw(st.sampled_from('+-*/'))} {b}",
+            f"({a} - {b}) * {draw(st.floats(0.01, 100).map(lambda x: round(x, 3)))}",
+            f"-{a}",
+        ][form]
         lines.append(f"  t{j} = {expr}")
         names.append(f"t{j}")
     lines.append(f"  output out = identity({names[-1]})")

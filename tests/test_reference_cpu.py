@@ -19,9 +19,11 @@ def ref(text: str, **inputs):
 
 
 def test_matmul_epilogue_by_hand():
-    text = ("graph m {\n  input a : float[2, 8, 16]\n  input b : float[2, 16, 4]\n  input c : float[1, 1, 4]\n"
-            "  scalar s : float = 0.5\n  output y = gelu(matmul(a, b) * s + c)\n"
-            "  output m : float[1, 1, 1] = reduction(y, mode=amax)\n}\n")
+    text = (
+        "graph m {\n  input a : float[2, 8, 16]\n  input b : float[2, 16, 4]\n  input c : float[1, 1, 4]\n"
+        "  scalar s : float = 0.5\n  output y = gelu(matmul(a, b) * s + c)\n"
+        "  output m : float[1, 1, 1] = reduction(y, mode=amax)\n}\n"
+    )
     ins, out = ref(text)
     want = torch.nn.functional.gelu((ins["a"] @ ins["b"]) * 0.5 + ins["c"])
     torch.testing.assert_close(out["y"], want)
@@ -29,8 +31,10 @@ def test_matmul_epilogue_by_hand():
 
 
 def test_conv_grouped_strided_nhwc_by_hand():
-    text = ("graph c {\n  input x : float[2, 8, 9, 9] nhwc\n  input w : float[4, 2, 3, 3] nhwc\n"
-            "  output y = conv_fprop(x, w, padding=[1, 1], stride=[2, 2])\n}\n")
+    text = (
+        "graph c {\n  input x : float[2, 8, 9, 9] nhwc\n  input w : float[4, 2, 3, 3] nhwc\n"
+        "  output y = conv_fprop(x, w, padding=[1, 1], stride=[2, 2])\n}\n"
+    )
     ins, out = ref(text)
     assert ins["x"].stride() == (648, 1, 72, 8)
     want = torch.nn.functional.conv2d(ins["x"].contiguous(), ins["w"].contiguous(), stride=2, padding=1, groups=4)
@@ -38,8 +42,10 @@ def test_conv_grouped_strided_nhwc_by_hand():
 
 
 def test_sdpa_stats_are_logsumexp():
-    text = ("graph s {\n  input q : float[1, 2, 8, 4]\n  input k : float[1, 2, 8, 4]\n  input v : float[1, 2, 8, 4]\n"
-            "  o, st = sdpa(q, k, v, causal=true, stats=true)\n  output o\n  output st\n}\n")
+    text = (
+        "graph s {\n  input q : float[1, 2, 8, 4]\n  input k : float[1, 2, 8, 4]\n  input v : float[1, 2, 8, 4]\n"
+        "  o, st = sdpa(q, k, v, causal=true, stats=true)\n  output o\n  output st\n}\n"
+    )
     ins, out = ref(text)
     s = ins["q"] @ ins["k"].transpose(-1, -2) / math.sqrt(4)
     s = s.masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), float("-inf"))
@@ -48,8 +54,10 @@ def test_sdpa_stats_are_logsumexp():
 
 
 def test_norms_by_hand():
-    text = ("graph n {\n  input x : float[4, 6, 1, 1]\n  input g : float[1, 6, 1, 1]\n  input b : float[1, 6, 1, 1]\n"
-            "  output y = layernorm(x, g, b, epsilon=0.001)\n  output z = rmsnorm(x, g)\n}\n")
+    text = (
+        "graph n {\n  input x : float[4, 6, 1, 1]\n  input g : float[1, 6, 1, 1]\n  input b : float[1, 6, 1, 1]\n"
+        "  output y = layernorm(x, g, b, epsilon=0.001)\n  output z = rmsnorm(x, g)\n}\n"
+    )
     ins, out = ref(text)
     x = ins["x"]
     ln = (x - x.mean((1, 2, 3), keepdim=True)) / torch.sqrt(x.var((1, 2, 3), unbiased=False, keepdim=True) + 1e-3)

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cudnn-dsl",
         description="Write fused cuDNN graphs as small .cdg files; check, compile, run, verify, tune and bench them.",
         epilog="Exit status: 0 clean, 1 errors or mismatches, 2 usage errors, 70 internal error (a bug), "
-               "130 interrupted. Docs: docs/language.md",
+        "130 interrupted. Docs: docs/language.md",
     )
     p.add_argument("--version", action="version", version=f"cudnn-dsl {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")

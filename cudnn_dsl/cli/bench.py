@@ -11,9 +11,14 @@ HELP = "time the graph against hand-written cuDNN, torch eager and torch.compile
 def register(p) -> None:
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--graph", help="only this graph of each file")
-    p.add_argument("--shape", action="append", metavar="DIM=VALUE", help="shape of a dynamic graph (default: its first)")
-    p.add_argument("--against", help="comma-separated baselines: cudnn (the ejected script), torch (eager), "
-                   "compile (torch.compile); default: all")
+    p.add_argument(
+        "--shape", action="append", metavar="DIM=VALUE", help="shape of a dynamic graph (default: its first)"
+    )
+    p.add_argument(
+        "--against",
+        help="comma-separated baselines: cudnn (the ejected script), torch (eager), "
+        "compile (torch.compile); default: all",
+    )
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--iterations", type=int, default=20, help="timed samples per round (default 20)")
     p.add_argument("--no-peak", action="store_true", help="skip measuring the GPU's bf16 matmul peak")
@@ -40,8 +45,10 @@ def run(args) -> int:
 
     peak = None if args.no_peak else peak_tflops_bf16()
     env = {**environment(), "peak_bf16_tflops_measured": peak}
-    print(f"{env['gpu']}, driver {env['driver']}, cuDNN {env['cudnn_backend']}, frontend {env['cudnn_frontend']}, "
-          f"torch {env['torch']}" + (f"; measured bf16 matmul peak {peak:.0f} TFLOP/s" if peak else ""))
+    print(
+        f"{env['gpu']}, driver {env['driver']}, cuDNN {env['cudnn_backend']}, frontend {env['cudnn_frontend']}, "
+        f"torch {env['torch']}" + (f"; measured bf16 matmul peak {peak:.0f} TFLOP/s" if peak else "")
+    )
     results, status = [], common.EXIT_OK
     for path in args.files:
         result = common.load_file(path)

@@ -33,8 +33,10 @@ def run(args) -> int:
                 continue
             k = d.get("key", {})
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(d.get("created", 0)))
-            print(f"{p.stem}  {d.get('graph', '?'):20} {d.get('plan_name', '?')[:40]:40} "
-                  f"{'tuned' if d.get('tuned') else 'heuristic':9} {k.get('gpu', '?')} cuDNN {k.get('cudnn_backend', '?')} {when}")
+            print(
+                f"{p.stem}  {d.get('graph', '?'):20} {d.get('plan_name', '?')[:40]:40} "
+                f"{'tuned' if d.get('tuned') else 'heuristic':9} {k.get('gpu', '?')} cuDNN {k.get('cudnn_backend', '?')} {when}"
+            )
     elif args.action == "show":
         if not args.arg:
             raise common.UsageError("cache show takes an entry id (see `cudnn-dsl cache ls`)")

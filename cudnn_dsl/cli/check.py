@@ -25,8 +25,12 @@ def run(args) -> int:
     files = []
     for path in args.files:
         result = common.load_file(path, stop="ast" if args.emit == "ast" else "ir")
-        entry = {"file": result.file, "diagnostics": [d.to_json() for d in result.diagnostics], "graphs": [],
-                 "plans": []}
+        entry = {
+            "file": result.file,
+            "diagnostics": [d.to_json() for d in result.diagnostics],
+            "graphs": [],
+            "plans": [],
+        }
         files.append(entry)
         if not result.ok:
             status = common.EXIT_FAIL
@@ -60,17 +64,33 @@ def _plan(program, target, records: list, quiet: bool) -> int:
                 low = plan_deviceless(g, inst, g.options, target, progress)
             except DslError as e:
                 status = common.report(e)
-                records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name,
-                                "error": [d.to_json() for d in e.diagnostics]})
+                records.append(
+                    {
+                        "graph": g.name,
+                        "binding": dict(inst.binding),
+                        "target": target.name,
+                        "error": [d.to_json() for d in e.diagnostics],
+                    }
+                )
                 continue
             finally:
                 progress.done()
             first = first_plan_name(low)
-            records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name,
-                            "plans": low.plan_count, "first_plan": first, "timings_s": low.timings,
-                            "skipped": low.skipped})
+            records.append(
+                {
+                    "graph": g.name,
+                    "binding": dict(inst.binding),
+                    "target": target.name,
+                    "plans": low.plan_count,
+                    "first_plan": first,
+                    "timings_s": low.timings,
+                    "skipped": low.skipped,
+                }
+            )
             if not quiet:
                 skipped = "".join(f"\n    {k} skipped: {why}" for k, why in low.skipped.items())
-                print(f"  cuDNN plans for {target.name} (sm_{target.sm_version}), graph {name}: {low.plan_count} "
-                      f"candidates, first {first}\n    {timings_text(low.timings)}{skipped}")
+                print(
+                    f"  cuDNN plans for {target.name} (sm_{target.sm_version}), graph {name}: {low.plan_count} "
+                    f"candidates, first {first}\n    {timings_text(low.timings)}{skipped}"
+                )
     return status

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dsl.diagnostics import Diagnostic, DslError, RuleError
 from dsl.ir import Graph, Instance, NotFound, Program
@@ -59,8 +60,10 @@ def report(e: BaseException) -> int:
         warn("interrupted")
         return EXIT_INTERRUPTED
     traceback.print_exception(e)
-    warn(f"internal error: {type(e).__name__}: {e}\nThis is a bug in cudnn-dsl; please report it with the "
-         f"command line and the traceback above.")
+    warn(
+        f"internal error: {type(e).__name__}: {e}\nThis is a bug in cudnn-dsl; please report it with the "
+        f"command line and the traceback above."
+    )
     return EXIT_BUG
 
 
@@ -130,8 +133,12 @@ def add_option_flags(p, *names: str) -> None:
     for name in names:
         a = OPTIONS[name]
         metavar = {"int": "N", "enums": ",".join(a.choices), "enum": "|".join(a.choices)}.get(a.kind)
-        p.add_argument("--" + name.replace("_", "-"), dest=name, metavar=metavar,
-                       help=f"{a.doc} (overrides the file's 'option {name}')")
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            metavar=metavar,
+            help=f"{a.doc} (overrides the file's 'option {name}')",
+        )
 
 
 def options_from(args, base: Options) -> Options:
@@ -147,23 +154,27 @@ def options_from(args, base: Options) -> Options:
 
 def add_target_flags(p, what: str) -> None:
     p.add_argument("--target", metavar="GPU", help=f"{what} (a name from cudnn_dsl/devices/, e.g. h200)")
-    p.add_argument("--device-properties", metavar="JSON", help="like --target, from a descriptor that "
-                   "`cudnn-dsl device-info` printed on that GPU")
+    p.add_argument(
+        "--device-properties",
+        metavar="JSON",
+        help="like --target, from a descriptor that `cudnn-dsl device-info` printed on that GPU",
+    )
 
 
 def target_from(args, default: str | None = None):
     """The device --target or --device-properties names (default: `default`), checked before any
     work; None when neither is given and there is no default."""
+    name = args.target or default
+    if not (args.device_properties or name):
+        return None
     from cudnn_dsl.backend import Target
 
-    if args.device_properties:
-        return Target.from_file(args.device_properties)
-    name = args.target or default
-    return Target.named(name) if name else None
+    return Target.from_file(args.device_properties) if args.device_properties else Target.named(name)
 
 
-def named_values(items, flag: str, valid: list[str], convert: Callable[[str], Any], *,
-                 unnamed_ok: bool = False) -> dict[str, Any]:
+def named_values(
+    items, flag: str, valid: list[str], convert: Callable[[str], Any], *, unnamed_ok: bool = False
+) -> dict[str, Any]:
     """--flag NAME=VALUE (repeated) -> {NAME: convert(VALUE)}; with unnamed_ok, a bare VALUE is
     every name's. A name that is not valid is a usage error naming the valid ones."""
     out: dict[str, Any] = {}
@@ -244,8 +255,9 @@ def require_gpu(what: str) -> None:
     from cudnn_dsl.backend import BackendUnavailable, gpu_available
 
     if not gpu_available():
-        raise BackendUnavailable(f"{what}, and no CUDA GPU is visible here; `cudnn-dsl check --target h200 FILE` "
-                                 f"plans without one")
+        raise BackendUnavailable(
+            f"{what}, and no CUDA GPU is visible here; `cudnn-dsl check --target h200 FILE` plans without one"
+        )
 
 
 class Progress:

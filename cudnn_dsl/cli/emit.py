@@ -9,8 +9,12 @@ HELP = "print a standalone script: the cuDNN Frontend calls of a graph, or its t
 
 def register(p) -> None:
     p.add_argument("file", metavar="FILE")
-    p.add_argument("--format", choices=("cudnn", "torch"), default="cudnn",
-                   help="cudnn: the frontend calls, built and run once (default); torch: the reference function")
+    p.add_argument(
+        "--format",
+        choices=("cudnn", "torch"),
+        default="cudnn",
+        help="cudnn: the frontend calls, built and run once (default); torch: the reference function",
+    )
     p.add_argument("--graph", help="the graph to emit (needed when the file has several)")
     p.add_argument("--shape", action="append", metavar="DIM=VALUE", help="the value of each symbolic dim")
     p.set_defaults(run=run)
@@ -29,8 +33,8 @@ def run(args) -> int:
     g = graphs[0]
     chosen = common.select_instances(g, args.shape)
     if len(chosen) > 1:
-        raise common.UsageError(f"graph '{g.name}' has {len(chosen)} shapes ({g.declared_shapes}); choose one with "
-                                f"--shape")
+        raise common.UsageError(
+            f"graph '{g.name}' has {len(chosen)} shapes ({g.declared_shapes}); choose one with --shape"
+        )
     print(emit_cudnn(g, chosen[0]) if args.format == "cudnn" else emit_torch(g, chosen[0]), end="")
     return common.EXIT_OK
-

@@ -17,26 +17,44 @@ HELP = "compile with cuDNN, run on generated or given inputs, compare with the P
 def register(p) -> None:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--graph", help="only this graph of the file")
-    p.add_argument("--shape", action="append", metavar="DIM=VALUE",
-                   help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value")
+    p.add_argument(
+        "--shape",
+        action="append",
+        metavar="DIM=VALUE",
+        help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value",
+    )
     common.add_option_flags(p, *common.OPTION_FLAGS)
     p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
     common.add_target_flags(p, "without a GPU here, plan for this GPU (default h200)")
-    p.add_argument("--input", action="append", metavar="NAME=FILE",
-                   help="an input from .pt/.npy/.safetensors instead of generated values")
-    p.add_argument("--cast-inputs", action="store_true",
-                   help="convert --input files to the declared dtype even where values change (e.g. float32 -> bf16)")
+    p.add_argument(
+        "--input",
+        action="append",
+        metavar="NAME=FILE",
+        help="an input from .pt/.npy/.safetensors instead of generated values",
+    )
+    p.add_argument(
+        "--cast-inputs",
+        action="store_true",
+        help="convert --input files to the declared dtype even where values change (e.g. float32 -> bf16)",
+    )
     p.add_argument("--scalar", action="append", metavar="NAME=VALUE", help="a scalar's value instead of its default")
-    p.add_argument("--range", action="append", metavar="NAME=LO:HI",
-                   help="value range of a generated input (default [-1, 1]; [0.5, 1.5] where an op wants positives)")
+    p.add_argument(
+        "--range",
+        action="append",
+        metavar="NAME=LO:HI",
+        help="value range of a generated input (default [-1, 1]; [0.5, 1.5] where an op wants positives)",
+    )
     p.add_argument("--atol", action="append", metavar="[NAME=]TOL", help="absolute tolerance, for all or one output")
     p.add_argument("--rtol", action="append", metavar="[NAME=]TOL", help="relative tolerance, for all or one output")
     p.add_argument("--cuda-graph", action="store_true", help="capture the execution in a CUDA graph and time replays")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the plan store")
     p.add_argument("--rebuild", action="store_true", help="ignore stored plans; build and store anew")
     p.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference and the comparison")
-    p.add_argument("--save-outputs", metavar="DIR",
-                   help="write each output to DIR/GRAPH.NAME.pt (without a GPU: the reference's, as .reference.pt)")
+    p.add_argument(
+        "--save-outputs",
+        metavar="DIR",
+        help="write each output to DIR/GRAPH.NAME.pt (without a GPU: the reference's, as .reference.pt)",
+    )
     p.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
     p.set_defaults(run=run)
 
@@ -61,8 +79,10 @@ def run(args) -> int:
     loaded = {name: _load(name, path, load_tensor) for name, path in files.items()}  # before any planning
     setups = [_Setup(g, args, loaded) for g in graphs]  # every flag checked before any work
     if not gpu:
-        common.warn(f"note: no CUDA GPU here: checking, planning for {target.name} without a device, and running "
-                    f"the PyTorch reference on the CPU; the cuDNN execution is skipped")
+        common.warn(
+            f"note: no CUDA GPU here: checking, planning for {target.name} without a device, and running "
+            f"the PyTorch reference on the CPU; the cuDNN execution is skipped"
+        )
     status = common.EXIT_OK
     for setup in setups:
         g = setup.graph
@@ -99,8 +119,11 @@ class _Setup:
     def __init__(self, graph, args, loaded: dict):
         from cudnn_dsl.tensors import BindingError, scalar_value
 
-        self.graph, self.args, self.loaded = graph, args, {k: v for k, v in loaded.items()
-                                                           if k in {x.name for x in graph.of_kind("input")}}
+        self.graph, self.args, self.loaded = (
+            graph,
+            args,
+            {k: v for k, v in loaded.items() if k in {x.name for x in graph.of_kind("input")}},
+        )
         self.opts = common.options_from(args, graph.options)
         outputs = [v.name for v in graph.outputs]
         self.atol = common.named_values(args.atol, "--atol", outputs, common.option_value("atol"), unnamed_ok=True)
@@ -206,8 +229,10 @@ class _GpuRunner:
         print("  build      " + timings_text(low.timings))
         print(f"  workspace  {exe.workspace_bytes} bytes")
         how = "CUDA-graph replays" if graph_mode else "executions"
-        print(f"  gpu time   {median:.1f} µs per call ({how}; median of {len(times)} samples, "
-              f"min {min(times):.1f}, max {max(times):.1f})")
+        print(
+            f"  gpu time   {median:.1f} µs per call ({how}; median of {len(times)} samples, "
+            f"min {min(times):.1f}, max {max(times):.1f})"
+        )
         for c in comps:
             print(f"  compare    {c}")
         if s.args.no_reference:
@@ -216,10 +241,20 @@ class _GpuRunner:
         import attrs
 
         return {
-            "graph": s.graph.name, "binding": dict(inst.binding), "executed": True, "plan": exe.plan_name,
-            "source": exe.source, "notes": exe.notes, "candidates": low.plan_count, "build_s": low.timings,
-            "cuda_graph": graph_mode, "workspace_bytes": exe.workspace_bytes, "gpu_us_median": median,
-            "gpu_us": times, "compare": [attrs.asdict(c) for c in comps], "ok": all(c.ok for c in comps),
+            "graph": s.graph.name,
+            "binding": dict(inst.binding),
+            "executed": True,
+            "plan": exe.plan_name,
+            "source": exe.source,
+            "notes": exe.notes,
+            "candidates": low.plan_count,
+            "build_s": low.timings,
+            "cuda_graph": graph_mode,
+            "workspace_bytes": exe.workspace_bytes,
+            "gpu_us_median": median,
+            "gpu_us": times,
+            "compare": [attrs.asdict(c) for c in comps],
+            "ok": all(c.ok for c in comps),
             "saved": saved,
         }
 
@@ -272,10 +307,13 @@ class _CpuRunner:
             outs = run_reference(s.graph, inst, s.inputs(inst, "cpu", files), "cpu")
             for out_name, t in outs.items():
                 f = t.float()
-                print(f"  reference  {out_name}: {inst.type(out_name)} on the CPU, mean {f.mean():.4g}, "
-                      f"max |x| {f.abs().max():.4g}")
-            rep["reference"] = {n: {"mean": float(t.float().mean()), "absmax": float(t.float().abs().max())}
-                                for n, t in outs.items()}
+                print(
+                    f"  reference  {out_name}: {inst.type(out_name)} on the CPU, mean {f.mean():.4g}, "
+                    f"max |x| {f.abs().max():.4g}"
+                )
+            rep["reference"] = {
+                n: {"mean": float(t.float().mean()), "absmax": float(t.float().abs().max())} for n, t in outs.items()
+            }
             rep["saved"] = s.save(inst, outs, ".reference")
             if rep["saved"]:
                 print(f"  saved      the reference outputs to {s.args.save_outputs} (*.reference.pt)")

@@ -15,7 +15,9 @@ def _cases():
     for path in EXAMPLES:
         for g in program(path).graphs:
             for inst in g.instances:
-                yield pytest.param(path, g.name, dict(inst.binding), id=f"{path.stem}:{g.name}:{inst.label or 'static'}")
+                yield pytest.param(
+                    path, g.name, dict(inst.binding), id=f"{path.stem}:{g.name}:{inst.label or 'static'}"
+                )
 
 
 @pytest.mark.parametrize("path,graph,binding", list(_cases()))

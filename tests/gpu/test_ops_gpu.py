@@ -27,21 +27,26 @@ def run(text: str, **options):
 @pytest.mark.parametrize("op", UNARY)
 def test_unary_after_matmul(op):
     # A pointwise op as a matmul epilogue, the fusion cuDNN's runtime engines are built for.
-    body = ("  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n"
-            f"  output y : float = {op}(matmul(a, b) * 0.125 + 2)")
+    body = (
+        f"  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  output y : float = {op}(matmul(a, b) * 0.125 + 2)"
+    )
     run(graph_text(body))
 
 
 @pytest.mark.parametrize("op", BINARY)
 def test_binary_after_matmul(op):
-    body = ("  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  input c : half[1, 1, 32]\n"
-            f"  output y : float = {op}(matmul(a, b) * 0.125 + 2, c + 2)")
+    body = (
+        "  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  input c : half[1, 1, 32]\n"
+        f"  output y : float = {op}(matmul(a, b) * 0.125 + 2, c + 2)"
+    )
     run(graph_text(body))
 
 
 def _reduction(mode: str) -> str:
-    return graph_text("  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n"
-                      f"  y = matmul(a, b)\n  output s : float[4, 64, 1] = reduction(y, mode={mode}, axes=[2])")
+    return graph_text(
+        "  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n"
+        f"  y = matmul(a, b)\n  output s : float[4, 64, 1] = reduction(y, mode={mode}, axes=[2])"
+    )
 
 
 @pytest.mark.parametrize("mode", ["sum", "max", "min", "amax"])
@@ -73,8 +78,10 @@ def test_convolutions(conv):
 
 
 def test_grouped_conv_with_stride_and_dilation():
-    body = ("  input x : half[4, 32, 17, 17] nhwc\n  input w : half[64, 8, 3, 3] nhwc\n"
-            "  output y = relu(conv_fprop(x, w, padding=[2, 2], stride=[2, 2], dilation=[2, 2]))")
+    body = (
+        "  input x : half[4, 32, 17, 17] nhwc\n  input w : half[64, 8, 3, 3] nhwc\n"
+        "  output y = relu(conv_fprop(x, w, padding=[2, 2], stride=[2, 2], dilation=[2, 2]))"
+    )
     run(graph_text(body))
 
 
@@ -93,8 +100,10 @@ def test_sdpa(variant):
 
 
 def test_sdpa_grouped_query():
-    body = ("  input q : half[2, 8, 128, 64]\n  input k : half[2, 2, 128, 64]\n  input v : half[2, 2, 128, 64]\n"
-            "  output o = sdpa(q, k, v, causal=true)")
+    body = (
+        "  input q : half[2, 8, 128, 64]\n  input k : half[2, 2, 128, 64]\n  input v : half[2, 2, 128, 64]\n"
+        "  output o = sdpa(q, k, v, causal=true)"
+    )
     run(graph_text(body))
 
 
@@ -116,9 +125,11 @@ def _declined(text: str, match: str, line: int) -> None:
 
 
 def test_batchnorm_inference():
-    body = ("  input x : half[8, 64, 16, 16] nhwc\n" + "".join(
-        f"  input {n} : float[1, 64, 1, 1] nhwc\n" for n in ("mean", "inv_var", "gamma", "beta"))
-        + "  output y = batchnorm_inference(x, mean, inv_var, gamma, beta)")
+    body = (
+        "  input x : half[8, 64, 16, 16] nhwc\n"
+        + "".join(f"  input {n} : float[1, 64, 1, 1] nhwc\n" for n in ("mean", "inv_var", "gamma", "beta"))
+        + "  output y = batchnorm_inference(x, mean, inv_var, gamma, beta)"
+    )
     # cuDNN 9.19 on the H200 offers no engine for a standalone inference batch norm.
     _declined(graph_text(body), "no engine", 1)
 
@@ -131,7 +142,9 @@ def _backend_version() -> int:
 
 @pytest.mark.parametrize("op", ["transpose(y, perm=[0, 2, 1])", "slice(y, start=[0, 0, 0], end=[4, 32, 32])"])
 def test_transpose_and_slice(op):
-    text = graph_text(f"  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  y = matmul(a, b)\n  output z = {op}")
+    text = graph_text(
+        f"  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  y = matmul(a, b)\n  output z = {op}"
+    )
     if _backend_version() < 92200:  # the library says these need cuDNN 9.22
         _declined(text, "9.22", 7)
     else:
@@ -139,6 +152,8 @@ def test_transpose_and_slice(op):
 
 
 def test_reshape_after_matmul_is_declined_by_cudnn():
-    text = graph_text("  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  y = matmul(a, b)\n"
-                      "  output z = reshape(y, shape=[4, 2048])")
+    text = graph_text(
+        "  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  y = matmul(a, b)\n"
+        "  output z = reshape(y, shape=[4, 2048])"
+    )
     _declined(text, "no engine", 1)

@@ -151,8 +151,23 @@ def test_tune_command_prints_a_sorted_table(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "cudnn_dsl", "tune", MM, "--iterations", "3", "--warmup", "1",
-                           "--json", str(tmp_path / "t.json")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cudnn_dsl",
+            "tune",
+            MM,
+            "--iterations",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+            str(tmp_path / "t.json"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "winner" in proc.stdout and "TFLOP/s" in proc.stdout
     data = json.loads((tmp_path / "t.json").read_text())

@@ -55,13 +55,16 @@ def test_out_buffers_are_written_in_place(cg):
     assert not out.isnan().any()
 
 
-@pytest.mark.parametrize("bad,message", [
-    (lambda t: t[:, :32], "shape [4, 64, 128], given [4, 32, 128]"),
-    (lambda t: t.float(), "dtype half, given float"),
-    (lambda t: t.cpu(), "device cuda"),
-    (lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), "strides [8192, 128, 1]"),
-    (lambda t: "not a tensor", "expected a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (lambda t: t[:, :32], "shape [4, 64, 128], given [4, 32, 128]"),
+        (lambda t: t.float(), "dtype half, given float"),
+        (lambda t: t.cpu(), "device cuda"),
+        (lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), "strides [8192, 128, 1]"),
+        (lambda t: "not a tensor", "expected a torch.Tensor"),
+    ],
+)
 def test_wrong_buffers_are_refused_before_launch(cg, bad, message):
     import cudnn_dsl
 
@@ -106,8 +109,12 @@ def test_dynamic_shape_outside_declared_set():
 @pytest.mark.parametrize("example", ["conv_bias_relu", "matmul_epilogue"])
 def test_emitted_cudnn_script_runs_standalone(example, tmp_path):
     script = tmp_path / f"{example}.py"
-    emitted = subprocess.run([sys.executable, "-m", "cudnn_dsl", "emit", str(ROOT / "examples" / f"{example}.cdg")],
-                             capture_output=True, text=True, check=True).stdout
+    emitted = subprocess.run(
+        [sys.executable, "-m", "cudnn_dsl", "emit", str(ROOT / "examples" / f"{example}.cdg")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     script.write_text(emitted)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -121,9 +128,23 @@ def test_run_command_reports_saves_and_exits_zero(tmp_path):
 
     report, saved = tmp_path / "r.json", tmp_path / "outs"
     torch.save(torch.full((1, 256, 1, 1), -100.0), tmp_path / "b.pt")  # a bias that zeroes every ReLU
-    proc = subprocess.run([sys.executable, "-m", "cudnn_dsl", "run", str(ROOT / "examples" / "conv_bias_relu.cdg"),
-                           "--json", str(report), "--save-outputs", str(saved), "--input", f"b={tmp_path / 'b.pt'}"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cudnn_dsl",
+            "run",
+            str(ROOT / "examples" / "conv_bias_relu.cdg"),
+            "--json",
+            str(report),
+            "--save-outputs",
+            str(saved),
+            "--input",
+            f"b={tmp_path / 'b.pt'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "compare    out: ok" in proc.stdout
     data = json.loads(report.read_text())
@@ -133,7 +154,20 @@ def test_run_command_reports_saves_and_exits_zero(tmp_path):
 
 
 def test_run_command_exits_1_on_a_mismatch():
-    proc = subprocess.run([sys.executable, "-m", "cudnn_dsl", "run", str(ROOT / "examples" / "matmul_epilogue.cdg"),
-                           "--atol", "0", "--rtol", "0"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cudnn_dsl",
+            "run",
+            str(ROOT / "examples" / "matmul_epilogue.cdg"),
+            "--atol",
+            "0",
+            "--rtol",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1
     assert "MISMATCH" in proc.stdout
