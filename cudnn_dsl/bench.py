@@ -56,11 +56,12 @@ class Ejected:
 def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict) -> Ejected:
     """Builds the ejected script on its own handle; it reads `tensors` and writes fresh outputs."""
     cudnn = load_cudnn()
-    path = Path(tempfile.mkdtemp(prefix="cudnn-dsl-bench-")) / f"{graph.name}_ejected.py"
-    path.write_text(emit_cudnn(graph, inst))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    with tempfile.TemporaryDirectory(prefix="cudnn-dsl-bench-") as tmp:  # imported, the file is not needed
+        path = Path(tmp) / f"{graph.name}_ejected.py"
+        path.write_text(emit_cudnn(graph, inst))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
     handle = cudnn.create_handle()
     cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
     g = mod.build(handle)

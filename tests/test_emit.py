@@ -3,9 +3,11 @@ computing what the reference computes. The cuDNN script is compiled and its modu
 frontend imports without a GPU); building its graph needs a GPU (tests/gpu)."""
 
 import ast
+import contextlib
 import math
 import random
 import re
+import tempfile
 from pathlib import Path
 
 import attrs
@@ -142,6 +144,21 @@ def test_non_finite_numbers_are_written_as_floats():
     host = cudnn_module(g, inst)["host_scalars"]()
     assert sorted(str(t.item()) for t in host.values()) == ["-inf", "inf", "nan"]
     torch_matches_reference(g, inst)  # the torch script defines the `inf` that fx writes for the slope
+
+
+# D32: bench imports the ejected script from a temporary directory, and removes it.
+
+
+def test_load_ejected_removes_its_temporary_directory(tmp_path, monkeypatch):
+    from cudnn_dsl.bench import load_ejected
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    [g] = graphs((CASES / "literals.cdg").read_text())
+    inst = g.instances[0]
+    tensors = generate_inputs(g, inst, "cuda" if torch.cuda.is_available() else "cpu")
+    with contextlib.suppress(Exception):  # without a GPU, building the graph fails after the import
+        load_ejected(g, inst, tensors, {v.name: tensors["a"] for v in g.outputs})
+    assert list(tmp_path.iterdir()) == []
 
 
 # Property: the examples with their names replaced by names from a hostile pool.
