@@ -55,11 +55,12 @@ class Ejected:
 def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict) -> Ejected:
     """Builds the ejected script on its own handle; it reads `tensors` and writes fresh outputs."""
     cudnn = load_cudnn()
-    path = Path(tempfile.mkdtemp(prefix="cudnn-dsl-bench-")) / f"{graph.name}_ejected.py"
-    path.write_text(emit_cudnn(graph, inst))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    with tempfile.TemporaryDirectory(prefix="cudnn-dsl-bench-") as tmp:  # imported, the file is not needed
+        path = Path(tmp) / f"{graph.name}_ejected.py"
+        path.write_text(emit_cudnn(graph, inst))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
     handle = cudnn.create_handle()
     cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
     g = mod.build(handle)
@@ -91,7 +92,9 @@ def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7
     contenders = [Contender("cudnn-dsl", bound.run)]
     host_inputs = {k: v for k, v in tensors.items()}
     if "cudnn" in against:
-        contenders.append(_guard("cudnn", lambda: Contender("cudnn", load_ejected(graph, inst, tensors, bound.outputs).run)))
+        contenders.append(
+            _guard("cudnn", lambda: Contender("cudnn", load_ejected(graph, inst, tensors, bound.outputs).run))
+        )
     eager = lambda: run_reference(graph, inst, host_inputs, native=True)  # noqa: E731
     if "torch" in against:
         contenders.append(Contender("torch", eager))
@@ -123,12 +126,25 @@ def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7
         row = {"name": c.name, "label": LABELS[c.name], "check": c.check, "error": c.error}
         if c.samples:
             med = statistics.median(c.samples)
-            row.update(gpu_us_median=med, gpu_us_min=min(c.samples), gpu_us_max=max(c.samples), host_us=c.host_us,
-                       tflops=flops / (med * 1e-6) / 1e12, gbps=moved / (med * 1e-6) / 1e9,
-                       speedup_of_cudnn_dsl=med / ours)
+            row.update(
+                gpu_us_median=med,
+                gpu_us_min=min(c.samples),
+                gpu_us_max=max(c.samples),
+                host_us=c.host_us,
+                tflops=flops / (med * 1e-6) / 1e12,
+                gbps=moved / (med * 1e-6) / 1e9,
+                speedup_of_cudnn_dsl=med / ours,
+            )
         rows.append(row)
-    return {"graph": graph.name, "binding": dict(inst.binding), "flops": flops, "bytes": moved, "rows": rows,
-            "plan": bound.exe.plan_name, "plan_source": bound.exe.source}
+    return {
+        "graph": graph.name,
+        "binding": dict(inst.binding),
+        "flops": flops,
+        "bytes": moved,
+        "rows": rows,
+        "plan": bound.exe.plan_name,
+        "plan_source": bound.exe.source,
+    }
 
 
 def _guard(name: str, make: Callable[[], Contender]) -> Contender:
@@ -140,18 +156,22 @@ def _guard(name: str, make: Callable[[], Contender]) -> Contender:
 
 def table(result: dict, peak: float | None) -> str:
     label = result["graph"] + (" " + str(result["binding"]) if result["binding"] else "")
-    lines = [f"graph {label}: {result['flops'] / 1e9:.2f} GFLOP, {result['bytes'] / 1e6:.1f} MB moved at least; "
-             f"cudnn-dsl plan {result['plan']} (from {result['plan_source']})",
-             f"  {'':20} {'GPU µs':>9} {'spread':>15} {'host µs':>8} {'TFLOP/s':>8} {'GB/s':>7} "
-             f"{'% peak':>6} {'vs cudnn-dsl':>12}  check"]
+    lines = [
+        f"graph {label}: {result['flops'] / 1e9:.2f} GFLOP, {result['bytes'] / 1e6:.1f} MB moved at least; "
+        f"cudnn-dsl plan {result['plan']} (from {result['plan_source']})",
+        f"  {'':20} {'GPU µs':>9} {'spread':>15} {'host µs':>8} {'TFLOP/s':>8} {'GB/s':>7} "
+        f"{'% peak':>6} {'vs cudnn-dsl':>12}  check",
+    ]
     for r in result["rows"]:
         if "gpu_us_median" not in r:
             lines.append(f"  {r['label']:20} failed: {r['error']}")
             continue
         pk = f"{100 * r['tflops'] / peak:5.1f}%" if peak else "-"
-        lines.append(f"  {r['label']:20} {r['gpu_us_median']:9.1f} {r['gpu_us_min']:7.1f}-{r['gpu_us_max']:<7.1f} "
-                     f"{r['host_us']:8.1f} {r['tflops']:8.1f} {r['gbps']:7.0f} {pk:>6} "
-                     f"{r['speedup_of_cudnn_dsl']:11.2f}x  {r['check'] or r['error']}")
+        lines.append(
+            f"  {r['label']:20} {r['gpu_us_median']:9.1f} {r['gpu_us_min']:7.1f}-{r['gpu_us_max']:<7.1f} "
+            f"{r['host_us']:8.1f} {r['tflops']:8.1f} {r['gbps']:7.0f} {pk:>6} "
+            f"{r['speedup_of_cudnn_dsl']:11.2f}x  {r['check'] or r['error']}"
+        )
     return "\n".join(lines)
 
 
@@ -164,10 +184,15 @@ def plot(results: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.6), squeeze=False)
     for ax, res in zip(axes[0], results):
         rows = [r for r in res["rows"] if "gpu_us_median" in r]
-        ax.bar([r["label"] for r in rows], [r["gpu_us_median"] for r in rows],
-               yerr=[[r["gpu_us_median"] - r["gpu_us_min"] for r in rows],
-                     [r["gpu_us_max"] - r["gpu_us_median"] for r in rows]],
-               color=["#76b900" if r["name"] == "cudnn-dsl" else "#888888" for r in rows])
+        ax.bar(
+            [r["label"] for r in rows],
+            [r["gpu_us_median"] for r in rows],
+            yerr=[
+                [r["gpu_us_median"] - r["gpu_us_min"] for r in rows],
+                [r["gpu_us_max"] - r["gpu_us_median"] for r in rows],
+            ],
+            color=["#76b900" if r["name"] == "cudnn-dsl" else "#888888" for r in rows],
+        )
         ax.set_title(res["graph"])
         ax.set_ylabel("GPU µs per call (median, min-max)")
         ax.tick_params(axis="x", rotation=30, labelsize=7)

@@ -6,29 +6,73 @@ each call it receives as a line of Python, so the script and `cudnn-dsl run` can
 
 from __future__ import annotations
 
+import ast
+import builtins
 import keyword
+import math
 import re
 
 from cudnn_dsl.dtypes import torch_dtype_name
 from cudnn_dsl.lower import lower
 from dsl.ir import Graph, Instance
 
+# User text (file path, graph and tensor names, numbers) reaches a script only through _doc (in a
+# docstring), _lit (as a literal) or _ident (as a fresh identifier); _name guards the names that
+# the lowering and the options write as code.
+
+
+def _doc(text) -> str:
+    """`text` for the inside of a triple-quoted docstring: repr's escapes, and every `"` escaped."""
+    return repr(str(text))[1:-1].replace('"', '\\"')
+
+
+def _lit(x) -> str:
+    """Python source for a literal: the repr of its plain type, inf and nan as float('inf'); other types refused."""
+    if isinstance(x, (_Sym, bool)) or x is None:
+        return repr(x)
+    if isinstance(x, (int, str)):  # int() and str() drop subclasses, whose repr may be anything
+        return repr(int(x) if isinstance(x, int) else str(x))
+    if isinstance(x, float):  # numpy's repr is `np.float64(0.5)`
+        return repr(float(x)) if math.isfinite(x) else f"float({str(float(x))!r})"
+    if isinstance(x, list):
+        return f"[{', '.join(map(_lit, x))}]"
+    if isinstance(x, tuple):
+        return f"({', '.join(map(_lit, x))}{',' if len(x) == 1 else ''})"
+    if isinstance(x, slice):
+        return f"slice({_lit(x.start)}, {_lit(x.stop)}, {_lit(x.step)})"
+    raise TypeError(f"emit: cannot write a {type(x).__name__} into a script")
+
+
+def _name(s: str) -> str:
+    """A name written as code (cuDNN attribute, keyword argument, heuristic mode): a plain identifier only."""
+    if not (s.isascii() and s.isidentifier()) or keyword.iskeyword(s):
+        raise ValueError(f"emit: {s!r} is not a plain Python name")
+    return s
+
+
+def _ident(hint: str, taken: set[str], reserved=frozenset()) -> str:
+    """A fresh identifier for a .cdg name: the name itself when Python allows it and it is free, else
+    prefixed `t_` (keywords, `__debug__`, `reserved`) and/or suffixed `_2`, `_3`, ... (taken)."""
+    base = re.sub(r"[^0-9A-Za-z_]", "_", hint) or "t"
+    if base[0].isdigit() or keyword.iskeyword(base) or base == "__debug__" or base in reserved:
+        base = "t_" + base
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
 
 class _Script:
+    RESERVED = frozenset({"cudnn", "torch", "g", "handle"})  # the names build() itself uses
+
     def __init__(self):
         self.lines: list[str] = []
         self.names: set[str] = set()
 
     def var(self, hint: str) -> str:
-        base = re.sub(r"\W", "_", hint) or "t"
-        if base[0].isdigit() or keyword.iskeyword(base) or base in ("cudnn", "torch", "g", "handle"):
-            base = "t_" + base
-        name, k = base, 1
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        return name
+        return _ident(hint, self.names, self.RESERVED)
 
 
 class _Sym:
@@ -40,16 +84,16 @@ class _Sym:
     def __repr__(self) -> str:
         return self._expr
 
-    def __getattr__(self, name: str) -> "_Sym":
+    def __getattr__(self, name: str) -> _Sym:
         if name.startswith("__"):
             raise AttributeError(name)
-        return _Sym(self._script, f"{self._expr}.{name}")
+        return _Sym(self._script, f"{self._expr}.{_name(name)}")
 
-    def __getitem__(self, i) -> "_Sym":
-        return _Sym(self._script, f"{self._expr}[{i!r}]")
+    def __getitem__(self, i) -> _Sym:
+        return _Sym(self._script, f"{self._expr}[{_lit(i)}]")
 
-    def __call__(self, *args, **kwargs) -> "_Sym":
-        parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    def __call__(self, *args, **kwargs) -> _Sym:
+        parts = [_lit(a) for a in args] + [f"{_name(k)}={_lit(v)}" for k, v in kwargs.items()]
         call = f"{self._expr}({', '.join(parts)})"
         method = self._expr.rsplit(".", 1)[-1]
         if method.startswith("set_"):
@@ -68,27 +112,34 @@ def emit_cudnn(graph: Graph, inst: Instance) -> str:
     o = graph.options
     policy = "ALL" if o.build_policy == "all" else "HEURISTICS_CHOICE"
     body = "\n".join("    " + line for line in script.lines)
-    modes = ", ".join(f"cudnn.heur_mode.{m}" for m in o.modes())
-    ws_limit = f"\n    g.deselect_workspace_greater_than({o.workspace_limit})" if o.workspace_limit is not None else ""
+    modes = ", ".join(f"cudnn.heur_mode.{_name(m)}" for m in o.modes())
+    ws_limit = (
+        f"\n    g.deselect_workspace_greater_than({_lit(o.workspace_limit)})" if o.workspace_limit is not None else ""
+    )
     tensors = [(v.name, v.uid, inst.type(v.name)) for v in graph.values if v.kind in ("input", "output")]
     buffers = "\n".join(
-        f"        {n!r}: torch.empty_strided({list(t.shape)}, {list(t.strides)}, dtype={torch_dtype_name(t.dtype)}, device=device),"
-        for n, _, t in tensors)
+        f"        {_lit(n)}: torch.empty_strided({_lit(list(t.shape))}, {_lit(list(t.strides))}, dtype={torch_dtype_name(t.dtype)},"
+        " device=device),"
+        for n, _, t in tensors
+    )
     inputs = [v.name for v in graph.of_kind("input")]
     outputs = [v.name for v in graph.outputs]
-    host = ", ".join(f"{uid}: torch.full((1,), {val!r}, dtype={torch_dtype_name(dt)})" for uid, (val, dt) in low.host_values.items())
-    shape = f" ({inst.label})" if inst.binding else ""
-    return f'''"""Graph '{graph.name}'{shape} built with the cuDNN Frontend directly.
+    host = ", ".join(
+        f"{_lit(uid)}: torch.full((1,), {_lit(val)}, dtype={torch_dtype_name(dt)})"
+        for uid, (val, dt) in low.host_values.items()
+    )
+    shape = f" ({_doc(inst.label)})" if inst.binding else ""
+    return f'''"""Graph '{_doc(graph.name)}'{shape} built with the cuDNN Frontend directly.
 
-Emitted by `cudnn-dsl emit --target cudnn` from {graph.file}. Standalone: needs only torch and cudnn.
+Emitted by `cudnn-dsl emit --format cudnn` from {_doc(graph.file)}. Standalone: needs only torch and cudnn.
 """
 
 import cudnn
 import torch
 
-UIDS = {{{", ".join(f"{n!r}: {uid}" for n, uid, _ in tensors)}}}
-INPUTS = {inputs!r}
-OUTPUTS = {outputs!r}
+UIDS = {{{", ".join(f"{_lit(n)}: {_lit(uid)}" for n, uid, _ in tensors)}}}
+INPUTS = {_lit(inputs)}
+OUTPUTS = {_lit(outputs)}
 
 
 def host_scalars():
@@ -107,7 +158,7 @@ def build(handle):
     return g
 
 
-def make_buffers(device="cuda", seed={o.seed}):
+def make_buffers(device="cuda", seed={_lit(o.seed)}):
     """Inputs filled with uniform values in [-1, 1], outputs empty, each in the graph's layout."""
     buffers = {{
 {buffers}
@@ -157,20 +208,68 @@ def emit_torch(graph: Graph, inst: Instance) -> str:
         t = inst.type(v.name)
         examples.append(empty(t, "cpu") if v.kind == "input" else torch.tensor(float(v.scalar)))
     gm = make_fx(fn, tracing_mode="fake")(*examples)
-    code = gm.code.strip()
-    code = re.sub(r"def forward\(self, ([^)]*)\)", lambda m: f"def reference({', '.join(names)})", code, count=1)
-    args = re.search(r"def forward\(self, (.*?)\):", gm.code).group(1).split(", ")
-    renames = "\n".join(f"    {a.strip()} = {n}" for a, n in zip(args, names))
-    code = code.replace(":\n", ":\n" + renames + "\n", 1)
-    sig = ", ".join(f"{v.name}: {inst.type(v.name)}" for v in graph.inputs)
+    # fx writes `def forward(self, arg0_1, ...)`: its body is rewritten as a syntax tree, never as text.
+    [func] = [s for s in ast.parse(gm.code).body if isinstance(s, ast.FunctionDef)]
+    placeholders = [a.arg for a in func.args.args[1:]]
+    assert len(placeholders) == len(names), (placeholders, names)
+    # Every name the new globals and parameters take is fresh: none hides one the body uses.
+    taken = {n.id for n in ast.walk(func) if isinstance(n, ast.Name)} - {"self"} | {"torch", "reference", "inf", "nan"}
+    consts = _lift_constants(func, taken)
+    params = [_ident(n, taken) for n in names]
+    rename = dict(zip(placeholders, params))
+    for n in ast.walk(func):
+        if isinstance(n, ast.Name) and n.id in rename:
+            n.id = rename[n.id]
+    free = _free_names(func, params)
+    globals_ = [f"{n} = float({n!r})" for n in ("inf", "nan") if n in free]  # how fx spells non-finite floats
+    globals_ += [
+        f"{g} = torch.tensor({_lit(getattr(gm, a).tolist())}, dtype={getattr(gm, a).dtype})" for a, g in consts.items()
+    ]
+    unknown = free - {"torch", "inf", "nan", *consts.values()} - set(dir(builtins))
+    if unknown:
+        raise ValueError(f"emit --format torch: the traced reference uses {sorted(unknown)}, which the script lacks")
+    sig = ", ".join(f"{p}: {inst.type(n)}" + (f" (.cdg name {n})" if p != n else "") for p, n in zip(params, names))
     outs = ", ".join(v.name for v in graph.outputs)
-    return f'''"""PyTorch reference of graph '{graph.name}', emitted by `cudnn-dsl emit --target torch` from {graph.file}.
+    lines: list[str] = []
+    for st in func.body:  # fx's layout: freeing `x = None` statements on the line of the last use
+        frees = isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) and st.value.value is None
+        if frees and lines:
+            lines[-1] += ";  " + ast.unparse(st)
+        else:
+            lines.append(ast.unparse(st))
+    body = "\n".join("    " + line for line in lines)
+    consts_block = "\n".join(globals_) + "\n\n" if globals_ else ""
+    return f'''"""PyTorch reference of graph '{_doc(graph.name)}', emitted by `cudnn-dsl emit --format torch` from {_doc(graph.file)}.
 
-Inputs: {sig}. Returns ({outs},). Math in float32; outputs rounded to their dtypes.
+Inputs, in order: {_doc(sig)}. Returns ({_doc(outs)},). Math in float32; outputs rounded to their dtypes.
 """
 
 import torch
 
-
-{code}
+{consts_block}
+def reference({", ".join(params)}):
+{body}
 '''
+
+
+def _lift_constants(func: ast.FunctionDef, taken: set[str]) -> dict[str, str]:
+    """Rewrites make_fx's `self._tensor_constantN` (number literals of the graph) as module globals;
+    returns {attribute: global name}."""
+    consts: dict[str, str] = {}
+
+    class Unself(ast.NodeTransformer):
+        def visit_Attribute(self, node):
+            if isinstance(node.value, ast.Name) and node.value.id == "self":
+                if node.attr not in consts:
+                    consts[node.attr] = _ident(node.attr.lstrip("_"), taken)
+                return ast.Name(consts[node.attr], ast.Load())
+            return self.generic_visit(node)
+
+    Unself().visit(func)
+    return consts
+
+
+def _free_names(func: ast.FunctionDef, params: list[str]) -> set[str]:
+    """The names the body reads but neither assigns nor takes as a parameter."""
+    local = set(params) | {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return {n.id for n in ast.walk(func) if isinstance(n, ast.Name)} - local

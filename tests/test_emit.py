@@ -1,0 +1,217 @@
+"""The emitted scripts on the CPU: safe against hostile file and tensor names, and the torch one
+computing what the reference computes. The cuDNN script is compiled and its module body run (the
+frontend imports without a GPU); building its graph needs a GPU (tests/gpu)."""
+
+import ast
+import contextlib
+import math
+import random
+import re
+import tempfile
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+from cudnn_dsl.emit import emit_cudnn, emit_torch
+from cudnn_dsl.reference import run_reference
+from cudnn_dsl.tensors import generate_inputs
+from dsl.pipeline import program
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = Path(__file__).parent / "emit_cases"
+EXAMPLES = sorted((ROOT / "examples").glob("*.cdg"))
+
+
+def graphs(text: str, file: str = "case.cdg"):
+    return program(text=text, file=file).graphs
+
+
+def run_module(script: str) -> dict:
+    """Executes an emitted script as an imported module (not as __main__) and returns its globals."""
+    code = compile(script, "emitted.py", "exec")
+    env = {"__name__": "emitted"}
+    exec(code, env)  # noqa: S102 - the emitted script, not user text: running it is what is tested
+    return env
+
+
+def torch_matches_reference(graph, inst) -> None:
+    """Runs the emitted torch function on seeded CPU inputs; it must agree with run_reference."""
+    fn = run_module(emit_torch(graph, inst))["reference"]
+    tensors = generate_inputs(graph, inst, "cpu")
+    args = [tensors[v.name] if v.kind == "input" else torch.tensor(float(v.scalar)) for v in graph.inputs]
+    got = fn(*args)
+    want = run_reference(graph, inst, tensors, "cpu")
+    assert len(got) == len(graph.outputs)
+    for v, t in zip(graph.outputs, got):
+        torch.testing.assert_close(t, want[v.name], equal_nan=True, msg=lambda m, n=v.name: f"output {n}: {m}")
+
+
+def cudnn_module(graph, inst) -> dict:
+    """Compiles the cuDNN script, runs its module body and the parts of it that need no GPU."""
+    env = run_module(emit_cudnn(graph, inst))
+    buffers = env["make_buffers"](device="cpu")
+    assert set(buffers) == set(env["UIDS"]) == {v.name for v in graph.of_kind("input", "output")}
+    env["host_scalars"]()
+    return env
+
+
+# D1: the file path (and the graph name) reach the scripts only as escaped text.
+
+HOSTILE = [
+    'x""";__import__("os").system("touch PWNED");""".cdg',
+    "x''';__import__('os').system('touch PWNED');'''.cdg",
+    'dir\\\n"""\n__import__("os").system("touch PWNED")\n#\\',
+    "a\r\x00\x0c\u2028\udcff\\\"\"\"'''.cdg",
+]
+
+
+@pytest.mark.parametrize("file", HOSTILE)
+def test_hostile_file_name_stays_in_the_docstring(file, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    [g] = graphs((CASES / "literals.cdg").read_text(), file)
+    g_named = attrs.evolve(g, name='g""";__import__("os").system("touch PWNED");"""')
+    for graph in (g, g_named):
+        inst = graph.instances[0]
+        for script in (emit_cudnn(graph, inst), emit_torch(graph, inst)):
+            script.encode("ascii")  # escaped: no raw control, separator or surrogate characters
+            tree = ast.parse(script)
+            assert file in ast.get_docstring(tree, clean=False)
+            assert graph.name in ast.get_docstring(tree, clean=False)
+            names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            assert "__import__" not in names
+        cudnn_module(graph, inst)
+        torch_matches_reference(graph, inst)
+    assert not (tmp_path / "PWNED").exists()
+
+
+# D3: number literals in expressions.
+
+
+def test_torch_script_with_number_literals_matches_reference():
+    [g] = graphs((CASES / "literals.cdg").read_text())
+    script = emit_torch(g, g.instances[0])
+    assert "self" not in {n.id for n in ast.walk(ast.parse(script)) if isinstance(n, ast.Name)}
+    torch_matches_reference(g, g.instances[0])
+
+
+# D4: names that Python, torch.fx or the scripts themselves use.
+
+# fmt: off
+NAMES = ["arg0_1", "arg1_1", "torch", "cudnn", "class", "def", "None", "True", "__debug__", "self", "reference", "g",
+         "handle", "inf", "nan", "mul", "view", "bmm", "tensor_constant0", "_tensor_constant0", "t_torch", "print",
+         "build", "UIDS", "match", "_"]
+# fmt: on
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_names_python_uses_give_correct_scripts(name):
+    text = re.sub(r"\bNAME\b", name, (CASES / "names.cdg").read_text())
+    for g in graphs(text):
+        inst = g.instances[0]
+        torch_matches_reference(g, inst)
+        cudnn_module(g, inst)
+
+
+def test_mangled_names_do_not_collide_with_declared_ones():
+    text = (
+        "graph g {\n  input class : float[2, 3]\n  input t_class : float[2, 3]\n  input class_ : float[2, 3]\n"
+        "  output y = class - t_class * 2 + class_ * 3\n}\n"
+    )
+    [g] = graphs(text)
+    torch_matches_reference(g, g.instances[0])
+    cudnn_module(g, g.instances[0])
+
+
+# D17: non-finite numbers are written as float('inf') / float('nan'), never as a bare name.
+
+
+def test_non_finite_numbers_are_written_as_floats():
+    [g] = graphs((CASES / "nonfinite.cdg").read_text())
+    new = {"s": math.inf, "t": math.nan}
+    const = next(v for v in g.values if v.kind == "const")
+    new[const.name] = -math.inf
+    values = tuple(attrs.evolve(v, scalar=new[v.name]) if v.name in new else v for v in g.values)
+    inst = g.instances[0]
+    node_attrs = tuple(tuple((k, math.inf if k == "slope" else v) for k, v in a) for a in inst.node_attrs)
+    inst = attrs.evolve(inst, node_attrs=node_attrs)
+    g = attrs.evolve(g, values=values, instances=(inst,))
+    script = emit_cudnn(g, inst)
+    assert not {"inf", "nan"} & {n.id for n in ast.walk(ast.parse(script)) if isinstance(n, ast.Name)}
+    assert "negative_slope=float('inf')" in script
+    host = cudnn_module(g, inst)["host_scalars"]()
+    assert sorted(str(t.item()) for t in host.values()) == ["-inf", "inf", "nan"]
+    torch_matches_reference(g, inst)  # the torch script defines the `inf` that fx writes for the slope
+
+
+# D32: bench imports the ejected script from a temporary directory, and removes it.
+
+
+def test_load_ejected_removes_its_temporary_directory(tmp_path, monkeypatch):
+    from cudnn_dsl.bench import load_ejected
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    [g] = graphs((CASES / "literals.cdg").read_text())
+    inst = g.instances[0]
+    tensors = generate_inputs(g, inst, "cuda" if torch.cuda.is_available() else "cpu")
+    with contextlib.suppress(Exception):  # without a GPU, building the graph fails after the import
+        load_ejected(g, inst, tensors, {v.name: tensors["a"] for v in g.outputs})
+    assert list(tmp_path.iterdir()) == []
+
+
+# Property: the examples with their names replaced by names from a hostile pool.
+
+# fmt: off
+POOL = sorted(set(NAMES) | {
+    "lambda", "import", "return", "yield", "global", "async", "await", "False", "pass", "is", "not", "and", "or", "if",
+    "else", "for", "while", "with", "try", "except", "raise", "del", "from", "as", "assert", "nonlocal", "case", "type",
+    "__name__", "__builtins__", "__import__", "__file__", "input_", "max", "sum", "len", "list", "dict", "str", "exec",
+    "eval", "object", "getattr", "float_", "device", "operator", "fx_pytree", "pytree", "NoneType", "expand", "add",
+    "_to_copy", "_unsafe_view", "args", "kwargs", "gen", "buffers", "INPUTS", "OUTPUTS", "host_scalars", "make_buffers",
+    "execute", "t_class", "t___debug__", "arg2_1", "arg3_1", "tensor_constant1",
+})
+# fmt: on
+_DECL = re.compile(r"^\s*(?:graph|input|scalar|output)\s+(\w+)|^\s*(\w+(?:\s*,\s*\w+)*)\s*=", re.MULTILINE)
+_TOKEN = re.compile(r"\d+\.?\d*(?:[eE][+-]?\d+)?|[A-Za-z_]\w*|\S")
+
+
+def _renamed(text: str, rng: random.Random) -> str:
+    """The .cdg text with its graph and value names replaced; op names, keyword arguments, their
+    values and type names stay."""
+    text = re.sub(r"#[^\n]*", "", text)
+    declared = []
+    for m in _DECL.finditer(text):
+        for name in re.findall(r"\w+", m.group(1) or m.group(2)):
+            if name not in declared:
+                declared.append(name)
+    words = set(re.findall(r"\w+", text))
+    new = dict(zip(declared, rng.sample([w for w in POOL if w not in words], len(declared))))
+    out, depth, toks = [], 0, list(_TOKEN.finditer(text))
+    for i, m in enumerate(toks):
+        tok, prev = m.group(), toks[i - 1].group() if i else ""
+        nxt = toks[i + 1].group() if i + 1 < len(toks) else ""
+        depth += {"(": 1, ")": -1}.get(tok, 0)
+        keep = nxt == "(" or prev == ":" or (depth and "=" in (prev, nxt))
+        out.append(
+            (text[toks[i - 1].end() : m.start()] if i else text[: m.start()]) + (tok if keep else new.get(tok, tok))
+        )
+    return "".join(out) + "\n"
+
+
+def _small(text: str) -> str:
+    """Every extent in a tensor type shrunk (equal extents stay equal), so that the CPU runs it fast."""
+    shrink = lambda m: str(int(m.group()) if int(m.group()) <= 4 else min(8, max(2, int(m.group()) // 16)))
+    dims = lambda t: t.group(1) + re.sub(r"\d+", shrink, t.group(2))
+    return re.sub(r"\b(half|bf16|float)(\[[^\]]*)", dims, text)
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_renamed_examples_give_scripts_that_compile_and_agree(seed):
+    rng = random.Random(seed)
+    path = EXAMPLES[seed % len(EXAMPLES)]
+    text = _renamed(_small(path.read_text()), rng)
+    for g in graphs(text, path.name):
+        inst = g.instances[0]
+        torch_matches_reference(g, inst)
+        cudnn_module(g, inst)
