@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
-import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 import torch

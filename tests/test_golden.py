@@ -43,6 +43,17 @@ def test_example_ir_dump(path, update_goldens):
     _compare(dump_ir(program(path, file=_rel(path))), GOLDEN / "dumps" / f"{path.stem}.ir", update_goldens)
 
 
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_lowering(path, update_goldens):
+    """What is sent to cuDNN, as the ejected script shows it (no cuDNN needed: emit lowers against a
+    recorder); a change to any frontend call shows in review. Dynamic graphs: their first shape."""
+    from cudnn_dsl.emit import emit_cudnn
+
+    graphs = program(path, file=_rel(path)).graphs
+    text = "".join(emit_cudnn(g, g.instances[0]) for g in graphs)
+    _compare(text, GOLDEN / "lowering" / f"{path.stem}.py.txt", update_goldens)
+
+
 @pytest.mark.parametrize("path", ERRORS, ids=lambda p: p.stem)
 def test_bad_input_diagnostics(path, update_goldens):
     out = diagnostics(path)
