@@ -298,3 +298,55 @@ def to_json(program: Program) -> dict:
 
 
 __all__ = ["fmt_module", "dump_ast", "dump_ir", "summary", "to_json", "Loc"]
+
+
+# ---- the reference tables of docs/language.md ---------------------------------------------
+
+
+def _default(a) -> str:
+    from dsl.values import DERIVED, REQUIRED
+
+    if a.default is REQUIRED:
+        return " (required)"
+    if a.default is DERIVED or a.default is None:
+        return ""
+    return f" = {_attr_str(a.default)}"
+
+
+def _attr_doc(a) -> str:
+    what = f"{'/'.join(a.choices)}" if a.choices else a.kind
+    return f"`{a.name}`{_default(a)} ({what}{': ' + a.doc if a.doc else ''})"
+
+
+def _bounds(a) -> str:
+    from dsl.types import INT64_MAX
+
+    lo = f">= {_attr_str(a.lo)}" if a.lo is not None else ""
+    hi = f"<= {_attr_str(a.hi)}" if a.hi is not None and a.hi != INT64_MAX else ""
+    return " " + " and ".join(x for x in (lo, hi) if x) if lo or hi else ""
+
+
+def options_table() -> str:
+    """The options of a graph, from dsl.options.OPTIONS (docs/language.md holds this text)."""
+    from dsl.options import OPTIONS
+
+    out = ["| option | values | default | what it does |", "| --- | --- | --- | --- |"]
+    for a in OPTIONS.values():
+        default = "none" if a.default is None else _attr_str(a.default)
+        out.append(f"| `{a.name}` | {a.described}{_bounds(a)} | {default} | {a.doc} |")
+    return "\n".join(out) + "\n"
+
+
+def ops_tables() -> str:
+    """One table of ops per family, from dsl.ops.OPS (docs/language.md holds this text)."""
+    from dsl.ops import FAMILIES, OPS
+
+    out = []
+    for family in FAMILIES:
+        out += [f"### {family}", "", "| op | inputs | attributes | what it computes |", "| --- | --- | --- | --- |"]
+        for s in (s for s in OPS.values() if s.family == family):
+            ins = ", ".join(s.inputs + tuple(f"[{p}]" for p in s.optional))
+            attrs_ = "; ".join(_attr_doc(a) for a in s.attrs) or "–"
+            out.append(f"| `{s.name}` | {ins} | {attrs_} | {s.doc} |")
+        out.append("")
+    return "\n".join(out)
