@@ -21,7 +21,8 @@ import attrs
 from cudnn_dsl.backend import Target, load_cudnn, versions
 from cudnn_dsl.dtypes import cudnn_name
 from cudnn_dsl.lower import Lowered, clean, lower
-from cudnn_dsl.store import Entry, PlanKey, PlanStore, StoreProblem, graph_digest
+from cudnn_dsl.store import (Entry, PlanKey, PlanStore, StoreProblem, graph_digest, load_kernel_cache_text,
+                             save_kernel_cache_text)
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
 from dsl.ops import FAMILIES, OPS
@@ -311,8 +312,8 @@ class Planner:
         if self._kc is not None:
             notes.append(self._kernel_cache_note(cached, self._kc_size(), low.timings.get("build_plans", 0.0)))
         exe = self.executable_of(low, "heuristics", notes)
-        if key is not None:
-            self._persist(key, exe, tuned=False)
+        if key is not None:  # --rebuild, or a stored plan that proved unusable: this one replaces it
+            self._persist(key, exe, tuned=False, force=self.rebuild or bool(notes))
         self._kernel_cache_save()
         return exe
 
@@ -372,7 +373,9 @@ class Planner:
             return None
         return self.executable_of(low, "plan store (engine id + knobs)", notes)
 
-    def _persist(self, key: PlanKey, exe: Executable, tuned: bool, timing: dict | None = None) -> None:
+    def _persist(self, key: PlanKey, exe: Executable, tuned: bool, timing: dict | None = None,
+                 force: bool = False) -> None:
+        """Stores the executable's plan. A tuned entry is not replaced by an untuned one unless force."""
         g = exe.low.g
         try:
             engine_id, knobs = g.get_engine_and_knobs_at_index(_selected_index(g))
@@ -393,8 +396,8 @@ class Planner:
             time.time(),
         )
         try:
-            self.store.put(entry)
-        except (OSError, StoreProblem) as e:
+            self.store.put(entry, force=force)
+        except StoreProblem as e:
             exe.notes.append(f"plan not stored: {e}")
 
     # ---- tuning ------------------------------------------------------------------------------
@@ -410,13 +413,13 @@ class Planner:
         inst = exe.low.instance
         self._exes[inst.binding] = exe
         if self.use_store:
-            self._persist(self.key(inst), exe, tuned, timing)
+            self._persist(self.key(inst), exe, tuned, timing, force=True)
         self._kernel_cache_save()
 
     # ---- dynamic shapes: one kernel cache for every shape of the graph ----------------------
 
-    def _kernel_cache_key(self) -> str:
-        return graph_digest(self.graph, self.graph.instances[0])[:24]
+    def _kernel_cache_path(self):
+        return self.store.kernel_cache_path(self.graph.name, graph_digest(self.graph, self.graph.instances[0]))
 
     def _kernel_cache_load(self) -> None:
         if not self.use_kernel_cache or self._kc is not None:
@@ -426,7 +429,7 @@ class Planner:
         if not self.use_store or self.rebuild:
             return
         try:
-            text = self.store.load_kernel_cache(self.graph.name, self._kernel_cache_key())
+            text = load_kernel_cache_text(self._kernel_cache_path())
         except StoreProblem as e:
             self.kernel_cache_notes.append(f"kernel cache: {e}; starting empty")
             return
@@ -474,8 +477,8 @@ class Planner:
     def _kernel_cache_save(self) -> None:
         if self._kc is None or not self.use_store:
             return
-        try:
-            self.store.save_kernel_cache(self.graph.name, self._kernel_cache_key(), self._kc.serialize())
+        try:  # merged with what another process saved meanwhile, not overwritten
+            save_kernel_cache_text(self._kernel_cache_path(), self._kc.serialize())
         except Exception as e:  # noqa: BLE001 - not every cache can serialize; the run goes on
             self.kernel_cache_notes.append(f"kernel cache not saved: {clean(e, 300)}")
 

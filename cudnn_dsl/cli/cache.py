@@ -1,9 +1,9 @@
-"""`cudnn-dsl cache ls|show|clear|export|import|path`: the plan store."""
+"""`cudnn-dsl cache ls|show|clear|export|import|path`: the plan store and the kernel caches."""
 
 from __future__ import annotations
 
 import json
-import time
+import sys
 from pathlib import Path
 
 from cudnn_dsl.cli import common
@@ -14,46 +14,49 @@ HELP = "list, inspect, clear, export or import the plan store"
 def register(p) -> None:
     p.add_argument("action", choices=("ls", "show", "clear", "export", "import", "path"))
     p.add_argument("arg", nargs="?", help="entry id (show), or bundle file (export, import)")
+    p.add_argument("--force", action="store_true", help="import: replace plans tuned here, too")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from cudnn_dsl.store import PlanStore
+    from cudnn_dsl import store
 
-    store = PlanStore()
+    s = store.PlanStore()
     if args.action == "path":
-        print(store.root)
+        print(s.root)
     elif args.action == "ls":
-        rows = store.entries()
+        rows = s.listing()
+        for row in rows:
+            print(row.line())
         if not rows:
-            print(f"plan store {store.root}: empty")
-        for p, d in rows:
-            if d is None:
-                print(f"{p.stem}  (unreadable: will be rebuilt on use)")
-                continue
-            k = d.get("key", {})
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(d.get("created", 0)))
-            print(
-                f"{p.stem}  {d.get('graph', '?'):20} {d.get('plan_name', '?')[:40]:40} "
-                f"{'tuned' if d.get('tuned') else 'heuristic':9} {k.get('gpu', '?')} cuDNN {k.get('cudnn_backend', '?')} {when}"
-            )
+            print(f"plan store {store.clean(str(s.root))}: empty")
     elif args.action == "show":
-        if not args.arg:
-            raise common.UsageError("cache show takes an entry id (see `cudnn-dsl cache ls`)")
-        p = store.root / f"{args.arg}.json"
-        if not p.exists():
-            raise common.UsageError(f"no entry {args.arg} in {store.root}")
-        d = json.loads(p.read_text())
-        d["blob"] = f"<{len(d.get('blob', '')) * 3 // 4} bytes>"
-        print(json.dumps(d, indent=2))
+        if not args.arg or not store.is_entry_id(args.arg):
+            raise common.UsageError("cache show takes an entry id, 32 lowercase hex digits (see `cudnn-dsl cache ls`)")
+        shown = s.show(args.arg)
+        if shown is None:
+            raise common.UsageError(f"no entry {args.arg} in {s.root}")
+        print(json.dumps(shown, indent=2))
     elif args.action == "clear":
-        print(f"removed {store.clear()} entries from {store.root}")
+        r = s.clear()
+        print(f"removed {r.entries} entries, {r.temp_files} temporary files and {r.kernel_caches} kernel caches "
+              f"from {s.root.parent}")
+        if r.left:
+            print(f"left alone (not regular files): {', '.join(r.left)}", file=sys.stderr)
     elif args.action == "export":
         if not args.arg:
             raise common.UsageError("cache export takes a bundle file to write")
-        print(f"exported {store.export(Path(args.arg))} entries to {args.arg}")
+        r = s.export(Path(args.arg))
+        for why in r.skipped:
+            print(f"skipped {why}", file=sys.stderr)
+        print(f"exported {r.entries} entries and {r.kernel_caches} kernel caches to {args.arg}")
     elif args.action == "import":
-        if not args.arg or not Path(args.arg).is_file():
+        if not args.arg or not Path(args.arg).exists():
             raise common.UsageError("cache import takes an existing bundle file")
-        print(f"imported {store.import_(Path(args.arg))} entries into {store.root}")
+        r = s.import_(Path(args.arg), force=args.force)
+        print(f"imported {r.imported} entries and {r.kernel_caches} kernel caches into {s.root}")
+        if r.kept:
+            print(f"kept {r.kept} entries tuned here (--force replaces them)")
+        if r.skipped:
+            print(f"{r.skipped} entries were already here")
     return common.EXIT_OK
