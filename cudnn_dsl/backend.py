@@ -227,9 +227,9 @@ def _sha256(path: Path) -> str:
 
 
 def _check_private(lib: Path, digest: str) -> None:
-    """Refuses the library unless it is this user's, only this user (or root) could have written any directory above
-    it, and its bytes are the ones just built. A world-writable directory is allowed only with the sticky bit (like /tmp), which
-    stops others from renaming what we own inside it."""
+    """Refuses the library unless it is this user's, only this user (or root) could have written any directory
+    above it, and its bytes are the ones just built. A world-writable directory is allowed only with the sticky
+    bit (like /tmp), which stops others from renaming what we own inside it."""
     uid = os.getuid()
     for p in (lib, *lib.parents):
         st = os.lstat(p)

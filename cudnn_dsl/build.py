@@ -21,8 +21,15 @@ import attrs
 from cudnn_dsl.backend import Target, load_cudnn, versions
 from cudnn_dsl.dtypes import cudnn_name
 from cudnn_dsl.lower import Lowered, clean, lower
-from cudnn_dsl.store import (Entry, PlanKey, PlanStore, StoreProblem, graph_digest, load_kernel_cache_text,
-                             save_kernel_cache_text)
+from cudnn_dsl.store import (
+    Entry,
+    PlanKey,
+    PlanStore,
+    StoreProblem,
+    graph_digest,
+    load_kernel_cache_text,
+    save_kernel_cache_text,
+)
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
 from dsl.ops import FAMILIES, OPS
@@ -373,8 +380,9 @@ class Planner:
             return None
         return self.executable_of(low, "plan store (engine id + knobs)", notes)
 
-    def _persist(self, key: PlanKey, exe: Executable, tuned: bool, timing: dict | None = None,
-                 force: bool = False) -> None:
+    def _persist(
+        self, key: PlanKey, exe: Executable, tuned: bool, timing: dict | None = None, force: bool = False
+    ) -> None:
         """Stores the executable's plan. A tuned entry is not replaced by an untuned one unless force."""
         g = exe.low.g
         try:

@@ -39,8 +39,10 @@ def run(args) -> int:
         print(json.dumps(shown, indent=2))
     elif args.action == "clear":
         r = s.clear()
-        print(f"removed {r.entries} entries, {r.temp_files} temporary files and {r.kernel_caches} kernel caches "
-              f"from {s.root.parent}")
+        print(
+            f"removed {r.entries} entries, {r.temp_files} temporary files and {r.kernel_caches} kernel caches "
+            f"from {s.root.parent}"
+        )
         if r.left:
             print(f"left alone (not regular files): {', '.join(r.left)}", file=sys.stderr)
     elif args.action == "export":
