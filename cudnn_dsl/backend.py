@@ -94,15 +94,6 @@ class Target:
         return cls.from_file(known[name.lower()])
 
 
-def cache_dir() -> Path:
-    """$CUDNN_DSL_CACHE_DIR, else $XDG_CACHE_HOME/cudnn-dsl, else ~/.cache/cudnn-dsl."""
-    env = os.environ.get("CUDNN_DSL_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cudnn-dsl"
-
-
 def gpu_available() -> bool:
     import torch
 
@@ -160,6 +151,8 @@ def _driver_symbols(lib_dir: Path) -> list[str]:
     The list is data, never code: a cached list is used only when every entry is a plain cu* identifier and its
     checksum matches. A damaged list is scanned again, and a cache that cannot be written is skipped; either is
     said in one line on stderr."""
+    from cudnn_dsl.store import atomic_write, cache_dir
+
     libs = sorted(lib_dir.glob("libcudnn*.so*"))
     signature = [_SYMBOLS_FORMAT, str(lib_dir), [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in libs]]
     path = cache_dir() / "no-device-driver" / f"{hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]}.json"
@@ -197,8 +190,6 @@ def _driver_symbols(lib_dir: Path) -> list[str]:
             f"the cuDNN libraries in {lib_dir} name no CUDA driver functions; "
             "reinstall them: pip install --force-reinstall nvidia-cudnn-cu13"
         )
-    from cudnn_dsl.store import atomic_write  # here: store imports this module
-
     try:
         atomic_write(path, json.dumps({"names": names, "sha256": _digest(names)}))
     except OSError as e:

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import attrs
 
-from cudnn_dsl.backend import cache_dir
 from dsl.ir import Graph, Instance
 
 FORMAT = 1
@@ -68,6 +67,15 @@ class StoreProblem(Exception):
 
     def __init__(self, message: str):
         super().__init__(clean(str(message)))
+
+
+def cache_dir() -> Path:
+    """$CUDNN_DSL_CACHE_DIR, else $XDG_CACHE_HOME/cudnn-dsl, else ~/.cache/cudnn-dsl."""
+    env = os.environ.get("CUDNN_DSL_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cudnn-dsl"
 
 
 def graph_digest(graph: Graph, inst: Instance) -> str:
