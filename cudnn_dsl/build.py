@@ -299,6 +299,11 @@ class Planner:
 
     # ---- one shape -> an executable -------------------------------------------------------
 
+    @property
+    def built(self) -> list[tuple]:
+        """The bindings of the shapes built so far (or adopted from tuning)."""
+        return list(self._exes)
+
     def executable(self, inst: Instance) -> Executable:
         """The shape's executable: built once per planner, from the store when it can be."""
         exe = self._exes.get(inst.binding)

@@ -148,7 +148,7 @@ def test_run_command_reports_saves_and_exits_zero(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "compare    out: ok" in proc.stdout
     data = json.loads(report.read_text())
-    assert data["gpu"] and data["graphs"][0]["ok"]
+    assert data["environment"]["gpu"] and data["files"][0]["graphs"][0]["ok"]
     out = torch.load(saved / "conv_bias_relu.out.pt")
     assert out.shape == (32, 256, 56, 56) and float(out.float().abs().max()) == 0.0
 
