@@ -163,6 +163,14 @@ class Typer:
                     return
                 strides = o.strides
             t = TensorType(dtype, out.shape, strides)
+        if OPS[n.op].keeps_dtype and t.dtype != first.dtype:
+            where = "declared" if o is not None and o.dtype else "the graph's io" if o is not None else "intermediate"
+            self.sink.error(
+                f"{n.op}: cuDNN keeps the input's dtype, {first.dtype}, but '{name}' would be {t.dtype} ({where}); "
+                f"declare it '{first.dtype}', or give the input that dtype (e.g. 'intermediate {t.dtype}')",
+                n.loc,
+            )
+            return
         if not self.too_big(t, name, n.loc):
             self.types[name] = t
             self.poisoned.discard(name)

@@ -92,6 +92,8 @@ class OpSig:
     """fills the attributes whose default is DERIVED, from the input types"""
     lint: Callable[[tuple], list[tuple[int, str]]] | None = None
     """warnings about the declared inputs, as (input index, message); the checker locates them"""
+    keeps_dtype: bool = False
+    """cuDNN wants the result in the input's dtype (its layout ops do)"""
 
     def count_results(self, attrs_: dict) -> int:
         return self.results(attrs_) if self.results is not None else 1
@@ -624,6 +626,7 @@ OPS: dict[str, OpSig] = {
         infer_transpose,
         attrs=(Attr("perm", "ints", REQUIRED, doc="the new order of the axes", lo=0),),
         doc="permute the axes",
+        keeps_dtype=True,
     ),
     "reshape": OpSig(
         "reshape",
@@ -632,6 +635,7 @@ OPS: dict[str, OpSig] = {
         infer_reshape,
         attrs=(Attr("shape", "ints", REQUIRED, doc="the new dims", lo=1),),
         doc="same elements, new shape",
+        keeps_dtype=True,
     ),
     "slice": OpSig(
         "slice",
@@ -643,6 +647,7 @@ OPS: dict[str, OpSig] = {
             Attr("end", "ints", REQUIRED, doc="one past the last index per axis", lo=0),
         ),
         doc="the box [start, end) per axis",
+        keeps_dtype=True,
     ),
 }
 

@@ -103,12 +103,16 @@ def test_after_an_unknown_op_its_result_is_not_reported_again():
     assert [d.message for d in r.errors] == ["unknown op 'frobnicate'"]
 
 
-def test_a_layout_op_output_takes_the_graphs_io_dtype():
-    r = check(
-        "graph g {\n  io bf16\n  input a : bf16[2, 4, 8]\n  input b : bf16[2, 8, 4]\n"
+def test_a_layout_op_output_follows_io_and_keeps_its_inputs_dtype():
+    # cuDNN's layout ops keep their input's dtype; a bf16 output of a float intermediate is refused before cuDNN
+    # is asked (it once came out float, the graph's io dtype ignored)
+    text = (
+        "graph g {\n  io bf16\n%s  input a : bf16[2, 4, 8]\n  input b : bf16[2, 8, 4]\n"
         "  output y = reshape(matmul(a, b), shape=[8, 4])\n}\n"
     )
-    assert r.program.graphs[0].instances[0].type("y").dtype == "bf16"
+    assert check(text % "  intermediate bf16\n").program.graphs[0].instances[0].type("y").dtype == "bf16"
+    r = check(text % "")
+    assert "reshape: cuDNN keeps the input's dtype, float, but 'y' would be bf16 (the graph's io)" in r.errors[0].message
 
 
 def test_conv_wgrad_filter_is_checked_against_the_shapes():

@@ -143,7 +143,7 @@ def _backend_version() -> int:
 @pytest.mark.parametrize("op", ["transpose(y, perm=[0, 2, 1])", "slice(y, start=[0, 0, 0], end=[4, 32, 32])"])
 def test_transpose_and_slice(op):
     text = graph_text(
-        f"  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  y = matmul(a, b)\n  output z = {op}"
+        f"  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  y = matmul(a, b)\n  output z : float = {op}"
     )
     if _backend_version() < 92200:  # the library says these need cuDNN 9.22
         _declined(text, "9.22", 7)
@@ -154,6 +154,6 @@ def test_transpose_and_slice(op):
 def test_reshape_after_matmul_is_declined_by_cudnn():
     text = graph_text(
         "  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  y = matmul(a, b)\n"
-        "  output z = reshape(y, shape=[4, 2048])"
+        "  output z : float = reshape(y, shape=[4, 2048])"
     )
     _declined(text, "no engine", 1)
