@@ -6,12 +6,6 @@ import attrs
 
 from dsl.diagnostics import UNKNOWN, Loc
 
-KEYWORDS = frozenset(
-    ("graph", "io", "intermediate", "compute", "option", "dim", "input", "scalar", "output", "strides", "uid", "in")
-)
-"""words of the grammar, which may not name a graph, tensor or dim"""
-
-
 def _loc():
     return attrs.field(default=UNKNOWN, eq=False, repr=False)
 

@@ -81,9 +81,6 @@ class _GraphChecker:
         return None
 
     def define(self, name: str, loc: Loc) -> bool:
-        if name in ast.KEYWORDS:
-            self.err(f"'{name}' is a keyword of the language; choose another name", loc)
-            return False
         prev = self.defined_at(name)
         if prev is not None:
             self.err(f"'{name}' is already defined", loc, [("previous definition", prev)])
@@ -100,8 +97,6 @@ class _GraphChecker:
 
     def run(self) -> Graph | None:
         n_errors = self.sink.n_errors
-        if self.gdef.name in ast.KEYWORDS:
-            self.err(f"'{self.gdef.name}' is a keyword of the language; choose another graph name", self.gdef.loc)
         for st in self.gdef.stmts:
             for name in getattr(st, "targets", ()) or (getattr(st, "name", None),):
                 if name:

@@ -21,7 +21,6 @@ _BRACKETS = {"LPAR": 1, "LSQB": 1, "RPAR": -1, "RSQB": -1}
 # What a user calls the terminals Lark reports in "expected ..." lists.
 _TERMINAL_NAMES = {
     "NAME": "a name",
-    "INT": "an integer",
     "NUMBER": "a number",
     "STRING": "a string",
     "_NL": "end of line",
@@ -77,7 +76,7 @@ class _NewlinesInBrackets(PostLex):
 
 _GRAMMAR = Path(__file__).parent / "grammar.lark"
 _TABLES = Path(__file__).parent / "grammar_tables.json"
-_LARK_OPTIONS = dict(parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=False)
+_LARK_OPTIONS = dict(parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=False)
 
 
 def _build() -> Lark:
@@ -148,8 +147,14 @@ class _ToAst(Transformer_NonRecursive):
     def option_decl(self, meta, ch):
         return ast.OptionDecl(str(ch[0]), ch[1], self._loc(meta))
 
+    def _int(self, tok: Token) -> int:
+        """An integer where the grammar has a NUMBER (one lexer state cannot tell them apart)."""
+        if not str(tok).isdigit():
+            raise DslError(Diagnostic("error", f"expected an integer, got {tok}", self._t(tok)))
+        return int(tok)
+
     def dim_decl(self, meta, ch):
-        return ast.DimDecl(str(ch[0]), tuple(int(t) for t in ch[1:]), self._loc(meta))
+        return ast.DimDecl(str(ch[0]), tuple(self._int(t) for t in ch[1:]), self._loc(meta))
 
     def input_decl(self, meta, ch):
         return ast.InputDecl(str(ch[0]), ch[1], tuple(ch[2:]), self._loc(meta))
@@ -171,10 +176,10 @@ class _ToAst(Transformer_NonRecursive):
         return ast.Layout(str(ch[0]), self._loc(meta))
 
     def strides(self, meta, ch):
-        return ast.Strides(tuple(int(t) for t in ch), self._loc(meta))
+        return ast.Strides(tuple(self._int(t) for t in ch), self._loc(meta))
 
     def uid(self, meta, ch):
-        return ast.Uid(int(ch[0]), self._loc(meta))
+        return ast.Uid(self._int(ch[0]), self._loc(meta))
 
     def tensor_type(self, meta, ch):
         return ast.TypeSpec(str(ch[0]), tuple(ch[1:]), self._loc(meta), self._t(ch[0]))
@@ -185,7 +190,7 @@ class _ToAst(Transformer_NonRecursive):
 
     def dim(self, meta, ch):
         tok = ch[0]
-        value = int(tok) if tok.type == "INT" else str(tok)
+        value = self._int(tok) if tok.type == "NUMBER" else str(tok)
         return ast.Dim(value, self._loc(meta))
 
     def _binop(op):
@@ -312,8 +317,7 @@ def _syntax_diagnostic(e: UnexpectedInput, text: str, file: str) -> Diagnostic:
         loc = Loc(file, tok.line, tok.column, tok.line, tok.column + len(str(tok).split("\n")[0]))
         return Diagnostic("error", f"syntax error: {what}; {_expected(e.expected)}", loc)
     else:
-        # The contextual lexer's list of what it could have lexed here is not what the parser
-        # expects (it names closers with nothing open), so only the character is named.
+        # What the lexer could have lexed here is not what the parser expects, so only the character is named.
         char = text.splitlines()[line - 1][col - 1 : col] if isinstance(e, UnexpectedCharacters) else "?"
         return Diagnostic("error", f"syntax error: unexpected character {char!r}", Loc(file, line, col, line, col + 1))
     expected = getattr(e, "expected", None) or ()

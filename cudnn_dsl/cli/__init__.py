@@ -22,7 +22,9 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only`, the other commands get their one-line help but not their flags
+    (registering every command's flags is much of the start-up of a quick `check`)."""
     from cudnn_dsl import __version__
 
     p = argparse.ArgumentParser(
@@ -35,12 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         cmd = importlib.import_module(f"cudnn_dsl.cli.{module}")
-        cmd.register(sub.add_parser(name, help=cmd.HELP, description=cmd.HELP))
+        parser = sub.add_parser(name, help=cmd.HELP, description=cmd.HELP)
+        if only is None or name == only:
+            cmd.register(parser)
     return p
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else "")
     args = parser.parse_args(argv)  # argparse itself exits 2 on a bad command line
     if not getattr(args, "run", None):
         parser.print_help()

@@ -2,7 +2,8 @@
 targets from flags, JSON reports, progress, and the one function that turns an exception into
 a message and an exit code.
 
-Nothing here imports torch or cuDNN at module level: `check`, `fmt` and `--help` must start fast.
+Nothing here imports torch, cuDNN or even the language at module level: `check`, `fmt` and `--help`
+must start fast.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dsl.diagnostics import Diagnostic, DslError, RuleError
-from dsl.ir import Graph, Instance, NotFound, Program
-from dsl.options import OPTIONS, Options
-from dsl.pipeline import Result, SourceUnreadable, load
+if TYPE_CHECKING:  # the language is imported when a command needs it: `--help` stays quick
+    from dsl.ir import Graph, Instance, Program
+    from dsl.options import Options
+    from dsl.pipeline import Result
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_BUG, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
@@ -40,6 +41,9 @@ def report(e: BaseException) -> int:
     """Prints what went wrong, in the user's terms; returns the exit code it deserves."""
     from cudnn_dsl.backend import BackendUnavailable, DescriptorFileError, UnknownTarget
     from cudnn_dsl.store import StoreProblem
+    from dsl.diagnostics import Diagnostic, DslError
+    from dsl.ir import NotFound
+    from dsl.pipeline import SourceUnreadable
 
     if isinstance(e, DslError):
         print(e.render(SOURCES), file=sys.stderr)
@@ -78,6 +82,8 @@ def _is_binding_error(e: BaseException) -> bool:
 def load_file(path: str, stop: str = "ir") -> Result:
     """Parses (and checks) one file, printing its diagnostics to stderr; SourceUnreadable when
     there is no such file."""
+    from dsl.pipeline import load
+
     result = load(path, stop=stop)
     SOURCES[result.file] = result.text
     if result.diagnostics:
@@ -87,6 +93,8 @@ def load_file(path: str, stop: str = "ir") -> Result:
 
 def select_graphs(program: Program, name: str | None) -> list[Graph]:
     """The graph --graph names, or every graph of the file."""
+    from dsl.ir import NotFound
+
     try:
         return [program.graph(name)] if name else list(program.graphs)
     except NotFound as e:
@@ -130,6 +138,8 @@ OPTION_FLAGS = ("heuristics", "build_policy", "workspace_limit", "seed", "warmup
 
 
 def add_option_flags(p, *names: str) -> None:
+    from dsl.options import OPTIONS
+
     for name in names:
         a = OPTIONS[name]
         metavar = {"int": "N", "enums": ",".join(a.choices), "enum": "|".join(a.choices)}.get(a.kind)
@@ -143,6 +153,8 @@ def add_option_flags(p, *names: str) -> None:
 
 def options_from(args, base: Options) -> Options:
     """The file's options with the command line's on top, converted as the file's are."""
+    from dsl.diagnostics import RuleError
+
     given = {n: getattr(args, n) for n in OPTION_FLAGS if getattr(args, n, None) is not None}
     if getattr(args, "cuda_graph", False):
         given["cuda_graph"] = "true"
@@ -197,6 +209,9 @@ def named_values(
 def option_value(name: str) -> Callable[[str], Any]:
     """A converter of command-line text by the option's own rule (--atol x=TOL is the atol option's
     value for one output)."""
+
+    from dsl.diagnostics import RuleError
+    from dsl.options import Options
 
     def convert(text: str):
         try:
