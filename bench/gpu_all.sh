@@ -15,6 +15,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$LOG"
 section "pytest -m gpu"
 timeout 300 python3 -m pytest -m gpu -q -rfE tests -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
 tail -2 "$OUT/pytest_gpu.txt" | tee -a "$LOG"
+cdsl cache clear > /dev/null  # some GPU tests use the default store: start the runs cold
 section "cudnn-dsl run, every example (cold store)"
 for f in examples/*.cdg; do cdsl run "$f"; done >> "$LOG" 2>&1
 cdsl run examples/cuda_graph_conv.cdg --cuda-graph >> "$LOG" 2>&1
@@ -34,7 +35,7 @@ python3 bench/eject_parity.py --json "$OUT/eject.json" 2>&1 | tail -3 | tee -a "
 section "bare bmm (the stretch goal's yardstick)"
 python3 - <<'PY' 2>&1 | tee -a "$LOG"
 import statistics, torch
-from cudnn_dsl.runtime import gpu_time_us
+from cudnn_dsl.timing import gpu_time_us
 a = torch.rand(16, 512, 1024, device="cuda", dtype=torch.bfloat16)
 b = torch.rand(16, 1024, 512, device="cuda", dtype=torch.bfloat16)
 print(f"bare bmm 16x512x1024x512 bf16 (torch.bmm): {statistics.median(gpu_time_us(lambda: torch.bmm(a, b), 30, 3, 10)):.1f} µs")

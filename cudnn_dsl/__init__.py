@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.2.0"
-
 _EXPORTS = {
     "compile": "cudnn_dsl.api",
     "DslWarning": "cudnn_dsl.api",
@@ -28,6 +26,13 @@ __all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # from the installed metadata, read only when asked (it costs start-up time)
+        from importlib import metadata
+
+        try:
+            return metadata.version("cudnn-dsl")
+        except metadata.PackageNotFoundError:  # a checkout that was never installed
+            return "unknown"
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'cudnn_dsl' has no attribute {name!r}")

@@ -6,6 +6,7 @@ import attrs
 
 from dsl.diagnostics import UNKNOWN, Loc
 
+
 def _loc():
     return attrs.field(default=UNKNOWN, eq=False, repr=False)
 

@@ -22,18 +22,26 @@ COMMANDS = {
 }
 
 
+class _Version(argparse.Action):
+    """--version, reading the installed metadata only when asked (reading it costs start-up time)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import cudnn_dsl
+
+        print(f"cudnn-dsl {cudnn_dsl.__version__}")
+        parser.exit()
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `only`, the other commands get their one-line help but not their flags
     (registering every command's flags is much of the start-up of a quick `check`)."""
-    from cudnn_dsl import __version__
-
     p = argparse.ArgumentParser(
         prog="cudnn-dsl",
         description="Write fused cuDNN graphs as small .cdg files; check, compile, run, verify, tune and bench them.",
         epilog="Exit status: 0 clean, 1 errors or mismatches, 2 usage errors, 70 internal error (a bug), "
         "130 interrupted. Docs: docs/language.md",
     )
-    p.add_argument("--version", action="version", version=f"cudnn-dsl {__version__}")
+    p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         cmd = importlib.import_module(f"cudnn_dsl.cli.{module}")
