@@ -109,42 +109,23 @@ def ref_conv_fprop(ins, a, outs):
     return [conv(x, w, None, a["stride"], a["padding"], a["dilation"], x.shape[1] // w.shape[1])]
 
 
+def _conv_backward(dy, x, w, a, which: int):
+    """One gradient of a convolution (0: data, 1: weight) from aten, the shapes of the others given by x and w."""
+    mask = [which == 0, which == 1, False]
+    n = dy.dim() - 2
+    return torch.ops.aten.convolution_backward(
+        dy, x, w, None, a["stride"], a["padding"], a["dilation"], False, [0] * n, 1, mask
+    )[which]
+
+
 def ref_conv_dgrad(ins, a, outs):
     dy, w = ins
-    return [
-        torch.ops.aten.convolution_backward(
-            dy,
-            torch.empty(outs[0].shape, dtype=dy.dtype, device=dy.device),
-            w,
-            None,
-            a["stride"],
-            a["padding"],
-            a["dilation"],
-            False,
-            [0] * (dy.dim() - 2),
-            1,
-            [True, False, False],
-        )[0]
-    ]
+    return [_conv_backward(dy, torch.empty(outs[0].shape, dtype=dy.dtype, device=dy.device), w, a, 0)]
 
 
 def ref_conv_wgrad(ins, a, outs):
     x, dy = ins
-    return [
-        torch.ops.aten.convolution_backward(
-            dy,
-            x,
-            torch.empty(outs[0].shape, dtype=x.dtype, device=x.device),
-            None,
-            a["stride"],
-            a["padding"],
-            a["dilation"],
-            False,
-            [0] * (x.dim() - 2),
-            1,
-            [False, True, False],
-        )[1]
-    ]
+    return [_conv_backward(dy, x, torch.empty(outs[0].shape, dtype=x.dtype, device=x.device), a, 1)]
 
 
 def _lower_conv(builder: str):

@@ -96,3 +96,15 @@ def test_compare_counts_mismatches_and_nans():
     c = compare("y", a, b, "float")
     assert not c.ok and c.mismatches == 2 and c.max_abs == pytest.approx(0.5)
     assert compare("y", b, b, "float").ok
+
+
+def test_conv_gradients_match_autograd():
+    text = (
+        "graph g {\n  input x : float[2, 4, 9, 9]\n  input w : float[6, 4, 3, 3]\n  input dy : float[2, 6, 5, 5]\n"
+        "  output dx = conv_dgrad(dy, w, padding=1, stride=2)\n  output dw = conv_wgrad(x, dy, padding=1, stride=2)\n}\n"
+    )
+    ins, out = ref(text)
+    x, w = ins["x"].clone().requires_grad_(), ins["w"].clone().requires_grad_()
+    torch.nn.functional.conv2d(x, w, padding=1, stride=2).backward(ins["dy"])
+    torch.testing.assert_close(out["dx"], x.grad)
+    torch.testing.assert_close(out["dw"], w.grad, atol=1e-4, rtol=1e-4)

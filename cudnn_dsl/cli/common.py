@@ -137,6 +137,19 @@ OPTION_FLAGS = ("heuristics", "build_policy", "workspace_limit", "seed", "warmup
 """options that have a flag of the same name (--build-policy for build_policy)"""
 
 
+def add_build_flags(p, files: str = "the file") -> None:
+    """What `run` and `tune` share: which graphs and shapes, the build options, the device."""
+    p.add_argument("--graph", help=f"only this graph of {files}")
+    p.add_argument(
+        "--shape",
+        action="append",
+        metavar="DIM=VALUE",
+        help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value",
+    )
+    add_option_flags(p, *OPTION_FLAGS)
+    p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+
+
 def add_option_flags(p, *names: str) -> None:
     from dsl.options import OPTIONS
 

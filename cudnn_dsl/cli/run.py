@@ -16,15 +16,7 @@ HELP = "compile with cuDNN, run on generated or given inputs, compare with the P
 
 def register(p) -> None:
     p.add_argument("file", metavar="FILE")
-    p.add_argument("--graph", help="only this graph of the file")
-    p.add_argument(
-        "--shape",
-        action="append",
-        metavar="DIM=VALUE",
-        help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value",
-    )
-    common.add_option_flags(p, *common.OPTION_FLAGS)
-    p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    common.add_build_flags(p, "the file")
     common.add_target_flags(p, "without a GPU here, plan for this GPU (default h200)")
     p.add_argument(
         "--input",

@@ -9,15 +9,7 @@ HELP = "build and time every candidate plan on the GPU; keep the fastest in the 
 
 def register(p) -> None:
     p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--graph", help="only this graph of each file")
-    p.add_argument(
-        "--shape",
-        action="append",
-        metavar="DIM=VALUE",
-        help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value",
-    )
-    common.add_option_flags(p, *common.OPTION_FLAGS)
-    p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    common.add_build_flags(p, "each file")
     p.add_argument("--plot", metavar="FILE.png", help="draw the time of every plan (needs matplotlib)")
     p.add_argument("--json", metavar="FILE", help="write every plan's timings as JSON ('-' for stdout)")
     p.add_argument("--no-cache", action="store_true", help="do not save the winner in the plan store")

@@ -8,16 +8,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("private_store")]
 
 ROOT = Path(__file__).resolve().parents[2]
 MM = str(ROOT / "examples" / "plan_serialization.cdg")
-
-
-@pytest.fixture(autouse=True)
-def private_store(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 def _entry(private_store) -> Path:
