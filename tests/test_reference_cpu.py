@@ -102,7 +102,8 @@ def test_conv_gradients_match_autograd():
     text = (
         "graph g {\n  input x : float[2, 4, 9, 9]\n  input w : float[6, 4, 3, 3]\n"
         "  input dy : float[2, 6, 5, 5]\n"
-        "  output dx = conv_dgrad(dy, w, padding=1, stride=2)\n  output dw = conv_wgrad(x, dy, padding=1, stride=2)\n}\n"
+        "  output dx = conv_dgrad(dy, w, padding=1, stride=2)\n"
+        "  output dw = conv_wgrad(x, dy, padding=1, stride=2)\n}\n"
     )
     ins, out = ref(text)
     x, w = ins["x"].clone().requires_grad_(), ins["w"].clone().requires_grad_()
