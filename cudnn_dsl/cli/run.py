@@ -183,6 +183,7 @@ class _GpuRunner:
         self.cg = CompiledGraph(setup.graph, setup.opts, a.device, use_store=not a.no_cache, rebuild=a.rebuild)
 
     def run(self, inst) -> dict:
+        import attrs
         import torch
 
         from cudnn_dsl.build import timings_text
@@ -230,8 +231,6 @@ class _GpuRunner:
         if s.args.no_reference:
             print("  skipped    the reference and the comparison (--no-reference)")
         saved = s.save(inst, outputs)
-        import attrs
-
         return {
             "graph": s.graph.name,
             "binding": dict(inst.binding),
