@@ -25,7 +25,7 @@ from cudnn_dsl.runtime import CompiledGraph
 from cudnn_dsl.tensors import compare, loosest_input_dtype
 from cudnn_dsl.timing import gpu_time_us, host_time_us
 from cudnn_dsl.tune import work
-from dsl.ir import Graph, Instance
+from dsl.ir import Graph, Instance, shape_label
 
 BASELINES = ("cudnn", "torch", "compile")
 LABELS = {"cudnn-dsl": "cudnn-dsl", "cudnn": "hand-written cuDNN", "torch": "torch eager", "compile": "torch.compile"}
@@ -90,12 +90,11 @@ def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7
     tensors = cg.allocate_inputs(dict(inst.binding))
     bound = cg.bind(**tensors)
     contenders = [Contender("cudnn-dsl", bound.run)]
-    host_inputs = {k: v for k, v in tensors.items()}
     if "cudnn" in against:
         contenders.append(
             _guard("cudnn", lambda: Contender("cudnn", load_ejected(graph, inst, tensors, bound.outputs).run))
         )
-    eager = lambda: run_reference(graph, inst, host_inputs, native=True)  # noqa: E731
+    eager = lambda: run_reference(graph, inst, tensors, native=True)  # noqa: E731
     if "torch" in against:
         contenders.append(Contender("torch", eager))
     if "compile" in against:
@@ -155,7 +154,7 @@ def _guard(name: str, make: Callable[[], Contender]) -> Contender:
 
 
 def table(result: dict, peak: float | None) -> str:
-    label = result["graph"] + (" " + str(result["binding"]) if result["binding"] else "")
+    label = result["graph"] + (f" [{shape_label(result['binding'].items())}]" if result["binding"] else "")
     lines = [
         f"graph {label}: {result['flops'] / 1e9:.2f} GFLOP, {result['bytes'] / 1e6:.1f} MB moved at least; "
         f"cudnn-dsl plan {result['plan']} (from {result['plan_source']})",

@@ -310,38 +310,41 @@ class Planner:
         return exe
 
     def _build(self, inst: Instance) -> Executable:
-        low = self.lower(inst)
         key = self.key(inst) if self.use_store else None
         notes: list[str] = []
+        replace = self.rebuild
         if key is not None and not self.rebuild:
-            exe = self._from_store(low, key, notes)
+            exe, replace = self._from_store(inst, key, notes)
             if exe is not None:
                 return exe
+        low = self.lower(inst)  # afresh: a stored engine that failed to rebuild may have left its graph half-built
         cached = self._kc_size()
         plan(low, self.options, self.device_name, self.progress)
         if self._kc is not None:
             notes.append(self._kernel_cache_note(cached, self._kc_size(), low.timings.get("build_plans", 0.0)))
         exe = self.executable_of(low, "heuristics", notes)
-        if key is not None:  # --rebuild, or a stored plan that proved unusable: this one replaces it
-            self._persist(key, exe, tuned=False, force=self.rebuild or bool(notes))
+        if key is not None:  # --rebuild, or a stored plan that proved unusable, is replaced by this one
+            self._persist(key, exe, tuned=False, force=replace)
         self._kernel_cache_save()
         return exe
 
-    def _from_store(self, low: Lowered, key: PlanKey, notes: list[str]) -> Executable | None:
+    def _from_store(self, inst: Instance, key: PlanKey, notes: list[str]) -> tuple[Executable | None, bool]:
+        """The stored plan as an executable, or None; and whether the stored entry is unusable (to be replaced)."""
         try:
             entry = self.store.get(key)
         except StoreProblem as e:
             notes.append(f"plan store: {e}; rebuilding")
-            return None
+            return None, True
         if entry is None:
-            return None
+            return None, False
         limit = self.options.workspace_limit
-        if limit is not None and entry.workspace > limit:
+        if limit is not None and entry.workspace > limit:  # right for other runs: kept
             notes.append(
                 f"stored plan {entry.plan_name} needs {entry.workspace} bytes of workspace, over the limit "
                 f"of {limit}; building another"
             )
-            return None
+            return None, False
+        low = self.lower(inst)
         if entry.imported:
             # A serialized plan replaces the lowered graph wholesale, and cuDNN cannot show what a blob computes,
             # so a plan from someone else's bundle is never loaded: its engine and knobs are built on this graph.
@@ -349,8 +352,9 @@ class Planner:
             if exe is not None:
                 exe.source = "plan store (imported engine id + knobs, rebuilt here)"
                 self._persist(key, exe, tuned=entry.tuned, timing=entry.timing, force=True)
-            return exe
-        return self._from_blob(low, entry, notes) or self._from_engine(low, entry, notes)
+            return exe, exe is None
+        exe = self._from_blob(low, entry, notes) or self._from_engine(low, entry, notes)
+        return exe, exe is None
 
     def _from_blob(self, low: Lowered, entry: Entry, notes: list[str]) -> Executable | None:
         """The serialized plan: no heuristics query, no kernel compilation."""
@@ -405,7 +409,7 @@ class Planner:
             int(engine_id),
             {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()},
             blob,
-            int(exe.workspace.numel()),
+            exe.workspace_bytes,
             tuned,
             timing or {},
             time.time(),

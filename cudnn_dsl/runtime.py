@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 import torch
 
-from cudnn_dsl.backend import BackendUnavailable, Target, load_cudnn
+from cudnn_dsl.backend import DEFAULT_TARGET, BackendUnavailable, Target, load_cudnn
 from cudnn_dsl.build import Executable, Planner, plan_deviceless
 from cudnn_dsl.lower import Lowered
 from cudnn_dsl.reference import run_reference
@@ -219,7 +219,7 @@ class CompiledGraph:
     def executable(self, inst: Instance) -> Executable:
         return self._planner().executable(inst)
 
-    def plan(self, target: str | Target = "h200", binding: dict[str, int] | None = None) -> Lowered:
+    def plan(self, target: str | Target = DEFAULT_TARGET, binding: dict[str, int] | None = None) -> Lowered:
         """Asks cuDNN for a target GPU's plans without a device (needs no GPU)."""
         target = Target.named(target) if isinstance(target, str) else target
         return plan_deviceless(self.graph, self.graph.instance(binding), self.options, target)

@@ -79,15 +79,23 @@ def cache_dir() -> Path:
 
 
 def graph_digest(graph: Graph, inst: Instance) -> str:
-    """A hash of what the plan depends on: ops, canonical attributes, tensor types and uids."""
+    """A hash of what the plan depends on: ops, canonical attributes, tensor types, by uid. Names and the values
+    of scalars and constants are left out (cuDNN reads those at launch), so two spellings of one graph share it."""
+    uid = {v.name: v.uid for v in graph.values}
     canon = {
         "types": [graph.io, graph.intermediate, graph.compute],
-        "values": [[v.name, v.kind, v.uid, v.dtype, v.scalar if v.kind == "const" else None] for v in graph.values],
+        "values": [[v.kind, v.uid, v.dtype] for v in graph.values],
         "nodes": [
-            [n.op, list(n.inputs), list(n.outputs), [[k, v] for k, v in inst.node_attrs[i]], n.compute]
-            for i, n in enumerate(graph.nodes)
+            [
+                n.op,
+                [uid.get(i) for i in n.inputs],
+                [uid[o] for o in n.outputs],
+                [list(a) for a in inst.node_attrs[k]],
+                n.compute,
+            ]
+            for k, n in enumerate(graph.nodes)
         ],
-        "instance": [[k, t.dtype, list(t.shape), list(t.strides)] for k, t in sorted(inst.types)],
+        "instance": sorted([uid[k], t.dtype, list(t.shape), list(t.strides)] for k, t in inst.types),
     }
     return hashlib.sha256(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -312,6 +320,8 @@ class Imported:
     skipped: int
     """entries already here with the same plan"""
     kernel_caches: int
+    kernel_caches_left: int = 0
+    """kernel caches of the bundle not taken (compiled code: only when asked for)"""
 
 
 class PlanStore:
@@ -491,18 +501,25 @@ class PlanStore:
             raise StoreProblem(f"cannot write {dest}: {e.strerror or e}") from None
         return Exported(len(entries), len(caches), skipped)
 
-    def import_(self, src: Path, *, force: bool = False) -> Imported:
-        """Checks the whole bundle, then stores its entries (marked imported) and merges its kernel caches into
-        the local ones. A local tuned entry is kept unless force. StoreProblem, with nothing written, when any
-        part of the bundle is wrong: the message names the first bad entry by its index."""
+    def import_(self, src: Path, *, force: bool = False, kernels: bool = False) -> Imported:
+        """Checks the whole bundle, then stores its entries (marked imported: the planner rebuilds them from their
+        engine and knobs, never loading their blobs). A local tuned entry is kept unless force. Its kernel caches
+        are compiled code, merged into the local ones only with kernels=True (a bundle you trust). StoreProblem,
+        with nothing written, when any part of the bundle is wrong: the message names the first bad entry."""
         entries, caches = _read_bundle(Path(src))
         counts = {"written": 0, "kept": 0, "same": 0}
         with self._locked():
             for entry in entries:
                 counts[self._place(attrs.evolve(entry, imported=True), force)] += 1
-        for name, text in caches:
+        for name, text in caches if kernels else ():
             save_kernel_cache_text(self.kernels / name, text)
-        return Imported(counts["written"], counts["kept"], counts["same"], len(caches))
+        return Imported(
+            counts["written"],
+            counts["kept"],
+            counts["same"],
+            len(caches) if kernels else 0,
+            0 if kernels else len(caches),
+        )
 
 
 def _read_bundle(src: Path) -> tuple[list[Entry], list[tuple[str, str]]]:

@@ -19,7 +19,7 @@ from cudnn_dsl.lower import clean
 from cudnn_dsl.runtime import CompiledGraph, make_pack
 from cudnn_dsl.tensors import compare_outputs
 from cudnn_dsl.timing import replay_time_us
-from dsl.ir import Graph, Instance
+from dsl.ir import Graph, Instance, shape_label
 from dsl.ops import OPS, Ctx
 from dsl.types import itemsize
 
@@ -115,9 +115,7 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
 def report(result: TuneResult) -> str:
     lines = []
     ranked = result.ranked
-    label = result.graph + (
-        " [" + ", ".join(f"{k}={v}" for k, v in result.binding.items()) + "]" if result.binding else ""
-    )
+    label = result.graph + (f" [{shape_label(result.binding.items())}]" if result.binding else "")
     lines.append(f"graph {label}: {len(result.candidates)} plans, {len(ranked)} timed")
     lines.append(f"  {'#':>3} {'plan':44} {'median µs':>10} {'TFLOP/s':>8} {'GB/s':>8} {'workspace':>10} {'rank':>5}")
     for pos, c in enumerate(ranked, 1):
@@ -149,13 +147,11 @@ def report(result: TuneResult) -> str:
 
 
 def plot(results: list[TuneResult], path: str) -> None:
-    try:
-        import matplotlib
+    import matplotlib  # the CLI checks that it is installed before any work
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RuntimeError("--plot needs matplotlib: pip install matplotlib") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(len(results), 1, figsize=(10, 3.2 * len(results)), squeeze=False)
     for ax, r in zip(axes[:, 0], results):
         ranked = r.ranked

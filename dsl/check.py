@@ -15,7 +15,16 @@ from dsl.ir import Graph, Instance, Node, Program, Symbol, Value
 from dsl.ops import INFIX, OPS, OpSig
 from dsl.options import OPTIONS, Options
 from dsl.resolved import Decl, OutDecl, PNode, Resolved
-from dsl.types import DTYPE_ALIASES, DTYPES, INT64_MAX, LAYOUTS, canonical_dtype, check_value, layout_order
+from dsl.types import (
+    DEFAULT_MATH,
+    DTYPE_ALIASES,
+    DTYPES,
+    INT64_MAX,
+    LAYOUTS,
+    canonical_dtype,
+    check_value,
+    layout_order,
+)
 from dsl.values import REQUIRED, convert
 
 MAX_INSTANCES = 64
@@ -307,9 +316,9 @@ class _GraphChecker:
             return None
         if isinstance(e, ast.Number):
             name = self.fresh("const")
-            self.decls[name] = Decl(name, "const", e.loc, dtype="float", scalar=e.value)
+            self.decls[name] = Decl(name, "const", e.loc, dtype=DEFAULT_MATH, scalar=float(e.value))
             try:
-                check_value("float", e.value)
+                check_value(DEFAULT_MATH, e.value)
             except RuleError as err:
                 self.err(f"number literal: {err}", e.loc)
                 self.poisoned.add(name)
@@ -344,7 +353,7 @@ class _GraphChecker:
             )
             ok = False
         outs = list(targets[:n_results]) + [self.fresh(e.op) for _ in range(n_results - len(targets[:n_results]))]
-        compute = attrs_.pop("compute", None) or self.types.get("compute", ("float", None))[0]
+        compute = attrs_.pop("compute", None) or self.types.get("compute", (DEFAULT_MATH, None))[0]
         node = PNode(
             e.op,
             arg_names + [None] * (n_max - len(arg_names)),
@@ -479,8 +488,8 @@ class _GraphChecker:
         nodes = tuple(Node(n.op, tuple(n.inputs), tuple(n.outputs), n.compute, n.loc) for n in self.nodes)
         opts = Options(**self.options)
         io = self.types.get("io", (None, None))[0]
-        inter = self.types.get("intermediate", (None, None))[0] or "float"
-        compute = self.types.get("compute", (None, None))[0] or "float"
+        inter = self.types.get("intermediate", (DEFAULT_MATH, None))[0]
+        compute = self.types.get("compute", (DEFAULT_MATH, None))[0]
         return Graph(
             self.gdef.name,
             self.file,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 
@@ -56,6 +58,12 @@ class Diagnostic:
         }
 
 
+@functools.lru_cache(maxsize=4)
+def _lines(text: str) -> list[str]:
+    """A source's lines as the parser counts them (at \\n only), split once however many diagnostics quote it."""
+    return text.split("\n")
+
+
 EXCERPT_WIDTH = 120
 """the widest source excerpt shown; a longer line is clipped around the caret"""
 
@@ -64,7 +72,7 @@ def _excerpt(loc: Loc, sources: dict[str, str]) -> list[str]:
     text = sources.get(loc.file)
     if text is None or loc.line < 1:
         return []
-    src_lines = text.splitlines()
+    src_lines = _lines(text)
     if loc.line > len(src_lines):
         return []
     line = src_lines[loc.line - 1].rstrip().expandtabs(1)
@@ -103,7 +111,8 @@ class RuleError(Exception):
 
 
 MAX_ERRORS = 100
-"""errors kept per run; past it they are counted, not rendered (and no longer get suggestions)"""
+"""errors (and, apart, warnings) kept per run; past it they are counted, not rendered (and errors no longer get
+suggestions)"""
 
 
 class Sink:
@@ -112,7 +121,9 @@ class Sink:
     def __init__(self) -> None:
         self.items: list[Diagnostic] = []
         self.n_errors = 0
+        self.n_warnings = 0
         self.dropped = 0
+        self.dropped_warnings = 0
 
     def error(self, message: str, loc: Loc, notes=()) -> None:
         self.n_errors += 1
@@ -122,14 +133,14 @@ class Sink:
         self.items.append(Diagnostic("error", message, loc, tuple(notes)))
 
     def warning(self, message: str, loc: Loc, notes=()) -> None:
+        self.n_warnings += 1
+        if self.n_warnings > MAX_ERRORS:
+            self.dropped_warnings += 1
+            return
         self.items.append(Diagnostic("warning", message, loc, tuple(notes)))
 
     def add(self, d: Diagnostic) -> None:
         (self.error if d.severity == "error" else self.warning)(d.message, d.loc, d.notes)
-
-    @property
-    def errors(self) -> list[Diagnostic]:
-        return [d for d in self.items if d.severity == "error"]
 
     def hint(self, word: str, candidates) -> str:
         """did_you_mean, while errors are few: with thousands of unknown names, matching each
@@ -137,11 +148,12 @@ class Sink:
         return did_you_mean(word, candidates) if self.n_errors < MAX_ERRORS else ""
 
     def diagnostics(self) -> list[Diagnostic]:
-        """Everything collected, and a last line counting the errors that were not kept."""
-        if not self.dropped:
+        """Everything collected, and a last line counting what was not kept."""
+        parts = [f"{n} more {what}" for n, what in ((self.dropped, "errors"), (self.dropped_warnings, "warnings")) if n]
+        if not parts:
             return list(self.items)
         last = self.items[-1].loc if self.items else UNKNOWN
-        return self.items + [Diagnostic("note", f"{self.dropped} more errors not shown", last)]
+        return self.items + [Diagnostic("note", " and ".join(parts) + " not shown", last)]
 
     def raise_if_errors(self) -> None:
         if self.n_errors:

@@ -129,8 +129,9 @@ class Typer:
     def result(self, name: str, out, first: TensorType, n) -> None:
         self.poisoned.add(name)  # until typed at the end
         o = self.r.outputs.get(name)
+        keeps = OPS[n.op].keeps_dtype
         if o is None:
-            dtype = out.dtype or self.r.intermediate
+            dtype = out.dtype or (first.dtype if keeps else self.r.intermediate)
             t = TensorType(dtype, out.shape, dense_strides(out.shape, out.order))
         else:
             if o.dtype and out.dtype and o.dtype != out.dtype:
@@ -163,11 +164,14 @@ class Typer:
                     return
                 strides = o.strides
             t = TensorType(dtype, out.shape, strides)
-        if OPS[n.op].keeps_dtype and t.dtype != first.dtype:
-            where = "declared" if o is not None and o.dtype else "the graph's io" if o is not None else "intermediate"
+        if keeps and t.dtype != first.dtype:
+            where = "declared" if o.dtype else "the graph's io"
+            fix = f"declare 'output {name} : {first.dtype}'"
+            if n.inputs[0] not in self.r.decls:  # a virtual input: its dtype is the intermediate one
+                fix += f", or compute the input as {t.dtype} ('intermediate {t.dtype}')"
             self.sink.error(
-                f"{n.op}: cuDNN keeps the input's dtype, {first.dtype}, but '{name}' would be {t.dtype} ({where}); "
-                f"declare it '{first.dtype}', or give the input that dtype (e.g. 'intermediate {t.dtype}')",
+                f"{n.op}: cuDNN keeps the input's dtype, {first.dtype}, but output '{name}' is {t.dtype} ({where}); "
+                f"{fix}",
                 n.loc,
             )
             return

@@ -46,10 +46,6 @@ class Value:
     """the dtype of a scalar or constant (tensors have theirs per instance)"""
     loc: Loc = _loc()
 
-    @property
-    def is_pass_by_value(self) -> bool:
-        return self.kind in ("scalar", "const")
-
 
 @attrs.frozen
 class Node:

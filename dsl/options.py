@@ -70,8 +70,8 @@ class Options:
             if value is None and a.optional:
                 changes[name] = None
                 continue
-            raw = {"python": from_python, "text": from_text}.get(source, lambda _, v: v)(a, value)
             try:
+                raw = {"python": from_python, "text": from_text}.get(source, lambda _, v: v)(a, value)
                 changes[name] = convert(a, raw)
             except RuleError as e:
                 raise RuleError(str(e), name) from None

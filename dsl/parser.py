@@ -44,7 +44,8 @@ _TERMINAL_NAMES = {
 
 
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
-"""the largest .cdg text accepted (generated graphs of 10,000 ops are ~0.4 MB)"""
+"""the largest .cdg file accepted, in bytes (and a text, in characters); generated graphs of 10,000 ops
+are ~0.4 MB"""
 MAX_STATEMENT_TOKENS = 5000
 """tokens in one statement; checked while lexing, so a runaway line cannot exhaust memory"""
 MAX_DEPTH = 200

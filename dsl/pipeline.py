@@ -51,15 +51,21 @@ class Result:
 def read_source(path: str | os.PathLike) -> tuple[str, Diagnostic | None]:
     """The text of a .cdg file, or a located error when it is not UTF-8 text (a BOM is allowed);
     SourceUnreadable when there is no file to read."""
+    from dsl.parser import MAX_SOURCE_BYTES
+
     p = Path(path)
     if p.is_dir():
         raise SourceUnreadable(f"{path}: is a directory")
     try:
-        data = p.read_bytes()
+        with open(p, "rb") as f:  # at most one byte past the limit: /dev/zero or a huge file cannot fill memory
+            data = f.read(MAX_SOURCE_BYTES + 1)
     except FileNotFoundError:
         raise SourceUnreadable(f"{path}: no such file") from None
     except OSError as e:
         raise SourceUnreadable(f"{path}: {e.strerror or e}") from None
+    if len(data) > MAX_SOURCE_BYTES:
+        message = f"file is larger than {MAX_SOURCE_BYTES:,} bytes, the limit (split it into several files)"
+        return "", Diagnostic("error", message, Loc(str(path), 1, 1, 1, 2))
     try:
         return data.decode("utf-8-sig"), None
     except UnicodeDecodeError as e:

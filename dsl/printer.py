@@ -5,7 +5,6 @@ from __future__ import annotations
 import attrs
 
 from dsl import ast
-from dsl.diagnostics import Loc
 from dsl.ir import Graph, Program
 from dsl.options import Options
 
@@ -239,13 +238,14 @@ def summary(program: Program) -> str:
         out.append(f"  options  {_options_str(g.options)}")
         for s in g.symbols:
             out.append(f"  dim      {s.name} in {{{', '.join(map(str, s.values))}}}")
+        producers = {o: n for n in g.nodes for o in n.outputs}
         rows = []
         for v in g.values:
             if v.kind in ("scalar", "const"):
                 rows.append((v.kind, v.name, str(v.uid), f"{v.dtype} = {v.scalar}", "(host, by value)"))
                 continue
             t, st = _type_str(g, v.name)
-            producer = next((n for n in g.nodes if v.name in n.outputs), None)
+            producer = producers.get(v.name)
             src = f"{producer.op}({', '.join(i or '_' for i in producer.inputs)})" if producer else ""
             rows.append((v.kind, v.name, str(v.uid), t, f"strides {st}" + (f"  <- {src}" if src else "")))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -295,9 +295,6 @@ def to_json(program: Program) -> dict:
             }
         )
     return {"file": program.file, "graphs": graphs}
-
-
-__all__ = ["fmt_module", "dump_ast", "dump_ir", "summary", "to_json", "Loc"]
 
 
 # ---- the reference tables of docs/language.md ---------------------------------------------

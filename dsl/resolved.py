@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from dsl.diagnostics import Loc
+from dsl.types import DEFAULT_MATH
 
 
 @attrs.define
@@ -70,4 +71,4 @@ class Resolved:
 
     @property
     def intermediate(self) -> str:
-        return self.types.get("intermediate", "float")
+        return self.types.get("intermediate", DEFAULT_MATH)

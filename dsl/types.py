@@ -38,6 +38,9 @@ LAYOUTS = ("row_major", "col_major", "nchw", "nhwc", "ncdhw", "ndhwc", "channels
 
 INT64_MAX = 2**63 - 1
 
+DEFAULT_MATH = "float"
+"""the dtype of intermediates, of computation, and of number literals, unless a graph says otherwise"""
+
 #: the values each dtype can hold (a host scalar or a literal is checked against its dtype)
 DTYPE_RANGE: dict[str, tuple[float, float]] = {
     "half": (-65504.0, 65504.0),

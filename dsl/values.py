@@ -134,13 +134,20 @@ def convert(a: Attr, v) -> Any:
 _NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 
 
-def _text_item(text: str):
+def number(text: str) -> int | float:
+    """A number as the language spells it ('3', '-0.5', '1e-5'); ValueError for anything else."""
     text = text.strip()
-    if _NUMBER.fullmatch(text):
-        sign, body = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
-        value = int(body) if body.isdigit() else float(body)
-        return ast.Number(sign * value, text)
-    return ast.Ident(text)
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(f"{text!r} is not a number")
+    sign, body = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
+    return sign * (int(body) if body.isdigit() else float(body))
+
+
+def _text_item(text: str):
+    try:
+        return ast.Number(number(text), text.strip())
+    except ValueError:
+        return ast.Ident(text.strip())
 
 
 def from_text(a: Attr, text: str):

@@ -88,3 +88,31 @@ def test_option_values_are_normalized_the_same_way_everywhere():
     b = Options().with_values({"heuristics": ["A", "FALLBACK"]})
     c = program(text="graph g {\n  option heuristics = [a, FALLBACK]\n  input x : half[4]\n  output y = relu(x)\n}\n")
     assert a.heuristics == b.heuristics == c.graphs[0].options.heuristics == ("A", "FALLBACK")
+
+
+def test_spellings_of_literals_and_names_of_intermediates_do_not_change_the_plan_key():
+    base = "graph g {\n  input x : half[4, 8]\n  %s\n}\n"
+    texts = [
+        "output y = exp(relu(x)) * 2",
+        "output y = exp(relu(x)) * 2.0",
+        "t = relu(x)\n  output y = exp(t) * 2",
+        "hidden = relu(x)\n  output y = exp(hidden) * 3",
+    ]
+    graphs = [program(text=base % t).graphs[0] for t in texts]
+    assert len({graph_digest(g, g.instances[0]) for g in graphs}) == 1  # a literal's value is passed at launch
+    assert dump_ir(program(text=base % texts[0])) == dump_ir(program(text=base % texts[1]))
+
+
+def test_a_layout_op_on_an_input_keeps_its_dtype_inside_the_graph():
+    text = (
+        "graph g {\n  io bf16\n  input a : bf16[2, 8, 4]\n  input b : bf16[2, 8, 4]\n"
+        "  t = transpose(a, perm=[0, 2, 1])\n  output y = matmul(t, b)\n}\n"
+    )
+    inst = program(text=text).graphs[0].instances[0]
+    assert inst.type("t").dtype == "bf16" and inst.type("y").dtype == "bf16"
+
+
+def test_an_api_option_of_the_wrong_type_is_named():
+    with pytest.raises(RuleError, match="must be a list of A, B, FALLBACK, got a dict") as e:
+        Options().with_values({"heuristics": {"A": 1}})
+    assert e.value.at == "heuristics"

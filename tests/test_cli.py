@@ -107,7 +107,7 @@ def test_run_loads_inputs_from_files_and_refuses_a_wrong_shape(tmp_path):
     assert "--input b: expected shape [8, 512, 256], the file holds [4, 4]" in p.stderr
     assert cli("run", EX / "plan_serialization.cdg", "--input", "zz=x.pt").returncode == 2
     p = cli("run", EX / "plan_serialization.cdg", "--input", f"a={tmp_path / 'missing.pt'}")
-    assert p.returncode == 1 and "missing.pt: no such file" in p.stderr
+    assert p.returncode == 2 and "missing.pt: no such file" in p.stderr  # a usage error, as the README says
 
 
 def test_run_takes_value_ranges():

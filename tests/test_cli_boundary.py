@@ -224,3 +224,51 @@ def test_a_reference_too_big_for_this_machine_is_skipped_with_a_note(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "skipped    the PyTorch reference: it would hold about" in p.stdout
     assert "skipped    the PyTorch reference: --no-reference" in cli("run", MM, "--no-reference").stdout
+
+
+# ---- found by the review of this change ---------------------------------------------------------------
+
+
+def test_a_device_or_a_huge_file_is_read_only_up_to_the_limit():
+    p = cli("check", "/dev/zero")
+    assert p.returncode == 1 and "file is larger than 4,194,304 bytes" in p.stderr
+
+
+def test_a_report_path_below_a_file_is_a_usage_error_and_an_unwritable_one_no_traceback(tmp_path):
+    p = cli("check", MM, "--json", f"{MM}/sub/r.json")
+    assert p.returncode == 2 and "is not a directory" in p.stderr
+    p = cli("run", MM, "--save-outputs", f"{MM}/sub")
+    assert p.returncode in (1, 2) and "Traceback" not in p.stderr and "internal error" not in p.stderr
+
+
+def test_several_files_are_all_checked_when_one_is_missing(tmp_path):
+    p = cli("check", MM, tmp_path / "missing.cdg", EX / "sdpa.cdg", "--json", tmp_path / "r.json")
+    assert p.returncode == 2 and "missing.cdg: no such file" in p.stderr
+    assert [f["file"] for f in json.loads((tmp_path / "r.json").read_text())["files"]] == [
+        str(MM),
+        str(EX / "sdpa.cdg"),
+    ]
+
+
+def test_a_descriptor_cudnn_refuses_fails_run_when_it_was_asked_for(tmp_path):
+    desc = tmp_path / "dp.json"
+    desc.write_text('{"deviceVer": 900}')
+    p = cli("run", MM, "--device-properties", desc)
+    assert p.returncode == 1 and str(desc) in p.stderr and "skipped    cuDNN planning" not in p.stdout
+
+
+def test_cache_actions_refuse_arguments_they_do_not_take(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path))
+    assert cli("cache", "clear", "0123456789abcdef0123456789abcdef").returncode == 2
+    assert cli("cache", "ls", "--force").returncode == 2
+
+
+def test_per_name_flags_take_the_names_of_every_graph_of_the_file():
+    # layernorm.cdg holds a layer norm (with beta) and an RMS norm (without): --range beta is for the first
+    p = cli("run", EX / "layernorm.cdg", "--range", "beta=0:1", "--no-reference")
+    assert p.returncode == 0, p.stderr
+
+
+def test_flags_that_mean_nothing_without_a_gpu_are_said_to_be_ignored():
+    p = cli("run", MM, "--iterations", "3", "--cuda-graph", "--no-reference")
+    assert p.returncode == 0 and "--cuda-graph, --iterations ignored: no CUDA GPU here" in p.stderr

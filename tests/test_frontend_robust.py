@@ -50,7 +50,10 @@ def test_thousands_of_unknown_names_are_checked_in_linear_time():
     t0 = time.perf_counter()
     r = check("graph g {\n  input x : half[4, 4]\n" + lines + "  output o = relu(x)\n}\n")
     assert time.perf_counter() - t0 < 30
-    assert len(r.errors) == 100 and r.diagnostics[-1].message == "19900 more errors not shown"
+    assert len(r.errors) == 100 and r.diagnostics[-1].message == "19900 more errors and 19900 more warnings not shown"
+    t0 = time.perf_counter()
+    assert r.render().count("error:") == 100  # rendering splits the source once, not once per diagnostic
+    assert time.perf_counter() - t0 < 2
     assert "(did you mean" in r.errors[0].message or "unknown name 'zz0'" in r.errors[0].message
 
 
@@ -141,3 +144,9 @@ def test_the_example_files_are_parsed_within_the_memory_of_a_small_machine():
     for f in sorted((ROOT / "examples").glob("*.cdg")):
         assert load(f).ok
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 100_000
+
+
+def test_warnings_are_capped_like_errors():
+    lines = "".join(f"  input u{i} : half[4]\n" for i in range(500))
+    r = check("graph g {\n" + lines + "  input x : half[4]\n  output y = relu(x)\n}\n")
+    assert r.ok and r.diagnostics[-1].message == "400 more warnings not shown"

@@ -559,8 +559,13 @@ def test_export_import_round_trip_merges_kernel_caches(tmp_path):
     save_kernel_cache_text(a.kernel_cache_path("g", "2" * 64), KC(1, 2))
     save_kernel_cache_text(b.kernel_cache_path("g", "2" * 64), KC(3))
     a.export(tmp_path / "bundle.json")
-    r = b.import_(tmp_path / "bundle.json")
-    assert (r.imported, r.kernel_caches) == (1, 1)
+    r = b.import_(tmp_path / "bundle.json")  # a bundle's kernels are compiled code: not taken unless asked for
+    assert (r.imported, r.kernel_caches, r.kernel_caches_left) == (1, 0, 1)
+    assert sorted(
+        e["id"] for e in json.loads(load_kernel_cache_text(b.kernel_cache_path("g", "2" * 64)))["kernel_cache"]
+    ) == [3]
+    r = b.import_(tmp_path / "bundle.json", kernels=True)
+    assert r.kernel_caches == 1
     merged = json.loads(load_kernel_cache_text(b.kernel_cache_path("g", "2" * 64)))
     assert sorted(e["id"] for e in merged["kernel_cache"]) == [1, 2, 3]
     assert b.get(key()).blob == entry(key()).blob

@@ -12,7 +12,10 @@ def register(p) -> None:
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--graph", help="only this graph of each file")
     p.add_argument(
-        "--shape", action="append", metavar="DIM=VALUE", help="shape of a dynamic graph (default: its first)"
+        "--shape",
+        action="append",
+        metavar="DIM=VALUE",
+        help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value",
     )
     p.add_argument(
         "--against",
@@ -20,7 +23,7 @@ def register(p) -> None:
         "compile (torch.compile); default: all",
     )
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
-    p.add_argument("--iterations", type=int, default=20, help="timed samples per round (default 20)")
+    p.add_argument("--samples", type=int, default=20, help="timed samples per round (default 20)")
     p.add_argument("--no-peak", action="store_true", help="skip measuring the GPU's bf16 matmul peak")
     p.add_argument("--json", metavar="FILE", help="write every figure as JSON ('-' for stdout)")
     p.add_argument("--plot", metavar="FILE.png", help="draw a chart (needs matplotlib)")
@@ -34,8 +37,8 @@ def run(args) -> int:
     bad = set(against) - set(BASELINES)
     if bad or not against:
         raise common.UsageError(f"--against takes {', '.join(BASELINES)}; got {args.against!r}")
-    if args.rounds < 1 or args.iterations < 1:
-        raise common.UsageError("--rounds and --iterations must be at least 1")
+    if args.rounds < 1 or args.samples < 1:
+        raise common.UsageError("--rounds and --samples must be at least 1")
     common.check_writable(args.json, "--json")
     common.check_writable(args.plot, "--plot")
     common.require_matplotlib(args.plot)
@@ -43,31 +46,31 @@ def run(args) -> int:
     from cudnn_dsl.bench import bench_graph, peak_tflops_bf16, plot, table
     from cudnn_dsl.timing import environment
 
+    results, status, work = [], common.EXIT_OK, []
+    for path in args.files:  # every file, graph and shape checked before anything is timed
+        result = common.load_each(path)
+        if result is None or not result.ok:
+            status = max(status, common.EXIT_USAGE if result is None else common.EXIT_FAIL)
+            continue
+        for g in common.select_graphs(result.program, args.graph):
+            work += [(path, g, inst) for inst in common.select_instances(g, args.shape)]
     peak = None if args.no_peak else peak_tflops_bf16()
     env = {**environment(), "peak_bf16_tflops_measured": peak}
     print(
         f"{env['gpu']}, driver {env['driver']}, cuDNN {env['cudnn_backend']}, frontend {env['cudnn_frontend']}, "
         f"torch {env['torch']}" + (f"; measured bf16 matmul peak {peak:.0f} TFLOP/s" if peak else "")
     )
-    results, status = [], common.EXIT_OK
-    for path in args.files:
-        result = common.load_file(path)
-        if not result.ok:
-            status = common.EXIT_FAIL
+    for path, g, inst in work:
+        try:
+            res = bench_graph(g, inst, against, args.rounds, args.samples)
+        except Exception as e:  # noqa: BLE001 - a graph cuDNN declines is reported; the others still run
+            status = max(status, common.report(e))
             continue
-        for g in common.select_graphs(result.program, args.graph):
-            shapes = common.select_instances(g, args.shape)
-            for inst in shapes if args.shape else shapes[:1]:
-                try:
-                    res = bench_graph(g, inst, against, args.rounds, args.iterations)
-                except Exception as e:  # noqa: BLE001 - a graph cuDNN declines is reported; the others still run
-                    status = max(status, common.report(e))
-                    continue
-                res["file"] = path
-                results.append(res)
-                print(table(res, peak))
-                if any(r.get("check") not in ("ok", "") for r in res["rows"]):
-                    status = max(status, common.EXIT_FAIL)
+        res["file"] = path
+        results.append(res)
+        print(table(res, peak))
+        if any(r.get("check") not in ("ok", "") for r in res["rows"]):
+            status = max(status, common.EXIT_FAIL)
     common.write_json(args.json, {"environment": env, "results": results})
     if args.plot and results:
         plot(results, args.plot)

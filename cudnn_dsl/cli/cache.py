@@ -15,12 +15,21 @@ def register(p) -> None:
     p.add_argument("action", choices=("ls", "show", "clear", "export", "import", "path"))
     p.add_argument("arg", nargs="?", help="entry id (show), or bundle file (export, import)")
     p.add_argument("--force", action="store_true", help="import: replace plans tuned here, too")
+    p.add_argument(
+        "--with-kernels",
+        action="store_true",
+        help="import: also take the bundle's kernel caches (compiled code: only from a bundle you trust)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from cudnn_dsl import store
 
+    if args.arg is not None and args.action not in ("show", "export", "import"):
+        raise common.UsageError(f"cache {args.action} takes no argument (got {args.arg!r})")
+    if (args.force or args.with_kernels) and args.action != "import":
+        raise common.UsageError("--force and --with-kernels go with cache import")
     s = store.PlanStore()
     if args.action == "path":
         print(s.root)
@@ -55,8 +64,10 @@ def run(args) -> int:
     elif args.action == "import":
         if not args.arg or not Path(args.arg).exists():
             raise common.UsageError("cache import takes an existing bundle file")
-        r = s.import_(Path(args.arg), force=args.force)
+        r = s.import_(Path(args.arg), force=args.force, kernels=args.with_kernels)
         print(f"imported {r.imported} entries and {r.kernel_caches} kernel caches into {s.root}")
+        if r.kernel_caches_left:
+            print(f"left {r.kernel_caches_left} kernel caches out: compiled code (--with-kernels takes them)")
         if r.kept:
             print(f"kept {r.kept} entries tuned here (--force replaces them)")
         if r.skipped:

@@ -21,19 +21,20 @@ def run(args) -> int:
 
     common.check_writable(args.json, "--json")
     target = common.target_from(args)  # an unknown one is a usage error before any work
+    if target is not None and args.emit == "ast":
+        raise common.UsageError("--emit ast stops before the graph is checked; --target plans the checked graph")
     status = common.EXIT_OK
     files = []
     for path in args.files:
-        result = common.load_file(path, stop="ast" if args.emit == "ast" else "ir")
-        entry = {
-            "file": result.file,
-            "diagnostics": [d.to_json() for d in result.diagnostics],
-            "graphs": [],
-            "plans": [],
-        }
+        result = common.load_each(path, stop="ast" if args.emit == "ast" else "ir")
+        if result is None:
+            status = max(status, common.EXIT_USAGE)
+            continue
+        diagnostics = [d.to_json() for d in result.diagnostics]
+        entry = {"file": result.file, "diagnostics": diagnostics, "graphs": [], "plans": []}
         files.append(entry)
         if not result.ok:
-            status = common.EXIT_FAIL
+            status = max(status, common.EXIT_FAIL)
             continue
         if args.emit == "ast":
             print(dump_ast(result.module.graphs))
@@ -52,7 +53,8 @@ def run(args) -> int:
 
 def _plan(program, target, records: list, quiet: bool) -> int:
     """Asks the real cuDNN library for the target's plans for every shape of every graph."""
-    from cudnn_dsl.build import first_plan_name, plan_deviceless, timings_text
+    from cudnn_dsl.backend import BackendUnavailable
+    from cudnn_dsl.build import plan_deviceless, timings_text
     from dsl.diagnostics import DslError
 
     status = common.EXIT_OK
@@ -62,35 +64,19 @@ def _plan(program, target, records: list, quiet: bool) -> int:
             progress = common.Progress(name)
             try:
                 low = plan_deviceless(g, inst, g.options, target, progress)
-            except DslError as e:
-                status = common.report(e)
-                records.append(
-                    {
-                        "graph": g.name,
-                        "binding": dict(inst.binding),
-                        "target": target.name,
-                        "error": [d.to_json() for d in e.diagnostics],
-                    }
-                )
+            except (DslError, BackendUnavailable) as e:  # said, and the other graphs and files still planned
+                status = max(status, common.report(e))
+                why = [d.to_json() for d in e.diagnostics] if isinstance(e, DslError) else str(e)
+                records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, "error": why})
                 continue
             finally:
                 progress.done()
-            first = first_plan_name(low)
-            records.append(
-                {
-                    "graph": g.name,
-                    "binding": dict(inst.binding),
-                    "target": target.name,
-                    "plans": low.plan_count,
-                    "first_plan": first,
-                    "timings_s": low.timings,
-                    "skipped": low.skipped,
-                }
-            )
+            record = common.plan_record(g, inst, target, low)
+            records.append(record)
             if not quiet:
                 skipped = "".join(f"\n    {k} skipped: {why}" for k, why in low.skipped.items())
                 print(
                     f"  cuDNN plans for {target.name} (sm_{target.sm_version}), graph {name}: {low.plan_count} "
-                    f"candidates, first {first}\n    {timings_text(low.timings)}{skipped}"
+                    f"candidates, first {record['first_plan']}\n    {timings_text(low.timings)}{skipped}"
                 )
     return status

@@ -60,6 +60,9 @@ def report(e: BaseException) -> int:
         else:
             warn(f"error: {e}")
         return EXIT_FAIL
+    if isinstance(e, OSError):  # a report or output that cannot be written, a full disk: the machine's, not ours
+        warn(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}")
+        return EXIT_FAIL
     if isinstance(e, KeyboardInterrupt):
         warn("interrupted")
         return EXIT_INTERRUPTED
@@ -77,6 +80,18 @@ def _is_binding_error(e: BaseException) -> bool:
 
 
 # ---- files, graphs, shapes -----------------------------------------------------------------
+
+
+def load_each(path: str, stop: str = "ir") -> Result | None:
+    """load_file for commands that take several files: an unreadable one is reported (a usage error) and
+    None returned, so that the others are still checked."""
+    from dsl.pipeline import SourceUnreadable
+
+    try:
+        return load_file(path, stop)
+    except SourceUnreadable as e:
+        report(e)
+        return None
 
 
 def load_file(path: str, stop: str = "ir") -> Result:
@@ -126,6 +141,21 @@ def select_instances(graph: Graph, items) -> list[Instance]:
     return chosen
 
 
+def plan_record(graph: Graph, inst: Instance, target, low) -> dict:
+    """One deviceless planning, as `check --json` and `run --json` both report it."""
+    from cudnn_dsl.build import first_plan_name
+
+    return {
+        "graph": graph.name,
+        "binding": dict(inst.binding),
+        "target": target.name,
+        "plans": low.plan_count,
+        "first_plan": first_plan_name(low),
+        "build_s": low.timings,
+        "skipped": dict(low.skipped),
+    }
+
+
 def label(graph: Graph, inst: Instance) -> str:
     """'g' or 'g [N=8]': how reports name one shape of a graph."""
     return graph.name + (f" [{inst.label}]" if inst.binding else "")
@@ -147,7 +177,7 @@ def add_build_flags(p, files: str = "the file") -> None:
         help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value",
     )
     add_option_flags(p, *OPTION_FLAGS)
-    p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    p.add_argument("--device", type=int, help="CUDA device index (default: the current one, 0)")
 
 
 def add_option_flags(p, *names: str) -> None:
@@ -253,8 +283,8 @@ def check_writable(path: str | None, flag: str) -> None:
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {path}: is a directory")
-    if p.parent != Path("") and p.parent.exists() and not p.parent.is_dir():
-        raise UsageError(f"{flag} {path}: {p.parent} is not a directory")
+    if any(parent.exists() and not parent.is_dir() for parent in p.parents):
+        raise UsageError(f"{flag} {path}: {next(q for q in p.parents if q.exists())} is not a directory")
 
 
 def write_json(path: str | None, data: Any) -> None:

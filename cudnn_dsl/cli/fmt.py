@@ -23,9 +23,12 @@ def run(args) -> int:
 
     status = common.EXIT_OK
     for path in args.files:
-        result = common.load_file(path, stop="ast")
+        result = common.load_each(path, stop="ast")
+        if result is None:
+            status = max(status, common.EXIT_USAGE)
+            continue
         if not result.ok:
-            status = common.EXIT_FAIL
+            status = max(status, common.EXIT_FAIL)
             continue
         new = fmt_module(result.module)
         if args.stdout:
@@ -34,10 +37,14 @@ def run(args) -> int:
             continue
         elif args.check:
             print(f"{path}: would reformat", file=sys.stderr)
-            status = common.EXIT_FAIL
+            status = max(status, common.EXIT_FAIL)
         else:
             from cudnn_dsl.store import atomic_write
 
-            atomic_write(Path(path), new)
+            try:
+                atomic_write(Path(path), new)
+            except OSError as e:  # a read-only file or directory: said, and the other files still formatted
+                status = max(status, common.report(e))
+                continue
             print(f"{path}: reformatted", file=sys.stderr)
     return status

@@ -52,24 +52,24 @@ def register(p) -> None:
 
 
 def run(args) -> int:
-    from cudnn_dsl.backend import gpu_available
+    from cudnn_dsl.backend import DEFAULT_TARGET, gpu_available
     from cudnn_dsl.tensors import load_tensor
 
     common.check_writable(args.json, "--json")
     if args.save_outputs and Path(args.save_outputs).exists() and not Path(args.save_outputs).is_dir():
         raise common.UsageError(f"--save-outputs {args.save_outputs}: not a directory")
     gpu = gpu_available()
-    target = common.target_from(args, default=None if gpu else "h200")  # checked before any work
+    target = common.target_from(args, default=None if gpu else DEFAULT_TARGET)  # checked before any work
     result = common.load_file(args.file)
     entry = {"file": result.file, "diagnostics": [d.to_json() for d in result.diagnostics], "graphs": []}
     if not result.ok:
         common.write_json(args.json, {"files": [entry]})
         return common.EXIT_FAIL
     graphs = common.select_graphs(result.program, args.graph)
-    tensor_inputs = sorted({v.name for g in graphs for v in g.of_kind("input")})
-    files = common.named_values(args.input, "--input", tensor_inputs, str)
-    loaded = {name: _load(name, path, load_tensor) for name, path in files.items()}  # before any planning
-    setups = [_Setup(g, args, loaded) for g in graphs]  # every flag checked before any work
+    names = _Names(graphs, args)  # every flag is checked before any work: names, values, options, shapes
+    loaded = {name: _load(name, path, load_tensor) for name, path in names.files.items()}
+    setups = [_Setup(g, args, loaded, names) for g in graphs]
+    _say_ignored(args, gpu)
     if not gpu:
         common.warn(
             f"note: no CUDA GPU here: checking, planning for {target.name} without a device, and running "
@@ -77,14 +77,11 @@ def run(args) -> int:
         )
     status = common.EXIT_OK
     for setup in setups:
-        g = setup.graph
         runner = _GpuRunner(setup) if gpu else _CpuRunner(setup, target)
-        for inst in common.select_instances(g, args.shape):
+        for inst in setup.instances:
             try:
                 rep = runner.run(inst)
             except Exception as e:  # noqa: BLE001 - one shape's failure is reported; the others still run
-                if isinstance(e, common.UsageError):
-                    raise
                 status = max(status, common.report(e))
                 continue
             entry["graphs"].append(rep)
@@ -96,38 +93,67 @@ def run(args) -> int:
     return status
 
 
+#: flags that only mean something when the graph runs on a GPU here, and the planning flags that mean nothing then
+_GPU_ONLY = ("device", "cuda_graph", "no_cache", "rebuild", "warmup", "iterations", "build_policy")
+_NO_GPU_ONLY = ("target", "device_properties")
+
+
+def _say_ignored(args, gpu: bool) -> None:
+    unused = [n for n in (_NO_GPU_ONLY if gpu else _GPU_ONLY) if getattr(args, n, None) not in (None, False)]
+    if unused:
+        flags = ", ".join("--" + n.replace("_", "-") for n in unused)
+        why = "they plan for a GPU that is not here, and this machine has one" if gpu else "no CUDA GPU here"
+        common.warn(f"note: {flags} ignored: {why}")
+
+
 def _load(name: str, path: str, load_tensor):
     from cudnn_dsl.tensors import BindingError
 
+    if not Path(path).is_file():
+        raise common.UsageError(f"--input {name}={path}: no such file")
     try:
         return load_tensor(path)
     except BindingError as e:
         raise BindingError(f"--input {name}: {e}") from None
 
 
-class _Setup:
-    """One graph's flags, converted and checked once: options, tolerances, ranges, scalars."""
+class _Names:
+    """The per-name flags, checked against the names of every selected graph (a file's graphs share a run)."""
 
-    def __init__(self, graph, args, loaded: dict):
-        from cudnn_dsl.tensors import BindingError, scalar_value
+    def __init__(self, graphs, args):
+        from dsl.values import number
 
-        self.graph, self.args, self.loaded = (
-            graph,
-            args,
-            {k: v for k, v in loaded.items() if k in {x.name for x in graph.of_kind("input")}},
-        )
-        self.opts = common.options_from(args, graph.options)
-        outputs = [v.name for v in graph.outputs]
+        def union(kind):
+            return sorted({v.name for g in graphs for v in (g.outputs if kind == "output" else g.of_kind(kind))})
+
+        outputs, inputs = union("output"), union("input")
         self.atol = common.named_values(args.atol, "--atol", outputs, common.option_value("atol"), unnamed_ok=True)
         self.rtol = common.named_values(args.rtol, "--rtol", outputs, common.option_value("rtol"), unnamed_ok=True)
-        inputs = [v.name for v in graph.of_kind("input")]
         self.ranges = common.named_values(args.range, "--range", inputs, common.value_range)
-        scalars = {v.name: v for v in graph.of_kind("scalar")}
-        given = common.named_values(args.scalar, "--scalar", list(scalars), _number)
+        self.files = common.named_values(args.input, "--input", inputs, str)
+        self.scalars = common.named_values(args.scalar, "--scalar", union("scalar"), number)
+
+
+class _Setup:
+    """One graph's share of the flags, converted and checked once: options, shapes, tolerances, ranges, scalars."""
+
+    def __init__(self, graph, args, loaded: dict, names: _Names):
+        from cudnn_dsl.tensors import BindingError, scalar_value
+
+        def mine(values: dict, kind: str) -> dict:
+            own = {v.name for v in (graph.outputs if kind == "output" else graph.of_kind(kind))}
+            return {k: v for k, v in values.items() if k in own}
+
+        self.graph, self.args = graph, args
+        self.opts = common.options_from(args, graph.options)
+        self.instances = common.select_instances(graph, args.shape)
+        self.loaded = mine(loaded, "input")
+        self.atol, self.rtol = mine(names.atol, "output"), mine(names.rtol, "output")
+        self.ranges = mine(names.ranges, "input")
         self.scalars = {}
-        for name, value in given.items():
+        for name, value in mine(names.scalars, "scalar").items():
             try:
-                self.scalars[name] = scalar_value(name, value, scalars[name].dtype)
+                self.scalars[name] = scalar_value(name, value, graph.value(name).dtype)
             except BindingError as e:
                 raise common.UsageError(f"--scalar {e}") from None
 
@@ -165,13 +191,6 @@ class _Setup:
             torch.save(t.cpu(), path)
             paths.append(str(path))
         return paths
-
-
-def _number(text: str) -> float | int:
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
 
 
 class _GpuRunner:
@@ -256,7 +275,7 @@ class _CpuRunner:
 
     def run(self, inst) -> dict:
         from cudnn_dsl.backend import BackendUnavailable
-        from cudnn_dsl.build import first_plan_name, plan_deviceless, timings_text
+        from cudnn_dsl.build import plan_deviceless, timings_text
         from cudnn_dsl.reference import run_reference
         from cudnn_dsl.tensors import reference_bytes
         from dsl.diagnostics import DslError
@@ -269,13 +288,18 @@ class _CpuRunner:
         progress = common.Progress(name)
         try:
             low = plan_deviceless(s.graph, inst, s.opts, target, progress)
-            first = first_plan_name(low)
-            print(f"  plan       for {target.name} (no device): {first}  ({low.plan_count} candidates)")
+            rep["plan"] = common.plan_record(s.graph, inst, target, low)
+            print(
+                f"  plan       for {target.name} (no device): {rep['plan']['first_plan']}  "
+                f"({low.plan_count} candidates)"
+            )
             print("  build      " + timings_text(low.timings))
             for step, why in low.skipped.items():
                 print(f"  skipped    {step}: {why}")
-            rep.update(plan=first, candidates=low.plan_count, build_s=low.timings, skipped=dict(low.skipped))
+                rep["skipped"][step] = why
         except BackendUnavailable as e:
+            if s.args.target or s.args.device_properties:  # asked for by name: its failure is an error
+                raise
             print(f"  skipped    cuDNN planning: {e}")
             rep["skipped"]["plan"] = str(e)
         except DslError as e:  # cuDNN declines the graph: said, and the reference still runs

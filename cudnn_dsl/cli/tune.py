@@ -27,32 +27,37 @@ def run(args) -> int:
     from cudnn_dsl.timing import environment
     from cudnn_dsl.tune import plot, report, tune
 
-    results, files, status = [], [], common.EXIT_OK
-    for path in args.files:
-        result = common.load_file(path)
+    results, files, status, work = [], [], common.EXIT_OK, []
+    for path in args.files:  # every file, graph, option and shape checked before anything is timed
+        result = common.load_each(path)
+        if result is None:
+            status = max(status, common.EXIT_USAGE)
+            continue
         files.append({"file": result.file, "diagnostics": [d.to_json() for d in result.diagnostics], "graphs": []})
         if not result.ok:
-            status = common.EXIT_FAIL
+            status = max(status, common.EXIT_FAIL)
             continue
         for g in common.select_graphs(result.program, args.graph):
-            cg = CompiledGraph(g, common.options_from(args, g.options), args.device, use_store=not args.no_cache)
-            for inst in common.select_instances(g, args.shape):
-                progress = common.Progress(common.label(g, inst))
-                cg.planner.progress = progress
-                try:
-                    r = tune(cg, inst, progress)
-                except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still run
-                    status = max(status, common.report(e))
-                    continue
-                finally:
-                    progress.done()
-                results.append(r)
-                files[-1]["graphs"].append(attrs.asdict(r))
-                print(report(r))
-                if r.winner is None:
-                    status = max(status, common.EXIT_FAIL)
-                elif not args.no_cache:
-                    print(f"  stored in {cg.planner.store.root}")
+            work.append((files[-1], g, common.options_from(args, g.options), common.select_instances(g, args.shape)))
+    for entry, g, opts, instances in work:
+        cg = CompiledGraph(g, opts, args.device, use_store=not args.no_cache)
+        for inst in instances:
+            progress = common.Progress(common.label(g, inst))
+            cg.planner.progress = progress
+            try:
+                r = tune(cg, inst, progress)
+            except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still run
+                status = max(status, common.report(e))
+                continue
+            finally:
+                progress.done()
+            results.append(r)
+            entry["graphs"].append(attrs.asdict(r))
+            print(report(r))
+            if r.winner is None:
+                status = max(status, common.EXIT_FAIL)
+            elif not args.no_cache:
+                print(f"  stored in {cg.planner.store.root}")
     if args.plot and results:
         plot(results, args.plot)
     common.write_json(args.json, {"files": files, "environment": environment(args.device)})

@@ -131,7 +131,7 @@ def test_bench_of_a_graph_cudnn_declines_is_an_error_not_a_traceback(tmp_path):
             "--no-peak",
             "--rounds",
             "1",
-            "--iterations",
+            "--samples",
             "2",
             "--against",
             "torch",
