@@ -117,8 +117,9 @@ def test_a_layout_op_output_follows_io_and_keeps_its_inputs_dtype():
     )
     assert check(text % "  intermediate bf16\n").program.graphs[0].instances[0].type("y").dtype == "bf16"
     r = check(text % "")
-    assert (
-        "reshape: cuDNN keeps the input's dtype, float, but 'y' would be bf16 (the graph's io)" in r.errors[0].message
+    assert r.errors[0].message == (
+        "reshape: cuDNN keeps the input's dtype, float, but output 'y' is bf16 (the graph's io); "
+        "declare 'output y : float', or compute the input as bf16 ('intermediate bf16')"
     )
 
 
