@@ -102,7 +102,7 @@ def _say_ignored(args, gpu: bool) -> None:
     unused = [n for n in (_NO_GPU_ONLY if gpu else _GPU_ONLY) if getattr(args, n, None) not in (None, False)]
     if unused:
         flags = ", ".join("--" + n.replace("_", "-") for n in unused)
-        why = "they plan for a GPU that is not here, and this machine has one" if gpu else "no CUDA GPU here"
+        why = "they are for planning without a GPU, and this machine has one" if gpu else "no CUDA GPU here"
         common.warn(f"note: {flags} ignored: {why}")
 
 
