@@ -10,6 +10,7 @@ winner; planning without a device goes through `plan_deviceless`.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -98,6 +99,14 @@ def plan_deviceless(
 ) -> Lowered:
     """Lowers one shape and asks the real cuDNN library for the target's plans, with no GPU."""
     return plan(lower(graph, inst, target=target), options, target.name, progress, deviceless=True)
+
+
+def frontend_json(graph: Graph, inst: Instance, target: Target) -> str:
+    """The graph as the cuDNN Frontend itself serializes it (the JSON it writes to its log, json_version 2.0),
+    lowered for the target without a device. Through create_execution_plans: some ops (sdpa) reach the
+    frontend's C++ graph, whose JSON this is, only when plans are asked for."""
+    low = plan(lower(graph, inst, target=target), graph.options, target.name, steps=STEPS[:3], deviceless=True)
+    return json.dumps(json.loads(repr(low.g)), indent=1) + "\n"
 
 
 def timings_text(timings: dict[str, float]) -> str:

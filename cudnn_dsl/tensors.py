@@ -206,16 +206,26 @@ class Comparison:
     max_rel: float
     mismatches: int
     numel: int
+    mean_abs: float = 0.0
+    worst: tuple | None = None
+    """(index, got, want) of the element furthest past its tolerance, when any is"""
 
     @property
     def ok(self) -> bool:
         return self.mismatches == 0
 
     def __str__(self) -> str:
-        verdict = "ok" if self.ok else f"MISMATCH in {self.mismatches} of {self.numel}"
+        if self.ok:
+            verdict = "ok"
+        else:
+            index, got, want = self.worst
+            verdict = (
+                f"MISMATCH in {self.mismatches} of {self.numel} ({100 * self.mismatches / self.numel:.3g}%); "
+                f"worst at {list(index)}: {got:.6g}, want {want:.6g}"
+            )
         return (
-            f"{self.name}: {verdict} (max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g}; "
-            f"atol {self.atol:g}, rtol {self.rtol:g})"
+            f"{self.name}: {verdict} (max abs err {self.max_abs:.3g}, mean {self.mean_abs:.3g}, max rel err "
+            f"{self.max_rel:.3g}; atol {self.atol:g}, rtol {self.rtol:g})"
         )
 
 
@@ -242,6 +252,13 @@ def compare(
     finite = diff[diff.isfinite()]
     significant = diff.isfinite() & (w.abs() > atol)  # relative error where it means something
     rel = (diff / w.abs().clamp_min(1e-12))[significant]
+    n_bad = int(bad.sum())
+    worst = None
+    if n_bad:
+        excess = torch.where(bad, (diff - atol - rtol * w.abs()).nan_to_num(float("inf")), -1.0)
+        flat = int(excess.argmax())
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), g.shape))
+        worst = (index, float(g[index]), float(w[index]))
     return Comparison(
         name,
         dtype,
@@ -249,8 +266,10 @@ def compare(
         rtol,
         float(finite.max()) if finite.numel() else 0.0,
         float(rel.max()) if rel.numel() else 0.0,
-        int(bad.sum()),
+        n_bad,
         g.numel(),
+        float(finite.mean()) if finite.numel() else 0.0,
+        worst,
     )
 
 

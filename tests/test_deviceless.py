@@ -88,3 +88,48 @@ def test_check_target_command_plans_each_graph_and_shape():
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("cuDNN plans for NVIDIA H200 (sm_90)") == 6  # 4 batch sizes + 2 norms
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_emit_fe_json_is_the_frontends_own_graph(path, h200):
+    """`emit --format fe-json`: the JSON the frontend serializes, with every input and output of the IR."""
+    import json
+
+    from cudnn_dsl.build import frontend_json
+    from cudnn_dsl.dtypes import cudnn_name
+
+    for g in program(path).graphs:
+        inst = g.instances[0]
+        data = json.loads(frontend_json(g, inst, h200))
+        assert data["json_version"] == "2.0"
+        tensors = {t["uid"]: t for t in data["tensors"]}
+        for v in g.of_kind("input", "output"):
+            t = inst.type(v.name)
+            got = tensors[v.uid]
+            assert (got["name"], got["dim"], got["stride"]) == (v.name, list(t.shape), list(t.strides))
+            assert got["data_type"] == cudnn_name(t.dtype)
+        assert len(data["nodes"]) >= len([n for n in g.nodes if n.op != "identity"])
+
+
+def test_log_flags_point_cudnns_own_logs_at_a_file_or_stderr(tmp_path):
+    import subprocess
+    import sys
+
+    mm = str(ROOT / "examples" / "plan_serialization.cdg")
+    log = tmp_path / "cudnn.log"
+    p = subprocess.run(
+        [sys.executable, "-m", "cudnn_dsl", "check", "--target", "h200", "--log-file", str(log), mm],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "[cudnn_frontend]" in log.read_text() and "CuDNN (v" in (tmp_path / "cudnn.log.backend").read_text()
+    assert f"cuDNN logs go to {log} (frontend) and {log}.backend (library)" in p.stderr
+    p = subprocess.run(
+        [sys.executable, "-m", "cudnn_dsl", "check", "--target", "h200", "-v", mm],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0 and "[cudnn_frontend]" in p.stderr

@@ -110,3 +110,15 @@ def test_conv_gradients_match_autograd():
     torch.nn.functional.conv2d(x, w, padding=1, stride=2).backward(ins["dy"])
     torch.testing.assert_close(out["dx"], x.grad)
     torch.testing.assert_close(out["dw"], w.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_a_mismatch_says_where_and_by_how_much():
+    want = torch.zeros(4, 5)
+    got = want.clone()
+    got[2, 3], got[1, 1] = 0.5, 0.02
+    c = compare("y", got, want, "float")
+    assert (c.mismatches, c.worst) == (2, ((2, 3), 0.5, 0.0))
+    assert "MISMATCH in 2 of 20 (10%); worst at [2, 3]: 0.5, want 0" in str(c) and "mean 0.026" in str(c)
+    nan = want.clone()
+    nan[0, 4] = float("nan")
+    assert compare("y", nan, want, "float").worst[0] == (0, 4)  # a NaN is the worst there is

@@ -27,12 +27,14 @@ def register(p) -> None:
     p.add_argument("--no-peak", action="store_true", help="skip measuring the GPU's bf16 matmul peak")
     p.add_argument("--json", metavar="FILE", help="write every figure as JSON ('-' for stdout)")
     p.add_argument("--plot", metavar="FILE.png", help="draw a chart (needs matplotlib)")
+    common.add_log_flags(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from cudnn_dsl.bench import BASELINES
 
+    common.start_logging(args)
     against = tuple(x.strip() for x in args.against.split(",") if x.strip()) if args.against else BASELINES
     bad = set(against) - set(BASELINES)
     if bad or not against:

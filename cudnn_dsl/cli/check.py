@@ -13,12 +13,14 @@ def register(p) -> None:
     out.add_argument("--emit", choices=("ast", "ir"), help="print a stage instead of the summary")
     out.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
     common.add_target_flags(p, "also ask cuDNN for this GPU's plans, without a GPU")
+    common.add_log_flags(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from dsl.printer import dump_ast, dump_ir, summary, to_json
 
+    common.start_logging(args)
     common.check_writable(args.json, "--json")
     target = common.target_from(args)  # an unknown one is a usage error before any work
     if target is not None and args.emit == "ast":

@@ -207,6 +207,40 @@ def options_from(args, base: Options) -> Options:
         raise UsageError(f"--{str(e.at).replace('_', '-')}: {e}") from None
 
 
+def add_log_flags(p) -> None:
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log the cuDNN Frontend's and the cuDNN library's calls to stderr (what a cuDNN bug report asks for)",
+    )
+    p.add_argument(
+        "--log-file", metavar="FILE", help="write the frontend's log to FILE and the library's to FILE.backend instead"
+    )
+
+
+def start_logging(args) -> None:
+    """Points cuDNN's own logging where the flags say; before cuDNN is loaded, which reads it once."""
+    import os
+
+    if args.log_file:
+        check_writable(args.log_file, "--log-file")
+        # Two files: the frontend and the library each open their log themselves, and in one file they
+        # overwrite each other's lines.
+        frontend, library = args.log_file, args.log_file + ".backend"
+    elif args.verbose:
+        frontend = library = "stderr"
+    else:
+        return
+    os.environ.update(
+        CUDNN_FRONTEND_LOG_INFO="1", CUDNN_FRONTEND_LOG_FILE=frontend, CUDNN_LOGLEVEL_DBG="3", CUDNN_LOGDEST_DBG=library
+    )
+    if "cudnn" in sys.modules:  # a second command in one process (tests): cuDNN read its settings already
+        warn("note: cuDNN was loaded before these logging flags; its logs may not follow them")
+    where = "stderr" if frontend == "stderr" else f"{frontend} (frontend) and {library} (library)"
+    warn(f"note: cuDNN logs go to {where}")
+
+
 def add_target_flags(p, what: str) -> None:
     p.add_argument("--target", metavar="GPU", help=f"{what} (a name from cudnn_dsl/devices/, e.g. h200)")
     p.add_argument(

@@ -11,18 +11,26 @@ def register(p) -> None:
     p.add_argument("file", metavar="FILE")
     p.add_argument(
         "--format",
-        choices=("cudnn", "torch"),
+        choices=("cudnn", "torch", "fe-json"),
         default="cudnn",
-        help="cudnn: the frontend calls, built and run once (default); torch: the reference function",
+        help="cudnn: the frontend calls, built and run once (default); torch: the reference function; fe-json: "
+        "the graph as the cuDNN Frontend serializes it (for anyone with the frontend alone; needs the cuDNN library)",
     )
     p.add_argument("--graph", help="the graph to emit (needed when the file has several)")
     p.add_argument("--shape", action="append", metavar="DIM=VALUE", help="the value of each symbolic dim")
+    common.add_target_flags(p, "fe-json: lower for this GPU, without one (default h200)")
+    common.add_log_flags(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    from cudnn_dsl.backend import DEFAULT_TARGET
     from cudnn_dsl.emit import emit_cudnn, emit_torch
 
+    common.start_logging(args)
+    if args.format != "fe-json" and (args.target or args.device_properties):
+        raise common.UsageError("--target and --device-properties go with --format fe-json")
+    target = common.target_from(args, default=DEFAULT_TARGET) if args.format == "fe-json" else None
     result = common.load_file(args.file)
     if not result.ok:
         return common.EXIT_FAIL
@@ -36,5 +44,10 @@ def run(args) -> int:
         raise common.UsageError(
             f"graph '{g.name}' has {len(chosen)} shapes ({g.declared_shapes}); choose one with --shape"
         )
-    print(emit_cudnn(g, chosen[0]) if args.format == "cudnn" else emit_torch(g, chosen[0]), end="")
+    if args.format == "fe-json":
+        from cudnn_dsl.build import frontend_json
+
+        print(frontend_json(g, chosen[0], target), end="")
+    else:
+        print((emit_cudnn if args.format == "cudnn" else emit_torch)(g, chosen[0]), end="")
     return common.EXIT_OK

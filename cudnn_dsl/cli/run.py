@@ -48,6 +48,7 @@ def register(p) -> None:
         help="write each output to DIR/GRAPH.NAME.pt (without a GPU: the reference's, as .reference.pt)",
     )
     p.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
+    common.add_log_flags(p)
     p.set_defaults(run=run)
 
 
@@ -55,6 +56,7 @@ def run(args) -> int:
     from cudnn_dsl.backend import DEFAULT_TARGET, gpu_available
     from cudnn_dsl.tensors import load_tensor
 
+    common.start_logging(args)
     common.check_writable(args.json, "--json")
     if args.save_outputs and Path(args.save_outputs).exists() and not Path(args.save_outputs).is_dir():
         raise common.UsageError(f"--save-outputs {args.save_outputs}: not a directory")

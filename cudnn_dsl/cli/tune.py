@@ -13,10 +13,12 @@ def register(p) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="draw the time of every plan (needs matplotlib)")
     p.add_argument("--json", metavar="FILE", help="write every plan's timings as JSON ('-' for stdout)")
     p.add_argument("--no-cache", action="store_true", help="do not save the winner in the plan store")
+    common.add_log_flags(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    common.start_logging(args)
     common.check_writable(args.json, "--json")
     common.check_writable(args.plot, "--plot")
     common.require_matplotlib(args.plot)
