@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from cudnn_dsl.backend import Target, load_cudnn, versions
+from cudnn_dsl.backend import BackendUnavailable, Target, load_cudnn, versions
 from cudnn_dsl.lower import Lowered, clean, lower
 from cudnn_dsl.store import (
     Entry,
@@ -101,11 +101,12 @@ def plan_deviceless(
     return plan(lower(graph, inst, target=target), options, target.name, progress, deviceless=True)
 
 
-def frontend_json(graph: Graph, inst: Instance, target: Target) -> str:
+def frontend_json(graph: Graph, inst: Instance, target: Target | None = None, handle=None) -> str:
     """The graph as the cuDNN Frontend itself serializes it (the JSON it writes to its log, json_version 2.0),
-    lowered for the target without a device. Through create_execution_plans: some ops (sdpa) reach the
-    frontend's C++ graph, whose JSON this is, only when plans are asked for."""
-    low = plan(lower(graph, inst, target=target), graph.options, target.name, steps=STEPS[:3], deviceless=True)
+    lowered for the target without a device, or on the GPU of `handle`. Through create_execution_plans: some
+    ops (sdpa) reach the frontend's C++ graph, whose JSON this is, only when plans are asked for."""
+    low = lower(graph, inst, target=target, handle=handle)
+    plan(low, graph.options, target.name if target else "this GPU", steps=STEPS[:3], deviceless=target is not None)
     return json.dumps(json.loads(repr(low.g)), indent=1) + "\n"
 
 
@@ -400,14 +401,37 @@ class Planner:
             return None
         return self.executable_of(low, "plan store (engine id + knobs)", notes)
 
+    def plan_of(self, exe: Executable) -> tuple[int, dict[str, int], bytes]:
+        """(engine id, knobs by name, serialized plan) of an executable: from its graph, or, for a plan loaded
+        from its serialized form (which cannot say), from the store entry it came from."""
+        g = exe.low.g
+        blob = bytes(g.serialize(as_bytes=True))
+        try:
+            engine_id, knobs = g.get_engine_and_knobs_at_index(_selected_index(g))
+        except Exception:  # noqa: BLE001 - a deserialized plan: the store knows
+            entry = self.store.get(self.key(exe.low.instance))
+            if entry is None:
+                raise
+            return entry.engine_id, dict(entry.knobs), blob
+        return int(engine_id), {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()}, blob
+
+    def pin(self, inst: Instance, engine_id: int, knobs: dict[str, int], source: str) -> Executable:
+        """Makes this engine and these knobs the shape's plan (built on this graph, not stored)."""
+        entry = Entry(self.key(inst), self.graph.name, "", engine_id, knobs, b"", 0, False)
+        notes: list[str] = []
+        exe = self._from_engine(self.lower(inst), entry, notes)
+        if exe is None:
+            raise BackendUnavailable(f"the pinned plan (engine {engine_id}) does not build here: {'; '.join(notes)}")
+        exe.source = source
+        self._exes[inst.binding] = exe
+        return exe
+
     def _persist(
         self, key: PlanKey, exe: Executable, tuned: bool, timing: dict | None = None, force: bool = False
     ) -> None:
         """Stores the executable's plan. A tuned entry is not replaced by an untuned one unless force."""
-        g = exe.low.g
         try:
-            engine_id, knobs = g.get_engine_and_knobs_at_index(_selected_index(g))
-            blob = bytes(g.serialize(as_bytes=True))
+            engine_id, knobs, blob = self.plan_of(exe)
         except Exception as e:  # noqa: BLE001 - some plans cannot serialize; the run goes on
             exe.notes.append(f"plan not stored: {clean(e, 300)}")
             return
@@ -415,8 +439,8 @@ class Planner:
             key,
             self.graph.name,
             exe.plan_name,
-            int(engine_id),
-            {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()},
+            engine_id,
+            knobs,
             blob,
             exe.workspace_bytes,
             tuned,

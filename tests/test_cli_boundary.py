@@ -272,3 +272,34 @@ def test_per_name_flags_take_the_names_of_every_graph_of_the_file():
 def test_flags_that_mean_nothing_without_a_gpu_are_said_to_be_ignored():
     p = cli("run", MM, "--iterations", "3", "--cuda-graph", "--no-reference")
     assert p.returncode == 0 and "--cuda-graph, --iterations ignored: no CUDA GPU here" in p.stderr
+
+
+# ---- repro: run --dump, run --inputs-from ------------------------------------------------------------
+
+
+def test_a_dump_reproduces_the_run_and_refuses_another_graph(tmp_path):
+    d = tmp_path / "dump"
+    p = cli("run", MM, "--dump", d, "--seed", "7")
+    assert p.returncode == 0, p.stderr
+    names = {f.name for f in d.iterdir()}
+    assert {
+        "plan_serialization.cdg",
+        "plan_serialization.inputs.pt",
+        "plan_serialization.reference.pt",
+        "plan_serialization.cudnn.py",
+        "plan_serialization.torch.py",
+        "plan_serialization.fe.json",
+        "plan_serialization.manifest.json",
+        "environment.json",
+    } <= names
+    again = cli("run", MM, "--inputs-from", d)
+    assert again.returncode == 0 and "repro      reference identical to the dump's, bit for bit" in again.stdout
+    other = tmp_path / "other.cdg"
+    other.write_text(
+        MM.read_text()
+        .replace("bf16[8, 256, 512]", "bf16[8, 256, 256]")
+        .replace("bf16[8, 512, 256]", "bf16[8, 256, 256]")
+    )
+    p = cli("run", other, "--inputs-from", d)
+    assert p.returncode == 1 and "the dump is of another graph" in p.stderr
+    assert cli("run", MM, "--inputs-from", d, "--seed", "1").returncode == 2

@@ -48,6 +48,18 @@ def register(p) -> None:
         help="write each output to DIR/GRAPH.NAME.pt (without a GPU: the reference's, as .reference.pt)",
     )
     p.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
+    p.add_argument(
+        "--dump",
+        metavar="DIR",
+        help="write what reproduces this run elsewhere into DIR: the file, the "
+        "frontend's graph JSON, the plan, inputs, outputs, reference, ejected scripts, environment",
+    )
+    p.add_argument(
+        "--inputs-from",
+        metavar="DIR",
+        help="run on the inputs (and, on the same GPU, the plan) of a "
+        "--dump, and say whether the outputs are the dump's, bit for bit",
+    )
     common.add_log_flags(p)
     p.set_defaults(run=run)
 
@@ -58,8 +70,15 @@ def run(args) -> int:
 
     common.start_logging(args)
     common.check_writable(args.json, "--json")
-    if args.save_outputs and Path(args.save_outputs).exists() and not Path(args.save_outputs).is_dir():
-        raise common.UsageError(f"--save-outputs {args.save_outputs}: not a directory")
+    for flag, d in (("--save-outputs", args.save_outputs), ("--dump", args.dump)):
+        if d and Path(d).exists() and not Path(d).is_dir():
+            raise common.UsageError(f"{flag} {d}: not a directory")
+    if args.inputs_from:
+        if not Path(args.inputs_from).is_dir():
+            raise common.UsageError(f"--inputs-from {args.inputs_from}: no such directory")
+        clash = [f for f in ("input", "range", "scalar", "seed") if getattr(args, f)]
+        if clash:
+            raise common.UsageError(f"--inputs-from gives every input; it does not go with --{', --'.join(clash)}")
     gpu = gpu_available()
     target = common.target_from(args, default=None if gpu else DEFAULT_TARGET)  # checked before any work
     result = common.load_file(args.file)
@@ -147,6 +166,7 @@ class _Setup:
             return {k: v for k, v in values.items() if k in own}
 
         self.graph, self.args = graph, args
+        self.from_dump = Path(args.inputs_from) if args.inputs_from else None
         self.opts = common.options_from(args, graph.options)
         self.instances = common.select_instances(graph, args.shape)
         self.loaded = mine(loaded, "input")
@@ -172,12 +192,62 @@ class _Setup:
         return out
 
     def inputs(self, inst, device, files: dict) -> dict:
-        """Generated inputs, the --input files in their place, and the --scalar values."""
-        from cudnn_dsl.tensors import generate_inputs, relayout
+        """Generated inputs, the --input files in their place, and the --scalar values; or a dump's inputs."""
+        from cudnn_dsl import dump
+        from cudnn_dsl.tensors import BindingError, converted, generate_inputs, relayout
 
+        if self.from_dump is not None:
+            dumped = dump.read_tensors(self.from_dump, self.graph, inst, "inputs")
+            tensors = {}
+            for v in self.graph.inputs:
+                if v.name not in dumped:
+                    if v.kind == "scalar":
+                        continue  # the file's value, as when it was dumped
+                    raise BindingError(f"--inputs-from {self.from_dump}: no input '{v.name}' in the dump", v.loc)
+                t = dumped[v.name]
+                tensors[v.name] = (
+                    t.item()
+                    if v.kind == "scalar"
+                    else relayout(converted(t, inst.type(v.name)), inst.type(v.name), device)
+                )
+            return tensors
         tensors = generate_inputs(self.graph, inst, device, self.opts.seed, self.ranges)
         tensors.update((name, relayout(t, inst.type(name), device)) for name, t in files.items())
         return {**tensors, **self.scalars}
+
+    def repro(self, inst, got: dict, what: str) -> list[str]:
+        """With --inputs-from: whether these outputs are the dump's, bit for bit."""
+        from cudnn_dsl import dump
+
+        if self.from_dump is None:
+            return []
+        want = dump.read_tensors(self.from_dump, self.graph, inst, what)
+        if want is None:
+            return [f"the dump holds no {what} to compare with"]
+        differ = dump.identical(got, want)
+        return [
+            f"{what} differ from the dump's in: {', '.join(differ)}"
+            if differ
+            else f"{what} identical to the dump's, bit for bit"
+        ]
+
+    def dump(self, inst, inputs: dict, reference, outputs=None, plan=None, fe_json=None, env=None) -> None:
+        from cudnn_dsl import dump
+
+        if self.args.dump:
+            written = dump.write(
+                Path(self.args.dump),
+                Path(self.graph.file),
+                self.graph,
+                inst,
+                inputs,
+                reference,
+                outputs,
+                plan,
+                fe_json,
+                dump.environment(env or {}),
+            )
+            print(f"  dump       {len(written)} files in {self.args.dump}")
 
     def save(self, inst, outputs: dict, suffix: str = "") -> list[str]:
         import torch
@@ -214,6 +284,7 @@ class _GpuRunner:
         cg, s, opts = self.cg, self.s, self.s.opts
         name = common.label(s.graph, inst)
         tensors = s.inputs(inst, cg.device, s.files(inst))
+        pinned = self._pin(inst)
         progress = common.Progress(name)
         cg.planner.progress = progress
         try:
@@ -228,10 +299,11 @@ class _GpuRunner:
             progress.done()
         launch()
         torch.cuda.synchronize(cg.device)
-        comps = []
+        first = {k: v.clone() for k, v in outputs.items()}  # what a repro compares: later launches may differ
+        comps, want = [], None
         if not s.args.no_reference:
             want = cg.reference(tensors)
-            comps = compare_outputs(s.graph, inst, outputs, want, opts, s.atol, s.rtol)
+            comps = compare_outputs(s.graph, inst, first, want, opts, s.atol, s.rtol)
         times = gpu_time_us(launch, opts.iterations, warmup=opts.warmup)
         low = exe.low
         median = statistics.median(times)
@@ -251,7 +323,30 @@ class _GpuRunner:
             print(f"  compare    {c}")
         if s.args.no_reference:
             print("  skipped    the reference and the comparison (--no-reference)")
-        saved = s.save(inst, outputs)
+        for line in pinned + s.repro(inst, first, "outputs"):
+            print(f"  repro      {line}")
+        saved = s.save(inst, first)
+        if s.args.dump:
+            from cudnn_dsl.build import frontend_json
+            from cudnn_dsl.timing import environment
+
+            engine_id, knobs, blob = cg.planner.plan_of(exe)
+            plan = {
+                "gpu": cg.planner.device_name,
+                "plan_name": exe.plan_name,
+                "engine_id": engine_id,
+                "knobs": knobs,
+                "blob": blob,
+            }
+            s.dump(
+                inst,
+                tensors,
+                want,
+                first,
+                plan,
+                frontend_json(s.graph, inst, handle=cg.planner.handle),
+                environment(cg.device),
+            )
         return {
             "graph": s.graph.name,
             "binding": dict(inst.binding),
@@ -269,6 +364,22 @@ class _GpuRunner:
             "ok": all(c.ok for c in comps),
             "saved": saved,
         }
+
+    def _pin(self, inst) -> list[str]:
+        """With --inputs-from on the GPU the dump was made on: the dump's plan, so the outputs can be compared
+        bit for bit."""
+        from cudnn_dsl import dump
+
+        if self.s.from_dump is None:
+            return []
+        plan = dump.read_plan(self.s.from_dump, self.s.graph, inst)
+        planner = self.cg.planner
+        if plan is None:
+            return ["the dump holds no plan: this run's own plan is used"]
+        if plan["gpu"] != planner.device_name:
+            return [f"the dump was made on {plan['gpu']}, this is {planner.device_name}: this run's own plan is used"]
+        planner.pin(inst, plan["engine_id"], plan["knobs"], f"the dump's plan {plan['plan_name']} (engine id + knobs)")
+        return []
 
 
 class _CpuRunner:
@@ -320,8 +431,11 @@ class _CpuRunner:
         if why:
             print(f"  skipped    the PyTorch reference: {why}")
             rep["skipped"]["reference"] = why
+            if s.args.dump:
+                print("  skipped    --dump: without a GPU it holds the reference, which did not run")
         else:
-            outs = run_reference(s.graph, inst, s.inputs(inst, "cpu", files), "cpu")
+            inputs = s.inputs(inst, "cpu", files)
+            outs = run_reference(s.graph, inst, inputs, "cpu")
             for out_name, t in outs.items():
                 f = t.float()
                 print(
@@ -334,6 +448,17 @@ class _CpuRunner:
             rep["saved"] = s.save(inst, outs, ".reference")
             if rep["saved"]:
                 print(f"  saved      the reference outputs to {s.args.save_outputs} (*.reference.pt)")
+            for line in s.repro(inst, outs, "reference"):
+                print(f"  repro      {line}")
+            if s.args.dump:
+                from cudnn_dsl.backend import versions
+                from cudnn_dsl.build import frontend_json
+
+                try:
+                    fe_json = frontend_json(s.graph, inst, target)
+                except (DslError, BackendUnavailable):  # cuDNN declined it above, and said so
+                    fe_json = None
+                s.dump(inst, inputs, outs, fe_json=fe_json, env=versions())
         print("  skipped    cuDNN execution and comparison: no CUDA GPU here")
         rep["skipped"]["execution"] = "no CUDA GPU here"
         return rep

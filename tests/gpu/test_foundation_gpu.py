@@ -152,3 +152,32 @@ def test_the_api_reference_runs_on_the_inputs_device():
     assert cg.reference(ins)["c"].device.type == "cuda"
     cpu = {k: v.cpu() for k, v in ins.items()}
     assert cg.reference(cpu)["c"].device.type == "cpu"
+
+
+def test_a_dump_reproduces_the_outputs_bit_for_bit_on_the_same_gpu(tmp_path, private_store):
+    """run --dump on one store, then --inputs-from on another (as another machine would): same plan, same bits."""
+    import os
+
+    d = tmp_path / "dump"
+    env = {**os.environ, "CUDNN_DSL_CACHE_DIR": str(tmp_path / "first")}
+    for example in ("matmul_epilogue", "conv_bias_relu"):
+        f = str(ROOT / "examples" / f"{example}.cdg")
+        p = subprocess.run(
+            [sys.executable, "-m", "cudnn_dsl", "run", f, "--dump", str(d), "--seed", "5"],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert p.returncode == 0, p.stderr
+        assert (d / f"{example}.outputs.pt").is_file() and (d / f"{example}.plan.json").is_file()
+        env2 = {**os.environ, "CUDNN_DSL_CACHE_DIR": str(tmp_path / "second")}
+        p = subprocess.run(
+            [sys.executable, "-m", "cudnn_dsl", "run", f, "--inputs-from", str(d)],
+            env=env2,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert p.returncode == 0, p.stderr
+        assert "the dump's plan" in p.stdout and "outputs identical to the dump's, bit for bit" in p.stdout, p.stdout
