@@ -62,8 +62,9 @@ class Options:
         return HEURISTIC_MODES if tuning else ("A", "FALLBACK")
 
     def with_values(self, values: dict[str, Any], source: str = "python") -> Options:
-        """These options with others on top, each converted from `source` ("python", "text" for the
-        command line, or "ast"); RuleError(at=the option's name) says what is wrong with the first bad one."""
+        """These options with others on top, each converted from `source` ("python", or "text" for the
+        command line); RuleError(at=the option's name) says what is wrong with the first bad one."""
+        to_ast = from_text if source == "text" else from_python
         changes = {}
         for name, value in values.items():
             a = option(name)
@@ -71,8 +72,7 @@ class Options:
                 changes[name] = None
                 continue
             try:
-                raw = {"python": from_python, "text": from_text}.get(source, lambda _, v: v)(a, value)
-                changes[name] = convert(a, raw)
+                changes[name] = convert(a, to_ast(a, value))
             except RuleError as e:
                 raise RuleError(str(e), name) from None
         return attrs.evolve(self, **changes)

@@ -41,9 +41,7 @@ def run(args) -> int:
         raise common.UsageError(f"--against takes {', '.join(BASELINES)}; got {args.against!r}")
     if args.rounds < 1 or args.samples < 1:
         raise common.UsageError("--rounds and --samples must be at least 1")
-    common.check_writable(args.json, "--json")
-    common.check_writable(args.plot, "--plot")
-    common.require_matplotlib(args.plot)
+    common.check_reports(args)
     common.require_gpu("bench measures on a GPU")
     from cudnn_dsl.bench import bench_graph, peak_tflops_bf16, plot, table
     from cudnn_dsl.timing import environment

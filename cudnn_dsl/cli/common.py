@@ -288,15 +288,18 @@ def option_value(name: str) -> Callable[[str], Any]:
     value for one output)."""
 
     from dsl.diagnostics import RuleError
-    from dsl.options import Options
+    from dsl.options import option
+    from dsl.values import convert, from_text
 
-    def convert(text: str):
+    row = option(name)
+
+    def to_value(text: str):
         try:
-            return getattr(Options().with_values({name: text}, source="text"), name)
+            return convert(row, from_text(row, text))
         except RuleError as e:
             raise ValueError(str(e)) from None
 
-    return convert
+    return to_value
 
 
 def value_range(text: str) -> tuple[float, float]:
@@ -334,13 +337,16 @@ def write_json(path: str | None, data: Any) -> None:
     atomic_write(Path(path), text + "\n")
 
 
-def require_matplotlib(path: str | None, flag: str = "--plot") -> None:
-    if path is None:
-        return
-    import importlib.util
+def check_reports(args) -> None:
+    """--json FILE and --plot FILE.png of a measuring command: writable, and matplotlib there for a plot,
+    before any time is spent measuring."""
+    check_writable(args.json, "--json")
+    check_writable(args.plot, "--plot")
+    if args.plot is not None:
+        import importlib.util
 
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError(f"{flag} needs matplotlib: pip install matplotlib")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UsageError("--plot needs matplotlib: pip install matplotlib")
 
 
 def require_gpu(what: str) -> None:

@@ -66,7 +66,6 @@ def register(p) -> None:
 
 def run(args) -> int:
     from cudnn_dsl.backend import DEFAULT_TARGET, gpu_available
-    from cudnn_dsl.tensors import load_tensor
 
     common.start_logging(args)
     common.check_writable(args.json, "--json")
@@ -88,7 +87,7 @@ def run(args) -> int:
         return common.EXIT_FAIL
     graphs = common.select_graphs(result.program, args.graph)
     names = _Names(graphs, args)  # every flag is checked before any work: names, values, options, shapes
-    loaded = {name: _load(name, path, load_tensor) for name, path in names.files.items()}
+    loaded = {name: _load(name, path) for name, path in names.files.items()}
     setups = [_Setup(g, args, loaded, names) for g in graphs]
     _say_ignored(args, gpu)
     if not gpu:
@@ -127,8 +126,8 @@ def _say_ignored(args, gpu: bool) -> None:
         common.warn(f"note: {flags} ignored: {why}")
 
 
-def _load(name: str, path: str, load_tensor):
-    from cudnn_dsl.tensors import BindingError
+def _load(name: str, path: str):
+    from cudnn_dsl.tensors import BindingError, load_tensor
 
     if not Path(path).is_file():
         raise common.UsageError(f"--input {name}={path}: no such file")
@@ -145,7 +144,7 @@ class _Names:
         from dsl.values import number
 
         def union(kind):
-            return sorted({v.name for g in graphs for v in (g.outputs if kind == "output" else g.of_kind(kind))})
+            return sorted({v.name for g in graphs for v in g.of_kind(kind)})
 
         outputs, inputs = union("output"), union("input")
         self.atol = common.named_values(args.atol, "--atol", outputs, common.option_value("atol"), unnamed_ok=True)
@@ -162,7 +161,7 @@ class _Setup:
         from cudnn_dsl.tensors import BindingError, scalar_value
 
         def mine(values: dict, kind: str) -> dict:
-            own = {v.name for v in (graph.outputs if kind == "output" else graph.of_kind(kind))}
+            own = {v.name for v in graph.of_kind(kind)}
             return {k: v for k, v in values.items() if k in own}
 
         self.graph, self.args = graph, args
@@ -252,14 +251,15 @@ class _Setup:
     def save(self, inst, outputs: dict, suffix: str = "") -> list[str]:
         import torch
 
+        from cudnn_dsl.dump import stem
+
         if not self.args.save_outputs:
             return []
         d = Path(self.args.save_outputs)
         d.mkdir(parents=True, exist_ok=True)
-        shape = "".join(f".{k}{v}" for k, v in inst.binding)
         paths = []
         for name, t in outputs.items():
-            path = d / f"{self.graph.name}{shape}.{name}{suffix}.pt"
+            path = d / f"{stem(self.graph, inst)}.{name}{suffix}.pt"
             torch.save(t.cpu(), path)
             paths.append(str(path))
         return paths

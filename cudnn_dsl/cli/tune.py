@@ -19,9 +19,7 @@ def register(p) -> None:
 
 def run(args) -> int:
     common.start_logging(args)
-    common.check_writable(args.json, "--json")
-    common.check_writable(args.plot, "--plot")
-    common.require_matplotlib(args.plot)
+    common.check_reports(args)
     common.require_gpu("tune times plans on a GPU")
     import attrs
 
