@@ -2,8 +2,10 @@
 torch.compile, in one process, on the same input buffers, checked before timed.
 
 GPU time comes from CUDA events around back-to-back calls (the device queue kept full), taken in
-interleaved rounds so a noisy machine shows as spread rather than as a wrong winner. Host time is
-the median wall time of one call. Ratios are computed within the run.
+interleaved rounds so a noisy machine shows as spread rather than as a wrong winner; with `cold_l2`,
+from events around single calls, each after a write that evicts the L2 (inputs that fit in the L2
+flatter every contender when warm). Host time is the median wall time of one call. Ratios are
+computed within the run.
 """
 
 from __future__ import annotations
@@ -23,12 +25,21 @@ from cudnn_dsl.emit import emit_cudnn
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.runtime import CompiledGraph
 from cudnn_dsl.tensors import compare, loosest_input_dtype
-from cudnn_dsl.timing import gpu_time_us, host_time_us
+from cudnn_dsl.timing import cold_time_us, gpu_time_us, host_time_us, l2_flush_buffer
 from cudnn_dsl.tune import work
 from dsl.ir import Graph, Instance, shape_label
 
-BASELINES = ("cudnn", "torch", "compile")
-LABELS = {"cudnn-dsl": "cudnn-dsl", "cudnn": "hand-written cuDNN", "torch": "torch eager", "compile": "torch.compile"}
+#: contender -> the torch.compile mode it uses (None: not torch.compile)
+COMPILE_MODES = {"compile": "default", "max-autotune": "max-autotune", "reduce-overhead": "reduce-overhead"}
+BASELINES = ("cudnn", "torch", *COMPILE_MODES)
+LABELS = {
+    "cudnn-dsl": "cudnn-dsl",
+    "cudnn": "hand-written cuDNN",
+    "torch": "torch eager",
+    "compile": "torch.compile",
+    "max-autotune": "compile max-autotune",
+    "reduce-overhead": "compile reduce-ovh.",
+}
 
 
 @attrs.define
@@ -85,7 +96,32 @@ def peak_tflops_bf16() -> float:
     return 2 * n**3 / (t * 1e-6) / 1e12
 
 
-def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7, iters: int = 20) -> dict:
+def _compiled(fn: Callable[[], dict], mode: str) -> Callable[[], dict]:
+    """torch.compile of the eager reference in one of its modes. The CUDA-graph modes reuse their output
+    buffers from call to call, which is what the step marker tells them is allowed."""
+    compiled = torch.compile(fn, mode=mode)
+    if mode == "default":
+        return compiled
+
+    def call():
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled()
+
+    return call
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation between the closest ranks."""
+    xs = sorted(samples)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def bench_graph(
+    graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7, iters: int = 20, cold_l2: bool = False
+) -> dict:
     cg = CompiledGraph(graph)
     tensors = cg.allocate_inputs(dict(inst.binding))
     bound = cg.bind(**tensors)
@@ -97,8 +133,9 @@ def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7
     eager = lambda: run_reference(graph, inst, tensors, native=True)  # noqa: E731
     if "torch" in against:
         contenders.append(Contender("torch", eager))
-    if "compile" in against:
-        contenders.append(Contender("compile", torch.compile(eager)))
+    for name, mode in COMPILE_MODES.items():
+        if name in against:
+            contenders.append(Contender(name, _compiled(eager, mode)))
     for c in contenders:  # first call: compiles what compiles, and gives outputs to check
         try:
             c.outputs = {k: v.clone() for k, v in c.fn().items()}
@@ -113,9 +150,13 @@ def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7
         comps = [compare(n, c.outputs[n], want[n], inst.type(n).dtype, floor_dtype=floor) for n in want]
         c.check = "ok" if all(x.ok for x in comps) else "; ".join(str(x) for x in comps if not x.ok)
     live = [c for c in contenders if c.outputs is not None]
+    flush = l2_flush_buffer() if cold_l2 else None
     for _ in range(rounds):
         for c in live:
-            c.samples.append(statistics.median(gpu_time_us(c.fn, iterations=iters, warmup=2, inner=5)))
+            if flush is not None:
+                c.samples += cold_time_us(c.fn, flush, iterations=iters, warmup=2)
+            else:
+                c.samples += gpu_time_us(c.fn, iterations=iters, warmup=2, inner=5)
     for c in live:
         c.host_us = host_time_us(c.fn, iterations=100)
     flops, moved = work(graph, inst)
@@ -127,8 +168,11 @@ def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7
             med = statistics.median(c.samples)
             row.update(
                 gpu_us_median=med,
+                gpu_us_p90=percentile(c.samples, 90),
+                gpu_us_p99=percentile(c.samples, 99),
                 gpu_us_min=min(c.samples),
                 gpu_us_max=max(c.samples),
+                samples=len(c.samples),
                 host_us=c.host_us,
                 tflops=flops / (med * 1e-6) / 1e12,
                 gbps=moved / (med * 1e-6) / 1e9,
@@ -143,6 +187,7 @@ def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7
         "rows": rows,
         "plan": bound.exe.plan_name,
         "plan_source": bound.exe.source,
+        "l2": "cold" if cold_l2 else "warm",
     }
 
 
@@ -157,8 +202,8 @@ def table(result: dict, peak: float | None) -> str:
     label = result["graph"] + (f" [{shape_label(result['binding'].items())}]" if result["binding"] else "")
     lines = [
         f"graph {label}: {result['flops'] / 1e9:.2f} GFLOP, {result['bytes'] / 1e6:.1f} MB moved at least; "
-        f"cudnn-dsl plan {result['plan']} (from {result['plan_source']})",
-        f"  {'':20} {'GPU µs':>9} {'spread':>15} {'host µs':>8} {'TFLOP/s':>8} {'GB/s':>7} "
+        f"cudnn-dsl plan {result['plan']} (from {result['plan_source']}); {result['l2']} L2",
+        f"  {'':20} {'GPU µs p50':>10} {'p90':>7} {'p99':>7} {'host µs':>8} {'TFLOP/s':>8} {'GB/s':>7} "
         f"{'% peak':>6} {'vs cudnn-dsl':>12}  check",
     ]
     for r in result["rows"]:
@@ -167,7 +212,7 @@ def table(result: dict, peak: float | None) -> str:
             continue
         pk = f"{100 * r['tflops'] / peak:5.1f}%" if peak else "-"
         lines.append(
-            f"  {r['label']:20} {r['gpu_us_median']:9.1f} {r['gpu_us_min']:7.1f}-{r['gpu_us_max']:<7.1f} "
+            f"  {r['label']:20} {r['gpu_us_median']:10.1f} {r['gpu_us_p90']:7.1f} {r['gpu_us_p99']:7.1f} "
             f"{r['host_us']:8.1f} {r['tflops']:8.1f} {r['gbps']:7.0f} {pk:>6} "
             f"{r['speedup_of_cudnn_dsl']:11.2f}x  {r['check'] or r['error']}"
         )
@@ -188,12 +233,12 @@ def plot(results: list[dict], path: str) -> None:
             [r["gpu_us_median"] for r in rows],
             yerr=[
                 [r["gpu_us_median"] - r["gpu_us_min"] for r in rows],
-                [r["gpu_us_max"] - r["gpu_us_median"] for r in rows],
+                [r["gpu_us_p90"] - r["gpu_us_median"] for r in rows],
             ],
             color=["#76b900" if r["name"] == "cudnn-dsl" else "#888888" for r in rows],
         )
         ax.set_title(res["graph"])
-        ax.set_ylabel("GPU µs per call (median, min-max)")
+        ax.set_ylabel("GPU µs per call (p50, min-p90)")
         ax.tick_params(axis="x", rotation=30, labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -48,6 +48,28 @@ def gpu_time_us(fn, iterations: int = 20, warmup: int = 3, inner: int = 10) -> l
     return [s.elapsed_time(e) * 1000.0 / inner for s, e in zip(starts, ends)]
 
 
+def l2_flush_buffer(device=None) -> torch.Tensor:
+    """A buffer twice the GPU's L2: writing it evicts whatever a timed call left there."""
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size or 64 << 20
+    return torch.empty(2 * l2, dtype=torch.uint8, device=device or "cuda")
+
+
+def cold_time_us(fn, flush: torch.Tensor, iterations: int = 20, warmup: int = 2) -> list[float]:
+    """GPU time of single calls of fn() with a cold L2: each call follows a write of `flush`. The
+    write keeps the device busy while fn() is launched, so its host cost is not counted either."""
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    for s, e in zip(starts, ends):
+        flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+
+
 def host_time_us(fn, iterations: int = 200) -> float:
     """Median host time of one call of fn() in microseconds (the GPU is synchronized at the end)."""
     times = []

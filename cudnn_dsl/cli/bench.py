@@ -1,11 +1,13 @@
 """`cudnn-dsl bench FILE...`: the compiled graph against hand-written cuDNN, torch eager and
-torch.compile, on the same buffers, in one process."""
+torch.compile in its three modes, on the same buffers, in one process."""
 
 from __future__ import annotations
 
 from cudnn_dsl.cli import common
 
-HELP = "time the graph against hand-written cuDNN, torch eager and torch.compile"
+HELP = (
+    "time the graph against hand-written cuDNN, torch eager and torch.compile (default, max-autotune, reduce-overhead)"
+)
 
 
 def register(p) -> None:
@@ -19,8 +21,14 @@ def register(p) -> None:
     )
     p.add_argument(
         "--against",
-        help="comma-separated baselines: cudnn (the ejected script), torch (eager), "
-        "compile (torch.compile); default: all",
+        help="comma-separated baselines: cudnn (the ejected script), torch (eager), compile (torch.compile), "
+        "max-autotune and reduce-overhead (torch.compile in those modes; max-autotune can take minutes to "
+        "compile); default: all",
+    )
+    p.add_argument(
+        "--cold-l2",
+        action="store_true",
+        help="time single calls, each after a write that evicts the GPU's L2 (default: back-to-back calls, warm L2)",
     )
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--samples", type=int, default=20, help="timed samples per round (default 20)")
@@ -62,7 +70,7 @@ def run(args) -> int:
     )
     for path, g, inst in work:
         try:
-            res = bench_graph(g, inst, against, args.rounds, args.samples)
+            res = bench_graph(g, inst, against, args.rounds, args.samples, cold_l2=args.cold_l2)
         except Exception as e:  # noqa: BLE001 - a graph cuDNN declines is reported; the others still run
             status = max(status, common.report(e))
             continue

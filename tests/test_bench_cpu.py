@@ -1,0 +1,14 @@
+"""The bench's statistics, on the CPU (the timing itself is on the GPU: tests/gpu/test_bench_gpu.py)."""
+
+import pytest
+
+from cudnn_dsl.bench import percentile
+
+
+def test_percentiles_interpolate_between_ranks():
+    xs = [float(x) for x in range(1, 11)]  # 1..10, shuffled order must not matter
+    assert percentile(xs[::-1], 50) == pytest.approx(5.5)
+    assert percentile(xs, 90) == pytest.approx(9.1)
+    assert percentile(xs, 99) == pytest.approx(9.91)
+    assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 10.0
+    assert percentile([3.0], 99) == 3.0
