@@ -234,8 +234,16 @@ def infer_conv_dgrad(ctx: Ctx) -> list[Out]:
     if dy.shape[1] != w.shape[0]:
         raise RuleError(f"{ctx.op}: gradient has {dy.shape[1]} channels, filter has {w.shape[0]} outputs", 1)
     pad, stride, dil = _conv_params(ctx)
+    extra = ctx.attrs["output_padding"]
+    for i, e in enumerate(extra):
+        if e >= stride[i]:
+            raise RuleError(
+                f"{ctx.op}: output_padding {list(extra)} must be below the stride {list(stride)} on each axis "
+                f"(any more and the forward convolution would not give this gradient's size)",
+                "output_padding",
+            )
     spatial = [
-        (o - 1) * stride[i] - 2 * pad[i] + dil[i] * (r - 1) + 1
+        (o - 1) * stride[i] - 2 * pad[i] + dil[i] * (r - 1) + 1 + extra[i]
         for i, (o, r) in enumerate(zip(dy.shape[2:], w.shape[2:]))
     ]
     if any(s < 1 for s in spatial):
@@ -538,7 +546,16 @@ OPS: dict[str, OpSig] = {
         "conv",
         ("grad", "weight"),
         infer_conv_dgrad,
-        attrs=_SPATIAL_ATTRS,
+        attrs=_SPATIAL_ATTRS
+        + (
+            Attr(
+                "output_padding",
+                "spatial",
+                0,
+                doc="rows/columns added at the end of dx: with stride > 1 several input sizes give one dy",
+                lo=0,
+            ),
+        ),
         flops=flops_conv,
         lint=lint_channels_last,
         doc="convolution data gradient: dy [N,K,P,Q], weight [K,C,R,S] -> dx [N,C,H,W]",

@@ -7,6 +7,7 @@ import torch
 
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.tensors import BindingError, check_binding, compare, generate_inputs
+from dsl.diagnostics import DslError
 from dsl.pipeline import program
 
 
@@ -110,6 +111,28 @@ def test_conv_gradients_match_autograd():
     torch.nn.functional.conv2d(x, w, padding=1, stride=2).backward(ins["dy"])
     torch.testing.assert_close(out["dx"], x.grad)
     torch.testing.assert_close(out["dw"], w.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_conv_dgrad_output_padding_picks_the_larger_input_size():
+    """With stride 2, inputs of 9 and 10 rows both give a 5-row gradient; output_padding says which."""
+    text = (
+        "graph g {\n  input w : float[6, 4, 3, 3]\n  input dy : float[2, 6, 5, 5]\n"
+        "  output dx : float[2, 4, 10, 10] = conv_dgrad(dy, w, padding=1, stride=2, output_padding=[1, 1])\n}\n"
+    )
+    ins, out = ref(text)
+    want = torch.nn.functional.conv_transpose2d(ins["dy"], ins["w"], stride=2, padding=1, output_padding=1)
+    torch.testing.assert_close(out["dx"], want)
+
+
+def test_conv_dgrad_output_padding_must_stay_below_the_stride():
+    bad = (
+        "graph g {\n  input w : float[6, 4, 3, 3]\n  input dy : float[2, 6, 5, 5]\n"
+        "  output dx = conv_dgrad(dy, w, stride=2, output_padding=2)\n}\n"
+    )
+    with pytest.raises(DslError, match=r"output_padding \[2, 2\] must be below the stride \[2, 2\]") as e:
+        program(text=bad, file="r.cdg")
+    [err] = [d for d in e.value.diagnostics if d.severity == "error"]
+    assert (err.loc.line, err.loc.col) == (4, bad.splitlines()[3].index("output_padding") + 1)
 
 
 def test_a_mismatch_says_where_and_by_how_much():

@@ -77,6 +77,14 @@ def test_convolutions(conv):
     run(graph_text(body), atol=5e-2, rtol=2e-2)
 
 
+def test_conv_dgrad_with_stride_and_output_padding():
+    body = (
+        "  input dy : half[4, 64, 8, 8] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
+        "  output dx : half[4, 32, 16, 16] nhwc = conv_dgrad(dy, w, padding=1, stride=2, output_padding=1)"
+    )
+    run(graph_text(body), atol=5e-2, rtol=2e-2)
+
+
 def test_grouped_conv_with_stride_and_dilation():
     body = (
         "  input x : half[4, 32, 17, 17] nhwc\n  input w : half[64, 8, 3, 3] nhwc\n"
