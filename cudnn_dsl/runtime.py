@@ -26,7 +26,7 @@ from cudnn_dsl.tensors import (
     generate_inputs,
     host_scalar,
 )
-from dsl.ir import Graph, Instance
+from dsl.ir import Graph, Instance, NotFound
 from dsl.options import Options
 from dsl.types import fmt_shape
 
@@ -187,8 +187,14 @@ class CompiledGraph:
 
     def instance_for(self, tensors: dict[str, Any]) -> Instance:
         """The declared shape that the given inputs match; a clear error when none does."""
-        if len(self.graph.instances) == 1:
+        if len(self.graph.instances) == 1 and self.graph.typer is None:
             return self.graph.instances[0]
+        if self.graph.typer is not None:  # a range: read the dims off the inputs, type that shape
+            shapes = {k: tuple(t.shape) for k, t in tensors.items() if isinstance(t, torch.Tensor)}
+            try:
+                return self.graph.instance(self.graph.binding_of(shapes))
+            except NotFound as e:
+                raise BindingError(str(e)) from None
         for inst in self.graph.instances:
             if all(
                 tuple(tensors[v.name].shape) == inst.type(v.name).shape

@@ -148,7 +148,10 @@ class OptionDecl:
 class DimDecl:
     name: str
     values: tuple[int, ...]
+    """the values of `dim N in {8, 16}`; empty for a range"""
     loc: Loc = _loc()
+    span: tuple[int, int, int] | None = None
+    """(first, last, step) of `dim N in 1..4096 step 8`"""
 
 
 @attrs.frozen

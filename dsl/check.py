@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from dsl import ast
-from dsl.diagnostics import Loc, RuleError, Sink
+from dsl.diagnostics import DslError, Loc, RuleError, Sink
 from dsl.infer import Typer
 from dsl.ir import Graph, Instance, Node, Program, Symbol, Value
 from dsl.ops import INFIX, OPS, OpSig
@@ -125,7 +125,7 @@ class _GraphChecker:
         instances = self.type_instances(resolved)
         if self.sink.n_errors > n_errors:
             return None
-        return self.build(instances)
+        return self.build(instances, resolved)
 
     def stmt_TypesDecl(self, st: ast.TypesDecl) -> None:
         if st.kind in self.types:
@@ -157,12 +157,34 @@ class _GraphChecker:
     def stmt_DimDecl(self, st: ast.DimDecl) -> None:
         if not self.define(st.name, st.loc):
             return
+        if st.span is not None:
+            self.dim_range(st)
+            return
         if len(set(st.values)) != len(st.values):
             self.err(f"dim '{st.name}': values repeat in {{{', '.join(map(str, st.values))}}}", st.loc)
         if any(v < 1 or v > INT64_MAX for v in st.values):
             self.err(f"dim '{st.name}': values must be between 1 and 2^63-1", st.loc)
             return
         self.symbols[st.name] = Symbol(st.name, tuple(st.values), st.loc)
+
+    def dim_range(self, st: ast.DimDecl) -> None:
+        lo, hi, step = st.span
+        if not 1 <= lo <= hi <= INT64_MAX:
+            self.err(
+                f"dim '{st.name}': a range runs from a first value of at least 1 up to a last one, got {lo}..{hi}",
+                st.loc,
+            )
+            return
+        if step < 1 or (hi - lo) % step:
+            near = lo + (hi - lo) // step * step if step >= 1 else lo
+            self.err(
+                f"dim '{st.name}': {lo}..{hi} step {step} never reaches {hi}"
+                + (f"; the last value would be {near}" if step >= 1 else ""),
+                st.loc,
+            )
+            return
+        ends = (lo, hi) if hi > lo else (lo,)
+        self.symbols[st.name] = Symbol(st.name, ends, st.loc, span=(lo, hi, step))
 
     def _dims(self, dims: tuple[ast.Dim, ...]) -> tuple | None:
         out, ok = [], True
@@ -456,7 +478,8 @@ class _GraphChecker:
         return [dict(zip((s.name for s in syms), c)) for c in combos]
 
     def type_instances(self, resolved: Resolved) -> list[Instance]:
-        """Types every binding of the symbolic dims; an error found in several shapes is reported once."""
+        """Types every binding of the symbolic dims (a range's ends); an error found in several shapes
+        is reported once."""
         instances = []
         found: dict[tuple, list] = {}
         bindings = self.bindings()
@@ -466,7 +489,7 @@ class _GraphChecker:
             for d in local.items:
                 found.setdefault((d.severity, d.loc), [d, []])[1].append(binding)
             if not local.n_errors:
-                instances.append(Instance(tuple(binding.items()), tuple(typed.types.items()), typed.node_attrs))
+                instances.append(_instance(binding, typed))
         for d, where in found.values():
             notes = d.notes
             if len(bindings) > 1:
@@ -476,7 +499,7 @@ class _GraphChecker:
             self.sink.add(attrs.evolve(d, notes=notes))
         return instances
 
-    def build(self, instances: list[Instance]) -> Graph:
+    def build(self, instances: list[Instance], resolved: Resolved) -> Graph:
         uids = _assign_uids(self)
         values = []
         for name, d in self.decls.items():
@@ -487,6 +510,7 @@ class _GraphChecker:
                 values.append(Value(o, kind, uids[o], loc=self.produced[o][1]))
         nodes = tuple(Node(n.op, tuple(n.inputs), tuple(n.outputs), n.compute, n.loc) for n in self.nodes)
         opts = Options(**self.options)
+        used = [s for s in self.symbols.values() if s.name in self.used]
         io = self.types.get("io", (None, None))[0]
         inter = self.types.get("intermediate", (DEFAULT_MATH, None))[0]
         compute = self.types.get("compute", (DEFAULT_MATH, None))[0]
@@ -502,7 +526,29 @@ class _GraphChecker:
             nodes,
             tuple(instances),
             self.gdef.loc,
+            tuple((name, d.dims) for name, d in self.decls.items() if d.kind == "input"),
+            _typer(resolved, tuple(dict(instances[0].binding))) if any(s.span for s in used) else None,
         )
+
+
+def _instance(binding: dict[str, int], typed) -> Instance:
+    return Instance(tuple(binding.items()), tuple(typed.types.items()), typed.node_attrs)
+
+
+def _typer(resolved: Resolved, names: tuple[str, ...]):
+    """Types a binding met after checking (a value inside a range); DslError with what its shape breaks."""
+
+    def type_binding(binding: dict[str, int]) -> Instance:
+        binding = {k: binding[k] for k in names}
+        local = Sink()
+        typed = Typer(resolved, binding, local).run()
+        errors = [d for d in local.items if d.severity == "error"]
+        if errors:
+            note = (f"with {', '.join(f'{k} = {v}' for k, v in binding.items())}", None)
+            raise DslError([attrs.evolve(d, notes=d.notes + (note,)) for d in errors])
+        return _instance(binding, typed)
+
+    return type_binding
 
 
 def _assign_uids(gc: _GraphChecker) -> dict[str, int]:

@@ -26,11 +26,37 @@ class NotFound(LookupError):
 
 @attrs.frozen
 class Symbol:
-    """A symbolic dimension and the values it takes (a dynamic shape)."""
+    """A symbolic dimension and the values it takes (a dynamic shape): a set, or a range whose
+    ends are typed when the file is checked and whose other values are typed on first use."""
 
     name: str
     values: tuple[int, ...]
+    """the set's values; a range's ends"""
     loc: Loc = _loc()
+    span: tuple[int, int, int] | None = None
+    """(first, last, step) of a range"""
+
+    def accepts(self, value: int) -> bool:
+        if self.span is None:
+            return value in self.values
+        lo, hi, step = self.span
+        return lo <= value <= hi and (value - lo) % step == 0
+
+    @property
+    def count(self) -> int:
+        """How many values the dim takes."""
+        if self.span is None:
+            return len(self.values)
+        lo, hi, step = self.span
+        return (hi - lo) // step + 1
+
+    @property
+    def text(self) -> str:
+        """'{8, 16}', '1..4096' or '8..4096 step 8', as the file spells it."""
+        if self.span is None:
+            return "{" + ", ".join(map(str, self.values)) + "}"
+        lo, hi, step = self.span
+        return f"{lo}..{hi}" + (f" step {step}" if step != 1 else "")
 
 
 @attrs.frozen
@@ -103,11 +129,18 @@ class Graph:
     values: tuple[Value, ...]
     nodes: tuple[Node, ...]
     instances: tuple[Instance, ...]
+    """the shapes typed when the file was checked: every value of a set, the ends of a range"""
     loc: Loc = _loc()
+    input_dims: tuple[tuple[str, tuple[int | str, ...]], ...] = ()
+    """each input's declared dims, symbols by name: how a binding is read off the inputs' shapes"""
+    typer: Any = attrs.field(default=None, eq=False, repr=False)
+    """binding -> Instance, for a value of a range first met after checking (raises DslError)"""
     _by_name: dict = attrs.field(init=False, eq=False, repr=False)
+    _typed: dict = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self):
         object.__setattr__(self, "_by_name", {v.name: v for v in self.values})
+        object.__setattr__(self, "_typed", {tuple(sorted(i.binding)): i for i in self.instances})
 
     def value(self, name: str) -> Value:
         return self._by_name[name]
@@ -126,20 +159,43 @@ class Graph:
 
     @property
     def declared_shapes(self) -> str:
-        """'N in {8, 16}; M in {4}' — what a caller may bind."""
-        return "; ".join(f"{s.name} in {{{', '.join(map(str, s.values))}}}" for s in self.symbols)
+        """'N in {8, 16}; M in 1..64' — what a caller may bind."""
+        return "; ".join(f"{s.name} in {s.text}" for s in self.symbols)
 
     def instance(self, binding: dict[str, int] | None = None) -> Instance:
-        """The instance for a binding of the symbolic dims (the only one when there are none)."""
+        """The instance for a binding of the symbolic dims (the only one when there are none); a
+        range's value is typed on first use. NotFound, naming the dim's declaration, for a value
+        the graph does not declare."""
         if not binding and len(self.instances) == 1:
             return self.instances[0]
         want = tuple(sorted((binding or {}).items()))
-        for inst in self.instances:
-            if tuple(sorted(inst.binding)) == want:
-                return inst
+        if want in self._typed:
+            return self._typed[want]
+        syms = {s.name: s for s in self.symbols if self.instances and s.name in dict(self.instances[0].binding)}
+        if syms and set(dict(want)) == set(syms) and self.typer is not None:
+            outside = [s for k, v in want if not (s := syms[k]).accepts(v)]
+            if not outside:
+                return self._typed.setdefault(want, self.typer(dict(want)))
+            s = outside[0]
+            raise NotFound(
+                f"{s.loc}: graph '{self.name}': {s.name}={dict(want)[s.name]} is not in {s.text}"
+            )
         raise NotFound(
             f"graph '{self.name}' has no shape {dict(want) or 'without a binding'}; declared: {self.declared_shapes}"
         )
+
+    def binding_of(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+        """The symbolic dims read off the inputs' shapes (name -> shape; inputs not given are skipped).
+        Each dim is read where it first appears; the binding check that follows catches disagreements."""
+        binding: dict[str, int] = {}
+        for name, dims in self.input_dims:
+            shape = shapes.get(name)
+            if shape is None or len(shape) != len(dims):
+                continue
+            for d, n in zip(dims, shape):
+                if isinstance(d, str):
+                    binding.setdefault(d, n)
+        return binding
 
 
 @attrs.frozen

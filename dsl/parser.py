@@ -22,6 +22,7 @@ _BRACKETS = {"LPAR": 1, "LSQB": 1, "RPAR": -1, "RSQB": -1}
 _TERMINAL_NAMES = {
     "NAME": "a name",
     "NUMBER": "a number",
+    "RANGE": "a range (1..4096)",
     "STRING": "a string",
     "_NL": "end of line",
     "SEMICOLON": "';'",
@@ -156,6 +157,11 @@ class _ToAst(Transformer_NonRecursive):
 
     def dim_decl(self, meta, ch):
         return ast.DimDecl(str(ch[0]), tuple(self._int(t) for t in ch[1:]), self._loc(meta))
+
+    def dim_range(self, meta, ch):
+        lo, hi = (int(x) for x in str(ch[1]).split(".."))
+        step = self._int(ch[2]) if len(ch) > 2 else 1
+        return ast.DimDecl(str(ch[0]), (), self._loc(meta), span=(lo, hi, step))
 
     def input_decl(self, meta, ch):
         return ast.InputDecl(str(ch[0]), ch[1], tuple(ch[2:]), self._loc(meta))

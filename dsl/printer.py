@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from dsl import ast
@@ -67,6 +69,9 @@ def fmt_stmt(st) -> str:
     if isinstance(st, ast.OptionDecl):
         return f"option {st.name} = {fmt_value(st.value)}"
     if isinstance(st, ast.DimDecl):
+        if st.span is not None:
+            lo, hi, step = st.span
+            return f"dim {st.name} in {lo}..{hi}" + (f" step {step}" if step != 1 else "")
         return f"dim {st.name} in {{{', '.join(map(str, st.values))}}}"
     if isinstance(st, ast.InputDecl):
         return f"input {st.name} : {_fmt_type(st.type)}{_fmt_specs(st.specs)}"
@@ -208,7 +213,7 @@ def dump_ir(program: Program) -> str:
         out.append(f"graph {g.name} (io={g.io or 'auto'}, intermediate={g.intermediate}, compute={g.compute})")
         out.append(f"  options {_options_str(g.options)}")
         for s in g.symbols:
-            out.append(f"  dim {s.name} in {{{', '.join(map(str, s.values))}}}")
+            out.append(f"  dim {s.name} in {s.text}")
         for v in g.of_kind("input", "scalar", "const"):
             if v.kind == "input":
                 t, st = _type_str(g, v.name)
@@ -233,11 +238,14 @@ def summary(program: Program) -> str:
     out = []
     for g in program.graphs:
         shapes = f"{len(g.instances)} shapes" if len(g.instances) > 1 else "1 shape"
+        if g.typer is not None:
+            total = math.prod(s.count for s in g.symbols if s.name in dict(g.instances[0].binding))
+            shapes = f"{total} shapes ({len(g.instances)} checked now: each range's ends; the others on first use)"
         out.append(f"{program.file}: graph {g.name}: {len(g.nodes)} ops, {shapes}")
         out.append(f"  types    io {g.io or '(from inputs)'}, intermediate {g.intermediate}, compute {g.compute}")
         out.append(f"  options  {_options_str(g.options)}")
         for s in g.symbols:
-            out.append(f"  dim      {s.name} in {{{', '.join(map(str, s.values))}}}")
+            out.append(f"  dim      {s.name} in {s.text}")
         producers = {o: n for n in g.nodes for o in n.outputs}
         rows = []
         for v in g.values:
@@ -276,7 +284,10 @@ def to_json(program: Program) -> dict:
                 "intermediate": g.intermediate,
                 "compute": g.compute,
                 "options": {f.name: getattr(g.options, f.name) for f in attrs.fields(Options)},
-                "dims": {s.name: list(s.values) for s in g.symbols},
+                "dims": {
+                    s.name: list(s.values) if s.span is None else dict(zip(("first", "last", "step"), s.span))
+                    for s in g.symbols
+                },
                 "values": [
                     {"name": v.name, "kind": v.kind, "uid": v.uid, "scalar": v.scalar, "dtype": v.dtype}
                     for v in g.values

@@ -135,6 +135,17 @@ def select_instances(graph: Graph, items) -> list[Instance]:
     if bad:
         dims = ", ".join(s.name for s in graph.symbols) or "none"
         raise UsageError(f"graph '{graph.name}' has no symbolic dim {', '.join(sorted(bad))} (its dims: {dims})")
+    if graph.typer is not None:  # a range takes values that were not typed when checking
+        import itertools
+
+        from dsl.ir import NotFound
+
+        names = [k for k, _ in graph.instances[0].binding]
+        per = [sorted(wanted.get(n) or {dict(i.binding)[n] for i in graph.instances}) for n in names]
+        try:
+            return [graph.instance(dict(zip(names, combo))) for combo in itertools.product(*per)]
+        except NotFound as e:
+            raise UsageError(f"--shape: {e}") from None
     chosen = [i for i in graph.instances if all(dict(i.binding)[k] in v for k, v in wanted.items())]
     if not chosen:
         raise UsageError(f"--shape selects none of graph '{graph.name}'s shapes ({graph.declared_shapes})")

@@ -1,0 +1,97 @@
+"""Range dims (`dim T in 16..4096 step 16`): parsed, printed, checked at their ends, typed on first use."""
+
+from pathlib import Path
+
+import pytest
+
+import cudnn_dsl
+from cudnn_dsl.tensors import BindingError
+from dsl.diagnostics import DslError
+from dsl.ir import NotFound
+from dsl.pipeline import program
+from dsl.printer import summary
+from tests.cli_util import run_cli
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "serve_matmul.cdg"
+
+
+def graph_of(dim: str, body: str):
+    return program(text=f"graph g {{\n  {dim}\n{body}\n}}\n", file="r.cdg").graphs[0]
+
+
+GROUPED = "  input x : half[1, C, 8, 8] nhwc\n  input w : half[24, 4, 3, 3] nhwc\n  output y = conv_fprop(x, w)"
+
+
+def test_a_range_checks_its_ends_and_types_other_values_on_first_use():
+    g = program(EXAMPLE).graphs[0]
+    assert [dict(i.binding) for i in g.instances] == [{"T": 16}, {"T": 4096}]
+    inst = g.instance({"T": 48})
+    assert inst.type("y").shape == (1, 48, 1024)
+    assert g.instance({"T": 48}) is inst  # typed once
+    assert "256 shapes (2 checked now" in summary(program(EXAMPLE))
+
+
+def test_a_range_value_types_like_the_same_value_in_a_set():
+    body = "  input x : bf16[1, T, 64]\n  input w : bf16[1, 64, 32]\n  output y = relu(matmul(x, w))"
+    ranged = graph_of("dim T in 16..4096 step 16", body)
+    listed = graph_of("dim T in {48}", body)
+    assert ranged.instance({"T": 48}) == listed.instances[0]
+
+
+def test_a_value_outside_the_range_points_at_the_dim():
+    g = program(EXAMPLE).graphs[0]
+    for bad in (8, 50, 4112):
+        with pytest.raises(
+            NotFound, match=rf"serve_matmul.cdg:6:3: graph 'serve_matmul': T={bad} is not in 16..4096 step 16"
+        ):
+            g.instance({"T": bad})
+
+
+def test_a_shape_rule_broken_inside_the_range_is_located_with_the_value():
+    g = graph_of("dim C in 4..12 step 2", GROUPED)  # C = 6 is not a multiple of the weight's 4 channels
+    assert g.instance({"C": 8}).type("y").shape == (1, 24, 6, 6)
+    with pytest.raises(DslError) as e:
+        g.instance({"C": 6})
+    [d] = e.value.diagnostics
+    assert "image has 6 channels, weight expects 4" in d.message and d.loc.line == 5
+    assert ("with C = 6", None) in d.notes
+
+
+@pytest.mark.parametrize(
+    "dim, message",
+    [
+        ("dim T in 0..8", "a range runs from a first value of at least 1 up to a last one, got 0..8"),
+        ("dim T in 9..8", "got 9..8"),
+        ("dim T in 16..100 step 16", "16..100 step 16 never reaches 100; the last value would be 96"),
+        ("dim T in 1..8 step 0", "1..8 step 0 never reaches 8"),
+    ],
+)
+def test_bad_ranges_are_located_errors(dim, message):
+    with pytest.raises(DslError, match=message) as e:
+        graph_of(dim, "  input x : half[T, 8]\n  output y = relu(x)")
+    assert e.value.diagnostics[0].loc.line == 2
+
+
+def test_fmt_prints_a_range_canonically(tmp_path):
+    f = tmp_path / "r.cdg"
+    f.write_text("graph g {\n  dim T in 1 .. 64 step 1\n  input x : half[T, 8]\n  output y = relu(x)\n}\n")
+    p = run_cli("fmt", "--stdout", f)
+    assert p.returncode == 0 and "  dim T in 1..64\n" in p.stdout
+
+
+def test_the_runtime_reads_the_range_value_off_the_inputs():
+    cg = cudnn_dsl.compile(EXAMPLE)
+    ins = cg.allocate_inputs({"T": 64})
+    assert dict(cg.instance_for(ins).binding) == {"T": 64}
+    assert tuple(cg.reference(ins)["y"].shape) == (1, 64, 1024)
+    ins["x"] = ins["x"][:, :63]
+    with pytest.raises(BindingError, match="T=63 is not in 16..4096 step 16"):
+        cg.instance_for(ins)
+
+
+def test_run_takes_values_inside_the_range_and_refuses_those_outside():
+    p = run_cli("run", EXAMPLE, "--shape", "T=48", "--no-reference")
+    assert p.returncode == 0, p.stderr
+    assert "T=48" in p.stdout + p.stderr
+    p = run_cli("run", EXAMPLE, "--shape", "T=50")
+    assert p.returncode == 2 and "T=50 is not in 16..4096 step 16" in p.stderr
