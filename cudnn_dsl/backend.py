@@ -62,6 +62,8 @@ class Target:
     descriptor: str
     sm_version: int
     source: str = ""  # the descriptor's file, for messages
+    unverified: str = ""
+    """why the descriptor may not match a real GPU (bundled ones made from published figures say so)"""
 
     @classmethod
     def from_file(cls, path: str | Path) -> Target:
@@ -85,7 +87,8 @@ class Target:
                 f"{path}: not a cuDNN device descriptor (no integer deviceVer); "
                 "make one with `cudnn-dsl device-info` on the GPU you target"
             )
-        return cls(str(d.get("deviceName") or Path(path).stem), text, d["deviceVer"] // 10, str(path))
+        name = str(d.get("deviceName") or Path(path).stem)
+        return cls(name, text, d["deviceVer"] // 10, str(path), str(d.get("unverified") or ""))
 
     @classmethod
     def named(cls, name: str) -> Target:

@@ -177,9 +177,7 @@ class Graph:
             if not outside:
                 return self._typed.setdefault(want, self.typer(dict(want)))
             s = outside[0]
-            raise NotFound(
-                f"{s.loc}: graph '{self.name}': {s.name}={dict(want)[s.name]} is not in {s.text}"
-            )
+            raise NotFound(f"{s.loc}: graph '{self.name}': {s.name}={dict(want)[s.name]} is not in {s.text}")
         raise NotFound(
             f"graph '{self.name}' has no shape {dict(want) or 'without a binding'}; declared: {self.declared_shapes}"
         )

@@ -53,6 +53,12 @@ class Options:
         "float", None, "relative tolerance against the reference (default: per dtype)", lo=0, hi=None, optional=True
     )
     seed: int = _option("int", 0, "seed of the generated inputs", lo=0, hi=INT64_MAX)
+    split: bool = _option(
+        "bool", True, "when cuDNN declines the whole graph, run it as the fewest graphs cuDNN accepts, in order"
+    )
+    fallback: bool = _option(
+        "bool", True, "run an op that no cuDNN engine takes, even alone, with its torch reference on the GPU"
+    )
 
     def modes(self, tuning: bool = False) -> tuple[str, ...]:
         """The heuristic modes to ask: the file's or the command line's, else A then FALLBACK for a

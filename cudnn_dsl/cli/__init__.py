@@ -17,6 +17,7 @@ COMMANDS = {
     "emit": "emit",
     "tune": "tune",
     "bench": "bench",
+    "support": "support",
     "cache": "cache",
     "device-info": "device_info",
 }

@@ -56,7 +56,8 @@ def run(args) -> int:
 def _plan(program, target, records: list, quiet: bool) -> int:
     """Asks the real cuDNN library for the target's plans for every shape of every graph."""
     from cudnn_dsl.backend import BackendUnavailable
-    from cudnn_dsl.build import plan_deviceless, timings_text
+    from cudnn_dsl.build import timings_text
+    from cudnn_dsl.partition import plan_for_target
     from dsl.diagnostics import DslError
 
     status = common.EXIT_OK
@@ -65,7 +66,7 @@ def _plan(program, target, records: list, quiet: bool) -> int:
             name = common.label(g, inst)
             progress = common.Progress(name)
             try:
-                low = plan_deviceless(g, inst, g.options, target, progress)
+                low, partition = plan_for_target(g, inst, g.options, target, progress)
             except (DslError, BackendUnavailable) as e:  # said, and the other graphs and files still planned
                 status = max(status, common.report(e))
                 why = [d.to_json() for d in e.diagnostics] if isinstance(e, DslError) else str(e)
@@ -73,6 +74,13 @@ def _plan(program, target, records: list, quiet: bool) -> int:
                 continue
             finally:
                 progress.done()
+            if partition is not None:
+                lines = partition.lines(g)
+                records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, "parts": lines})
+                if not quiet:
+                    print(f"  cuDNN for {target.name} declines graph {name} whole ({partition.declined}); it runs as:")
+                    print("".join(f"    {line}\n" for line in lines), end="")
+                continue
             record = common.plan_record(g, inst, target, low)
             records.append(record)
             if not quiet:

@@ -1,0 +1,79 @@
+"""`cudnn-dsl support FILE... --target h200,a100`: per graph and target GPU, whether cuDNN fuses it
+whole, or where it splits and why — asked of the real cuDNN library, with no GPU."""
+
+from __future__ import annotations
+
+from cudnn_dsl.cli import common
+
+HELP = "say, per target GPU, whether cuDNN fuses each graph whole or where it splits it, and why (no GPU needed)"
+
+
+def register(p) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--graph", help="only this graph of each file")
+    p.add_argument("--shape", action="append", metavar="DIM=VALUE", help="only these values of a symbolic dim")
+    p.add_argument(
+        "--target",
+        metavar="GPU[,GPU...]",
+        help="the GPUs to ask about, from cudnn_dsl/devices/ (default: every bundled one; those made from "
+        "published figures are marked unverified)",
+    )
+    p.add_argument("--device-properties", metavar="JSON", help="a descriptor `cudnn-dsl device-info` printed on a GPU")
+    p.add_argument("--no-fallback", action="store_true", help="an op no engine runs is an error, not a torch fallback")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
+    common.add_log_flags(p)
+    p.set_defaults(run=run)
+
+
+def _targets(args) -> list:
+    from cudnn_dsl.backend import DEVICES_DIR, Target
+
+    if args.device_properties:
+        if args.target:
+            raise common.UsageError("give --target or --device-properties, not both")
+        return [Target.from_file(args.device_properties)]
+    names = [n.strip() for n in args.target.split(",") if n.strip()] if args.target else None
+    return [Target.named(n) for n in names or sorted(p.stem for p in DEVICES_DIR.glob("*.json"))]
+
+
+def run(args) -> int:
+    from cudnn_dsl.partition import plan_for_target
+    from dsl.diagnostics import DslError
+
+    common.start_logging(args)
+    common.check_writable(args.json, "--json")
+    targets = _targets(args)  # an unknown name is a usage error before any work
+    status, records = common.EXIT_OK, []
+    for path in args.files:
+        result = common.load_each(path)
+        if result is None or not result.ok:
+            status = max(status, common.EXIT_USAGE if result is None else common.EXIT_FAIL)
+            continue
+        for g in common.select_graphs(result.program, args.graph):
+            options = g.options.with_values({"fallback": False}) if args.no_fallback else g.options
+            for inst in common.select_instances(g, args.shape):
+                print(f"{path}: graph {common.label(g, inst)}")
+                for target in targets:
+                    mark = ", unverified descriptor" if target.unverified else ""
+                    where = f"{target.name} (sm_{target.sm_version}{mark})"
+                    record = {"file": path, "graph": g.name, "binding": dict(inst.binding), "target": target.name}
+                    records.append(record)
+                    progress = common.Progress(f"{g.name} on {target.name}")
+                    try:
+                        low, partition = plan_for_target(g, inst, options, target, progress)
+                    except DslError as e:
+                        status = max(status, common.report(e))
+                        record["error"] = [d.to_json() for d in e.diagnostics]
+                        continue
+                    finally:
+                        progress.done()
+                    if partition is None:
+                        record.update(fuses=True, plans=low.plan_count)
+                        print(f"  {where}: fuses — one cuDNN graph, {low.plan_count} candidate plans")
+                        continue
+                    lines = partition.lines(g)
+                    record.update(fuses=False, declined=partition.declined, parts=lines)
+                    print(f"  {where}: splits into {len(lines)} parts — cuDNN declines it whole: {partition.declined}")
+                    print("".join(f"    {line}\n" for line in lines), end="")
+    common.write_json(args.json, {"support": records})
+    return status

@@ -1,0 +1,40 @@
+"""Semantic layer: a run of a graph's nodes as a graph of its own (what partitioning builds on).
+
+The nodes keep their UIDs and attributes. Values the run reads but does not make become its
+inputs (tensors an earlier part made are materialized there, in their inferred dtype); values it
+makes that a later node or the caller reads become its outputs.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from dsl.ir import Graph, Instance
+
+
+def subgraph(graph: Graph, inst: Instance, first: int, end: int, name: str) -> Graph:
+    """Nodes [first, end) of one shape of `graph`, as a one-shape graph named `name`."""
+    nodes = graph.nodes[first:end]
+    made = {o for n in nodes for o in n.outputs}
+    read = [i for n in nodes for i in n.inputs if i is not None and i not in made]
+    later = {i for n in graph.nodes[end:] for i in n.inputs if i is not None}
+    values = []
+    for v in graph.values:
+        if v.name in made:
+            kind = "output" if v.kind == "output" or v.name in later else "virtual"
+            values.append(attrs.evolve(v, kind=kind))
+        elif v.name in read:
+            values.append(v if v.kind in ("input", "scalar", "const") else attrs.evolve(v, kind="input"))
+    names = {v.name for v in values}
+    attrs_of = tuple(inst.node_attrs[first:end]) if inst.node_attrs else ()
+    part = Instance((), tuple((k, t) for k, t in inst.types if k in names), attrs_of)
+    return attrs.evolve(
+        graph,
+        name=name,
+        symbols=(),
+        values=tuple(values),
+        nodes=nodes,
+        instances=(part,),
+        input_dims=(),
+        typer=None,
+    )

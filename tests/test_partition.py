@@ -1,0 +1,102 @@
+"""Partitioning, deviceless: when the real cuDNN library declines a graph for a target, the fewest
+graphs it accepts, the ops left to torch, and `cudnn-dsl support` saying so per target."""
+
+import json
+
+import pytest
+
+from cudnn_dsl.backend import Target
+from cudnn_dsl.partition import plan_for_target
+from dsl.diagnostics import DslError
+from dsl.pipeline import program
+from dsl.subgraph import subgraph
+from tests.cli_util import run_cli
+
+LN_GELU = (
+    "graph ln_gelu {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"
+    "  input b : float[1, 1024, 1, 1] nhwc\n  output y = gelu(layernorm(x, s, b))\n}\n"
+)
+POINTWISE_2D = (
+    "graph pw {\n  io half\n  input x : half[64, 256]\n  input b : half[1, 256]\n  output y = relu(x + b)\n}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return Target.named("h200")
+
+
+def test_a_part_reads_what_earlier_parts_made_as_inputs_and_keeps_uids():
+    g = program("examples/residual_block.cdg").graphs[0]
+    inst = g.instances[0]
+    conv = subgraph(g, inst, 0, 1, "conv")
+    rest = subgraph(g, inst, 1, len(g.nodes), "rest")
+    assert [v.name for v in conv.outputs] == ["y"]  # a virtual tensor a later part reads: materialized
+    assert conv.instances[0].type("y").dtype == "float"  # in its inferred (intermediate) dtype
+    y = rest.value("y")
+    assert y.kind == "input" and y.uid == g.value("y").uid
+    assert [v.name for v in rest.of_kind("input")] == ["x", "bn_scale", "bn_shift", "y"]
+    assert [v.name for v in rest.outputs] == ["out"] and rest.instances[0].attrs(0) == inst.attrs(1)
+
+
+def test_a_norm_with_an_epilogue_splits_into_two_cudnn_graphs(h200):
+    g = program(text=LN_GELU, file="ln.cdg").graphs[0]
+    low, partition = plan_for_target(g, g.instances[0], g.options, h200)
+    assert low is None and "no engine" in partition.declined
+    assert [(p.first, p.end, p.graph is not None) for p in partition.parts] == [(0, 1, True), (1, 2, True)]
+    assert partition.lines(g)[0] == "part 1: layernorm (line 6) — cuDNN graph; materializes layernorm_0"
+
+
+def test_an_op_no_engine_takes_alone_falls_back_to_torch_unless_told_not_to(h200):
+    g = program(text=POINTWISE_2D, file="pw.cdg").graphs[0]
+    _, partition = plan_for_target(g, g.instances[0], g.options, h200)
+    assert [p.graph for p in partition.parts] == [None, None]
+    assert "torch fallback" in partition.lines(g)[0]
+    strict = g.options.with_values({"fallback": False})
+    with pytest.raises(DslError, match="no cuDNN engine runs add here, even alone") as e:
+        plan_for_target(g, g.instances[0], strict, h200)
+    assert (e.value.diagnostics[0].loc.line, e.value.diagnostics[0].loc.col) == (5, 19)
+
+
+def test_with_splitting_off_the_refusal_is_the_error(h200):
+    g = program(text=LN_GELU.replace("io bf16", "io bf16\n  option split = false"), file="ln.cdg").graphs[0]
+    with pytest.raises(DslError, match="create_execution_plans failed"):
+        plan_for_target(g, g.instances[0], g.options, h200)
+
+
+def test_support_says_per_target_what_fuses_and_where_it_splits(tmp_path):
+    f = tmp_path / "ln.cdg"
+    f.write_text(LN_GELU)
+    report = tmp_path / "support.json"
+    p = run_cli("support", f, "examples/residual_block.cdg", "--target", "h200,a100", "--json", report)
+    assert p.returncode == 0, p.stderr
+    assert "NVIDIA H200 (sm_90): splits into 2 parts" in p.stdout
+    assert "NVIDIA A100-SXM4-80GB (sm_80, unverified descriptor)" in p.stdout
+    assert "NVIDIA H200 (sm_90): fuses — one cuDNN graph" in p.stdout
+    records = json.loads(report.read_text())["support"]
+    assert [(r["graph"], r["target"], r["fuses"]) for r in records] == [
+        ("ln_gelu", "NVIDIA H200", False),
+        ("ln_gelu", "NVIDIA A100-SXM4-80GB", False),
+        ("residual_block", "NVIDIA H200", True),
+        ("residual_block", "NVIDIA A100-SXM4-80GB", True),
+    ]
+
+
+def test_support_refuses_an_unknown_target_before_any_work():
+    p = run_cli("support", "examples/residual_block.cdg", "--target", "h200,z9")
+    assert p.returncode == 2 and "unknown target 'z9'" in p.stderr and "a100" in p.stderr
+
+
+def test_support_no_fallback_makes_a_fallback_an_error(tmp_path):
+    f = tmp_path / "pw.cdg"
+    f.write_text(POINTWISE_2D)
+    p = run_cli("support", f, "--target", "h200", "--no-fallback")
+    assert p.returncode == 1 and "fallback to torch is off" in p.stderr
+
+
+def test_check_target_reports_the_partition_instead_of_failing(tmp_path):
+    f = tmp_path / "ln.cdg"
+    f.write_text(LN_GELU)
+    p = run_cli("check", "--target", "h200", f)
+    assert p.returncode == 0, p.stderr
+    assert "declines graph ln_gelu whole" in p.stdout and "part 2: gelu (line 6) — cuDNN graph" in p.stdout
