@@ -141,10 +141,21 @@ _COMPARE_REF = {
 }
 
 
+def _as_tensors(ins) -> list:
+    """The inputs as tensors: the eager baseline passes host scalars as Python numbers."""
+    like = next(t for t in ins if isinstance(t, torch.Tensor))
+    return [t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=like.dtype, device=like.device) for t in ins]
+
+
 def _compare(op: str) -> OpImpl:
     fn = _COMPARE_REF[op]
+
+    def ref(ins, a, outs):
+        x, y = _as_tensors(ins)
+        return [fn(x, y).to(x.dtype)]
+
     return OpImpl(
-        ref=lambda ins, a, outs: [fn(ins[0], ins[1]).to(ins[0].dtype)],
+        ref=ref,
         lower=lambda ctx, ins, a: [getattr(ctx.g, op)(ins[0], ins[1], **ctx.kw)],
     )
 
@@ -158,7 +169,7 @@ def lower_logical_not(ctx, ins, a):
 
 
 def ref_binary_select(ins, a, outs):
-    x, y, mask = ins
+    x, y, mask = _as_tensors(ins)
     return [torch.where(mask != 0, x, y)]
 
 
