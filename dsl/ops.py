@@ -236,6 +236,12 @@ def _bool_inputs(ctx: Ctx, *idx: int) -> None:
             )
 
 
+def infer_compare(ctx: Ctx) -> list[Out]:
+    """Comparisons compare in the compute dtype, so integers and floats mix (an int32 gen_index
+    against a float literal); deviceless planning with cuDNN 9.28 accepts it."""
+    return _broadcast_all(ctx)
+
+
 def infer_logic(ctx: Ctx) -> list[Out]:
     """logical_and/or/not: bool in, bool out."""
     _bool_inputs(ctx, *range(len(ctx.inputs)))
@@ -568,7 +574,7 @@ def _pointwise_binary(name: str, doc: str) -> OpSig:
 
 
 def _compare(name: str, doc: str) -> OpSig:
-    return OpSig(name, "pointwise", ("a", "b"), infer_binary, doc=doc, result_dtype="bool")
+    return OpSig(name, "pointwise", ("a", "b"), infer_compare, doc=doc, result_dtype="bool")
 
 
 def _logic(name: str, inputs: tuple[str, ...], doc: str) -> OpSig:

@@ -47,6 +47,11 @@ def test_a_comparison_gives_bool_unless_the_output_declares_another_dtype():
     assert t["f"].dtype == "float"  # declared
 
 
+def test_a_comparison_mixes_integers_and_floats():
+    t = types(graph("  input x : half[2, 8]\n  output m = cmp_lt(gen_index(x, axis=1), 4)"))
+    assert t["m"].dtype == "bool"
+
+
 def test_gen_index_gives_int32_and_concatenate_keeps_the_dtype():
     t = types(
         graph(
@@ -83,10 +88,11 @@ def test_logic_ops_compute_in_bool_and_a_bool_mask_multiplies_a_float():
             "binary_select: input 3 is int32; it must be bool",
         ),
         (
-            "  input x : half[4]\n  input i : int32[4]\n  output y = cmp_eq(x, i)",
-            (4, 24),
-            "cmp_eq: dtype conflict: input 1 is half, input 2 is int32",
+            "  input x : half[4]\n  input i : int32[4]\n  output y = binary_select(x, i, cmp_eq(x, i))",
+            (4, 31),
+            "binary_select: dtype conflict: input 1 is half, input 2 is int32",
         ),
+        ("  input x : half[4]\n  output y = cmp_eq(x, x, x)", (3, 14), "cmp_eq takes 2 inputs (a, b), got 3"),
         (
             "  input x : half[4]\n  output y = concatenate(x, axis=0)",
             (3, 14),
