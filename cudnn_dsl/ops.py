@@ -27,7 +27,6 @@ class OpImpl:
 # ---- pointwise ---------------------------------------------------------------------
 
 _UNARY_REF = {
-    "relu": torch.relu,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "sigmoid": torch.sigmoid,
@@ -46,6 +45,7 @@ _UNARY_REF = {
     "cos": torch.cos,
     "floor": torch.floor,
     "ceil": torch.ceil,
+    "tan": torch.tan,
     "identity": lambda x: x.clone(),
 }
 _BINARY_REF = {
@@ -56,16 +56,18 @@ _BINARY_REF = {
     "max": torch.maximum,
     "min": torch.minimum,
     "pow": torch.pow,
+    "mod": torch.fmod,
+    "add_square": lambda a, b: a + b * b,
     "bias": torch.add,
     "scale": torch.mul,
 }
 #: language name -> cuDNN Frontend builder name, where they differ
-_CUDNN_NAME = {"gelu_tanh": "gelu_approx_tanh"}
+CUDNN_NAME = {"gelu_tanh": "gelu_approx_tanh"}
 
 
 def _unary(op: str) -> OpImpl:
     fn = _UNARY_REF[op]
-    builder = _CUDNN_NAME.get(op, op)
+    builder = CUDNN_NAME.get(op, op)
     return OpImpl(
         ref=lambda ins, a, outs: [fn(ins[0])],
         lower=lambda ctx, ins, a: [getattr(ctx.g, builder)(ins[0], **ctx.kw)],
@@ -78,6 +80,21 @@ def _binary(op: str) -> OpImpl:
         ref=lambda ins, a, outs: [fn(ins[0], ins[1])],
         lower=lambda ctx, ins, a: [getattr(ctx.g, op)(ins[0], ins[1], **ctx.kw)],
     )
+
+
+#: relu's attributes at cuDNN's own defaults (no ceiling, no slope): left out of the call
+_RELU_DEFAULTS = {"negative_slope": 0.0, "lower_clip": 0.0, "upper_clip": None}
+
+
+def ref_relu(ins, a, outs):
+    x, lo, hi = ins[0], a["lower_clip"], a["upper_clip"]
+    y = torch.where(x <= lo, lo + a["negative_slope"] * (x - lo), x)
+    return [y if hi is None else torch.where(x >= hi, torch.full_like(x, hi), y)]
+
+
+def lower_relu(ctx, ins, a):
+    given = {k: v for k, v in a.items() if v != _RELU_DEFAULTS[k]}
+    return [ctx.g.relu(ins[0], **given, **ctx.kw)]
 
 
 def ref_leaky_relu(ins, a, outs):
@@ -94,6 +111,79 @@ def ref_swish(ins, a, outs):
 
 def lower_swish(ctx, ins, a):
     return [ctx.g.swish(ins[0], swish_beta=a["beta"], **ctx.kw)]
+
+
+def ref_gen_index(ins, a, outs):
+    x, axis = ins[0], a["axis"]
+    shape = [1] * x.dim()
+    shape[axis] = x.shape[axis]
+    index = torch.arange(x.shape[axis], dtype=x.dtype, device=x.device).reshape(shape)
+    return [index.expand(x.shape).clone()]
+
+
+def lower_gen_index(ctx, ins, a):
+    return [ctx.g.gen_index(ins[0], axis=a["axis"], **ctx.kw)]
+
+
+# ---- comparisons and logic ------------------------------------------------------------------
+# The reference holds every value widened (bool as 0/1 in float32); a bool result is 0/1 in the
+# dtype of its first input, rounded to bool when it is an output.
+
+_COMPARE_REF = {
+    "cmp_eq": torch.eq,
+    "cmp_neq": torch.ne,
+    "cmp_gt": torch.gt,
+    "cmp_ge": torch.ge,
+    "cmp_lt": torch.lt,
+    "cmp_le": torch.le,
+    "logical_and": lambda a, b: torch.logical_and(a != 0, b != 0),
+    "logical_or": lambda a, b: torch.logical_or(a != 0, b != 0),
+}
+
+
+def _as_tensors(ins) -> list:
+    """The inputs as tensors: the eager baseline passes host scalars as Python numbers."""
+    like = next(t for t in ins if isinstance(t, torch.Tensor))
+    return [t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=like.dtype, device=like.device) for t in ins]
+
+
+def _compare(op: str) -> OpImpl:
+    fn = _COMPARE_REF[op]
+
+    def ref(ins, a, outs):
+        x, y = _as_tensors(ins)
+        return [fn(x, y).to(x.dtype)]
+
+    return OpImpl(
+        ref=ref,
+        lower=lambda ctx, ins, a: [getattr(ctx.g, op)(ins[0], ins[1], **ctx.kw)],
+    )
+
+
+def ref_logical_not(ins, a, outs):
+    return [(ins[0] == 0).to(ins[0].dtype)]
+
+
+def lower_logical_not(ctx, ins, a):
+    return [ctx.g.logical_not(ins[0], **ctx.kw)]
+
+
+def ref_binary_select(ins, a, outs):
+    x, y, mask = _as_tensors(ins)
+    return [torch.where(mask != 0, x, y)]
+
+
+def lower_binary_select(ctx, ins, a):
+    return [ctx.g.binary_select(*ins, **ctx.kw)]
+
+
+def ref_concatenate(ins, a, outs):
+    return [torch.cat(ins, a["axis"])]
+
+
+def lower_concatenate(ctx, ins, a):
+    # a layout op: the frontend takes no compute dtype for it
+    return [ctx.g.concatenate(inputs=list(ins), axis=a["axis"], name=ctx.name)]
 
 
 # ---- convolution -------------------------------------------------------------------
@@ -275,6 +365,12 @@ def lower_slice(ctx, ins, a):
 IMPLS: dict[str, OpImpl] = {
     **{op: _unary(op) for op in _UNARY_REF},
     **{op: _binary(op) for op in _BINARY_REF},
+    **{op: _compare(op) for op in _COMPARE_REF},
+    "relu": OpImpl(ref_relu, lower_relu),
+    "gen_index": OpImpl(ref_gen_index, lower_gen_index),
+    "logical_not": OpImpl(ref_logical_not, lower_logical_not),
+    "binary_select": OpImpl(ref_binary_select, lower_binary_select),
+    "concatenate": OpImpl(ref_concatenate, lower_concatenate),
     "leaky_relu": OpImpl(ref_leaky_relu, lower_leaky_relu),
     "swish": OpImpl(ref_swish, lower_swish),
     "conv_fprop": OpImpl(ref_conv_fprop, _lower_conv("conv_fprop")),

@@ -239,9 +239,9 @@ def compare(
     floor_dtype: str | None = None,
 ) -> Comparison:
     """Counts elements off by more than atol + rtol * |want|. Defaults come from the output's dtype,
-    and from ``floor_dtype`` (the least precise input) when that is looser."""
+    and from ``floor_dtype`` (the least precise input) when that is looser; a bool output is exact."""
     d_atol, d_rtol = tolerance(dtype)
-    if floor_dtype is not None:
+    if floor_dtype is not None and dtype != "bool":
         d_atol, d_rtol = max(d_atol, tolerance(floor_dtype)[0]), max(d_rtol, tolerance(floor_dtype)[1])
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol

@@ -360,10 +360,12 @@ class _GraphChecker:
             self.err(f"unknown op '{e.op}'{self.sink.hint(e.op, OPS)}", e.op_loc)
             return None
         n_min, n_max = len(sig.inputs), len(sig.inputs) + len(sig.optional)
+        if sig.variadic:  # the last input repeats: at least two of it
+            n_min, n_max = n_min + 1, max(n_min + 1, len(e.args))
         if not n_min <= len(e.args) <= n_max:
             want = f"{n_min}" if n_min == n_max else f"{n_min} to {n_max}"
-            ports = ", ".join(sig.inputs + tuple(f"[{p}]" for p in sig.optional))
-            self.err(f"{e.op} takes {want} input{'s' if n_max > 1 else ''} ({ports}), got {len(e.args)}", e.loc)
+            want += " or more" if sig.variadic else ""
+            self.err(f"{e.op} takes {want} input{'s' if n_max > 1 else ''} ({sig.ports}), got {len(e.args)}", e.loc)
             return None
         attrs_, attr_locs, ok = self.attrs(sig, e)
         n_results = sig.count_results(attrs_)
@@ -375,7 +377,7 @@ class _GraphChecker:
             )
             ok = False
         outs = list(targets[:n_results]) + [self.fresh(e.op) for _ in range(n_results - len(targets[:n_results]))]
-        compute = attrs_.pop("compute", None) or self.types.get("compute", (DEFAULT_MATH, None))[0]
+        compute = attrs_.pop("compute", None) or sig.compute or self.types.get("compute", (DEFAULT_MATH, None))[0]
         node = PNode(
             e.op,
             arg_names + [None] * (n_max - len(arg_names)),

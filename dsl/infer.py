@@ -129,15 +129,16 @@ class Typer:
     def result(self, name: str, out, first: TensorType, n) -> None:
         self.poisoned.add(name)  # until typed at the end
         o = self.r.outputs.get(name)
-        keeps = OPS[n.op].keeps_dtype
+        sig = OPS[n.op]
+        keeps = sig.keeps_dtype
         if o is None:
-            dtype = out.dtype or (first.dtype if keeps else self.r.intermediate)
+            dtype = out.dtype or sig.result_dtype or (first.dtype if keeps else self.r.intermediate)
             t = TensorType(dtype, out.shape, dense_strides(out.shape, out.order))
         else:
             if o.dtype and out.dtype and o.dtype != out.dtype:
                 self.sink.error(f"output '{name}' is declared {o.dtype} but {n.op} gives {out.dtype}", o.loc)
                 return
-            dtype = o.dtype or out.dtype or self.r.types.get("io", first.dtype)
+            dtype = o.dtype or out.dtype or sig.result_dtype or self.r.types.get("io", first.dtype)
             if o.dims is not None:
                 want = self.concrete(o.dims)
                 if want != out.shape:

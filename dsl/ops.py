@@ -68,7 +68,9 @@ FAMILIES = {
         ("norm", "layernorm", "rmsnorm", "batchnorm"),
         "norms fuse with a pointwise epilogue on some engines only; a norm alone is the safest graph",
     ),
-    "layout": Family(("reshape", "transpose", "slice"), "layout ops need a newer cuDNN, or a graph of their own"),
+    "layout": Family(
+        ("reshape", "transpose", "slice", "concat"), "layout ops need a newer cuDNN, or a graph of their own"
+    ),
 }
 
 
@@ -94,6 +96,18 @@ class OpSig:
     """warnings about the declared inputs, as (input index, message); the checker locates them"""
     keeps_dtype: bool = False
     """cuDNN wants the result in the input's dtype (its layout ops do)"""
+    result_dtype: str | None = None
+    """the result's dtype unless the file declares another (comparisons give bool)"""
+    compute: str | None = None
+    """this op's compute dtype unless the call says `compute=` (logic ops compute in bool)"""
+    variadic: bool = False
+    """the last input repeats: a call takes len(inputs) or more (concatenate)"""
+
+    @property
+    def ports(self) -> str:
+        """How messages and docs list the inputs: `x, w, [bias]`, or `x, x, ...` when the last repeats."""
+        more = (self.inputs[-1], "...") if self.variadic else ()
+        return ", ".join(self.inputs + more + tuple(f"[{p}]" for p in self.optional))
 
     def count_results(self, attrs_: dict) -> int:
         return self.results(attrs_) if self.results is not None else 1
@@ -148,7 +162,9 @@ def _row_major(rank: int) -> tuple[int, ...]:
 
 
 def _same_kind(ctx: Ctx, *idx: int) -> None:
-    ts = [(i, ctx.inputs[i]) for i in idx if ctx.inputs[i] is not None]
+    """Floats and integers do not mix; a bool mixes with either, as 0 and 1 (cuDNN's bitmask samples
+    multiply a gradient by a bool mask)."""
+    ts = [(i, ctx.inputs[i]) for i in idx if ctx.inputs[i] is not None and ctx.inputs[i].dtype != "bool"]
     for i, t in ts[1:]:
         if is_float(t.dtype) != is_float(ts[0][1].dtype):
             raise RuleError(
@@ -188,6 +204,81 @@ def infer_bias(ctx: Ctx) -> list[Out]:
             1,
         )
     return out
+
+
+def _broadcast_all(ctx: Ctx) -> list[Out]:
+    """Every input broadcast to one shape (equal ranks); the result takes the full input's layout."""
+    ts = [t for t in ctx.inputs if t is not None]
+    shape = ts[0].shape
+    for i, t in enumerate(ts[1:], 1):
+        if len(t.shape) != len(shape):
+            raise RuleError(
+                f"{ctx.op}: input {i + 1} has rank {len(t.shape)}, input 1 has rank {len(shape)}; cuDNN pointwise "
+                f"ops need equal ranks, with 1 where an axis broadcasts",
+                i,
+            )
+        shape = broadcast(shape, t.shape)
+        if shape is None:
+            raise RuleError(
+                f"{ctx.op}: shapes {', '.join(fmt_shape(t.shape) for t in ts[: i + 1])} do not broadcast", i
+            )
+    full = next((t for t in ts if t.shape == shape), ts[0])
+    return [Out(shape, stride_order(full.strides))]
+
+
+def _bool_inputs(ctx: Ctx, *idx: int) -> None:
+    for i in idx:
+        if ctx.inputs[i].dtype != "bool":
+            raise RuleError(
+                f"{ctx.op}: input {i + 1} is {ctx.inputs[i].dtype}; it must be bool (a comparison gives one: "
+                f"cmp_neq(x, 0))",
+                i,
+            )
+
+
+def infer_compare(ctx: Ctx) -> list[Out]:
+    """Comparisons compare in the compute dtype, so integers and floats mix (an int32 gen_index
+    against a float literal); deviceless planning with cuDNN 9.28 accepts it."""
+    return _broadcast_all(ctx)
+
+
+def infer_logic(ctx: Ctx) -> list[Out]:
+    """logical_and/or/not: bool in, bool out."""
+    _bool_inputs(ctx, *range(len(ctx.inputs)))
+    return _broadcast_all(ctx)
+
+
+def infer_select(ctx: Ctx) -> list[Out]:
+    """binary_select(a, b, mask): a where mask, else b."""
+    _same_kind(ctx, 0, 1)
+    _bool_inputs(ctx, 2)
+    return _broadcast_all(ctx)
+
+
+def infer_gen_index(ctx: Ctx) -> list[Out]:
+    x = ctx.inputs[0]
+    if ctx.attrs["axis"] >= len(x.shape):
+        raise RuleError(f"{ctx.op}: axis {ctx.attrs['axis']} is out of range for rank {len(x.shape)}", "axis")
+    return [Out(x.shape, stride_order(x.strides))]
+
+
+def infer_concatenate(ctx: Ctx) -> list[Out]:
+    ts = ctx.inputs
+    axis = ctx.attrs["axis"]
+    x = ts[0]
+    if axis >= len(x.shape):
+        raise RuleError(f"{ctx.op}: axis {axis} is out of range for rank {len(x.shape)}", "axis")
+    for i, t in enumerate(ts[1:], 1):
+        if t.dtype != x.dtype:
+            raise RuleError(f"{ctx.op}: dtype conflict: input 1 is {x.dtype}, input {i + 1} is {t.dtype}", i)
+        if len(t.shape) != len(x.shape) or any(a != b for k, (a, b) in enumerate(zip(t.shape, x.shape)) if k != axis):
+            raise RuleError(
+                f"{ctx.op}: input {i + 1} {fmt_shape(t.shape)} differs from input 1 {fmt_shape(x.shape)} "
+                f"off axis {axis}",
+                i,
+            )
+    shape = tuple(sum(t.shape[axis] for t in ts) if k == axis else d for k, d in enumerate(x.shape))
+    return [Out(shape, stride_order(x.strides))]
 
 
 def _conv_params(ctx: Ctx):
@@ -471,7 +562,15 @@ def flops_sdpa(ctx: Ctx, outs) -> int:
 # ---- the registry ----------------------------------------------------------------
 
 
-_POSITIVE = {"log": (0,), "sqrt": (0,), "rsqrt": (0,), "reciprocal": (0,), "div": (1,), "pow": (0,)}
+_POSITIVE = {
+    "log": (0,),
+    "sqrt": (0,),
+    "rsqrt": (0,),
+    "reciprocal": (0,),
+    "div": (1,),
+    "pow": (0,),
+    "mod": (1,),
+}
 
 
 def _pointwise_unary(name: str, doc: str, *attrs_: Attr) -> OpSig:
@@ -482,8 +581,16 @@ def _pointwise_binary(name: str, doc: str) -> OpSig:
     return OpSig(name, "pointwise", ("a", "b"), infer_binary, doc=doc, positive=_POSITIVE.get(name, ()))
 
 
+def _compare(name: str, doc: str) -> OpSig:
+    return OpSig(name, "pointwise", ("a", "b"), infer_compare, doc=doc, result_dtype="bool")
+
+
+def _logic(name: str, inputs: tuple[str, ...], doc: str) -> OpSig:
+    # cuDNN's own samples compute logic ops in bool (compute_data_type=BOOLEAN)
+    return OpSig(name, "pointwise", inputs, infer_logic, doc=doc, result_dtype="bool", compute="bool")
+
+
 _UNARY = {
-    "relu": "max(x, 0)",
     "gelu": "x * Phi(x) (erf form)",
     "gelu_tanh": "GELU, tanh approximation",
     "sigmoid": "1 / (1 + exp(-x))",
@@ -502,6 +609,7 @@ _UNARY = {
     "cos": "cosine",
     "floor": "round down",
     "ceil": "round up",
+    "tan": "tangent",
     "identity": "x (a copy, e.g. to change dtype)",
 }
 _BINARY = {
@@ -512,6 +620,16 @@ _BINARY = {
     "max": "elementwise maximum",
     "min": "elementwise minimum",
     "pow": "a ** b",
+    "mod": "remainder of a / b with the sign of a (C's fmod)",
+    "add_square": "a + b * b",
+}
+_COMPARE = {
+    "cmp_eq": "a == b",
+    "cmp_neq": "a != b",
+    "cmp_gt": "a > b",
+    "cmp_ge": "a >= b",
+    "cmp_lt": "a < b",
+    "cmp_le": "a <= b",
 }
 
 _SPATIAL_ATTRS = (
@@ -521,7 +639,23 @@ _SPATIAL_ATTRS = (
 )
 
 OPS: dict[str, OpSig] = {
+    "relu": _pointwise_unary(
+        "relu",
+        "x, clipped to [lower_clip, upper_clip]; below lower_clip, lower_clip + negative_slope * (x - lower_clip)",
+        Attr("negative_slope", "float", 0.0, lo=None, hi=None, doc="slope below lower_clip (leaky)"),
+        Attr("lower_clip", "float", 0.0, lo=None, hi=None, doc="where the slope starts"),
+        Attr("upper_clip", "float", None, lo=None, hi=None, optional=True, doc="the ceiling (default: none)"),
+    ),
     **{n: _pointwise_unary(n, d) for n, d in _UNARY.items()},
+    "gen_index": OpSig(
+        "gen_index",
+        "pointwise",
+        ("x",),
+        infer_gen_index,
+        attrs=(Attr("axis", "int", REQUIRED, lo=0, doc="the axis whose index each element gets"),),
+        result_dtype="int32",
+        doc="each element's index along `axis` (x gives only the shape)",
+    ),
     "leaky_relu": _pointwise_unary(
         "leaky_relu", "x if x > 0 else slope * x", Attr("slope", "float", 0.01, hi=None, doc="slope for x < 0")
     ),
@@ -531,6 +665,24 @@ OPS: dict[str, OpSig] = {
     **{n: _pointwise_binary(n, d) for n, d in _BINARY.items()},
     "bias": OpSig("bias", "pointwise", ("x", "bias"), infer_bias, doc="x + bias, bias broadcast onto x"),
     "scale": OpSig("scale", "pointwise", ("x", "scale"), infer_bias, doc="x * scale, scale broadcast onto x"),
+    # ---- comparisons and logic: results are bool unless declared otherwise ----
+    **{n: _compare(n, d) for n, d in _COMPARE.items()},
+    "logical_and": _logic("logical_and", ("a", "b"), "a and b (bool inputs)"),
+    "logical_or": _logic("logical_or", ("a", "b"), "a or b (bool inputs)"),
+    "logical_not": _logic("logical_not", ("x",), "not x (a bool input)"),
+    "binary_select": OpSig(
+        "binary_select", "pointwise", ("a", "b", "mask"), infer_select, doc="a where mask (bool) is true, else b"
+    ),
+    "concatenate": OpSig(
+        "concatenate",
+        "layout",
+        ("x",),
+        infer_concatenate,
+        attrs=(Attr("axis", "int", REQUIRED, lo=0, doc="the axis the inputs are joined along"),),
+        variadic=True,
+        keeps_dtype=True,
+        doc="the inputs joined along `axis` (equal dtypes; equal dims off the axis)",
+    ),
     "conv_fprop": OpSig(
         "conv_fprop",
         "conv",

@@ -192,6 +192,8 @@ def _options_str(o: Options) -> str:
 
 
 def _attr_str(v) -> str:
+    if v is None:
+        return "none"
     if isinstance(v, tuple):
         return "[" + ", ".join(map(str, v)) + "]"
     return str(v).lower() if isinstance(v, bool) else str(v)
@@ -353,8 +355,7 @@ def ops_tables() -> str:
     for family in FAMILIES:
         out += [f"### {family}", "", "| op | inputs | attributes | what it computes |", "| --- | --- | --- | --- |"]
         for s in (s for s in OPS.values() if s.family == family):
-            ins = ", ".join(s.inputs + tuple(f"[{p}]" for p in s.optional))
             attrs_ = "; ".join(_attr_doc(a) for a in s.attrs) or "–"
-            out.append(f"| `{s.name}` | {ins} | {attrs_} | {s.doc} |")
+            out.append(f"| `{s.name}` | {s.ports} | {attrs_} | {s.doc} |")
         out.append("")
     return "\n".join(out)

@@ -75,17 +75,42 @@ def test_the_parser_tables_are_generated_from_the_grammar():
     assert tables["grammar_sha256"] == hashlib.sha256((ROOT / "dsl" / "grammar.lark").read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("block", ["options", "ops"])
-def test_the_language_reference_tables_come_from_the_registries(block, update_goldens):
-    """docs/language.md's option and op tables are the registries' own text (one place per fact)."""
+def _coverage(what: str) -> str:
+    from cudnn_dsl import coverage
+    from cudnn_dsl.backend import load_cudnn
+
+    pygraph = load_cudnn().pygraph
+    if what == "table":
+        return coverage.table(pygraph)
+    n, m = coverage.count(pygraph)
+    return f"The language spells **{n} of the {m} forward ops** of cuDNN Frontend 1.32's `pygraph`.\n"
+
+
+@pytest.mark.parametrize(
+    "doc_name,block",
+    [
+        ("docs/language.md", "options"),
+        ("docs/language.md", "ops"),
+        ("docs/language.md", "coverage"),
+        ("README.md", "coverage-count"),
+    ],
+)
+def test_the_language_reference_tables_come_from_the_registries(doc_name, block, update_goldens):
+    """docs/language.md's option, op and coverage tables (and the README's count) are the registries'
+    own text (one place per fact)."""
     import re
 
     from dsl.printer import ops_tables, options_table
 
-    doc = ROOT / "docs" / "language.md"
+    doc = ROOT / doc_name
     text = doc.read_text()
     pattern = re.compile(rf"(<!-- generated: {block} .*?-->\n)(.*?)(<!-- end generated -->)", re.S)
-    want = {"options": options_table, "ops": ops_tables}[block]()
+    want = {
+        "options": options_table,
+        "ops": ops_tables,
+        "coverage": lambda: _coverage("table"),
+        "coverage-count": lambda: _coverage("count"),
+    }[block]()
     if update_goldens:
         doc.write_text(pattern.sub(lambda m: m.group(1) + want + m.group(3), text))
         return
