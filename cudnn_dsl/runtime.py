@@ -15,6 +15,7 @@ from cudnn_dsl.backend import DEFAULT_TARGET, BackendUnavailable, Target, load_c
 from cudnn_dsl.build import Executable, Planner, plan_deviceless
 from cudnn_dsl.lower import Lowered
 from cudnn_dsl.reference import run_reference
+from cudnn_dsl.staged import Staged, stage
 from cudnn_dsl.store import PlanStore
 from cudnn_dsl.tensors import (
     BindingError,
@@ -26,6 +27,7 @@ from cudnn_dsl.tensors import (
     generate_inputs,
     host_scalar,
 )
+from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance, NotFound
 from dsl.options import Options
 from dsl.types import fmt_shape
@@ -171,6 +173,7 @@ class CompiledGraph:
             if self.device is not None
             else None
         )
+        self._staged: dict[tuple, Staged | None] = {}
 
     # ---- specs ------------------------------------------------------------------
 
@@ -251,6 +254,7 @@ class CompiledGraph:
         tensors = _named(tensors, named)
         inst = self.instance_for(tensors)
         outputs = self.bind_outputs(inst, tensors, out)  # before the build: a typo costs no compile
+        self._whole(inst, "bind")
         exe = self.executable(inst)
         pack = make_pack(exe.low, exe.host, tensors, outputs)
         load_cudnn().set_stream(exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
@@ -273,10 +277,45 @@ class CompiledGraph:
         cudnn.set_stream(bound.exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
         return Replay(graph, bound)
 
+    def staged(self, inst: Instance) -> Staged | None:
+        """None when cuDNN takes this shape whole; else the parts it is run as (`option split`), found
+        and built on first use. Raises cuDNN's refusal when splitting is off."""
+        if inst.binding not in self._staged:
+            try:
+                self.executable(inst)
+                self._staged[inst.binding] = None
+            except DslError as e:
+                if not self.options.split:
+                    raise
+                self._staged[inst.binding] = stage(self.graph, inst, self.options, e, self._part)
+        return self._staged[inst.binding]
+
+    def _part(self, part: Graph) -> CompiledGraph:
+        p = self._planner()
+        return CompiledGraph(part, self.options, self.device, p.progress, p.use_store, p.rebuild, p.store)
+
+    def _whole(self, inst: Instance, what: str) -> None:
+        """bind and capture take a graph cuDNN runs whole; a split one says so."""
+        staged = self.staged(inst)
+        if staged is not None:
+            parts = "; ".join(staged.lines)
+            raise DslError(
+                Diagnostic(
+                    "error",
+                    f"graph '{self.graph.name}' runs as {len(staged.lines)} parts ({parts}); {what} takes a graph "
+                    f"cuDNN runs whole — call the compiled graph instead",
+                    self.graph.loc,
+                )
+            )
+
     def __call__(self, tensors: dict | None = None, out: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
         tensors = _named(tensors, named)
         inst = self.instance_for(tensors)
         outputs = self.bind_outputs(inst, tensors, out)
+        staged = self.staged(inst)
+        if staged is not None:
+            staged.run(tensors, outputs)
+            return outputs
         exe = self.executable(inst)
         exe.launch(make_pack(exe.low, exe.host, tensors, outputs))
         return outputs
