@@ -34,29 +34,31 @@ class Staged:
     def run(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> None:
         """Runs every part in order: reads `tensors` (inputs and scalars by name), writes `outputs`."""
         env: dict[str, Any] = {**tensors, **outputs}
-        device = next(iter(outputs.values())).device
-        for part, cg in zip(self.partition.parts, self.compiled):
-            if cg is None:
-                self._fallback(part.first, env, outputs)
-                continue
-            made = {v.name: env.get(v.name) for v in cg.graph.outputs}
-            for name, buf in made.items():
-                if buf is None:
-                    made[name] = env[name] = empty(self.inst.type(name), device)
-            cg({v.name: env[v.name] for v in cg.graph.inputs if v.name in env}, made)
+        for k in range(len(self.compiled)):
+            self.run_part(k, env)
 
-    def _fallback(self, index: int, env: dict, outputs: dict) -> None:
-        node = self.graph.nodes[index]
-        device = next(iter(outputs.values())).device
-        ins = [None if i is None else _wide(env.get(i), self.graph, i, device) for i in node.inputs]
-        with torch.no_grad():
-            results = IMPLS[node.op].ref(ins, self.inst.attrs(index), [self.inst.type(o) for o in node.outputs])
-        for name, r in zip(node.outputs, results):
-            r = r.to(torch_dtype(self.inst.type(name).dtype))
-            if name in outputs:
-                outputs[name].copy_(r)
-            else:
-                env[name] = r
+    def run_part(self, k: int, env: dict[str, Any]) -> None:
+        """Runs part k on the tensors of `env` (by name); what it makes is written into the buffers
+        `env` holds for it, or into new ones it adds."""
+        part, cg = self.partition.parts[k], self.compiled[k]
+        device = next(t.device for t in env.values() if isinstance(t, torch.Tensor))
+        if cg is None:
+            node = self.graph.nodes[part.first]
+            ins = [None if i is None else _wide(env.get(i), self.graph, i, device) for i in node.inputs]
+            with torch.no_grad():
+                results = IMPLS[node.op].ref(
+                    ins, self.inst.attrs(part.first), [self.inst.type(o) for o in node.outputs]
+                )
+            for name, r in zip(node.outputs, results):  # into a buffer of the declared strides
+                if name not in env:
+                    env[name] = empty(self.inst.type(name), device)
+                env[name].copy_(r.to(torch_dtype(self.inst.type(name).dtype)))
+            return
+        made = {v.name: env.get(v.name) for v in cg.graph.outputs}
+        for name, buf in made.items():
+            if buf is None:
+                made[name] = env[name] = empty(self.inst.type(name), device)
+        cg({v.name: env[v.name] for v in cg.graph.inputs if v.name in env}, made)
 
 
 def _wide(value, graph: Graph, name: str, device) -> torch.Tensor:
