@@ -11,7 +11,7 @@ LN_GELU = (
 )
 RESHAPE_AFTER_MATMUL = (
     "graph mm_reshape {\n  io half\n  input a : half[4, 64, 128]\n  input b : half[4, 128, 32]\n"
-    "  output y : half[4, 2048] = reshape(matmul(a, b), shape=[4, 2048])\n}\n"
+    "  output y : float[4, 2048] = reshape(matmul(a, b), shape=[4, 2048])\n}\n"
 )
 POINTWISE_2D = (
     "graph pw {\n  io half\n  input x : half[64, 256]\n  input b : half[1, 256]\n  output y = relu(x + b)\n}\n"
