@@ -38,6 +38,10 @@ LAYOUTS = ("row_major", "col_major", "nchw", "nhwc", "ncdhw", "ndhwc", "channels
 
 INT64_MAX = 2**63 - 1
 
+ALIGNMENT = 16
+"""bytes: cuDNN assumes every device buffer is aligned to this (misaligned SDPA operands give wrong
+results on sm_90, not an error); a view's offset keeps it"""
+
 DEFAULT_MATH = "float"
 """the dtype of intermediates, of computation, and of number literals, unless a graph says otherwise"""
 
