@@ -72,6 +72,13 @@ def snapshot(graph: Graph, tensors: dict) -> dict:
     return {k: t.clone() if k in keep and isinstance(t, torch.Tensor) else t for k, t in tensors.items()}
 
 
+def restore(tensors: dict, before: dict) -> None:
+    """Puts a snapshot's copies back into the bound tensors (before another launch that must be checked)."""
+    for k, t in before.items():
+        if t is not tensors[k]:
+            tensors[k].copy_(t)
+
+
 def generate_inputs(
     graph: Graph, instance: Instance, device, seed: int = 0, ranges: dict[str, tuple[float, float]] | None = None
 ) -> dict[str, torch.Tensor]:
