@@ -283,7 +283,7 @@ class _GpuRunner:
         import torch
 
         from cudnn_dsl.build import timings_text
-        from cudnn_dsl.tensors import compare_outputs, snapshot
+        from cudnn_dsl.tensors import compare_outputs, restore, snapshot
         from cudnn_dsl.timing import gpu_time_us
 
         cg, s, opts = self.cg, self.s, self.s.opts
@@ -303,6 +303,7 @@ class _GpuRunner:
                 outputs, launch, exe = bound.outputs, bound.run, bound.exe
         finally:
             progress.done()
+        restore(tensors, before)  # a capture's warm-up launch has overwritten what outputs in place write
         launch()
         torch.cuda.synchronize(cg.device)
         first = {k: v.clone() for k, v in outputs.items()}  # what a repro compares: later launches may differ
