@@ -340,7 +340,8 @@ def _default(a) -> str:
 
 def _attr_doc(a) -> str:
     what = f"{'/'.join(a.choices)}" if a.choices else a.kind
-    return f"`{a.name}`{_default(a)} ({what}{': ' + a.doc if a.doc else ''})"
+    uid = "; a cuDNN tensor, takes `uid=N`" if a.tensor else ""
+    return f"`{a.name}`{_default(a)} ({what}{': ' + a.doc if a.doc else ''}{uid})"
 
 
 def _bounds(a) -> str:
