@@ -23,6 +23,7 @@ from dsl.types import (
     itemsize,
     layout_order,
     overlap,
+    shares_elements,
     storage_elements,
 )
 
@@ -61,11 +62,16 @@ class Typer:
             shape = self.concrete(d.dims)
             if d.strides is not None:
                 strides = d.strides
-                if d.view is None and (ov := overlap(shape, strides)) is not None:  # a view only read may alias
+                if (ov := overlap(shape, strides)) is not None:
                     a, b = ov
                     what = f"axis {a} (size {shape[a]}) has stride 0" if a == b else f"axes {a} and {b} overlap"
-                    self.sink.error(f"strides {list(strides)} alias elements of {fmt_shape(shape)}: {what}", d.loc)
-                    continue
+                    if d.view is None:
+                        self.sink.error(f"strides {list(strides)} alias elements of {fmt_shape(shape)}: {what}", d.loc)
+                        continue
+                    if a != b:  # a view only read may alias; a stride 0 repeats on purpose, a partial overlap rarely
+                        self.sink.warning(
+                            f"view '{name}' reads elements twice: {what} (strides {list(strides)})", d.loc
+                        )
             else:
                 strides = dense_strides(shape, layout_order(d.layout or "row_major", len(shape)))
             t = TensorType(d.dtype, shape, strides)
@@ -103,6 +109,28 @@ class Typer:
             )
             return False
         return True
+
+    def other_views(self, name: str, o) -> None:
+        """An output in place of a view must not write what another view of the buffer reads."""
+        target = self.r.decls[o.into]
+        if target.view is None:
+            return
+        for other, d in self.r.decls.items():
+            if other == o.into or d.view is None or d.view[0] != target.view[0] or other not in self.types:
+                continue
+            shared = shares_elements(self.types[o.into], target.view[1], self.types[other], d.view[1])
+            if shared:
+                self.sink.error(
+                    f"output '{name}' in place of '{o.into}' overwrites elements that view '{other}' reads",
+                    o.into_loc,
+                    [(f"'{other}' is declared here", d.loc)],
+                )
+            elif shared is None:
+                self.sink.warning(
+                    f"output '{name}' in place of '{o.into}': no proof that it leaves alone what view '{other}' "
+                    "reads (their dims or strides differ)",
+                    o.into_loc,
+                )
 
     def scalar_type(self, name: str, rank: int, loc: Loc) -> TensorType | None:
         """The all-ones type of a host scalar at the rank it meets; None (reported) when a scalar
@@ -185,6 +213,7 @@ class Typer:
                     o.into_loc,
                 )
                 return
+            self.other_views(name, o)
         else:
             if o.dtype and out.dtype and o.dtype != out.dtype:
                 self.sink.error(f"output '{name}' is declared {o.dtype} but {n.op} gives {out.dtype}", o.loc)

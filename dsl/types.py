@@ -139,6 +139,27 @@ def overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]
     return None
 
 
+def shares_elements(a: TensorType, a_offset: int, b: TensorType, b_offset: int) -> bool | None:
+    """Whether two views of one buffer reach a common element: exact when their extents are apart, or
+    when they have the same dims and one-to-one strides (packed Q, K, V; the halves of a table); None
+    (unknown) otherwise."""
+    if a_offset + a.storage <= b_offset or b_offset + b.storage <= a_offset:
+        return False
+    if a.shape != b.shape or a.strides != b.strides or overlap(a.shape, a.strides) is not None:
+        return None
+    axes = sorted((k for k in range(len(a.shape)) if a.shape[k] > 1), key=lambda k: -a.strides[k])
+
+    def reach(delta: int, i: int) -> bool:
+        """delta = sum of j_k * stride_k over axes[i:], with |j_k| < extent_k? The axes inside reach less
+        than one stride of the axis outside them, so only the two nearest multiples need trying."""
+        if i == len(axes):
+            return delta == 0
+        s, d = a.strides[axes[i]], a.shape[axes[i]]
+        return any(abs(j) < d and reach(delta - j * s, i + 1) for j in {delta // s, -(-delta // s)})
+
+    return reach(b_offset - a_offset, 0)
+
+
 def broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
     """numpy broadcasting of two equal-rank shapes, or None when they don't broadcast."""
     if len(a) != len(b):

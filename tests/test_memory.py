@@ -238,3 +238,22 @@ def test_a_dump_holds_the_buffer_and_reruns_on_it(tmp_path):
 def test_program_errors_do_not_reach_the_runtime():
     with pytest.raises(DslError):
         program(text=PACKED.replace("at 64", "at 65"), file="m.cdg")
+
+
+def _packed_in_place(k_offset: int) -> str:
+    return (
+        PACKED.replace("in qkv at 32", f"in qkv at {k_offset}")
+        .replace("  output o = sdpa(q, k, v, causal=true)\n", "  input c : float[1, 1, 1, 16]\n")
+        .replace("}\n", "  output q2 in q = q * c\n  output o = sdpa(q, k, v)\n}\n")
+    )
+
+
+def test_an_output_in_place_of_a_view_is_proved_apart_from_the_other_views():
+    assert errors(_packed_in_place(32)) == []  # Q written in place; K and V interleave with it, never share
+    assert errors(_packed_in_place(16)) == ["output 'q2' in place of 'q' overwrites elements that view 'k' reads"]
+
+
+def test_a_view_that_partly_overlaps_itself_is_legal_but_warned_about():
+    r = load(text=PACKED.replace("strides [768, 16, 96, 1] in qkv at 0", "strides [96, 16, 96, 1] in qkv at 0"))
+    assert not r.errors
+    assert any("view 'q' reads elements twice: axes 0 and 2 overlap" in d.message for d in r.diagnostics)
