@@ -257,3 +257,25 @@ def test_a_view_that_partly_overlaps_itself_is_legal_but_warned_about():
     r = load(text=PACKED.replace("strides [768, 16, 96, 1] in qkv at 0", "strides [96, 16, 96, 1] in qkv at 0"))
     assert not r.errors
     assert any("view 'q' reads elements twice: axes 0 and 2 overlap" in d.message for d in r.diagnostics)
+
+
+def test_the_api_binds_the_buffer_by_name():
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(PACKED)
+    assert list(cg.inputs) == ["qkv"] and cg.inputs["qkv"].shape == (2, 8, 3, 2, 16)
+    ins = cg.allocate_inputs()
+    assert set(ins) == {"qkv"}
+    qkv = ins["qkv"]
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25)
+    torch.testing.assert_close(cg.reference(qkv=qkv)["o"], want)
+
+
+def test_a_result_of_several_is_marked_in_place_after_the_fact():
+    text = (
+        "graph s {\n  input q : float[1, 2, 8, 4]\n  input k : float[1, 2, 8, 4]\n  input v : float[1, 2, 8, 4]\n"
+        "  input lse : float[1, 2, 8, 1]\n  o, st = sdpa(q, k, v, stats=true)\n  output o\n  output st in lse\n}\n"
+    )
+    g, inst = one(text)
+    assert g.value("st").into == "lse" and inst.type("st") == inst.type("lse")
