@@ -41,7 +41,7 @@ def _positive_inputs(graph: Graph) -> set[str]:
         for i in OPS[n.op].positive:
             if i < len(n.inputs) and n.inputs[i]:
                 v = graph.value(n.inputs[i])
-                out.add(v.view[0] if getattr(v, "view", None) else v.name)
+                out.add(v.view[0] if v.view else v.name)
     return out
 
 

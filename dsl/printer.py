@@ -51,15 +51,17 @@ def _fmt_type(t: ast.TypeSpec) -> str:
     return t.dtype + "[" + ", ".join(str(d.value) for d in t.dims) + "]"
 
 
-def _fmt_specs(specs) -> str:
+def _fmt_specs(specs, view: bool = False) -> str:
+    """Specs as written, the place last; a view's offset always shown (`in qkv at 0`)."""
     out = []
-    for s in specs:
+    for s in sorted(specs, key=lambda s: isinstance(s, ast.Place)):
         if isinstance(s, ast.Layout):
             out.append(s.name)
         elif isinstance(s, ast.Strides):
             out.append("strides [" + ", ".join(map(str, s.values)) + "]")
         elif isinstance(s, ast.Place):
-            out.append(f"in {s.target}" + (f" at {s.offset}" if s.offset is not None else ""))
+            offset = s.offset if s.offset is not None or not view else 0
+            out.append(f"in {s.target}" + (f" at {offset}" if offset is not None else ""))
         else:
             out.append(f"uid={s.value}")
     return "".join(" " + x for x in out)
@@ -73,7 +75,7 @@ def fmt_stmt(st) -> str:
     if isinstance(st, ast.DimDecl):
         return f"dim {st.name} in {{{', '.join(map(str, st.values))}}}"
     if isinstance(st, ast.InputDecl):
-        return f"input {st.name} : {_fmt_type(st.type)}{_fmt_specs(st.specs)}"
+        return f"input {st.name} : {_fmt_type(st.type)}{_fmt_specs(st.specs, view=True)}"
     if isinstance(st, ast.ScalarDecl):
         return f"scalar {st.name} : {st.dtype} = {fmt_value(st.value)}{_fmt_specs(st.specs)}"
     if isinstance(st, ast.OutputDecl):

@@ -43,7 +43,7 @@ def errors(text: str) -> list[str]:
 
 def test_fmt_prints_buffers_views_in_place_and_attribute_uids_canonically():
     messy = (
-        "graph g {\n  buffer   b : half[ 4,8 ]\n  input x : half[4, 4] strides [8,1]   in b   at 0\n"
+        "graph g {\n  buffer   b : half[ 4,8 ]\n  input x : half[4, 4] in b strides [8,1]\n"
         "  input s : float[1, 4]\n  output y   in x = relu(x)\n"
         "  output n : float = layernorm(x, s, s, epsilon = 1e-5   uid = 0)\n}\n"
     )
