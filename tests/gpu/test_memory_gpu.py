@@ -128,3 +128,13 @@ def test_the_ejected_script_of_a_packed_graph_runs_on_its_own(tmp_path, private_
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "o: shape (2, 4, 128, 64)" in p.stdout
+
+
+def test_tune_checks_its_winner_on_the_inputs_before_the_candidates_overwrote_them(private_store):
+    import cudnn_dsl
+    from cudnn_dsl.tune import tune
+
+    cg = cudnn_dsl.compile(IN_PLACE, iterations=3, warmup=1)
+    r = tune(cg, cg.graph.instances[0])
+    assert r.winner is not None, r.check
+    assert r.check.startswith("x2: ok"), r.check
