@@ -24,7 +24,7 @@ from cudnn_dsl.backend import load_cudnn
 from cudnn_dsl.emit import emit_cudnn
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.runtime import CompiledGraph
-from cudnn_dsl.tensors import compare, loosest_input_dtype
+from cudnn_dsl.tensors import compare, loosest_input_dtype, restore, snapshot, with_views
 from cudnn_dsl.timing import cold_time_us, gpu_time_us, host_time_us, l2_flush_buffer
 from cudnn_dsl.tune import work
 from dsl.ir import Graph, Instance, shape_label
@@ -76,7 +76,7 @@ def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict) -> Eje
     cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
     g = mod.build(handle)
     outs = {n: torch.empty_like(t) for n, t in like.items()}
-    buffers = {**{k: v for k, v in tensors.items() if k in mod.INPUTS}, **outs}
+    buffers = {**with_views(graph, inst, {k: v for k, v in tensors.items() if k in mod.INPUTS}), **outs}
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device="cuda")
     scalars = mod.host_scalars()
 
@@ -136,13 +136,15 @@ def bench_graph(
     for name, mode in COMPILE_MODES.items():
         if name in against:
             contenders.append(Contender(name, _compiled(eager, mode)))
+    before = snapshot(graph, tensors)  # outputs in place overwrite their inputs: each first call starts afresh
     for c in contenders:  # first call: compiles what compiles, and gives outputs to check
+        restore(tensors, before)
         try:
             c.outputs = {k: v.clone() for k, v in c.fn().items()}
         except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
             c.error = c.error or " ".join(str(e).split())[:200]
     torch.cuda.synchronize()
-    want = run_reference(graph, inst, tensors)
+    want = run_reference(graph, inst, before)
     for c in contenders:
         if c.outputs is None:
             continue

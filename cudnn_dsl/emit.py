@@ -117,12 +117,19 @@ def emit_cudnn(graph: Graph, inst: Instance) -> str:
         f"\n    g.deselect_workspace_greater_than({_lit(o.workspace_limit)})" if o.workspace_limit is not None else ""
     )
     tensors = [(v.name, v.uid, inst.type(v.name)) for v in graph.values if v.kind in ("input", "output")]
+    own = [(b.name, inst.type(b.name)) for b in graph.buffers]  # memory of its own: buffers, the rest but views
+    own += [(n, t) for n, _, t in tensors if graph.value(n).view is None and graph.value(n).into is None]
     buffers = "\n".join(
         f"        {_lit(n)}: torch.empty_strided({_lit(list(t.shape))}, {_lit(list(t.strides))}, dtype={torch_dtype_name(t.dtype)},"
         " device=device),"
-        for n, _, t in tensors
+        for n, t in own
     )
-    inputs = [v.name for v in graph.of_kind("input")]
+    shared = "".join(  # views of a buffer at an element offset, outputs over the input they overwrite
+        f"\n    buffers[{_lit(v.name)}] = buffers[{_lit(v.view[0])}].as_strided("
+        f"{_lit(list(inst.type(v.name).shape))}, {_lit(list(inst.type(v.name).strides))}, {_lit(v.view[1])})"
+        for v in graph.views
+    ) + "".join(f"\n    buffers[{_lit(v.name)}] = buffers[{_lit(v.into)}]" for v in graph.in_place)
+    inputs = [v.name for v in graph.device_inputs]
     outputs = [v.name for v in graph.outputs]
     host = ", ".join(
         f"{_lit(uid)}: torch.full((1,), {_lit(val)}, dtype={torch_dtype_name(dt)})"
@@ -165,12 +172,12 @@ def make_buffers(device="cuda", seed={_lit(o.seed)}):
     }}
     gen = torch.Generator(device=device).manual_seed(seed)
     for name in INPUTS:
-        buffers[name].copy_(torch.rand(buffers[name].shape, generator=gen, device=device) * 2 - 1)
+        buffers[name].copy_(torch.rand(buffers[name].shape, generator=gen, device=device) * 2 - 1){shared}
     return buffers
 
 
 def execute(g, handle, buffers, workspace, scalars):
-    pack = {{UIDS[name]: t for name, t in buffers.items()}}
+    pack = {{UIDS[name]: t for name, t in buffers.items() if name in UIDS}}
     pack.update(scalars)
     g.execute(pack, workspace, handle=handle)
 
@@ -206,7 +213,7 @@ def emit_torch(graph: Graph, inst: Instance) -> str:
     examples = []
     for v in graph.inputs:
         t = inst.type(v.name)
-        examples.append(empty(t, "cpu") if v.kind == "input" else torch.tensor(float(v.scalar)))
+        examples.append(torch.tensor(float(v.scalar)) if v.kind == "scalar" else empty(t, "cpu"))
     gm = make_fx(fn, tracing_mode="fake")(*examples)
     # fx writes `def forward(self, arg0_1, ...)`: its body is rewritten as a syntax tree, never as text.
     [func] = [s for s in ast.parse(gm.code).body if isinstance(s, ast.FunctionDef)]

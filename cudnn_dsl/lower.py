@@ -29,7 +29,7 @@ class LowerCtx:
     node: Node
     in_types: list
     compute: str
-    new_constant: Callable[[float, int], Any]
+    new_constant: Callable[[float, int, int | None], Any]
 
     @property
     def name(self) -> str:
@@ -43,8 +43,10 @@ class LowerCtx:
     def kw(self) -> dict:
         return {"name": self.name, "compute_data_type": cudnn_type(self.cudnn, self.compute)}
 
-    def constant(self, value: float):
-        return self.new_constant(value, self.rank)
+    def constant(self, value: float, attr: str | None = None):
+        """A pass-by-value float tensor holding `value`; `attr` names the attribute it carries, whose
+        declared uid (`epsilon=1e-5 uid=7`) it takes; the registry marks such attributes `tensor`."""
+        return self.new_constant(value, self.rank, dict(self.node.uids).get(attr))
 
 
 @attrs.define
@@ -89,7 +91,7 @@ def lower(
     g = cudnn.pygraph(**kwargs)
     tensors: dict[str, Any] = {}
     host: dict[int, tuple[float, str]] = {}
-    next_uid = [max(v.uid for v in graph.values) + 1]
+    next_uid = [max([v.uid for v in graph.values] + [u for n in graph.nodes for _, u in n.uids]) + 1]
 
     def by_value(name: str, uid: int, value: float, dtype: str, rank: int):
         host[uid] = (value, dtype)
@@ -102,9 +104,10 @@ def lower(
             uid=uid,
         )
 
-    def new_constant(value: float, rank: int):
-        uid = next_uid[0]
-        next_uid[0] += 1
+    def new_constant(value: float, rank: int, uid: int | None = None):
+        if uid is None:
+            uid = next_uid[0]
+            next_uid[0] += 1
         return by_value(f"const_uid{uid}", uid, value, "float", rank)
 
     for v in graph.values:

@@ -307,7 +307,12 @@ def ref_layernorm(ins, a, outs):
 def lower_layernorm(ctx, ins, a):
     x, scale, bias = ins
     y = ctx.g.layernorm(
-        x, scale, bias, ctx.constant(a["epsilon"]), norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE, **ctx.kw
+        x,
+        scale,
+        bias,
+        ctx.constant(a["epsilon"], "epsilon"),
+        norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE,
+        **ctx.kw,
     )
     return [y[0]]  # [Y, mean, inv_var]; the stats are None in inference
 
@@ -321,7 +326,12 @@ def ref_rmsnorm(ins, a, outs):
 def lower_rmsnorm(ctx, ins, a):
     x, scale, bias = ins
     y = ctx.g.rmsnorm(
-        x, scale, bias, ctx.constant(a["epsilon"]), norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE, **ctx.kw
+        x,
+        scale,
+        bias,
+        ctx.constant(a["epsilon"], "epsilon"),
+        norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE,
+        **ctx.kw,
     )
     return [y[0]]  # [Y, inv_var]; inv_var is None in inference
 

@@ -14,6 +14,7 @@ import torch
 
 from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.ops import IMPLS
+from cudnn_dsl.tensors import view
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
 
@@ -41,13 +42,15 @@ def run_reference(
     device: torch.device | str | None = None,
     native: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Evaluates the graph with torch; returns every output, in its dtype, by name."""
+    """Evaluates the graph with torch; returns every output, in its dtype, by name. A view input is read
+    with as_strided on its bound buffer, as cuDNN reads it; `inputs` are the values before any launch (an
+    output in place is compared, after the launch, with what the reference computed from them)."""
     device = torch.device(device) if device is not None else next(iter(inputs.values())).device
     widen = (lambda t: t) if native else _wide
     env: dict[str, torch.Tensor] = {}
     for v in graph.values:
         if v.kind == "input":
-            env[v.name] = widen(inputs[v.name].to(device))
+            env[v.name] = widen(view(v, instance, inputs).to(device))
         elif v.kind in ("scalar", "const"):
             value = inputs[v.name] if v.name in inputs else v.scalar
             if native:  # a Python number, as a PyTorch user writes `y * 0.5`

@@ -26,6 +26,8 @@ from cudnn_dsl.tensors import (
     empty,
     generate_inputs,
     host_scalar,
+    snapshot,
+    with_views,
 )
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance, NotFound
@@ -35,9 +37,10 @@ from dsl.types import fmt_shape
 
 def make_pack(low: Lowered, host: dict, tensors: dict, outputs: dict) -> dict[int, Any]:
     """The variant pack, uid -> buffer: host scalars (a scalar given by name overrides its value),
-    device inputs, outputs."""
+    device inputs (a view: its buffer's address plus its offset), outputs (in place: the input's address)."""
     pack = dict(host)
-    for v in low.graph.inputs:
+    tensors = with_views(low.graph, low.instance, tensors)
+    for v in low.graph.of_kind("input", "scalar"):
         if v.name in tensors:
             if v.kind == "scalar":
                 pack[v.uid] = host_scalar(tensors[v.name], low.instance.type(v.name).dtype)
@@ -201,7 +204,7 @@ class CompiledGraph:
         for inst in self.graph.instances:
             if all(
                 tuple(tensors[v.name].shape) == inst.type(v.name).shape
-                for v in self.graph.of_kind("input")
+                for v in self.graph.device_inputs
                 if isinstance(tensors.get(v.name), torch.Tensor)
             ):
                 return inst
@@ -234,13 +237,19 @@ class CompiledGraph:
         return plan_deviceless(self.graph, self.graph.instance(binding), self.options, target)
 
     def bind_outputs(self, inst: Instance, tensors: dict, out: dict | None = None) -> dict[str, torch.Tensor]:
-        """Checks every input (and given output) buffer; returns the outputs, allocated where not given."""
+        """Checks every input (and given output) buffer; returns the outputs, allocated where not given
+        (an output in place is its input's memory)."""
         device = self._planner().device
         check_inputs(self.graph, inst, tensors, device)
+        viewed = with_views(self.graph, inst, tensors)
         outputs = {}
         for v in self.graph.outputs:
             t = inst.type(v.name)
-            if out is not None and v.name in out:
+            if v.into is not None:
+                if out is not None and v.name in out:
+                    raise BindingError(f"output '{v.name}' is written in place of '{v.into}'; bind '{v.into}'", v.loc)
+                outputs[v.name] = viewed[v.into]
+            elif out is not None and v.name in out:
                 check_binding(v.name, out[v.name], t, device, v.loc)
                 outputs[v.name] = out[v.name]
             else:
@@ -342,6 +351,7 @@ class CompiledGraph:
     ) -> list[Comparison]:
         """Runs the graph and its reference on the same inputs and compares every output."""
         tensors = _named(tensors, named)
+        before = snapshot(self.graph, tensors)  # what an in-place output overwrites, as the reference reads it
         got = self(tensors)
-        want = self.reference(tensors)
+        want = self.reference(before)
         return compare_outputs(self.graph, self.instance_for(tensors), got, want, self.options, atol, rtol)

@@ -80,7 +80,8 @@ def cache_dir() -> Path:
 
 def graph_digest(graph: Graph, inst: Instance) -> str:
     """A hash of what the plan depends on: ops, canonical attributes, tensor types, by uid. Names and the values
-    of scalars and constants are left out (cuDNN reads those at launch), so two spellings of one graph share it."""
+    of scalars and constants are left out (cuDNN reads those at launch), so two spellings of one graph share it.
+    Where tensors share memory (views of a buffer, outputs in place) that is part of it too."""
     uid = {v.name: v.uid for v in graph.values}
     canon = {
         "types": [graph.io, graph.intermediate, graph.compute],
@@ -95,8 +96,15 @@ def graph_digest(graph: Graph, inst: Instance) -> str:
             ]
             for k, n in enumerate(graph.nodes)
         ],
-        "instance": sorted([uid[k], t.dtype, list(t.shape), list(t.strides)] for k, t in inst.types),
+        "instance": sorted([uid[k], t.dtype, list(t.shape), list(t.strides)] for k, t in inst.types if k in uid),
     }
+    if graph.buffers or graph.in_place or any(n.uids for n in graph.nodes):  # absent otherwise: older keys hold
+        canon["memory"] = {
+            "buffers": [[inst.type(b.name).dtype, list(inst.type(b.name).shape)] for b in graph.buffers],
+            "views": sorted([v.uid, [b.name for b in graph.buffers].index(v.view[0]), v.view[1]] for v in graph.views),
+            "in_place": sorted([v.uid, uid[v.into]] for v in graph.in_place),
+            "attr_uids": [list(n.uids) for n in graph.nodes],
+        }
     return hashlib.sha256(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -13,11 +13,7 @@ from dsl.diagnostics import Loc, RuleError
 from dsl.ir import Graph, Instance
 from dsl.ops import OPS
 from dsl.options import Options
-from dsl.types import TensorType, check_value, fmt_shape, itemsize
-
-ALIGNMENT = 16
-"""bytes: cuDNN assumes every device buffer is aligned to this (misaligned SDPA operands give wrong
-results on sm_90, not an error)"""
+from dsl.types import ALIGNMENT, TensorType, check_value, fmt_shape, itemsize
 
 
 class BindingError(Exception):
@@ -39,12 +35,48 @@ def host_scalar(value, dtype: str) -> torch.Tensor:
 
 
 def _positive_inputs(graph: Graph) -> set[str]:
+    """Bound names whose data an op wants positive (a view's buffer, for a view)."""
     out = set()
     for n in graph.nodes:
         for i in OPS[n.op].positive:
             if i < len(n.inputs) and n.inputs[i]:
-                out.add(n.inputs[i])
+                v = graph.value(n.inputs[i])
+                out.add(v.view[0] if v.view else v.name)
     return out
+
+
+def view(v, inst: Instance, tensors: dict) -> torch.Tensor:
+    """The tensor of input `v`: as bound, or for a view, its window on the bound buffer (the address
+    cuDNN gets is the buffer's plus offset * itemsize)."""
+    if v.view is None:
+        return tensors[v.name]
+    buf, offset = v.view
+    t, base = inst.type(v.name), tensors[buf]
+    return base.as_strided(t.shape, t.strides, base.storage_offset() + offset)
+
+
+def with_views(graph: Graph, inst: Instance, tensors: dict) -> dict:
+    """The bound tensors, plus every view input on its buffer."""
+    return {**tensors, **{v.name: view(v, inst, tensors) for v in graph.views}}
+
+
+def written(graph: Graph) -> set[str]:
+    """The bound names whose memory an in-place output overwrites (an input, or a view's buffer)."""
+    return {v.view[0] if v.view else v.name for v in map(graph.value, (o.into for o in graph.in_place))}
+
+
+def snapshot(graph: Graph, tensors: dict) -> dict:
+    """The bound tensors with a copy of each one an in-place output overwrites: the reference's inputs,
+    taken before a launch changes them."""
+    keep = written(graph)
+    return {k: t.clone() if k in keep and isinstance(t, torch.Tensor) else t for k, t in tensors.items()}
+
+
+def restore(tensors: dict, before: dict) -> None:
+    """Puts a snapshot's copies back into the bound tensors (before another launch that must be checked)."""
+    for k, t in before.items():
+        if t is not tensors[k]:
+            tensors[k].copy_(t)
 
 
 def generate_inputs(
@@ -57,7 +89,7 @@ def generate_inputs(
     positive = _positive_inputs(graph)
     gen = torch.Generator().manual_seed(seed)
     out = {}
-    for v in graph.of_kind("input"):
+    for v in graph.device_inputs:
         t = instance.type(v.name)
         lo, hi = ranges.get(v.name, (0.5, 1.5) if v.name in positive else (-1.0, 1.0))
         if t.dtype == "bool":
@@ -168,14 +200,19 @@ def check_inputs(graph: Graph, inst: Instance, tensors: dict, device: torch.devi
     """Names, then each bound tensor (check_binding), then each scalar given by value."""
     names = {v.name for v in graph.inputs}
     unknown = set(tensors) - names
+    for name in sorted(unknown & {v.name for v in graph.views}):
+        v = graph.value(name)
+        raise BindingError(f"'{name}' is a view of buffer '{v.view[0]}'; bind '{v.view[0]}'", v.loc)
     if unknown:
         raise BindingError(
             f"graph '{graph.name}' has no input {', '.join(sorted(unknown))} (inputs: {', '.join(sorted(names))})"
         )
-    for v in graph.of_kind("input"):
+    for v in graph.device_inputs:
         if v.name not in tensors:
-            raise BindingError(f"graph '{graph.name}': input '{v.name}' is not bound", v.loc)
+            raise BindingError(f"graph '{graph.name}': {v.kind} '{v.name}' is not bound", v.loc)
         check_binding(v.name, tensors[v.name], inst.type(v.name), device, v.loc)
+    for v in graph.views:  # the checker proved each in bounds and aligned; this is the pointer cuDNN gets
+        check_binding(v.name, view(v, inst, tensors), inst.type(v.name), device, v.loc)
     for v in graph.of_kind("scalar"):
         if v.name in tensors:
             scalar_value(v.name, tensors[v.name], inst.type(v.name).dtype, v.loc)

@@ -17,7 +17,7 @@ import torch
 from cudnn_dsl.build import host_tensors
 from cudnn_dsl.lower import clean
 from cudnn_dsl.runtime import CompiledGraph, make_pack
-from cudnn_dsl.tensors import compare_outputs
+from cudnn_dsl.tensors import compare_outputs, restore, snapshot
 from cudnn_dsl.timing import replay_time_us
 from dsl.ir import Graph, Instance, shape_label
 from dsl.ops import OPS, Ctx
@@ -77,6 +77,7 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
     o = cg.options
     cands = planner.candidates(inst)
     tensors = cg.allocate_inputs(dict(inst.binding))
+    before = snapshot(cg.graph, tensors)  # the candidates' launches overwrite what outputs in place write
     outputs = cg.bind_outputs(inst, tensors)
     pack = make_pack(cands.low, host_tensors(cands.low), tensors, outputs)
     flops, moved = work(cg.graph, inst)
@@ -102,8 +103,9 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
         return result
     result.winner = ranked[0]
     exe = cands.executable(result.winner.index)
+    restore(tensors, before)
     exe.launch(make_pack(exe.low, exe.host, tensors, outputs))  # the winner must also be right, not only fast
-    comps = compare_outputs(cg.graph, inst, outputs, cg.reference(tensors), o)
+    comps = compare_outputs(cg.graph, inst, outputs, cg.reference(before), o)
     result.check = "; ".join(str(c) for c in comps)
     if not all(c.ok for c in comps):
         result.winner = None  # nothing is stored; the caller reports the mismatch

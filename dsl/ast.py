@@ -57,6 +57,9 @@ class Kwarg:
     name: str
     value: Value
     loc: Loc = _loc()
+    uid: int | None = None
+    """`epsilon=1e-5 uid=7`: the uid of the pass-by-value tensor the attribute lowers to"""
+    uid_loc: Loc = _loc()
 
 
 @attrs.frozen
@@ -124,7 +127,17 @@ class Uid:
     loc: Loc = _loc()
 
 
-TensorSpec = Layout | Strides | Uid
+@attrs.frozen
+class Place:
+    """`in qkv at 128` (an input viewing a buffer at an element offset) or `in x` (an output
+    written over input x)."""
+
+    target: str
+    offset: int | None
+    loc: Loc = _loc()
+
+
+TensorSpec = Layout | Strides | Uid | Place
 
 
 @attrs.frozen
@@ -182,13 +195,22 @@ class OutputDecl:
 
 
 @attrs.frozen
+class BufferDecl:
+    """`buffer qkv : half[...]`: memory bound once, read through views."""
+
+    name: str
+    type: TypeSpec
+    loc: Loc = _loc()
+
+
+@attrs.frozen
 class Assign:
     targets: tuple[str, ...]
     expr: Expr
     loc: Loc = _loc()
 
 
-Stmt = TypesDecl | OptionDecl | DimDecl | InputDecl | ScalarDecl | OutputDecl | Assign
+Stmt = TypesDecl | OptionDecl | DimDecl | InputDecl | ScalarDecl | OutputDecl | BufferDecl | Assign
 
 
 @attrs.frozen

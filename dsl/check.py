@@ -11,10 +11,10 @@ import attrs
 from dsl import ast
 from dsl.diagnostics import DslError, Loc, RuleError, Sink
 from dsl.infer import Typer
-from dsl.ir import Graph, Instance, Node, Program, Symbol, Value
+from dsl.ir import Buffer, Graph, Instance, Node, Program, Symbol, Value
 from dsl.ops import INFIX, OPS, OpSig
 from dsl.options import OPTIONS, Options
-from dsl.resolved import Decl, OutDecl, PNode, Resolved
+from dsl.resolved import BufferDecl, Decl, OutDecl, PNode, Resolved
 from dsl.types import (
     DEFAULT_MATH,
     DTYPE_ALIASES,
@@ -59,6 +59,7 @@ class _GraphChecker:
         self.option_locs: dict[str, Loc] = {}
         self.symbols: dict[str, Symbol] = {}
         self.decls: dict[str, Decl] = {}
+        self.buffers: dict[str, BufferDecl] = {}
         self.nodes: list[PNode] = []
         self.produced: dict[str, tuple[PNode, Loc]] = {}
         self.outputs: dict[str, OutDecl] = {}
@@ -87,6 +88,8 @@ class _GraphChecker:
             return self.produced[name][1]
         if name in self.symbols:
             return self.symbols[name].loc
+        if name in self.buffers:
+            return self.buffers[name].loc
         return None
 
     def define(self, name: str, loc: Loc) -> bool:
@@ -121,6 +124,7 @@ class _GraphChecker:
             tuple(self.nodes),
             self.outputs,
             frozenset(self.poisoned),
+            self.buffers,
         )
         instances = self.type_instances(resolved)
         if self.sink.n_errors > n_errors:
@@ -234,10 +238,83 @@ class _GraphChecker:
             elif isinstance(s, ast.Uid):
                 if target.uid is not None:
                     self.err("uid given twice", s.loc)
-                elif s.value < 1 or s.value > INT64_MAX:
-                    self.err(f"uid must be a positive 64-bit integer, got {s.value}", s.loc)
-                else:
+                elif self._uid_ok(s.value, s.loc):
                     target.uid, target.uid_loc = s.value, s.loc
+
+    def _uid_ok(self, uid: int, loc: Loc) -> bool:
+        if uid > INT64_MAX:  # 0 is a uid like any other, in cuDNN and in the frontend's samples
+            self.err(f"uid must be between 0 and 2^63-1, got {uid}", loc)
+            return False
+        return True
+
+    def _place(self, specs, what: str):
+        """The one `in NAME [at OFFSET]` of a declaration (None when there is none), and the other specs."""
+        places = [s for s in specs if isinstance(s, ast.Place)]
+        for extra in places[1:]:
+            self.err(f"{what} is placed twice ('in' given twice)", extra.loc)
+        return (places[0] if places else None), [s for s in specs if not isinstance(s, ast.Place)]
+
+    def stmt_BufferDecl(self, st: ast.BufferDecl) -> None:
+        if not self.define(st.name, st.loc):
+            return
+        dtype = self.dtype(st.type.dtype, st.type.dtype_loc)
+        dims = self._dims(st.type.dims)
+        symbolic = [d for d in st.type.dims if isinstance(d.value, str)]
+        if symbolic:
+            self.err("a buffer's dims are numbers (its views have fixed offsets and strides)", symbolic[0].loc)
+        self.buffers[st.name] = BufferDecl(st.name, dtype, dims, st.loc)
+        if dtype is None or dims is None or symbolic:
+            self.poisoned.add(st.name)  # its views stay silent
+
+    def _view(self, d: Decl, place: ast.Place, dims) -> None:
+        """An input declared `in BUFFER at OFFSET`; its bounds and alignment are proved at typing."""
+        buf = self.buffers.get(place.target)
+        if buf is None:
+            if place.target in self.decls:
+                kind = self.decls[place.target].kind
+                self.err(f"'{place.target}' is an {kind}, not a buffer; views are of buffers", place.loc)
+            else:
+                self.err(f"unknown buffer '{place.target}'{self.sink.hint(place.target, self.buffers)}", place.loc)
+            self.poisoned.add(d.name)
+            return
+        self.used.add(buf.name)
+        if buf.name in self.poisoned:
+            self.poisoned.add(d.name)
+        elif d.dtype is not None and d.dtype != buf.dtype:
+            self.err(f"view '{d.name}' is {d.dtype} but buffer '{buf.name}' is {buf.dtype}", place.loc)
+            self.poisoned.add(d.name)
+        elif dims is not None and any(isinstance(x, str) for x in dims):
+            self.err("a view's dims are numbers (its offset and strides are)", place.loc)
+            self.poisoned.add(d.name)
+        else:
+            d.view, d.view_loc = (buf.name, place.offset or 0), place.loc
+
+    def _into(self, o: OutDecl, place: ast.Place, specs) -> None:
+        """An output written over the memory of an input (`output y in x = ...`)."""
+        target = self.decls.get(place.target)
+        prev = next((p for p in self.outputs.values() if p.into == place.target), None)
+        if place.offset is not None:
+            self.err(
+                f"an output in place names the input it overwrites ('in {place.target}'); 'at' places views of buffers",
+                place.loc,
+            )
+        elif target is None or target.kind != "input":
+            what = (
+                "a buffer; name the view"
+                if place.target in self.buffers
+                else f"not an input{self.sink.hint(place.target, self.decls)}"
+            )
+            self.err(f"output '{o.name}' in place: '{place.target}' is {what}", place.loc)
+        elif any(not isinstance(s, ast.Uid) for s in specs):
+            self.err(f"output '{o.name}' is written in place of '{place.target}' and takes its layout", place.loc)
+        elif prev is not None:
+            self.err(
+                f"'{place.target}' is already overwritten by output '{prev.name}'",
+                place.loc,
+                [("first written here", prev.into_loc)],
+            )
+        else:
+            o.into, o.into_loc = place.target, place.loc
 
     def stmt_InputDecl(self, st: ast.InputDecl) -> None:
         if not self.define(st.name, st.loc):
@@ -246,7 +323,10 @@ class _GraphChecker:
         self.decls[st.name] = d
         d.dtype = self.dtype(st.type.dtype, st.type.dtype_loc)
         dims = self._dims(st.type.dims)
-        self._specs(st.specs, len(st.type.dims), d)
+        place, specs = self._place(st.specs, f"input '{st.name}'")
+        self._specs(specs, len(st.type.dims), d)
+        if place is not None:
+            self._view(d, place, dims)
         if d.strides and dims and any(isinstance(x, str) for x in dims):
             self.err("explicit strides need concrete dims; use a layout with symbolic dims", st.loc)
             d.strides = None
@@ -262,7 +342,7 @@ class _GraphChecker:
         d.dtype = self.dtype(st.dtype, st.dtype_loc)
         for s in st.specs:
             if not isinstance(s, ast.Uid):
-                self.err("a scalar takes no layout or strides", s.loc)
+                self.err("a scalar takes no layout, strides or place", s.loc)
         self._specs([s for s in st.specs if isinstance(s, ast.Uid)], -1, d)
         if d.dtype is None:
             self.poisoned.add(st.name)
@@ -284,7 +364,10 @@ class _GraphChecker:
                 o.dims = self._dims(st.type.dims)
                 o.dims_loc = st.type.loc
         rank = len(st.type.dims) if st.type is not None and st.type.dims is not None else -1
-        self._specs(st.specs, rank, o)
+        place, specs = self._place(st.specs, f"output '{st.name}'")
+        self._specs(specs, rank, o)
+        if place is not None:
+            self._into(o, place, specs)
         self.outputs[st.name] = o
         if st.expr is not None:
             self.assign((st.name,), st.expr, st.loc)
@@ -330,6 +413,8 @@ class _GraphChecker:
                 return None
             if e.name in self.symbols:
                 self.err(f"'{e.name}' is a dimension, not a tensor", e.loc)
+            elif e.name in self.buffers:
+                self.err(f"'{e.name}' is a buffer; read it through a view ('input NAME : ... in {e.name} at 0')", e.loc)
             elif e.name in self.user_names:
                 self.err(f"'{e.name}' is used before it is defined", e.loc)
             else:
@@ -367,7 +452,8 @@ class _GraphChecker:
             want += " or more" if sig.variadic else ""
             self.err(f"{e.op} takes {want} input{'s' if n_max > 1 else ''} ({sig.ports}), got {len(e.args)}", e.loc)
             return None
-        attrs_, attr_locs, ok = self.attrs(sig, e)
+        uids: dict[str, tuple[int, Loc]] = {}
+        attrs_, attr_locs, ok = self.attrs(sig, e, uids)
         n_results = sig.count_results(attrs_)
         if len(targets) > n_results:
             self.err(
@@ -388,6 +474,7 @@ class _GraphChecker:
             [a.loc for a in e.args],
             attr_locs,
             ok and None not in arg_names,
+            uids,
         )
         if sig.family != "pointwise":
             for name, a in zip(arg_names, e.args):
@@ -403,8 +490,9 @@ class _GraphChecker:
             self.produced[o] = (node, e.loc)
         return node
 
-    def attrs(self, sig: OpSig, e: ast.Call) -> tuple[dict, dict, bool]:
-        """The given attributes, converted (defaults and canonical forms come at typing)."""
+    def attrs(self, sig: OpSig, e: ast.Call, uids: dict) -> tuple[dict, dict, bool]:
+        """The given attributes, converted (defaults and canonical forms come at typing); the uids given
+        to attributes go into `uids`."""
         out, locs, ok = {}, {}, True
         for kw in e.kwargs:
             a = sig.attr(kw.name)
@@ -427,6 +515,16 @@ class _GraphChecker:
             except RuleError as err:
                 self.err(f"{sig.name}: attribute '{kw.name}' {err}", kw.value.loc)
                 ok = False
+            if kw.uid is not None and not a.tensor:
+                takes = [x.name for x in sig.attrs if x.tensor]
+                self.err(
+                    f"{sig.name}: attribute '{kw.name}' is no cuDNN tensor, so it takes no uid"
+                    + (f" (uids go on {', '.join(takes)})" if takes else ""),
+                    kw.uid_loc,
+                )
+                ok = False
+            elif kw.uid is not None and self._uid_ok(kw.uid, kw.uid_loc):
+                uids[kw.name] = (kw.uid, kw.uid_loc)
         for a in sig.attrs:
             if a.default is REQUIRED and a.name not in locs:
                 self.err(
@@ -449,6 +547,9 @@ class _GraphChecker:
         for s in self.symbols.values():
             if s.name not in self.used:
                 self.sink.warning(f"dim '{s.name}' is never used", s.loc)
+        for b in self.buffers.values():
+            if b.name not in self.used:
+                self.sink.warning(f"buffer '{b.name}' has no views", b.loc)
         self.lint()
 
     def lint(self) -> None:
@@ -505,12 +606,19 @@ class _GraphChecker:
         uids = _assign_uids(self)
         values = []
         for name, d in self.decls.items():
-            values.append(Value(name, d.kind, uids[name], d.scalar, d.dtype if d.kind != "input" else None, d.loc))
+            dtype = d.dtype if d.kind != "input" else None
+            values.append(Value(name, d.kind, uids[name], d.scalar, dtype, d.loc, view=d.view))
         for n in self.nodes:
             for o in n.outputs:
                 kind = "output" if o in self.outputs else "virtual"
-                values.append(Value(o, kind, uids[o], loc=self.produced[o][1]))
-        nodes = tuple(Node(n.op, tuple(n.inputs), tuple(n.outputs), n.compute, n.loc) for n in self.nodes)
+                into = self.outputs[o].into if kind == "output" else None
+                values.append(Value(o, kind, uids[o], loc=self.produced[o][1], into=into))
+        nodes = tuple(
+            Node(
+                n.op, tuple(n.inputs), tuple(n.outputs), n.compute, n.loc, tuple((a, u) for a, (u, _) in n.uids.items())
+            )
+            for n in self.nodes
+        )
         opts = Options(**self.options)
         used = [s for s in self.symbols.values() if s.name in self.used]
         io = self.types.get("io", (None, None))[0]
@@ -528,8 +636,9 @@ class _GraphChecker:
             nodes,
             tuple(instances),
             self.gdef.loc,
-            tuple((name, d.dims) for name, d in self.decls.items() if d.kind == "input"),
-            _typer(resolved, tuple(dict(instances[0].binding))) if any(s.span for s in used) else None,
+            tuple(Buffer(b.name, b.loc) for b in self.buffers.values()),
+            input_dims=tuple((name, d.dims) for name, d in self.decls.items() if d.kind == "input"),
+            typer=_typer(resolved, tuple(dict(instances[0].binding))) if any(s.span for s in used) else None,
         )
 
 
@@ -557,14 +666,16 @@ def _assign_uids(gc: _GraphChecker) -> dict[str, int]:
     """Explicit UIDs first; the rest numbered from 1 in declaration order, skipping taken ones."""
     explicit: dict[int, str] = {}
     uids: dict[str, int] = {}
-    for name, spec in list(gc.decls.items()) + list(gc.outputs.items()):
-        if spec.uid is None:
+    given = [(name, spec.uid, spec.uid_loc) for name, spec in list(gc.decls.items()) + list(gc.outputs.items())]
+    given += [(f"{n.op}'s {a}", uid, loc) for n in gc.nodes for a, (uid, loc) in n.uids.items()]
+    for name, uid, loc in given:
+        if uid is None:
             continue
-        if spec.uid in explicit:
-            gc.err(f"uid {spec.uid} is already used by '{explicit[spec.uid]}'", spec.uid_loc)
+        if uid in explicit:
+            gc.err(f"uid {uid} is already used by '{explicit[uid]}'", loc)
             continue
-        explicit[spec.uid] = name
-        uids[name] = spec.uid
+        explicit[uid] = name
+        uids[name] = uid
     order = list(gc.decls) + [o for n in gc.nodes for o in n.outputs]
     nxt = 1
     for name in order:

@@ -14,7 +14,18 @@ import attrs
 from dsl.diagnostics import Loc, RuleError, Sink
 from dsl.ops import OPS, Ctx, canonical
 from dsl.resolved import Resolved
-from dsl.types import INT64_MAX, TensorType, dense_strides, fmt_shape, itemsize, layout_order, overlap
+from dsl.types import (
+    ALIGNMENT,
+    INT64_MAX,
+    TensorType,
+    dense_strides,
+    fmt_shape,
+    itemsize,
+    layout_order,
+    overlap,
+    shares_elements,
+    storage_elements,
+)
 
 
 @attrs.frozen
@@ -41,6 +52,9 @@ class Typer:
         return tuple(self.binding[d] if isinstance(d, str) else d for d in dims)
 
     def run(self) -> Typed:
+        for name, b in self.r.buffers.items():
+            if name not in self.poisoned:
+                self.types[name] = TensorType(b.dtype, b.dims, dense_strides(b.dims))
         for name, d in self.r.decls.items():
             if name in self.poisoned or d.kind != "input":
                 continue
@@ -51,12 +65,17 @@ class Typer:
                 if (ov := overlap(shape, strides)) is not None:
                     a, b = ov
                     what = f"axis {a} (size {shape[a]}) has stride 0" if a == b else f"axes {a} and {b} overlap"
-                    self.sink.error(f"strides {list(strides)} alias elements of {fmt_shape(shape)}: {what}", d.loc)
-                    continue
+                    if d.view is None:
+                        self.sink.error(f"strides {list(strides)} alias elements of {fmt_shape(shape)}: {what}", d.loc)
+                        continue
+                    if a != b:  # a view only read may alias; a stride 0 repeats on purpose, a partial overlap rarely
+                        self.sink.warning(
+                            f"view '{name}' reads elements twice: {what} (strides {list(strides)})", d.loc
+                        )
             else:
                 strides = dense_strides(shape, layout_order(d.layout or "row_major", len(shape)))
             t = TensorType(d.dtype, shape, strides)
-            if self.too_big(t, name, d.loc):
+            if self.too_big(t, name, d.loc) or (d.view is not None and not self.in_buffer(name, t, d)):
                 continue
             self.types[name] = t
             self.poisoned.discard(name)
@@ -69,6 +88,49 @@ class Typer:
             self.sink.error(f"'{name}' {fmt_shape(t.shape)} is too large: its size overflows a 64-bit integer", loc)
             return True
         return False
+
+    def in_buffer(self, name: str, t: TensorType, d) -> bool:
+        """Proves that a view stays inside its buffer and that its address keeps the buffer's alignment."""
+        buf, offset = d.view
+        size = self.types[buf].numel
+        end = offset + storage_elements(t.shape, t.strides)
+        if end > size:
+            self.sink.error(
+                f"view '{name}' {fmt_shape(t.shape)} strides {list(t.strides)} at {offset} reaches element {end - 1} "
+                f"of buffer '{buf}', which holds {size}",
+                d.view_loc,
+            )
+            return False
+        if offset * itemsize(t.dtype) % ALIGNMENT:
+            self.sink.error(
+                f"view '{name}' at {offset} starts {offset * itemsize(t.dtype)} bytes into '{buf}', not a multiple "
+                f"of {ALIGNMENT}: cuDNN wants {ALIGNMENT}-byte aligned tensors",
+                d.view_loc,
+            )
+            return False
+        return True
+
+    def other_views(self, name: str, o) -> None:
+        """An output in place of a view must not write what another view of the buffer reads."""
+        target = self.r.decls[o.into]
+        if target.view is None:
+            return
+        for other, d in self.r.decls.items():
+            if other == o.into or d.view is None or d.view[0] != target.view[0] or other not in self.types:
+                continue
+            shared = shares_elements(self.types[o.into], target.view[1], self.types[other], d.view[1])
+            if shared:
+                self.sink.error(
+                    f"output '{name}' in place of '{o.into}' overwrites elements that view '{other}' reads",
+                    o.into_loc,
+                    [(f"'{other}' is declared here", d.loc)],
+                )
+            elif shared is None:
+                self.sink.warning(
+                    f"output '{name}' in place of '{o.into}': no proof that it leaves alone what view '{other}' "
+                    "reads (their dims or strides differ)",
+                    o.into_loc,
+                )
 
     def scalar_type(self, name: str, rank: int, loc: Loc) -> TensorType | None:
         """The all-ones type of a host scalar at the rank it meets; None (reported) when a scalar
@@ -134,6 +196,25 @@ class Typer:
         if o is None:
             dtype = out.dtype or sig.result_dtype or (first.dtype if keeps else self.r.intermediate)
             t = TensorType(dtype, out.shape, dense_strides(out.shape, out.order))
+        elif o.into is not None:
+            if o.into not in self.types:  # the input failed, and said so
+                return
+            t = self.types[o.into]
+            if (o.dtype or out.dtype or t.dtype) != t.dtype or out.shape != t.shape:
+                self.sink.error(
+                    f"output '{name}' is {o.dtype or out.dtype or ''}{fmt_shape(out.shape)}; written in place of "
+                    f"'{o.into}' {t}, it must have that dtype and shape",
+                    o.into_loc,
+                )
+                return
+            if overlap(t.shape, t.strides) is not None:
+                self.sink.error(
+                    f"output '{name}' cannot be written in place of '{o.into}': its strides {list(t.strides)} make "
+                    "elements share an address",
+                    o.into_loc,
+                )
+                return
+            self.other_views(name, o)
         else:
             if o.dtype and out.dtype and o.dtype != out.dtype:
                 self.sink.error(f"output '{name}' is declared {o.dtype} but {n.op} gives {out.dtype}", o.loc)

@@ -71,6 +71,20 @@ class Value:
     dtype: str | None = None
     """the dtype of a scalar or constant (tensors have theirs per instance)"""
     loc: Loc = _loc()
+    view: tuple[str, int] | None = None
+    """an input read from a buffer: (buffer, element offset)"""
+    into: str | None = None
+    """an output written over the memory of this input"""
+
+
+@attrs.frozen
+class Buffer:
+    """Memory the caller binds once (dense, row-major, of its declared type in every Instance) and the
+    graph reads through views: inputs whose Value.view names it. It is no cuDNN tensor and has no uid."""
+
+    name: str
+    loc: Loc = _loc()
+    kind = "buffer"
 
 
 @attrs.frozen
@@ -82,6 +96,8 @@ class Node:
     outputs: tuple[str, ...]
     compute: str
     loc: Loc = _loc()
+    uids: tuple[tuple[str, int], ...] = ()
+    """(attribute, uid) of each attribute lowered to a pass-by-value tensor with a declared uid"""
 
 
 def shape_label(binding) -> str:
@@ -131,6 +147,7 @@ class Graph:
     instances: tuple[Instance, ...]
     """the shapes typed when the file was checked: every value of a set, the ends of a range"""
     loc: Loc = _loc()
+    buffers: tuple[Buffer, ...] = ()
     input_dims: tuple[tuple[str, tuple[int | str, ...]], ...] = ()
     """each input's declared dims, symbols by name: how a binding is read off the inputs' shapes"""
     typer: Any = attrs.field(default=None, eq=False, repr=False)
@@ -139,19 +156,33 @@ class Graph:
     _typed: dict = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self):
-        object.__setattr__(self, "_by_name", {v.name: v for v in self.values})
+        object.__setattr__(self, "_by_name", {v.name: v for v in self.values + self.buffers})
         object.__setattr__(self, "_typed", {tuple(sorted(i.binding)): i for i in self.instances})
 
-    def value(self, name: str) -> Value:
+    def value(self, name: str) -> Value | Buffer:
         return self._by_name[name]
 
     def of_kind(self, *kinds: str) -> tuple[Value, ...]:
         return tuple(v for v in self.values if v.kind in kinds)
 
     @property
-    def inputs(self) -> tuple[Value, ...]:
-        """Tensors the caller binds: device inputs and host scalars."""
-        return self.of_kind("input", "scalar")
+    def inputs(self) -> tuple[Value | Buffer, ...]:
+        """What the caller binds, by name: buffers, device inputs that are no views, host scalars."""
+        return self.buffers + tuple(v for v in self.values if v.kind in ("input", "scalar") and v.view is None)
+
+    @property
+    def device_inputs(self) -> tuple[Value | Buffer, ...]:
+        """The device memory the caller binds (and `run` generates): buffers and inputs that are no views."""
+        return tuple(v for v in self.inputs if v.kind != "scalar")
+
+    @property
+    def views(self) -> tuple[Value, ...]:
+        return tuple(v for v in self.values if v.view is not None)
+
+    @property
+    def in_place(self) -> tuple[Value, ...]:
+        """Outputs written over the memory of an input."""
+        return tuple(v for v in self.values if v.into is not None)
 
     @property
     def outputs(self) -> tuple[Value, ...]:

@@ -768,7 +768,7 @@ OPS: dict[str, OpSig] = {
         "norm",
         ("x", "scale", "bias"),
         infer_norm,
-        attrs=(Attr("epsilon", "float", 1e-5, lo=0, hi=None, doc="added to the variance"),),
+        attrs=(Attr("epsilon", "float", 1e-5, lo=0, hi=None, doc="added to the variance", tensor=True),),
         doc="layer norm (inference) over all axes but the first; scale and bias are [1, ...]",
     ),
     "rmsnorm": OpSig(
@@ -777,7 +777,7 @@ OPS: dict[str, OpSig] = {
         ("x", "scale"),
         infer_norm,
         optional=("bias",),
-        attrs=(Attr("epsilon", "float", 1e-5, lo=0, hi=None, doc="added to the variance"),),
+        attrs=(Attr("epsilon", "float", 1e-5, lo=0, hi=None, doc="added to the variance", tensor=True),),
         doc="RMS norm (inference) over all axes but the first; scale (and bias) are [1, ...]",
     ),
     "batchnorm_inference": OpSig(

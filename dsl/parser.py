@@ -173,8 +173,15 @@ class _ToAst(Transformer_NonRecursive):
     def output_decl(self, meta, ch):
         name, rest = ch[0], list(ch[1:])
         type_ = rest.pop(0) if rest and isinstance(rest[0], ast.TypeSpec) else None
-        expr = rest.pop() if rest and not isinstance(rest[-1], (ast.Layout, ast.Strides, ast.Uid)) else None
+        expr = rest.pop() if rest and not isinstance(rest[-1], (ast.Layout, ast.Strides, ast.Uid, ast.Place)) else None
         return ast.OutputDecl(str(name), type_, tuple(rest), expr, self._loc(meta))
+
+    def buffer_decl(self, meta, ch):
+        return ast.BufferDecl(str(ch[0]), ch[1], self._loc(meta))
+
+    def place(self, meta, ch):
+        offset = self._int(ch[1]) if len(ch) > 1 else None
+        return ast.Place(str(ch[0]), offset, self._loc(meta))
 
     def assign(self, meta, ch):
         return ast.Assign(tuple(str(t) for t in ch[:-1]), ch[-1], self._loc(meta))
@@ -225,6 +232,9 @@ class _ToAst(Transformer_NonRecursive):
 
     def kwarg(self, meta, ch):
         return ast.Kwarg(str(ch[0]), ch[1], self._loc(meta))
+
+    def kwarg_uid(self, meta, ch):
+        return ast.Kwarg(str(ch[0]), ch[1], self._loc(meta), self._int(ch[2]), self._t(ch[2]))
 
     def signed_number(self, meta, ch):
         n = _number(ch[0], self._loc(meta))

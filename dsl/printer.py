@@ -36,7 +36,9 @@ def fmt_expr(e, prec: int = 0) -> str:
     if isinstance(e, ast.Neg):
         return "-" + fmt_expr(e.operand, 3)
     if isinstance(e, ast.Call):
-        args = [fmt_expr(a) for a in e.args] + [f"{k.name}={fmt_value(k.value)}" for k in e.kwargs]
+        args = [fmt_expr(a) for a in e.args] + [
+            f"{k.name}={fmt_value(k.value)}" + (f" uid={k.uid}" if k.uid is not None else "") for k in e.kwargs
+        ]
         return f"{e.op}({', '.join(args)})"
     if isinstance(e, ast.BinOp):
         p = _PREC[e.op]
@@ -51,13 +53,17 @@ def _fmt_type(t: ast.TypeSpec) -> str:
     return t.dtype + "[" + ", ".join(str(d.value) for d in t.dims) + "]"
 
 
-def _fmt_specs(specs) -> str:
+def _fmt_specs(specs, view: bool = False) -> str:
+    """Specs as written, the place last; a view's offset always shown (`in qkv at 0`)."""
     out = []
-    for s in specs:
+    for s in sorted(specs, key=lambda s: isinstance(s, ast.Place)):
         if isinstance(s, ast.Layout):
             out.append(s.name)
         elif isinstance(s, ast.Strides):
             out.append("strides [" + ", ".join(map(str, s.values)) + "]")
+        elif isinstance(s, ast.Place):
+            offset = s.offset if s.offset is not None or not view else 0
+            out.append(f"in {s.target}" + (f" at {offset}" if offset is not None else ""))
         else:
             out.append(f"uid={s.value}")
     return "".join(" " + x for x in out)
@@ -74,7 +80,7 @@ def fmt_stmt(st) -> str:
             return f"dim {st.name} in {lo}..{hi}" + (f" step {step}" if step != 1 else "")
         return f"dim {st.name} in {{{', '.join(map(str, st.values))}}}"
     if isinstance(st, ast.InputDecl):
-        return f"input {st.name} : {_fmt_type(st.type)}{_fmt_specs(st.specs)}"
+        return f"input {st.name} : {_fmt_type(st.type)}{_fmt_specs(st.specs, view=True)}"
     if isinstance(st, ast.ScalarDecl):
         return f"scalar {st.name} : {st.dtype} = {fmt_value(st.value)}{_fmt_specs(st.specs)}"
     if isinstance(st, ast.OutputDecl):
@@ -83,6 +89,8 @@ def fmt_stmt(st) -> str:
             text += f" : {_fmt_type(st.type)}"
         text += _fmt_specs(st.specs)
         return text + (f" = {fmt_expr(st.expr)}" if st.expr is not None else "")
+    if isinstance(st, ast.BufferDecl):
+        return f"buffer {st.name} : {_fmt_type(st.type)}"
     if isinstance(st, ast.Assign):
         return f"{', '.join(st.targets)} = {fmt_expr(st.expr)}"
     raise TypeError(st)
@@ -209,6 +217,13 @@ def _attrs_str(graph: Graph, index: int) -> str:
     return ", ".join(parts)
 
 
+def _place(v) -> str:
+    """Where a value lives, when not in memory of its own: ' in %qkv at 256' (a view), ' in %x' (in place)."""
+    if v.view is not None:
+        return f" in %{v.view[0]} at {v.view[1]}"
+    return f" in %{v.into}" if v.into is not None else ""
+
+
 def dump_ir(program: Program) -> str:
     out = []
     for g in program.graphs:
@@ -216,21 +231,25 @@ def dump_ir(program: Program) -> str:
         out.append(f"  options {_options_str(g.options)}")
         for s in g.symbols:
             out.append(f"  dim {s.name} in {s.text}")
+        for b in g.buffers:
+            out.append(f"  %{b.name} = buffer : {_type_str(g, b.name)[0]}")
         for v in g.of_kind("input", "scalar", "const"):
             if v.kind == "input":
                 t, st = _type_str(g, v.name)
-                out.append(f"  %{v.name} = input uid={v.uid} : {t} strides={st}")
+                out.append(f"  %{v.name} = input uid={v.uid} : {t} strides={st}{_place(v)}")
             else:
                 out.append(f"  %{v.name} = {v.kind} uid={v.uid} : {v.dtype} value={v.scalar}")
         for index, n in enumerate(g.nodes):
             ins = ", ".join("%" + i if i else "_" for i in n.inputs)
             res = ", ".join("%" + o for o in n.outputs)
             a = _attrs_str(g, index)
+            uids = " uids {" + ", ".join(f"{k}={u}" for k, u in n.uids) + "}" if n.uids else ""
             types = "; ".join(
                 f"{g.value(o).kind} uid={g.value(o).uid} {_type_str(g, o)[0]} strides={_type_str(g, o)[1]}"
+                + _place(g.value(o))
                 for o in n.outputs
             )
-            out.append(f"  {res} = {n.op}({ins}){' {' + a + '}' if a else ''} compute={n.compute} : {types}")
+            out.append(f"  {res} = {n.op}({ins}){' {' + a + '}' if a else ''}{uids} compute={n.compute} : {types}")
         out.append("")
     return "\n".join(out)
 
@@ -249,7 +268,7 @@ def summary(program: Program) -> str:
         for s in g.symbols:
             out.append(f"  dim      {s.name} in {s.text}")
         producers = {o: n for n in g.nodes for o in n.outputs}
-        rows = []
+        rows = [("buffer", b.name, "-", _type_str(g, b.name)[0], "dense, bound by the caller") for b in g.buffers]
         for v in g.values:
             if v.kind in ("scalar", "const"):
                 rows.append((v.kind, v.name, str(v.uid), f"{v.dtype} = {v.scalar}", "(host, by value)"))
@@ -257,7 +276,8 @@ def summary(program: Program) -> str:
             t, st = _type_str(g, v.name)
             producer = producers.get(v.name)
             src = f"{producer.op}({', '.join(i or '_' for i in producer.inputs)})" if producer else ""
-            rows.append((v.kind, v.name, str(v.uid), t, f"strides {st}" + (f"  <- {src}" if src else "")))
+            where = _place(v).replace("%", "")
+            rows.append((v.kind, v.name, str(v.uid), t, f"strides {st}{where}" + (f"  <- {src}" if src else "")))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         for r in rows:
             out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
@@ -290,8 +310,17 @@ def to_json(program: Program) -> dict:
                     s.name: list(s.values) if s.span is None else dict(zip(("first", "last", "step"), s.span))
                     for s in g.symbols
                 },
+                "buffers": [b.name for b in g.buffers],
                 "values": [
-                    {"name": v.name, "kind": v.kind, "uid": v.uid, "scalar": v.scalar, "dtype": v.dtype}
+                    {
+                        "name": v.name,
+                        "kind": v.kind,
+                        "uid": v.uid,
+                        "scalar": v.scalar,
+                        "dtype": v.dtype,
+                        "view": list(v.view) if v.view else None,
+                        "into": v.into,
+                    }
                     for v in g.values
                 ],
                 "nodes": [
@@ -300,6 +329,7 @@ def to_json(program: Program) -> dict:
                         "inputs": list(n.inputs),
                         "outputs": list(n.outputs),
                         "compute": n.compute,
+                        "uids": dict(n.uids),
                         "loc": str(n.loc),
                     }
                     for n in g.nodes
@@ -325,7 +355,8 @@ def _default(a) -> str:
 
 def _attr_doc(a) -> str:
     what = f"{'/'.join(a.choices)}" if a.choices else a.kind
-    return f"`{a.name}`{_default(a)} ({what}{': ' + a.doc if a.doc else ''})"
+    uid = "; a cuDNN tensor, takes `uid=N`" if a.tensor else ""
+    return f"`{a.name}`{_default(a)} ({what}{': ' + a.doc if a.doc else ''}{uid})"
 
 
 def _bounds(a) -> str:

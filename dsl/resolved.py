@@ -27,6 +27,9 @@ class Decl:
     uid: int | None = None
     uid_loc: Loc | None = None
     scalar: Any = None
+    view: tuple[str, int] | None = None
+    """(buffer, element offset) of an input declared `in BUFFER at OFFSET`"""
+    view_loc: Loc | None = None
 
 
 @attrs.define
@@ -42,6 +45,8 @@ class PNode:
     arg_locs: list
     attr_locs: dict
     ok: bool = True
+    uids: dict = attrs.Factory(dict)
+    """attribute -> (uid, loc) of an attribute given `uid=N`"""
 
 
 @attrs.define
@@ -55,6 +60,17 @@ class OutDecl:
     strides: tuple[int, ...] | None = None
     uid: int | None = None
     uid_loc: Loc | None = None
+    into: str | None = None
+    """the input this output is written over (`output y in x = ...`)"""
+    into_loc: Loc | None = None
+
+
+@attrs.define
+class BufferDecl:
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    loc: Loc
 
 
 @attrs.frozen
@@ -68,6 +84,7 @@ class Resolved:
     outputs: dict[str, OutDecl]
     poisoned: frozenset[str]
     """names whose declaration failed: their uses are not reported again"""
+    buffers: dict[str, BufferDecl] = attrs.Factory(dict)
 
     @property
     def intermediate(self) -> str:

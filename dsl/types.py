@@ -38,6 +38,10 @@ LAYOUTS = ("row_major", "col_major", "nchw", "nhwc", "ncdhw", "ndhwc", "channels
 
 INT64_MAX = 2**63 - 1
 
+ALIGNMENT = 16
+"""bytes: cuDNN assumes every device buffer is aligned to this (misaligned SDPA operands give wrong
+results on sm_90, not an error); a view's offset keeps it"""
+
 DEFAULT_MATH = "float"
 """the dtype of intermediates, of computation, and of number literals, unless a graph says otherwise"""
 
@@ -133,6 +137,27 @@ def overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]
     if axes and strides[axes[0]] == 0:
         return axes[0], axes[0]
     return None
+
+
+def shares_elements(a: TensorType, a_offset: int, b: TensorType, b_offset: int) -> bool | None:
+    """Whether two views of one buffer reach a common element: exact when their extents are apart, or
+    when they have the same dims and one-to-one strides (packed Q, K, V; the halves of a table); None
+    (unknown) otherwise."""
+    if a_offset + a.storage <= b_offset or b_offset + b.storage <= a_offset:
+        return False
+    if a.shape != b.shape or a.strides != b.strides or overlap(a.shape, a.strides) is not None:
+        return None
+    axes = sorted((k for k in range(len(a.shape)) if a.shape[k] > 1), key=lambda k: -a.strides[k])
+
+    def reach(delta: int, i: int) -> bool:
+        """delta = sum of j_k * stride_k over axes[i:], with |j_k| < extent_k? The axes inside reach less
+        than one stride of the axis outside them, so only the two nearest multiples need trying."""
+        if i == len(axes):
+            return delta == 0
+        s, d = a.strides[axes[i]], a.shape[axes[i]]
+        return any(abs(j) < d and reach(delta - j * s, i + 1) for j in {delta // s, -(-delta // s)})
+
+    return reach(b_offset - a_offset, 0)
 
 
 def broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:

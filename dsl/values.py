@@ -41,6 +41,8 @@ class Attr:
     """greatest value (every item of a list)"""
     optional: bool = False
     """None is a value of its own (an option left to a default decided elsewhere)"""
+    tensor: bool = False
+    """lowered to a pass-by-value cuDNN tensor (epsilon, momentum): it may take a uid, `epsilon=1e-5 uid=7`"""
 
     def __attrs_post_init__(self):
         if self.kind not in KINDS:

@@ -144,7 +144,7 @@ class _Names:
         from dsl.values import number
 
         def union(kind):
-            return sorted({v.name for g in graphs for v in g.of_kind(kind)})
+            return sorted({v.name for g in graphs for v in _of_kind(g, kind)})
 
         outputs, inputs = union("output"), union("input")
         self.atol = common.named_values(args.atol, "--atol", outputs, common.option_value("atol"), unnamed_ok=True)
@@ -154,6 +154,11 @@ class _Names:
         self.scalars = common.named_values(args.scalar, "--scalar", union("scalar"), number)
 
 
+def _of_kind(graph, kind: str):
+    """The values a per-name flag names: for inputs, what the caller binds (buffers, not their views)."""
+    return graph.device_inputs if kind == "input" else graph.of_kind(kind)
+
+
 class _Setup:
     """One graph's share of the flags, converted and checked once: options, shapes, tolerances, ranges, scalars."""
 
@@ -161,7 +166,7 @@ class _Setup:
         from cudnn_dsl.tensors import BindingError, scalar_value
 
         def mine(values: dict, kind: str) -> dict:
-            own = {v.name for v in graph.of_kind(kind)}
+            own = {v.name for v in _of_kind(graph, kind)}
             return {k: v for k, v in values.items() if k in own}
 
         self.graph, self.args = graph, args
@@ -278,12 +283,13 @@ class _GpuRunner:
         import torch
 
         from cudnn_dsl.build import timings_text
-        from cudnn_dsl.tensors import compare_outputs
+        from cudnn_dsl.tensors import compare_outputs, restore, snapshot
         from cudnn_dsl.timing import gpu_time_us
 
         cg, s, opts = self.cg, self.s, self.s.opts
         name = common.label(s.graph, inst)
         tensors = s.inputs(inst, cg.device, s.files(inst))
+        before = snapshot(s.graph, tensors)  # launches overwrite the inputs of outputs in place
         pinned = self._pin(inst)
         progress = common.Progress(name)
         cg.planner.progress = progress
@@ -297,12 +303,13 @@ class _GpuRunner:
                 outputs, launch, exe = bound.outputs, bound.run, bound.exe
         finally:
             progress.done()
+        restore(tensors, before)  # a capture's warm-up launch has overwritten what outputs in place write
         launch()
         torch.cuda.synchronize(cg.device)
         first = {k: v.clone() for k, v in outputs.items()}  # what a repro compares: later launches may differ
         comps, want = [], None
         if not s.args.no_reference:
-            want = cg.reference(tensors)
+            want = cg.reference(before)
             comps = compare_outputs(s.graph, inst, first, want, opts, s.atol, s.rtol)
         times = gpu_time_us(launch, opts.iterations, warmup=opts.warmup)
         low = exe.low
@@ -340,7 +347,7 @@ class _GpuRunner:
             }
             s.dump(
                 inst,
-                tensors,
+                before,
                 want,
                 first,
                 plan,
