@@ -1,0 +1,99 @@
+"""`cudnn-dsl import FILE`: a cuDNN Frontend graph (its JSON, or a frontend log) as a .cdg file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from cudnn_dsl.cli import common
+
+HELP = "turn a cuDNN Frontend graph (its JSON, version 1.0 or 2.0, or a frontend log) into a .cdg file"
+EPILOG = (
+    "FILE is the JSON the frontend serializes (`repr(graph)`, `cudnn-dsl emit --format fe-json`, "
+    "json_version 1.0 or 2.0), or a frontend log written with CUDNN_FRONTEND_LOG_INFO=1 "
+    "CUDNN_FRONTEND_LOG_FILE=F, whose every graph becomes one graph of the .cdg file. Every tensor keeps its "
+    "dims, strides, dtype and UID, virtual tensors become named intermediates, pass-by-value tensors become "
+    "scalars with their values. The .cdg file is checked and compared with the JSON before it is written, in "
+    "canonical form (`fmt --check` clean). A node or setting the language cannot express is an error naming the "
+    "node and its place in FILE (exit 1, nothing written). -o never replaces an existing file unless --force; "
+    "the write is atomic."
+)
+_MAX_BYTES = 256 << 20  # a frontend log of many graphs is large, but not this large
+
+
+def register(p) -> None:
+    p.epilog = EPILOG
+    p.add_argument("file", metavar="FILE", help="frontend graph JSON, or a frontend log")
+    p.add_argument("-o", "--output", metavar="OUT.cdg", help="write the .cdg file here (default: print it)")
+    p.add_argument("--force", action="store_true", help="with -o: replace OUT.cdg if it exists")
+    p.add_argument(
+        "--scalar",
+        action="append",
+        metavar="NAME=VALUE",
+        help="the value of a pass-by-value tensor that FILE leaves out (the frontend does not record values bound "
+        "at launch); NAME as in FILE or in the .cdg file",
+    )
+    p.add_argument("--name", default=None, help="the graph's name when FILE gives none (default: FILE's stem)")
+    p.set_defaults(run=run)
+
+
+def _scalars(items) -> dict[str, str]:
+    from dsl.values import number
+
+    out = {}
+    for item in items or ():
+        name, _, value = item.partition("=")
+        try:
+            number(value)
+        except ValueError:
+            raise common.UsageError(f"--scalar takes NAME=NUMBER, got '{item}'") from None
+        if not name:
+            raise common.UsageError(f"--scalar takes NAME=NUMBER, got '{item}'")
+        out[name] = value.strip()
+    return out
+
+
+def _read(path: str) -> str:
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise common.UsageError(f"{path}: is a directory")
+        with open(p, "rb") as f:
+            data = f.read(_MAX_BYTES + 1)
+    except OSError as e:
+        raise common.UsageError(f"{path}: {e.strerror or e}") from None
+    if len(data) > _MAX_BYTES:
+        raise common.UsageError(f"{path}: larger than {_MAX_BYTES >> 20} MiB")
+    return data.decode("utf-8", errors="replace")  # a log may hold stray bytes; JSON's own are checked
+
+
+def run(args) -> int:
+    from cudnn_dsl.fe_import import to_cdg, verify
+    from dsl.pipeline import load
+
+    if args.force and not args.output:
+        raise common.UsageError("--force goes with -o")
+    out = Path(args.output) if args.output else None
+    if out is not None and out.exists() and not args.force:
+        raise common.UsageError(f"{out} exists; pass --force to replace it")
+    text = _read(args.file)
+    common.SOURCES[args.file] = text
+    name = args.name or Path(args.file).name.split(".")[0]
+    cdg, graphs = to_cdg(text, args.file, name=name, scalars=_scalars(args.scalar))
+    result = load(text=cdg, file=str(out or "<imported>"))
+    problems = [] if not result.ok else verify(result.program, graphs, args.file)
+    if not result.ok or problems:
+        if not result.ok:
+            print(result.render(), file=sys.stderr)
+        for p in problems:
+            print(p, file=sys.stderr)
+        common.warn(f"error: the graph imported from {args.file} is not the same graph; nothing written")
+        return common.EXIT_FAIL
+    if out is None:
+        sys.stdout.write(cdg)
+        return common.EXIT_OK
+    from cudnn_dsl.store import atomic_write
+
+    atomic_write(out, cdg)
+    print(f"{out}: {len(graphs)} graph{'s' if len(graphs) != 1 else ''} imported from {args.file}", file=sys.stderr)
+    return common.EXIT_OK

@@ -1,0 +1,712 @@
+"""Import layer: a cuDNN Frontend graph (its JSON, version 1.0 or 2.0, or a frontend log holding it) -> .cdg text.
+
+What a frontend node becomes is table-driven: NODES (by node tag), POINTWISE and REDUCTION (by mode). A
+registry op that no table produces is in NOT_IMPORTED with the reason; a test keeps the two complete. Every
+field of a node is either read by its row or must hold its neutral value (NEUTRAL), so a setting the
+language cannot express is an error naming the node, never silently dropped. Pure Python and the language
+only (no torch, no cuDNN): `cudnn-dsl import` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import json.decoder
+import json.scanner
+import re
+import struct
+from collections.abc import Callable
+
+import attrs
+
+from dsl.diagnostics import Diagnostic, DslError, Loc
+from dsl.ir import Program
+
+VERSIONS = ("1.0", "2.0")
+"""the frontend's graph JSON versions read: 1.0 (tensors keyed by name or uid, frontends to 1.2x) and 2.0"""
+
+#: cuDNN data_type name -> language dtype
+DTYPES = {
+    "HALF": "half",
+    "BFLOAT16": "bf16",
+    "FLOAT": "float",
+    "DOUBLE": "double",
+    "FP8_E4M3": "fp8_e4m3",
+    "FP8_E5M2": "fp8_e5m2",
+    "INT8": "int8",
+    "UINT8": "uint8",
+    "INT32": "int32",
+    "INT64": "int64",
+    "BOOLEAN": "bool",
+}
+_UNSET = (None, "NOT_SET")
+
+#: words the grammar reserves, and the literals true/false: a tensor name is never one of them
+_RESERVED = {"graph", "io", "intermediate", "compute", "option", "dim", "input", "scalar", "output", "strides"}
+_RESERVED |= {"uid", "in", "true", "false"}
+
+# ---- pass-by-value values, as the frontend encodes them (its std::variant: index, value) -----------------
+
+#: variant index -> the dtype it holds (int64, int32, half, float, double, bf16, in the frontend's order)
+_VARIANT = {0: "int64", 1: "int32", 2: "half", 3: "float", 4: "double", 5: "bf16"}
+
+
+def f32_from_json(v) -> float:
+    """A float the frontend wrote: its float32 bits as 8 hex digits ('3F000000'), or a plain number."""
+    if isinstance(v, str):
+        return struct.unpack(">f", bytes.fromhex(v))[0]
+    return float(v)
+
+
+def by_value_json(value: float, dtype: str) -> dict:
+    """A pass-by-value tensor's value as the frontend writes it when the value is part of the graph."""
+    index = {d: i for i, d in _VARIANT.items()}.get(dtype, 3)
+    if index == 3:
+        return {"index": 3, "value": struct.pack(">f", value).hex().upper()}
+    return {"index": index, "value": int(value) if index in (0, 1) else float(value)}
+
+
+def _value_from_json(pbv) -> float | int | None:
+    if not isinstance(pbv, dict) or "value" not in pbv:
+        return None
+    index, v = pbv.get("index"), pbv["value"]
+    if index == 3:
+        return f32_from_json(v)
+    return int(v) if index in (0, 1) else float(v)
+
+
+def f32_text(x: float) -> str:
+    """The shortest decimal that is the same float32 (a value the frontend keeps as float32)."""
+    if x != x or x in (float("inf"), float("-inf")):
+        return repr(x)
+    bits = struct.pack(">f", x)
+    for digits in range(1, 10):
+        text = f"{x:.{digits}g}"
+        if struct.pack(">f", float(text)) == bits:
+            return text
+    return repr(x)
+
+
+# ---- the JSON, with where each object starts ------------------------------------------------------------
+
+
+class _Obj(dict):
+    """A JSON object that remembers its offset in the text (for located errors)."""
+
+    pos = 0
+
+
+def _decoder() -> json.JSONDecoder:
+    """A decoder whose objects are _Obj (the pure-Python scanner: the C one takes no hooks)."""
+    dec = json.JSONDecoder()
+
+    def parse_object(s_and_end, *args):
+        obj, end = json.decoder.JSONObject(s_and_end, *args)
+        located = _Obj(obj)
+        located.pos = s_and_end[1] - 1
+        return located, end
+
+    dec.parse_object = parse_object
+    dec.scan_once = json.scanner.py_make_scanner(dec)
+    return dec
+
+
+@attrs.frozen
+class Source:
+    file: str
+    text: str
+
+    def loc(self, pos: int) -> Loc:
+        line = self.text.count("\n", 0, pos) + 1
+        col = pos - (self.text.rfind("\n", 0, pos) + 1) + 1
+        return Loc(self.file, line, col, line, col + 1)
+
+    def error(self, message: str, pos: int = 0) -> DslError:
+        return DslError(Diagnostic("error", message, self.loc(pos)))
+
+
+def find_graphs(src: Source) -> list[_Obj]:
+    """The graph JSON objects in a file: the file itself when it is JSON, else every graph line of a
+    frontend log (CUDNN_FRONTEND_LOG_INFO=1 writes each graph on one line when it is validated)."""
+    dec = _decoder()
+    text = src.text
+    start = len(text) - len(text.lstrip())
+    if text[start : start + 1] == "{":
+        return [_decode(src, dec, start, len(text), "the file")]
+    graphs, seen, offset = [], set(), 0
+    for line in text.splitlines(keepends=True):
+        body = line.strip()
+        if body.startswith("{") and ('"json_version"' in body or '"context"' in body):
+            obj = _decode(src, dec, offset + line.index("{"), offset + len(line.rstrip()), "this log line")
+            key = json.dumps(obj, sort_keys=True)
+            if key not in seen:  # a graph validated twice is one graph
+                seen.add(key)
+                graphs.append(obj)
+        offset += len(line)
+    if not graphs:
+        raise src.error(
+            "no cuDNN Frontend graph found: neither graph JSON nor a frontend log holding one (the frontend "
+            "writes each graph's JSON to its log with CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=F)"
+        )
+    return graphs
+
+
+def _decode(src: Source, dec: json.JSONDecoder, start: int, end: int, what: str) -> _Obj:
+    try:
+        obj, stop = dec.raw_decode(src.text, start)
+    except json.JSONDecodeError as e:
+        if e.pos >= end:
+            raise src.error(f"{what} ends before its JSON is complete (is it truncated?)", e.pos) from None
+        raise src.error(f"not valid JSON: {e.msg}", e.pos) from None
+    rest = src.text[stop:end]
+    if rest.strip():
+        raise src.error(
+            "not valid JSON: more text after the graph's closing brace", stop + len(rest) - len(rest.lstrip())
+        )
+    return obj
+
+
+# ---- a frontend graph, read -------------------------------------------------------------------------------
+
+
+@attrs.define
+class Tensor:
+    key: str
+    name: str
+    """the name in the .cdg file (the frontend's, made an identifier)"""
+    json: dict
+    producer: int | None = None
+    consumers: int = 0
+
+    @property
+    def virtual(self) -> bool:
+        return bool(self.json.get("is_virtual"))
+
+    @property
+    def by_value(self) -> bool:
+        return bool(self.json.get("is_pass_by_value"))
+
+    @property
+    def dtype(self) -> str | None:
+        return DTYPES.get(self.json.get("data_type"))
+
+    @property
+    def dims(self) -> list[int]:
+        return list(self.json.get("dim") or [])
+
+    @property
+    def strides(self) -> list[int]:
+        return list(self.json.get("stride") or [])
+
+    @property
+    def uid(self) -> int | None:
+        uid = self.json.get("uid")
+        assigned = self.json.get("uid_assigned", True)  # 1.0 says whether the uid is the user's
+        return uid if isinstance(uid, int) and assigned else None
+
+
+@attrs.define
+class Node:
+    """One frontend node being read: its rows read fields through it, so unread ones can be checked."""
+
+    src: Source
+    j: dict
+    index: int
+    tensors: dict[str, Tensor]
+    read: set = attrs.Factory(lambda: {"tag", "name", "inputs", "outputs", "compute_data_type"})
+
+    @property
+    def tag(self) -> str:
+        return self.j.get("tag")
+
+    def where(self) -> str:
+        return f"node '{self.j.get('name', '')}' ({self.tag}, nodes[{self.index}])"
+
+    def fail(self, message: str) -> DslError:
+        return self.src.error(f"{self.where()}: {message}", getattr(self.j, "pos", 0))
+
+    def get(self, field: str, default=None):
+        self.read.add(field)
+        v = self.j.get(field)
+        return default if v is None else v
+
+    def tensor(self, port: str, side: str = "inputs") -> Tensor | None:
+        ref = (self.j.get(side) or {}).get(port)
+        return None if ref is None else self.tensors[str(ref)]
+
+    def port(self, port: str, *, optional: bool = False) -> str | None:
+        t = self.tensor(port)
+        if t is None and not optional:
+            raise self.fail(f"has no {port} input")
+        return None if t is None else t.name
+
+    def value_of(self, port: str) -> float:
+        """The value of a pass-by-value input that the language spells as an attribute (an epsilon)."""
+        t = self.tensor(port)
+        if t is None or not t.by_value:
+            raise self.fail(f"its {port} is not a pass-by-value scalar, which the language needs")
+        v = _value_from_json(t.json.get("pass_by_value"))
+        if v is None:
+            raise self.fail(f"the JSON does not hold the value of its {port} (tensor '{t.json.get('name', t.key)}')")
+        return v
+
+
+@attrs.frozen
+class Call:
+    """What a node becomes: the language op, its arguments and attributes, and which output ports it fills."""
+
+    op: str
+    args: tuple[str | None, ...]
+    attrs: tuple[tuple[str, str], ...] = ()
+    outputs: tuple[str, ...] = ()
+
+
+def _ints(v) -> str:
+    return "[" + ", ".join(str(int(x)) for x in v) + "]"
+
+
+def _bool(v) -> str:
+    return "true" if v else "false"
+
+
+# ---- the tables: frontend node -> language op --------------------------------------------------------------
+
+#: pointwise mode -> language op (unary or binary, as the registry has it)
+POINTWISE = {
+    "ADD": "add",
+    "SUB": "sub",
+    "MUL": "mul",
+    "DIV": "div",
+    "MAX": "max",
+    "MIN": "min",
+    "POW": "pow",
+    "RELU_FWD": "relu",
+    "GELU_FWD": "gelu",
+    "GELU_APPROX_TANH_FWD": "gelu_tanh",
+    "SIGMOID_FWD": "sigmoid",
+    "TANH_FWD": "tanh",
+    "ELU_FWD": "elu",
+    "SOFTPLUS_FWD": "softplus",
+    "SWISH_FWD": "swish",
+    "EXP": "exp",
+    "LOG": "log",
+    "SQRT": "sqrt",
+    "RSQRT": "rsqrt",
+    "ABS": "abs",
+    "NEG": "neg",
+    "RECIPROCAL": "reciprocal",
+    "ERF": "erf",
+    "SIN": "sin",
+    "COS": "cos",
+    "FLOOR": "floor",
+    "CEIL": "ceil",
+    "IDENTITY": "identity",
+}
+#: reduction mode -> the language's reduction mode
+REDUCTION = {
+    "ADD": "sum",
+    "MUL": "mul",
+    "MIN": "min",
+    "MAX": "max",
+    "AMAX": "amax",
+    "AVG": "avg",
+    "NORM1": "norm1",
+    "NORM2": "norm2",
+    "MUL_NO_ZEROS": "mul_no_zeros",
+}
+_F32_ONE = "3F800000"
+#: node fields the language has no spelling for, with the values that mean "not used" (null, false and []
+#: always do): any other value is an error naming the node
+NEUTRAL = {
+    "MATMUL": {"padding_value": (0, 0.0)},
+    "POINTWISE": {
+        "elu_alpha": (1.0, _F32_ONE),
+        "softplus_beta": (1.0, _F32_ONE),
+        "relu_lower_clip": (0, 0.0, "00000000"),
+    },
+    "REDUCTION": {},
+    "SDPA": {
+        "implementation": "*",
+        "mma_core_mode": "*",
+        "max_seq_len_kv": "*",
+        "max_total_seq_len_q": "*",
+        "max_total_seq_len_kv": "*",
+    },
+    "RESHAPE": {"reshape_mode": ("VIEW_ONLY",), "dim": "*", "stride": "*"},
+    "SLICE": {},
+}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+
+
+def import_pointwise(n: Node) -> Call:
+    mode = n.get("mode")
+    op = POINTWISE.get(mode)
+    if op is None:
+        raise n.fail(f"pointwise mode {mode} has no op in the language")
+    ins = [n.port("IN_0"), n.port("IN_1", optional=True)]
+    if n.tensor("IN_2") is not None:
+        raise n.fail("takes a third input (IN_2), which no pointwise op of the language has")
+    attrs_: list[tuple[str, str]] = []
+    if op == "relu" and n.get("relu_lower_clip_slope") is not None:
+        op = "leaky_relu"
+        attrs_.append(("slope", f32_text(f32_from_json(n.get("relu_lower_clip_slope")))))
+    if op == "swish":
+        attrs_.append(("beta", f32_text(f32_from_json(n.get("swish_beta", 1.0)))))
+    return Call(op, tuple(i for i in ins if i is not None), tuple(attrs_), ("OUT_0",))
+
+
+def _conv(op: str, ports: tuple[str, str], out: str) -> Callable[[Node], Call]:
+    def convert(n: Node) -> Call:
+        pre, post = n.get("pre_padding", []), n.get("post_padding", [])
+        if list(pre) != list(post):
+            raise n.fail(f"pre_padding {pre} and post_padding {post} differ; the language pads both sides alike")
+        if n.get("math_mode", "CROSS_CORRELATION") != "CROSS_CORRELATION":
+            raise n.fail(f"math_mode {n.get('math_mode')}: the language's convolutions are cross-correlations")
+        attrs_ = (
+            ("padding", _ints(pre)),
+            ("stride", _ints(n.get("stride", []))),
+            ("dilation", _ints(n.get("dilation", []))),
+        )
+        return Call(op, tuple(n.port(p) for p in ports), attrs_, (out,))
+
+    return convert
+
+
+def import_matmul(n: Node) -> Call:
+    for p in ("M_override", "N_override", "K_override"):
+        if n.tensor(p) is not None:
+            raise n.fail(f"has a {p} input (ragged shapes), which the language's matmul lacks")
+    return Call("matmul", (n.port("A"), n.port("B")), (), ("C",))
+
+
+def import_reduction(n: Node) -> Call:
+    mode = REDUCTION.get(n.get("mode"))
+    if mode is None:
+        raise n.fail(f"reduction mode {n.get('mode')} has no counterpart in the language")
+    if n.get("is_deterministic", False):
+        raise n.fail("is_deterministic=true: the language cannot ask for a deterministic reduction")
+    out = n.tensor("Y", "outputs")
+    if out is None or not out.dims:
+        raise n.fail("its output has no dims in the JSON, so the axes it reduces are unknown")
+    axes = [i for i, d in enumerate(out.dims) if d == 1]
+    attrs_ = [("mode", mode)]
+    if len(axes) < len(out.dims):
+        attrs_.append(("axes", _ints(axes)))
+    return Call("reduction", (n.port("X"),), tuple(attrs_), ("Y",))
+
+
+def import_sdpa(n: Node) -> Call:
+    unsupported = [p for p in (n.j.get("inputs") or {}) if p not in ("Q", "K", "V", "Bias", "Attn_scale")]
+    if unsupported:
+        raise n.fail(f"has inputs {', '.join(sorted(unsupported))}, which the language's sdpa lacks")
+    scale = n.get("attn_scale_value")
+    if scale is None:
+        scale = n.value_of("Attn_scale")
+    scale_text = f32_text(f32_from_json(scale))
+    stats = n.get("generate_stats")
+    if stats is None:  # frontends before 1.1x said is_inference
+        stats = not n.get("is_inference", True)
+    causal = _sdpa_causal(n)
+    attrs_ = (("scale", scale_text), ("causal", _bool(causal)), ("stats", _bool(stats)))
+    args = (n.port("Q"), n.port("K"), n.port("V"), n.port("Bias", optional=True))
+    return Call("sdpa", tuple(a for a in args if a is not None), attrs_, ("O", "Stats") if stats else ("O",))
+
+
+def _sdpa_causal(n: Node) -> bool:
+    if n.get("causal_mask_bottom_right", False):
+        raise n.fail("a bottom-right causal mask: the language's causal mask is top-left aligned")
+    if n.get("sliding_window_length") is not None or n.get("left_bound") is not None:
+        raise n.fail("a sliding-window mask (left_bound): the language's sdpa has none")
+    if "causal_mask" in n.j:  # frontends before 1.1x
+        return bool(n.get("causal_mask"))
+    right, align = n.get("right_bound"), n.get("diagonal_alignment", "TOP_LEFT")
+    if right is None:
+        return False
+    if right != 0 or align != "TOP_LEFT":
+        raise n.fail(
+            f"a diagonal band mask (right_bound={right}, {align}): the language's causal mask is top-left, right_bound 0"
+        )
+    return True
+
+
+def _norm(op: str, with_bias: bool) -> Callable[[Node], Call]:
+    def convert(n: Node) -> Call:
+        phase = n.get("forward_phase", "INFERENCE")
+        if phase != "INFERENCE":
+            raise n.fail(f"forward_phase {phase}: the language's {op} is the inference norm")
+        args = [n.port("X"), n.port("SCALE"), n.port("BIAS", optional=not with_bias)]
+        eps = f32_text(n.value_of("EPSILON"))
+        return Call(op, tuple(a for a in args if a is not None), (("epsilon", eps),), ("Y",))
+
+    return convert
+
+
+def import_batchnorm_inference(n: Node) -> Call:
+    ports = ("X", "MEAN", "INV_VARIANCE", "SCALE", "BIAS")
+    return Call("batchnorm_inference", tuple(n.port(p) for p in ports), (), ("Y",))
+
+
+def import_transpose(n: Node) -> Call:
+    return Call("transpose", (n.port("X"),), (("perm", _ints(n.get("permutation", []))),), ("Y",))
+
+
+def import_reshape(n: Node) -> Call:
+    out = n.tensor("Y", "outputs")
+    if out is None or not out.dims:
+        raise n.fail("its output has no dims in the JSON, so the new shape is unknown")
+    return Call("reshape", (n.port("X"),), (("shape", _ints(out.dims)),), ("Y",))
+
+
+def import_slice(n: Node) -> Call:
+    if any(s != 1 for s in n.get("slice_strides", [])):
+        raise n.fail(f"slice_strides {n.get('slice_strides')}: the language's slice takes every element")
+    box = n.get("slices", [])
+    attrs_ = (("start", _ints(s for s, _ in box)), ("end", _ints(e for _, e in box)))
+    return Call("slice", (n.port("X"),), attrs_, ("Y",))
+
+
+#: node tag -> how it becomes a language op
+NODES: dict[str, Callable[[Node], Call]] = {
+    "POINTWISE": import_pointwise,
+    "CONV_FPROP": _conv("conv_fprop", ("X", "W"), "Y"),
+    "CONV_DGRAD": _conv("conv_dgrad", ("DY", "W"), "DX"),
+    "CONV_WGRAD": _conv("conv_wgrad", ("X", "DY"), "DW"),
+    "MATMUL": import_matmul,
+    "REDUCTION": import_reduction,
+    "SDPA": import_sdpa,
+    "LAYER_NORM": _norm("layernorm", True),
+    "RMS_NORM": _norm("rmsnorm", False),
+    "BATCHNORM_INFERENCE": import_batchnorm_inference,
+    "TRANSPOSE": import_transpose,
+    "RESHAPE": import_reshape,
+    "SLICE": import_slice,
+}
+#: language ops the tables above produce, by the row that produces each
+IMPORTED = {
+    **{op: f"POINTWISE mode {mode}" for mode, op in POINTWISE.items()},
+    "leaky_relu": "POINTWISE mode RELU_FWD with relu_lower_clip_slope",
+    "conv_fprop": "CONV_FPROP",
+    "conv_dgrad": "CONV_DGRAD",
+    "conv_wgrad": "CONV_WGRAD",
+    "matmul": "MATMUL",
+    "reduction": "REDUCTION",
+    "sdpa": "SDPA",
+    "layernorm": "LAYER_NORM",
+    "rmsnorm": "RMS_NORM",
+    "batchnorm_inference": "BATCHNORM_INFERENCE",
+    "transpose": "TRANSPOSE",
+    "reshape": "RESHAPE",
+    "slice": "SLICE",
+}
+#: registry ops no frontend node becomes, and why
+NOT_IMPORTED = {
+    "bias": "the frontend's bias is its pointwise ADD: it imports as add (the same frontend call)",
+    "scale": "the frontend's scale is its pointwise MUL: it imports as mul (the same frontend call)",
+}
+
+
+# ---- a graph -> .cdg text ------------------------------------------------------------------------------------
+
+
+def ident(name: str, used: set[str]) -> str:
+    """A frontend tensor name as a .cdg name: 'conv_fprop.0::Y' -> 'conv_fprop_0_Y', unique in the graph."""
+    base = re.sub(r"\W+", "_", name, flags=re.ASCII).strip("_") or "t"
+    if base[0].isdigit():
+        base = "t" + base
+    if base in _RESERVED:
+        base += "_"
+    out, k = base, 2
+    while out in used:
+        out, k = f"{base}_{k}", k + 1
+    used.add(out)
+    return out
+
+
+@attrs.frozen
+class Imported:
+    """One frontend graph as .cdg statements, and what was read."""
+
+    name: str
+    lines: tuple[str, ...]
+    tensors: tuple[Tensor, ...]
+    where: str
+    """'json_version 2.0, frontend 13200, cuDNN 9.28.1'"""
+
+
+def import_graph(src: Source, j: _Obj, name: str, scalars: dict[str, str]) -> Imported:
+    version = j.get("json_version")
+    if version not in VERSIONS:
+        raise src.error(
+            f"json_version {json.dumps(version)}: this importer reads the frontend's graph JSON "
+            f"versions {' and '.join(VERSIONS)}",
+            j.pos,
+        )
+    nodes, raw = j.get("nodes"), j.get("tensors")
+    if not isinstance(nodes, list) or not isinstance(raw, (list, dict)):
+        raise src.error("a graph JSON needs a 'nodes' list and 'tensors'", j.pos)
+    used: set[str] = set()
+    entries = (
+        raw.items() if isinstance(raw, dict) else ((str(t.get("uid")) if isinstance(t, dict) else "", t) for t in raw)
+    )
+    tensors: dict[str, Tensor] = {}
+    for key, t in entries:
+        if not isinstance(t, dict) or not isinstance(t.get("dim", []), list):
+            raise src.error(f"tensors[{json.dumps(key)}] is not a tensor", getattr(t, "pos", j.pos))
+        tensors[key] = Tensor(key, ident(t.get("name") or f"t{t.get('uid', key)}", used), t)
+    for i, nj in enumerate(nodes):
+        if not isinstance(nj, dict) or not isinstance(nj.get("tag"), str):
+            raise src.error(f"nodes[{i}] is not a node (no tag)", getattr(nj, "pos", j.pos))
+        for side in ("inputs", "outputs"):
+            for port, ref in (nj.get(side) or {}).items():
+                if ref is not None and str(ref) not in tensors:
+                    raise src.error(
+                        f"nodes[{i}] ({nj['tag']}): {side[:-1]} {port} names tensor {ref}, which is not in 'tensors'",
+                        nj.pos,
+                    )
+                if ref is not None:
+                    t = tensors[str(ref)]
+                    if side == "outputs":
+                        t.producer = i
+                    else:
+                        t.consumers += 1
+    ctx = j.get("context") or {}
+    io = DTYPES.get(ctx.get("io_data_type"))
+    lines = [f"io {io}"] if io else []
+    lines += [f"intermediate {DTYPES.get(ctx.get('intermediate_data_type')) or 'float'}"]
+    lines += [f"compute {DTYPES.get(ctx.get('compute_data_type')) or 'float'}", ""]
+    absorbed = _absorbed(nodes, tensors)
+    for t in tensors.values():
+        if t.producer is None and t.key not in absorbed and t.consumers:
+            lines.append(_declare(src, j, t, scalars))
+    lines.append("")
+    compute = DTYPES.get(ctx.get("compute_data_type"))
+    for i, nj in enumerate(nodes):
+        lines += _statements(Node(src, nj, i, tensors), compute)
+    where = f"json_version {version}, frontend {j.get('cudnn_frontend_version', '?')}, cuDNN {j.get('cudnn_backend_version', '?')}"
+    return Imported(name, tuple(lines), tuple(tensors.values()), where)
+
+
+def _absorbed(nodes: list, tensors: dict[str, Tensor]) -> set[str]:
+    """Pass-by-value inputs that the language spells as an attribute of their node (epsilon, the sdpa scale)."""
+    ports = {"LAYER_NORM": ("EPSILON",), "RMS_NORM": ("EPSILON",), "SDPA": ("Attn_scale",)}
+    out = set()
+    for nj in nodes:
+        for port in ports.get(nj["tag"], ()):
+            ref = (nj.get("inputs") or {}).get(port)
+            if ref is not None and tensors[str(ref)].by_value:
+                out.add(str(ref))
+    return out
+
+
+def _declare(src: Source, j: _Obj, t: Tensor, scalars: dict[str, str]) -> str:
+    what = f"tensor '{t.json.get('name', t.key)}'"
+    pos = getattr(t.json, "pos", j.pos)
+    if t.virtual:
+        raise src.error(f"{what} is virtual but no node computes it", pos)
+    if t.dtype is None:
+        raise src.error(f"{what} has data_type {t.json.get('data_type')}, which the language lacks", pos)
+    uid = f" uid={t.uid}" if t.uid is not None else ""
+    if t.by_value:
+        given = scalars.get(t.name, scalars.get(t.json.get("name", "")))
+        value = _value_from_json(t.json.get("pass_by_value")) if given is None else given
+        if value is None:
+            raise src.error(
+                f"{what} is passed by value, and the JSON does not hold its value (the frontend leaves out values "
+                f"bound at launch): give it with --scalar {t.name}=VALUE",
+                pos,
+            )
+        text = value if isinstance(value, str) else f32_text(value) if t.dtype == "float" else repr(value)
+        return f"scalar {t.name} : {t.dtype} = {text}{uid}"
+    if not t.dims:
+        raise src.error(f"{what} has no dims", pos)
+    return f"input {t.name} : {t.dtype}{_ints(t.dims)} strides {_ints(t.strides)}{uid}"
+
+
+def _statements(n: Node, compute: str | None) -> list[str]:
+    convert = NODES.get(n.tag)
+    if convert is None:
+        raise n.fail(f"the language has no op for frontend nodes of type {n.tag}")
+    call = convert(n)
+    _check_neutral(n)
+    node_compute = DTYPES.get(n.get("compute_data_type"))
+    kwargs = list(call.attrs) + ([("compute", node_compute)] if node_compute and node_compute != compute else [])
+    outs = [n.tensor(p, "outputs") for p in call.outputs]
+    extra = [p for p, ref in (n.j.get("outputs") or {}).items() if ref is not None and p not in call.outputs]
+    if extra or any(o is None for o in outs):
+        missing = [p for p, o in zip(call.outputs, outs) if o is None]
+        raise n.fail(
+            f"outputs {', '.join(extra or missing)} {'are not' if extra else 'are missing'} what the language's {call.op} gives"
+        )
+    if call.op in _INFIX and len(call.args) == 2 and not kwargs:
+        expr = f"{call.args[0]} {_INFIX[call.op]} {call.args[1]}"
+    else:
+        expr = f"{call.op}({', '.join(list(call.args) + [f'{k}={v}' for k, v in kwargs])})"
+    if len(outs) == 1 and not outs[0].virtual:
+        return [f"output {_output_decl(outs[0])} = {expr}"]
+    lines = [f"{', '.join(o.name for o in outs)} = {expr}"]
+    return lines + [f"output {_output_decl(o)}" for o in outs if not o.virtual]
+
+
+def _output_decl(t: Tensor) -> str:
+    text = t.name
+    if t.dtype:
+        text += f" : {t.dtype}" + (
+            _ints(t.dims) + (f" strides {_ints(t.strides)}" if t.strides else "") if t.dims else ""
+        )
+    return text + (f" uid={t.uid}" if t.uid is not None else "")
+
+
+def _check_neutral(n: Node) -> None:
+    neutral = NEUTRAL.get(n.tag, {})
+    for field, v in n.j.items():
+        if field in n.read or v in (None, False, []):
+            continue
+        ok = neutral.get(field, ())
+        if ok != "*" and v not in ok:
+            raise n.fail(f"{field}={json.dumps(v)} has no spelling in the language")
+
+
+# ---- the whole file ------------------------------------------------------------------------------------------
+
+
+def to_cdg(
+    text: str, file: str, *, name: str = "imported", scalars: dict[str, str] | None = None
+) -> tuple[str, list[Imported]]:
+    """The canonical .cdg text for every graph in a frontend JSON file or log; DslError (located in the
+    input) for what the language cannot express."""
+    from dsl.parser import parse
+    from dsl.printer import fmt_module
+
+    src = Source(file, text.removeprefix("\ufeff"))
+    graphs = find_graphs(src)
+    used: set[str] = set()
+    imported = []
+    for j in graphs:
+        gname = ident((j.get("context") or {}).get("name") or name, used)
+        imported.append(import_graph(src, j, gname, scalars or {}))
+    out = [f"# Imported by `cudnn-dsl import` from {file}"]
+    for g in imported:
+        out += ["", f"# {g.where}", f"graph {g.name} {{"] + [f"  {line}" if line else "" for line in g.lines] + ["}"]
+    raw = "\n".join(out) + "\n"
+    return fmt_module(parse(raw, file)), imported
+
+
+def verify(program: Program, imported: list[Imported], src_file: str) -> list[str]:
+    """Where the checked .cdg disagrees with the JSON about a tensor the JSON describes (dtype, dims,
+    strides): the import must be the same graph, not a plausible one."""
+    problems = []
+    for graph, g in zip(program.graphs, imported):
+        inst = graph.instances[0]
+        names = {v.name for v in graph.values}
+        for t in g.tensors:
+            if t.name not in names:
+                continue
+            ty = inst.type(t.name)
+            checks = [("data_type", t.dtype, ty.dtype)]
+            if not t.by_value:  # a scalar takes the rank of the tensor it meets
+                checks += [("dims", t.dims, list(ty.shape)), ("strides", t.strides, list(ty.strides))]
+            for what, want, got in checks:
+                if want and want != got:
+                    problems.append(
+                        f"{src_file}: tensor '{t.json.get('name', t.key)}': the JSON has {what} {want}, the imported graph {got}"
+                    )
+    return problems
