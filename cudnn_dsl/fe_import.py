@@ -423,7 +423,8 @@ def _sdpa_causal(n: Node) -> bool:
         return False
     if right != 0 or align != "TOP_LEFT":
         raise n.fail(
-            f"a diagonal band mask (right_bound={right}, {align}): the language's causal mask is top-left, right_bound 0"
+            f"a diagonal band mask (right_bound={right}, {align}): the language's causal mask is top-left "
+            "with right_bound 0"
         )
     return True
 
@@ -581,7 +582,8 @@ def import_graph(src: Source, j: _Obj, name: str, scalars: dict[str, str]) -> Im
     compute = DTYPES.get(ctx.get("compute_data_type"))
     for i, nj in enumerate(nodes):
         lines += _statements(Node(src, nj, i, tensors), compute)
-    where = f"json_version {version}, frontend {j.get('cudnn_frontend_version', '?')}, cuDNN {j.get('cudnn_backend_version', '?')}"
+    fe, be = j.get("cudnn_frontend_version", "?"), j.get("cudnn_backend_version", "?")
+    where = f"json_version {version}, frontend {fe}, cuDNN {be}"
     return Imported(name, tuple(lines), tuple(tensors.values()), where)
 
 
@@ -631,11 +633,11 @@ def _statements(n: Node, compute: str | None) -> list[str]:
     kwargs = list(call.attrs) + ([("compute", node_compute)] if node_compute and node_compute != compute else [])
     outs = [n.tensor(p, "outputs") for p in call.outputs]
     extra = [p for p, ref in (n.j.get("outputs") or {}).items() if ref is not None and p not in call.outputs]
-    if extra or any(o is None for o in outs):
-        missing = [p for p, o in zip(call.outputs, outs) if o is None]
-        raise n.fail(
-            f"outputs {', '.join(extra or missing)} {'are not' if extra else 'are missing'} what the language's {call.op} gives"
-        )
+    if extra:
+        raise n.fail(f"gives outputs {', '.join(extra)}, which the language's {call.op} does not")
+    missing = [p for p, o in zip(call.outputs, outs) if o is None]
+    if missing:
+        raise n.fail(f"has no {', '.join(missing)} output, which the language's {call.op} gives")
     if call.op in _INFIX and len(call.args) == 2 and not kwargs:
         expr = f"{call.args[0]} {_INFIX[call.op]} {call.args[1]}"
     else:
@@ -707,6 +709,7 @@ def verify(program: Program, imported: list[Imported], src_file: str) -> list[st
             for what, want, got in checks:
                 if want and want != got:
                     problems.append(
-                        f"{src_file}: tensor '{t.json.get('name', t.key)}': the JSON has {what} {want}, the imported graph {got}"
+                        f"{src_file}: tensor '{t.json.get('name', t.key)}': the JSON has {what} {want}, "
+                        f"the imported graph {got}"
                     )
     return problems
