@@ -221,8 +221,12 @@ class Node:
     def where(self) -> str:
         return f"node '{self.j.get('name', '')}' ({self.tag}, nodes[{self.index}])"
 
-    def fail(self, message: str) -> DslError:
-        return self.src.error(f"{self.where()}: {message}", getattr(self.j, "pos", 0))
+    def fail(self, message: str, field: str | None = None) -> DslError:
+        """An error about this node, at its `field` when given (a node's only nested objects are its
+        ports, whose keys are port names, so the first such key after the node's start is the field)."""
+        pos = getattr(self.j, "pos", 0)
+        found = re.compile(rf'"{re.escape(field)}"\s*:').search(self.src.text, pos) if field else None
+        return self.src.error(f"{self.where()}: {message}", found.start() if found else pos)
 
     def get(self, field: str, default=None):
         self.read.add(field)
@@ -341,7 +345,7 @@ def import_pointwise(n: Node) -> Call:
     mode = n.get("mode")
     op = POINTWISE.get(mode)
     if op is None:
-        raise n.fail(f"pointwise mode {mode} has no op in the language")
+        raise n.fail(f"pointwise mode {mode} has no op in the language", "mode")
     ins = [n.port("IN_0"), n.port("IN_1", optional=True)]
     if n.tensor("IN_2") is not None:
         raise n.fail("takes a third input (IN_2), which no pointwise op of the language has")
@@ -358,9 +362,13 @@ def _conv(op: str, ports: tuple[str, str], out: str) -> Callable[[Node], Call]:
     def convert(n: Node) -> Call:
         pre, post = n.get("pre_padding", []), n.get("post_padding", [])
         if list(pre) != list(post):
-            raise n.fail(f"pre_padding {pre} and post_padding {post} differ; the language pads both sides alike")
+            raise n.fail(
+                f"pre_padding {pre} and post_padding {post} differ; the language pads both sides alike", "pre_padding"
+            )
         if n.get("math_mode", "CROSS_CORRELATION") != "CROSS_CORRELATION":
-            raise n.fail(f"math_mode {n.get('math_mode')}: the language's convolutions are cross-correlations")
+            raise n.fail(
+                f"math_mode {n.get('math_mode')}: the language's convolutions are cross-correlations", "math_mode"
+            )
         attrs_ = (
             ("padding", _ints(pre)),
             ("stride", _ints(n.get("stride", []))),
@@ -381,9 +389,9 @@ def import_matmul(n: Node) -> Call:
 def import_reduction(n: Node) -> Call:
     mode = REDUCTION.get(n.get("mode"))
     if mode is None:
-        raise n.fail(f"reduction mode {n.get('mode')} has no counterpart in the language")
+        raise n.fail(f"reduction mode {n.get('mode')} has no counterpart in the language", "mode")
     if n.get("is_deterministic", False):
-        raise n.fail("is_deterministic=true: the language cannot ask for a deterministic reduction")
+        raise n.fail("is_deterministic=true: the language cannot ask for a deterministic reduction", "is_deterministic")
     out = n.tensor("Y", "outputs")
     if out is None or not out.dims:
         raise n.fail("its output has no dims in the JSON, so the axes it reduces are unknown")
@@ -433,7 +441,7 @@ def _norm(op: str, with_bias: bool) -> Callable[[Node], Call]:
     def convert(n: Node) -> Call:
         phase = n.get("forward_phase", "INFERENCE")
         if phase != "INFERENCE":
-            raise n.fail(f"forward_phase {phase}: the language's {op} is the inference norm")
+            raise n.fail(f"forward_phase {phase}: the language's {op} is the inference norm", "forward_phase")
         args = [n.port("X"), n.port("SCALE"), n.port("BIAS", optional=not with_bias)]
         eps = f32_text(n.value_of("EPSILON"))
         return Call(op, tuple(a for a in args if a is not None), (("epsilon", eps),), ("Y",))
@@ -459,7 +467,9 @@ def import_reshape(n: Node) -> Call:
 
 def import_slice(n: Node) -> Call:
     if any(s != 1 for s in n.get("slice_strides", [])):
-        raise n.fail(f"slice_strides {n.get('slice_strides')}: the language's slice takes every element")
+        raise n.fail(
+            f"slice_strides {n.get('slice_strides')}: the language's slice takes every element", "slice_strides"
+        )
     box = n.get("slices", [])
     attrs_ = (("start", _ints(s for s, _ in box)), ("end", _ints(e for _, e in box)))
     return Call("slice", (n.port("X"),), attrs_, ("Y",))
@@ -575,7 +585,7 @@ def import_graph(src: Source, j: _Obj, name: str, scalars: dict[str, str]) -> Im
     lines += [f"intermediate {DTYPES.get(ctx.get('intermediate_data_type')) or 'float'}"]
     lines += [f"compute {DTYPES.get(ctx.get('compute_data_type')) or 'float'}", ""]
     absorbed = _absorbed(nodes, tensors)
-    for t in tensors.values():
+    for t in sorted(tensors.values(), key=lambda t: (t.uid is None, t.uid or 0)):  # in UID order, as declared
         if t.producer is None and t.key not in absorbed and t.consumers:
             lines.append(_declare(src, j, t, scalars))
     lines.append("")
@@ -626,7 +636,7 @@ def _declare(src: Source, j: _Obj, t: Tensor, scalars: dict[str, str]) -> str:
 def _statements(n: Node, compute: str | None) -> list[str]:
     convert = NODES.get(n.tag)
     if convert is None:
-        raise n.fail(f"the language has no op for frontend nodes of type {n.tag}")
+        raise n.fail(f"the language has no op for frontend nodes of type {n.tag}", "tag")
     call = convert(n)
     _check_neutral(n)
     node_compute = DTYPES.get(n.get("compute_data_type"))
@@ -664,7 +674,7 @@ def _check_neutral(n: Node) -> None:
             continue
         ok = neutral.get(field, ())
         if ok != "*" and v not in ok:
-            raise n.fail(f"{field}={json.dumps(v)} has no spelling in the language")
+            raise n.fail(f"{field}={json.dumps(v)} has no spelling in the language", field)
 
 
 # ---- the whole file ------------------------------------------------------------------------------------------

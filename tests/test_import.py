@@ -1,0 +1,283 @@
+"""`cudnn-dsl import`: the cuDNN Frontend's graph JSON (and its logs) back to .cdg, with no GPU.
+
+The round trip goes through the real frontend: every example, at every shape, is serialized by the cuDNN
+Frontend itself (`emit --format fe-json`: lowered and planned for an H200 without a device), imported, and
+compared with the original.
+"""
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import pytest
+from cli_util import run_cli
+
+from cudnn_dsl.fe_import import IMPORTED, NOT_IMPORTED, to_cdg, verify
+from dsl.ops import OPS
+from dsl.parser import parse
+from dsl.pipeline import program
+from dsl.printer import fmt_module
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.cdg"))
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+#: the frontend's bias and scale are its pointwise ADD and MUL: its JSON cannot tell them from add and mul
+SAME_CALL = {"bias": "add", "scale": "mul"}
+
+
+def test_every_registry_op_is_imported_or_says_why_not():
+    """Whoever adds an op to dsl/ops.py adds the frontend node it comes from to cudnn_dsl/fe_import.py
+    (NODES, POINTWISE, REDUCTION and IMPORTED), or says in NOT_IMPORTED why none does."""
+    missing = sorted(set(OPS) - set(IMPORTED) - set(NOT_IMPORTED))
+    assert not missing, f"no import mapping (cudnn_dsl/fe_import.py) for {missing}"
+    assert not set(IMPORTED) & set(NOT_IMPORTED)
+    assert set(IMPORTED) | set(NOT_IMPORTED) <= set(OPS), "a mapping names an op the registry does not have"
+    assert all(why for why in NOT_IMPORTED.values())
+
+
+# ---- the round trip, every example at every shape --------------------------------------------------------
+
+
+def _cases():
+    for path in EXAMPLES:
+        for g in program(path).graphs:
+            for inst in g.instances:
+                yield pytest.param(path, g.name, inst.binding, id=f"{path.stem}:{g.name}:{inst.label or 'static'}")
+
+
+@pytest.fixture(scope="module")
+def h200():
+    from cudnn_dsl.backend import Target, load_cudnn
+
+    load_cudnn()
+    return Target.named("h200")
+
+
+def _f32(x):
+    return struct.unpack("f", struct.pack("f", x))[0] if isinstance(x, float) else x
+
+
+def _listing(graph, inst) -> list:
+    """One shape of a graph with every name replaced by its position: what tells two graphs apart, names aside.
+    Values the frontend keeps as float32 (attributes, scalars) compare as float32."""
+    index = {}
+
+    def ref(name):
+        return None if name is None else index[name]
+
+    def desc(v):
+        t = inst.type(v.name)
+        return (v.kind, v.uid, t.dtype, t.shape, t.strides, _f32(v.scalar))
+
+    out = []
+    for v in sorted(graph.of_kind("input", "scalar"), key=lambda v: v.uid):
+        index[v.name] = len(index)
+        out.append(desc(v))
+    for i, node in enumerate(graph.nodes):
+        attrs = {k: tuple(map(_f32, v)) if isinstance(v, tuple) else _f32(v) for k, v in inst.attrs(i).items()}
+        for o in node.outputs:
+            index[o] = len(index)
+        outs = [desc(graph.value(o)) for o in node.outputs]
+        out.append((SAME_CALL.get(node.op, node.op), [ref(x) for x in node.inputs], attrs, node.compute, outs))
+    return out
+
+
+def _graph_calls(script: str) -> list[str]:
+    """The frontend graph calls of an `emit --format cudnn` script (not the planning options, which are the
+    file's and not the graph's), with the graph's name and float32-equal numbers made alike."""
+    body = script[script.index("g = cudnn.pygraph(") : script.index("    g.validate()")]
+    body = re.sub(r"name='[^']*', intermediate_data_type", "name=G, intermediate_data_type", body, count=1)
+    for alias, op in SAME_CALL.items():
+        body = body.replace(f"g.{alias}(", f"g.{op}(")
+    return [re.sub(r"\d+\.\d+(e-?\d+)?", lambda m: repr(_f32(float(m.group()))), line) for line in body.splitlines()]
+
+
+@pytest.mark.parametrize("path,graph_name,binding", list(_cases()))
+def test_emit_fe_json_then_import_is_the_same_graph(path, graph_name, binding, h200):
+    from cudnn_dsl.build import frontend_json
+    from cudnn_dsl.emit import emit_cudnn
+
+    g = program(path).graph(graph_name)
+    inst = g.instance(dict(binding))
+    fe = frontend_json(g, inst, h200)
+    cdg, imported = to_cdg(fe, f"{path.stem}.json", name=graph_name)
+
+    assert fmt_module(parse(cdg, "imported.cdg")) == cdg  # canonical: `fmt --check` clean
+    back = program(text=cdg, file="imported.cdg")
+    assert verify(back, imported, "x") == []
+    g2 = back.graphs[0]
+    inst2 = g2.instances[0]
+    assert _listing(g2, inst2) == _listing(g, inst)  # the same graph, up to names
+    assert _graph_calls(emit_cudnn(g2, inst2)) == _graph_calls(emit_cudnn(g, inst))  # the same frontend calls
+    again = json.loads(frontend_json(g2, inst2, h200))
+    assert _graph_json(again) == _graph_json(json.loads(fe))  # and the frontend serializes the same graph
+
+
+def _graph_json(j: dict) -> dict:
+    j.pop("gid")  # the frontend numbers the graphs of a process
+    return j
+
+
+def test_cli_round_trip_writes_a_canonical_file_and_never_overwrites(tmp_path):
+    example = ROOT / "examples" / "matmul_epilogue.cdg"
+    fe = tmp_path / "mm.json"
+    p = run_cli("emit", example, "--format", "fe-json")
+    assert p.returncode == 0, p.stderr
+    fe.write_text(p.stdout)
+    out = tmp_path / "mm.cdg"
+    p = run_cli("import", fe, "-o", out)
+    assert p.returncode == 0, p.stderr
+    assert "1 graph imported" in p.stderr
+    text = out.read_text()
+    assert "scalar alpha : float = 0.5 uid=4" in text  # the scalar, by value
+    assert "reduction(y, mode=amax)" in text
+    assert run_cli("fmt", "--check", out).returncode == 0
+    assert run_cli("check", out).returncode == 0
+
+    out.write_text("keep me\n")
+    p = run_cli("import", fe, "-o", out)
+    assert p.returncode == 2 and "exists; pass --force" in p.stderr
+    assert out.read_text() == "keep me\n"
+    assert run_cli("import", fe, "-o", out, "--force").returncode == 0
+    assert out.read_text() == text
+    assert run_cli("import", fe, "--force").returncode == 2  # --force without -o
+
+
+# ---- the other formats: a real frontend log, and version 1.0 ----------------------------------------------
+
+
+def test_a_real_frontend_log_imports_every_graph_it_holds():
+    """tests/fixtures/frontend_log.txt: CUDNN_FRONTEND_LOG_INFO=1 output of two graphs built with the frontend
+    directly (tests/fixtures/make_frontend_log.py). Its graph JSON is written at validation, before the frontend
+    infers the intermediates' dims: the language infers them, and the verification compares what the log has."""
+    p = run_cli("import", FIXTURES / "frontend_log.txt")
+    assert p.returncode == 0, p.stderr
+    prog = program(text=p.stdout, file="log.cdg")
+    conv, mm = prog.graphs
+    assert [n.op for n in conv.nodes] == ["conv_fprop", "mul", "add", "relu"]
+    assert [n.op for n in mm.nodes] == ["matmul", "add"]
+    x = conv.instances[0].type("X")
+    assert (x.dtype, x.shape, x.strides) == ("half", (8, 64, 32, 32), (65536, 1, 2048, 64))
+    out = conv.outputs[0]
+    assert (out.name, out.uid, conv.instances[0].type(out.name).shape) == ("relu_0_OUT_0", 8, (8, 128, 32, 32))
+    assert conv.instances[0].attrs(0) == {"padding": (1, 1), "stride": (1, 1), "dilation": (1, 1)}
+
+
+def test_version_1_json_keys_tensors_by_name():
+    """Frontends before 2.0 wrote 'tensors' as an object keyed by name (or uid) and named tensors in nodes."""
+    p = run_cli("import", FIXTURES / "frontend_v1.json")
+    assert p.returncode == 0, p.stderr
+    g = program(text=p.stdout, file="v1.cdg").graphs[0]
+    assert [(v.name, v.uid) for v in g.inputs] == [("w", 1), ("x", 2), ("b", 3)]
+    assert [n.op for n in g.nodes] == ["conv_fprop", "add", "relu"]
+    assert g.instances[0].attrs(0)["stride"] == (2, 2)
+    assert g.instances[0].type("y").shape == (1, 64, 104, 104)
+
+
+# ---- what cannot be imported: located errors, nothing written ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mm_json(h200):
+    from cudnn_dsl.build import frontend_json
+
+    g = program(ROOT / "examples" / "matmul_epilogue.cdg").graphs[0]
+    return frontend_json(g, g.instances[0], h200)
+
+
+def _import_error(tmp_path, text: str, *flags) -> str:
+    src = tmp_path / "g.json"
+    src.write_text(text)
+    out = tmp_path / "g.cdg"
+    p = run_cli("import", src, "-o", out, *flags)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert not out.exists()
+    assert "Traceback" not in p.stderr
+    return p.stderr.replace(str(src), "g.json")
+
+
+def _edit(text: str, fn) -> str:
+    j = json.loads(text)
+    fn(j)
+    return json.dumps(j, indent=1)
+
+
+def test_bad_json_is_located(tmp_path):
+    err = _import_error(tmp_path, '{"json_version": "2.0",\n "nodes": [,]}\n')
+    assert err.startswith('g.json:2:12: error: not valid JSON: Expecting value\n   "nodes": [,]}\n             ^\n')
+
+
+def test_truncated_json_says_so(tmp_path, mm_json):
+    err = _import_error(tmp_path, mm_json[: len(mm_json) // 2])
+    assert "error: the file ends before its JSON is complete (is it truncated?)" in err
+
+
+def test_truncated_log_says_which_line(tmp_path):
+    log = (FIXTURES / "frontend_log.txt").read_text()
+    cut = log.index('"tensors"')  # in the middle of the first graph's line
+    line = log.count("\n", 0, cut) + 1
+    err = _import_error(tmp_path, log[:cut])
+    assert err.startswith(f"g.json:{line}:")
+    assert "this log line ends before its JSON is complete (is it truncated?)" in err
+
+
+def test_wrong_version_names_the_versions_read(tmp_path, mm_json):
+    err = _import_error(tmp_path, _edit(mm_json, lambda j: j.update(json_version="3.1")))
+    assert err.startswith('g.json:1:1: error: json_version "3.1": this importer reads the frontend\'s graph JSON')
+    assert "versions 1.0 and 2.0" in err
+
+
+def _node(j, name):
+    return next(n for n in j["nodes"] if n["name"] == name)
+
+
+def test_unknown_node_is_named_and_located(tmp_path, mm_json):
+    text = _edit(mm_json, lambda j: _node(j, "y").update(tag="RESAMPLE"))
+    err = _import_error(tmp_path, text)
+    line = text.count("\n", 0, text.index('"tag": "RESAMPLE"')) + 1
+    assert err == (
+        f"g.json:{line}:4: error: node 'y' (RESAMPLE, nodes[3]): the language has no op for frontend nodes of "
+        'type RESAMPLE\n     "tag": "RESAMPLE"\n     ^\n'
+    )
+
+
+def test_unknown_pointwise_mode_is_an_error(tmp_path, mm_json):
+    err = _import_error(tmp_path, _edit(mm_json, lambda j: _node(j, "y").update(mode="RELU_BWD")))
+    assert "node 'y' (POINTWISE, nodes[3]): pointwise mode RELU_BWD has no op in the language" in err
+
+
+def test_a_setting_the_language_lacks_is_an_error(tmp_path, mm_json):
+    err = _import_error(tmp_path, _edit(mm_json, lambda j: _node(j, "y").update(relu_upper_clip="40C00000")))
+    assert "node 'y' (POINTWISE, nodes[3]): relu_upper_clip=\"40C00000\" has no spelling in the language" in err
+    v1 = (FIXTURES / "frontend_v1.json").read_text()
+    err = _import_error(tmp_path, _edit(v1, lambda j: j["nodes"][0].update(pre_padding=[0, 0])))
+    assert "node '0' (CONV_FPROP, nodes[0]): pre_padding [0, 0] and post_padding [1, 1] differ" in err
+
+
+def test_a_scalar_without_its_value_asks_for_it(tmp_path, mm_json):
+    def drop(j):
+        next(t for t in j["tensors"] if t["name"] == "alpha")["pass_by_value"] = None
+
+    text = _edit(mm_json, drop)
+    err = _import_error(tmp_path, text)
+    assert "tensor 'alpha' is passed by value, and the JSON does not hold its value" in err
+    assert "give it with --scalar alpha=VALUE" in err
+    src = tmp_path / "g.json"
+    p = run_cli("import", src, "--scalar", "alpha=0.25")
+    assert p.returncode == 0 and "scalar alpha : float = 0.25 uid=4" in p.stdout
+    assert run_cli("import", src, "--scalar", "alpha=x").returncode == 2
+
+
+def test_not_a_graph_at_all(tmp_path):
+    err = _import_error(tmp_path, "hello\nno graph here\n")
+    assert "no cuDNN Frontend graph found" in err
+
+
+def test_a_graph_that_does_not_check_is_not_written(tmp_path, mm_json):
+    # the JSON's own dims disagree with the op: the imported file would not be this graph
+    def bad(j):
+        next(t for t in j["tensors"] if t["name"] == "y")["dim"] = [16, 512, 256]
+
+    err = _import_error(tmp_path, _edit(mm_json, bad))
+    assert "is not the same graph; nothing written" in err
