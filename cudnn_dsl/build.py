@@ -102,13 +102,14 @@ def plan_deviceless(
     return plan(lower(graph, inst, target=target), options, target.name, progress, deviceless=True)
 
 
-def frontend_json(graph: Graph, inst: Instance, target: Target | None = None, handle=None) -> str:
+def frontend_json(graph: Graph, inst: Instance, target: Target | None = None, handle=None, plans: bool = True) -> str:
     """The graph as the cuDNN Frontend itself serializes it (the JSON it writes to its log, json_version 2.0),
     lowered for the target without a device, or on the GPU of `handle`, with the value of every pass-by-value
     tensor. Through create_execution_plans: some ops (sdpa) reach the frontend's C++ graph, whose JSON this is,
-    only when plans are asked for."""
+    only when plans are asked for; `plans=False` stops before, for a graph that no engine takes (sdpa aside)."""
     low = lower(graph, inst, target=target, handle=handle)
-    plan(low, graph.options, target.name if target else "this GPU", steps=STEPS[:3], deviceless=target is not None)
+    steps = STEPS[:3] if plans else STEPS[:2]
+    plan(low, graph.options, target.name if target else "this GPU", steps=steps, deviceless=target is not None)
     j = json.loads(repr(low.g))
     tensors = j.get("tensors") or []
     for t in tensors.values() if isinstance(tensors, dict) else tensors:
