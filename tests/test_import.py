@@ -149,7 +149,7 @@ def test_cli_round_trip_writes_a_canonical_file_and_never_overwrites(tmp_path):
 # ---- the other formats: a real frontend log, and version 1.0 ----------------------------------------------
 
 
-def test_a_real_frontend_log_imports_every_graph_it_holds():
+def test_a_real_frontend_log_imports_every_graph_it_holds(tmp_path):
     """tests/fixtures/frontend_log.txt: CUDNN_FRONTEND_LOG_INFO=1 output of two graphs built with the frontend
     directly (tests/fixtures/make_frontend_log.py). Its graph JSON is written at validation, before the frontend
     infers the intermediates' dims: the language infers them, and the verification compares what the log has."""
@@ -164,6 +164,11 @@ def test_a_real_frontend_log_imports_every_graph_it_holds():
     out = conv.outputs[0]
     assert (out.name, out.uid, conv.instances[0].type(out.name).shape) == ("relu_0_OUT_0", 8, (8, 128, 32, 32))
     assert conv.instances[0].attrs(0) == {"padding": (1, 1), "stride": (1, 1), "dilation": (1, 1)}
+    out = tmp_path / "log.cdg"
+    out.write_text(p.stdout)
+    p = run_cli("check", "--target", "h200", out)  # and cuDNN plans both for an H200
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("cuDNN plans for NVIDIA H200") == 2
 
 
 def test_version_1_json_keys_tensors_by_name():
@@ -381,3 +386,23 @@ def test_every_imported_op_round_trips_through_the_frontend(op, text, unplanned,
     back = program(text=cdg, file="imported.cdg")
     assert verify(back, imported, "x") == []
     assert _listing(back.graphs[0], back.graphs[0].instances[0]) == _listing(g, inst)
+
+
+def test_import_starts_fast_without_torch_or_cudnn():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom cudnn_dsl.cli import main\nrc = main(sys.argv[1:])\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'cudnn', 'numpy'})\n"
+        "print('HEAVY', heavy, rc, file=sys.stderr)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, "import", str(FIXTURES / "frontend_log.txt")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert "HEAVY [] 0" in p.stderr, p.stderr[-500:]
+    p = run_cli("import", "--help")
+    assert p.returncode == 0 and "CUDNN_FRONTEND_LOG_INFO=1" in p.stdout and "--force" in p.stdout
