@@ -38,7 +38,12 @@ DTYPES = {
     "INT64": "int64",
     "BOOLEAN": "bool",
 }
-_UNSET = (None, "NOT_SET")
+
+
+def _dtype(name) -> str | None:
+    """The language dtype of a cuDNN data_type name; None for NOT_SET, null, and what the language lacks."""
+    return DTYPES.get(name) if isinstance(name, str) else None
+
 
 #: words the grammar reserves, and the literals true/false: a tensor name is never one of them
 _RESERVED = {"graph", "io", "intermediate", "compute", "option", "dim", "input", "scalar", "output", "strides"}
@@ -77,7 +82,7 @@ def _value_from_json(pbv) -> float | int | None:
 def f32_text(x: float) -> str:
     """The shortest decimal that is the same float32 (a value the frontend keeps as float32)."""
     if x != x or x in (float("inf"), float("-inf")):
-        return repr(x)
+        raise ValueError(f"the value {x} has no spelling in the language (it has no non-finite numbers)")
     bits = struct.pack(">f", x)
     for digits in range(1, 10):
         text = f"{x:.{digits}g}"
@@ -134,9 +139,11 @@ def find_graphs(src: Source) -> list[_Obj]:
         return [_decode(src, dec, start, len(text), "the file")]
     graphs, seen, offset = [], set(), 0
     for line in text.splitlines(keepends=True):
-        body = line.strip()
-        if body.startswith("{") and ('"json_version"' in body or '"context"' in body):
-            obj = _decode(src, dec, offset + line.index("{"), offset + len(line.rstrip()), "this log line")
+        at = line.find('{"context"')  # the frontend writes keys sorted: a graph opens with its context
+        if at < 0 and line.lstrip().startswith("{") and '"json_version"' in line:
+            at = line.index("{")
+        if at >= 0:
+            obj = _decode(src, dec, offset + at, offset + len(line.rstrip()), "this log line")
             key = json.dumps(obj, sort_keys=True)
             if key not in seen:  # a graph validated twice is one graph
                 seen.add(key)
@@ -154,7 +161,7 @@ def _decode(src: Source, dec: json.JSONDecoder, start: int, end: int, what: str)
     try:
         obj, stop = dec.raw_decode(src.text, start)
     except json.JSONDecodeError as e:
-        if e.pos >= end:
+        if e.pos >= end or e.msg.startswith("Unterminated string"):  # the text stops inside a string, or after
             raise src.error(f"{what} ends before its JSON is complete (is it truncated?)", e.pos) from None
         raise src.error(f"not valid JSON: {e.msg}", e.pos) from None
     rest = src.text[stop:end]
@@ -187,7 +194,7 @@ class Tensor:
 
     @property
     def dtype(self) -> str | None:
-        return DTYPES.get(self.json.get("data_type"))
+        return _dtype(self.json.get("data_type"))
 
     @property
     def dims(self) -> list[int]:
@@ -262,6 +269,16 @@ class Call:
     args: tuple[str | None, ...]
     attrs: tuple[tuple[str, str], ...] = ()
     outputs: tuple[str, ...] = ()
+
+
+#: what a field of the wrong type raises on its way to text: a malformed JSON, reported at its place
+_MALFORMED = (TypeError, ValueError, KeyError, IndexError, AttributeError)
+
+
+def _number(x) -> str:
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        raise ValueError(f"the value {x} has no spelling in the language (it has no non-finite numbers)")
+    return repr(x)
 
 
 def _ints(v) -> str:
@@ -545,6 +562,10 @@ class Imported:
 
 def import_graph(src: Source, j: _Obj, name: str, scalars: dict[str, str]) -> Imported:
     version = j.get("json_version")
+    if version is None:
+        raise src.error(
+            f"no json_version: not the cuDNN Frontend's graph JSON (versions {' and '.join(VERSIONS)})", j.pos
+        )
     if version not in VERSIONS:
         raise src.error(
             f"json_version {json.dumps(version)}: this importer reads the frontend's graph JSON "
@@ -560,8 +581,9 @@ def import_graph(src: Source, j: _Obj, name: str, scalars: dict[str, str]) -> Im
     )
     tensors: dict[str, Tensor] = {}
     for key, t in entries:
-        if not isinstance(t, dict) or not isinstance(t.get("dim", []), list):
-            raise src.error(f"tensors[{json.dumps(key)}] is not a tensor", getattr(t, "pos", j.pos))
+        problem = _tensor_problem(t)
+        if problem:
+            raise src.error(f"tensors[{json.dumps(key)}] is not a tensor: {problem}", getattr(t, "pos", j.pos))
         tensors[key] = Tensor(key, ident(t.get("name") or f"t{t.get('uid', key)}", used), t)
     for i, nj in enumerate(nodes):
         if not isinstance(nj, dict) or not isinstance(nj.get("tag"), str):
@@ -580,21 +602,48 @@ def import_graph(src: Source, j: _Obj, name: str, scalars: dict[str, str]) -> Im
                     else:
                         t.consumers += 1
     ctx = j.get("context") or {}
-    io = DTYPES.get(ctx.get("io_data_type"))
+    io = _dtype(ctx.get("io_data_type"))
     lines = [f"io {io}"] if io else []
-    lines += [f"intermediate {DTYPES.get(ctx.get('intermediate_data_type')) or 'float'}"]
-    lines += [f"compute {DTYPES.get(ctx.get('compute_data_type')) or 'float'}", ""]
+    lines += [f"intermediate {_dtype(ctx.get('intermediate_data_type')) or 'float'}"]
+    lines += [f"compute {_dtype(ctx.get('compute_data_type')) or 'float'}", ""]
     absorbed = _absorbed(nodes, tensors)
     for t in sorted(tensors.values(), key=lambda t: (t.uid is None, t.uid or 0)):  # in UID order, as declared
         if t.producer is None and t.key not in absorbed and t.consumers:
-            lines.append(_declare(src, j, t, scalars))
+            try:
+                lines.append(_declare(src, j, t, scalars))
+            except _MALFORMED as e:
+                raise src.error(f"tensor '{t.json.get('name', t.key)}': {e}", getattr(t.json, "pos", j.pos)) from None
     lines.append("")
-    compute = DTYPES.get(ctx.get("compute_data_type"))
+    compute = _dtype(ctx.get("compute_data_type"))
     for i, nj in enumerate(nodes):
-        lines += _statements(Node(src, nj, i, tensors), compute)
+        node = Node(src, nj, i, tensors)
+        try:
+            lines += _statements(node, compute)
+        except _MALFORMED as e:
+            raise node.fail(str(e)) from None
     fe, be = j.get("cudnn_frontend_version", "?"), j.get("cudnn_backend_version", "?")
     where = f"json_version {version}, frontend {fe}, cuDNN {be}"
     return Imported(name, tuple(lines), tuple(tensors.values()), where)
+
+
+def _ints_from(v, low: int) -> bool:
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= low for x in v)
+
+
+def _tensor_problem(t) -> str | None:
+    """What makes a JSON value not a frontend tensor, or None."""
+    if not isinstance(t, dict):
+        return "not an object"
+    dims, strides, uid = t.get("dim") or [], t.get("stride") or [], t.get("uid")
+    if not _ints_from(dims, 1):
+        return f"dim {json.dumps(dims)} is not a list of positive integers"
+    if not _ints_from(strides, 0) or (strides and len(strides) != len(dims)):
+        return f"stride {json.dumps(strides)} is not one integer >= 0 per dim"
+    if uid is not None and not _ints_from([uid], 0):
+        return f"uid {json.dumps(uid)} is not an integer >= 0"
+    if not isinstance(t.get("name") or "", str):
+        return f"name {json.dumps(t.get('name'))} is not a string"
+    return None
 
 
 def _absorbed(nodes: list, tensors: dict[str, Tensor]) -> set[str]:
@@ -615,7 +664,7 @@ def _declare(src: Source, j: _Obj, t: Tensor, scalars: dict[str, str]) -> str:
     if t.virtual:
         raise src.error(f"{what} is virtual but no node computes it", pos)
     if t.dtype is None:
-        raise src.error(f"{what} has data_type {t.json.get('data_type')}, which the language lacks", pos)
+        raise src.error(f"{what} has data_type {json.dumps(t.json.get('data_type'))}, which the language lacks", pos)
     uid = f" uid={t.uid}" if t.uid is not None else ""
     if t.by_value:
         given = scalars.get(t.name, scalars.get(t.json.get("name", "")))
@@ -626,10 +675,10 @@ def _declare(src: Source, j: _Obj, t: Tensor, scalars: dict[str, str]) -> str:
                 f"bound at launch): give it with --scalar {t.name}=VALUE",
                 pos,
             )
-        text = value if isinstance(value, str) else f32_text(value) if t.dtype == "float" else repr(value)
+        text = value if isinstance(value, str) else f32_text(value) if t.dtype == "float" else _number(value)
         return f"scalar {t.name} : {t.dtype} = {text}{uid}"
-    if not t.dims:
-        raise src.error(f"{what} has no dims", pos)
+    if not t.dims or not t.strides:
+        raise src.error(f"{what} has no {'strides' if t.dims else 'dims'}", pos)
     return f"input {t.name} : {t.dtype}{_ints(t.dims)} strides {_ints(t.strides)}{uid}"
 
 
@@ -639,7 +688,7 @@ def _statements(n: Node, compute: str | None) -> list[str]:
         raise n.fail(f"the language has no op for frontend nodes of type {n.tag}", "tag")
     call = convert(n)
     _check_neutral(n)
-    node_compute = DTYPES.get(n.get("compute_data_type"))
+    node_compute = _dtype(n.get("compute_data_type"))
     kwargs = list(call.attrs) + ([("compute", node_compute)] if node_compute and node_compute != compute else [])
     outs = [n.tensor(p, "outputs") for p in call.outputs]
     extra = [p for p, ref in (n.j.get("outputs") or {}).items() if ref is not None and p not in call.outputs]
@@ -693,13 +742,16 @@ def to_cdg(
     used: set[str] = set()
     imported = []
     for j in graphs:
-        gname = ident((j.get("context") or {}).get("name") or name, used)
-        imported.append(import_graph(src, j, gname, scalars or {}))
+        try:
+            gname = ident(str((j.get("context") or {}).get("name") or name), used)
+            imported.append(import_graph(src, j, gname, scalars or {}))
+        except _MALFORMED as e:  # a field of the wrong type where nothing more precise catches it
+            raise src.error(f"not the cuDNN Frontend's graph JSON: {type(e).__name__}: {e}", j.pos) from None
     out = [f"# Imported by `cudnn-dsl import` from {file}"]
     for g in imported:
         out += ["", f"# {g.where}", f"graph {g.name} {{"] + [f"  {line}" if line else "" for line in g.lines] + ["}"]
     raw = "\n".join(out) + "\n"
-    return fmt_module(parse(raw, file)), imported
+    return fmt_module(parse(raw, "<imported>")), imported
 
 
 def verify(program: Program, imported: list[Imported], src_file: str) -> list[str]:
