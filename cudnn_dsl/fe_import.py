@@ -18,26 +18,16 @@ from collections.abc import Callable
 
 import attrs
 
+from cudnn_dsl.dtypes import cudnn_name
 from dsl.diagnostics import Diagnostic, DslError, Loc
 from dsl.ir import Program
+from dsl.types import DTYPES as LANGUAGE_DTYPES
 
 VERSIONS = ("1.0", "2.0")
 """the frontend's graph JSON versions read: 1.0 (tensors keyed by name or uid, frontends to 1.2x) and 2.0"""
 
 #: cuDNN data_type name -> language dtype
-DTYPES = {
-    "HALF": "half",
-    "BFLOAT16": "bf16",
-    "FLOAT": "float",
-    "DOUBLE": "double",
-    "FP8_E4M3": "fp8_e4m3",
-    "FP8_E5M2": "fp8_e5m2",
-    "INT8": "int8",
-    "UINT8": "uint8",
-    "INT32": "int32",
-    "INT64": "int64",
-    "BOOLEAN": "bool",
-}
+DTYPES = {cudnn_name(d): d for d in LANGUAGE_DTYPES}
 
 
 def _dtype(name) -> str | None:
@@ -84,11 +74,8 @@ def f32_text(x: float) -> str:
     if x != x or x in (float("inf"), float("-inf")):
         raise ValueError(f"the value {x} has no spelling in the language (it has no non-finite numbers)")
     bits = struct.pack(">f", x)
-    for digits in range(1, 10):
-        text = f"{x:.{digits}g}"
-        if struct.pack(">f", float(text)) == bits:
-            return text
-    return repr(x)
+    texts = (f"{x:.{digits}g}" for digits in range(1, 10))  # 9 significant digits always suffice for float32
+    return next(t for t in texts if struct.pack(">f", float(t)) == bits)
 
 
 # ---- the JSON, with where each object starts ------------------------------------------------------------
@@ -424,8 +411,8 @@ def import_sdpa(n: Node) -> Call:
     if unsupported:
         raise n.fail(f"has inputs {', '.join(sorted(unsupported))}, which the language's sdpa lacks")
     scale = n.get("attn_scale_value")
-    if scale is None:
-        scale = n.value_of("Attn_scale")
+    if scale is None:  # the scale as a pass-by-value input; none at all is no scaling
+        scale = n.value_of("Attn_scale") if n.tensor("Attn_scale") is not None else 1.0
     scale_text = f32_text(f32_from_json(scale))
     stats = n.get("generate_stats")
     if stats is None:  # frontends before 1.1x said is_inference

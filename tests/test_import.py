@@ -38,6 +38,26 @@ def test_every_registry_op_is_imported_or_says_why_not():
     assert all(why for why in NOT_IMPORTED.values())
 
 
+def test_every_reduction_mode_is_imported():
+    from cudnn_dsl.fe_import import REDUCTION
+    from dsl.ops import REDUCTION_MODES
+
+    assert sorted(REDUCTION.values()) == sorted(REDUCTION_MODES)
+
+
+def test_frontend_names_become_names_the_grammar_takes():
+    from cudnn_dsl.fe_import import ident
+
+    grammar = (ROOT / "dsl" / "grammar.lark").read_text()
+    keywords = set(re.findall(r'"([a-z]+)"', grammar)) | {"io", "intermediate", "compute"}
+    used = set()
+    names = [ident(n, used) for n in [*sorted(keywords), "conv_fprop.0::Y", "::Y", "0", "", "x", "x", "a b"]]
+    assert names[-7:] == ["conv_fprop_0_Y", "Y", "t0", "t", "x", "x_2", "a_b"]
+    text = "graph g {\n" + "".join(f"  input {n} : half[1]\n" for n in names)
+    text += "  output y = " + " + ".join(names) + "\n}\n"
+    assert len(program(text=text, file="names.cdg").graphs[0].inputs) == len(names)  # names, none a keyword
+
+
 # ---- the round trip, every example at every shape --------------------------------------------------------
 
 

@@ -66,7 +66,8 @@ def _read(path: str) -> str:
         raise common.UsageError(f"{path}: {e.strerror or e}") from None
     if len(data) > _MAX_BYTES:
         raise common.UsageError(f"{path}: larger than {_MAX_BYTES >> 20} MiB")
-    return data.decode("utf-8", errors="replace")  # a log may hold stray bytes; JSON's own are checked
+    text = data.decode("utf-8", errors="replace")  # a log may hold stray bytes; JSON's own are checked
+    return text.removeprefix("\ufeff")
 
 
 def run(args) -> int:
