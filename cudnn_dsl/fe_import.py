@@ -24,7 +24,8 @@ from dsl.ir import Program
 from dsl.types import DTYPES as LANGUAGE_DTYPES
 
 VERSIONS = ("1.0", "2.0")
-"""the frontend's graph JSON versions read: 1.0 (tensors keyed by name or uid, frontends to 1.2x) and 2.0"""
+"""the frontend's graph JSON versions read: 1.0 (frontends 1.6 to 1.2x: tensors keyed by name, or by uid when
+the user set it) and 2.0 (a list of tensors, referred to by uid); before 1.6 its JSON had no version"""
 
 #: cuDNN data_type name -> language dtype
 DTYPES = {cudnn_name(d): d for d in LANGUAGE_DTYPES}
@@ -551,7 +552,9 @@ def import_graph(src: Source, j: _Obj, name: str, scalars: dict[str, str]) -> Im
     version = j.get("json_version")
     if version is None:
         raise src.error(
-            f"no json_version: not the cuDNN Frontend's graph JSON (versions {' and '.join(VERSIONS)})", j.pos
+            f"no json_version: not a cuDNN Frontend graph JSON this importer reads (versions {' and '.join(VERSIONS)}, "
+            "written by frontends from 1.6 on)",
+            j.pos,
         )
     if version not in VERSIONS:
         raise src.error(
@@ -591,8 +594,8 @@ def import_graph(src: Source, j: _Obj, name: str, scalars: dict[str, str]) -> Im
     ctx = j.get("context") or {}
     io = _dtype(ctx.get("io_data_type"))
     lines = [f"io {io}"] if io else []
-    lines += [f"intermediate {_dtype(ctx.get('intermediate_data_type')) or 'float'}"]
-    lines += [f"compute {_dtype(ctx.get('compute_data_type')) or 'float'}", ""]
+    compute = _dtype(ctx.get("compute_data_type")) or "float"  # the language's defaults, as the frontend's
+    lines += [f"intermediate {_dtype(ctx.get('intermediate_data_type')) or 'float'}", f"compute {compute}", ""]
     absorbed = _absorbed(nodes, tensors)
     for t in sorted(tensors.values(), key=lambda t: (t.uid is None, t.uid or 0)):  # in UID order, as declared
         if t.producer is None and t.key not in absorbed and t.consumers:
@@ -601,7 +604,6 @@ def import_graph(src: Source, j: _Obj, name: str, scalars: dict[str, str]) -> Im
             except _MALFORMED as e:
                 raise src.error(f"tensor '{t.json.get('name', t.key)}': {e}", getattr(t.json, "pos", j.pos)) from None
     lines.append("")
-    compute = _dtype(ctx.get("compute_data_type"))
     for i, nj in enumerate(nodes):
         node = Node(src, nj, i, tensors)
         try:
@@ -669,7 +671,7 @@ def _declare(src: Source, j: _Obj, t: Tensor, scalars: dict[str, str]) -> str:
     return f"input {t.name} : {t.dtype}{_ints(t.dims)} strides {_ints(t.strides)}{uid}"
 
 
-def _statements(n: Node, compute: str | None) -> list[str]:
+def _statements(n: Node, compute: str) -> list[str]:
     convert = NODES.get(n.tag)
     if convert is None:
         raise n.fail(f"the language has no op for frontend nodes of type {n.tag}", "tag")
