@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from cudnn_dsl.backend import BackendUnavailable, Target, load_cudnn, versions
-from cudnn_dsl.fe_import import by_value_json
+from cudnn_dsl.fe_json import by_value_json
 from cudnn_dsl.lower import Lowered, clean, lower
 from cudnn_dsl.store import (
     Entry,
