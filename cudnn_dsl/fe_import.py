@@ -81,6 +81,12 @@ class Tensor:
     def strides(self) -> list[int]:
         return list(self.json.get("stride") or [])
 
+    def value(self, scalars: dict[str, str]):
+        """A pass-by-value tensor's value: given with --scalar (by its .cdg or frontend name), else the JSON's
+        (None when the frontend did not record it: a value bound at launch)."""
+        given = scalars.get(self.name, scalars.get(self.json.get("name") or ""))
+        return value_from_json(self.json.get("pass_by_value")) if given is None else given
+
     @property
     def uid(self) -> int | None:
         uid = self.json.get("uid")
@@ -96,6 +102,7 @@ class Node:
     j: dict
     index: int
     tensors: dict[str, Tensor]
+    scalars: dict[str, str]
     read: set = attrs.Factory(lambda: {"tag", "name", "inputs", "outputs", "compute_data_type"})
 
     @property
@@ -132,10 +139,13 @@ class Node:
         t = self.tensor(port)
         if t is None or not t.by_value:
             raise self.fail(f"its {port} is not a pass-by-value scalar, which the language needs")
-        v = value_from_json(t.json.get("pass_by_value"))
+        v = t.value(self.scalars)
         if v is None:
-            raise self.fail(f"the JSON does not hold the value of its {port} (tensor '{t.json.get('name', t.key)}')")
-        return v
+            raise self.fail(
+                f"the JSON does not hold the value of its {port} (tensor '{t.json.get('name', t.key)}', bound at "
+                f"launch): give it with --scalar {t.name}=VALUE"
+            )
+        return float(v)
 
 
 @attrs.frozen
@@ -494,7 +504,7 @@ def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) ->
                 raise src.error(f"tensor '{t.json.get('name', t.key)}': {e}", getattr(t.json, "pos", j.pos)) from None
     lines.append("")
     for i, nj in enumerate(nodes):
-        node = Node(src, nj, i, tensors)
+        node = Node(src, nj, i, tensors, scalars)
         try:
             lines += _statements(node, compute)
         except _MALFORMED as e:
@@ -545,8 +555,7 @@ def _declare(src: Source, j: Located, t: Tensor, scalars: dict[str, str]) -> str
         raise src.error(f"{what} has data_type {json.dumps(t.json.get('data_type'))}, which the language lacks", pos)
     uid = f" uid={t.uid}" if t.uid is not None else ""
     if t.by_value:
-        given = scalars.get(t.name, scalars.get(t.json.get("name", "")))
-        value = value_from_json(t.json.get("pass_by_value")) if given is None else given
+        value = t.value(scalars)
         if value is None:
             raise src.error(
                 f"{what} is passed by value, and the JSON does not hold its value (the frontend leaves out values "

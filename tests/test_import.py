@@ -296,6 +296,22 @@ def test_a_scalar_without_its_value_asks_for_it(tmp_path, mm_json):
     assert run_cli("import", src, "--scalar", "alpha=x").returncode == 2
 
 
+def test_an_epsilon_bound_at_launch_is_asked_for(tmp_path, h200):
+    from cudnn_dsl.build import frontend_json
+
+    g = program(ROOT / "examples" / "layernorm.cdg").graph("rmsnorm")
+    j = json.loads(frontend_json(g, g.instances[0], h200))
+    eps = next(t for t in j["tensors"] if t["is_pass_by_value"])
+    eps["pass_by_value"] = None  # as in a log of a graph whose epsilon the caller binds at launch
+    err = _import_error(tmp_path, json.dumps(j, indent=1))
+    assert (
+        f"node 'y' (RMS_NORM, nodes[0]): the JSON does not hold the value of its EPSILON (tensor '{eps['name']}'" in err
+    )
+    p = run_cli("import", tmp_path / "g.json", "--scalar", f"{eps['name']}=1e-6")
+    assert p.returncode == 0, p.stderr
+    assert "rmsnorm(x, gamma, epsilon=1e-06)" in p.stdout
+
+
 def test_not_a_graph_at_all(tmp_path):
     err = _import_error(tmp_path, "hello\nno graph here\n")
     assert "no cuDNN Frontend graph found" in err
