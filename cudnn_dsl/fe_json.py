@@ -92,19 +92,27 @@ def find_graphs(src: Source) -> list[Located]:
     text = src.text
     start = len(text) - len(text.lstrip())
     if text[start : start + 1] == "{":
-        return [_decode(src, dec, start, len(text), "the file")]
-    graphs, seen, offset = [], set(), 0
-    for line in text.splitlines(keepends=True):
+        return [_decode(src, dec, start, len(text), "the file")[0]]
+    graphs, seen, offset, skip_to = [], set(), 0, 0
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        start, offset = offset, offset + len(line)
+        if start < skip_to:  # inside a graph read already
+            continue
         at = line.find('{"context"')  # the frontend writes keys sorted: a graph opens with its context
         if at < 0 and line.lstrip().startswith("{") and '"json_version"' in line:
             at = line.index("{")
         if at >= 0:
-            obj = _decode(src, dec, offset + at, offset + len(line.rstrip()), "this log line")
-            key = json.dumps(obj, sort_keys=True)
-            if key not in seen:  # a graph validated twice is one graph
-                seen.add(key)
-                graphs.append(obj)
-        offset += len(line)
+            obj, skip_to = _decode(src, dec, start + at, start + len(line.rstrip()), "this log line")
+        elif line.strip() == "{" and i + 1 < len(lines) and lines[i + 1].lstrip().startswith('"context"'):
+            # a graph printed with indentation (`print(graph)`), pasted among other text
+            obj, skip_to = _decode(src, dec, start + line.index("{"), len(text), "the graph", trailing=True)
+        else:
+            continue
+        key = json.dumps(obj, sort_keys=True)
+        if key not in seen:  # a graph validated twice is one graph
+            seen.add(key)
+            graphs.append(obj)
     if not graphs:
         raise src.error(
             "no cuDNN Frontend graph found: neither graph JSON nor a frontend log holding one (the frontend "
@@ -113,7 +121,10 @@ def find_graphs(src: Source) -> list[Located]:
     return graphs
 
 
-def _decode(src: Source, dec: json.JSONDecoder, start: int, end: int, what: str) -> Located:
+def _decode(
+    src: Source, dec: json.JSONDecoder, start: int, end: int, what: str, trailing: bool = False
+) -> tuple[Located, int]:
+    """The JSON object at `start`, which ends by `end`, and where it stops; `trailing` allows text after it."""
     try:
         obj, stop = dec.raw_decode(src.text, start)
     except json.JSONDecodeError as e:
@@ -121,8 +132,8 @@ def _decode(src: Source, dec: json.JSONDecoder, start: int, end: int, what: str)
             raise src.error(f"{what} ends before its JSON is complete (is it truncated?)", e.pos) from None
         raise src.error(f"not valid JSON: {e.msg}", e.pos) from None
     rest = src.text[stop:end]
-    if rest.strip():
+    if rest.strip() and not trailing:
         raise src.error(
             "not valid JSON: more text after the graph's closing brace", stop + len(rest) - len(rest.lstrip())
         )
-    return obj
+    return obj, stop

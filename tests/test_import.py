@@ -191,6 +191,15 @@ def test_a_real_frontend_log_imports_every_graph_it_holds(tmp_path):
     assert p.stdout.count("cuDNN plans for NVIDIA H200") == 2
 
 
+def test_a_graph_pasted_into_a_bug_report_is_found(tmp_path, mm_json):
+    """`print(graph)` writes the JSON with indentation; pasted among other text, it is still found."""
+    report = tmp_path / "issue.txt"
+    report.write_text(f"cuDNN says no engine for this graph:\n\n{mm_json}\nwith cuDNN 9.19 on an H200.\n")
+    p = run_cli("import", report)
+    assert p.returncode == 0, p.stderr
+    assert "output amax : float[1, 1, 1] strides [1, 1, 1] uid=9 = reduction(y, mode=amax)" in p.stdout
+
+
 def test_version_1_json_keys_tensors_by_name():
     """Frontends before 2.0 wrote 'tensors' as an object keyed by name (or uid) and named tensors in nodes."""
     p = run_cli("import", FIXTURES / "frontend_v1.json")

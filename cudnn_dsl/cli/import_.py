@@ -11,7 +11,8 @@ HELP = "turn a cuDNN Frontend graph (its JSON, version 1.0 or 2.0, or a frontend
 EPILOG = (
     "FILE is the JSON the frontend serializes (`repr(graph)`, `cudnn-dsl emit --format fe-json`, "
     "json_version 1.0 or 2.0), or a frontend log written with CUDNN_FRONTEND_LOG_INFO=1 "
-    "CUDNN_FRONTEND_LOG_FILE=F, whose every graph becomes one graph of the .cdg file. Every tensor keeps its "
+    "CUDNN_FRONTEND_LOG_FILE=F, or any text holding the JSON (a bug report); every graph it holds becomes one "
+    "graph of the .cdg file. Every tensor keeps its "
     "dims, strides, dtype and UID, virtual tensors become named intermediates, pass-by-value tensors become "
     "scalars with their values. The .cdg file is checked and compared with the JSON before it is written, in "
     "canonical form (`fmt --check` clean). A node or setting the language cannot express is an error naming the "
@@ -25,7 +26,7 @@ _MAX_BYTES = 256 << 20  # a frontend log of many graphs is large, but not this l
 
 def register(p) -> None:
     p.epilog = EPILOG
-    p.add_argument("file", metavar="FILE", help="frontend graph JSON, or a frontend log")
+    p.add_argument("file", metavar="FILE", help="frontend graph JSON, a frontend log, or text holding the JSON")
     p.add_argument("-o", "--output", metavar="OUT.cdg", help="write the .cdg file here (default: print it)")
     p.add_argument("--force", action="store_true", help="with -o: replace OUT.cdg if it exists")
     p.add_argument(
