@@ -200,6 +200,15 @@ def test_a_graph_pasted_into_a_bug_report_is_found(tmp_path, mm_json):
     assert "output amax : float[1, 1, 1] strides [1, 1, 1] uid=9 = reduction(y, mode=amax)" in p.stdout
 
 
+def test_standard_input(monkeypatch, mm_json):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(mm_json))
+    p = run_cli("import", "-", "--name", "mm")
+    assert p.returncode == 0, p.stderr
+    assert "graph mm {" in p.stdout
+
+
 def test_version_1_json_keys_tensors_by_name():
     """Frontends before 2.0 wrote 'tensors' as an object keyed by name (or uid) and named tensors in nodes."""
     p = run_cli("import", FIXTURES / "frontend_v1.json")

@@ -26,7 +26,11 @@ _MAX_BYTES = 256 << 20  # a frontend log of many graphs is large, but not this l
 
 def register(p) -> None:
     p.epilog = EPILOG
-    p.add_argument("file", metavar="FILE", help="frontend graph JSON, a frontend log, or text holding the JSON")
+    p.add_argument(
+        "file",
+        metavar="FILE",
+        help="frontend graph JSON, a frontend log, or text holding the JSON ('-': standard input)",
+    )
     p.add_argument("-o", "--output", metavar="OUT.cdg", help="write the .cdg file here (default: print it)")
     p.add_argument("--force", action="store_true", help="with -o: replace OUT.cdg if it exists")
     p.add_argument(
@@ -57,6 +61,9 @@ def _scalars(items) -> dict[str, str]:
 
 
 def _read(path: str) -> str:
+    if path == "-":
+        data = sys.stdin.buffer.read(_MAX_BYTES + 1) if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+        return _text(data, "standard input")
     p = Path(path)
     try:
         if p.is_dir():
@@ -65,8 +72,12 @@ def _read(path: str) -> str:
             data = f.read(_MAX_BYTES + 1)
     except OSError as e:
         raise common.UsageError(f"{path}: {e.strerror or e}") from None
+    return _text(data, path)
+
+
+def _text(data: bytes, what: str) -> str:
     if len(data) > _MAX_BYTES:
-        raise common.UsageError(f"{path}: larger than {_MAX_BYTES >> 20} MiB")
+        raise common.UsageError(f"{what}: larger than {_MAX_BYTES >> 20} MiB")
     text = data.decode("utf-8", errors="replace")  # a log may hold stray bytes; JSON's own are checked
     return text.removeprefix("\ufeff")
 
@@ -82,7 +93,7 @@ def run(args) -> int:
         raise common.UsageError(f"{out} exists; pass --force to replace it")
     text = _read(args.file)
     common.SOURCES[args.file] = text
-    name = args.name or Path(args.file).name.split(".")[0]
+    name = args.name or ("stdin" if args.file == "-" else Path(args.file).name.split(".")[0])
     cdg, graphs = to_cdg(text, args.file, name=name, scalars=_scalars(args.scalar))
     result = load(text=cdg, file=str(out or "<imported>"))
     problems = [] if not result.ok else verify(result.program, graphs, args.file)
