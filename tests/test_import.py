@@ -166,6 +166,21 @@ def test_cli_round_trip_writes_a_canonical_file_and_never_overwrites(tmp_path):
     assert run_cli("import", fe, "--force").returncode == 2  # --force without -o
 
 
+def test_emit_still_writes_the_json_of_a_graph_cudnn_declines(tmp_path):
+    """The JSON matters most in a bug report about a refusal: emit writes it (taken before planning), says why
+    it exits 1, and import reads it back. (cuDNN 9.28 has no engine for a standalone inference batch norm.)"""
+    cdg = tmp_path / "bn.cdg"
+    cdg.write_text(CASES["batchnorm_inference"][0][0])
+    p = run_cli("emit", cdg, "--format", "fe-json")
+    assert p.returncode == 1
+    assert "cuDNN create_execution_plans failed" in p.stderr and "taken before planning" in p.stderr
+    fe = tmp_path / "bn.json"
+    fe.write_text(p.stdout)
+    p = run_cli("import", fe)
+    assert p.returncode == 0, p.stderr
+    assert "batchnorm_inference(x, mean, inv_var, gamma, beta)" in p.stdout
+
+
 # ---- the other formats: a real frontend log, and version 1.0 ----------------------------------------------
 
 
