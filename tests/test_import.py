@@ -327,6 +327,10 @@ def test_a_scalar_without_its_value_asks_for_it(tmp_path, mm_json):
     p = run_cli("import", src, "--scalar", "alpha=0.25")
     assert p.returncode == 0 and "scalar alpha : float = 0.25 uid=4" in p.stdout
     assert run_cli("import", src, "--scalar", "alpha=x").returncode == 2
+    p = run_cli("import", src, "--scalar", "alpha=1", "--scalar", "beta=1")
+    assert (
+        p.returncode == 2 and "--scalar beta: " in p.stderr and "has no pass-by-value tensor of that name" in p.stderr
+    )
 
 
 def test_an_epsilon_bound_at_launch_is_asked_for(tmp_path, h200):
@@ -350,13 +354,25 @@ def test_not_a_graph_at_all(tmp_path):
     assert "no cuDNN Frontend graph found" in err
 
 
-def test_a_graph_that_does_not_check_is_not_written(tmp_path, mm_json):
-    # the JSON's own dims disagree with the op: the imported file would not be this graph
-    def bad(j):
-        next(t for t in j["tensors"] if t["name"] == "y")["dim"] = [16, 512, 256]
+def _set_dims(name, dims):
+    def edit(j):
+        next(t for t in j["tensors"] if t["name"] == name)["dim"] = dims
 
-    err = _import_error(tmp_path, _edit(mm_json, bad))
-    assert "is not the same graph; nothing written" in err
+    return edit
+
+
+def test_a_graph_that_does_not_check_is_not_written(tmp_path, mm_json):
+    # the output's dims in the JSON disagree with its op: the language's checker says so, at the .cdg line
+    err = _import_error(tmp_path, _edit(mm_json, _set_dims("y", [16, 512, 256])))
+    assert "error: output 'y' is declared [16, 512, 256]" in err
+    assert "the graph imported from g.json does not check (above); nothing written" in err
+
+
+def test_an_import_that_is_not_the_same_graph_is_not_written(tmp_path, mm_json):
+    # an intermediate's dims, which the .cdg file does not spell: the comparison with the JSON finds them
+    err = _import_error(tmp_path, _edit(mm_json, _set_dims("matmul_0", [16, 512, 256])))
+    assert "g.json: tensor 'matmul_0': the JSON has dims [16, 512, 256], the imported graph [16, 512, 512]" in err
+    assert "the imported graph is not the one g.json describes (above); nothing written" in err
 
 
 # ---- every op the import tables produce, through the real frontend ----------------------------------------

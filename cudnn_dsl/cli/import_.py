@@ -94,15 +94,21 @@ def run(args) -> int:
     text = _read(args.file)
     common.SOURCES[args.file] = text
     name = args.name or ("stdin" if args.file == "-" else Path(args.file).name.split(".")[0])
-    cdg, graphs = to_cdg(text, args.file, name=name, scalars=_scalars(args.scalar))
+    scalars = _scalars(args.scalar)
+    cdg, graphs = to_cdg(text, args.file, name=name, scalars=scalars)
+    known = {n for g in graphs for t in g.tensors if t.by_value for n in (t.name, t.json.get("name"))}
+    unknown = sorted(set(scalars) - known)
+    if unknown:
+        raise common.UsageError(f"--scalar {', '.join(unknown)}: {args.file} has no pass-by-value tensor of that name")
     result = load(text=cdg, file=str(out or "<imported>"))
-    problems = [] if not result.ok else verify(result.program, graphs, args.file)
-    if not result.ok or problems:
-        if not result.ok:
-            print(result.render(), file=sys.stderr)
-        for p in problems:
-            print(p, file=sys.stderr)
-        common.warn(f"error: the graph imported from {args.file} is not the same graph; nothing written")
+    if not result.ok:
+        print(result.render(), file=sys.stderr)
+        common.warn(f"error: the graph imported from {args.file} does not check (above); nothing written")
+        return common.EXIT_FAIL
+    problems = verify(result.program, graphs, args.file)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        common.warn(f"error: the imported graph is not the one {args.file} describes (above); nothing written")
         return common.EXIT_FAIL
     if out is None:
         sys.stdout.write(cdg)
