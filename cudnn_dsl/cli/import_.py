@@ -101,8 +101,9 @@ def run(args) -> int:
     if unknown:
         raise common.UsageError(f"--scalar {', '.join(unknown)}: {args.file} has no pass-by-value tensor of that name")
     result = load(text=cdg, file=str(out or "<imported>"))
-    if not result.ok:
+    if result.diagnostics:  # the checker's warnings too (a convolution input that is not channels-last)
         print(result.render(), file=sys.stderr)
+    if not result.ok:
         common.warn(f"error: the graph imported from {args.file} does not check (above); nothing written")
         return common.EXIT_FAIL
     problems = verify(result.program, graphs, args.file)
