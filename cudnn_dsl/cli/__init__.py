@@ -15,6 +15,7 @@ COMMANDS = {
     "fmt": "fmt",
     "run": "run",
     "emit": "emit",
+    "import": "import_",
     "tune": "tune",
     "bench": "bench",
     "support": "support",

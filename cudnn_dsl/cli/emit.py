@@ -14,7 +14,8 @@ def register(p) -> None:
         choices=("cudnn", "torch", "fe-json"),
         default="cudnn",
         help="cudnn: the frontend calls, built and run once (default); torch: the reference function; fe-json: "
-        "the graph as the cuDNN Frontend serializes it (for anyone with the frontend alone; needs the cuDNN library)",
+        "the graph as the cuDNN Frontend serializes it (for anyone with the frontend alone; needs the cuDNN library; "
+        "written even when cuDNN finds no plan for the graph, with exit 1)",
     )
     p.add_argument("--graph", help="the graph to emit (needed when the file has several)")
     p.add_argument("--shape", action="append", metavar="DIM=VALUE", help="the value of each symbolic dim")
@@ -45,9 +46,29 @@ def run(args) -> int:
             f"graph '{g.name}' has {len(chosen)} shapes ({g.declared_shapes}); choose one with --shape"
         )
     if args.format == "fe-json":
-        from cudnn_dsl.build import frontend_json
-
-        print(frontend_json(g, chosen[0], target), end="")
+        return _fe_json(g, chosen[0], target)
     else:
         print((emit_cudnn if args.format == "cudnn" else emit_torch)(g, chosen[0]), end="")
     return common.EXIT_OK
+
+
+def _fe_json(g, inst, target) -> int:
+    """The frontend's JSON; when cuDNN finds no plan, still the graph's JSON (taken before planning), which is
+    what a bug report about that refusal needs, with the refusal on stderr and exit 1."""
+    from cudnn_dsl.build import frontend_json
+    from dsl.diagnostics import DslError
+
+    try:
+        print(frontend_json(g, inst, target), end="")
+        return common.EXIT_OK
+    except DslError as e:
+        try:
+            text = frontend_json(g, inst, target, plans=False)
+        except DslError:
+            text = ""
+        if '"json_version"' not in text:  # refused before the frontend had its graph (sdpa): nothing to print
+            raise e from None
+        print(text, end="")
+        common.report(e)
+        common.warn("the graph's JSON above is taken before planning, as cuDNN found no plan for it")
+        return common.EXIT_FAIL

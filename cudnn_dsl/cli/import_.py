@@ -1,0 +1,121 @@
+"""`cudnn-dsl import FILE`: a cuDNN Frontend graph (its JSON, or a frontend log) as a .cdg file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from cudnn_dsl.cli import common
+
+HELP = "turn a cuDNN Frontend graph (its JSON, version 1.0 or 2.0, or a frontend log) into a .cdg file"
+EPILOG = (
+    "FILE is the JSON the frontend serializes (`repr(graph)`, `cudnn-dsl emit --format fe-json`, "
+    "json_version 1.0 or 2.0), or a frontend log written with CUDNN_FRONTEND_LOG_INFO=1 "
+    "CUDNN_FRONTEND_LOG_FILE=F, or any text holding the JSON (a bug report); every graph it holds becomes one "
+    "graph of the .cdg file. Every tensor keeps its "
+    "dims, strides, dtype and UID, virtual tensors become named intermediates, pass-by-value tensors become "
+    "scalars with their values. The .cdg file is checked and compared with the JSON before it is written, in "
+    "canonical form (`fmt --check` clean). A node or setting the language cannot express is an error naming the "
+    "node and its place in FILE (exit 1, nothing written). -o never replaces an existing file unless --force; "
+    "the write is atomic. Round trip: `cudnn-dsl emit G.cdg --format fe-json > G.json && cudnn-dsl import G.json` "
+    "gives the same graph; the JSON does not carry the file's options, its nesting, or bias/scale (the "
+    "frontend's ADD and MUL: they come back as + and *), and a graph with symbolic dims is one JSON per shape."
+)
+_MAX_BYTES = 256 << 20  # a frontend log of many graphs is large, but not this large
+
+
+def register(p) -> None:
+    p.epilog = EPILOG
+    p.add_argument(
+        "file",
+        metavar="FILE",
+        help="frontend graph JSON, a frontend log, or text holding the JSON ('-': standard input)",
+    )
+    p.add_argument("-o", "--output", metavar="OUT.cdg", help="write the .cdg file here (default: print it)")
+    p.add_argument("--force", action="store_true", help="with -o: replace OUT.cdg if it exists")
+    p.add_argument(
+        "--scalar",
+        action="append",
+        metavar="NAME=VALUE",
+        help="the value of a pass-by-value tensor that FILE leaves out (the frontend does not record values bound "
+        "at launch); NAME as in FILE or in the .cdg file",
+    )
+    p.add_argument("--name", default=None, help="the graph's name when FILE gives none (default: FILE's stem)")
+    p.set_defaults(run=run)
+
+
+def _scalars(items) -> dict[str, str]:
+    from dsl.values import number
+
+    out = {}
+    for item in items or ():
+        name, _, value = item.partition("=")
+        try:
+            number(value)
+        except ValueError:
+            raise common.UsageError(f"--scalar takes NAME=NUMBER, got '{item}'") from None
+        if not name:
+            raise common.UsageError(f"--scalar takes NAME=NUMBER, got '{item}'")
+        out[name] = value.strip()
+    return out
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        data = sys.stdin.buffer.read(_MAX_BYTES + 1) if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+        return _text(data, "standard input")
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise common.UsageError(f"{path}: is a directory")
+        with open(p, "rb") as f:
+            data = f.read(_MAX_BYTES + 1)
+    except OSError as e:
+        raise common.UsageError(f"{path}: {e.strerror or e}") from None
+    return _text(data, path)
+
+
+def _text(data: bytes, what: str) -> str:
+    if len(data) > _MAX_BYTES:
+        raise common.UsageError(f"{what}: larger than {_MAX_BYTES >> 20} MiB")
+    text = data.decode("utf-8", errors="replace")  # a log may hold stray bytes; JSON's own are checked
+    return text.removeprefix("\ufeff")
+
+
+def run(args) -> int:
+    from cudnn_dsl.fe_import import to_cdg, verify
+    from dsl.pipeline import load
+
+    if args.force and not args.output:
+        raise common.UsageError("--force goes with -o")
+    out = Path(args.output) if args.output else None
+    if out is not None and out.exists() and not args.force:
+        raise common.UsageError(f"{out} exists; pass --force to replace it")
+    text = _read(args.file)
+    common.SOURCES[args.file] = text
+    name = args.name or ("stdin" if args.file == "-" else Path(args.file).name.split(".")[0])
+    scalars = _scalars(args.scalar)
+    cdg, graphs = to_cdg(text, args.file, name=name, scalars=scalars)
+    known = {n for g in graphs for t in g.tensors if t.by_value for n in (t.name, t.json.get("name"))}
+    unknown = sorted(set(scalars) - known)
+    if unknown:
+        raise common.UsageError(f"--scalar {', '.join(unknown)}: {args.file} has no pass-by-value tensor of that name")
+    result = load(text=cdg, file=str(out or "<imported>"))
+    if result.diagnostics:  # the checker's warnings too (a convolution input that is not channels-last)
+        print(result.render(), file=sys.stderr)
+    if not result.ok:
+        common.warn(f"error: the graph imported from {args.file} does not check (above); nothing written")
+        return common.EXIT_FAIL
+    problems = verify(result.program, graphs, args.file)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        common.warn(f"error: the imported graph is not the one {args.file} describes (above); nothing written")
+        return common.EXIT_FAIL
+    if out is None:
+        sys.stdout.write(cdg)
+        return common.EXIT_OK
+    from cudnn_dsl.store import atomic_write
+
+    atomic_write(out, cdg)
+    print(f"{out}: {len(graphs)} graph{'s' if len(graphs) != 1 else ''} imported from {args.file}", file=sys.stderr)
+    return common.EXIT_OK

@@ -1,0 +1,664 @@
+"""Import layer: a cuDNN Frontend graph (its JSON, version 1.0 or 2.0, or a frontend log holding it) -> .cdg text.
+
+What a frontend node becomes is table-driven: NODES (by node tag), POINTWISE and REDUCTION (by mode). A
+registry op that no table produces is in NOT_IMPORTED with the reason; a test keeps the two complete. Every
+field of a node is either read by its row or must hold its neutral value (NEUTRAL), so a setting the
+language cannot express is an error naming the node, never silently dropped. Pure Python and the language
+only (no torch, no cuDNN): `cudnn-dsl import` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Callable
+
+import attrs
+
+from cudnn_dsl.dtypes import cudnn_name
+from cudnn_dsl.fe_json import Located, Source, f32_from_json, find_graphs, value_from_json
+from dsl.diagnostics import DslError
+from dsl.ir import Program
+from dsl.types import DTYPES as LANGUAGE_DTYPES
+
+VERSIONS = ("1.0", "2.0")
+"""the frontend's graph JSON versions read: 1.0 (frontends 1.6 to 1.2x: tensors keyed by name, or by uid when
+the user set it) and 2.0 (a list of tensors, referred to by uid); before 1.6 its JSON had no version"""
+
+#: cuDNN data_type name -> language dtype
+DTYPES = {cudnn_name(d): d for d in LANGUAGE_DTYPES}
+
+
+def _dtype(name) -> str | None:
+    """The language dtype of a cuDNN data_type name; None for NOT_SET, null, and what the language lacks."""
+    return DTYPES.get(name) if isinstance(name, str) else None
+
+
+#: words the grammar reserves, and the literals true/false: a tensor name is never one of them
+_RESERVED = {"graph", "io", "intermediate", "compute", "option", "dim", "input", "scalar", "output", "strides"}
+_RESERVED |= {"uid", "in", "true", "false"}
+
+
+def f32_text(x: float) -> str:
+    """The shortest decimal that is the same float32 (a value the frontend keeps as float32)."""
+    if x != x or x in (float("inf"), float("-inf")):
+        raise ValueError(f"the value {x} has no spelling in the language (it has no non-finite numbers)")
+    bits = struct.pack(">f", x)
+    texts = (f"{x:.{digits}g}" for digits in range(1, 10))  # 9 significant digits always suffice for float32
+    return next(t for t in texts if struct.pack(">f", float(t)) == bits)
+
+
+# ---- a frontend graph, read -------------------------------------------------------------------------------
+
+
+@attrs.define
+class Tensor:
+    key: str
+    name: str
+    """the name in the .cdg file (the frontend's, made an identifier)"""
+    json: dict
+    producer: int | None = None
+    consumers: int = 0
+
+    @property
+    def virtual(self) -> bool:
+        return bool(self.json.get("is_virtual"))
+
+    @property
+    def by_value(self) -> bool:
+        return bool(self.json.get("is_pass_by_value"))
+
+    @property
+    def dtype(self) -> str | None:
+        return _dtype(self.json.get("data_type"))
+
+    @property
+    def dims(self) -> list[int]:
+        return list(self.json.get("dim") or [])
+
+    @property
+    def strides(self) -> list[int]:
+        return list(self.json.get("stride") or [])
+
+    def value(self, scalars: dict[str, str]):
+        """A pass-by-value tensor's value: given with --scalar (by its .cdg or frontend name), else the JSON's
+        (None when the frontend did not record it: a value bound at launch)."""
+        given = scalars.get(self.name, scalars.get(self.json.get("name") or ""))
+        return value_from_json(self.json.get("pass_by_value")) if given is None else given
+
+    @property
+    def uid(self) -> int | None:
+        uid = self.json.get("uid")
+        assigned = self.json.get("uid_assigned", True)  # 1.0 says whether the uid is the user's
+        return uid if isinstance(uid, int) and assigned else None
+
+
+@attrs.define
+class Node:
+    """One frontend node being read: its rows read fields through it, so unread ones can be checked."""
+
+    src: Source
+    j: dict
+    index: int
+    tensors: dict[str, Tensor]
+    scalars: dict[str, str]
+    read: set = attrs.Factory(lambda: {"tag", "name", "inputs", "outputs", "compute_data_type"})
+
+    @property
+    def tag(self) -> str:
+        return self.j.get("tag")
+
+    def where(self) -> str:
+        return f"node '{self.j.get('name', '')}' ({self.tag}, nodes[{self.index}])"
+
+    def fail(self, message: str, field: str | None = None) -> DslError:
+        """An error about this node, at its `field` when given (a node's only nested objects are its
+        ports, whose keys are port names, so the first such key after the node's start is the field)."""
+        pos = getattr(self.j, "pos", 0)
+        found = re.compile(rf'"{re.escape(field)}"\s*:').search(self.src.text, pos) if field else None
+        return self.src.error(f"{self.where()}: {message}", found.start() if found else pos)
+
+    def get(self, field: str, default=None):
+        self.read.add(field)
+        v = self.j.get(field)
+        return default if v is None else v
+
+    def tensor(self, port: str, side: str = "inputs") -> Tensor | None:
+        ref = (self.j.get(side) or {}).get(port)
+        return None if ref is None else self.tensors[str(ref)]
+
+    def port(self, port: str, *, optional: bool = False) -> str | None:
+        t = self.tensor(port)
+        if t is None and not optional:
+            raise self.fail(f"has no {port} input")
+        return None if t is None else t.name
+
+    def value_of(self, port: str) -> float:
+        """The value of a pass-by-value input that the language spells as an attribute (an epsilon)."""
+        t = self.tensor(port)
+        if t is None or not t.by_value:
+            raise self.fail(f"its {port} is not a pass-by-value scalar, which the language needs")
+        v = t.value(self.scalars)
+        if v is None:
+            raise self.fail(
+                f"the JSON does not hold the value of its {port} (tensor '{t.json.get('name', t.key)}', bound at "
+                f"launch): give it with --scalar {t.name}=VALUE"
+            )
+        return float(v)
+
+
+@attrs.frozen
+class Call:
+    """What a node becomes: the language op, its arguments and attributes, and which output ports it fills."""
+
+    op: str
+    args: tuple[str | None, ...]
+    attrs: tuple[tuple[str, str], ...] = ()
+    outputs: tuple[str, ...] = ()
+
+
+#: what a field of the wrong type raises on its way to text: a malformed JSON, reported at its place
+_MALFORMED = (TypeError, ValueError, KeyError, IndexError, AttributeError)
+
+
+def _number(x) -> str:
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        raise ValueError(f"the value {x} has no spelling in the language (it has no non-finite numbers)")
+    return repr(x)
+
+
+def _ints(v) -> str:
+    return "[" + ", ".join(str(int(x)) for x in v) + "]"
+
+
+def _bool(v) -> str:
+    return "true" if v else "false"
+
+
+# ---- the tables: frontend node -> language op --------------------------------------------------------------
+
+#: pointwise mode -> language op (unary or binary, as the registry has it)
+POINTWISE = {
+    "ADD": "add",
+    "SUB": "sub",
+    "MUL": "mul",
+    "DIV": "div",
+    "MAX": "max",
+    "MIN": "min",
+    "POW": "pow",
+    "RELU_FWD": "relu",
+    "GELU_FWD": "gelu",
+    "GELU_APPROX_TANH_FWD": "gelu_tanh",
+    "SIGMOID_FWD": "sigmoid",
+    "TANH_FWD": "tanh",
+    "ELU_FWD": "elu",
+    "SOFTPLUS_FWD": "softplus",
+    "SWISH_FWD": "swish",
+    "EXP": "exp",
+    "LOG": "log",
+    "SQRT": "sqrt",
+    "RSQRT": "rsqrt",
+    "ABS": "abs",
+    "NEG": "neg",
+    "RECIPROCAL": "reciprocal",
+    "ERF": "erf",
+    "SIN": "sin",
+    "COS": "cos",
+    "FLOOR": "floor",
+    "CEIL": "ceil",
+    "IDENTITY": "identity",
+}
+#: reduction mode -> the language's reduction mode
+REDUCTION = {
+    "ADD": "sum",
+    "MUL": "mul",
+    "MIN": "min",
+    "MAX": "max",
+    "AMAX": "amax",
+    "AVG": "avg",
+    "NORM1": "norm1",
+    "NORM2": "norm2",
+    "MUL_NO_ZEROS": "mul_no_zeros",
+}
+_F32_ONE = "3F800000"
+#: node fields the language has no spelling for, with the values that mean "not used" (null, false and []
+#: always do): any other value is an error naming the node
+NEUTRAL = {
+    "MATMUL": {"padding_value": (0, 0.0)},
+    "POINTWISE": {
+        "elu_alpha": (1.0, _F32_ONE),
+        "softplus_beta": (1.0, _F32_ONE),
+        "relu_lower_clip": (0, 0.0, "00000000"),
+    },
+    "REDUCTION": {},
+    "SDPA": {
+        "implementation": "*",
+        "mma_core_mode": "*",
+        "max_seq_len_kv": "*",
+        "max_total_seq_len_q": "*",
+        "max_total_seq_len_kv": "*",
+    },
+    "RESHAPE": {"reshape_mode": ("VIEW_ONLY",), "dim": "*", "stride": "*"},
+    "SLICE": {},
+}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+
+
+def import_pointwise(n: Node) -> Call:
+    mode = n.get("mode")
+    op = POINTWISE.get(mode)
+    if op is None:
+        raise n.fail(f"pointwise mode {mode} has no op in the language", "mode")
+    ins = [n.port("IN_0"), n.port("IN_1", optional=True)]
+    if n.tensor("IN_2") is not None:
+        raise n.fail("takes a third input (IN_2), which no pointwise op of the language has")
+    attrs_: list[tuple[str, str]] = []
+    if op == "relu" and n.get("relu_lower_clip_slope") is not None:
+        op = "leaky_relu"
+        attrs_.append(("slope", f32_text(f32_from_json(n.get("relu_lower_clip_slope")))))
+    if op == "swish":
+        attrs_.append(("beta", f32_text(f32_from_json(n.get("swish_beta", 1.0)))))
+    return Call(op, tuple(i for i in ins if i is not None), tuple(attrs_), ("OUT_0",))
+
+
+def _conv(op: str, ports: tuple[str, str], out: str) -> Callable[[Node], Call]:
+    def convert(n: Node) -> Call:
+        pre, post = n.get("pre_padding", []), n.get("post_padding", [])
+        if list(pre) != list(post):
+            raise n.fail(
+                f"pre_padding {pre} and post_padding {post} differ; the language pads both sides alike", "pre_padding"
+            )
+        if n.get("math_mode", "CROSS_CORRELATION") != "CROSS_CORRELATION":
+            raise n.fail(
+                f"math_mode {n.get('math_mode')}: the language's convolutions are cross-correlations", "math_mode"
+            )
+        attrs_ = (
+            ("padding", _ints(pre)),
+            ("stride", _ints(n.get("stride", []))),
+            ("dilation", _ints(n.get("dilation", []))),
+        )
+        return Call(op, tuple(n.port(p) for p in ports), attrs_, (out,))
+
+    return convert
+
+
+def import_matmul(n: Node) -> Call:
+    for p in ("M_override", "N_override", "K_override"):
+        if n.tensor(p) is not None:
+            raise n.fail(f"has a {p} input (ragged shapes), which the language's matmul lacks")
+    return Call("matmul", (n.port("A"), n.port("B")), (), ("C",))
+
+
+def import_reduction(n: Node) -> Call:
+    mode = REDUCTION.get(n.get("mode"))
+    if mode is None:
+        raise n.fail(f"reduction mode {n.get('mode')} has no counterpart in the language", "mode")
+    if n.get("is_deterministic", False):
+        raise n.fail("is_deterministic=true: the language cannot ask for a deterministic reduction", "is_deterministic")
+    out = n.tensor("Y", "outputs")
+    if out is None or not out.dims:
+        raise n.fail("its output has no dims in the JSON, so the axes it reduces are unknown")
+    axes = [i for i, d in enumerate(out.dims) if d == 1]
+    attrs_ = [("mode", mode)]
+    if len(axes) < len(out.dims):
+        attrs_.append(("axes", _ints(axes)))
+    return Call("reduction", (n.port("X"),), tuple(attrs_), ("Y",))
+
+
+def import_sdpa(n: Node) -> Call:
+    unsupported = [p for p in (n.j.get("inputs") or {}) if p not in ("Q", "K", "V", "Bias", "Attn_scale")]
+    if unsupported:
+        raise n.fail(f"has inputs {', '.join(sorted(unsupported))}, which the language's sdpa lacks")
+    scale = n.get("attn_scale_value")
+    if scale is None:  # the scale as a pass-by-value input; none at all is no scaling
+        scale = n.value_of("Attn_scale") if n.tensor("Attn_scale") is not None else 1.0
+    scale_text = f32_text(f32_from_json(scale))
+    stats = n.get("generate_stats")
+    if stats is None:  # frontends before 1.1x said is_inference
+        stats = not n.get("is_inference", True)
+    causal = _sdpa_causal(n)
+    attrs_ = (("scale", scale_text), ("causal", _bool(causal)), ("stats", _bool(stats)))
+    args = (n.port("Q"), n.port("K"), n.port("V"), n.port("Bias", optional=True))
+    return Call("sdpa", tuple(a for a in args if a is not None), attrs_, ("O", "Stats") if stats else ("O",))
+
+
+def _sdpa_causal(n: Node) -> bool:
+    if n.get("causal_mask_bottom_right", False):
+        raise n.fail("a bottom-right causal mask: the language's causal mask is top-left aligned")
+    if n.get("sliding_window_length") is not None or n.get("left_bound") is not None:
+        raise n.fail("a sliding-window mask (left_bound): the language's sdpa has none")
+    if "causal_mask" in n.j:  # frontends before 1.1x
+        return bool(n.get("causal_mask"))
+    right, align = n.get("right_bound"), n.get("diagonal_alignment", "TOP_LEFT")
+    if right is None:
+        return False
+    if right != 0 or align != "TOP_LEFT":
+        raise n.fail(
+            f"a diagonal band mask (right_bound={right}, {align}): the language's causal mask is top-left "
+            "with right_bound 0"
+        )
+    return True
+
+
+def _norm(op: str, with_bias: bool) -> Callable[[Node], Call]:
+    def convert(n: Node) -> Call:
+        phase = n.get("forward_phase", "INFERENCE")
+        if phase != "INFERENCE":
+            raise n.fail(f"forward_phase {phase}: the language's {op} is the inference norm", "forward_phase")
+        args = [n.port("X"), n.port("SCALE"), n.port("BIAS", optional=not with_bias)]
+        eps = f32_text(n.value_of("EPSILON"))
+        return Call(op, tuple(a for a in args if a is not None), (("epsilon", eps),), ("Y",))
+
+    return convert
+
+
+def import_batchnorm_inference(n: Node) -> Call:
+    ports = ("X", "MEAN", "INV_VARIANCE", "SCALE", "BIAS")
+    return Call("batchnorm_inference", tuple(n.port(p) for p in ports), (), ("Y",))
+
+
+def import_transpose(n: Node) -> Call:
+    return Call("transpose", (n.port("X"),), (("perm", _ints(n.get("permutation", []))),), ("Y",))
+
+
+def import_reshape(n: Node) -> Call:
+    out = n.tensor("Y", "outputs")
+    if out is None or not out.dims:
+        raise n.fail("its output has no dims in the JSON, so the new shape is unknown")
+    return Call("reshape", (n.port("X"),), (("shape", _ints(out.dims)),), ("Y",))
+
+
+def import_slice(n: Node) -> Call:
+    if any(s != 1 for s in n.get("slice_strides", [])):
+        raise n.fail(
+            f"slice_strides {n.get('slice_strides')}: the language's slice takes every element", "slice_strides"
+        )
+    box = n.get("slices", [])
+    attrs_ = (("start", _ints(s for s, _ in box)), ("end", _ints(e for _, e in box)))
+    return Call("slice", (n.port("X"),), attrs_, ("Y",))
+
+
+#: node tag -> how it becomes a language op
+NODES: dict[str, Callable[[Node], Call]] = {
+    "POINTWISE": import_pointwise,
+    "CONV_FPROP": _conv("conv_fprop", ("X", "W"), "Y"),
+    "CONV_DGRAD": _conv("conv_dgrad", ("DY", "W"), "DX"),
+    "CONV_WGRAD": _conv("conv_wgrad", ("X", "DY"), "DW"),
+    "MATMUL": import_matmul,
+    "REDUCTION": import_reduction,
+    "SDPA": import_sdpa,
+    "LAYER_NORM": _norm("layernorm", True),
+    "RMS_NORM": _norm("rmsnorm", False),
+    "BATCHNORM_INFERENCE": import_batchnorm_inference,
+    "TRANSPOSE": import_transpose,
+    "RESHAPE": import_reshape,
+    "SLICE": import_slice,
+}
+#: language ops the tables above produce, by the row that produces each
+IMPORTED = {
+    **{op: f"POINTWISE mode {mode}" for mode, op in POINTWISE.items()},
+    "leaky_relu": "POINTWISE mode RELU_FWD with relu_lower_clip_slope",
+    "conv_fprop": "CONV_FPROP",
+    "conv_dgrad": "CONV_DGRAD",
+    "conv_wgrad": "CONV_WGRAD",
+    "matmul": "MATMUL",
+    "reduction": "REDUCTION",
+    "sdpa": "SDPA",
+    "layernorm": "LAYER_NORM",
+    "rmsnorm": "RMS_NORM",
+    "batchnorm_inference": "BATCHNORM_INFERENCE",
+    "transpose": "TRANSPOSE",
+    "reshape": "RESHAPE",
+    "slice": "SLICE",
+}
+#: registry ops no frontend node becomes, and why
+NOT_IMPORTED = {
+    "bias": "the frontend's bias is its pointwise ADD: it imports as add (the same frontend call)",
+    "scale": "the frontend's scale is its pointwise MUL: it imports as mul (the same frontend call)",
+}
+
+
+# ---- a graph -> .cdg text ------------------------------------------------------------------------------------
+
+
+def ident(name: str, used: set[str]) -> str:
+    """A frontend tensor name as a .cdg name: 'conv_fprop.0::Y' -> 'conv_fprop_0_Y', unique in the graph."""
+    base = re.sub(r"\W+", "_", name, flags=re.ASCII).strip("_") or "t"
+    if base[0].isdigit():
+        base = "t" + base
+    if base in _RESERVED:
+        base += "_"
+    out, k = base, 2
+    while out in used:
+        out, k = f"{base}_{k}", k + 1
+    used.add(out)
+    return out
+
+
+@attrs.frozen
+class Imported:
+    """One frontend graph as .cdg statements, and what was read."""
+
+    name: str
+    lines: tuple[str, ...]
+    tensors: tuple[Tensor, ...]
+    where: str
+    """'json_version 2.0, frontend 13200, cuDNN 9.28.1'"""
+
+
+def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) -> Imported:
+    version = j.get("json_version")
+    if version is None:
+        raise src.error(
+            f"no json_version: not a cuDNN Frontend graph JSON this importer reads (versions {' and '.join(VERSIONS)}, "
+            "written by frontends from 1.6 on)",
+            j.pos,
+        )
+    if version not in VERSIONS:
+        raise src.error(
+            f"json_version {json.dumps(version)}: this importer reads the frontend's graph JSON "
+            f"versions {' and '.join(VERSIONS)}",
+            j.pos,
+        )
+    nodes, raw = j.get("nodes"), j.get("tensors")
+    if not isinstance(nodes, list) or not isinstance(raw, (list, dict)):
+        raise src.error("a graph JSON needs a 'nodes' list and 'tensors'", j.pos)
+    used: set[str] = set()
+    entries = (
+        raw.items() if isinstance(raw, dict) else ((str(t.get("uid")) if isinstance(t, dict) else "", t) for t in raw)
+    )
+    tensors: dict[str, Tensor] = {}
+    for key, t in entries:
+        problem = _tensor_problem(t)
+        if problem:
+            raise src.error(f"tensors[{json.dumps(key)}] is not a tensor: {problem}", getattr(t, "pos", j.pos))
+        tensors[key] = Tensor(key, ident(t.get("name") or f"t{t.get('uid', key)}", used), t)
+    for i, nj in enumerate(nodes):
+        if not isinstance(nj, dict) or not isinstance(nj.get("tag"), str):
+            raise src.error(f"nodes[{i}] is not a node (no tag)", getattr(nj, "pos", j.pos))
+        for side in ("inputs", "outputs"):
+            for port, ref in (nj.get(side) or {}).items():
+                if ref is not None and str(ref) not in tensors:
+                    raise src.error(
+                        f"nodes[{i}] ({nj['tag']}): {side[:-1]} {port} names tensor {ref}, which is not in 'tensors'",
+                        nj.pos,
+                    )
+                if ref is not None:
+                    t = tensors[str(ref)]
+                    if side == "outputs":
+                        t.producer = i
+                    else:
+                        t.consumers += 1
+    ctx = j.get("context") or {}
+    io = _dtype(ctx.get("io_data_type"))
+    lines = [f"io {io}"] if io else []
+    compute = _dtype(ctx.get("compute_data_type")) or "float"  # the language's defaults, as the frontend's
+    lines += [f"intermediate {_dtype(ctx.get('intermediate_data_type')) or 'float'}", f"compute {compute}", ""]
+    absorbed = _absorbed(nodes, tensors)
+    for t in sorted(tensors.values(), key=lambda t: (t.uid is None, t.uid or 0)):  # in UID order, as declared
+        if t.producer is None and t.key not in absorbed and t.consumers:
+            try:
+                lines.append(_declare(src, j, t, scalars))
+            except _MALFORMED as e:
+                raise src.error(f"tensor '{t.json.get('name', t.key)}': {e}", getattr(t.json, "pos", j.pos)) from None
+    lines.append("")
+    for i, nj in enumerate(nodes):
+        node = Node(src, nj, i, tensors, scalars)
+        try:
+            lines += _statements(node, compute)
+        except _MALFORMED as e:
+            raise node.fail(str(e)) from None
+    fe, be = j.get("cudnn_frontend_version", "?"), j.get("cudnn_backend_version", "?")
+    where = f"json_version {version}, frontend {fe}, cuDNN {be}"
+    return Imported(name, tuple(lines), tuple(tensors.values()), where)
+
+
+def _ints_from(v, low: int) -> bool:
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= low for x in v)
+
+
+def _tensor_problem(t) -> str | None:
+    """What makes a JSON value not a frontend tensor, or None."""
+    if not isinstance(t, dict):
+        return "not an object"
+    dims, strides, uid = t.get("dim") or [], t.get("stride") or [], t.get("uid")
+    if not _ints_from(dims, 1):
+        return f"dim {json.dumps(dims)} is not a list of positive integers"
+    if not _ints_from(strides, 0) or (strides and len(strides) != len(dims)):
+        return f"stride {json.dumps(strides)} is not one integer >= 0 per dim"
+    if uid is not None and not _ints_from([uid], 0):
+        return f"uid {json.dumps(uid)} is not an integer >= 0"
+    if not isinstance(t.get("name") or "", str):
+        return f"name {json.dumps(t.get('name'))} is not a string"
+    return None
+
+
+def _absorbed(nodes: list, tensors: dict[str, Tensor]) -> set[str]:
+    """Pass-by-value inputs that the language spells as an attribute of their node (epsilon, the sdpa scale)."""
+    ports = {"LAYER_NORM": ("EPSILON",), "RMS_NORM": ("EPSILON",), "SDPA": ("Attn_scale",)}
+    out = set()
+    for nj in nodes:
+        for port in ports.get(nj["tag"], ()):
+            ref = (nj.get("inputs") or {}).get(port)
+            if ref is not None and tensors[str(ref)].by_value:
+                out.add(str(ref))
+    return out
+
+
+def _declare(src: Source, j: Located, t: Tensor, scalars: dict[str, str]) -> str:
+    what = f"tensor '{t.json.get('name', t.key)}'"
+    pos = getattr(t.json, "pos", j.pos)
+    if t.virtual:
+        raise src.error(f"{what} is virtual but no node computes it", pos)
+    if t.dtype is None:
+        raise src.error(f"{what} has data_type {json.dumps(t.json.get('data_type'))}, which the language lacks", pos)
+    uid = f" uid={t.uid}" if t.uid is not None else ""
+    if t.by_value:
+        value = t.value(scalars)
+        if value is None:
+            raise src.error(
+                f"{what} is passed by value, and the JSON does not hold its value (the frontend leaves out values "
+                f"bound at launch): give it with --scalar {t.name}=VALUE",
+                pos,
+            )
+        text = value if isinstance(value, str) else f32_text(value) if t.dtype == "float" else _number(value)
+        return f"scalar {t.name} : {t.dtype} = {text}{uid}"
+    if not t.dims or not t.strides:
+        raise src.error(f"{what} has no {'strides' if t.dims else 'dims'}", pos)
+    return f"input {t.name} : {t.dtype}{_ints(t.dims)} strides {_ints(t.strides)}{uid}"
+
+
+def _statements(n: Node, compute: str) -> list[str]:
+    convert = NODES.get(n.tag)
+    if convert is None:
+        raise n.fail(f"the language has no op for frontend nodes of type {n.tag}", "tag")
+    call = convert(n)
+    _check_neutral(n)
+    node_compute = _dtype(n.get("compute_data_type"))
+    kwargs = list(call.attrs) + ([("compute", node_compute)] if node_compute and node_compute != compute else [])
+    outs = [n.tensor(p, "outputs") for p in call.outputs]
+    extra = [p for p, ref in (n.j.get("outputs") or {}).items() if ref is not None and p not in call.outputs]
+    if extra:
+        raise n.fail(f"gives outputs {', '.join(extra)}, which the language's {call.op} does not")
+    missing = [p for p, o in zip(call.outputs, outs) if o is None]
+    if missing:
+        raise n.fail(f"has no {', '.join(missing)} output, which the language's {call.op} gives")
+    if call.op in _INFIX and len(call.args) == 2 and not kwargs:
+        expr = f"{call.args[0]} {_INFIX[call.op]} {call.args[1]}"
+    else:
+        expr = f"{call.op}({', '.join(list(call.args) + [f'{k}={v}' for k, v in kwargs])})"
+    if len(outs) == 1 and not outs[0].virtual:
+        return [f"output {_output_decl(outs[0])} = {expr}"]
+    lines = [f"{', '.join(o.name for o in outs)} = {expr}"]
+    return lines + [f"output {_output_decl(o)}" for o in outs if not o.virtual]
+
+
+def _output_decl(t: Tensor) -> str:
+    text = t.name
+    if t.dtype:
+        text += f" : {t.dtype}" + (
+            _ints(t.dims) + (f" strides {_ints(t.strides)}" if t.strides else "") if t.dims else ""
+        )
+    return text + (f" uid={t.uid}" if t.uid is not None else "")
+
+
+def _check_neutral(n: Node) -> None:
+    neutral = NEUTRAL.get(n.tag, {})
+    for field, v in n.j.items():
+        if field in n.read or v in (None, False, []):
+            continue
+        ok = neutral.get(field, ())
+        if ok != "*" and v not in ok:
+            raise n.fail(f"{field}={json.dumps(v)} has no spelling in the language", field)
+
+
+# ---- the whole file ------------------------------------------------------------------------------------------
+
+
+def to_cdg(
+    text: str, file: str, *, name: str = "imported", scalars: dict[str, str] | None = None
+) -> tuple[str, list[Imported]]:
+    """The canonical .cdg text for every graph in a frontend JSON file or log; DslError (located in the
+    input) for what the language cannot express."""
+    from dsl.parser import parse
+    from dsl.printer import fmt_module
+
+    src = Source(file, text.removeprefix("\ufeff"))
+    graphs = find_graphs(src)
+    used: set[str] = set()
+    imported = []
+    for j in graphs:
+        try:
+            gname = ident(str((j.get("context") or {}).get("name") or name), used)
+            imported.append(import_graph(src, j, gname, scalars or {}))
+        except _MALFORMED as e:  # a field of the wrong type where nothing more precise catches it
+            raise src.error(f"not the cuDNN Frontend's graph JSON: {type(e).__name__}: {e}", j.pos) from None
+    out = [f"# Imported by `cudnn-dsl import` from {file}"]
+    for g in imported:
+        out += ["", f"# {g.where}", f"graph {g.name} {{"] + [f"  {line}" if line else "" for line in g.lines] + ["}"]
+    raw = "\n".join(out) + "\n"
+    return fmt_module(parse(raw, "<imported>")), imported
+
+
+def verify(program: Program, imported: list[Imported], src_file: str) -> list[str]:
+    """Where the checked .cdg disagrees with the JSON about a tensor the JSON describes (dtype, dims,
+    strides): the import must be the same graph, not a plausible one."""
+    problems = []
+    for graph, g in zip(program.graphs, imported):
+        inst = graph.instances[0]
+        names = {v.name for v in graph.values}
+        for t in g.tensors:
+            if t.name not in names:
+                continue
+            ty = inst.type(t.name)
+            checks = [("data_type", t.dtype, ty.dtype)]
+            if not t.by_value:  # a scalar takes the rank of the tensor it meets
+                checks += [("dims", t.dims, list(ty.shape)), ("strides", t.strides, list(ty.strides))]
+            for what, want, got in checks:
+                if want and want != got:
+                    problems.append(
+                        f"{src_file}: tensor '{t.json.get('name', t.key)}': the JSON has {what} {want}, "
+                        f"the imported graph {got}"
+                    )
+    return problems

@@ -1,0 +1,493 @@
+"""`cudnn-dsl import`: the cuDNN Frontend's graph JSON (and its logs) back to .cdg, with no GPU.
+
+The round trip goes through the real frontend: every example, at every shape, is serialized by the cuDNN
+Frontend itself (`emit --format fe-json`: lowered and planned for an H200 without a device), imported, and
+compared with the original.
+"""
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import pytest
+from cli_util import run_cli
+
+from cudnn_dsl.fe_import import IMPORTED, NOT_IMPORTED, to_cdg, verify
+from dsl.ops import OPS
+from dsl.parser import parse
+from dsl.pipeline import program
+from dsl.printer import fmt_module
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.cdg"))
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+#: the frontend's bias and scale are its pointwise ADD and MUL: its JSON cannot tell them from add and mul
+SAME_CALL = {"bias": "add", "scale": "mul"}
+#: a number literal is a pass-by-value tensor to the frontend, as a scalar is: it imports as a scalar
+SAME_KIND = {"const": "scalar"}
+
+
+def test_every_registry_op_is_imported_or_says_why_not():
+    """Whoever adds an op to dsl/ops.py adds the frontend node it comes from to cudnn_dsl/fe_import.py
+    (NODES, POINTWISE, REDUCTION and IMPORTED), or says in NOT_IMPORTED why none does."""
+    missing = sorted(set(OPS) - set(IMPORTED) - set(NOT_IMPORTED))
+    assert not missing, f"no import mapping (cudnn_dsl/fe_import.py) for {missing}"
+    assert not set(IMPORTED) & set(NOT_IMPORTED)
+    assert set(IMPORTED) | set(NOT_IMPORTED) <= set(OPS), "a mapping names an op the registry does not have"
+    assert all(why for why in NOT_IMPORTED.values())
+
+
+def test_every_reduction_mode_is_imported():
+    from cudnn_dsl.fe_import import REDUCTION
+    from dsl.ops import REDUCTION_MODES
+
+    assert sorted(REDUCTION.values()) == sorted(REDUCTION_MODES)
+
+
+def test_frontend_names_become_names_the_grammar_takes():
+    from cudnn_dsl.fe_import import ident
+
+    grammar = (ROOT / "dsl" / "grammar.lark").read_text()
+    keywords = set(re.findall(r'"([a-z]+)"', grammar)) | {"io", "intermediate", "compute"}
+    used = set()
+    names = [ident(n, used) for n in [*sorted(keywords), "conv_fprop.0::Y", "::Y", "0", "", "x", "x", "a b"]]
+    assert names[-7:] == ["conv_fprop_0_Y", "Y", "t0", "t", "x", "x_2", "a_b"]
+    text = "graph g {\n" + "".join(f"  input {n} : half[1]\n" for n in names)
+    text += "  output y = " + " + ".join(names) + "\n}\n"
+    assert len(program(text=text, file="names.cdg").graphs[0].inputs) == len(names)  # names, none a keyword
+
+
+# ---- the round trip, every example at every shape --------------------------------------------------------
+
+
+def _cases():
+    for path in EXAMPLES:
+        for g in program(path).graphs:
+            for inst in g.instances:
+                yield pytest.param(path, g.name, inst.binding, id=f"{path.stem}:{g.name}:{inst.label or 'static'}")
+
+
+@pytest.fixture(scope="module")
+def h200():
+    from cudnn_dsl.backend import Target, load_cudnn
+
+    load_cudnn()
+    return Target.named("h200")
+
+
+def _f32(x):
+    return struct.unpack("f", struct.pack("f", x))[0] if isinstance(x, float) else x
+
+
+def _listing(graph, inst) -> list:
+    """One shape of a graph with every name replaced by its position: what tells two graphs apart, names aside.
+    Values the frontend keeps as float32 (attributes, scalars) compare as float32."""
+    index = {}
+
+    def ref(name):
+        return None if name is None else index[name]
+
+    def desc(v):
+        t = inst.type(v.name)
+        return (SAME_KIND.get(v.kind, v.kind), v.uid, t.dtype, t.shape, t.strides, _f32(v.scalar))
+
+    out = []
+    for v in sorted(graph.of_kind("input", "scalar", "const"), key=lambda v: v.uid):
+        index[v.name] = len(index)
+        out.append(desc(v))
+    for i, node in enumerate(graph.nodes):
+        attrs = {k: tuple(map(_f32, v)) if isinstance(v, tuple) else _f32(v) for k, v in inst.attrs(i).items()}
+        for o in node.outputs:
+            index[o] = len(index)
+        outs = [desc(graph.value(o)) for o in node.outputs]
+        out.append((SAME_CALL.get(node.op, node.op), [ref(x) for x in node.inputs], attrs, node.compute, outs))
+    return out
+
+
+def _graph_calls(script: str) -> list[str]:
+    """The frontend graph calls of an `emit --format cudnn` script (not the planning options, which are the
+    file's and not the graph's), with the graph's name and float32-equal numbers made alike."""
+    body = script[script.index("g = cudnn.pygraph(") : script.index("    g.validate()")]
+    body = re.sub(r"name='[^']*', intermediate_data_type", "name=G, intermediate_data_type", body, count=1)
+    for alias, op in SAME_CALL.items():
+        body = body.replace(f"g.{alias}(", f"g.{op}(")
+    return [re.sub(r"\d+\.\d+(e-?\d+)?", lambda m: repr(_f32(float(m.group()))), line) for line in body.splitlines()]
+
+
+@pytest.mark.parametrize("path,graph_name,binding", list(_cases()))
+def test_emit_fe_json_then_import_is_the_same_graph(path, graph_name, binding, h200):
+    from cudnn_dsl.build import frontend_json
+    from cudnn_dsl.emit import emit_cudnn
+
+    g = program(path).graph(graph_name)
+    inst = g.instance(dict(binding))
+    fe = frontend_json(g, inst, h200)
+    cdg, imported = to_cdg(fe, f"{path.stem}.json", name=graph_name)
+
+    assert fmt_module(parse(cdg, "imported.cdg")) == cdg  # canonical: `fmt --check` clean
+    back = program(text=cdg, file="imported.cdg")
+    assert verify(back, imported, "x") == []
+    g2 = back.graphs[0]
+    inst2 = g2.instances[0]
+    assert _listing(g2, inst2) == _listing(g, inst)  # the same graph, up to names
+    assert _graph_calls(emit_cudnn(g2, inst2)) == _graph_calls(emit_cudnn(g, inst))  # the same frontend calls
+    again = json.loads(frontend_json(g2, inst2, h200))
+    assert _graph_json(again) == _graph_json(json.loads(fe))  # and the frontend serializes the same graph
+
+
+def _graph_json(j: dict) -> dict:
+    j.pop("gid")  # the frontend numbers the graphs of a process
+    return j
+
+
+def test_cli_round_trip_writes_a_canonical_file_and_never_overwrites(tmp_path):
+    example = ROOT / "examples" / "matmul_epilogue.cdg"
+    fe = tmp_path / "mm.json"
+    p = run_cli("emit", example, "--format", "fe-json")
+    assert p.returncode == 0, p.stderr
+    fe.write_text(p.stdout)
+    out = tmp_path / "mm.cdg"
+    p = run_cli("import", fe, "-o", out)
+    assert p.returncode == 0, p.stderr
+    assert "1 graph imported" in p.stderr
+    text = out.read_text()
+    assert "scalar alpha : float = 0.5 uid=4" in text  # the scalar, by value
+    assert "reduction(y, mode=amax)" in text
+    assert run_cli("fmt", "--check", out).returncode == 0
+    assert run_cli("check", out).returncode == 0
+
+    out.write_text("keep me\n")
+    p = run_cli("import", fe, "-o", out)
+    assert p.returncode == 2 and "exists; pass --force" in p.stderr
+    assert out.read_text() == "keep me\n"
+    assert run_cli("import", fe, "-o", out, "--force").returncode == 0
+    assert out.read_text() == text
+    assert run_cli("import", fe, "--force").returncode == 2  # --force without -o
+
+
+def test_emit_still_writes_the_json_of_a_graph_cudnn_declines(tmp_path):
+    """The JSON matters most in a bug report about a refusal: emit writes it (taken before planning), says why
+    it exits 1, and import reads it back. (cuDNN 9.28 has no engine for a standalone inference batch norm.)"""
+    cdg = tmp_path / "bn.cdg"
+    cdg.write_text(CASES["batchnorm_inference"][0][0])
+    p = run_cli("emit", cdg, "--format", "fe-json")
+    assert p.returncode == 1
+    assert "cuDNN create_execution_plans failed" in p.stderr and "taken before planning" in p.stderr
+    fe = tmp_path / "bn.json"
+    fe.write_text(p.stdout)
+    p = run_cli("import", fe)
+    assert p.returncode == 0, p.stderr
+    assert "batchnorm_inference(x, mean, inv_var, gamma, beta)" in p.stdout
+
+
+# ---- the other formats: a real frontend log, and version 1.0 ----------------------------------------------
+
+
+def test_a_real_frontend_log_imports_every_graph_it_holds(tmp_path):
+    """tests/fixtures/frontend_log.txt: CUDNN_FRONTEND_LOG_INFO=1 output of two graphs built with the frontend
+    directly (tests/fixtures/make_frontend_log.py). Its graph JSON is written at validation, before the frontend
+    infers the intermediates' dims: the language infers them, and the verification compares what the log has."""
+    p = run_cli("import", FIXTURES / "frontend_log.txt")
+    assert p.returncode == 0, p.stderr
+    prog = program(text=p.stdout, file="log.cdg")
+    conv, mm = prog.graphs
+    assert [n.op for n in conv.nodes] == ["conv_fprop", "mul", "add", "relu"]
+    assert [n.op for n in mm.nodes] == ["matmul", "add"]
+    x = conv.instances[0].type("X")
+    assert (x.dtype, x.shape, x.strides) == ("half", (8, 64, 32, 32), (65536, 1, 2048, 64))
+    out = conv.outputs[0]
+    assert (out.name, out.uid, conv.instances[0].type(out.name).shape) == ("relu_0_OUT_0", 8, (8, 128, 32, 32))
+    assert conv.instances[0].attrs(0) == {"padding": (1, 1), "stride": (1, 1), "dilation": (1, 1)}
+    out = tmp_path / "log.cdg"
+    out.write_text(p.stdout)
+    p = run_cli("check", "--target", "h200", out)  # and cuDNN plans both for an H200
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("cuDNN plans for NVIDIA H200") == 2
+
+
+def test_a_graph_pasted_into_a_bug_report_is_found(tmp_path, mm_json):
+    """`print(graph)` writes the JSON with indentation; pasted among other text, it is still found."""
+    report = tmp_path / "issue.txt"
+    report.write_text(f"cuDNN says no engine for this graph:\n\n{mm_json}\nwith cuDNN 9.19 on an H200.\n")
+    p = run_cli("import", report)
+    assert p.returncode == 0, p.stderr
+    assert "output amax : float[1, 1, 1] strides [1, 1, 1] uid=9 = reduction(y, mode=amax)" in p.stdout
+
+
+def test_standard_input(monkeypatch, mm_json):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(mm_json))
+    p = run_cli("import", "-", "--name", "mm")
+    assert p.returncode == 0, p.stderr
+    assert "graph mm {" in p.stdout
+
+
+def test_version_1_json_keys_tensors_by_name():
+    """Frontends before 2.0 wrote 'tensors' as an object keyed by name (or uid) and named tensors in nodes."""
+    p = run_cli("import", FIXTURES / "frontend_v1.json")
+    assert p.returncode == 0, p.stderr
+    g = program(text=p.stdout, file="v1.cdg").graphs[0]
+    assert [(v.name, v.uid) for v in g.inputs] == [("w", 1), ("x", 2), ("b", 3)]
+    assert [n.op for n in g.nodes] == ["conv_fprop", "add", "relu"]
+    assert g.instances[0].attrs(0)["stride"] == (2, 2)
+    assert g.instances[0].type("y").shape == (1, 64, 104, 104)
+
+
+# ---- what cannot be imported: located errors, nothing written ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mm_json(h200):
+    from cudnn_dsl.build import frontend_json
+
+    g = program(ROOT / "examples" / "matmul_epilogue.cdg").graphs[0]
+    return frontend_json(g, g.instances[0], h200)
+
+
+def _import_error(tmp_path, text: str, *flags) -> str:
+    src = tmp_path / "g.json"
+    src.write_text(text)
+    out = tmp_path / "g.cdg"
+    p = run_cli("import", src, "-o", out, *flags)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert not out.exists()
+    assert "Traceback" not in p.stderr
+    return p.stderr.replace(str(src), "g.json")
+
+
+def _edit(text: str, fn) -> str:
+    j = json.loads(text)
+    fn(j)
+    return json.dumps(j, indent=1)
+
+
+def test_bad_json_is_located(tmp_path):
+    err = _import_error(tmp_path, '{"json_version": "2.0",\n "nodes": [,]}\n')
+    assert err.startswith('g.json:2:12: error: not valid JSON: Expecting value\n   "nodes": [,]}\n             ^\n')
+
+
+def test_truncated_json_says_so(tmp_path, mm_json):
+    err = _import_error(tmp_path, mm_json[: len(mm_json) // 2])
+    assert "error: the file ends before its JSON is complete (is it truncated?)" in err
+
+
+def test_truncated_log_says_which_line(tmp_path):
+    log = (FIXTURES / "frontend_log.txt").read_text()
+    cut = log.index('"tensors"')  # in the middle of the first graph's line
+    line = log.count("\n", 0, cut) + 1
+    err = _import_error(tmp_path, log[:cut])
+    assert err.startswith(f"g.json:{line}:")
+    assert "this log line ends before its JSON is complete (is it truncated?)" in err
+
+
+def test_wrong_version_names_the_versions_read(tmp_path, mm_json):
+    err = _import_error(tmp_path, _edit(mm_json, lambda j: j.update(json_version="3.1")))
+    assert err.startswith('g.json:1:1: error: json_version "3.1": this importer reads the frontend\'s graph JSON')
+    assert "versions 1.0 and 2.0" in err
+
+
+def _node(j, name):
+    return next(n for n in j["nodes"] if n["name"] == name)
+
+
+def test_unknown_node_is_named_and_located(tmp_path, mm_json):
+    text = _edit(mm_json, lambda j: _node(j, "y").update(tag="RESAMPLE"))
+    err = _import_error(tmp_path, text)
+    line = text.count("\n", 0, text.index('"tag": "RESAMPLE"')) + 1
+    assert err == (
+        f"g.json:{line}:4: error: node 'y' (RESAMPLE, nodes[3]): the language has no op for frontend nodes of "
+        'type RESAMPLE\n     "tag": "RESAMPLE"\n     ^\n'
+    )
+
+
+def test_unknown_pointwise_mode_is_an_error(tmp_path, mm_json):
+    err = _import_error(tmp_path, _edit(mm_json, lambda j: _node(j, "y").update(mode="RELU_BWD")))
+    assert "node 'y' (POINTWISE, nodes[3]): pointwise mode RELU_BWD has no op in the language" in err
+
+
+def test_a_setting_the_language_lacks_is_an_error(tmp_path, mm_json):
+    err = _import_error(tmp_path, _edit(mm_json, lambda j: _node(j, "y").update(relu_upper_clip="40C00000")))
+    assert "node 'y' (POINTWISE, nodes[3]): relu_upper_clip=\"40C00000\" has no spelling in the language" in err
+    v1 = (FIXTURES / "frontend_v1.json").read_text()
+    err = _import_error(tmp_path, _edit(v1, lambda j: j["nodes"][0].update(pre_padding=[0, 0])))
+    assert "node '0' (CONV_FPROP, nodes[0]): pre_padding [0, 0] and post_padding [1, 1] differ" in err
+
+
+def test_a_scalar_without_its_value_asks_for_it(tmp_path, mm_json):
+    def drop(j):
+        next(t for t in j["tensors"] if t["name"] == "alpha")["pass_by_value"] = None
+
+    text = _edit(mm_json, drop)
+    err = _import_error(tmp_path, text)
+    assert "tensor 'alpha' is passed by value, and the JSON does not hold its value" in err
+    assert "give it with --scalar alpha=VALUE" in err
+    src = tmp_path / "g.json"
+    p = run_cli("import", src, "--scalar", "alpha=0.25")
+    assert p.returncode == 0 and "scalar alpha : float = 0.25 uid=4" in p.stdout
+    assert run_cli("import", src, "--scalar", "alpha=x").returncode == 2
+    p = run_cli("import", src, "--scalar", "alpha=1", "--scalar", "beta=1")
+    assert (
+        p.returncode == 2 and "--scalar beta: " in p.stderr and "has no pass-by-value tensor of that name" in p.stderr
+    )
+
+
+def test_an_epsilon_bound_at_launch_is_asked_for(tmp_path, h200):
+    from cudnn_dsl.build import frontend_json
+
+    g = program(ROOT / "examples" / "layernorm.cdg").graph("rmsnorm")
+    j = json.loads(frontend_json(g, g.instances[0], h200))
+    eps = next(t for t in j["tensors"] if t["is_pass_by_value"])
+    eps["pass_by_value"] = None  # as in a log of a graph whose epsilon the caller binds at launch
+    err = _import_error(tmp_path, json.dumps(j, indent=1))
+    assert (
+        f"node 'y' (RMS_NORM, nodes[0]): the JSON does not hold the value of its EPSILON (tensor '{eps['name']}'" in err
+    )
+    p = run_cli("import", tmp_path / "g.json", "--scalar", f"{eps['name']}=1e-6")
+    assert p.returncode == 0, p.stderr
+    assert "rmsnorm(x, gamma, epsilon=1e-06)" in p.stdout
+
+
+def test_not_a_graph_at_all(tmp_path):
+    err = _import_error(tmp_path, "hello\nno graph here\n")
+    assert "no cuDNN Frontend graph found" in err
+
+
+def _set_dims(name, dims):
+    def edit(j):
+        next(t for t in j["tensors"] if t["name"] == name)["dim"] = dims
+
+    return edit
+
+
+def test_a_graph_that_does_not_check_is_not_written(tmp_path, mm_json):
+    # the output's dims in the JSON disagree with its op: the language's checker says so, at the .cdg line
+    err = _import_error(tmp_path, _edit(mm_json, _set_dims("y", [16, 512, 256])))
+    assert "error: output 'y' is declared [16, 512, 256]" in err
+    assert "the graph imported from g.json does not check (above); nothing written" in err
+
+
+def test_an_import_that_is_not_the_same_graph_is_not_written(tmp_path, mm_json):
+    # an intermediate's dims, which the .cdg file does not spell: the comparison with the JSON finds them
+    err = _import_error(tmp_path, _edit(mm_json, _set_dims("matmul_0", [16, 512, 256])))
+    assert "g.json: tensor 'matmul_0': the JSON has dims [16, 512, 256], the imported graph [16, 512, 512]" in err
+    assert "the imported graph is not the one g.json describes (above); nothing written" in err
+
+
+# ---- every op the import tables produce, through the real frontend ----------------------------------------
+
+
+def _graph(body: str, io: str = "half") -> str:
+    return f"graph t {{\n  io {io}\n  compute float\n{body}\n}}\n"
+
+
+_MM = "  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n"
+_SDPA = "".join(f"  input {n} : half[2, 4, 128, 64]\n" for n in "qkv")
+_NORM = "  input x : bf16[512, 256, 1, 1]\n  input gamma : float[1, 256, 1, 1]\n  input beta : float[1, 256, 1, 1]\n"
+_BN = "".join(f"  input {n} : float[1, 64, 1, 1] nhwc\n" for n in ("mean", "inv_var", "gamma", "beta"))
+#: op -> graphs that use it, with attributes away from their defaults where the op has any; True: the frontend
+#: finds no engine for it here, so its JSON is taken before planning
+CASES = {
+    "matmul": [_graph(_MM + "  output c = matmul(a, b)")],
+    "leaky_relu": [_graph(_MM + "  output y : float = leaky_relu(matmul(a, b), slope=0.2)")],
+    "swish": [_graph(_MM + "  output y : float = swish(matmul(a, b) * 0.125, beta=2)")],
+    "conv_fprop": [
+        _graph(
+            "  input x : half[4, 32, 17, 17] nhwc\n  input w : half[64, 8, 3, 3] nhwc\n"
+            "  output y = relu(conv_fprop(x, w, padding=[2, 2], stride=[2, 2], dilation=[2, 2]))"
+        )
+    ],
+    "conv_dgrad": [
+        _graph(
+            "  input dy : half[4, 64, 16, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
+            "  output dx = conv_dgrad(dy, w, padding=[1, 1])"
+        )
+    ],
+    "conv_wgrad": [
+        _graph(
+            "  input x : half[4, 32, 16, 16] nhwc\n  input dy : half[4, 64, 16, 16] nhwc\n"
+            "  output dw : float = conv_wgrad(x, dy, padding=[1, 1])"
+        )
+    ],
+    "reduction": [
+        _graph(_MM + "  y = matmul(a, b)\n  output s : float[4, 64, 1] = reduction(y, mode=sum, axes=[2])"),
+        _graph(_MM + "  y = matmul(a, b)\n  output m : float[1, 1, 1] = reduction(y, mode=max)"),
+    ],
+    "sdpa": [
+        _graph(_SDPA + "  output o = sdpa(q, k, v)"),
+        _graph(
+            _SDPA + "  input bias : half[1, 4, 128, 128]\n  o, st = sdpa(q, k, v, bias, scale=0.125, causal=true, "
+            "stats=true)\n  output o\n  output st : float"
+        ),
+    ],
+    "layernorm": [_graph(_NORM + "  output y = layernorm(x, gamma, beta, epsilon=0.001)", "bf16")],
+    "rmsnorm": [_graph(_NORM + "  output y = rmsnorm(x, gamma, beta)", "bf16")],
+    "batchnorm_inference": [
+        (
+            _graph(
+                "  input x : half[8, 64, 16, 16] nhwc\n"
+                + _BN
+                + "  output y = batchnorm_inference(x, mean, inv_var, gamma, beta)"
+            ),
+            True,
+        )
+    ],
+    "transpose": [(_graph(_MM + "  y = matmul(a, b)\n  output z : float = transpose(y, perm=[0, 2, 1])"), True)],
+    "slice": [
+        (_graph(_MM + "  y = matmul(a, b)\n  output z : float = slice(y, start=[0, 1, 0], end=[4, 32, 32])"), True)
+    ],
+    "reshape": [(_graph(_MM + "  y = matmul(a, b)\n  output z : float = reshape(y, shape=[4, 2048])"), True)],
+}
+
+
+def _op_cases():
+    """A case for every op the tables produce: pointwise ops in a matmul epilogue, the others from CASES."""
+    for op in sorted(IMPORTED):
+        sig = OPS[op]
+        if op in CASES:
+            cases = CASES[op]
+        elif sig.family == "pointwise" and len(sig.inputs) == 1:
+            cases = [_graph(_MM + f"  output y : float = {op}(matmul(a, b) * 0.125 + 2)")]
+        elif sig.family == "pointwise" and len(sig.inputs) == 2:
+            cases = [_graph(_MM + f"  input c : half[1, 1, 32]\n  output y : float = {op}(matmul(a, b), c + 2)")]
+        else:
+            cases = [None]  # fails below, naming the op
+        for i, case in enumerate(cases):
+            text, unplanned = case if isinstance(case, tuple) else (case, False)
+            yield pytest.param(op, text, unplanned, id=f"{op}-{i}")
+
+
+@pytest.mark.parametrize("op,text,unplanned", list(_op_cases()))
+def test_every_imported_op_round_trips_through_the_frontend(op, text, unplanned, h200):
+    from cudnn_dsl.build import frontend_json
+
+    assert text is not None, f"add a graph using {op} to CASES in tests/test_import.py"
+    g = program(text=text, file=f"{op}.cdg").graphs[0]
+    inst = g.instances[0]
+    assert op in {n.op for n in g.nodes}
+    fe = frontend_json(g, inst, h200, plans=not unplanned)
+    cdg, imported = to_cdg(fe, f"{op}.json")
+    back = program(text=cdg, file="imported.cdg")
+    assert verify(back, imported, "x") == []
+    assert _listing(back.graphs[0], back.graphs[0].instances[0]) == _listing(g, inst)
+
+
+def test_import_starts_fast_without_torch_or_cudnn():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom cudnn_dsl.cli import main\nrc = main(sys.argv[1:])\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'cudnn', 'numpy'})\n"
+        "print('HEAVY', heavy, rc, file=sys.stderr)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, "import", str(FIXTURES / "frontend_log.txt")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert "HEAVY [] 0" in p.stderr, p.stderr[-500:]
+    p = run_cli("import", "--help")
+    assert p.returncode == 0 and "CUDNN_FRONTEND_LOG_INFO=1" in p.stdout and "--force" in p.stdout
