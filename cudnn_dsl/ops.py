@@ -15,6 +15,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from dsl.ops import norm_axes_adaptive
+
 
 @attrs.frozen
 class OpImpl:
@@ -209,31 +211,52 @@ def _norm_axes(x):
     return list(range(1, x.dim()))
 
 
+def _standardize(x, axes, eps):
+    """(x - mean) * inv_variance over `axes`, with the biased variance, as cuDNN's norms compute it."""
+    mean = x.mean(axes, keepdim=True)
+    inv_var = torch.rsqrt(x.var(axes, keepdim=True, correction=0) + eps)
+    return (x - mean) * inv_var, mean, inv_var
+
+
+def _affine(y, scale, bias):
+    y = y * scale if scale is not None else y
+    return y + bias if bias is not None else y
+
+
+def _phase(ctx, a):
+    return getattr(ctx.cudnn.norm_forward_phase, a["phase"].upper())
+
+
+def _results(res, a, n: int) -> list:
+    """The first n of a norm builder's results in training, else only y (the statistics are None)."""
+    return [res[i] for i in range(n)] if a["phase"] == "training" else [res[0]]
+
+
 def ref_layernorm(ins, a, outs):
     x, scale, bias = ins
-    return [F.layer_norm(x, x.shape[1:], scale[0], bias[0], a["epsilon"])]
+    y = F.layer_norm(x, x.shape[1:], scale[0], bias[0], a["epsilon"])
+    if len(outs) == 1:
+        return [y]
+    _, mean, inv_var = _standardize(x, _norm_axes(x), a["epsilon"])
+    return [y, mean, inv_var]
 
 
 def lower_layernorm(ctx, ins, a):
     x, scale, bias = ins
-    y = ctx.g.layernorm(
-        x, scale, bias, ctx.constant(a["epsilon"]), norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE, **ctx.kw
-    )
-    return [y[0]]  # [Y, mean, inv_var]; the stats are None in inference
+    y = ctx.g.layernorm(x, scale, bias, ctx.constant(a["epsilon"]), norm_forward_phase=_phase(ctx, a), **ctx.kw)
+    return _results(y, a, 3)  # [Y, mean, inv_var]
 
 
 def ref_rmsnorm(ins, a, outs):
     x, scale, bias = ins
-    y = x * torch.rsqrt(x.square().mean(_norm_axes(x), keepdim=True) + a["epsilon"]) * scale
-    return [y + bias if bias is not None else y]
+    inv_var = torch.rsqrt(x.square().mean(_norm_axes(x), keepdim=True) + a["epsilon"])
+    return [_affine(x * inv_var, scale, bias), inv_var][: len(outs)]
 
 
 def lower_rmsnorm(ctx, ins, a):
     x, scale, bias = ins
-    y = ctx.g.rmsnorm(
-        x, scale, bias, ctx.constant(a["epsilon"]), norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE, **ctx.kw
-    )
-    return [y[0]]  # [Y, inv_var]; inv_var is None in inference
+    y = ctx.g.rmsnorm(x, scale, bias, ctx.constant(a["epsilon"]), norm_forward_phase=_phase(ctx, a), **ctx.kw)
+    return _results(y, a, 2)  # [Y, inv_var]
 
 
 def ref_batchnorm_inference(ins, a, outs):
@@ -243,6 +266,74 @@ def ref_batchnorm_inference(ins, a, outs):
 
 def lower_batchnorm_inference(ctx, ins, a):
     return [ctx.g.batchnorm_inference(*ins, **ctx.kw)]
+
+
+def ref_batchnorm(ins, a, outs):
+    """Saved statistics with the biased variance; the running variance follows the unbiased one (Bessel's
+    correction, as cuDNN and PyTorch update it): next = (1 - momentum) * running + momentum * batch."""
+    x, scale, bias, running_mean, running_var = ins
+    axes = [d for d in range(x.dim()) if d != 1]
+    y, mean, inv_var = _standardize(x, axes, a["epsilon"])
+    m = a["momentum"]
+    unbiased = x.var(axes, keepdim=True, correction=1)
+    return [
+        _affine(y, scale, bias),
+        mean,
+        inv_var,
+        (1 - m) * running_mean + m * mean,
+        (1 - m) * running_var + m * unbiased,
+    ]
+
+
+def lower_batchnorm(ctx, ins, a):
+    x, scale, bias, running_mean, running_var = ins
+    res = ctx.g.batchnorm(
+        x,
+        scale,
+        bias,
+        running_mean,
+        running_var,
+        ctx.constant(a["epsilon"]),
+        ctx.constant(a["momentum"]),
+        **ctx.kw,
+    )
+    return [res[i] for i in range(5)]  # [Y, mean, inv_var, next_running_mean, next_running_var]
+
+
+def ref_instancenorm(ins, a, outs):
+    x, scale, bias = ins
+    y, mean, inv_var = _standardize(x, list(range(2, x.dim())), a["epsilon"])
+    return [_affine(y, scale, bias), mean, inv_var][: len(outs)]
+
+
+def lower_instancenorm(ctx, ins, a):
+    x, scale, bias = ins
+    y = ctx.g.instancenorm(x, scale, bias, ctx.constant(a["epsilon"]), norm_forward_phase=_phase(ctx, a), **ctx.kw)
+    return _results(y, a, 3)
+
+
+def ref_adalayernorm(ins, a, outs):
+    x, scale, bias = ins
+    axes = list(norm_axes_adaptive(tuple(x.shape), tuple(scale.shape)))
+    y, mean, inv_var = _standardize(x, axes, a["epsilon"])
+    return [_affine(y, scale, bias), mean, inv_var][: len(outs)]
+
+
+def lower_adalayernorm(ctx, ins, a):
+    x, scale, bias = ins
+    y = ctx.g.adalayernorm(x, scale, bias, ctx.constant(a["epsilon"]), norm_forward_phase=_phase(ctx, a), **ctx.kw)
+    return _results(y, a, 3)
+
+
+def ref_genstats(ins, a, outs):
+    x = ins[0]
+    axes = [d for d in range(x.dim()) if d != 1]
+    return [x.sum(axes, keepdim=True), x.square().sum(axes, keepdim=True)]
+
+
+def lower_genstats(ctx, ins, a):
+    res = ctx.g.genstats(ins[0], **ctx.kw)
+    return [res[0], res[1]]  # [SUM, SQ_SUM]
 
 
 # ---- layout ---------------------------------------------------------------------------
@@ -286,6 +377,10 @@ IMPLS: dict[str, OpImpl] = {
     "layernorm": OpImpl(ref_layernorm, lower_layernorm),
     "rmsnorm": OpImpl(ref_rmsnorm, lower_rmsnorm),
     "batchnorm_inference": OpImpl(ref_batchnorm_inference, lower_batchnorm_inference),
+    "batchnorm": OpImpl(ref_batchnorm, lower_batchnorm),
+    "instancenorm": OpImpl(ref_instancenorm, lower_instancenorm),
+    "adalayernorm": OpImpl(ref_adalayernorm, lower_adalayernorm),
+    "genstats": OpImpl(ref_genstats, lower_genstats),
     "transpose": OpImpl(ref_transpose, lower_transpose),
     "reshape": OpImpl(ref_reshape, lower_reshape),
     "slice": OpImpl(ref_slice, lower_slice),
