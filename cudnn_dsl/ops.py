@@ -336,6 +336,21 @@ def lower_genstats(ctx, ins, a):
     return [res[0], res[1]]  # [SUM, SQ_SUM]
 
 
+def ref_rope(ins, a, outs):
+    """cuDNN's non-interleaved rotation of the trailing rope_dim dims; the leading ones pass through."""
+    x, freqs = ins
+    r, d = a["rope_dim"], x.shape[-1]
+    theta = freqs[: x.shape[2], 0, 0, : r // 2]  # [S, r/2], broadcast over batch and heads
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    lo, hi = x[..., d - r : d - r // 2], x[..., d - r // 2 :]
+    y = torch.cat((x[..., : d - r], lo * cos - hi * sin, hi * cos + lo * sin), -1)
+    return [y * a["output_scale"]]
+
+
+def lower_rope(ctx, ins, a):
+    return [ctx.g.rope(ins[0], ins[1], output_scale=a["output_scale"], rope_dim=a["rope_dim"], **ctx.kw)]
+
+
 # ---- layout ---------------------------------------------------------------------------
 
 
@@ -381,6 +396,7 @@ IMPLS: dict[str, OpImpl] = {
     "instancenorm": OpImpl(ref_instancenorm, lower_instancenorm),
     "adalayernorm": OpImpl(ref_adalayernorm, lower_adalayernorm),
     "genstats": OpImpl(ref_genstats, lower_genstats),
+    "rope": OpImpl(ref_rope, lower_rope),
     "transpose": OpImpl(ref_transpose, lower_transpose),
     "reshape": OpImpl(ref_reshape, lower_reshape),
     "slice": OpImpl(ref_slice, lower_slice),

@@ -457,6 +457,28 @@ def infer_adalayernorm(ctx: Ctx) -> list[Out]:
     return _with_stats(ctx, x, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
 
 
+def derive_rope(ctx: Ctx) -> dict:
+    return {"rope_dim": ctx.inputs[0].shape[-1]} if ctx.attrs["rope_dim"] is DERIVED else {}
+
+
+def infer_rope(ctx: Ctx) -> list[Out]:
+    """x [B, H, S, D] rotated by the raw angles freqs [S', 1, 1, F] (S' >= S, F >= rope_dim), cuDNN's layout."""
+    x, freqs = ctx.inputs
+    if len(x.shape) != 4:
+        raise RuleError(f"{ctx.op}: x must be [B, H, S, D], got {fmt_shape(x.shape)}", 0)
+    s, d = x.shape[2], x.shape[3]
+    r = ctx.attrs["rope_dim"]
+    if r % 2 or not 2 <= r <= d:
+        raise RuleError(f"{ctx.op}: rope_dim must be even and within the head dim {d}, got {r}", "rope_dim")
+    if len(freqs.shape) != 4 or freqs.shape[1:3] != (1, 1) or freqs.shape[0] < s or freqs.shape[3] < r:
+        raise RuleError(
+            f"{ctx.op}: freqs must be [S, 1, 1, F] with S >= {s} positions and F >= rope_dim {r} angles, "
+            f"got {fmt_shape(freqs.shape)}",
+            1,
+        )
+    return [Out(x.shape, stride_order(x.strides), x.dtype)]  # cuDNN wants y in x's dtype
+
+
 def flops_norm(per_element: int) -> Callable[[Ctx, list], int]:
     """An estimate: `per_element` operations per element of x (statistics, normalization, scale, shift)."""
     return lambda ctx, outs: per_element * math.prod(ctx.inputs[0].shape)
@@ -767,6 +789,20 @@ OPS: dict[str, OpSig] = {
         results=lambda a: 2,
         flops=flops_norm(3),
         doc="per-channel sum and sum of squares [1, C, 1, ...] float (the statistics of a later batch norm)",
+    ),
+    "rope": OpSig(
+        "rope",
+        "attention",
+        ("x", "freqs"),
+        infer_rope,
+        derive=derive_rope,
+        attrs=(
+            Attr("rope_dim", "int", DERIVED, lo=2, doc="the trailing dims rotated (default: all of D)"),
+            Attr("output_scale", "float", 1.0, hi=None, doc="multiplies the whole output"),
+        ),
+        flops=flops_norm(4),
+        doc="rotary embedding, halves rotated by the angles freqs[s, 0, 0, :rope_dim/2]; x [B, H, S, D], "
+        "freqs [S, 1, 1, F]; the first D - rope_dim dims pass through (scaled)",
     ),
     "transpose": OpSig(
         "transpose",

@@ -206,6 +206,38 @@ def test_zero_centered_gamma_is_scale_plus_one():
     torch.testing.assert_close(out["z"], ins["b"].expand_as(x))
 
 
+def _rotate_half_reference(x, theta):
+    """The usual rotate-half RoPE (as the frontend's own test writes it), angles repeated over both halves."""
+    cos, sin = torch.cat((theta.cos(), theta.cos()), -1), torch.cat((theta.sin(), theta.sin()), -1)
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+ROPE = "  input q : float[2, 3, 16, 8]\n  input f : float[32, 1, 1, 8]\n"
+
+
+def test_rope_rotates_halves_by_the_raw_angles():
+    ins, out = reference(ROPE + "  output y = rope(q, f)\n  output z = rope(q, f, rope_dim=4, output_scale=0.5)")
+    q, theta = ins["q"], ins["f"][:16, 0, 0, :4]  # the first 16 positions, the first D/2 angles
+    torch.testing.assert_close(out["y"], _rotate_half_reference(q, theta))
+    # rope_dim=4: the leading 4 dims pass through, the trailing 4 rotate by the first 2 angles; all scaled
+    want = torch.cat((q[..., :4], _rotate_half_reference(q[..., 4:], theta[:, :2])), -1) * 0.5
+    torch.testing.assert_close(out["z"], want)
+
+
+def test_rope_rules():
+    t = types(ROPE + "  output y = rope(q, f)")
+    assert t["y"].shape == (2, 3, 16, 8)
+    g = program(text=graph_text(ROPE + "  output y = rope(q, f)"), file="n.cdg").graphs[0]
+    assert g.instances[0].attrs(0) == {"rope_dim": 8, "output_scale": 1.0}  # the whole head, written down
+    msg, _, col = error(ROPE + "  output y = rope(q, f, rope_dim=3)")
+    assert msg == "rope: rope_dim must be even and within the head dim 8, got 3" and col == 25
+    msg, _, col = error(ROPE.replace("[32, 1, 1, 8]", "[8, 1, 1, 8]") + "  output y = rope(q, f)")
+    assert msg.startswith("rope: freqs must be [S, 1, 1, F] with S >= 16 positions") and col == 22
+    msg, _, _ = error(ROPE.replace("float[2", "bf16[2") + "  output y : half = rope(q, f)")
+    assert msg == "output 'y' is declared half but rope gives bf16"  # cuDNN wants y in x's dtype
+
+
 # ---- what cuDNN 9.28 plans for an H200, without a GPU --------------------------------------------------
 
 PLANNED = {
@@ -223,6 +255,12 @@ PLANNED = {
     "adalayernorm": ADA + "  y, m, iv = adalayernorm(x, g, b, phase=training)\n  output y\n  output m\n  output iv",
     "conv_genstats": "  input x : half[4, 32, 16, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
     "  y = conv_fprop(x, w, padding=1)\n  s, sq = genstats(y)\n  output y\n  output s\n  output sq",
+    "rope_sdpa": "  input q : bf16[2, 4, 128, 64]\n  input k : bf16[2, 4, 128, 64]\n  input v : bf16[2, 4, 128, 64]\n"
+    "  input f : float[128, 1, 1, 64]\n  output qr = rope(q, f)\n  output kr = rope(k, f, rope_dim=32)\n"
+    "  output o = sdpa(qr, kr, v, causal=true)",
+    "rope_virtual_sdpa": "  input q : bf16[2, 4, 128, 64]\n  input k : bf16[2, 4, 128, 64]\n"
+    "  input v : bf16[2, 4, 128, 64]\n  input f : float[4096, 1, 1, 64]\n"
+    "  output o = sdpa(rope(q, f, output_scale=0.5), rope(k, f), v)",
 }
 
 
@@ -246,8 +284,17 @@ def test_cudnn_9_28_plans_the_training_norms_for_an_h200(case, h200):
     assert _plan(PLANNED[case], h200).plan_count >= 1
 
 
-def test_genstats_alone_has_no_engine_and_says_so_at_the_graph(h200):
-    # genstats is the statistics epilogue of a convolution; on its own cuDNN 9.28 offers no engine.
+@pytest.mark.parametrize(
+    "body",
+    [
+        "  input x : half[4, 32, 16, 16] nhwc\n  s, sq = genstats(x)\n  output s\n  output sq",
+        "  input q : bf16[2, 4, 128, 64]\n  input f : float[128, 1, 1, 64]\n  output qr = rope(q, f)",
+    ],
+    ids=["genstats", "rope"],
+)
+def test_alone_there_is_no_engine_and_cudnn_says_so_at_the_graph(body, h200):
+    # genstats is the statistics epilogue of a convolution, rope the prologue of an attention: on its
+    # own, cuDNN 9.28 offers an H200 no engine for either.
     with pytest.raises(DslError, match="create_execution_plans failed") as e:
-        _plan("  input x : half[4, 32, 16, 16] nhwc\n  s, sq = genstats(x)\n  output s\n  output sq", h200)
+        _plan(body, h200)
     assert e.value.diagnostics[0].loc.file == "n.cdg"

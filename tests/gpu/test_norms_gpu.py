@@ -96,3 +96,33 @@ def test_conv_genstats():
         "  y = conv_fprop(x, w, padding=1)\n  s, sq = genstats(y)\n" + _outputs("y", "s", "sq")
     )
     run_or_refused(graph_text(body), {"s": 0.5, "sq": 0.5})
+
+
+ROPE = (
+    "  input q : bf16[2, 4, 128, 64]\n  input k : bf16[2, 4, 128, 64]\n  input v : bf16[2, 4, 128, 64]\n"
+    "  input f : float[128, 1, 1, 64]\n"
+)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "  output qr = rope(q, f)\n  output kr = rope(k, f, rope_dim=32)\n  output o = sdpa(qr, kr, v, causal=true)",
+        "  output o = sdpa(rope(q, f, output_scale=0.5), rope(k, f), v)",
+    ],
+    ids=["outputs", "virtual"],
+)
+def test_rope_before_sdpa(body):
+    # RoPE is a cuDNN operation from 9.23 and fuses with SDPA from 9.24 (the frontend's release notes);
+    # cuDNN 9.28 plans both graphs for an H200. An older library must refuse them, located.
+    import cudnn_dsl
+    from cudnn_dsl.backend import load_cudnn
+
+    text = graph_text(ROPE + body, "bf16")
+    if load_cudnn().backend_version() >= 92400:
+        run(text)
+        return
+    with pytest.raises(cudnn_dsl.DslError) as e:
+        run(text)
+    d = e.value.diagnostics[0]
+    assert "cuDNN" in d.message and d.loc.line in (1, 9, 10, 11), d.message
