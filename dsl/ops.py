@@ -458,7 +458,8 @@ def infer_adalayernorm(ctx: Ctx) -> list[Out]:
 
 
 def derive_rope(ctx: Ctx) -> dict:
-    return {"rope_dim": ctx.inputs[0].shape[-1]} if ctx.attrs["rope_dim"] is DERIVED else {}
+    """rope_dim left out, or 0 as the frontend spells it: the whole head dim, written down."""
+    return {"rope_dim": ctx.inputs[0].shape[-1]} if ctx.attrs["rope_dim"] in (DERIVED, 0) else {}
 
 
 def infer_rope(ctx: Ctx) -> list[Out]:
@@ -470,6 +471,8 @@ def infer_rope(ctx: Ctx) -> list[Out]:
     r = ctx.attrs["rope_dim"]
     if r % 2 or not 2 <= r <= d:
         raise RuleError(f"{ctx.op}: rope_dim must be even and within the head dim {d}, got {r}", "rope_dim")
+    if not is_float(freqs.dtype):
+        raise RuleError(f"{ctx.op}: freqs holds angles and must be a float dtype, got {freqs.dtype}", 1)
     if len(freqs.shape) != 4 or freqs.shape[1:3] != (1, 1) or freqs.shape[0] < s or freqs.shape[3] < r:
         raise RuleError(
             f"{ctx.op}: freqs must be [S, 1, 1, F] with S >= {s} positions and F >= rope_dim {r} angles, "
@@ -797,7 +800,7 @@ OPS: dict[str, OpSig] = {
         infer_rope,
         derive=derive_rope,
         attrs=(
-            Attr("rope_dim", "int", DERIVED, lo=2, doc="the trailing dims rotated (default: all of D)"),
+            Attr("rope_dim", "int", DERIVED, lo=0, doc="the trailing dims rotated (default, or 0: all of D)"),
             Attr("output_scale", "float", 1.0, hi=None, doc="multiplies the whole output"),
         ),
         flops=flops_norm(4),

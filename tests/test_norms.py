@@ -230,10 +230,14 @@ def test_rope_rules():
     assert t["y"].shape == (2, 3, 16, 8)
     g = program(text=graph_text(ROPE + "  output y = rope(q, f)"), file="n.cdg").graphs[0]
     assert g.instances[0].attrs(0) == {"rope_dim": 8, "output_scale": 1.0}  # the whole head, written down
+    g = program(text=graph_text(ROPE + "  output y = rope(q, f, rope_dim=0)"), file="n.cdg").graphs[0]
+    assert g.instances[0].attrs(0)["rope_dim"] == 8  # the frontend's spelling of the same
     msg, _, col = error(ROPE + "  output y = rope(q, f, rope_dim=3)")
     assert msg == "rope: rope_dim must be even and within the head dim 8, got 3" and col == 25
     msg, _, col = error(ROPE.replace("[32, 1, 1, 8]", "[8, 1, 1, 8]") + "  output y = rope(q, f)")
     assert msg.startswith("rope: freqs must be [S, 1, 1, F] with S >= 16 positions") and col == 22
+    msg, _, _ = error(ROPE.replace("float[32", "int32[32") + "  output y = rope(q, f)")
+    assert msg == "rope: freqs holds angles and must be a float dtype, got int32"
     msg, _, _ = error(ROPE.replace("float[2", "bf16[2") + "  output y : half = rope(q, f)")
     assert msg == "output 'y' is declared half but rope gives bf16"  # cuDNN wants y in x's dtype
 
