@@ -15,7 +15,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from dsl.ops import norm_axes_adaptive
+from dsl.ops import norm_axes
 
 
 @attrs.frozen
@@ -207,8 +207,8 @@ def lower_sdpa(ctx, ins, a):
 # ---- norms ----------------------------------------------------------------------------
 
 
-def _norm_axes(x):
-    return list(range(1, x.dim()))
+def _norm_axes(x, scale) -> list[int]:
+    return list(norm_axes(tuple(x.shape), tuple(scale.shape)))
 
 
 def _standardize(x, axes, eps):
@@ -234,10 +234,13 @@ def _results(res, a, n: int) -> list:
 
 def ref_layernorm(ins, a, outs):
     x, scale, bias = ins
-    if len(outs) == 1:  # inference: what a PyTorch user writes, one kernel (bench's eager baseline)
-        return [F.layer_norm(x, x.shape[1:], scale[0], bias[0], a["epsilon"])]
-    y, mean, inv_var = _standardize(x, _norm_axes(x), a["epsilon"])
-    return [_affine(y, scale, bias), mean, inv_var]
+    axes = _norm_axes(x, scale)
+    first = axes[0]
+    if len(outs) == 1 and axes == list(range(first, x.dim())):  # what a PyTorch user writes: one kernel
+        tail = x.shape[first:]
+        return [F.layer_norm(x, tail, scale.reshape(tail), bias.reshape(tail), a["epsilon"])]
+    y, mean, inv_var = _standardize(x, axes, a["epsilon"])
+    return [_affine(y, scale, bias), mean, inv_var][: len(outs)]
 
 
 def lower_layernorm(ctx, ins, a):
@@ -248,7 +251,7 @@ def lower_layernorm(ctx, ins, a):
 
 def ref_rmsnorm(ins, a, outs):
     x, scale, bias = ins
-    inv_var = torch.rsqrt(x.square().mean(_norm_axes(x), keepdim=True) + a["epsilon"])
+    inv_var = torch.rsqrt(x.square().mean(_norm_axes(x, scale), keepdim=True) + a["epsilon"])
     return [_affine(x * inv_var, scale, bias), inv_var][: len(outs)]
 
 
@@ -313,8 +316,7 @@ def lower_instancenorm(ctx, ins, a):
 
 def ref_adalayernorm(ins, a, outs):
     x, scale, bias = ins
-    axes = list(norm_axes_adaptive(tuple(x.shape), tuple(scale.shape)))
-    y, mean, inv_var = _standardize(x, axes, a["epsilon"])
+    y, mean, inv_var = _standardize(x, _norm_axes(x, scale), a["epsilon"])
     return [_affine(y, scale, bias), mean, inv_var][: len(outs)]
 
 

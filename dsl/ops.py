@@ -359,20 +359,6 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
     return outs
 
 
-def _norm_params(ctx: Ctx, first: int) -> None:
-    x = ctx.inputs[0]
-    want = (1,) + x.shape[1:]
-    names = OPS[ctx.op].inputs + OPS[ctx.op].optional
-    for i in range(first, len(ctx.inputs)):
-        t = ctx.inputs[i]
-        if t is not None and t.shape != want:
-            raise RuleError(
-                f"{ctx.op}: {names[i]} must be {fmt_shape(want)} (input {fmt_shape(x.shape)} with batch 1), "
-                f"got {fmt_shape(t.shape)}",
-                i,
-            )
-
-
 def _norm_rank(ctx: Ctx, least: int) -> TensorType:
     x = ctx.inputs[0]
     if len(x.shape) < least:
@@ -388,11 +374,48 @@ def _with_stats(ctx: Ctx, x: TensorType, stats: tuple[int, ...]) -> list[Out]:
     return outs
 
 
+def norm_axes(x: tuple[int, ...], scale: tuple[int, ...]) -> tuple[int, ...]:
+    """The axes a layer norm normalizes: those after the first where scale is not 1 (cuDNN's rule for the
+    statistics' dims). x [N, C, H, W] with scale [1, C, H, W]: all but the first; x [B, S, D], [1, 1, D]: D."""
+    return tuple(i for i in range(1, len(x)) if scale[i] != 1)
+
+
+def _scale_bias_axes(ctx: Ctx, x: TensorType, per_sample: bool) -> tuple[int, ...]:
+    """Checks scale (input 1) and bias (input 2, same shape) against x; returns the normalized axes."""
+    names = OPS[ctx.op].inputs + OPS[ctx.op].optional
+    scale = ctx.inputs[1]
+    for i, t in enumerate(ctx.inputs[1:], 1):
+        if t is None:
+            continue
+        if len(t.shape) != len(x.shape) or any(s not in (1, d) for s, d in zip(t.shape, x.shape)):
+            raise RuleError(
+                f"{ctx.op}: {names[i]} {fmt_shape(t.shape)} must broadcast onto the input {fmt_shape(x.shape)}", i
+            )
+    if not per_sample and scale.shape[0] != 1:
+        raise RuleError(
+            f"{ctx.op}: scale {fmt_shape(scale.shape)} must be 1 on the batch axis (one scale for every sample; "
+            f"adalayernorm takes one per sample)",
+            1,
+        )
+    bias = ctx.inputs[2]
+    if bias is not None and bias.shape != scale.shape:
+        raise RuleError(f"{ctx.op}: bias {fmt_shape(bias.shape)} differs from scale {fmt_shape(scale.shape)}", 2)
+    axes = norm_axes(x.shape, scale.shape)
+    if not axes:
+        raise RuleError(
+            f"{ctx.op}: scale {fmt_shape(scale.shape)} is 1 on every axis after the first; the axes it spans "
+            f"are the ones normalized",
+            1,
+        )
+    return axes
+
+
 def infer_norm(ctx: Ctx) -> list[Out]:
-    """layernorm, rmsnorm: over every axis but the first; statistics [N, 1, ...]."""
+    """layernorm, rmsnorm: over the axes scale spans ([1, C, H, W]: all but the first; [1, 1, D]: the last);
+    statistics are x with 1 on those axes."""
     x = _norm_rank(ctx, 2)
-    _norm_params(ctx, 1)
-    return _with_stats(ctx, x, (x.shape[0],) + (1,) * (len(x.shape) - 1))
+    axes = _scale_bias_axes(ctx, x, per_sample=False)
+    return _with_stats(ctx, x, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
 
 
 def _per_channel(ctx: Ctx, x: TensorType, first: int) -> tuple[int, ...]:
@@ -426,34 +449,11 @@ def infer_instancenorm(ctx: Ctx) -> list[Out]:
     return _with_stats(ctx, x, x.shape[:2] + (1,) * (len(x.shape) - 2))
 
 
-def norm_axes_adaptive(x: tuple[int, ...], scale: tuple[int, ...]) -> tuple[int, ...]:
-    """adalayernorm normalizes the axes after the first where scale is not 1 (cuDNN's rule for its statistics)."""
-    return tuple(i for i in range(1, len(x)) if scale[i] != 1)
-
-
 def infer_adalayernorm(ctx: Ctx) -> list[Out]:
     """Scale and bias vary per sample: [N, 1, ..., D] against x [N, S, ..., D]; statistics are x with 1 on the
-    normalized axes (those where scale is not 1)."""
+    normalized axes (those after the first where scale is not 1)."""
     x = _norm_rank(ctx, 2)
-    scale = ctx.inputs[1]
-    for i, t in enumerate(ctx.inputs[1:], 1):
-        if t is None:
-            continue
-        if len(t.shape) != len(x.shape) or any(s not in (1, d) for s, d in zip(t.shape, x.shape)):
-            raise RuleError(
-                f"{ctx.op}: {(OPS[ctx.op].inputs + OPS[ctx.op].optional)[i]} {fmt_shape(t.shape)} must broadcast "
-                f"onto the input {fmt_shape(x.shape)}",
-                i,
-            )
-        if t.shape != scale.shape:
-            raise RuleError(f"{ctx.op}: bias {fmt_shape(t.shape)} differs from scale {fmt_shape(scale.shape)}", i)
-    axes = norm_axes_adaptive(x.shape, scale.shape)
-    if not axes:
-        raise RuleError(
-            f"{ctx.op}: scale {fmt_shape(scale.shape)} is 1 on every axis after the first; the axes it spans "
-            f"are the ones normalized",
-            1,
-        )
+    axes = _scale_bias_axes(ctx, x, per_sample=True)
     return _with_stats(ctx, x, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
 
 
@@ -717,8 +717,8 @@ OPS: dict[str, OpSig] = {
         outputs=("y", "mean", "inv_variance"),
         results=_training_results(3),
         flops=flops_norm(7),
-        doc="layer norm over all axes but the first; scale and bias are [1, ...]; "
-        "in training also mean and inv_variance [N, 1, ...] float",
+        doc="layer norm over the axes scale spans (scale, bias [1, C, H, W]: all but the first; [1, 1, D]: the "
+        "last); in training also mean and inv_variance (x with 1 on those axes) float",
     ),
     "rmsnorm": OpSig(
         "rmsnorm",
@@ -730,8 +730,8 @@ OPS: dict[str, OpSig] = {
         outputs=("y", "inv_variance"),
         results=_training_results(2),
         flops=flops_norm(5),
-        doc="RMS norm over all axes but the first; scale (and bias) are [1, ...]; "
-        "in training also inv_variance [N, 1, ...] float",
+        doc="RMS norm over the axes scale spans, as layernorm; in training also inv_variance (x with 1 on those "
+        "axes) float",
     ),
     "batchnorm_inference": OpSig(
         "batchnorm_inference",

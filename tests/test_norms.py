@@ -61,6 +61,26 @@ def test_rmsnorm_training_returns_inv_variance_only():
     assert "rmsnorm returns 2 values here, but 3 names are assigned" in msg and line == 7
 
 
+BSD = "  input x : bf16[4, 16, 64]\n  input g : float[1, 1, 64]\n  input b : float[1, 1, 64]\n"
+
+
+def test_norms_take_cudnns_rule_for_their_axes():
+    # cuDNN normalizes the axes scale spans: [1, 1, D] against x [B, S, D] (the LLM layout) is over D.
+    t = types(
+        BSD + "  y, m, iv = layernorm(x, g, b, phase=training)\n  z, ziv = rmsnorm(x, g, phase=training)\n"
+        "  output y\n  output m\n  output iv\n  output z\n  output ziv"
+    )
+    assert t["m"].shape == t["iv"].shape == t["ziv"].shape == (4, 16, 1)
+    msg, _, col = error(
+        BSD.replace("input g : float[1, 1, 64]", "input g : float[4, 1, 64]") + "  output y = layernorm(x, g, b)"
+    )
+    assert msg.startswith("layernorm: scale [4, 1, 64] must be 1 on the batch axis") and col == 27
+    msg, _, _ = error(
+        BSD.replace("input b : float[1, 1, 64]", "input b : float[1, 16, 64]") + "  output y = layernorm(x, g, b)"
+    )
+    assert msg == "layernorm: bias [1, 16, 64] differs from scale [1, 1, 64]"
+
+
 def test_inference_is_the_default_and_returns_y_alone():
     msg, line, col = error(LN + "  y, m, iv = layernorm(x, g, b)\n  output y")
     assert "layernorm returns 1 value here, but 3 names are assigned" in msg and (line, col) == (7, 14)
@@ -148,6 +168,20 @@ def test_layernorm_and_rmsnorm_statistics_match_torch():
     torch.testing.assert_close(out["iv"], torch.rsqrt(x.var((1, 2, 3), unbiased=False, keepdim=True) + 0.01))
     torch.testing.assert_close(out["z"], F.rms_norm(x, (8, 2, 2), g[0], 1e-5) + b)
     torch.testing.assert_close(out["riv"], torch.rsqrt(x.square().mean((1, 2, 3), keepdim=True) + 1e-5))
+
+
+def test_norms_over_the_last_axis_match_torch():
+    body = BSD.replace("bf16", "float") + (
+        "  y, m, iv = layernorm(x, g, b, phase=training)\n  z, ziv = rmsnorm(x, g, phase=training)\n"
+        "  output w = layernorm(x, g, b)\n" + "".join(f"  output {n}\n" for n in ("y", "m", "iv", "z", "ziv"))
+    )
+    ins, out = reference(body)
+    x, g, b = ins["x"], ins["g"].flatten(), ins["b"].flatten()
+    torch.testing.assert_close(out["y"], F.layer_norm(x, (64,), g, b))
+    torch.testing.assert_close(out["w"], out["y"])  # torch's one kernel (inference) and the training formula
+    torch.testing.assert_close(out["m"], x.mean(2, keepdim=True))
+    torch.testing.assert_close(out["z"], F.rms_norm(x, (64,), g, 1e-5))
+    torch.testing.assert_close(out["ziv"], torch.rsqrt(x.square().mean(2, keepdim=True) + 1e-5))
 
 
 def test_batchnorm_matches_torch_training_step():
@@ -257,6 +291,8 @@ PLANNED = {
     "instancenorm_inference": NCHW.replace("  input rm", "  # rm").replace("  input rv", "  # rv")
     + "  output y = instancenorm(x, g, b)",
     "adalayernorm": ADA + "  y, m, iv = adalayernorm(x, g, b, phase=training)\n  output y\n  output m\n  output iv",
+    "layernorm_bsd": BSD + "  y, m, iv = layernorm(x, g, b, phase=training)\n  output y\n  output m\n  output iv",
+    "rmsnorm_bsd": BSD + "  y, iv = rmsnorm(x, g, phase=training)\n  output y\n  output iv",
     "conv_genstats": "  input x : half[4, 32, 16, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
     "  y = conv_fprop(x, w, padding=1)\n  s, sq = genstats(y)\n  output y\n  output s\n  output sq",
     "rope_sdpa": "  input q : bf16[2, 4, 128, 64]\n  input k : bf16[2, 4, 128, 64]\n  input v : bf16[2, 4, 128, 64]\n"

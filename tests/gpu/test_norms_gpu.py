@@ -53,6 +53,17 @@ def test_rmsnorm_training_statistics():
     run(graph_text(LN + "  y, iv = rmsnorm(x, g, phase=training)\n" + _outputs("y", "iv"), "bf16"))
 
 
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_norms_over_the_hidden_dim_of_tokens(norm):
+    # The LLM layout of the frontend's own llm_coverage samples: x [B, S, D], scale [1, 1, D].
+    body = "  input x : bf16[4, 512, 1024]\n  input g : bf16[1, 1, 1024]\n  input b : bf16[1, 1, 1024]\n"
+    if norm == "layernorm":
+        body += "  y, m, iv = layernorm(x, g, b, phase=training)\n" + _outputs("y", "m", "iv")
+    else:
+        body += "  y, iv = rmsnorm(x, g, b, phase=training)\n" + _outputs("y", "iv")
+    run(graph_text(body, "bf16"))
+
+
 def test_layernorm_zero_centered_gamma():
     # The frontend's zero-centred-gamma sample: one is added to the scale inside the graph.
     run(graph_text(LN + "  y, m, iv = layernorm(x, g + 1, b, phase=training)\n" + _outputs("y", "m", "iv"), "bf16"))
