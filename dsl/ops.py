@@ -439,6 +439,8 @@ def infer_batchnorm(ctx: Ctx) -> list[Out]:
 def infer_batchnorm_training(ctx: Ctx) -> list[Out]:
     """y, then saved mean, saved inv_variance, next running mean and variance: float, per channel."""
     x = _norm_rank(ctx, 2)
+    if math.prod(x.shape) // x.shape[1] < 2:
+        raise RuleError(f"{ctx.op}: {fmt_shape(x.shape)} holds one value per channel; the unbiased variance needs 2", 0)
     return _with_stats(ctx, x, _per_channel(ctx, x, 1))
 
 

@@ -112,6 +112,10 @@ def test_batchnorm_rules_are_located():
     msg, line, col = error(bad + "  output y = batchnorm(x, g, b, rm, rv)")
     assert msg == "batchnorm: running_var must be [1, 32, 1, 1] (one value per channel), got [1, 16, 1, 1]"
     assert (line, col) == (9, 37)
+    msg, _, _ = error(
+        NCHW.replace("half[8, 32, 6, 6]", "half[1, 32, 1, 1]") + "  output y = batchnorm(x, g, b, rm, rv)"
+    )
+    assert msg == "batchnorm: [1, 32, 1, 1] holds one value per channel; the unbiased variance needs 2"
     msg, _, _ = error(NCHW + "  output y = batchnorm(x, g, b, rm, rv, momentum=1.5)")
     assert "'momentum' must be >= 0 and <= 1, got 1.5" in msg
 
