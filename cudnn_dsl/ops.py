@@ -15,6 +15,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from dsl.ops import norm_axes
+
 
 @attrs.frozen
 class OpImpl:
@@ -295,45 +297,62 @@ def lower_sdpa(ctx, ins, a):
 # ---- norms ----------------------------------------------------------------------------
 
 
-def _norm_axes(x):
-    return list(range(1, x.dim()))
+def _norm_axes(x, scale) -> list[int]:
+    return list(norm_axes(tuple(x.shape), tuple(scale.shape)))
+
+
+def _standardize(x, axes, eps):
+    """(x - mean) * inv_variance over `axes`, with the biased variance, as cuDNN's norms compute it."""
+    mean = x.mean(axes, keepdim=True)
+    inv_var = torch.rsqrt(x.var(axes, keepdim=True, correction=0) + eps)
+    return (x - mean) * inv_var, mean, inv_var
+
+
+def _affine(y, scale, bias):
+    y = y * scale if scale is not None else y
+    return y + bias if bias is not None else y
+
+
+def _phase(ctx, a):
+    return getattr(ctx.cudnn.norm_forward_phase, a["phase"].upper())
+
+
+def _results(res, a, n: int) -> list:
+    """The first n of a norm builder's results in training, else only y (the statistics are None)."""
+    return [res[i] for i in range(n)] if a["phase"] == "training" else [res[0]]
 
 
 def ref_layernorm(ins, a, outs):
     x, scale, bias = ins
-    return [F.layer_norm(x, x.shape[1:], scale[0], bias[0], a["epsilon"])]
+    axes = _norm_axes(x, scale)
+    first = axes[0]
+    if len(outs) == 1 and axes == list(range(first, x.dim())):  # what a PyTorch user writes: one kernel
+        tail = x.shape[first:]
+        return [F.layer_norm(x, tail, scale.reshape(tail), bias.reshape(tail), a["epsilon"])]
+    y, mean, inv_var = _standardize(x, axes, a["epsilon"])
+    return [_affine(y, scale, bias), mean, inv_var][: len(outs)]
 
 
 def lower_layernorm(ctx, ins, a):
     x, scale, bias = ins
     y = ctx.g.layernorm(
-        x,
-        scale,
-        bias,
-        ctx.constant(a["epsilon"], "epsilon"),
-        norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE,
-        **ctx.kw,
+        x, scale, bias, ctx.constant(a["epsilon"], "epsilon"), norm_forward_phase=_phase(ctx, a), **ctx.kw
     )
-    return [y[0]]  # [Y, mean, inv_var]; the stats are None in inference
+    return _results(y, a, 3)  # [Y, mean, inv_var]
 
 
 def ref_rmsnorm(ins, a, outs):
     x, scale, bias = ins
-    y = x * torch.rsqrt(x.square().mean(_norm_axes(x), keepdim=True) + a["epsilon"]) * scale
-    return [y + bias if bias is not None else y]
+    inv_var = torch.rsqrt(x.square().mean(_norm_axes(x, scale), keepdim=True) + a["epsilon"])
+    return [_affine(x * inv_var, scale, bias), inv_var][: len(outs)]
 
 
 def lower_rmsnorm(ctx, ins, a):
     x, scale, bias = ins
     y = ctx.g.rmsnorm(
-        x,
-        scale,
-        bias,
-        ctx.constant(a["epsilon"], "epsilon"),
-        norm_forward_phase=ctx.cudnn.norm_forward_phase.INFERENCE,
-        **ctx.kw,
+        x, scale, bias, ctx.constant(a["epsilon"], "epsilon"), norm_forward_phase=_phase(ctx, a), **ctx.kw
     )
-    return [y[0]]  # [Y, inv_var]; inv_var is None in inference
+    return _results(y, a, 2)  # [Y, inv_var]
 
 
 def ref_batchnorm_inference(ins, a, outs):
@@ -343,6 +362,92 @@ def ref_batchnorm_inference(ins, a, outs):
 
 def lower_batchnorm_inference(ctx, ins, a):
     return [ctx.g.batchnorm_inference(*ins, **ctx.kw)]
+
+
+def ref_batchnorm(ins, a, outs):
+    """Saved statistics with the biased variance; the running variance follows the unbiased one (Bessel's
+    correction, as cuDNN and PyTorch update it): next = (1 - momentum) * running + momentum * batch."""
+    x, scale, bias, running_mean, running_var = ins
+    axes = [d for d in range(x.dim()) if d != 1]
+    y, mean, inv_var = _standardize(x, axes, a["epsilon"])
+    m = a["momentum"]
+    unbiased = x.var(axes, keepdim=True, correction=1)
+    return [
+        _affine(y, scale, bias),
+        mean,
+        inv_var,
+        (1 - m) * running_mean + m * mean,
+        (1 - m) * running_var + m * unbiased,
+    ]
+
+
+def lower_batchnorm(ctx, ins, a):
+    x, scale, bias, running_mean, running_var = ins
+    res = ctx.g.batchnorm(
+        x,
+        scale,
+        bias,
+        running_mean,
+        running_var,
+        ctx.constant(a["epsilon"], "epsilon"),
+        ctx.constant(a["momentum"], "momentum"),
+        **ctx.kw,
+    )
+    return [res[i] for i in range(5)]  # [Y, mean, inv_var, next_running_mean, next_running_var]
+
+
+def ref_instancenorm(ins, a, outs):
+    x, scale, bias = ins
+    y, mean, inv_var = _standardize(x, list(range(2, x.dim())), a["epsilon"])
+    return [_affine(y, scale, bias), mean, inv_var][: len(outs)]
+
+
+def lower_instancenorm(ctx, ins, a):
+    x, scale, bias = ins
+    y = ctx.g.instancenorm(
+        x, scale, bias, ctx.constant(a["epsilon"], "epsilon"), norm_forward_phase=_phase(ctx, a), **ctx.kw
+    )
+    return _results(y, a, 3)
+
+
+def ref_adalayernorm(ins, a, outs):
+    x, scale, bias = ins
+    y, mean, inv_var = _standardize(x, _norm_axes(x, scale), a["epsilon"])
+    return [_affine(y, scale, bias), mean, inv_var][: len(outs)]
+
+
+def lower_adalayernorm(ctx, ins, a):
+    x, scale, bias = ins
+    y = ctx.g.adalayernorm(
+        x, scale, bias, ctx.constant(a["epsilon"], "epsilon"), norm_forward_phase=_phase(ctx, a), **ctx.kw
+    )
+    return _results(y, a, 3)
+
+
+def ref_genstats(ins, a, outs):
+    x = ins[0]
+    axes = [d for d in range(x.dim()) if d != 1]
+    return [x.sum(axes, keepdim=True), x.square().sum(axes, keepdim=True)]
+
+
+def lower_genstats(ctx, ins, a):
+    res = ctx.g.genstats(ins[0], **ctx.kw)
+    return [res[0], res[1]]  # [SUM, SQ_SUM]
+
+
+def ref_rope(ins, a, outs):
+    """cuDNN's non-interleaved rotation of the trailing rope_dim dims; the leading ones pass through."""
+    x, freqs = ins
+    r, d = a["rope_dim"], x.shape[-1]
+    theta = freqs[: x.shape[2], 0, 0, : r // 2]  # [S, r/2], broadcast over batch and heads
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    lo, hi = x[..., d - r : d - r // 2], x[..., d - r // 2 :]
+    y = torch.cat((x[..., : d - r], lo * cos - hi * sin, hi * cos + lo * sin), -1)
+    return [y * a["output_scale"]]
+
+
+def lower_rope(ctx, ins, a):
+    return [ctx.g.rope(ins[0], ins[1], output_scale=a["output_scale"], rope_dim=a["rope_dim"], **ctx.kw)]
 
 
 # ---- layout ---------------------------------------------------------------------------
@@ -392,6 +497,11 @@ IMPLS: dict[str, OpImpl] = {
     "layernorm": OpImpl(ref_layernorm, lower_layernorm),
     "rmsnorm": OpImpl(ref_rmsnorm, lower_rmsnorm),
     "batchnorm_inference": OpImpl(ref_batchnorm_inference, lower_batchnorm_inference),
+    "batchnorm": OpImpl(ref_batchnorm, lower_batchnorm),
+    "instancenorm": OpImpl(ref_instancenorm, lower_instancenorm),
+    "adalayernorm": OpImpl(ref_adalayernorm, lower_adalayernorm),
+    "genstats": OpImpl(ref_genstats, lower_genstats),
+    "rope": OpImpl(ref_rope, lower_rope),
     "transpose": OpImpl(ref_transpose, lower_transpose),
     "reshape": OpImpl(ref_reshape, lower_reshape),
     "slice": OpImpl(ref_slice, lower_slice),

@@ -65,7 +65,7 @@ FAMILIES = {
         ("sdpa", "attention"), "half/bf16 q, k, v with head dims that are multiples of 8 (at most 256)"
     ),
     "norm": Family(
-        ("norm", "layernorm", "rmsnorm", "batchnorm"),
+        ("norm", "layernorm", "rmsnorm", "batchnorm", "instancenorm", "adalayernorm", "genstats"),
         "norms fuse with a pointwise epilogue on some engines only; a norm alone is the safest graph",
     ),
     "layout": Family(
@@ -458,36 +458,141 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
     return outs
 
 
-def _norm_params(ctx: Ctx, first: int) -> None:
+def _norm_rank(ctx: Ctx, least: int) -> TensorType:
     x = ctx.inputs[0]
-    want = (1,) + x.shape[1:]
-    for i in range(first, len(ctx.inputs)):
-        t = ctx.inputs[i]
-        if t is not None and t.shape != want:
+    if len(x.shape) < least:
+        raise RuleError(f"{ctx.op}: input needs rank >= {least}, got {fmt_shape(x.shape)}", 0)
+    return x
+
+
+def _with_stats(ctx: Ctx, x: TensorType, stats: tuple[int, ...]) -> list[Out]:
+    """y, then (in training) each statistic the op returns: float, in x's stride order, as cuDNN infers them."""
+    outs = [Out(x.shape, stride_order(x.strides))]
+    if ctx.attrs.get("phase", "training") == "training":
+        outs += [Out(stats, stride_order(x.strides), "float")] * (len(OPS[ctx.op].outputs) - 1)
+    return outs
+
+
+def norm_axes(x: tuple[int, ...], scale: tuple[int, ...]) -> tuple[int, ...]:
+    """The axes a layer norm normalizes: those after the first where scale is not 1 (cuDNN's rule for the
+    statistics' dims). x [N, C, H, W] with scale [1, C, H, W]: all but the first; x [B, S, D], [1, 1, D]: D."""
+    return tuple(i for i in range(1, len(x)) if scale[i] != 1)
+
+
+def _scale_bias_axes(ctx: Ctx, x: TensorType, per_sample: bool) -> tuple[int, ...]:
+    """Checks scale (input 1) and bias (input 2, same shape) against x; returns the normalized axes."""
+    names = OPS[ctx.op].inputs + OPS[ctx.op].optional
+    scale = ctx.inputs[1]
+    for i, t in enumerate(ctx.inputs[1:], 1):
+        if t is None:
+            continue
+        if len(t.shape) != len(x.shape) or any(s not in (1, d) for s, d in zip(t.shape, x.shape)):
             raise RuleError(
-                f"{ctx.op}: {OPS[ctx.op].inputs[i] if i < len(OPS[ctx.op].inputs) else 'bias'} must be "
-                f"{fmt_shape(want)} (input {fmt_shape(x.shape)} with batch 1), got {fmt_shape(t.shape)}",
-                i,
+                f"{ctx.op}: {names[i]} {fmt_shape(t.shape)} must broadcast onto the input {fmt_shape(x.shape)}", i
             )
+    if not per_sample and scale.shape[0] != 1:
+        raise RuleError(
+            f"{ctx.op}: scale {fmt_shape(scale.shape)} must be 1 on the batch axis (one scale for every sample; "
+            f"adalayernorm takes one per sample)",
+            1,
+        )
+    bias = ctx.inputs[2]
+    if bias is not None and bias.shape != scale.shape:
+        raise RuleError(f"{ctx.op}: bias {fmt_shape(bias.shape)} differs from scale {fmt_shape(scale.shape)}", 2)
+    axes = norm_axes(x.shape, scale.shape)
+    if not axes:
+        raise RuleError(
+            f"{ctx.op}: scale {fmt_shape(scale.shape)} is 1 on every axis after the first; the axes it spans "
+            f"are the ones normalized",
+            1,
+        )
+    return axes
 
 
 def infer_norm(ctx: Ctx) -> list[Out]:
-    x = ctx.inputs[0]
-    if len(x.shape) < 2:
-        raise RuleError(f"{ctx.op}: input needs rank >= 2, got {fmt_shape(x.shape)}", 0)
-    _norm_params(ctx, 1)
-    return [Out(x.shape, stride_order(x.strides))]
+    """layernorm, rmsnorm: over the axes scale spans ([1, C, H, W]: all but the first; [1, 1, D]: the last);
+    statistics are x with 1 on those axes."""
+    x = _norm_rank(ctx, 2)
+    axes = _scale_bias_axes(ctx, x, per_sample=False)
+    return _with_stats(ctx, x, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
+
+
+def _per_channel(ctx: Ctx, x: TensorType, first: int) -> tuple[int, ...]:
+    want = tuple(d if i == 1 else 1 for i, d in enumerate(x.shape))
+    for i, t in enumerate(ctx.inputs[first:], first):
+        if t is not None and t.shape != want:
+            raise RuleError(
+                f"{ctx.op}: {OPS[ctx.op].inputs[i]} must be {fmt_shape(want)} (one value per channel), "
+                f"got {fmt_shape(t.shape)}",
+                i,
+            )
+    return want
 
 
 def infer_batchnorm(ctx: Ctx) -> list[Out]:
-    x = ctx.inputs[0]
-    if len(x.shape) < 2:
-        raise RuleError(f"{ctx.op}: input needs rank >= 2, got {fmt_shape(x.shape)}", 0)
-    want = tuple(d if i == 1 else 1 for i, d in enumerate(x.shape))
-    for i, t in enumerate(ctx.inputs[1:], 1):
-        if t.shape != want:
-            raise RuleError(f"{ctx.op}: {OPS[ctx.op].inputs[i]} must be {fmt_shape(want)}, got {fmt_shape(t.shape)}", i)
+    x = _norm_rank(ctx, 2)
+    _per_channel(ctx, x, 1)
     return [Out(x.shape, stride_order(x.strides))]
+
+
+def infer_batchnorm_training(ctx: Ctx) -> list[Out]:
+    """y, then saved mean, saved inv_variance, next running mean and variance: float, per channel."""
+    x = _norm_rank(ctx, 2)
+    if math.prod(x.shape) // x.shape[1] < 2:
+        raise RuleError(f"{ctx.op}: {fmt_shape(x.shape)} holds one value per channel; the unbiased variance needs 2", 0)
+    return _with_stats(ctx, x, _per_channel(ctx, x, 1))
+
+
+def infer_instancenorm(ctx: Ctx) -> list[Out]:
+    """Over the spatial axes of each image and channel; scale and bias per channel; statistics [N, C, 1, ...]."""
+    x = _norm_rank(ctx, 3)
+    _per_channel(ctx, x, 1)
+    return _with_stats(ctx, x, x.shape[:2] + (1,) * (len(x.shape) - 2))
+
+
+def infer_adalayernorm(ctx: Ctx) -> list[Out]:
+    """Scale and bias vary per sample: [N, 1, ..., D] against x [N, S, ..., D]; statistics are x with 1 on the
+    normalized axes (those after the first where scale is not 1)."""
+    x = _norm_rank(ctx, 2)
+    axes = _scale_bias_axes(ctx, x, per_sample=True)
+    return _with_stats(ctx, x, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
+
+
+def derive_rope(ctx: Ctx) -> dict:
+    """rope_dim left out, or 0 as the frontend spells it: the whole head dim, written down."""
+    return {"rope_dim": ctx.inputs[0].shape[-1]} if ctx.attrs["rope_dim"] in (DERIVED, 0) else {}
+
+
+def infer_rope(ctx: Ctx) -> list[Out]:
+    """x [B, H, S, D] rotated by the raw angles freqs [S', 1, 1, F] (S' >= S, F >= rope_dim), cuDNN's layout."""
+    x, freqs = ctx.inputs
+    if len(x.shape) != 4:
+        raise RuleError(f"{ctx.op}: x must be [B, H, S, D], got {fmt_shape(x.shape)}", 0)
+    s, d = x.shape[2], x.shape[3]
+    r = ctx.attrs["rope_dim"]
+    if r % 2 or not 2 <= r <= d:
+        raise RuleError(f"{ctx.op}: rope_dim must be even and within the head dim {d}, got {r}", "rope_dim")
+    if not is_float(freqs.dtype):
+        raise RuleError(f"{ctx.op}: freqs holds angles and must be a float dtype, got {freqs.dtype}", 1)
+    if len(freqs.shape) != 4 or freqs.shape[1:3] != (1, 1) or freqs.shape[0] < s or freqs.shape[3] < r:
+        raise RuleError(
+            f"{ctx.op}: freqs must be [S, 1, 1, F] with S >= {s} positions and F >= rope_dim {r} angles, "
+            f"got {fmt_shape(freqs.shape)}",
+            1,
+        )
+    return [Out(x.shape, stride_order(x.strides), x.dtype)]  # cuDNN wants y in x's dtype
+
+
+def flops_norm(per_element: int) -> Callable[[Ctx, list], int]:
+    """An estimate: `per_element` operations per element of x (statistics, normalization, scale, shift)."""
+    return lambda ctx, outs: per_element * math.prod(ctx.inputs[0].shape)
+
+
+def infer_genstats(ctx: Ctx) -> list[Out]:
+    """Per-channel sum and sum of squares, [1, C, 1, ...] float."""
+    x = _norm_rank(ctx, 2)
+    shape = tuple(d if i == 1 else 1 for i, d in enumerate(x.shape))
+    return [Out(shape, stride_order(x.strides), "float")] * 2
 
 
 def infer_transpose(ctx: Ctx) -> list[Out]:
@@ -638,6 +743,17 @@ _SPATIAL_ATTRS = (
     Attr("dilation", "spatial", 1, doc="dilation per spatial dim", lo=1),
 )
 
+_EPSILON = Attr("epsilon", "float", 1e-5, lo=0, hi=None, doc="added to the variance", tensor=True)
+_PHASE = Attr(
+    "phase", "enum", "inference", ("inference", "training"), doc="training also returns the statistics (float)"
+)
+
+
+def _training_results(n: int) -> Callable[[dict], int]:
+    """A norm returns y alone in inference, y and its statistics in training (the given attributes)."""
+    return lambda a: n if a.get("phase") == "training" else 1
+
+
 OPS: dict[str, OpSig] = {
     "relu": _pointwise_unary(
         "relu",
@@ -768,8 +884,12 @@ OPS: dict[str, OpSig] = {
         "norm",
         ("x", "scale", "bias"),
         infer_norm,
-        attrs=(Attr("epsilon", "float", 1e-5, lo=0, hi=None, doc="added to the variance", tensor=True),),
-        doc="layer norm (inference) over all axes but the first; scale and bias are [1, ...]",
+        attrs=(_EPSILON, _PHASE),
+        outputs=("y", "mean", "inv_variance"),
+        results=_training_results(3),
+        flops=flops_norm(7),
+        doc="layer norm over the axes scale spans (scale, bias [1, C, H, W]: all but the first; [1, 1, D]: the "
+        "last); in training also mean and inv_variance (x with 1 on those axes) float",
     ),
     "rmsnorm": OpSig(
         "rmsnorm",
@@ -777,8 +897,12 @@ OPS: dict[str, OpSig] = {
         ("x", "scale"),
         infer_norm,
         optional=("bias",),
-        attrs=(Attr("epsilon", "float", 1e-5, lo=0, hi=None, doc="added to the variance", tensor=True),),
-        doc="RMS norm (inference) over all axes but the first; scale (and bias) are [1, ...]",
+        attrs=(_EPSILON, _PHASE),
+        outputs=("y", "inv_variance"),
+        results=_training_results(2),
+        flops=flops_norm(5),
+        doc="RMS norm over the axes scale spans, as layernorm; in training also inv_variance (x with 1 on those "
+        "axes) float",
     ),
     "batchnorm_inference": OpSig(
         "batchnorm_inference",
@@ -787,6 +911,74 @@ OPS: dict[str, OpSig] = {
         infer_batchnorm,
         doc="(x - mean) * inv_variance * scale + bias, per channel (axis 1)",
         positive=(2,),
+    ),
+    "batchnorm": OpSig(
+        "batchnorm",
+        "norm",
+        ("x", "scale", "bias", "running_mean", "running_var"),
+        infer_batchnorm_training,
+        attrs=(
+            _EPSILON,
+            Attr(
+                "momentum", "float", 0.1, lo=0, hi=1, doc="weight of this batch in the running statistics", tensor=True
+            ),
+        ),
+        outputs=("y", "mean", "inv_variance", "next_running_mean", "next_running_var"),
+        results=lambda a: 5,
+        flops=flops_norm(7),
+        positive=(4,),
+        doc="batch norm (training) over all axes but the channel (1); scale, bias and running stats are "
+        "[1, C, 1, ...]; also the saved mean and inv_variance and the next running mean and (unbiased) variance, "
+        "float",
+    ),
+    "instancenorm": OpSig(
+        "instancenorm",
+        "norm",
+        ("x", "scale", "bias"),
+        infer_instancenorm,
+        attrs=(_EPSILON, _PHASE),
+        outputs=("y", "mean", "inv_variance"),
+        results=_training_results(3),
+        flops=flops_norm(7),
+        doc="instance norm over the spatial axes of each sample and channel; scale and bias are [1, C, 1, ...]; "
+        "in training also mean and inv_variance [N, C, 1, ...] float",
+    ),
+    "adalayernorm": OpSig(
+        "adalayernorm",
+        "norm",
+        ("x", "scale"),
+        infer_adalayernorm,
+        optional=("bias",),
+        attrs=(_EPSILON, _PHASE),
+        outputs=("y", "mean", "inv_variance"),
+        results=_training_results(3),
+        flops=flops_norm(7),
+        doc="adaptive layer norm: scale and bias per sample ([N, 1, D] for x [N, S, D]), over the axes after the "
+        "first where scale is not 1; in training also mean and inv_variance (x with 1 there) float",
+    ),
+    "genstats": OpSig(
+        "genstats",
+        "norm",
+        ("x",),
+        infer_genstats,
+        outputs=("sum", "sq_sum"),
+        results=lambda a: 2,
+        flops=flops_norm(3),
+        doc="per-channel sum and sum of squares [1, C, 1, ...] float (the statistics of a later batch norm)",
+    ),
+    "rope": OpSig(
+        "rope",
+        "attention",
+        ("x", "freqs"),
+        infer_rope,
+        derive=derive_rope,
+        attrs=(
+            Attr("rope_dim", "int", DERIVED, lo=0, doc="the trailing dims rotated (default, or 0: all of D)"),
+            Attr("output_scale", "float", 1.0, hi=None, doc="multiplies the whole output"),
+        ),
+        flops=flops_norm(4),
+        doc="rotary embedding, halves rotated by the angles freqs[s, 0, 0, :rope_dim/2]; x [B, H, S, D], "
+        "freqs [S, 1, 1, F]; the first D - rope_dim dims pass through (scaled)",
     ),
     "transpose": OpSig(
         "transpose",
