@@ -37,7 +37,13 @@ class LowerCtx:
 
     @property
     def rank(self) -> int:
-        return len(self.in_types[0].shape)
+        """The rank cuDNN sees (at least MIN_RANK)."""
+        return max(len(self.in_types[0].shape), MIN_RANK)
+
+    @property
+    def lead(self) -> int:
+        """Unit dims put in front of the first input for cuDNN: add it to an attribute's axis."""
+        return lead_dims(len(self.in_types[0].shape))
 
     @property
     def kw(self) -> dict:
@@ -113,11 +119,12 @@ def lower(
     for v in graph.values:
         if v.kind == "input":
             t = instance.type(v.name)
+            dims, strides = cudnn_dims(t)
             tensors[v.name] = g.tensor(
-                name=v.name, dim=list(t.shape), stride=list(t.strides), data_type=cudnn_type(cudnn, t.dtype), uid=v.uid
+                name=v.name, dim=dims, stride=strides, data_type=cudnn_type(cudnn, t.dtype), uid=v.uid
             )
         elif v.kind in ("scalar", "const"):
-            rank = len(instance.type(v.name).shape)
+            rank = max(len(instance.type(v.name).shape), MIN_RANK)
             tensors[v.name] = by_value(v.name, v.uid, v.scalar, v.dtype, rank)
     for index, node in enumerate(graph.nodes):
         in_types = [instance.type(i) if i else None for i in node.inputs]
@@ -133,12 +140,30 @@ def lower(
     return Lowered(graph, instance, g, host)
 
 
+MIN_RANK = 3
+"""cuDNN 9.19's pointwise engines plan rank-2 tensors and compute wrong results on the H200 (seen:
+relu of a [64, 256] tensor); every tensor reaches cuDNN with at least three dims, unit ones in front."""
+
+
+def lead_dims(rank: int) -> int:
+    return max(MIN_RANK - rank, 0)
+
+
+def cudnn_dims(ty: TensorType) -> tuple[list[int], list[int]]:
+    """A tensor's dims and strides as cuDNN gets them: unit dims in front up to MIN_RANK (their stride,
+    the tensor's extent, makes the layout the same memory)."""
+    lead = lead_dims(len(ty.shape))
+    extent = 1 + sum((d - 1) * s for d, s in zip(ty.shape, ty.strides))
+    return [1] * lead + list(ty.shape), [extent] * lead + list(ty.strides)
+
+
 def _stamp(cudnn, t, value, ty: TensorType) -> None:
     t.set_name(value.name)
     t.set_uid(value.uid)
     t.set_data_type(cudnn_type(cudnn, ty.dtype))
-    t.set_dim(list(ty.shape))
-    t.set_stride(list(ty.strides))
+    dims, strides = cudnn_dims(ty)
+    t.set_dim(dims)
+    t.set_stride(strides)
     if value.kind == "output":
         t.set_output(True)
 

@@ -124,7 +124,7 @@ def ref_gen_index(ins, a, outs):
 
 
 def lower_gen_index(ctx, ins, a):
-    return [ctx.g.gen_index(ins[0], axis=a["axis"], **ctx.kw)]
+    return [ctx.g.gen_index(ins[0], axis=a["axis"] + ctx.lead, **ctx.kw)]
 
 
 # ---- comparisons and logic ------------------------------------------------------------------
@@ -185,7 +185,7 @@ def ref_concatenate(ins, a, outs):
 
 def lower_concatenate(ctx, ins, a):
     # a layout op: the frontend takes no compute dtype for it
-    return [ctx.g.concatenate(inputs=list(ins), axis=a["axis"], name=ctx.name)]
+    return [ctx.g.concatenate(inputs=list(ins), axis=a["axis"] + ctx.lead, name=ctx.name)]
 
 
 # ---- convolution -------------------------------------------------------------------
@@ -458,7 +458,8 @@ def ref_transpose(ins, a, outs):
 
 
 def lower_transpose(ctx, ins, a):
-    return [ctx.g.transpose(ins[0], permutation=list(a["perm"]), **ctx.kw)]
+    lead = list(range(ctx.lead))
+    return [ctx.g.transpose(ins[0], permutation=lead + [p + ctx.lead for p in a["perm"]], **ctx.kw)]
 
 
 def ref_reshape(ins, a, outs):
@@ -474,7 +475,8 @@ def ref_slice(ins, a, outs):
 
 
 def lower_slice(ctx, ins, a):
-    return [ctx.g.slice(ins[0], slices=[slice(s, e) for s, e in zip(a["start"], a["end"])], **ctx.kw)]
+    lead = [slice(0, 1)] * ctx.lead
+    return [ctx.g.slice(ins[0], slices=lead + [slice(s, e) for s, e in zip(a["start"], a["end"])], **ctx.kw)]
 
 
 IMPLS: dict[str, OpImpl] = {

@@ -202,8 +202,9 @@ def test_lowering_passes_what_the_frontend_takes():
     )
     assert "g.relu(x, name='r', compute_data_type=cudnn.data_type.FLOAT)" in s  # cuDNN's defaults left out
     assert "g.relu(x, upper_clip=6.0, name='c'" in s
-    assert "g.gen_index(x, axis=1, name='i'" in s
+    assert "g.gen_index(x, axis=2, name='i'" in s  # rank-2 tensors reach cuDNN as [1, 2, 8]: the axis moves too
     assert "i.set_data_type(cudnn.data_type.INT32)" in s
     assert "compute_data_type=cudnn.data_type.BOOLEAN" in s  # logical_and
     assert "g.binary_select(x, y, m, name='s'" in s
-    assert "g.concatenate(inputs=[x, y], axis=0, name='k')" in s
+    assert "g.concatenate(inputs=[x, y], axis=1, name='k')" in s
+    assert "dim=[1, 2, 8], stride=[16, 8, 1]" in s
