@@ -107,10 +107,15 @@ class PlanKey:
     compute_capability: str
     cudnn_backend: int
     cudnn_frontend: str
+    constraints: str = ""
+    """the plan constraints the plan was chosen under ('' for none: such keys keep the ids they had before)"""
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self, filter=lambda a, v: a.name != "constraints" or bool(v))
 
     @property
     def id(self) -> str:
-        raw = json.dumps(attrs.asdict(self), sort_keys=True).encode()
+        raw = json.dumps(self.to_json(), sort_keys=True).encode()
         return hashlib.sha256(raw).hexdigest()[:32]
 
 
@@ -146,7 +151,10 @@ _KEY_FIELDS: _Fields = {
 }
 _ENTRY_FIELDS: _Fields = {
     "format": (lambda v: type(v) is int and v == FORMAT, f"format {FORMAT}"),
-    "key": (lambda v: _check(v, _KEY_FIELDS, "key") is None, "a plan key"),  # raises naming the bad key field
+    "key": (
+        lambda v: _check(v, _KEY_FIELDS, "key", {"constraints": (_str, "a string")}) is None,
+        "a plan key",
+    ),  # raises naming the bad key field
     "graph": (_str, "a string"),
     "plan_name": (_str, "a string"),
     "engine_id": (_int(0, 2**31 - 1), "an engine id"),
@@ -220,7 +228,7 @@ class Entry:
     def to_json(self) -> dict:
         return {
             "format": FORMAT,
-            "key": attrs.asdict(self.key),
+            "key": self.key.to_json(),
             "graph": self.graph,
             "plan_name": self.plan_name,
             "engine_id": self.engine_id,

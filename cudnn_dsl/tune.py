@@ -14,8 +14,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from cudnn_dsl.build import host_tensors
-from cudnn_dsl.lower import clean
+from cudnn_dsl.build import excluded_or, host_tensors
 from cudnn_dsl.runtime import CompiledGraph, make_pack
 from cudnn_dsl.tensors import compare_outputs
 from cudnn_dsl.timing import replay_time_us
@@ -81,11 +80,12 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
     pack = make_pack(cands.low, host_tensors(cands.low), tensors, outputs)
     flops, moved = work(cg.graph, inst)
     result = TuneResult(cg.graph.name, dict(inst.binding), [], flops, moved, dict(cands.low.timings))
-    for i in range(cands.count):
+    indices = cands.indices  # the plans the options' constraints leave
+    for n, i in enumerate(indices):
         c = Candidate(i, cands.name(i))
         result.candidates.append(c)
         if progress:
-            progress(f"{i + 1}/{cands.count} {c.name}")
+            progress(f"{n + 1}/{len(indices)} {c.name}")
         try:
             t0 = time.perf_counter()
             c.workspace = cands.build(i)
@@ -96,7 +96,7 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
             c.times_us = replay_time_us(cands.runner(i, pack, ws), planner.handle, cg.device, o.iterations, o.warmup)
             result.build_s["plans"] = result.build_s.get("plans", 0.0) + time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - a plan that fails to build or run is skipped, with why
-            c.error = clean(e, 300)
+            c.error = excluded_or(e)
     ranked = result.ranked
     if not ranked:
         return result

@@ -18,6 +18,7 @@ def register(p) -> None:
     p.add_argument("file", metavar="FILE")
     common.add_build_flags(p, "the file")
     common.add_target_flags(p, "without a GPU here, plan for this GPU (default h200)")
+    common.add_plan_flag(p)
     p.add_argument(
         "--input",
         action="append",
@@ -167,6 +168,7 @@ class _Setup:
         self.graph, self.args = graph, args
         self.from_dump = Path(args.inputs_from) if args.inputs_from else None
         self.opts = common.options_from(args, graph.options)
+        self.pin = common.plan_spec(args)
         self.instances = common.select_instances(graph, args.shape)
         self.loaded = mine(loaded, "input")
         self.atol, self.rtol = mine(names.atol, "output"), mine(names.rtol, "output")
@@ -272,6 +274,7 @@ class _GpuRunner:
         self.s = setup
         a = setup.args
         self.cg = CompiledGraph(setup.graph, setup.opts, a.device, use_store=not a.no_cache, rebuild=a.rebuild)
+        self.cg.planner.pin = setup.pin
 
     def run(self, inst) -> dict:
         import attrs
@@ -370,7 +373,7 @@ class _GpuRunner:
         bit for bit."""
         from cudnn_dsl import dump
 
-        if self.s.from_dump is None:
+        if self.s.from_dump is None or self.s.pin is not None:  # --plan wins over the dump's
             return []
         plan = dump.read_plan(self.s.from_dump, self.s.graph, inst)
         planner = self.cg.planner
@@ -400,7 +403,7 @@ class _CpuRunner:
         rep: dict = {"graph": s.graph.name, "binding": dict(inst.binding), "executed": False, "skipped": {}}
         progress = common.Progress(name)
         try:
-            low = plan_deviceless(s.graph, inst, s.opts, target, progress)
+            low = plan_deviceless(s.graph, inst, s.opts, target, progress, s.pin)
             rep["plan"] = common.plan_record(s.graph, inst, target, low)
             print(
                 f"  plan       for {target.name} (no device): {rep['plan']['first_plan']}  "
