@@ -341,6 +341,52 @@ def frontend_json(graph: Graph, inst: Instance, target: Target | None = None, ha
     return json.dumps(json.loads(repr(low.g)), indent=1) + "\n"
 
 
+def candidates_deviceless(graph: Graph, inst: Instance, options: Options, target: Target) -> Lowered:
+    """Every heuristic mode's plans for the target, planned through check_support with no GPU (tune --exhaustive
+    --target): the graph then takes more plans by engine and knobs (add_plan)."""
+    return plan(lower(graph, inst, target=target), options, target.name, deviceless=True, steps=STEPS[:4], tuning=True)
+
+
+# ---- the whole space: every engine and knob combination (tune --exhaustive) ------------------
+
+
+@attrs.frozen
+class KnobRange:
+    """One knob of an engine as cuDNN enumerates it: its frontend name, least and greatest value, stride."""
+
+    name: str
+    lo: int
+    hi: int
+    stride: int
+
+    @property
+    def values(self) -> range:
+        return range(self.lo, self.hi + 1, max(self.stride, 1))
+
+
+def engine_space(low: Lowered) -> dict[int, list[KnobRange] | str]:
+    """Every engine id cuDNN has for this graph (get_engine_count) with its knobs (get_knobs_for_engine), or why
+    cuDNN has no knobs for it here (an engine that cannot serve the graph)."""
+    g, out = low.g, {}
+    for e in range(int(g.get_engine_count())):
+        try:
+            out[e] = [
+                KnobRange(k.type.name, int(k.min_value), int(k.max_value), int(k.stride))
+                for k in g.get_knobs_for_engine(e)
+            ]
+        except Exception as ex:  # noqa: BLE001 - cuDNN says NOT_SUPPORTED for an engine that cannot run the graph
+            out[e] = clean(ex, 200)
+    return out
+
+
+def add_plan(low: Lowered, engine: int, knobs: dict[str, int]) -> int:
+    """Appends the plan of this engine and knobs to the graph's list (create_execution_plan) and returns its index;
+    raises when cuDNN refuses the configuration."""
+    low.g.create_execution_plan(engine, frontend_knobs(knobs))
+    low.plan_count = int(low.g.get_execution_plan_count())
+    return low.plan_count - 1
+
+
 def timings_text(timings: dict[str, float]) -> str:
     """'validate 0.3 ms · build_operation_graph 1.1 ms · ...'"""
     return " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items())
@@ -436,9 +482,10 @@ def _selected_index(g) -> int:
 
 class Candidates:
     """Every plan the heuristics offer for one shape, planned through check_support; each is
-    built and run by its index (the heuristics' rank)."""
+    built and run by its index (the heuristics' rank). Without a planner (deviceless), plans are only
+    listed and added, never built."""
 
-    def __init__(self, planner: Planner, low: Lowered):
+    def __init__(self, planner: Planner | None, low: Lowered):
         self.planner, self.low = planner, low
 
     @property
@@ -452,6 +499,14 @@ class Candidates:
 
     def name(self, index: int) -> str:
         return self.low.g.get_plan_name_at_index(index)
+
+    def engine_and_knobs(self, index: int) -> tuple[int | None, dict[str, int]]:
+        engine = engine_of(self.low, index)
+        return engine, _knobs_at(self.low.g, index) if engine is not None else {}
+
+    def add(self, engine: int, knobs: dict[str, int]) -> int:
+        """A plan of this engine and knobs, appended to the candidates; its index (raises when cuDNN refuses it)."""
+        return add_plan(self.low, engine, knobs)
 
     def build(self, index: int) -> int:
         """Builds one plan; returns the workspace it needs in bytes."""
