@@ -216,3 +216,47 @@ def test_check_target_takes_the_constraint_and_plan_flags():
     assert p.returncode == 1 and "the plan constraints (exclude engines 4, 7) leave none" in p.stderr
     p = run_cli("check", "--deterministic", MATMUL)
     assert p.returncode == 2 and "give --target too" in p.stderr
+
+
+# ---- run --isolate: the single-op graphs ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["matmul_epilogue", "conv_bias_relu", "layernorm"])
+def test_each_op_alone_is_a_graph_cudnn_plans_or_declines_at_that_op(name, h200):
+    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.isolate import single_op_graphs
+    from dsl.diagnostics import DslError
+
+    g = program(ROOT / "examples" / f"{name}.cdg").graphs[0]
+    inst = g.instances[0]
+    alone = single_op_graphs(g, inst)
+    assert [node for node, _ in alone] == list(g.nodes)
+    for node, one in alone:
+        t = one.instances[0]
+        assert one.nodes == (node,) and [v.name for v in one.outputs] == list(node.outputs)
+        for v in one.values:  # the types the whole graph gives them
+            assert t.type(v.name) == inst.type(v.name)
+        try:
+            low = plan_deviceless(one, t, one.options, h200)
+            assert low.plan_count >= 1
+        except DslError as e:  # cuDNN has no engine for this op alone: said at the op
+            assert e.diagnostics[0].loc == node.loc
+
+
+def test_an_op_alone_on_the_reference_inputs_gives_the_references_output():
+    """On the CPU: each single-op graph's reference, fed the whole reference's values, is the whole reference's."""
+    import torch
+
+    from cudnn_dsl.isolate import single_op_graphs
+    from cudnn_dsl.reference import run_reference
+    from cudnn_dsl.tensors import generate_inputs
+
+    g = program(ROOT / "examples" / "layernorm.cdg").graphs[0]
+    inst = g.instances[0]
+    inputs = generate_inputs(g, inst, "cpu")
+    every = run_reference(g, inst, inputs, "cpu", every=True)
+    for node, one in single_op_graphs(g, inst):
+        feed = {v.name: every[v.name] for v in one.of_kind("input")}
+        got = run_reference(one, one.instances[0], feed, "cpu")
+        for out in node.outputs:
+            torch.testing.assert_close(got[out].float(), every[out].float(), atol=1e-2, rtol=1e-2)

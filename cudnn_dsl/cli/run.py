@@ -44,6 +44,12 @@ def register(p) -> None:
     p.add_argument("--rebuild", action="store_true", help="ignore stored plans; build and store anew")
     p.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference and the comparison")
     p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="also run each op alone on the GPU, fed the reference's values of its inputs, and name the first op "
+        "that diverges from its reference",
+    )
+    p.add_argument(
         "--save-outputs",
         metavar="DIR",
         help="write each output to DIR/GRAPH.NAME.pt (without a GPU: the reference's, as .reference.pt)",
@@ -328,6 +334,7 @@ class _GpuRunner:
             print("  skipped    the reference and the comparison (--no-reference)")
         for line in pinned + s.repro(inst, first, "outputs"):
             print(f"  repro      {line}")
+        isolated = _isolate(s, inst, tensors, cg.device)
         saved = s.save(inst, first)
         if s.args.dump:
             from cudnn_dsl.build import frontend_json
@@ -366,6 +373,7 @@ class _GpuRunner:
             "compare": [attrs.asdict(c) for c in comps],
             "ok": all(c.ok for c in comps),
             "saved": saved,
+            "isolate": isolated,
         }
 
     def _pin(self, inst) -> list[str]:
@@ -462,9 +470,23 @@ class _CpuRunner:
                 except (DslError, BackendUnavailable):  # cuDNN declined it above, and said so
                     fe_json = None
                 s.dump(inst, inputs, outs, fe_json=fe_json, env=versions())
-        print("  skipped    cuDNN execution and comparison: no CUDA GPU here")
+        print(
+            f"  skipped    cuDNN execution and comparison{' and --isolate' if s.args.isolate else ''}: no CUDA GPU here"
+        )
         rep["skipped"]["execution"] = "no CUDA GPU here"
         return rep
+
+
+def _isolate(s: _Setup, inst, tensors: dict, device) -> list[dict]:
+    """--isolate: each op alone against its reference, one line each, and the first that diverges."""
+    if not s.args.isolate:
+        return []
+    from cudnn_dsl.isolate import isolate, report
+
+    results = isolate(s.graph, inst, tensors, s.opts, device)
+    for line in report(results):
+        print(f"  isolate    {line}")
+    return [{"op": r.node.op, "outputs": list(r.node.outputs), "status": r.status, "detail": r.detail} for r in results]
 
 
 def _available_memory() -> int | None:
