@@ -26,6 +26,7 @@ from cudnn_dsl.tensors import compare, loosest_input_dtype
 from cudnn_dsl.timing import gpu_time_us, host_time_us
 from cudnn_dsl.tune import work
 from dsl.ir import Graph, Instance, shape_label
+from dsl.options import Options
 
 BASELINES = ("cudnn", "torch", "compile")
 LABELS = {"cudnn-dsl": "cudnn-dsl", "cudnn": "hand-written cuDNN", "torch": "torch eager", "compile": "torch.compile"}
@@ -85,8 +86,10 @@ def peak_tflops_bf16() -> float:
     return 2 * n**3 / (t * 1e-6) / 1e12
 
 
-def bench_graph(graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7, iters: int = 20) -> dict:
-    cg = CompiledGraph(graph)
+def bench_graph(
+    graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7, iters: int = 20, options: Options | None = None
+) -> dict:
+    cg = CompiledGraph(graph, options)
     tensors = cg.allocate_inputs(dict(inst.binding))
     bound = cg.bind(**tensors)
     contenders = [Contender("cudnn-dsl", bound.run)]

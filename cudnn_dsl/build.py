@@ -248,11 +248,8 @@ def constrain(low: Lowered, options: Options) -> None:
     """After create_execution_plans: the note constraints through the frontend's own filters (they bar plans by
     their notes at build time); excluded engines by id, into low.allowed, since the frontend's deselect_engines
     matches names by substring (eng4 would bar eng41). PlanRefused when no plan is left."""
-    cudnn, g = load_cudnn(), low.g
-    if options.deterministic:
-        g.deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
-    if options.no_runtime_compilation:
-        g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])
+    g = low.g
+    _note_filters(g, options)
     if not options.constraints:
         return
     low.allowed = list(range(low.plan_count))  # built by our walk, which can say what the constraints left
@@ -273,6 +270,16 @@ def nothing_left(low: Lowered, options: Options, names: list[str]) -> PlanRefuse
             "more plans may come with 'option heuristics = [A, B, FALLBACK]'; `tune --exhaustive` tries every engine",
         ],
     )
+
+
+def _note_filters(g, options: Options) -> None:
+    """The note constraints, through the frontend's filters; they mark the plans listed when called, so a plan
+    appended later (create_execution_plan) needs them again."""
+    cudnn = load_cudnn()
+    if options.deterministic:
+        g.deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
+    if options.no_runtime_compilation:
+        g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])
 
 
 def _pin_index(low: Lowered, pin: PlanSpec, options: Options) -> int:
@@ -379,11 +386,12 @@ def engine_space(low: Lowered) -> dict[int, list[KnobRange] | str]:
     return out
 
 
-def add_plan(low: Lowered, engine: int, knobs: dict[str, int]) -> int:
-    """Appends the plan of this engine and knobs to the graph's list (create_execution_plan) and returns its index;
-    raises when cuDNN refuses the configuration."""
+def add_plan(low: Lowered, engine: int, knobs: dict[str, int], options: Options) -> int:
+    """Appends the plan of this engine and knobs to the graph's list (create_execution_plan), under the options'
+    note constraints, and returns its index; raises when cuDNN refuses the configuration."""
     low.g.create_execution_plan(engine, frontend_knobs(knobs))
     low.plan_count = int(low.g.get_execution_plan_count())
+    _note_filters(low.g, options)
     return low.plan_count - 1
 
 
@@ -485,8 +493,8 @@ class Candidates:
     built and run by its index (the heuristics' rank). Without a planner (deviceless), plans are only
     listed and added, never built."""
 
-    def __init__(self, planner: Planner | None, low: Lowered):
-        self.planner, self.low = planner, low
+    def __init__(self, planner: Planner | None, low: Lowered, options: Options):
+        self.planner, self.low, self.options = planner, low, options
 
     @property
     def count(self) -> int:
@@ -506,7 +514,7 @@ class Candidates:
 
     def add(self, engine: int, knobs: dict[str, int]) -> int:
         """A plan of this engine and knobs, appended to the candidates; its index (raises when cuDNN refuses it)."""
-        return add_plan(self.low, engine, knobs)
+        return add_plan(self.low, engine, knobs, self.options)
 
     def build(self, index: int) -> int:
         """Builds one plan; returns the workspace it needs in bytes."""
@@ -754,7 +762,7 @@ class Planner:
         """Every plan of every heuristic mode for this shape, planned through check_support."""
         low = self.lower(inst)
         plan(low, self.options, self.device_name, self.progress, steps=STEPS[:4], tuning=True)
-        return Candidates(self, low)
+        return Candidates(self, low, self.options)
 
     def adopt(self, exe: Executable, tuned: bool = True, timing: dict | None = None) -> None:
         """Makes exe the shape's executable from now on, and stores it (when the store is on)."""

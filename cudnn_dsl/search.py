@@ -204,7 +204,7 @@ def search_deviceless(
     none is built or timed, and nothing is recorded."""
     low = candidates_deviceless(graph, inst, options, target)
     excluded = set(options.exclude_engines or ())
-    return search(Candidates(None, low), [], excluded, cap=cap, budget_s=budget_s, progress=progress)
+    return search(Candidates(None, low, options), [], excluded, cap=cap, budget_s=budget_s, progress=progress)
 
 
 def _try(cands: Candidates, t: Tried, index: int | None, measure) -> None:

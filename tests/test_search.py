@@ -94,7 +94,7 @@ def test_a_search_goes_on_from_the_record_of_earlier_ones(explored, h200, tmp_pa
     earlier = [Tried.from_json(d) for d in store.get_search(key)]
     assert [t.key for t in earlier] == [t.key for t in done]
     low = candidates_deviceless(g, g.instances[0], g.options, h200)
-    second = search(Candidates(None, low), earlier, set(), cap=20)
+    second = search(Candidates(None, low, g.options), earlier, set(), cap=20)
     mine = [t for t in second.tried if not t.earlier]
     assert len(mine) == 20 and not {t.key for t in mine} & {t.key for t in earlier}
     order = [(e, tuple(sorted(k.items()))) for e, k in configurations(first.space, set())]
