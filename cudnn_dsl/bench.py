@@ -53,12 +53,12 @@ class Ejected:
     run: Callable[[], dict]
 
 
-def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict) -> Ejected:
+def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict, options: Options | None = None) -> Ejected:
     """Builds the ejected script on its own handle; it reads `tensors` and writes fresh outputs."""
     cudnn = load_cudnn()
     with tempfile.TemporaryDirectory(prefix="cudnn-dsl-bench-") as tmp:  # imported, the file is not needed
         path = Path(tmp) / f"{graph.name}_ejected.py"
-        path.write_text(emit_cudnn(graph, inst))
+        path.write_text(emit_cudnn(graph, inst, options))
         spec = importlib.util.spec_from_file_location(path.stem, path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
@@ -95,7 +95,9 @@ def bench_graph(
     contenders = [Contender("cudnn-dsl", bound.run)]
     if "cudnn" in against:
         contenders.append(
-            _guard("cudnn", lambda: Contender("cudnn", load_ejected(graph, inst, tensors, bound.outputs).run))
+            _guard(
+                "cudnn", lambda: Contender("cudnn", load_ejected(graph, inst, tensors, bound.outputs, cg.options).run)
+            )
         )
     eager = lambda: run_reference(graph, inst, tensors, native=True)  # noqa: E731
     if "torch" in against:

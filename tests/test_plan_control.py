@@ -260,3 +260,17 @@ def test_an_op_alone_on_the_reference_inputs_gives_the_references_output():
         got = run_reference(one, one.instances[0], feed, "cpu")
         for out in node.outputs:
             torch.testing.assert_close(got[out].float(), every[out].float(), atol=1e-2, rtol=1e-2)
+
+
+def test_the_ejected_cudnn_script_applies_the_constraints_as_run_does():
+    from cudnn_dsl.emit import emit_cudnn
+
+    g = program(MATMUL).graphs[0]
+    plain = emit_cudnn(g, g.instances[0])
+    assert "deselect" not in plain and "g.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)" in plain
+    opts = g.options.with_values({"exclude_engines": [7, 4], "deterministic": True, "no_runtime_compilation": True})
+    text = emit_cudnn(g, g.instances[0], opts)
+    compile(text, "ejected.py", "exec")  # our own generated script is valid Python
+    assert "g.deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])" in text
+    assert "g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])" in text
+    assert "if g.get_engine_and_knobs_at_index(i)[0] not in (4, 7):" in text and "g.build_plans(" not in text
