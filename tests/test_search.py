@@ -125,3 +125,34 @@ def test_tune_exhaustive_without_a_gpu_asks_cudnn_for_the_target():
     assert p.returncode == 2 and "--budget goes with --exhaustive" in p.stderr
     p = run_cli("tune", "--exhaustive", "--max-configs", "0", MATMUL)
     assert p.returncode == 2 and "--max-configs must be at least 1" in p.stderr
+
+
+def test_a_search_record_is_checked_like_a_plan_entry_and_cleared_with_the_store(tmp_path):
+    import json
+
+    from cudnn_dsl.store import PlanKey, PlanStore, StoreProblem
+
+    store = PlanStore(tmp_path / "plans")
+    key = PlanKey("0" * 64, "NVIDIA H200", "9.0", 92800, "1.32.0", "deterministic")
+    other = PlanKey("1" * 64, "NVIDIA H200", "9.0", 92800, "1.32.0")
+    assert store.get_search(key) == []
+    good = {"engine": 4, "knobs": {"KERNEL_CFG": 3}, "source": "search", "status": "timed", "median_us": 12.5}
+    store.put_search(key, "g", [good])
+    assert store.get_search(key) == [good]
+    path = store.search_path(key)
+    for bad, why in (
+        ({**good, "status": "great"}, "status"),
+        ({**good, "engine": -1}, "engine"),
+        ({**good, "knobs": {"KERNEL_CFG": "3"}}, "knobs"),
+        ({**good, "extra": 1}, "unknown field"),
+    ):
+        store.put_search(key, "g", [bad])
+        with pytest.raises(StoreProblem, match=why):
+            store.get_search(key)
+    store.put_search(key, "g", [good])
+    d = json.loads(path.read_text())
+    d["key"] = other.to_json()
+    path.write_text(json.dumps(d))
+    with pytest.raises(StoreProblem, match="another key"):
+        store.get_search(key)
+    assert store.clear().searches == 1 and not path.exists()
