@@ -153,7 +153,8 @@ def exhaustive(
     def save(tried: list[Tried]) -> None:
         if key is not None:
             try:
-                planner.store.put_search(key, cg.graph.name, [t.to_json() for t in tried])
+                done = [t.to_json() for t in tried if t.status in ("timed", "unsupported", "failed", "excluded")]
+                planner.store.put_search(key, cg.graph.name, done)  # not one an interrupt cut short
             except StoreProblem as e:
                 notes.append(f"search record not saved: {e}")
 
