@@ -76,7 +76,7 @@ def isolate(graph: Graph, inst: Instance, tensors: dict, options, device) -> lis
         try:
             comps = CompiledGraph(g, options, device, use_store=False).check(feed)
         except DslError as e:  # cuDNN has no plan for this op alone: said, not a failure of the op
-            results.append(Alone(node, g, "declined", e.diagnostics[0].message))
+            results.append(Alone(node, g, "declined", e.diagnostics[0].message[:200]))
             continue
         except Exception as e:  # noqa: BLE001 - a binding or launch failure of one op; the others still run
             results.append(Alone(node, g, "failed", f"{type(e).__name__}: {e}"))
