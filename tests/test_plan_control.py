@@ -4,6 +4,7 @@ and pinned plans, all answered by the real cuDNN library planning for an H200.""
 from pathlib import Path
 
 import pytest
+import torch
 
 from dsl.options import Options
 from dsl.pipeline import program
@@ -274,3 +275,15 @@ def test_the_ejected_cudnn_script_applies_the_constraints_as_run_does():
     assert "g.deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])" in text
     assert "g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])" in text
     assert "if g.get_engine_and_knobs_at_index(i)[0] not in (4, 7):" in text and "g.build_plans(" not in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine without a GPU (tests/gpu has the rest)")
+def test_run_without_a_gpu_plans_the_pinned_plan_and_says_it_skips_isolate():
+    from cli_util import run_cli
+
+    p = run_cli("run", "--plan", "eng4_k24=1", "--isolate", "--no-reference", MATMUL)
+    assert p.returncode == 0, p.stderr
+    assert "plan       for NVIDIA H200 (no device): eng4_k24=1" in p.stdout
+    assert "skipped    cuDNN execution and comparison and --isolate: no CUDA GPU here" in p.stdout
+    p = run_cli("run", "--plan", "eng4_k99=1", MATMUL)
+    assert p.returncode == 2 and "--plan: knob k99" in p.stderr

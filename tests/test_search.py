@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from cudnn_dsl.build import KnobRange
 from cudnn_dsl.search import configurations, space_size
@@ -114,6 +115,7 @@ def test_excluded_engines_are_not_searched(h200):
     assert all(t.engine not in (0, 1, 2, 3) for t in r.tried)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine without a GPU (tests/gpu has the rest)")
 def test_tune_exhaustive_without_a_gpu_asks_cudnn_for_the_target():
     from cli_util import run_cli
 
