@@ -14,12 +14,20 @@ MM = str(ROOT / "examples" / "plan_serialization.cdg")
 EPILOGUE = str(ROOT / "examples" / "matmul_epilogue.cdg")
 
 
-def _heuristics_names(path: str) -> list[str]:
+def _buildable_names(path: str) -> list[str]:
+    """The heuristics' plans that build here, in their order."""
     import cudnn_dsl
 
     cg = cudnn_dsl.compile(path)
     cands = cg.planner.candidates(cg.graph.instances[0])
-    return [cands.name(i) for i in cands.indices]
+    names = []
+    for i in cands.indices:
+        try:
+            cands.build(i)
+        except Exception:  # noqa: BLE001 - a plan cuDNN 9.19 lists but does not build
+            continue
+        names.append(cands.name(i))
+    return names
 
 
 def _plan_line(stdout: str) -> str:
@@ -27,7 +35,8 @@ def _plan_line(stdout: str) -> str:
 
 
 def test_run_plan_builds_exactly_that_plan_and_it_matches(private_store):
-    names = _heuristics_names(MM)
+    names = _buildable_names(MM)
+    assert len(names) >= 2
     last = names[-1]  # not the heuristics' choice
     p = run_cli("run", "--plan", last, MM)
     assert p.returncode == 0, p.stderr
