@@ -57,7 +57,8 @@ def test_run_plan_by_engine_and_knobs_or_a_located_refusal():
     if p.returncode == 0:
         assert "k17=2" in _plan_line(p.stdout) and "compare    c: ok" in p.stdout
     else:
-        assert p.returncode == 1 and "plan_serialization.cdg:" in p.stderr and "does not offer plan" in p.stderr
+        assert p.returncode == 1 and "plan_serialization.cdg:" in p.stderr
+        assert "does not offer plan" in p.stderr or "build_plans failed" in p.stderr
 
 
 def test_run_plan_that_cudnn_does_not_offer_lists_what_it_does():
