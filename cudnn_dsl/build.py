@@ -192,7 +192,8 @@ class PlanSpec:
     """One plan asked for by the user: cuDNN's name for it, or an engine id and knobs."""
 
     text: str
-    engine: int
+    engine: int | None
+    """None: a name alone (a python engine's plan, knobs this table lacks), found only among the listed plans"""
     knobs: dict = attrs.field(factory=dict, hash=False)
     """frontend knob type name -> value"""
     named: bool = True
@@ -200,17 +201,16 @@ class PlanSpec:
 
     @classmethod
     def parse(cls, text: str) -> PlanSpec:
-        """'eng4_k24=43_k17=1' (the name cuDNN prints) or '4:KERNEL_CFG=43,SPLIT_K_SLC=1' (engine id and the
-        frontend's knob names); ValueError says what is wrong."""
+        """'eng4_k24=43_k17=1' (the name cuDNN prints), '4:KERNEL_CFG=43,SPLIT_K_SLC=1' (engine id and the
+        frontend's knob names), or any other plan name (matched among the plans cuDNN lists); ValueError says
+        what is wrong."""
         text = text.strip()
         if m := _PLAN_NAME.fullmatch(text):
-            knobs = {}
-            for part in m.group(2).split("_k")[1:]:
-                number, value = part.split("=")
-                if int(number) not in _KNOB_NAMES:
-                    raise ValueError(f"knob k{number} of '{text}' is no knob type this frontend knows")
-                knobs[_KNOB_NAMES[int(number)]] = int(value)
-            return cls(text, int(m.group(1)), knobs, True)
+            pairs = [part.split("=") for part in m.group(2).split("_k")[1:]]
+            if all(int(number) in _KNOB_NAMES for number, _ in pairs):
+                knobs = {_KNOB_NAMES[int(number)]: int(value) for number, value in pairs}
+                return cls(text, int(m.group(1)), knobs, True)
+            return cls(text, None)
         if m := _ENGINE_KNOBS.fullmatch(text):
             knobs = {}
             for item in filter(None, (m.group(2) or "").split(",")):
@@ -224,10 +224,12 @@ class PlanSpec:
                     )
                 knobs[name] = int(value)
             return cls(text, int(m.group(1)), knobs, False)
-        raise ValueError(
-            f"'{text}' is neither a plan name as cuDNN prints it (eng4_k24=43_k17=1) nor an engine id with knobs "
-            f"(4:KERNEL_CFG=43,SPLIT_K_SLC=1)"
-        )
+        if not text:
+            raise ValueError(
+                "give a plan name as cuDNN prints it (eng4_k24=43_k17=1) or an engine id with knobs "
+                "(4:KERNEL_CFG=43,SPLIT_K_SLC=1)"
+            )
+        return cls(text, None)
 
 
 def frontend_knobs(knobs: dict[str, int]) -> dict:
@@ -287,11 +289,16 @@ def _pin_index(low: Lowered, pin: PlanSpec, options: Options) -> int:
     g = low.g
     names = [g.get_plan_name_at_index(i) for i in range(low.plan_count)]
     offered = f"the heuristics offer: {', '.join(names[:30])}{' ...' if len(names) > 30 else ''}"
-    if options.exclude_engines and pin.engine in options.exclude_engines:
+    excluded = set(options.exclude_engines or ())
+    if pin.engine in excluded:
         raise PlanRefused(f"plan {pin.text} is of engine {pin.engine}, which the plan constraints exclude")
     for i, name in enumerate(names):
         if name == pin.text or (not pin.named and engine_of(low, i) == pin.engine and _knobs_at(g, i) == pin.knobs):
+            if engine_of(low, i) in excluded:
+                raise PlanRefused(f"plan {pin.text} is of engine {engine_of(low, i)}, which the constraints exclude")
             return i
+    if pin.engine is None:
+        raise PlanRefused(f"cuDNN does not offer plan {pin.text} for graph '{low.graph.name}'", [offered])
     try:
         g.create_execution_plan(pin.engine, frontend_knobs(pin.knobs))
     except Exception as e:  # noqa: BLE001 - an engine this graph has not, knobs it refuses

@@ -149,7 +149,9 @@ def test_plan_names_parse_as_cudnn_prints_them():
     s = PlanSpec.parse("4:kernel_cfg=43,SPLIT_K_SLC=2")
     assert (s.engine, s.knobs, s.named) == (4, {"KERNEL_CFG": 43, "SPLIT_K_SLC": 2}, False)
     assert PlanSpec.parse("7").knobs == {}
-    for bad, why in (("eng4_k99=1", "k99"), ("foo", "neither"), ("4:NOPE=1", "knob type of"), ("4:TILEK=x", "INTEGER")):
+    for name in ("eng4_k99=1", "sdpa_fwd_prefill_sm100[TILE_M=128, TILE_N=128]"):  # matched by name alone
+        assert PlanSpec.parse(name).engine is None
+    for bad, why in ((" ", "give a plan name"), ("4:NOPE=1", "knob type of"), ("4:TILEK=x", "INTEGER")):
         with pytest.raises(ValueError, match=why):
             PlanSpec.parse(bad)
 
@@ -286,4 +288,8 @@ def test_run_without_a_gpu_plans_the_pinned_plan_and_says_it_skips_isolate():
     assert "plan       for NVIDIA H200 (no device): eng4_k24=1" in p.stdout
     assert "skipped    cuDNN execution and comparison and --isolate: no CUDA GPU here" in p.stdout
     p = run_cli("run", "--plan", "eng4_k99=1", MATMUL)
-    assert p.returncode == 2 and "--plan: knob k99" in p.stderr
+    assert (
+        p.returncode == 1 and "does not offer plan eng4_k99=1" in p.stderr and "the heuristics offer: eng" in p.stderr
+    )
+    p = run_cli("run", "--plan", "4:NOPE=1", MATMUL)
+    assert p.returncode == 2 and "--plan: 'NOPE=1' is not KNOB=VALUE" in p.stderr

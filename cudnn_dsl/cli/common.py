@@ -185,8 +185,8 @@ def add_plan_flag(p) -> None:
     p.add_argument(
         "--plan",
         metavar="NAME",
-        help="build exactly this plan: its name as cuDNN prints it (eng4_k24=43_k17=1), or ENGINE[:KNOB=V,...] "
-        "(4:KERNEL_CFG=43); not stored in the plan store",
+        help="build exactly this plan: its name as cuDNN prints it (eng4_k24=43_k17=1, or a python engine's), or "
+        "ENGINE[:KNOB=V,...] (4:KERNEL_CFG=43); not stored in the plan store",
     )
 
 
