@@ -28,6 +28,7 @@ from cudnn_dsl.tensors import compare, loosest_input_dtype, restore, snapshot, w
 from cudnn_dsl.timing import cold_time_us, gpu_time_us, host_time_us, l2_flush_buffer
 from cudnn_dsl.tune import work
 from dsl.ir import Graph, Instance, shape_label
+from dsl.options import Options
 
 #: contender -> the torch.compile mode it uses (None: not torch.compile)
 COMPILE_MODES = {"compile": "default", "max-autotune": "max-autotune", "reduce-overhead": "reduce-overhead"}
@@ -63,12 +64,12 @@ class Ejected:
     run: Callable[[], dict]
 
 
-def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict) -> Ejected:
+def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict, options: Options | None = None) -> Ejected:
     """Builds the ejected script on its own handle; it reads `tensors` and writes fresh outputs."""
     cudnn = load_cudnn()
     with tempfile.TemporaryDirectory(prefix="cudnn-dsl-bench-") as tmp:  # imported, the file is not needed
         path = Path(tmp) / f"{graph.name}_ejected.py"
-        path.write_text(emit_cudnn(graph, inst))
+        path.write_text(emit_cudnn(graph, inst, options))
         spec = importlib.util.spec_from_file_location(path.stem, path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
@@ -120,15 +121,23 @@ def percentile(samples: list[float], q: float) -> float:
 
 
 def bench_graph(
-    graph: Graph, inst: Instance, against=BASELINES, rounds: int = 7, iters: int = 20, cold_l2: bool = False
+    graph: Graph,
+    inst: Instance,
+    against=BASELINES,
+    rounds: int = 7,
+    iters: int = 20,
+    options: Options | None = None,
+    cold_l2: bool = False,
 ) -> dict:
-    cg = CompiledGraph(graph)
+    cg = CompiledGraph(graph, options)
     tensors = cg.allocate_inputs(dict(inst.binding))
     bound = cg.bind(**tensors)
     contenders = [Contender("cudnn-dsl", bound.run)]
     if "cudnn" in against:
         contenders.append(
-            _guard("cudnn", lambda: Contender("cudnn", load_ejected(graph, inst, tensors, bound.outputs).run))
+            _guard(
+                "cudnn", lambda: Contender("cudnn", load_ejected(graph, inst, tensors, bound.outputs, cg.options).run)
+            )
         )
     eager = lambda: run_reference(graph, inst, tensors, native=True)  # noqa: E731
     if "torch" in against:

@@ -49,57 +49,302 @@ def plan(
     deviceless: bool = False,
     steps: Iterable[str] = STEPS,
     tuning: bool = False,
+    pin: PlanSpec | None = None,
 ) -> Lowered:
     """Runs the build steps on a lowered graph, timing each; raises DslError located at the culprit op.
 
-    `tuning` asks every heuristic mode and keeps every plan (each is then built by index).
-    Deviceless, build_plans of a runtime-compiled engine compiles but cannot load the kernel
-    without a GPU driver; that step is then recorded as skipped, with the reason.
+    `tuning` asks every heuristic mode and keeps every plan (each is then built by index). The options'
+    plan constraints (excluded engines, deterministic, no runtime compilation) apply after
+    create_execution_plans; `pin` makes one plan, found among the heuristics' or created from its engine
+    and knobs, the only one. Deviceless, build_plans of a runtime-compiled engine compiles but cannot load
+    the kernel without a GPU driver; that step is then recorded as skipped, with the reason.
     """
     cudnn = load_cudnn()
     g = low.g
-    modes = options.modes(tuning)
+    modes = options.modes(tuning or pin is not None)
     policy = "all" if tuning else options.build_policy
     limit = None if tuning else options.workspace_limit
+
+    def create() -> None:
+        g.create_execution_plans([getattr(cudnn.heur_mode, m) for m in modes])
+        low.plan_count = g.get_execution_plan_count()
+        constrain(low, options)
+        if pin is not None:
+            low.allowed = [_pin_index(low, pin, options)]
+
+    def build() -> None:
+        if deviceless or low.allowed is not None:  # deviceless: the first plan that builds, not every one
+            _build_first(low, options, all_=policy == "all" and not deviceless)
+        else:
+            g.build_plans(cudnn.build_plan_policy.ALL if policy == "all" else cudnn.build_plan_policy.HEURISTICS_CHOICE)
+            low.selected = _selected_index(g)
+
     actions = {
         "validate": g.validate,
         "build_operation_graph": g.build_operation_graph,
-        "create_execution_plans": lambda: g.create_execution_plans([getattr(cudnn.heur_mode, m) for m in modes]),
-        "check_support": lambda: _check_support(g, limit),
-        "build_plans": lambda: g.build_plans(
-            cudnn.build_plan_policy.ALL if policy == "all" else cudnn.build_plan_policy.HEURISTICS_CHOICE
-        ),
+        "create_execution_plans": create,
+        "check_support": lambda: _check_support(g, limit, low, options),
+        "build_plans": build,
     }
-    if deviceless:  # the first plan tells whether kernels load here; compiling every one would not
-        actions["build_plans"] = lambda: g.build_plan_at_index(0)
     for step in steps:
         if progress:
             progress(step)
         t0 = time.perf_counter()
         try:
             actions[step]()
+        except PlanRefused as e:
+            raise DslError(Diagnostic("error", str(e), low.graph.loc, tuple((n, None) for n in e.notes))) from None
         except Exception as e:  # noqa: BLE001 - cuDNN raises RuntimeError, its own errors, ValueError
             if deviceless and step == "build_plans" and "CUDA_DRIVER" in str(e):
                 low.skipped[step] = "the chosen engine compiles its kernel at run time, and loading it needs a GPU"
                 continue
-            raise DslError(diagnose(low, step, e, modes, target_name)) from None
+            raise DslError(diagnose(low, step, e, modes, target_name, options.constraints)) from None
         low.timings[step] = time.perf_counter() - t0
-        if step == "create_execution_plans":
-            low.plan_count = g.get_execution_plan_count()
     return low
 
 
-def _check_support(g, workspace_limit: int | None) -> None:
+def _build_first(low: Lowered, options: Options, all_: bool) -> None:
+    """Builds the first allowed plan that builds (every one, with all_) and selects the first that did, as
+    build_plans walks its list. A kernel that cannot load without a GPU driver (deviceless) ends the walk."""
+    g, failures, built = low.g, [], []
+    for i in low.allowed if low.allowed is not None else range(low.plan_count):
+        low.selected = i
+        try:
+            g.build_plan_at_index(i)
+            built.append(i)
+        except Exception as e:  # noqa: BLE001 - a decline, a plan the note filters barred: the next one
+            if "CUDA_DRIVER" in str(e):
+                raise
+            failures.append(f"[{i}] {g.get_plan_name_at_index(i)}: {excluded_or(e)}")
+            continue
+        if not all_:
+            return
+    if not built and all(f.endswith(_EXCLUDED) for f in failures):
+        raise nothing_left(low, options, [f.split(" ", 1)[1].removesuffix(": " + _EXCLUDED) for f in failures])
+    if not built:
+        raise RuntimeError("no plan built: " + "; ".join(failures[:8]))
+    low.selected = built[0]
+    g.build_plan_at_index(built[0])
+
+
+# ---- plan constraints and pinned plans ---------------------------------------------------
+
+
+_EXCLUDED = "excluded by the plan constraints"
+
+
+def excluded_or(e: Exception) -> str:
+    """Why a plan did not build, in words: the frontend's note filters bar a plan only when it is built."""
+    msg = clean(e, 200)
+    return _EXCLUDED if "Deselecting" in msg or "is excluded by" in msg else msg
+
+
+KNOB_NUMBERS = {
+    "SWIZZLE": 1,
+    "TILE_SIZE": 2,
+    "EDGE": 4,
+    "MULTIPLY": 11,
+    "SPLIT_K_BUF": 12,
+    "TILEK": 13,
+    "STAGES": 14,
+    "REDUCTION_MODE": 15,
+    "SPLIT_K_SLC": 17,
+    "IDX_MODE": 18,
+    "SPECFILT": 23,
+    "KERNEL_CFG": 24,
+    "WORKSPACE": 25,
+    "TILE_CGA": 26,
+    "TILE_CGA_M": 27,
+    "TILE_CGA_N": 28,
+    "BLOCK_SIZE": 29,
+    "OCCUPANCY": 30,
+    "ARRAY_SIZE_PER_THREAD": 31,
+    "SPLIT_COLS": 33,
+    "TILE_ROWS": 34,
+    "TILE_COLS": 35,
+    "LOAD_SIZE": 36,
+    "CTA_COUNT": 37,
+    "STREAM_K": 38,
+    "SPLIT_P_SLC": 39,
+    "TILE_M": 40,
+    "TILE_N": 41,
+    "WARP_SPEC_CFG": 42,
+    "SWAP_AB": 43,
+    "INPUT_TMA_ENABLE": 44,
+    "OUTPUT_TMA_ENABLE": 45,
+}
+"""The cuDNN library's number (cudnnBackendKnobType_t) of each frontend knob type: a backend plan's name,
+eng4_k24=43_k17=1, spells its knobs by these numbers, where the frontend's knob_type enum counts otherwise."""
+_KNOB_NAMES = {n: k for k, n in KNOB_NUMBERS.items()}
+_PLAN_NAME = re.compile(r"eng(\d+)((?:_k\d+=-?\d+)*)")
+_ENGINE_KNOBS = re.compile(r"(\d+)(?::(.*))?")
+
+
+class PlanRefused(Exception):
+    """The constraints or the pinned plan leave nothing to build (said at the graph, with notes)."""
+
+    def __init__(self, message: str, notes: Iterable[str] = ()):
+        super().__init__(message)
+        self.notes = list(notes)
+
+
+@attrs.frozen
+class PlanSpec:
+    """One plan asked for by the user: cuDNN's name for it, or an engine id and knobs."""
+
+    text: str
+    engine: int | None
+    """None: a name alone (a python engine's plan, knobs this table lacks), found only among the listed plans"""
+    knobs: dict = attrs.field(factory=dict, hash=False)
+    """frontend knob type name -> value"""
+    named: bool = True
+    """given as cuDNN's plan name (which the plan cuDNN builds must then carry)"""
+
+    @classmethod
+    def parse(cls, text: str) -> PlanSpec:
+        """'eng4_k24=43_k17=1' (the name cuDNN prints), '4:KERNEL_CFG=43,SPLIT_K_SLC=1' (engine id and the
+        frontend's knob names), or any other plan name (matched among the plans cuDNN lists); ValueError says
+        what is wrong."""
+        text = text.strip()
+        if m := _PLAN_NAME.fullmatch(text):
+            pairs = [part.split("=") for part in m.group(2).split("_k")[1:]]
+            if all(int(number) in _KNOB_NAMES for number, _ in pairs):
+                knobs = {_KNOB_NAMES[int(number)]: int(value) for number, value in pairs}
+                return cls(text, int(m.group(1)), knobs, True)
+            return cls(text, None)
+        if m := _ENGINE_KNOBS.fullmatch(text):
+            knobs = {}
+            for item in filter(None, (m.group(2) or "").split(",")):
+                name, sep, value = item.partition("=")
+                name = name.strip().upper()
+                if not sep or name not in KNOB_NUMBERS or not value.strip().lstrip("-").isdigit():
+                    raise ValueError(
+                        f"'{item}' is not KNOB=VALUE with a knob type of {', '.join(KNOB_NUMBERS)}"
+                        if name not in KNOB_NUMBERS
+                        else f"'{item}' is not KNOB=INTEGER"
+                    )
+                knobs[name] = int(value)
+            return cls(text, int(m.group(1)), knobs, False)
+        if not text:
+            raise ValueError(
+                "give a plan name as cuDNN prints it (eng4_k24=43_k17=1) or an engine id with knobs "
+                "(4:KERNEL_CFG=43,SPLIT_K_SLC=1)"
+            )
+        return cls(text, None)
+
+
+def frontend_knobs(knobs: dict[str, int]) -> dict:
+    """{knob name: value} -> the frontend's {cudnn.knob_type: value}."""
+    kt = load_cudnn().knob_type
+    return {getattr(kt, k): v for k, v in knobs.items()}
+
+
+def engine_of(low: Lowered, index: int) -> int | None:
+    """The engine id of a plan; None where the frontend cannot say (a plan the backend chooses itself)."""
+    try:
+        return int(low.g.get_engine_and_knobs_at_index(index)[0])
+    except Exception:  # noqa: BLE001 - the OPENSOURCE delegating entry has no engine id
+        return None
+
+
+def constrain(low: Lowered, options: Options) -> None:
+    """After create_execution_plans: the note constraints through the frontend's own filters (they bar plans by
+    their notes at build time); excluded engines by id, into low.allowed, since the frontend's deselect_engines
+    matches names by substring (eng4 would bar eng41). PlanRefused when no plan is left."""
+    g = low.g
+    _note_filters(g, options)
+    if not options.constraints:
+        return
+    low.allowed = list(range(low.plan_count))  # built by our walk, which can say what the constraints left
+    if not options.exclude_engines:
+        return
+    excluded = set(options.exclude_engines)
+    low.allowed = [i for i in range(low.plan_count) if engine_of(low, i) not in excluded]
+    if not low.allowed:
+        raise nothing_left(low, options, [g.get_plan_name_at_index(i) for i in range(low.plan_count)])
+
+
+def nothing_left(low: Lowered, options: Options, names: list[str]) -> PlanRefused:
+    return PlanRefused(
+        f"the plan constraints ({options.constraints}) leave none of the {len(names)} plans cuDNN offers for graph "
+        f"'{low.graph.name}'",
+        [
+            f"cuDNN offers: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}",
+            "more plans may come with 'option heuristics = [A, B, FALLBACK]'; `tune --exhaustive` tries every engine",
+        ],
+    )
+
+
+def _note_filters(g, options: Options) -> None:
+    """The note constraints, through the frontend's filters; they mark the plans listed when called, so a plan
+    appended later (create_execution_plan) needs them again."""
+    cudnn = load_cudnn()
+    if options.deterministic:
+        g.deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
+    if options.no_runtime_compilation:
+        g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])
+
+
+def _pin_index(low: Lowered, pin: PlanSpec, options: Options) -> int:
+    """The index of the pinned plan: among the heuristics' plans, else appended from its engine and knobs."""
+    g = low.g
+    names = [g.get_plan_name_at_index(i) for i in range(low.plan_count)]
+    offered = f"the heuristics offer: {', '.join(names[:30])}{' ...' if len(names) > 30 else ''}"
+    excluded = set(options.exclude_engines or ())
+    if pin.engine in excluded:
+        raise PlanRefused(f"plan {pin.text} is of engine {pin.engine}, which the plan constraints exclude")
+    for i, name in enumerate(names):
+        if name == pin.text or (not pin.named and engine_of(low, i) == pin.engine and _knobs_at(g, i) == pin.knobs):
+            if engine_of(low, i) in excluded:
+                raise PlanRefused(f"plan {pin.text} is of engine {engine_of(low, i)}, which the constraints exclude")
+            return i
+    if pin.engine is None:
+        raise PlanRefused(f"cuDNN does not offer plan {pin.text} for graph '{low.graph.name}'", [offered])
+    try:
+        g.create_execution_plan(pin.engine, frontend_knobs(pin.knobs))
+    except Exception as e:  # noqa: BLE001 - an engine this graph has not, knobs it refuses
+        raise PlanRefused(
+            f"cuDNN does not offer plan {pin.text} for graph '{low.graph.name}': {clean(e, 200)}", [offered]
+        ) from None
+    index = g.get_execution_plan_count() - 1
+    got = g.get_plan_name_at_index(index)
+    if pin.named and _name_parts(got) != _name_parts(pin.text):
+        raise PlanRefused(f"cuDNN names the plan of {pin.text} '{got}' for graph '{low.graph.name}'", [offered])
+    low.plan_count = index + 1
+    return index
+
+
+def _name_parts(name: str) -> tuple:
+    head, *knobs = name.split("_k")
+    return head, frozenset(knobs)
+
+
+def _knobs_at(g, index: int) -> dict[str, int]:
+    return {getattr(k, "name", str(k)): int(v) for k, v in g.get_engine_and_knobs_at_index(index)[1].items()}
+
+
+def _check_support(g, workspace_limit: int | None, low: Lowered | None = None, options: Options | None = None) -> None:
     if workspace_limit is not None:
         g.deselect_workspace_greater_than(workspace_limit)
-    g.check_support()
+    try:
+        g.check_support()
+    except Exception as e:  # noqa: BLE001 - said in the user's terms when the constraints barred every plan
+        msg = str(e)
+        if low is not None and options and options.constraints and msg.count("Deselecting") == msg.count("Plan at"):
+            raise nothing_left(low, options, [g.get_plan_name_at_index(i) for i in range(low.plan_count)]) from None
+        raise
 
 
 def plan_deviceless(
-    graph: Graph, inst: Instance, options: Options, target: Target, progress: Callable[[str], None] | None = None
+    graph: Graph,
+    inst: Instance,
+    options: Options,
+    target: Target,
+    progress: Callable[[str], None] | None = None,
+    pin: PlanSpec | None = None,
 ) -> Lowered:
     """Lowers one shape and asks the real cuDNN library for the target's plans, with no GPU."""
-    return plan(lower(graph, inst, target=target), options, target.name, progress, deviceless=True)
+    return plan(lower(graph, inst, target=target), options, target.name, progress, deviceless=True, pin=pin)
 
 
 def frontend_json(graph: Graph, inst: Instance, target: Target | None = None, handle=None, plans: bool = True) -> str:
@@ -120,16 +365,63 @@ def frontend_json(graph: Graph, inst: Instance, target: Target | None = None, ha
     return json.dumps(j, indent=1) + "\n"
 
 
+def candidates_deviceless(graph: Graph, inst: Instance, options: Options, target: Target) -> Lowered:
+    """Every heuristic mode's plans for the target, planned through check_support with no GPU (tune --exhaustive
+    --target): the graph then takes more plans by engine and knobs (add_plan)."""
+    return plan(lower(graph, inst, target=target), options, target.name, deviceless=True, steps=STEPS[:4], tuning=True)
+
+
+# ---- the whole space: every engine and knob combination (tune --exhaustive) ------------------
+
+
+@attrs.frozen
+class KnobRange:
+    """One knob of an engine as cuDNN enumerates it: its frontend name, least and greatest value, stride."""
+
+    name: str
+    lo: int
+    hi: int
+    stride: int
+
+    @property
+    def values(self) -> range:
+        return range(self.lo, self.hi + 1, max(self.stride, 1))
+
+
+def engine_space(low: Lowered) -> dict[int, list[KnobRange] | str]:
+    """Every engine id cuDNN has for this graph (get_engine_count) with its knobs (get_knobs_for_engine), or why
+    cuDNN has no knobs for it here (an engine that cannot serve the graph)."""
+    g, out = low.g, {}
+    for e in range(int(g.get_engine_count())):
+        try:
+            out[e] = [
+                KnobRange(k.type.name, int(k.min_value), int(k.max_value), int(k.stride))
+                for k in g.get_knobs_for_engine(e)
+            ]
+        except Exception as ex:  # noqa: BLE001 - cuDNN says NOT_SUPPORTED for an engine that cannot run the graph
+            out[e] = clean(ex, 200)
+    return out
+
+
+def add_plan(low: Lowered, engine: int, knobs: dict[str, int], options: Options) -> int:
+    """Appends the plan of this engine and knobs to the graph's list (create_execution_plan), under the options'
+    note constraints, and returns its index; raises when cuDNN refuses the configuration."""
+    low.g.create_execution_plan(engine, frontend_knobs(knobs))
+    low.plan_count = int(low.g.get_execution_plan_count())
+    _note_filters(low.g, options)
+    return low.plan_count - 1
+
+
 def timings_text(timings: dict[str, float]) -> str:
     """'validate 0.3 ms · build_operation_graph 1.1 ms · ...'"""
     return " · ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items())
 
 
 def first_plan_name(low: Lowered) -> str:
-    return low.g.get_plan_name_at_index(0) if low.plan_count else "-"
+    return low.g.get_plan_name_at_index(low.selected) if low.plan_count else "-"
 
 
-def diagnose(low: Lowered, step: str, e: Exception, modes, target_name: str) -> Diagnostic:
+def diagnose(low: Lowered, step: str, e: Exception, modes, target_name: str, constraints: str = "") -> Diagnostic:
     """cuDNN's refusal as a located diagnostic: at the op whose result cuDNN names, else at the
     only op of the family cuDNN names, else at the graph (with where each op is); the advice is
     the registry's, for the families the graph holds."""
@@ -159,6 +451,8 @@ def diagnose(low: Lowered, step: str, e: Exception, modes, target_name: str) -> 
                 None,
             )
         )
+    if constraints and step in ("check_support", "build_plans"):
+        notes.append((f"the plan constraints in force ({constraints}) may have excluded every plan", None))
     if low.instance.binding:
         notes.append((f"with {low.instance.label}", None))
     where = f"{culprit.op} in " if culprit else ""
@@ -213,17 +507,31 @@ def _selected_index(g) -> int:
 
 class Candidates:
     """Every plan the heuristics offer for one shape, planned through check_support; each is
-    built and run by its index (the heuristics' rank)."""
+    built and run by its index (the heuristics' rank). Without a planner (deviceless), plans are only
+    listed and added, never built."""
 
-    def __init__(self, planner: Planner, low: Lowered):
-        self.planner, self.low = planner, low
+    def __init__(self, planner: Planner | None, low: Lowered, options: Options):
+        self.planner, self.low, self.options = planner, low, options
 
     @property
     def count(self) -> int:
         return self.low.plan_count
 
+    @property
+    def indices(self) -> list[int]:
+        """The plans the options' constraints leave."""
+        return self.low.allowed if self.low.allowed is not None else list(range(self.low.plan_count))
+
     def name(self, index: int) -> str:
         return self.low.g.get_plan_name_at_index(index)
+
+    def engine_and_knobs(self, index: int) -> tuple[int | None, dict[str, int]]:
+        engine = engine_of(self.low, index)
+        return engine, _knobs_at(self.low.g, index) if engine is not None else {}
+
+    def add(self, engine: int, knobs: dict[str, int]) -> int:
+        """A plan of this engine and knobs, appended to the candidates; its index (raises when cuDNN refuses it)."""
+        return add_plan(self.low, engine, knobs, self.options)
 
     def build(self, index: int) -> int:
         """Builds one plan; returns the workspace it needs in bytes."""
@@ -262,6 +570,8 @@ class Planner:
         self.rebuild = rebuild
         """ignore stored plans (and overwrite them)"""
         self.progress = progress
+        self.pin: PlanSpec | None = None
+        """the one plan to build (run --plan): neither looked up in nor saved to the store"""
         self.use_kernel_cache = bool(graph.symbols)
         """share one kernel cache across the shapes of a dynamic graph"""
         self._handle = None
@@ -300,6 +610,7 @@ class Planner:
             f"{major}.{minor}",
             v["cudnn_backend"],
             v["cudnn_frontend"],
+            self.options.constraints,
         )
 
     def lower(self, inst: Instance) -> Lowered:
@@ -330,7 +641,7 @@ class Planner:
         return exe
 
     def _build(self, inst: Instance) -> Executable:
-        key = self.key(inst) if self.use_store else None
+        key = self.key(inst) if self.use_store and self.pin is None else None
         notes: list[str] = []
         replace = self.rebuild
         if key is not None and not self.rebuild:
@@ -339,10 +650,10 @@ class Planner:
                 return exe
         low = self.lower(inst)  # afresh: a stored engine that failed to rebuild may have left its graph half-built
         cached = self._kc_size()
-        plan(low, self.options, self.device_name, self.progress)
+        plan(low, self.options, self.device_name, self.progress, pin=self.pin)
         if self._kc is not None:
             notes.append(self._kernel_cache_note(cached, self._kc_size(), low.timings.get("build_plans", 0.0)))
-        exe = self.executable_of(low, "heuristics", notes)
+        exe = self.executable_of(low, "heuristics" if self.pin is None else f"--plan {self.pin.text}", notes)
         if key is not None:  # --rebuild, or a stored plan that proved unusable, is replaced by this one
             self._persist(key, exe, tuned=False, force=replace)
         self._kernel_cache_save()
@@ -468,7 +779,7 @@ class Planner:
         """Every plan of every heuristic mode for this shape, planned through check_support."""
         low = self.lower(inst)
         plan(low, self.options, self.device_name, self.progress, steps=STEPS[:4], tuning=True)
-        return Candidates(self, low)
+        return Candidates(self, low, self.options)
 
     def adopt(self, exe: Executable, tuned: bool = True, timing: dict | None = None) -> None:
         """Makes exe the shape's executable from now on, and stores it (when the store is on)."""

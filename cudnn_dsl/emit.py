@@ -105,11 +105,38 @@ class _Sym:
         return _Sym(self._script, name)
 
 
-def emit_cudnn(graph: Graph, inst: Instance) -> str:
+def _constraints(o) -> str:
+    """The options' note constraints, as run applies them (build.constrain)."""
+    lines = []
+    if o.deterministic:
+        lines.append("g.deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])")
+    if o.no_runtime_compilation:
+        lines.append("g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])")
+    return "".join("\n    " + line for line in lines)
+
+
+def _build_step(o, policy: str) -> str:
+    """build_plans, or with excluded engines the first plan of another engine that builds (the frontend's
+    deselect_engines matches names by substring: eng4 would bar eng41)."""
+    if not o.exclude_engines:
+        return f"    g.build_plans(cudnn.build_plan_policy.{policy})"
+    engines = sorted(set(o.exclude_engines))
+    excluded = _lit(tuple(engines))
+    return f"""    for i in range(g.get_execution_plan_count()):  # option exclude_engines = {engines}
+        if g.get_engine_and_knobs_at_index(i)[0] not in {excluded}:
+            try:
+                g.build_plan_at_index(i)
+                return g
+            except Exception:  # a plan that does not build: the next one
+                continue
+    raise RuntimeError("no plan of an engine not excluded builds")"""
+
+
+def emit_cudnn(graph: Graph, inst: Instance, options=None) -> str:
     """A runnable script: build the graph with the cuDNN Frontend, run it once, print the outputs."""
     script = _Script()
     low = lower(graph, inst, handle=_Sym(script, "handle"), cudnn=_Sym(script, "cudnn"))
-    o = graph.options
+    o = options or graph.options
     policy = "ALL" if o.build_policy == "all" else "HEURISTICS_CHOICE"
     body = "\n".join("    " + line for line in script.lines)
     modes = ", ".join(f"cudnn.heur_mode.{_name(m)}" for m in o.modes())
@@ -159,9 +186,9 @@ def build(handle):
 {body}
     g.validate()
     g.build_operation_graph()
-    g.create_execution_plans([{modes}]){ws_limit}
+    g.create_execution_plans([{modes}]){ws_limit}{_constraints(o)}
     g.check_support()
-    g.build_plans(cudnn.build_plan_policy.{policy})
+{_build_step(o, policy)}
     return g
 
 

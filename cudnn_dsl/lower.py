@@ -66,6 +66,10 @@ class Lowered:
     """uid -> (value, dtype) of every pass-by-value tensor, user scalars included"""
     timings: dict[str, float] = attrs.Factory(dict)
     plan_count: int = 0
+    allowed: list[int] | None = None
+    """indices of the plans the options' constraints leave (None: every plan); a pinned plan's alone"""
+    selected: int = 0
+    """index of the plan built (deviceless: the one whose kernel needed a GPU to load)"""
     skipped: dict[str, str] = attrs.Factory(dict)
     """step -> why it could not run here (deviceless planning of runtime-compiled engines)"""
 

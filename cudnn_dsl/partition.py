@@ -85,15 +85,15 @@ def short(message: str) -> str:
     return message.split(" (the backend declined")[0][:240]
 
 
-def plan_for_target(graph: Graph, inst: Instance, options, target, progress=None):
+def plan_for_target(graph: Graph, inst: Instance, options, target, progress=None, pin=None):
     """(plans, None) when the target's cuDNN takes the graph whole, else (None, the partition); the
-    refusal itself (a DslError) when splitting is off."""
+    refusal itself (a DslError) when splitting is off or a plan is pinned (a pin names a whole-graph plan)."""
     from cudnn_dsl.build import plan_deviceless
 
     try:
-        return plan_deviceless(graph, inst, options, target, progress), None
+        return plan_deviceless(graph, inst, options, target, progress, pin), None
     except DslError as e:
-        if not options.split:
+        if not options.split or pin is not None:
             raise
         declined = short(e.diagnostics[0].message)
     return None, find_partition(graph, inst, deviceless_accepts(options, target), declined, options.fallback)

@@ -41,8 +41,10 @@ def run_reference(
     inputs: dict[str, torch.Tensor],
     device: torch.device | str | None = None,
     native: bool = False,
+    every: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Evaluates the graph with torch; returns every output, in its dtype, by name. A view input is read
+    """Evaluates the graph with torch; returns every output, in its dtype, by name (with `every`, every tensor
+    value: inputs, intermediates and outputs, each rounded to its declared dtype). A view input is read
     with as_strided on its bound buffer, as cuDNN reads it; `inputs` are the values before any launch (an
     output in place is compared, after the launch, with what the reference computed from them)."""
     device = torch.device(device) if device is not None else next(iter(inputs.values())).device
@@ -68,4 +70,9 @@ def run_reference(
                 where = f"while executing `{', '.join(node.outputs)} = {node.op}(...)` in the reference"
                 raise DslError(Diagnostic("error", f"{where}: {e}", node.loc)) from None
             env.update(zip(node.outputs, results))
-    return {v.name: env[v.name].to(torch_dtype(instance.type(v.name).dtype)) for v in graph.outputs}
+    kept = (
+        [v for v in graph.values if v.name in env and v.kind in ("input", "virtual", "output")]
+        if every
+        else graph.outputs
+    )
+    return {v.name: env[v.name].to(torch_dtype(instance.type(v.name).dtype)) for v in kept}

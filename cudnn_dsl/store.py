@@ -37,6 +37,8 @@ ENTRY_LIMIT = 64 << 20
 """bytes; a serialized plan is a few MB at most"""
 BUNDLE_LIMIT = 512 << 20
 KERNEL_CACHE_LIMIT = 64 << 20
+SEARCH_LIMIT = 64 << 20
+"""bytes of one search record (tune --exhaustive): some 200 bytes per configuration tried"""
 MAX_WORKSPACE = 1 << 40
 """bytes; the runtime allocates a stored plan's workspace on every load, so an absurd one is damage"""
 _MAX_CREATED = 1e11
@@ -115,10 +117,15 @@ class PlanKey:
     compute_capability: str
     cudnn_backend: int
     cudnn_frontend: str
+    constraints: str = ""
+    """the plan constraints the plan was chosen under ('' for none: such keys keep the ids they had before)"""
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self, filter=lambda a, v: a.name != "constraints" or bool(v))
 
     @property
     def id(self) -> str:
-        raw = json.dumps(attrs.asdict(self), sort_keys=True).encode()
+        raw = json.dumps(self.to_json(), sort_keys=True).encode()
         return hashlib.sha256(raw).hexdigest()[:32]
 
 
@@ -154,7 +161,10 @@ _KEY_FIELDS: _Fields = {
 }
 _ENTRY_FIELDS: _Fields = {
     "format": (lambda v: type(v) is int and v == FORMAT, f"format {FORMAT}"),
-    "key": (lambda v: _check(v, _KEY_FIELDS, "key") is None, "a plan key"),  # raises naming the bad key field
+    "key": (
+        lambda v: _check(v, _KEY_FIELDS, "key", {"constraints": (_str, "a string")}) is None,
+        "a plan key",
+    ),  # raises naming the bad key field
     "graph": (_str, "a string"),
     "plan_name": (_str, "a string"),
     "engine_id": (_int(0, 2**31 - 1), "an engine id"),
@@ -168,6 +178,27 @@ _OPTIONAL_FIELDS: _Fields = {
     "timing": (_dict_of(_number), "a map of names to numbers"),
     "created": (lambda v: _number(v) and 0 <= v <= _MAX_CREATED, "a time"),
     "imported": (lambda v: type(v) is bool, "true or false"),
+}
+_TRIED_FIELDS: _Fields = {
+    "engine": (_int(0, 2**31 - 1), "an engine id"),
+    "knobs": (_dict_of(_int(-(2**63), 2**63 - 1)), "a map of knob names to integers"),
+    "source": (lambda v: v in ("heuristics", "search"), "heuristics or search"),
+    "status": (lambda v: v in ("timed", "unsupported", "failed", "excluded"), "timed, unsupported, failed or excluded"),
+}
+_TRIED_OPTIONAL: _Fields = {
+    "name": (_str, "a string"),
+    "median_us": (lambda v: _number(v) and v >= 0, "a time in µs"),
+    "workspace": (_int(0, MAX_WORKSPACE), "a byte count"),
+    "error": (_str, "a string"),
+}
+_SEARCH_FIELDS: _Fields = {
+    "format": (lambda v: type(v) is int and v == FORMAT, f"format {FORMAT}"),
+    "key": (lambda v: _check(v, _KEY_FIELDS, "key", {"constraints": (_str, "a string")}) is None, "a plan key"),
+    "graph": (_str, "a string"),
+    "tried": (
+        lambda v: type(v) is list and all(_check(t, _TRIED_FIELDS, "tried", _TRIED_OPTIONAL) is None for t in v),
+        "a list",
+    ),
 }
 _BUNDLE_FIELDS: _Fields = {
     "format": (lambda v: type(v) is int, "a number"),
@@ -228,7 +259,7 @@ class Entry:
     def to_json(self) -> dict:
         return {
             "format": FORMAT,
-            "key": attrs.asdict(self.key),
+            "key": self.key.to_json(),
             "graph": self.graph,
             "plan_name": self.plan_name,
             "engine_id": self.engine_id,
@@ -310,6 +341,8 @@ class Cleared:
     kernel_caches: int
     left: list[str]
     """names that look like ours but are not regular files (directories, FIFOs, links): not touched"""
+    searches: int = 0
+    """search records of tune --exhaustive"""
 
 
 @attrs.frozen
@@ -406,6 +439,37 @@ class PlanStore:
         finally:
             os.close(fd)
 
+    # ---- search records (tune --exhaustive): what was tried, so that a later search resumes ----
+
+    def search_path(self, key: PlanKey) -> Path:
+        return self.root.parent / "searches" / f"{key.id}.json"
+
+    def get_search(self, key: PlanKey) -> list[dict]:
+        """The configurations tried for key so far ([] when none): each {"engine", "knobs", "source", "status",
+        and "name", "median_us", "workspace", "error" where known}; StoreProblem when the record is unusable."""
+        p = self.search_path(key)
+        data = _read_regular(p, SEARCH_LIMIT, "search record")
+        if data is None:
+            return []
+        try:
+            d = _loads(data)
+            _check(d, _SEARCH_FIELDS, "search record")
+            if PlanKey(**d["key"]) != key:
+                raise ValueError("it was made for another key")
+        except (ValueError, TypeError) as e:
+            raise StoreProblem(f"search record {p.name}: {e}") from None
+        return [_cleaned(t) for t in d["tried"]]
+
+    def put_search(self, key: PlanKey, graph: str, tried: list[dict]) -> None:
+        """Saves the configurations tried for key (replacing the record); StoreProblem when it cannot."""
+        text = json.dumps({"format": FORMAT, "key": key.to_json(), "graph": graph, "tried": tried}, indent=0)
+        if len(text) > SEARCH_LIMIT:
+            raise StoreProblem(f"the search record of {graph} would be {len(text)} bytes, over {SEARCH_LIMIT}")
+        try:
+            atomic_write(self.search_path(key), text, follow_symlinks=False)
+        except OSError as e:
+            raise StoreProblem(f"cannot write the search record {self.search_path(key)}: {e.strerror or e}") from None
+
     # ---- cache commands ----
 
     def listing(self) -> list[Row]:
@@ -454,9 +518,14 @@ class PlanStore:
     def clear(self) -> Cleared:
         """Deletes the entries, the kernel caches and temp files left by killed writers (D29), without reading
         them; leaves directories, FIFOs and links alone. StoreProblem when the store cannot be changed."""
-        counts = {"entries": 0, "temp_files": 0, "kernel_caches": 0}
+        counts = {"entries": 0, "temp_files": 0, "kernel_caches": 0, "searches": 0}
         left = []
-        for folder, suffix, kind in ((self.root, ".json", "entries"), (self.kernels, ".cache", "kernel_caches")):
+        searches = self.root.parent / "searches"
+        for folder, suffix, kind in (
+            (self.root, ".json", "entries"),
+            (self.kernels, ".cache", "kernel_caches"),
+            (searches, ".json", "searches"),
+        ):
             for e in _scan(folder):
                 what = "temp_files" if e.name.startswith(".") and e.name.endswith(".tmp") else kind
                 if not e.name.endswith(suffix) and what != "temp_files":

@@ -14,9 +14,10 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from cudnn_dsl.build import host_tensors
-from cudnn_dsl.lower import clean
+from cudnn_dsl.build import excluded_or, host_tensors
 from cudnn_dsl.runtime import CompiledGraph, make_pack
+from cudnn_dsl.search import MAX_CONFIGS, SearchResult, Tried, search
+from cudnn_dsl.store import StoreProblem
 from cudnn_dsl.tensors import compare_outputs, restore, snapshot
 from cudnn_dsl.timing import replay_time_us
 from dsl.ir import Graph, Instance, shape_label
@@ -82,11 +83,12 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
     pack = make_pack(cands.low, host_tensors(cands.low), tensors, outputs)
     flops, moved = work(cg.graph, inst)
     result = TuneResult(cg.graph.name, dict(inst.binding), [], flops, moved, dict(cands.low.timings))
-    for i in range(cands.count):
+    indices = cands.indices  # the plans the options' constraints leave
+    for n, i in enumerate(indices):
         c = Candidate(i, cands.name(i))
         result.candidates.append(c)
         if progress:
-            progress(f"{i + 1}/{cands.count} {c.name}")
+            progress(f"{n + 1}/{len(indices)} {c.name}")
         try:
             t0 = time.perf_counter()
             c.workspace = cands.build(i)
@@ -97,7 +99,7 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
             c.times_us = replay_time_us(cands.runner(i, pack, ws), planner.handle, cg.device, o.iterations, o.warmup)
             result.build_s["plans"] = result.build_s.get("plans", 0.0) + time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - a plan that fails to build or run is skipped, with why
-            c.error = clean(e, 300)
+            c.error = excluded_or(e)
     ranked = result.ranked
     if not ranked:
         return result
@@ -112,6 +114,66 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
         return result
     planner.adopt(exe, tuned=True, timing={"median_us": result.winner.median_us, "candidates": len(result.candidates)})
     return result
+
+
+def exhaustive(
+    cg: CompiledGraph,
+    inst: Instance,
+    *,
+    cap: int = MAX_CONFIGS,
+    budget_s: float | None = None,
+    restart: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> SearchResult:
+    """tune --exhaustive: times the heuristics' plans and every engine and knob combination after them (see
+    cudnn_dsl.search), going on from what earlier searches of this plan key tried unless `restart`; selects and
+    stores the fastest, once its outputs match the reference."""
+    planner, o = cg.planner, cg.options
+    cands = planner.candidates(inst)
+    tensors = cg.allocate_inputs(dict(inst.binding))
+    outputs = cg.bind_outputs(inst, tensors)
+    pack = make_pack(cands.low, host_tensors(cands.low), tensors, outputs)
+    key = planner.key(inst) if planner.use_store else None
+    notes, earlier = [], []
+    if key is None:
+        notes.append("--no-cache: this search is not recorded, and the next one starts afresh")
+    elif not restart:
+        try:
+            earlier = [Tried.from_json(d) for d in planner.store.get_search(key)]
+        except StoreProblem as e:
+            notes.append(f"{e}; searching afresh")
+
+    def measure(index: int, t: Tried) -> None:
+        t.workspace = cands.build(index)
+        if o.workspace_limit is not None and t.workspace > o.workspace_limit:
+            raise RuntimeError(f"needs {t.workspace} bytes of workspace, over the limit of {o.workspace_limit}")
+        ws = torch.empty(max(1, t.workspace), dtype=torch.uint8, device=cg.device)
+        t.median_us = statistics.median(
+            replay_time_us(cands.runner(index, pack, ws), planner.handle, cg.device, o.iterations, o.warmup)
+        )
+
+    def save(tried: list[Tried]) -> None:
+        if key is not None:
+            try:
+                done = [t.to_json() for t in tried if t.status in ("timed", "unsupported", "failed", "excluded")]
+                planner.store.put_search(key, cg.graph.name, done)  # not one an interrupt cut short
+            except StoreProblem as e:
+                notes.append(f"search record not saved: {e}")
+
+    excluded = set(o.exclude_engines or ())
+    r = search(cands, earlier, excluded, cap=cap, budget_s=budget_s, measure=measure, progress=progress, save=save)
+    r.notes += dict.fromkeys(notes)
+    if not r.ranked:
+        return r
+    best = r.ranked[0]
+    exe = cands.executable(cands.add(best.engine, best.knobs))  # built afresh: it may come from an earlier search
+    exe.launch(make_pack(exe.low, exe.host, tensors, outputs))
+    comps = compare_outputs(cg.graph, inst, outputs, cg.reference(tensors), o)
+    r.check = "; ".join(str(c) for c in comps)
+    if all(c.ok for c in comps):
+        r.winner = best
+        planner.adopt(exe, tuned=True, timing={"median_us": best.median_us or 0.0, "candidates": len(r.tried)})
+    return r
 
 
 def report(result: TuneResult) -> str:

@@ -59,6 +59,17 @@ class Options:
     fallback: bool = _option(
         "bool", True, "run an op that no cuDNN engine takes, even alone, with its torch reference on the GPU"
     )
+    exclude_engines: tuple[int, ...] | None = _option(
+        "ints",
+        None,
+        "cuDNN engine ids whose plans are never used (the N of a plan named engN_...)",
+        lo=0,
+        optional=True,
+    )
+    deterministic: bool = _option("bool", False, "only plans cuDNN does not mark NONDETERMINISTIC")
+    no_runtime_compilation: bool = _option(
+        "bool", False, "only plans cuDNN does not mark RUNTIME_COMPILATION (no kernel compiled at build time)"
+    )
 
     def modes(self, tuning: bool = False) -> tuple[str, ...]:
         """The heuristic modes to ask: the file's or the command line's, else A then FALLBACK for a
@@ -66,6 +77,18 @@ class Options:
         if self.heuristics:
             return self.heuristics
         return HEURISTIC_MODES if tuning else ("A", "FALLBACK")
+
+    @property
+    def constraints(self) -> str:
+        """The plan constraints in force, as words ('' for none): part of the plan-store key, and said to the user."""
+        parts = []
+        if self.exclude_engines:
+            parts.append("exclude engines " + ", ".join(map(str, sorted(set(self.exclude_engines)))))
+        if self.deterministic:
+            parts.append("deterministic")
+        if self.no_runtime_compilation:
+            parts.append("no runtime compilation")
+        return "; ".join(parts)
 
     def with_values(self, values: dict[str, Any], source: str = "python") -> Options:
         """These options with others on top, each converted from `source` ("python", or "text" for the

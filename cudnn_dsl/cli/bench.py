@@ -35,6 +35,7 @@ def register(p) -> None:
     p.add_argument("--no-peak", action="store_true", help="skip measuring the GPU's bf16 matmul peak")
     p.add_argument("--json", metavar="FILE", help="write every figure as JSON ('-' for stdout)")
     p.add_argument("--plot", metavar="FILE.png", help="draw a chart (needs matplotlib)")
+    common.add_constraint_flags(p)
     common.add_log_flags(p)
     p.set_defaults(run=run)
 
@@ -61,16 +62,17 @@ def run(args) -> int:
             status = max(status, common.EXIT_USAGE if result is None else common.EXIT_FAIL)
             continue
         for g in common.select_graphs(result.program, args.graph):
-            work += [(path, g, inst) for inst in common.select_instances(g, args.shape)]
+            opts = common.options_from(args, g.options)
+            work += [(path, g, inst, opts) for inst in common.select_instances(g, args.shape)]
     peak = None if args.no_peak else peak_tflops_bf16()
     env = {**environment(), "peak_bf16_tflops_measured": peak}
     print(
         f"{env['gpu']}, driver {env['driver']}, cuDNN {env['cudnn_backend']}, frontend {env['cudnn_frontend']}, "
         f"torch {env['torch']}" + (f"; measured bf16 matmul peak {peak:.0f} TFLOP/s" if peak else "")
     )
-    for path, g, inst in work:
+    for path, g, inst, opts in work:
         try:
-            res = bench_graph(g, inst, against, args.rounds, args.samples, cold_l2=args.cold_l2)
+            res = bench_graph(g, inst, against, args.rounds, args.samples, opts, cold_l2=args.cold_l2)
         except Exception as e:  # noqa: BLE001 - a graph cuDNN declines is reported; the others still run
             status = max(status, common.report(e))
             continue

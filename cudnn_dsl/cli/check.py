@@ -13,6 +13,8 @@ def register(p) -> None:
     out.add_argument("--emit", choices=("ast", "ir"), help="print a stage instead of the summary")
     out.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
     common.add_target_flags(p, "also ask cuDNN for this GPU's plans, without a GPU")
+    common.add_constraint_flags(p)
+    common.add_plan_flag(p)
     common.add_log_flags(p)
     p.set_defaults(run=run)
 
@@ -23,6 +25,12 @@ def run(args) -> int:
     common.start_logging(args)
     common.check_writable(args.json, "--json")
     target = common.target_from(args)  # an unknown one is a usage error before any work
+    pin = common.plan_spec(args)
+    from dsl.options import Options
+
+    common.options_from(args, Options())  # the flags' values checked before any work
+    if target is None and (pin or args.exclude_engine or args.deterministic or args.no_runtime_compilation):
+        raise common.UsageError("--plan and the plan constraints apply to cuDNN's plans: give --target too")
     if target is not None and args.emit == "ast":
         raise common.UsageError("--emit ast stops before the graph is checked; --target plans the checked graph")
     status = common.EXIT_OK
@@ -48,12 +56,12 @@ def run(args) -> int:
         else:
             print(summary(result.program))
         if target is not None:
-            status = max(status, _plan(result.program, target, entry["plans"], quiet=bool(args.json)))
+            status = max(status, _plan(result.program, target, entry["plans"], bool(args.json), args, pin))
     common.write_json(args.json, {"files": files})
     return status
 
 
-def _plan(program, target, records: list, quiet: bool) -> int:
+def _plan(program, target, records: list, quiet: bool, args, pin) -> int:
     """Asks the real cuDNN library for the target's plans for every shape of every graph."""
     from cudnn_dsl.backend import BackendUnavailable
     from cudnn_dsl.build import timings_text
@@ -66,7 +74,7 @@ def _plan(program, target, records: list, quiet: bool) -> int:
             name = common.label(g, inst)
             progress = common.Progress(name)
             try:
-                low, partition = plan_for_target(g, inst, g.options, target, progress)
+                low, partition = plan_for_target(g, inst, common.options_from(args, g.options), target, progress, pin)
             except (DslError, BackendUnavailable) as e:  # said, and the other graphs and files still planned
                 status = max(status, common.report(e))
                 why = [d.to_json() for d in e.diagnostics] if isinstance(e, DslError) else str(e)

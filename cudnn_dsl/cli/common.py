@@ -188,7 +188,34 @@ def add_build_flags(p, files: str = "the file") -> None:
         help="only these values of a symbolic dim: N=8,16 or repeated; default: every declared value",
     )
     add_option_flags(p, *OPTION_FLAGS)
+    add_constraint_flags(p)
     p.add_argument("--device", type=int, help="CUDA device index (default: the current one, 0)")
+
+
+def add_plan_flag(p) -> None:
+    p.add_argument(
+        "--plan",
+        metavar="NAME",
+        help="build exactly this plan: its name as cuDNN prints it (eng4_k24=43_k17=1, or a python engine's), or "
+        "ENGINE[:KNOB=V,...] (4:KERNEL_CFG=43); not stored in the plan store",
+    )
+
+
+def add_constraint_flags(p) -> None:
+    """The plan constraints, as flags (the options exclude_engines, deterministic, no_runtime_compilation)."""
+    p.add_argument(
+        "--exclude-engine",
+        action="append",
+        metavar="N",
+        help="never use a plan of cuDNN engine N (the N of engN_...); repeat or give N,M (replaces the file's "
+        "'option exclude_engines')",
+    )
+    p.add_argument("--deterministic", action="store_true", help="only plans cuDNN does not mark NONDETERMINISTIC")
+    p.add_argument(
+        "--no-runtime-compilation",
+        action="store_true",
+        help="only plans cuDNN does not mark RUNTIME_COMPILATION (no kernel compiled while building)",
+    )
 
 
 def add_option_flags(p, *names: str) -> None:
@@ -210,12 +237,28 @@ def options_from(args, base: Options) -> Options:
     from dsl.diagnostics import RuleError
 
     given = {n: getattr(args, n) for n in OPTION_FLAGS if getattr(args, n, None) is not None}
-    if getattr(args, "cuda_graph", False):
-        given["cuda_graph"] = "true"
+    for flag in ("cuda_graph", "deterministic", "no_runtime_compilation"):
+        if getattr(args, flag, False):
+            given[flag] = "true"
+    if getattr(args, "exclude_engine", None):
+        given["exclude_engines"] = ",".join(args.exclude_engine)
     try:
         return base.with_values(given, source="text")
     except RuleError as e:
-        raise UsageError(f"--{str(e.at).replace('_', '-')}: {e}") from None
+        flag = "exclude-engine" if e.at == "exclude_engines" else str(e.at).replace("_", "-")
+        raise UsageError(f"--{flag}: {e}") from None
+
+
+def plan_spec(args):
+    """--plan NAME as a build.PlanSpec (None without it); a usage error when it names no plan."""
+    if not getattr(args, "plan", None):
+        return None
+    from cudnn_dsl.build import PlanSpec
+
+    try:
+        return PlanSpec.parse(args.plan)
+    except ValueError as e:
+        raise UsageError(f"--plan: {e}") from None
 
 
 def add_log_flags(p) -> None:

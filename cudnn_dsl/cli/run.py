@@ -18,6 +18,7 @@ def register(p) -> None:
     p.add_argument("file", metavar="FILE")
     common.add_build_flags(p, "the file")
     common.add_target_flags(p, "without a GPU here, plan for this GPU (default h200)")
+    common.add_plan_flag(p)
     p.add_argument(
         "--input",
         action="append",
@@ -42,6 +43,12 @@ def register(p) -> None:
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the plan store")
     p.add_argument("--rebuild", action="store_true", help="ignore stored plans; build and store anew")
     p.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference and the comparison")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="also run each op alone on the GPU, fed the reference's values of its inputs, and name the first op "
+        "that diverges from its reference",
+    )
     p.add_argument(
         "--save-outputs",
         metavar="DIR",
@@ -172,6 +179,7 @@ class _Setup:
         self.graph, self.args = graph, args
         self.from_dump = Path(args.inputs_from) if args.inputs_from else None
         self.opts = common.options_from(args, graph.options)
+        self.pin = common.plan_spec(args)
         self.instances = common.select_instances(graph, args.shape)
         self.loaded = mine(loaded, "input")
         self.atol, self.rtol = mine(names.atol, "output"), mine(names.rtol, "output")
@@ -277,6 +285,7 @@ class _GpuRunner:
         self.s = setup
         a = setup.args
         self.cg = CompiledGraph(setup.graph, setup.opts, a.device, use_store=not a.no_cache, rebuild=a.rebuild)
+        self.cg.planner.pin = setup.pin
 
     def run(self, inst) -> dict:
         import attrs
@@ -332,6 +341,7 @@ class _GpuRunner:
             print("  skipped    the reference and the comparison (--no-reference)")
         for line in pinned + s.repro(inst, first, "outputs"):
             print(f"  repro      {line}")
+        isolated = _isolate(s, inst, tensors, cg.device)
         saved = s.save(inst, first)
         if s.args.dump:
             from cudnn_dsl.build import frontend_json
@@ -370,6 +380,7 @@ class _GpuRunner:
             "compare": [attrs.asdict(c) for c in comps],
             "ok": all(c.ok for c in comps),
             "saved": saved,
+            "isolate": isolated,
         }
 
     def _pin(self, inst) -> list[str]:
@@ -377,7 +388,7 @@ class _GpuRunner:
         bit for bit."""
         from cudnn_dsl import dump
 
-        if self.s.from_dump is None:
+        if self.s.from_dump is None or self.s.pin is not None:  # --plan wins over the dump's
             return []
         plan = dump.read_plan(self.s.from_dump, self.s.graph, inst)
         planner = self.cg.planner
@@ -407,7 +418,7 @@ class _CpuRunner:
         rep: dict = {"graph": s.graph.name, "binding": dict(inst.binding), "executed": False, "skipped": {}}
         progress = common.Progress(name)
         try:
-            low = plan_deviceless(s.graph, inst, s.opts, target, progress)
+            low = plan_deviceless(s.graph, inst, s.opts, target, progress, s.pin)
             rep["plan"] = common.plan_record(s.graph, inst, target, low)
             print(
                 f"  plan       for {target.name} (no device): {rep['plan']['first_plan']}  "
@@ -466,9 +477,23 @@ class _CpuRunner:
                 except (DslError, BackendUnavailable):  # cuDNN declined it above, and said so
                     fe_json = None
                 s.dump(inst, inputs, outs, fe_json=fe_json, env=versions())
-        print("  skipped    cuDNN execution and comparison: no CUDA GPU here")
+        print(
+            f"  skipped    cuDNN execution and comparison{' and --isolate' if s.args.isolate else ''}: no CUDA GPU here"
+        )
         rep["skipped"]["execution"] = "no CUDA GPU here"
         return rep
+
+
+def _isolate(s: _Setup, inst, tensors: dict, device) -> list[dict]:
+    """--isolate: each op alone against its reference, one line each, and the first that diverges."""
+    if not s.args.isolate:
+        return []
+    from cudnn_dsl.isolate import isolate, report
+
+    results = isolate(s.graph, inst, tensors, s.opts, device)
+    for line in report(results):
+        print(f"  isolate    {line}")
+    return [{"op": r.node.op, "outputs": list(r.node.outputs), "status": r.status, "detail": r.detail} for r in results]
 
 
 def _available_memory() -> int | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cudnn_dsl.cli import common
 
-HELP = "build and time every candidate plan on the GPU; keep the fastest in the plan store"
+HELP = "build and time every candidate plan on the GPU (or every engine and knob: --exhaustive); keep the fastest"
 
 
 def register(p) -> None:
@@ -13,6 +13,19 @@ def register(p) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="draw the time of every plan (needs matplotlib)")
     p.add_argument("--json", metavar="FILE", help="write every plan's timings as JSON ('-' for stdout)")
     p.add_argument("--no-cache", action="store_true", help="do not save the winner in the plan store")
+    x = p.add_argument_group("exhaustive search")
+    x.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="after the heuristics' plans, every engine and knob combination cuDNN enumerates; resumes where the "
+        "last search of this graph on this GPU stopped (without a GPU: only asks cuDNN which it supports, for "
+        "--target)",
+    )
+    x.add_argument("--max-configs", type=int, metavar="N", help="try at most N configurations (default 1000)")
+    x.add_argument("--budget", type=float, metavar="SECONDS", help="stop after SECONDS of searching")
+    x.add_argument("--top-k", type=int, default=10, metavar="K", help="report the K fastest (default 10)")
+    x.add_argument("--restart", action="store_true", help="forget what earlier searches tried")
+    common.add_target_flags(p, "with --exhaustive and no GPU here: the GPU to ask cuDNN about (default h200)")
     common.add_log_flags(p)
     p.set_defaults(run=run)
 
@@ -20,12 +33,21 @@ def register(p) -> None:
 def run(args) -> int:
     common.start_logging(args)
     common.check_reports(args)
+    _check_search_flags(args)
+    if args.exhaustive:
+        from cudnn_dsl.backend import DEFAULT_TARGET, gpu_available
+
+        if not gpu_available():
+            return _explore(args, common.target_from(args, DEFAULT_TARGET))
     common.require_gpu("tune times plans on a GPU")
+    if args.target or args.device_properties:
+        common.warn("note: --target and --device-properties ignored: this machine has a GPU, and tune times on it")
     import attrs
 
     from cudnn_dsl.runtime import CompiledGraph
+    from cudnn_dsl.search import report as search_report
     from cudnn_dsl.timing import environment
-    from cudnn_dsl.tune import plot, report, tune
+    from cudnn_dsl.tune import exhaustive, plot, report, tune
 
     results, files, status, work = [], [], common.EXIT_OK, []
     for path in args.files:  # every file, graph, option and shape checked before anything is timed
@@ -45,15 +67,21 @@ def run(args) -> int:
             progress = common.Progress(common.label(g, inst))
             cg.planner.progress = progress
             try:
-                r = tune(cg, inst, progress)
+                if args.exhaustive:
+                    r = exhaustive(cg, inst, **_limits(args), restart=args.restart, progress=progress)
+                else:
+                    r = tune(cg, inst, progress)
             except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still run
                 status = max(status, common.report(e))
                 continue
             finally:
                 progress.done()
-            results.append(r)
             entry["graphs"].append(attrs.asdict(r))
-            print(report(r))
+            if args.exhaustive:
+                print(search_report(r, args.top_k))
+            else:
+                results.append(r)
+                print(report(r))
             if r.winner is None:
                 status = max(status, common.EXIT_FAIL)
             elif not args.no_cache:
@@ -61,4 +89,56 @@ def run(args) -> int:
     if args.plot and results:
         plot(results, args.plot)
     common.write_json(args.json, {"files": files, "environment": environment(args.device)})
+    return status
+
+
+def _check_search_flags(args) -> None:
+    given = [f for f in ("max_configs", "budget", "restart") if getattr(args, f) not in (None, False)]
+    if given and not args.exhaustive:
+        raise common.UsageError(f"--{given[0].replace('_', '-')} goes with --exhaustive")
+    if args.exhaustive and args.plot:
+        raise common.UsageError("--plot draws tune's normal list; --exhaustive reports its --top-k as text")
+    for flag, value in (("--max-configs", args.max_configs), ("--top-k", args.top_k)):
+        if value is not None and value < 1:
+            raise common.UsageError(f"{flag} must be at least 1")
+    if args.budget is not None and not args.budget > 0:
+        raise common.UsageError("--budget must be a positive number of seconds")
+
+
+def _limits(args) -> dict:
+    from cudnn_dsl.search import MAX_CONFIGS
+
+    return {"cap": args.max_configs or MAX_CONFIGS, "budget_s": args.budget}
+
+
+def _explore(args, target) -> int:
+    """--exhaustive without a GPU: which configurations cuDNN supports for the target (nothing built or timed)."""
+    import attrs
+
+    from cudnn_dsl.search import report, search_deviceless
+
+    common.warn(
+        f"note: no CUDA GPU here: asking cuDNN which configurations it supports for {target.name}; none is timed"
+    )
+    status, files = common.EXIT_OK, []
+    for path in args.files:
+        result = common.load_each(path)
+        if result is None or not result.ok:
+            status = max(status, common.EXIT_USAGE if result is None else common.EXIT_FAIL)
+            continue
+        files.append({"file": result.file, "graphs": []})
+        for g in common.select_graphs(result.program, args.graph):
+            opts = common.options_from(args, g.options)
+            for inst in common.select_instances(g, args.shape):
+                progress = common.Progress(common.label(g, inst))
+                try:
+                    r = search_deviceless(g, inst, opts, target, **_limits(args), progress=progress)
+                except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still run
+                    status = max(status, common.report(e))
+                    continue
+                finally:
+                    progress.done()
+                files[-1]["graphs"].append(attrs.asdict(r))
+                print(report(r, args.top_k))
+    common.write_json(args.json, {"files": files, "target": target.name})
     return status

@@ -1,0 +1,103 @@
+"""Runtime layer: `run --isolate` — each op of a graph run alone on the GPU, to find the first that diverges.
+
+Each node becomes a graph of its own (single_op_graphs): its tensor inputs are device inputs of the dtypes,
+shapes and strides they have in the whole graph (an intermediate keeps its intermediate dtype), its scalars and
+constants stay what they were, and its results are outputs. Each is fed the whole graph's reference values of its
+inputs, rounded to their declared dtypes, and goes through the normal compile, run and compare path: cuDNN
+against the reference of that op on those very inputs.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from dsl.ir import Graph, Instance, Node, Value
+
+
+@attrs.frozen
+class Alone:
+    """One op's graph, and what running it alone said."""
+
+    node: Node
+    graph: Graph
+    status: str = ""
+    """ok, mismatch, declined (cuDNN has no plan for the op alone), or failed"""
+    detail: str = ""
+
+
+def single_op_graphs(graph: Graph, inst: Instance) -> list[tuple[Node, Graph]]:
+    """One graph per node of `graph` at this shape: the node alone, with the types the whole graph gives it."""
+    out = []
+    for index, node in enumerate(graph.nodes):
+        names = list(dict.fromkeys(i for i in node.inputs if i))
+        values = []
+        for uid, name in enumerate(names, 1):
+            v = graph.value(name)
+            kind = v.kind if v.kind in ("scalar", "const") else "input"
+            values.append(Value(name, kind, uid, v.scalar, v.dtype, v.loc))
+        values += [Value(o, "output", len(names) + k, loc=node.loc) for k, o in enumerate(node.outputs, 1)]
+        types = tuple((v.name, inst.type(v.name)) for v in values)
+        alone = Instance(inst.binding, types, (inst.node_attrs[index],))
+        name = f"{graph.name}.{node.outputs[0]}"
+        out.append(
+            (
+                node,
+                Graph(
+                    name,
+                    graph.file,
+                    graph.io,
+                    graph.intermediate,
+                    graph.compute,
+                    graph.options,
+                    (),
+                    tuple(values),
+                    (node,),
+                    (alone,),
+                    node.loc,
+                ),
+            )
+        )
+    return out
+
+
+def isolate(graph: Graph, inst: Instance, tensors: dict, options, device) -> list[Alone]:
+    """Runs every op alone on `device`, on the whole graph's reference values of its inputs."""
+    from cudnn_dsl.reference import run_reference
+    from cudnn_dsl.runtime import CompiledGraph
+    from cudnn_dsl.tensors import relayout
+    from dsl.diagnostics import DslError
+
+    values = run_reference(graph, inst, tensors, device, every=True)
+    results = []
+    for node, g in single_op_graphs(graph, inst):
+        alone = g.instances[0]
+        feed = {v.name: relayout(values[v.name], alone.type(v.name), device) for v in g.of_kind("input")}
+        feed.update((v.name, tensors[v.name]) for v in g.of_kind("scalar") if v.name in tensors)
+        try:
+            comps = CompiledGraph(g, options, device, use_store=False).check(feed)
+        except DslError as e:  # cuDNN has no plan for this op alone: said, not a failure of the op
+            results.append(Alone(node, g, "declined", e.diagnostics[0].message[:200]))
+            continue
+        except Exception as e:  # noqa: BLE001 - a binding or launch failure of one op; the others still run
+            results.append(Alone(node, g, "failed", f"{type(e).__name__}: {e}"))
+            continue
+        ok = all(c.ok for c in comps)
+        results.append(Alone(node, g, "ok" if ok else "mismatch", "; ".join(str(c) for c in comps)))
+    return results
+
+
+def report(results: list[Alone]) -> list[str]:
+    """One line per op, then which op diverges first (or that none does)."""
+    lines = []
+    for r in results:
+        what = {"declined": "cuDNN-declined-alone"}.get(r.status, r.status)
+        lines.append(
+            f"{r.node.loc.line}:{r.node.loc.col} {', '.join(r.node.outputs)} = {r.node.op}: {what}  {r.detail}"
+        )
+    bad = next((r for r in results if r.status == "mismatch"), None)
+    if bad is not None:
+        lines.append(f"first op that diverges: {', '.join(bad.node.outputs)} = {bad.node.op} at {bad.node.loc}")
+    else:
+        checked = sum(r.status == "ok" for r in results)
+        lines.append(f"no op diverges alone ({checked} of {len(results)} checked; the rest cuDNN would not run alone)")
+    return lines
