@@ -500,6 +500,16 @@ def host_tensors(low: Lowered) -> dict[int, Any]:
     return {uid: host_scalar(v, dt) for uid, (v, dt) in low.host_values.items()}
 
 
+def _compiles_at_run_time(low: Lowered) -> bool:
+    """Whether the selected plan carries cuDNN's RUNTIME_COMPILATION note (a python engine's plan has none)."""
+    cudnn = load_cudnn()
+    try:
+        notes = low.g.get_behavior_notes_for_plan_at_index(_selected_index(low.g))
+    except Exception:  # noqa: BLE001 - python-engine plans have no backend notes
+        return False
+    return cudnn.behavior_note.RUNTIME_COMPILATION in notes
+
+
 def _selected_index(g) -> int:
     """The plan index the frontend selected (build_plans or build_plan_at_index sets it)."""
     return int(getattr(g, "_plan_index", 0) or 0)
@@ -572,8 +582,9 @@ class Planner:
         self.progress = progress
         self.pin: PlanSpec | None = None
         """the one plan to build (run --plan): neither looked up in nor saved to the store"""
-        self.use_kernel_cache = bool(graph.symbols)
-        """share one kernel cache across the shapes of a dynamic graph"""
+        self.use_kernel_cache = bool(graph.symbols) and options.shape_mode == "dynamic"
+        """build in cuDNN's dynamic-shape mode, sharing one kernel cache across the shapes (auto turns it on
+        once a plan turns out to compile its kernel at run time)"""
         self._handle = None
         self._kc = None
         self._kc_first_build_s: float | None = None
@@ -613,9 +624,13 @@ class Planner:
             self.options.constraints,
         )
 
-    def lower(self, inst: Instance) -> Lowered:
-        self._kernel_cache_load()
-        return lower(self.graph, inst, handle=self.handle, kernel_cache=self._kc)
+    def lower(self, inst: Instance, dynamic: bool | None = None) -> Lowered:
+        """The shape lowered for this GPU: in dynamic-shape mode (with the shared kernel cache) as the
+        planner goes, or as `dynamic` says."""
+        if dynamic or (dynamic is None and self.use_kernel_cache):
+            self._kernel_cache_load()
+            return lower(self.graph, inst, handle=self.handle, kernel_cache=self._kc)
+        return lower(self.graph, inst, handle=self.handle)
 
     def executable_of(self, low: Lowered, source: str, notes: list[str], workspace: int | None = None) -> Executable:
         """An Executable of the plan the lowered graph has selected, its workspace allocated."""
@@ -648,16 +663,36 @@ class Planner:
             exe, replace = self._from_store(inst, key, notes)
             if exe is not None:
                 return exe
+        dynamic = self.use_kernel_cache
         low = self.lower(inst)  # afresh: a stored engine that failed to rebuild may have left its graph half-built
         cached = self._kc_size()
         plan(low, self.options, self.device_name, self.progress, pin=self.pin)
-        if self._kc is not None:
+        if dynamic:
             notes.append(self._kernel_cache_note(cached, self._kc_size(), low.timings.get("build_plans", 0.0)))
+        elif self.graph.symbols:
+            notes.append(self._shape_mode_note(low))
         exe = self.executable_of(low, "heuristics" if self.pin is None else f"--plan {self.pin.text}", notes)
         if key is not None:  # --rebuild, or a stored plan that proved unusable, is replaced by this one
             self._persist(key, exe, tuned=False, force=replace)
         self._kernel_cache_save()
         return exe
+
+    def _shape_mode_note(self, low: Lowered) -> str:
+        """Why this shape got a static plan; under `auto`, a plan that compiles its kernel at run time turns
+        on the dynamic-shape mode (one kernel cache) for the shapes still to come."""
+        build_ms = 1e3 * low.timings.get("build_plans", 0.0)
+        if self.options.shape_mode == "static":
+            return f"static plan for this shape (option shape_mode = static; built in {build_ms:.0f} ms)"
+        if not _compiles_at_run_time(low):
+            return (
+                f"static plan for this shape: it compiles nothing at run time, so a build per shape is cheap "
+                f"({build_ms:.0f} ms) and runs faster than a dynamic-shape plan"
+            )
+        self.use_kernel_cache = True
+        return (
+            f"static plan for this shape; it compiled its kernel at run time ({build_ms:.0f} ms), so the shapes "
+            "still to come build in dynamic-shape mode and share one kernel cache"
+        )
 
     def _from_store(self, inst: Instance, key: PlanKey, notes: list[str]) -> tuple[Executable | None, bool]:
         """The stored plan as an executable, or None; and whether the stored entry is unusable (to be replaced)."""
@@ -775,9 +810,10 @@ class Planner:
 
     # ---- tuning ------------------------------------------------------------------------------
 
-    def candidates(self, inst: Instance) -> Candidates:
-        """Every plan of every heuristic mode for this shape, planned through check_support."""
-        low = self.lower(inst)
+    def candidates(self, inst: Instance, dynamic: bool | None = None) -> Candidates:
+        """Every plan of every heuristic mode for this shape, planned through check_support (in dynamic-shape
+        mode or not, as `lower` decides)."""
+        low = self.lower(inst, dynamic)
         plan(low, self.options, self.device_name, self.progress, steps=STEPS[:4], tuning=True)
         return Candidates(self, low, self.options)
 
@@ -795,7 +831,7 @@ class Planner:
         return self.store.kernel_cache_path(self.graph.name, graph_digest(self.graph, self.graph.instances[0]))
 
     def _kernel_cache_load(self) -> None:
-        if not self.use_kernel_cache or self._kc is not None:
+        if self._kc is not None:
             return
         cudnn = load_cudnn()
         self._kc = cudnn.create_kernel_cache()

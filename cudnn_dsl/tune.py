@@ -31,12 +31,18 @@ class Candidate:
     """the heuristics' rank (0 = their first choice)"""
     name: str
     workspace: int = 0
+    mode: str = ""
+    """"dynamic" for a plan built in cuDNN's dynamic-shape mode, when tune times both modes"""
     times_us: list[float] = attrs.Factory(list)
     error: str = ""
 
     @property
     def median_us(self) -> float:
         return statistics.median(self.times_us) if self.times_us else math.inf
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (dynamic)" if self.mode else self.name
 
 
 @attrs.define
@@ -76,35 +82,43 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
     `progress` hears what is being done ("3/42 eng4_k24=43")."""
     planner = cg.planner
     o = cg.options
-    cands = planner.candidates(inst)
+    # a dynamic graph under shape_mode auto: static plans and dynamic-shape ones, the faster kept
+    modes = [False, True] if cg.graph.symbols and o.shape_mode == "auto" else [None]
     tensors = cg.allocate_inputs(dict(inst.binding))
     before = snapshot(cg.graph, tensors)  # the candidates' launches overwrite what outputs in place write
     outputs = cg.bind_outputs(inst, tensors)
-    pack = make_pack(cands.low, host_tensors(cands.low), tensors, outputs)
     flops, moved = work(cg.graph, inst)
-    result = TuneResult(cg.graph.name, dict(inst.binding), [], flops, moved, dict(cands.low.timings))
-    indices = cands.indices  # the plans the options' constraints leave
-    for n, i in enumerate(indices):
-        c = Candidate(i, cands.name(i))
-        result.candidates.append(c)
-        if progress:
-            progress(f"{n + 1}/{len(indices)} {c.name}")
-        try:
-            t0 = time.perf_counter()
-            c.workspace = cands.build(i)
-            if o.workspace_limit is not None and c.workspace > o.workspace_limit:
-                c.error = f"needs {c.workspace} bytes of workspace, over the limit of {o.workspace_limit}"
-                continue
-            ws = torch.empty(max(1, c.workspace), dtype=torch.uint8, device=cg.device)
-            c.times_us = replay_time_us(cands.runner(i, pack, ws), planner.handle, cg.device, o.iterations, o.warmup)
-            result.build_s["plans"] = result.build_s.get("plans", 0.0) + time.perf_counter() - t0
-        except Exception as e:  # noqa: BLE001 - a plan that fails to build or run is skipped, with why
-            c.error = excluded_or(e)
+    result = TuneResult(cg.graph.name, dict(inst.binding), [], flops, moved, {})
+    of: dict[int, object] = {}  # id(candidate) -> the Candidates it came from
+    for dynamic in modes:
+        cands = planner.candidates(inst, dynamic)
+        result.build_s.update(cands.low.timings)
+        pack = make_pack(cands.low, host_tensors(cands.low), tensors, outputs)
+        indices = cands.indices  # the plans the options' constraints leave
+        for n, i in enumerate(indices):
+            c = Candidate(i, cands.name(i), mode="dynamic" if dynamic else "")
+            of[id(c)] = cands
+            result.candidates.append(c)
+            if progress:
+                progress(f"{n + 1}/{len(indices)} {c.name}{' (dynamic)' if dynamic else ''}")
+            try:
+                t0 = time.perf_counter()
+                c.workspace = cands.build(i)
+                if o.workspace_limit is not None and c.workspace > o.workspace_limit:
+                    c.error = f"needs {c.workspace} bytes of workspace, over the limit of {o.workspace_limit}"
+                    continue
+                ws = torch.empty(max(1, c.workspace), dtype=torch.uint8, device=cg.device)
+                c.times_us = replay_time_us(
+                    cands.runner(i, pack, ws), planner.handle, cg.device, o.iterations, o.warmup
+                )
+                result.build_s["plans"] = result.build_s.get("plans", 0.0) + time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001 - a plan that fails to build or run is skipped, with why
+                c.error = excluded_or(e)
     ranked = result.ranked
     if not ranked:
         return result
     result.winner = ranked[0]
-    exe = cands.executable(result.winner.index)
+    exe = of[id(result.winner)].executable(result.winner.index)
     restore(tensors, before)
     exe.launch(make_pack(exe.low, exe.host, tensors, outputs))  # the winner must also be right, not only fast
     comps = compare_outputs(cg.graph, inst, outputs, cg.reference(before), o)
@@ -185,19 +199,19 @@ def report(result: TuneResult) -> str:
     for pos, c in enumerate(ranked, 1):
         t = c.median_us * 1e-6
         lines.append(
-            f"  {pos:>3} {c.name[:44]:44} {c.median_us:10.1f} {result.flops / t / 1e12:8.1f} "
+            f"  {pos:>3} {c.label[:44]:44} {c.median_us:10.1f} {result.flops / t / 1e12:8.1f} "
             f"{result.bytes / t / 1e9:8.1f} {c.workspace:10d} {c.index:5d}"
         )
     for c in result.candidates:
         if not c.times_us:
-            lines.append(f"  skipped {c.name}: {c.error}")
+            lines.append(f"  skipped {c.label}: {c.error}")
     if result.check:
         lines.append(f"  fastest plan against the reference: {result.check}")
     if ranked:
         best, worst = ranked[0], ranked[-1]
-        first = next((c for c in result.candidates if c.index == 0), None)
+        first = next((c for c in result.candidates if c.index == 0), None)  # static, when both modes were timed
         lines.append(
-            f"  winner {best.name}: {best.median_us:.1f} µs; worst {worst.median_us:.1f} µs "
+            f"  winner {best.label}: {best.median_us:.1f} µs; worst {worst.median_us:.1f} µs "
             f"({worst.median_us / best.median_us:.2f}x spread)"
         )
         if result.winner is None:

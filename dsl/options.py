@@ -17,6 +17,7 @@ from dsl.values import Attr, convert, from_python, from_text
 
 HEURISTIC_MODES = ("A", "B", "FALLBACK")
 BUILD_POLICIES = ("heuristics_choice", "all")
+SHAPE_MODES = ("auto", "static", "dynamic")
 
 
 def _option(kind: str, default, doc: str, **kw):
@@ -53,6 +54,13 @@ class Options:
         "float", None, "relative tolerance against the reference (default: per dtype)", lo=0, hi=None, optional=True
     )
     seed: int = _option("int", 0, "seed of the generated inputs", lo=0, hi=INT64_MAX)
+    shape_mode: str = _option(
+        "enum",
+        "auto",
+        "plans for the shapes of symbolic dims: static (one per shape), dynamic (cuDNN's dynamic-shape mode, one "
+        "kernel cache), or auto: static while a plan compiles nothing at run time, dynamic once one does",
+        choices=SHAPE_MODES,
+    )
     split: bool = _option(
         "bool", True, "when cuDNN declines the whole graph, run it as the fewest graphs cuDNN accepts, in order"
     )

@@ -72,7 +72,7 @@ def test_a_merged_kernel_cache_loads(private_store, tmp_path, monkeypatch):
     texts = []
     for i, inst_index in enumerate((0, 1)):  # two processes' worth, each from an empty cache
         monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / f"c{i}"))
-        cg = cudnn_dsl.compile(dyn)
+        cg = cudnn_dsl.compile(dyn, shape_mode="dynamic")
         cg.executable(cg.graph.instances[inst_index])
         [path] = (tmp_path / f"c{i}" / "kernels").glob("*.cache")
         texts.append((path.name, load_kernel_cache_text(path)))
@@ -82,7 +82,7 @@ def test_a_merged_kernel_cache_loads(private_store, tmp_path, monkeypatch):
         save_kernel_cache_text(target, text)
     merged = json.loads(load_kernel_cache_text(target))
     assert len(merged["kernel_cache"]) >= max(len(json.loads(t)["kernel_cache"]) for _, t in texts)
-    cg = cudnn_dsl.compile(dyn)
+    cg = cudnn_dsl.compile(dyn, shape_mode="dynamic")
     for inst in cg.graph.instances[:2]:
         cg.executable(inst)
     assert cg.planner.kernel_cache_loaded and not cg.planner.kernel_cache_notes, cg.planner.kernel_cache_notes

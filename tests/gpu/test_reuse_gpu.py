@@ -88,17 +88,36 @@ def test_a_foreign_version_entry_is_not_used(private_store):
 def test_dynamic_shapes_share_a_kernel_cache_and_all_match(private_store):
     import cudnn_dsl
 
-    cg = cudnn_dsl.compile(str(ROOT / "examples" / "dynamic_shapes.cdg"))
+    cg = cudnn_dsl.compile(str(ROOT / "examples" / "dynamic_shapes.cdg"), shape_mode="dynamic")
     for inst in cg.graph.instances:
         _check(cg, binding=dict(inst.binding))
     assert cg.planner.use_kernel_cache
     assert list((private_store / "kernels").glob("*.cache"))
 
 
+def test_auto_shape_mode_keeps_static_plans_while_nothing_compiles_at_run_time():
+    """The conv's static plans compile nothing at run time: every shape gets one (dynamic-shape plans run
+    slower); the matmul's first plan compiles its kernel, so the shapes after it share the kernel cache."""
+    import cudnn_dsl
+
+    conv = cudnn_dsl.compile(str(ROOT / "examples" / "dynamic_shapes.cdg"))
+    conv.planner.use_store = False  # build every shape here
+    notes = [conv.executable(inst).notes for inst in conv.graph.instances]
+    assert all(any("static plan for this shape: it compiles nothing" in n for n in shape) for shape in notes), notes
+    assert not conv.planner.use_kernel_cache
+    for inst in conv.graph.instances:
+        _check(conv, binding=dict(inst.binding))
+    mm = cudnn_dsl.compile(str(ROOT / "examples" / "dynamic_matmul.cdg"))
+    mm.planner.use_store = False
+    first, second = (mm.executable(inst).notes for inst in mm.graph.instances[:2])
+    assert any("compiled its kernel at run time" in n for n in first), first
+    assert any(n.startswith("kernel cache:") for n in second), second
+
+
 def test_later_shapes_are_not_compiled_from_scratch():
     import cudnn_dsl
 
-    cg = cudnn_dsl.compile(str(ROOT / "examples" / "dynamic_matmul.cdg"))
+    cg = cudnn_dsl.compile(str(ROOT / "examples" / "dynamic_matmul.cdg"), shape_mode="dynamic")
     cg.planner.use_store = False  # build every shape, so that the kernel cache is what is exercised
     notes = [cg.executable(inst).notes for inst in cg.graph.instances]
     assert all(any(n.startswith("kernel cache:") for n in shape) for shape in notes), notes
