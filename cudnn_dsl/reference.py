@@ -1,8 +1,9 @@
 """Backend layer: the PyTorch reference of a graph, generated from the IR by the op registry.
 
 One loop over the nodes (torch.fx Interpreter style). As a reference, inputs are widened to
-float32 (float64 for double), every op runs in that precision without TF32, and each output is
-rounded once to its dtype. With ``native=True`` the same loop is what a PyTorch user would write
+float32 (float64 for double), every op runs in that precision without TF32, and a computed value is
+rounded to its dtype where cuDNN rounds it (`rounded_values`), so the next op reads what it reads on
+the GPU; every output is rounded to its dtype. With ``native=True`` the same loop is what a PyTorch user would write
 by hand — each op in the tensors' own dtypes, one kernel per op — the eager baseline of `bench`.
 """
 
@@ -16,6 +17,35 @@ from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.ops import IMPLS
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
+from dsl.ops import OPS
+from dsl.types import is_float, itemsize
+
+MAINLOOP = ("conv", "matmul")
+"""op families whose kernels read an operand in its own dtype: a conv's or matmul's mainloop feeds the
+tensor cores the declared type, so a virtual `half` tensor in front of a matmul is rounded to half (the
+frontend's mixed-precision matmul sample casts an operand this way)"""
+
+
+def rounded_values(graph: Graph, instance: Instance) -> frozenset[str]:
+    """The computed values that cuDNN rounds to their dtype before another op reads them:
+
+    - every output: cuDNN writes it in its dtype, and a fused consumer reads the written value (the
+      frontend's add + layernorm sample with a bf16 intermediate output, and the H200 measurement of
+      issue 9: layernorm is fed the rounded sum);
+    - a virtual tensor that a conv or matmul reads (MAINLOOP).
+
+    Any other virtual tensor lives in registers inside the fused kernel, in the compute type, whatever
+    dtype it is declared: it is not rounded. Only floats narrower than float32 round; integers and
+    booleans are exact."""
+    mainloop_reads = {i for n in graph.nodes if OPS[n.op].family in MAINLOOP for i in n.inputs if i}
+    out = set()
+    for n in graph.nodes:
+        for o in n.outputs:
+            t = instance.type(o)
+            narrow = is_float(t.dtype) and itemsize(t.dtype) < 4
+            if narrow and (graph.value(o).kind == "output" or o in mainloop_reads):
+                out.add(o)
+    return frozenset(out)
 
 
 @contextlib.contextmanager
@@ -40,8 +70,10 @@ def run_reference(
     inputs: dict[str, torch.Tensor],
     device: torch.device | str | None = None,
     native: bool = False,
+    rounded: frozenset[str] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Evaluates the graph with torch; returns every output, in its dtype, by name."""
+    """Evaluates the graph with torch; returns every output, in its dtype, by name. ``rounded``: the values
+    rounded to their dtype where computed (default: `rounded_values`; a test compares other models)."""
     device = torch.device(device) if device is not None else next(iter(inputs.values())).device
     widen = (lambda t: t) if native else _wide
     env: dict[str, torch.Tensor] = {}
@@ -54,6 +86,7 @@ def run_reference(
                 env[v.name] = float(value)
             else:
                 env[v.name] = _wide(torch.as_tensor(value, device=device).reshape(instance.type(v.name).shape))
+    rounded = frozenset() if native else rounded_values(graph, instance) if rounded is None else rounded
     precision = contextlib.nullcontext() if native else _full_precision()
     with torch.no_grad(), precision:
         for index, node in enumerate(graph.nodes):
@@ -64,5 +97,6 @@ def run_reference(
             except (RuntimeError, ValueError) as e:
                 where = f"while executing `{', '.join(node.outputs)} = {node.op}(...)` in the reference"
                 raise DslError(Diagnostic("error", f"{where}: {e}", node.loc)) from None
-            env.update(zip(node.outputs, results))
+            for name, r in zip(node.outputs, results):
+                env[name] = r.to(torch_dtype(instance.type(name).dtype)).to(r.dtype) if name in rounded else r
     return {v.name: env[v.name].to(torch_dtype(instance.type(v.name).dtype)) for v in graph.outputs}

@@ -124,7 +124,16 @@ class Uid:
     loc: Loc = _loc()
 
 
-TensorSpec = Layout | Strides | Uid
+@attrs.frozen
+class InitSpec:
+    """``init=randn(0, 0.5)``: how `run` fills a generated input."""
+
+    dist: str
+    args: tuple[Number, ...]
+    loc: Loc = _loc()
+
+
+TensorSpec = Layout | Strides | Uid | InitSpec
 
 
 @attrs.frozen
@@ -183,6 +192,8 @@ class Assign:
     targets: tuple[str, ...]
     expr: Expr
     loc: Loc = _loc()
+    type: TypeSpec | None = None
+    """``y : bf16 = ...``: the declared type of a named intermediate"""
 
 
 Stmt = TypesDecl | OptionDecl | DimDecl | InputDecl | ScalarDecl | OutputDecl | Assign

@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from dsl.diagnostics import UNKNOWN, Loc
+from dsl.inits import Init
 from dsl.options import Options
 from dsl.types import TensorType
 
@@ -45,6 +46,8 @@ class Value:
     dtype: str | None = None
     """the dtype of a scalar or constant (tensors have theirs per instance)"""
     loc: Loc = _loc()
+    init: Init | None = None
+    """an input's declared distribution (`init=`); None: the default for its dtype"""
 
 
 @attrs.frozen

@@ -56,6 +56,8 @@ def _fmt_specs(specs) -> str:
             out.append(s.name)
         elif isinstance(s, ast.Strides):
             out.append("strides [" + ", ".join(map(str, s.values)) + "]")
+        elif isinstance(s, ast.InitSpec):
+            out.append(f"init={s.dist}" + (f"({', '.join(fmt_value(a) for a in s.args)})" if s.args else ""))
         else:
             out.append(f"uid={s.value}")
     return "".join(" " + x for x in out)
@@ -79,7 +81,8 @@ def fmt_stmt(st) -> str:
         text += _fmt_specs(st.specs)
         return text + (f" = {fmt_expr(st.expr)}" if st.expr is not None else "")
     if isinstance(st, ast.Assign):
-        return f"{', '.join(st.targets)} = {fmt_expr(st.expr)}"
+        typed = f" : {_fmt_type(st.type)}" if st.type is not None else ""
+        return f"{', '.join(st.targets)}{typed} = {fmt_expr(st.expr)}"
     raise TypeError(st)
 
 
@@ -212,7 +215,8 @@ def dump_ir(program: Program) -> str:
         for v in g.of_kind("input", "scalar", "const"):
             if v.kind == "input":
                 t, st = _type_str(g, v.name)
-                out.append(f"  %{v.name} = input uid={v.uid} : {t} strides={st}")
+                init = f" init={v.init}" if v.init else ""
+                out.append(f"  %{v.name} = input uid={v.uid} : {t} strides={st}{init}")
             else:
                 out.append(f"  %{v.name} = {v.kind} uid={v.uid} : {v.dtype} value={v.scalar}")
         for index, n in enumerate(g.nodes):

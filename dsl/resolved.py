@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from dsl.diagnostics import Loc
+from dsl.inits import Init
 from dsl.types import DEFAULT_MATH
 
 
@@ -27,6 +28,7 @@ class Decl:
     uid: int | None = None
     uid_loc: Loc | None = None
     scalar: Any = None
+    init: Init | None = None
 
 
 @attrs.define
@@ -46,6 +48,8 @@ class PNode:
 
 @attrs.define
 class OutDecl:
+    """An output's declared type and layout; also the declared type of a named intermediate (``y : bf16 = ...``)."""
+
     name: str
     loc: Loc
     dtype: str | None = None
@@ -68,6 +72,8 @@ class Resolved:
     outputs: dict[str, OutDecl]
     poisoned: frozenset[str]
     """names whose declaration failed: their uses are not reported again"""
+    typed: dict[str, OutDecl] = attrs.Factory(dict)
+    """named intermediates with a declared type"""
 
     @property
     def intermediate(self) -> str:
