@@ -58,7 +58,7 @@ class Init:
     args: tuple[float, ...]
 
     def __str__(self) -> str:
-        return f"{self.dist}({', '.join(_num(a) for a in self.args)})"
+        return f"{self.dist}({', '.join(num_text(a) for a in self.args)})"
 
     def bounds(self) -> tuple[float, float] | None:
         """The least and greatest value it draws; None when unbounded (randn) or unknown before the shape (arange)."""
@@ -74,7 +74,7 @@ class Init:
         return None
 
 
-def _num(x: float) -> str:
+def num_text(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else repr(x)
 
 
@@ -95,7 +95,7 @@ def make(name: str, args: tuple[float, ...]) -> Init:
             raise RuleError(f"{name}: {d.params[i]} must be finite", at=i)
     a = [float(v) for v in full]
     if name in ("uniform", "randint") and a[0] > a[1]:
-        raise RuleError(f"{name}: lo ({_num(a[0])}) is greater than hi ({_num(a[1])})", at=1)
+        raise RuleError(f"{name}: lo ({num_text(a[0])}) is greater than hi ({num_text(a[1])})", at=1)
     if name == "randint" and not all(v.is_integer() for v in a):
         raise RuleError("randint: lo and hi must be integers", at=0 if not a[0].is_integer() else 1)
     if name == "randn" and a[1] < 0:
@@ -113,7 +113,7 @@ def check_dtype(init: Init, dtype: str) -> None:
     lo, hi = DTYPE_RANGE[dtype]
     for v in b:
         if not lo <= v <= hi:
-            raise RuleError(f"{init} draws {_num(v)}, out of range for {dtype} ({lo:g} to {hi:g})")
+            raise RuleError(f"{init} draws {num_text(v)}, out of range for {dtype} ({lo:g} to {hi:g})")
     if not is_float(dtype) and init.dist == "full" and not b[0].is_integer():
         raise RuleError(f"{init} is not an integer, and the dtype is {dtype}")
 

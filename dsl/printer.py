@@ -351,3 +351,14 @@ def ops_tables() -> str:
             out.append(f"| `{s.name}` | {ins} | {attrs_} | {s.doc} |")
         out.append("")
     return "\n".join(out)
+
+
+def inits_table() -> str:
+    """The distributions of `init=` and `run --init`, from dsl.inits.DISTS (docs/language.md holds this text)."""
+    from dsl.inits import DISTS, num_text
+
+    out = ["| distribution | parameters | what it draws |", "| --- | --- | --- |"]
+    for d in DISTS.values():
+        params = ", ".join(p if v is None else f"{p} = {num_text(v)}" for p, v in zip(d.params, d.defaults))
+        out.append(f"| `{d.name}` | {params} | {d.doc} |")
+    return "\n".join(out) + "\n"

@@ -75,17 +75,17 @@ def test_the_parser_tables_are_generated_from_the_grammar():
     assert tables["grammar_sha256"] == hashlib.sha256((ROOT / "dsl" / "grammar.lark").read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("block", ["options", "ops"])
+@pytest.mark.parametrize("block", ["options", "ops", "inits"])
 def test_the_language_reference_tables_come_from_the_registries(block, update_goldens):
     """docs/language.md's option and op tables are the registries' own text (one place per fact)."""
     import re
 
-    from dsl.printer import ops_tables, options_table
+    from dsl.printer import inits_table, ops_tables, options_table
 
     doc = ROOT / "docs" / "language.md"
     text = doc.read_text()
     pattern = re.compile(rf"(<!-- generated: {block} .*?-->\n)(.*?)(<!-- end generated -->)", re.S)
-    want = {"options": options_table, "ops": ops_tables}[block]()
+    want = {"options": options_table, "ops": ops_tables, "inits": inits_table}[block]()
     if update_goldens:
         doc.write_text(pattern.sub(lambda m: m.group(1) + want + m.group(3), text))
         return
