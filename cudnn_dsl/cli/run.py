@@ -377,6 +377,7 @@ class _GpuRunner:
             "gpu_us_median": median,
             "gpu_us": times,
             "compare": [attrs.asdict(c) for c in comps],
+            "not_compared": sorted(s.no_compare),
             "ok": all(c.ok for c in comps),
             "saved": saved,
         }
