@@ -35,14 +35,15 @@ def rounded_values(graph: Graph, instance: Instance) -> frozenset[str]:
     - a virtual tensor that a conv or matmul reads (MAINLOOP).
 
     Any other virtual tensor lives in registers inside the fused kernel, in the compute type, whatever
-    dtype it is declared: it is not rounded. Only floats narrower than float32 round; integers and
-    booleans are exact."""
+    dtype it is declared: it is not rounded. Only floating-point values narrower than double are named
+    (rounding a float32 value to float is a no-op; in a double graph it is not); integers and booleans
+    are exact."""
     mainloop_reads = {i for n in graph.nodes if OPS[n.op].family in MAINLOOP for i in n.inputs if i}
     out = set()
     for n in graph.nodes:
         for o in n.outputs:
             t = instance.type(o)
-            narrow = is_float(t.dtype) and itemsize(t.dtype) < 4
+            narrow = is_float(t.dtype) and itemsize(t.dtype) < 8
             if narrow and (graph.value(o).kind == "output" or o in mainloop_reads):
                 out.add(o)
     return frozenset(out)

@@ -110,6 +110,14 @@ def test_which_values_the_reference_rounds():
     torch.testing.assert_close(out["p"], (o.float() * 3).half(), atol=0, rtol=0)
 
 
+def test_in_a_double_graph_a_float_output_read_later_is_rounded_to_float():
+    g, inst = _graph("graph g {\n  input x : double[64]\n  output y : float = x / 3\n  output z : double = y * 3\n}\n")
+    ins = generate_inputs(g, inst, "cpu")
+    out = run_reference(g, inst, ins)
+    assert torch.equal(out["z"], (ins["x"] / 3).float().double() * 3)
+    assert not torch.equal(out["z"], ins["x"] / 3 * 3)
+
+
 def test_the_tolerance_floor_follows_the_rounded_values_ops_read():
     g, inst = _graph(ADD_LN)
     assert tensors.loosest_read_dtype(g, inst) == "bf16"  # inputs are float; layernorm reads the bf16 h

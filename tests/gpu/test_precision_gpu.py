@@ -65,7 +65,7 @@ def test_an_intermediate_output_feeds_the_next_op_rounded(private_store):
     from cudnn_dsl.tensors import compare
 
     cg, inst, tensors, got, model, refs = _run(ADD_LN)
-    assert model == {"h"}
+    assert "h" in model
     want = refs["the reference's"]
     assert compare("h", got["h"], want["h"], "bf16", 0, 0).ok  # an add, then one rounding: bit for bit
     c = compare("y", got["y"], want["y"], "float", 1e-3, 1e-3)  # float's tolerance, not bf16's floor
