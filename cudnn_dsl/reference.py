@@ -3,8 +3,9 @@
 One loop over the nodes (torch.fx Interpreter style). As a reference, inputs are widened to
 float32 (float64 for double), every op runs in that precision without TF32, and a computed value is
 rounded to its dtype where cuDNN rounds it (`rounded_values`), so the next op reads what it reads on
-the GPU; every output is rounded to its dtype. With ``native=True`` the same loop is what a PyTorch user would write
-by hand — each op in the tensors' own dtypes, one kernel per op — the eager baseline of `bench`.
+the GPU; every output is rounded to its dtype. With ``native=True`` the same loop is what a PyTorch
+user would write by hand — each op in the tensors' own dtypes, one kernel per op — the eager
+baseline of `bench`.
 """
 
 from __future__ import annotations

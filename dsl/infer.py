@@ -137,7 +137,8 @@ class Typer:
             self.sink.error(f"{what} is declared {declared[1]} where it is computed, and {declared[0]} here", o.loc)
             return
         if declared and out.dtype and declared[0] != out.dtype:
-            self.sink.error(f"{what} is declared {declared[0]} but {n.op} gives {out.dtype}", (o or v).loc)
+            where = next(d for d in (o, v) if d is not None and d.dtype).loc
+            self.sink.error(f"{what} is declared {declared[0]} but {n.op} gives {out.dtype}", where)
             return
         for d in (o, v):
             if d is not None and d.dims is not None:
