@@ -17,6 +17,15 @@ ADD_LN = """graph add_layernorm {
 }
 """
 
+# y is an output that the same epilogue reads again: rounded to bf16 first (spacing 4 at 1000), z would be a multiple of 4
+OUTPUT_IN_EPILOGUE = """graph output_in_epilogue {
+  input a : half[4, 64, 64]
+  input b : half[4, 64, 32]
+  output y : bf16 = matmul(a, b) + 1000
+  output z : float = y - 1000
+}
+"""
+
 # t is a virtual half between two pointwise ops of a matmul epilogue: rounded, y would be a multiple of 0.5
 EPILOGUE = """graph virtual_half_epilogue {
   input a : half[4, 64, 64]
@@ -71,6 +80,20 @@ def test_an_intermediate_output_feeds_the_next_op_rounded(private_store):
     c = compare("y", got["y"], want["y"], "float", 1e-3, 1e-3)  # float's tolerance, not bf16's floor
     assert c.ok, str(c)
     assert _closest(got, refs, "y").startswith(("the reference's", "rounding every")), _closest(got, refs, "y")
+
+
+def test_an_output_read_again_in_the_same_epilogue_is_read_rounded(private_store):
+    """The add -> layernorm case above, inside one matmul epilogue: whether the consumer reads the value
+    cuDNN writes (the model) or the one it still holds in registers."""
+    cg, inst, tensors, got, model, refs = _run(OUTPUT_IN_EPILOGUE)
+    assert "y" in model
+    closest = _closest(got, refs, "z")
+    assert closest.startswith(("the reference's", "rounding every")), (
+        f"inside an epilogue cuDNN reads an output unrounded: closest model is {closest}; "
+        "reference.rounded_values must not round outputs read in the same epilogue"
+    )
+    for r in cg.check(tensors):
+        assert r.ok, str(r)
 
 
 def test_a_virtual_half_between_pointwise_ops_stays_in_the_compute_type(private_store):
