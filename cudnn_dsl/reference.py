@@ -21,10 +21,10 @@ from dsl.ir import Graph, Instance
 from dsl.ops import OPS
 from dsl.types import is_float, itemsize
 
-MAINLOOP = ("conv", "matmul")
-"""op families whose kernels read an operand in its own dtype: a conv's or matmul's mainloop feeds the
-tensor cores the declared type, so a virtual `half` tensor in front of a matmul is rounded to half (the
-frontend's mixed-precision matmul sample casts an operand this way)"""
+MAINLOOP = ("conv", "matmul", "attention")
+"""op families whose kernels read an operand in its own dtype: a conv's, matmul's or attention's mainloop
+feeds the tensor cores the declared type, so a virtual `half` tensor in front of a matmul is rounded to
+half (the frontend's mixed-precision matmul sample casts an operand this way)"""
 
 
 def rounded_values(graph: Graph, instance: Instance) -> frozenset[str]:
@@ -33,7 +33,7 @@ def rounded_values(graph: Graph, instance: Instance) -> frozenset[str]:
     - every output: cuDNN writes it in its dtype, and a fused consumer reads the written value (the
       frontend's add + layernorm sample with a bf16 intermediate output, and the H200 measurement of
       issue 9: layernorm is fed the rounded sum);
-    - a virtual tensor that a conv or matmul reads (MAINLOOP).
+    - a virtual tensor that a conv, matmul or SDPA reads (MAINLOOP).
 
     Any other virtual tensor lives in registers inside the fused kernel, in the compute type, whatever
     dtype it is declared: it is not rounded. Only floating-point values narrower than double are named
