@@ -17,7 +17,7 @@ ADD_LN = """graph add_layernorm {
 }
 """
 
-# y is an output that the same epilogue reads again: rounded to bf16 first (spacing 4 at 1000), z would be a multiple of 4
+# y is an output that the same epilogue reads again: rounded to bf16 first (spacing 4 at 1000), z is a multiple of 4
 OUTPUT_IN_EPILOGUE = """graph output_in_epilogue {
   input a : half[4, 64, 64]
   input b : half[4, 64, 32]
