@@ -193,13 +193,14 @@ def build(handle):
 
 
 def make_buffers(device="cuda", seed={_lit(o.seed)}):
-    """Inputs filled with uniform values in [-1, 1], outputs empty, each in the graph's layout."""
+    """Inputs filled with uniform values in [-1, 1] (drawn on the CPU: one seed, the same values on every
+    device), outputs empty, each in the graph's layout."""
     buffers = {{
 {buffers}
     }}
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     for name in INPUTS:
-        buffers[name].copy_(torch.rand(buffers[name].shape, generator=gen, device=device) * 2 - 1){shared}
+        buffers[name].copy_(torch.rand(buffers[name].shape, generator=gen) * 2 - 1){shared}
     return buffers
 
 

@@ -1,9 +1,11 @@
 """Backend layer: the PyTorch reference of a graph, generated from the IR by the op registry.
 
 One loop over the nodes (torch.fx Interpreter style). As a reference, inputs are widened to
-float32 (float64 for double), every op runs in that precision without TF32, and each output is
-rounded once to its dtype. With ``native=True`` the same loop is what a PyTorch user would write
-by hand — each op in the tensors' own dtypes, one kernel per op — the eager baseline of `bench`.
+float32 (float64 for double), every op runs in that precision without TF32, and a computed value is
+rounded to its dtype where cuDNN rounds it (`rounded_values`), so the next op reads what it reads on
+the GPU; every output is rounded to its dtype. With ``native=True`` the same loop is what a PyTorch
+user would write by hand — each op in the tensors' own dtypes, one kernel per op — the eager
+baseline of `bench`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,36 @@ from cudnn_dsl.ops import IMPLS
 from cudnn_dsl.tensors import view
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
+from dsl.ops import OPS
+from dsl.types import is_float, itemsize
+
+MAINLOOP = ("conv", "matmul", "attention")
+"""op families whose kernels read an operand in its own dtype: a conv's, matmul's or attention's mainloop
+feeds the tensor cores the declared type, so a virtual `half` tensor in front of a matmul is rounded to
+half (the frontend's mixed-precision matmul sample casts an operand this way)"""
+
+
+def rounded_values(graph: Graph, instance: Instance) -> frozenset[str]:
+    """The computed values that cuDNN rounds to their dtype before another op reads them:
+
+    - every output: cuDNN writes it in its dtype, and a fused consumer reads the written value (the
+      frontend's add + layernorm sample with a bf16 intermediate output, and the H200 measurement of
+      issue 9: layernorm is fed the rounded sum);
+    - a virtual tensor that a conv, matmul or SDPA reads (MAINLOOP).
+
+    Any other virtual tensor lives in registers inside the fused kernel, in the compute type, whatever
+    dtype it is declared: it is not rounded. Only floating-point values narrower than double are named
+    (rounding a float32 value to float is a no-op; in a double graph it is not); integers and booleans
+    are exact."""
+    mainloop_reads = {i for n in graph.nodes if OPS[n.op].family in MAINLOOP for i in n.inputs if i}
+    out = set()
+    for n in graph.nodes:
+        for o in n.outputs:
+            t = instance.type(o)
+            narrow = is_float(t.dtype) and itemsize(t.dtype) < 8
+            if narrow and (graph.value(o).kind == "output" or o in mainloop_reads):
+                out.add(o)
+    return frozenset(out)
 
 
 @contextlib.contextmanager
@@ -42,11 +74,14 @@ def run_reference(
     device: torch.device | str | None = None,
     native: bool = False,
     every: bool = False,
+    rounded: frozenset[str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Evaluates the graph with torch; returns every output, in its dtype, by name (with `every`, every tensor
     value: inputs, intermediates and outputs, each rounded to its declared dtype). A view input is read
     with as_strided on its bound buffer, as cuDNN reads it; `inputs` are the values before any launch (an
-    output in place is compared, after the launch, with what the reference computed from them)."""
+    output in place is compared, after the launch, with what the reference computed from them).
+    ``rounded``: the values rounded to their dtype where computed (default: `rounded_values`; a test
+    compares other models)."""
     device = torch.device(device) if device is not None else next(iter(inputs.values())).device
     widen = (lambda t: t) if native else _wide
     env: dict[str, torch.Tensor] = {}
@@ -59,6 +94,7 @@ def run_reference(
                 env[v.name] = float(value)
             else:
                 env[v.name] = _wide(torch.as_tensor(value, device=device).reshape(instance.type(v.name).shape))
+    rounded = frozenset() if native else rounded_values(graph, instance) if rounded is None else rounded
     precision = contextlib.nullcontext() if native else _full_precision()
     with torch.no_grad(), precision:
         for index, node in enumerate(graph.nodes):
@@ -69,7 +105,8 @@ def run_reference(
             except (RuntimeError, ValueError) as e:
                 where = f"while executing `{', '.join(node.outputs)} = {node.op}(...)` in the reference"
                 raise DslError(Diagnostic("error", f"{where}: {e}", node.loc)) from None
-            env.update(zip(node.outputs, results))
+            for name, r in zip(node.outputs, results):
+                env[name] = r.to(torch_dtype(instance.type(name).dtype)).to(r.dtype) if name in rounded else r
     kept = (
         [v for v in graph.values if v.name in env and v.kind in ("input", "virtual", "output")]
         if every

@@ -137,7 +137,15 @@ class Place:
     loc: Loc = _loc()
 
 
-TensorSpec = Layout | Strides | Uid | Place
+class InitSpec:
+    """``init=randn(0, 0.5)``: how `run` fills a generated input."""
+
+    dist: str
+    args: tuple[Number, ...]
+    loc: Loc = _loc()
+
+
+TensorSpec = Layout | Strides | Uid | Place | InitSpec
 
 
 @attrs.frozen
@@ -208,6 +216,8 @@ class Assign:
     targets: tuple[str, ...]
     expr: Expr
     loc: Loc = _loc()
+    type: TypeSpec | None = None
+    """``y : bf16 = ...``: the declared type of a named intermediate"""
 
 
 Stmt = TypesDecl | OptionDecl | DimDecl | InputDecl | ScalarDecl | OutputDecl | BufferDecl | Assign

@@ -11,6 +11,7 @@ import attrs
 from dsl import ast
 from dsl.diagnostics import DslError, Loc, RuleError, Sink
 from dsl.infer import Typer
+from dsl.inits import DISTS, check_dtype, make
 from dsl.ir import Buffer, Graph, Instance, Node, Program, Symbol, Value
 from dsl.ops import INFIX, OPS, OpSig
 from dsl.options import OPTIONS, Options
@@ -63,6 +64,7 @@ class _GraphChecker:
         self.nodes: list[PNode] = []
         self.produced: dict[str, tuple[PNode, Loc]] = {}
         self.outputs: dict[str, OutDecl] = {}
+        self.typed: dict[str, OutDecl] = {}
         self.used: set[str] = set()
         self.poisoned: set[str] = set()
         self.failed: set[str] = set()
@@ -125,6 +127,7 @@ class _GraphChecker:
             self.outputs,
             frozenset(self.poisoned),
             self.buffers,
+            self.typed,
         )
         instances = self.type_instances(resolved)
         if self.sink.n_errors > n_errors:
@@ -209,9 +212,11 @@ class _GraphChecker:
         return tuple(out) if ok else None
 
     def _specs(self, specs, rank: int, target) -> None:
-        """Applies layout / strides / uid specs to a Decl or OutDecl (rank -1: not known yet)."""
+        """Applies layout / strides / uid / init specs to a Decl or OutDecl (rank -1: not known yet)."""
         for s in specs:
-            if isinstance(s, ast.Layout):
+            if isinstance(s, ast.InitSpec):
+                self._init(s, target)
+            elif isinstance(s, ast.Layout):
                 if s.name not in LAYOUTS:
                     self.err(
                         f"unknown layout '{s.name}'{self.sink.hint(s.name, LAYOUTS)}; layouts are {', '.join(LAYOUTS)}",
@@ -316,6 +321,26 @@ class _GraphChecker:
         else:
             o.into, o.into_loc = place.target, place.loc
 
+    def _init(self, s: ast.InitSpec, target) -> None:
+        if getattr(target, "kind", None) != "input":
+            self.err("only an input takes init= (how `run` fills it)", s.loc)
+        elif target.init is not None:
+            self.err("init given twice", s.loc)
+        elif s.dist not in DISTS:
+            self.err(
+                f"unknown distribution '{s.dist}'{self.sink.hint(s.dist, DISTS)}; the distributions are "
+                f"{', '.join(DISTS)}",
+                s.loc,
+            )
+        else:
+            try:
+                target.init = make(s.dist, tuple(a.value for a in s.args))
+                if target.dtype is not None:
+                    check_dtype(target.init, target.dtype)
+            except RuleError as e:
+                at = s.args[e.at].loc if isinstance(e.at, int) and e.at < len(s.args) else s.loc
+                self.err(f"init: {e}", at)
+
     def stmt_InputDecl(self, st: ast.InputDecl) -> None:
         if not self.define(st.name, st.loc):
             return
@@ -342,7 +367,7 @@ class _GraphChecker:
         d.dtype = self.dtype(st.dtype, st.dtype_loc)
         for s in st.specs:
             if not isinstance(s, ast.Uid):
-                self.err("a scalar takes no layout, strides or place", s.loc)
+                self.err("a scalar takes no layout, strides, place or init", s.loc)
         self._specs([s for s in st.specs if isinstance(s, ast.Uid)], -1, d)
         if d.dtype is None:
             self.poisoned.add(st.name)
@@ -382,6 +407,11 @@ class _GraphChecker:
                 self.err(f"output '{st.name}' is never computed{self.sink.hint(st.name, self.produced)}", st.loc)
 
     def stmt_Assign(self, st: ast.Assign) -> None:
+        if st.type is not None:
+            t = OutDecl(st.targets[0], st.loc, self.dtype(st.type.dtype, st.type.dtype_loc))
+            if st.type.dims is not None:
+                t.dims, t.dims_loc = self._dims(st.type.dims), st.type.loc
+            self.typed[t.name] = t
         self.assign(st.targets, st.expr, st.loc)
 
     def assign(self, targets: tuple[str, ...], expr, loc: Loc) -> None:
@@ -607,7 +637,7 @@ class _GraphChecker:
         values = []
         for name, d in self.decls.items():
             dtype = d.dtype if d.kind != "input" else None
-            values.append(Value(name, d.kind, uids[name], d.scalar, dtype, d.loc, view=d.view))
+            values.append(Value(name, d.kind, uids[name], d.scalar, dtype, d.loc, view=d.view, init=d.init))
         for n in self.nodes:
             for o in n.outputs:
                 kind = "output" if o in self.outputs else "virtual"

@@ -191,10 +191,34 @@ class Typer:
     def result(self, name: str, out, first: TensorType, n) -> None:
         self.poisoned.add(name)  # until typed at the end
         o = self.r.outputs.get(name)
+        v = self.r.typed.get(name)  # `name : DTYPE = ...`
         sig = OPS[n.op]
         keeps = sig.keeps_dtype
+        what = f"output '{name}'" if o else f"'{name}'"
+        declared = [d.dtype for d in (o, v) if d is not None and d.dtype]
+        if len(set(declared)) > 1:
+            self.sink.error(f"{what} is declared {declared[1]} where it is computed, and {declared[0]} here", o.loc)
+            return
+        if declared and out.dtype and declared[0] != out.dtype:
+            where = next(d for d in (o, v) if d is not None and d.dtype).loc
+            self.sink.error(f"{what} is declared {declared[0]} but {n.op} gives {out.dtype}", where)
+            return
+        for d in (o, v):
+            if d is not None and d.dims is not None:
+                want = self.concrete(d.dims)
+                if want != out.shape:
+                    self.sink.error(
+                        f"{what} is declared {fmt_shape(want)} but {n.op} gives {fmt_shape(out.shape)}",
+                        d.dims_loc or d.loc,
+                    )
+                    return
         if o is None:
-            dtype = out.dtype or sig.result_dtype or (first.dtype if keeps else self.r.intermediate)
+            dtype = (
+                (declared or [None])[0]
+                or out.dtype
+                or sig.result_dtype
+                or (first.dtype if keeps else self.r.intermediate)
+            )
             t = TensorType(dtype, out.shape, dense_strides(out.shape, out.order))
         elif o.into is not None:
             if o.into not in self.types:  # the input failed, and said so
@@ -216,18 +240,7 @@ class Typer:
                 return
             self.other_views(name, o)
         else:
-            if o.dtype and out.dtype and o.dtype != out.dtype:
-                self.sink.error(f"output '{name}' is declared {o.dtype} but {n.op} gives {out.dtype}", o.loc)
-                return
-            dtype = o.dtype or out.dtype or sig.result_dtype or self.r.types.get("io", first.dtype)
-            if o.dims is not None:
-                want = self.concrete(o.dims)
-                if want != out.shape:
-                    self.sink.error(
-                        f"output '{name}' is declared {fmt_shape(want)} but {n.op} gives {fmt_shape(out.shape)}",
-                        o.dims_loc or o.loc,
-                    )
-                    return
+            dtype = (declared or [None])[0] or out.dtype or sig.result_dtype or self.r.types.get("io", first.dtype)
             strides = dense_strides(out.shape, out.order)
             if o.layout:
                 try:
@@ -247,13 +260,12 @@ class Typer:
                 strides = o.strides
             t = TensorType(dtype, out.shape, strides)
         if keeps and t.dtype != first.dtype:
-            where = "declared" if o.dtype else "the graph's io"
-            fix = f"declare 'output {name} : {first.dtype}'"
-            if n.inputs[0] not in self.r.decls:  # a virtual input: its dtype is the intermediate one
+            where = "declared" if declared else "the graph's io"
+            fix = f"declare '{'output ' if o else ''}{name} : {first.dtype}'"
+            if o and n.inputs[0] not in self.r.decls:  # a virtual input: its dtype is the intermediate one
                 fix += f", or compute the input as {t.dtype} ('intermediate {t.dtype}')"
             self.sink.error(
-                f"{n.op}: cuDNN keeps the input's dtype, {first.dtype}, but output '{name}' is {t.dtype} ({where}); "
-                f"{fix}",
+                f"{n.op}: cuDNN keeps the input's dtype, {first.dtype}, but {what} is {t.dtype} ({where}); {fix}",
                 n.loc,
             )
             return

@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from dsl.diagnostics import UNKNOWN, Loc
+from dsl.inits import Init
 from dsl.options import Options
 from dsl.types import TensorType
 
@@ -75,6 +76,8 @@ class Value:
     """an input read from a buffer: (buffer, element offset)"""
     into: str | None = None
     """an output written over the memory of this input"""
+    init: Init | None = None
+    """an input's declared distribution (`init=`); None: the default for its dtype"""
 
 
 @attrs.frozen

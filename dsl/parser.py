@@ -173,7 +173,7 @@ class _ToAst(Transformer_NonRecursive):
     def output_decl(self, meta, ch):
         name, rest = ch[0], list(ch[1:])
         type_ = rest.pop(0) if rest and isinstance(rest[0], ast.TypeSpec) else None
-        expr = rest.pop() if rest and not isinstance(rest[-1], (ast.Layout, ast.Strides, ast.Uid, ast.Place)) else None
+        expr = rest.pop() if rest and not isinstance(rest[-1], ast.TensorSpec) else None
         return ast.OutputDecl(str(name), type_, tuple(rest), expr, self._loc(meta))
 
     def buffer_decl(self, meta, ch):
@@ -184,7 +184,8 @@ class _ToAst(Transformer_NonRecursive):
         return ast.Place(str(ch[0]), offset, self._loc(meta))
 
     def assign(self, meta, ch):
-        return ast.Assign(tuple(str(t) for t in ch[:-1]), ch[-1], self._loc(meta))
+        type_ = ch.pop(1) if isinstance(ch[1], ast.TypeSpec) else None
+        return ast.Assign(tuple(str(t) for t in ch[:-1]), ch[-1], self._loc(meta), type_)
 
     def layout(self, meta, ch):
         return ast.Layout(str(ch[0]), self._loc(meta))
@@ -194,6 +195,9 @@ class _ToAst(Transformer_NonRecursive):
 
     def uid(self, meta, ch):
         return ast.Uid(self._int(ch[0]), self._loc(meta))
+
+    def init(self, meta, ch):
+        return ast.InitSpec(str(ch[0]), tuple(ch[1:]), self._loc(meta))
 
     def tensor_type(self, meta, ch):
         return ast.TypeSpec(str(ch[0]), tuple(ch[1:]), self._loc(meta), self._t(ch[0]))

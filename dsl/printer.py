@@ -64,6 +64,8 @@ def _fmt_specs(specs, view: bool = False) -> str:
         elif isinstance(s, ast.Place):
             offset = s.offset if s.offset is not None or not view else 0
             out.append(f"in {s.target}" + (f" at {offset}" if offset is not None else ""))
+        elif isinstance(s, ast.InitSpec):
+            out.append(f"init={s.dist}" + (f"({', '.join(fmt_value(a) for a in s.args)})" if s.args else ""))
         else:
             out.append(f"uid={s.value}")
     return "".join(" " + x for x in out)
@@ -92,7 +94,8 @@ def fmt_stmt(st) -> str:
     if isinstance(st, ast.BufferDecl):
         return f"buffer {st.name} : {_fmt_type(st.type)}"
     if isinstance(st, ast.Assign):
-        return f"{', '.join(st.targets)} = {fmt_expr(st.expr)}"
+        typed = f" : {_fmt_type(st.type)}" if st.type is not None else ""
+        return f"{', '.join(st.targets)}{typed} = {fmt_expr(st.expr)}"
     raise TypeError(st)
 
 
@@ -236,7 +239,8 @@ def dump_ir(program: Program) -> str:
         for v in g.of_kind("input", "scalar", "const"):
             if v.kind == "input":
                 t, st = _type_str(g, v.name)
-                out.append(f"  %{v.name} = input uid={v.uid} : {t} strides={st}{_place(v)}")
+                init = f" init={v.init}" if v.init else ""
+                out.append(f"  %{v.name} = input uid={v.uid} : {t} strides={st}{_place(v)}{init}")
             else:
                 out.append(f"  %{v.name} = {v.kind} uid={v.uid} : {v.dtype} value={v.scalar}")
         for index, n in enumerate(g.nodes):
@@ -390,3 +394,14 @@ def ops_tables() -> str:
             out.append(f"| `{s.name}` | {s.ports} | {attrs_} | {s.doc} |")
         out.append("")
     return "\n".join(out)
+
+
+def inits_table() -> str:
+    """The distributions of `init=` and `run --init`, from dsl.inits.DISTS (docs/language.md holds this text)."""
+    from dsl.inits import DISTS, num_text
+
+    out = ["| distribution | parameters | what it draws |", "| --- | --- | --- |"]
+    for d in DISTS.values():
+        params = ", ".join(p if v is None else f"{p} = {num_text(v)}" for p, v in zip(d.params, d.defaults))
+        out.append(f"| `{d.name}` | {params} | {d.doc} |")
+    return "\n".join(out) + "\n"

@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from dsl.diagnostics import Loc
+from dsl.inits import Init
 from dsl.types import DEFAULT_MATH
 
 
@@ -30,6 +31,7 @@ class Decl:
     view: tuple[str, int] | None = None
     """(buffer, element offset) of an input declared `in BUFFER at OFFSET`"""
     view_loc: Loc | None = None
+    init: Init | None = None
 
 
 @attrs.define
@@ -51,6 +53,8 @@ class PNode:
 
 @attrs.define
 class OutDecl:
+    """An output's declared type and layout; also the declared type of a named intermediate (``y : bf16 = ...``)."""
+
     name: str
     loc: Loc
     dtype: str | None = None
@@ -85,6 +89,8 @@ class Resolved:
     poisoned: frozenset[str]
     """names whose declaration failed: their uses are not reported again"""
     buffers: dict[str, BufferDecl] = attrs.Factory(dict)
+    typed: dict[str, OutDecl] = attrs.Factory(dict)
+    """named intermediates with a declared type"""
 
     @property
     def intermediate(self) -> str:

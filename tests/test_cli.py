@@ -110,11 +110,11 @@ def test_run_loads_inputs_from_files_and_refuses_a_wrong_shape(tmp_path):
     assert p.returncode == 2 and "missing.pt: no such file" in p.stderr  # a usage error, as the README says
 
 
-def test_run_takes_value_ranges():
-    p = cli("run", EX / "plan_serialization.cdg", "--range", "a=2:2", "--range", "b=1:1")
+def test_run_takes_input_distributions():
+    p = cli("run", EX / "plan_serialization.cdg", "--init", "a=full(2)", "--init", "b=uniform(1, 1)")
     assert p.returncode == 0, p.stderr
     assert "mean 1024" in p.stdout  # every element: 512 products of 2 * 1
-    assert cli("run", EX / "plan_serialization.cdg", "--range", "a=3:1").returncode == 2
+    assert cli("run", EX / "plan_serialization.cdg", "--init", "a=uniform(3, 1)").returncode == 2
 
 
 def test_shape_selects_values_of_a_symbolic_dim():

@@ -38,8 +38,11 @@ def cli(*args):
         (("run", MM, "--atol", "cc=0.1"), "--atol cc=0.1: no 'cc' here; the names are c"),
         (("run", MM, "--rtol", "a=0.1"), "no 'a' here; the names are c"),
         (("run", MM, "--input", "zz=x.pt"), "no 'zz' here; the names are a, b"),
-        (("run", MM, "--range", "q=0:1"), "no 'q' here; the names are a, b"),
-        (("run", MM, "--range", "a=3:1"), "LO <= HI"),
+        (("run", MM, "--init", "q=randn"), "no 'q' here; the names are a, b"),
+        (("run", MM, "--init", "a=uniform(3, 1)"), "lo (3) is greater than hi (1)"),
+        (("run", MM, "--init", "a=randn(0,"), "is not DIST or DIST(NUMBER, ...)"),
+        (("run", MM, "--init", "a=__import__(1)"), "unknown distribution '__import__'"),
+        (("run", MM, "--no-compare", "a"), "--no-compare a: no 'a' here; the outputs are c"),
         (("run", MM, "--scalar", "s=1"), "the names are none"),
         (("run", MM, "--iterations", "0"), "--iterations: must be >= 1"),
         (("run", MM, "--iterations", "-3"), "--iterations: must be >= 1"),
@@ -205,8 +208,8 @@ def test_run_takes_scalar_values(tmp_path):
         "graph g {\n  input a : half[1, 8, 8]\n  input b : half[1, 8, 8]\n  scalar s : float = 1\n"
         "  output y = matmul(a, b) * s\n}\n"
     )
-    one = cli("run", g, "--range", "a=1:1", "--range", "b=1:1")
-    two = cli("run", g, "--range", "a=1:1", "--range", "b=1:1", "--scalar", "s=2.5")
+    one = cli("run", g, "--init", "a=full(1)", "--init", "b=full(1)")
+    two = cli("run", g, "--init", "a=full(1)", "--init", "b=full(1)", "--scalar", "s=2.5")
     assert "mean 8," in one.stdout and "mean 20," in two.stdout, one.stdout + one.stderr
     assert "out of range for half" in cli("run", g.parent / _half(g), "--scalar", "s=1e9").stderr
 
@@ -264,8 +267,8 @@ def test_cache_actions_refuse_arguments_they_do_not_take(tmp_path, monkeypatch):
 
 
 def test_per_name_flags_take_the_names_of_every_graph_of_the_file():
-    # layernorm.cdg holds a layer norm (with beta) and an RMS norm (without): --range beta is for the first
-    p = cli("run", EX / "layernorm.cdg", "--range", "beta=0:1", "--no-reference")
+    # layernorm.cdg holds a layer norm (with beta) and an RMS norm (without): --init beta is for the first
+    p = cli("run", EX / "layernorm.cdg", "--init", "beta=uniform(0, 1)", "--no-reference")
     assert p.returncode == 0, p.stderr
 
 

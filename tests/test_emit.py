@@ -206,7 +206,7 @@ def _small(text: str) -> str:
         return text
     shrink = lambda m: str(int(m.group()) if int(m.group()) <= 4 else min(8, max(2, int(m.group()) // 16)))
     dims = lambda t: t.group(1) + re.sub(r"\d+", shrink, t.group(2))
-    return re.sub(r"\b(half|bf16|float)(\[[^\]]*)", dims, text)
+    return re.sub(r"\b(half|bf16|float|int8|int32)(\[[^\]]*)", dims, text)
 
 
 @pytest.mark.parametrize("seed", range(50))

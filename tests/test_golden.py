@@ -93,6 +93,7 @@ def _coverage(what: str) -> str:
         ("docs/language.md", "ops"),
         ("docs/language.md", "coverage"),
         ("README.md", "coverage-count"),
+        ("docs/language.md", "inits"),
     ],
 )
 def test_the_language_reference_tables_come_from_the_registries(doc_name, block, update_goldens):
@@ -100,7 +101,7 @@ def test_the_language_reference_tables_come_from_the_registries(doc_name, block,
     own text (one place per fact)."""
     import re
 
-    from dsl.printer import ops_tables, options_table
+    from dsl.printer import inits_table, ops_tables, options_table
 
     doc = ROOT / doc_name
     text = doc.read_text()
@@ -110,6 +111,7 @@ def test_the_language_reference_tables_come_from_the_registries(doc_name, block,
         "ops": ops_tables,
         "coverage": lambda: _coverage("table"),
         "coverage-count": lambda: _coverage("count"),
+        "inits": inits_table,
     }[block]()
     if update_goldens:
         doc.write_text(pattern.sub(lambda m: m.group(1) + want + m.group(3), text))

@@ -356,12 +356,15 @@ def option_value(name: str) -> Callable[[str], Any]:
     return to_value
 
 
-def value_range(text: str) -> tuple[float, float]:
-    lo, sep, hi = text.partition(":")
-    lo_f, hi_f = float(lo), float(hi) if sep else float("nan")
-    if not sep or not lo_f <= hi_f or abs(hi_f) == float("inf") or abs(lo_f) == float("inf"):
-        raise ValueError("takes LO:HI, finite, with LO <= HI")
-    return lo_f, hi_f
+def init_value(text: str):
+    """--init NAME=DIST: a distribution, parsed (no eval) and checked as the file's init= is."""
+    from dsl.diagnostics import RuleError
+    from dsl.inits import parse
+
+    try:
+        return parse(text)
+    except RuleError as e:
+        raise ValueError(str(e)) from None
 
 
 # ---- output ---------------------------------------------------------------------------------

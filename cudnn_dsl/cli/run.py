@@ -32,10 +32,13 @@ def register(p) -> None:
     )
     p.add_argument("--scalar", action="append", metavar="NAME=VALUE", help="a scalar's value instead of its default")
     p.add_argument(
-        "--range",
+        "--init",
         action="append",
-        metavar="NAME=LO:HI",
-        help="value range of a generated input (default [-1, 1]; [0.5, 1.5] where an op wants positives)",
+        metavar="NAME=DIST",
+        help="how a generated input is drawn, e.g. x=randn(0,0.5), over the file's init= (docs/language.md lists them)",
+    )
+    p.add_argument(
+        "--no-compare", action="append", metavar="NAME", help="leave an output out of the comparison (still written)"
     )
     p.add_argument("--atol", action="append", metavar="[NAME=]TOL", help="absolute tolerance, for all or one output")
     p.add_argument("--rtol", action="append", metavar="[NAME=]TOL", help="relative tolerance, for all or one output")
@@ -82,7 +85,7 @@ def run(args) -> int:
     if args.inputs_from:
         if not Path(args.inputs_from).is_dir():
             raise common.UsageError(f"--inputs-from {args.inputs_from}: no such directory")
-        clash = [f for f in ("input", "range", "scalar", "seed") if getattr(args, f)]
+        clash = [f for f in ("input", "init", "scalar", "seed") if getattr(args, f)]
         if clash:
             raise common.UsageError(f"--inputs-from gives every input; it does not go with --{', --'.join(clash)}")
     gpu = gpu_available()
@@ -156,7 +159,10 @@ class _Names:
         outputs, inputs = union("output"), union("input")
         self.atol = common.named_values(args.atol, "--atol", outputs, common.option_value("atol"), unnamed_ok=True)
         self.rtol = common.named_values(args.rtol, "--rtol", outputs, common.option_value("rtol"), unnamed_ok=True)
-        self.ranges = common.named_values(args.range, "--range", inputs, common.value_range)
+        self.inits = common.named_values(args.init, "--init", inputs, common.init_value)
+        self.no_compare = set(args.no_compare or ())
+        for n in sorted(self.no_compare - set(outputs)):
+            raise common.UsageError(f"--no-compare {n}: no '{n}' here; the outputs are {', '.join(outputs)}")
         self.files = common.named_values(args.input, "--input", inputs, str)
         self.scalars = common.named_values(args.scalar, "--scalar", union("scalar"), number)
 
@@ -167,10 +173,12 @@ def _of_kind(graph, kind: str):
 
 
 class _Setup:
-    """One graph's share of the flags, converted and checked once: options, shapes, tolerances, ranges, scalars."""
+    """One graph's share of the flags, converted and checked once: options, shapes, tolerances, inits, scalars."""
 
     def __init__(self, graph, args, loaded: dict, names: _Names):
         from cudnn_dsl.tensors import BindingError, scalar_value
+        from dsl.diagnostics import RuleError
+        from dsl.inits import check_dtype
 
         def mine(values: dict, kind: str) -> dict:
             own = {v.name for v in _of_kind(graph, kind)}
@@ -183,7 +191,13 @@ class _Setup:
         self.instances = common.select_instances(graph, args.shape)
         self.loaded = mine(loaded, "input")
         self.atol, self.rtol = mine(names.atol, "output"), mine(names.rtol, "output")
-        self.ranges = mine(names.ranges, "input")
+        self.inits = mine(names.inits, "input")
+        for name, init in self.inits.items():
+            try:
+                check_dtype(init, graph.instances[0].type(name).dtype)
+            except RuleError as e:
+                raise common.UsageError(f"--init {name}: {e}") from None
+        self.no_compare = {n for n in names.no_compare if n in {v.name for v in graph.outputs}}
         self.scalars = {}
         for name, value in mine(names.scalars, "scalar").items():
             try:
@@ -223,7 +237,7 @@ class _Setup:
                     else relayout(converted(t, inst.type(v.name)), inst.type(v.name), device)
                 )
             return tensors
-        tensors = generate_inputs(self.graph, inst, device, self.opts.seed, self.ranges)
+        tensors = generate_inputs(self.graph, inst, device, self.opts.seed, self.inits)
         tensors.update((name, relayout(t, inst.type(name), device)) for name, t in files.items())
         return {**tensors, **self.scalars}
 
@@ -319,7 +333,7 @@ class _GpuRunner:
         comps, want = [], None
         if not s.args.no_reference:
             want = cg.reference(before)
-            comps = compare_outputs(s.graph, inst, first, want, opts, s.atol, s.rtol)
+            comps = compare_outputs(s.graph, inst, first, want, opts, s.atol, s.rtol, s.no_compare)
         times = gpu_time_us(launch, opts.iterations, warmup=opts.warmup)
         low = exe.low
         median = statistics.median(times)
@@ -337,6 +351,8 @@ class _GpuRunner:
         )
         for c in comps:
             print(f"  compare    {c}")
+        for n in sorted(s.no_compare):
+            print(f"  compare    {n}: not compared (--no-compare)")
         if s.args.no_reference:
             print("  skipped    the reference and the comparison (--no-reference)")
         for line in pinned + s.repro(inst, first, "outputs"):
@@ -378,6 +394,7 @@ class _GpuRunner:
             "gpu_us_median": median,
             "gpu_us": times,
             "compare": [attrs.asdict(c) for c in comps],
+            "not_compared": sorted(s.no_compare),
             "ok": all(c.ok for c in comps),
             "saved": saved,
             "isolate": isolated,

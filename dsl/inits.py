@@ -1,0 +1,141 @@
+"""Semantic layer: how a generated input is filled — the distributions of `init=` and `run --init`."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import attrs
+
+from dsl.diagnostics import RuleError
+from dsl.types import DTYPE_RANGE, is_float
+
+
+@attrs.frozen
+class Dist:
+    name: str
+    params: tuple[str, ...]
+    defaults: tuple[float | None, ...]
+    """per parameter; None: required"""
+    doc: str
+
+
+#: every distribution an input can be drawn from; `cudnn_dsl.tensors.draw` implements them
+DISTS = {
+    d.name: d
+    for d in (
+        Dist(
+            "uniform",
+            ("lo", "hi"),
+            (-1.0, 1.0),
+            "uniform in [lo, hi) (the default: [-1, 1); [0.5, 1.5) where an op wants positives)",
+        ),
+        Dist("randn", ("mean", "std"), (0.0, 1.0), "normal with this mean and standard deviation"),
+        Dist(
+            "randint",
+            ("lo", "hi"),
+            (None, None),
+            "integers in [lo, hi], each equally likely (the default of integer inputs: -8 to 8)",
+        ),
+        Dist("bernoulli", ("p",), (0.5,), "1 (true) with probability p, else 0: masks (the default of bool inputs)"),
+        Dist("sparse", ("p",), (0.9,), "uniform in [-1, 1) with a fraction p of the elements 0"),
+        Dist("full", ("value",), (None,), "every element the same value (a per-sequence length, a constant)"),
+        Dist(
+            "arange",
+            ("start", "step"),
+            (0.0, 1.0),
+            "start, start + step, ... in row-major order of the dims (page tables, indices)",
+        ),
+    )
+}
+
+
+@attrs.frozen
+class Init:
+    """A distribution with every parameter given (defaults filled): canonical."""
+
+    dist: str
+    args: tuple[float, ...]
+
+    def __str__(self) -> str:
+        return f"{self.dist}({', '.join(num_text(a) for a in self.args)})"
+
+    def bounds(self) -> tuple[float, float] | None:
+        """The least and greatest value it draws; None when unbounded (randn) or unknown before the shape (arange)."""
+        a = self.args
+        if self.dist in ("uniform", "randint"):
+            return a[0], a[1]
+        if self.dist == "full":
+            return a[0], a[0]
+        if self.dist in ("bernoulli",):
+            return 0.0, 1.0
+        if self.dist == "sparse":
+            return -1.0, 1.0
+        return None
+
+
+def num_text(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else repr(x)
+
+
+def make(name: str, args: tuple[float, ...]) -> Init:
+    """An Init from a name and the given parameters; RuleError (with `at` the argument's index, when it
+    concerns one) when the name or the parameters are wrong."""
+    d = DISTS.get(name)
+    if d is None:
+        raise RuleError(f"unknown distribution '{name}'; the distributions are {', '.join(DISTS)}")
+    if len(args) > len(d.params):
+        raise RuleError(f"{name} takes {len(d.params)} parameters ({', '.join(d.params)}), got {len(args)}")
+    full = tuple(args) + d.defaults[len(args) :]
+    missing = [p for p, v in zip(d.params, full) if v is None]
+    if missing:
+        raise RuleError(f"{name} needs {', '.join(d.params)}; {', '.join(missing)} missing")
+    for i, v in enumerate(full):
+        if not math.isfinite(v):
+            raise RuleError(f"{name}: {d.params[i]} must be finite", at=i)
+    a = [float(v) for v in full]
+    if name in ("uniform", "randint") and a[0] > a[1]:
+        raise RuleError(f"{name}: lo ({num_text(a[0])}) is greater than hi ({num_text(a[1])})", at=1)
+    if name == "randint" and not all(v.is_integer() for v in a):
+        raise RuleError("randint: lo and hi must be integers", at=0 if not a[0].is_integer() else 1)
+    if name == "randn" and a[1] < 0:
+        raise RuleError("randn: std must not be negative", at=1)
+    if name in ("bernoulli", "sparse") and not 0 <= a[0] <= 1:
+        raise RuleError(f"{name}: p must be between 0 and 1", at=0)
+    return Init(name, tuple(a))
+
+
+def check_dtype(init: Init, dtype: str) -> None:
+    """RuleError when the drawn values cannot be held by the input's dtype."""
+    b = init.bounds()
+    if b is None:
+        return
+    lo, hi = DTYPE_RANGE[dtype]
+    for v in b:
+        if not lo <= v <= hi:
+            raise RuleError(f"{init} draws {num_text(v)}, out of range for {dtype} ({lo:g} to {hi:g})")
+    if not is_float(dtype) and init.dist == "full" and not b[0].is_integer():
+        raise RuleError(f"{init} is not an integer, and the dtype is {dtype}")
+
+
+def default(dtype: str, positive: bool) -> Init:
+    """What an input without `init=` is drawn from."""
+    if dtype == "bool":
+        return Init("bernoulli", (0.5,))
+    if not is_float(dtype):
+        lo, hi = (4.0, 12.0) if positive else (0.0 if dtype == "uint8" else -8.0, 8.0)
+        return Init("randint", (lo, hi))
+    return Init("uniform", (0.5, 1.5) if positive else (-1.0, 1.0))
+
+
+_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+_TEXT = re.compile(rf"\s*([A-Za-z_]\w*)\s*(?:\(\s*((?:{_NUMBER}\s*(?:,\s*{_NUMBER}\s*)*)?)\)\s*)?")
+
+
+def parse(text: str) -> Init:
+    """`randn(0, 0.5)` from the command line (no eval: a name, then numbers); RuleError when malformed."""
+    m = _TEXT.fullmatch(text)
+    if m is None:
+        raise RuleError(f"'{text}' is not DIST or DIST(NUMBER, ...), e.g. randn(0, 0.5)")
+    args = tuple(float(x) for x in m.group(2).split(",")) if m.group(2) else ()
+    return make(m.group(1), args)
