@@ -137,6 +137,7 @@ class Place:
     loc: Loc = _loc()
 
 
+@attrs.frozen
 class InitSpec:
     """``init=randn(0, 0.5)``: how `run` fills a generated input."""
 
