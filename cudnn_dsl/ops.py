@@ -9,6 +9,7 @@ strides. Attributes arrive canonical (dsl.ops.canonical): no row here fills a de
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import attrs
@@ -176,29 +177,81 @@ def lower_reduction(ctx, ins, a):
 # ---- attention ---------------------------------------------------------------------
 
 
+def _alibi_slopes(h: int) -> torch.Tensor:
+    """ALiBi's slope per head, as the cuDNN Frontend's reference computes them (powers of two for
+    the nearest smaller power of two of the heads, interleaved extras for the rest)."""
+    n = 2 ** math.floor(math.log2(h))
+    m = torch.pow(2.0 ** (-8.0 / n), torch.arange(1, 1 + n, dtype=torch.float64))
+    if n < h:
+        m = torch.cat([m, torch.pow(2.0 ** (-4.0 / n), torch.arange(1, 1 + 2 * (h - n), 2, dtype=torch.float64))])
+    return m.view(1, h, 1, 1)
+
+
+def _sdpa_keep(a, b: int, sq: int, skv: int, len_q, len_kv, device) -> torch.Tensor:
+    """Which (query, key) scores survive the masks, [B or 1, 1, S_q, S_kv]: the padding (keys past
+    seq_len_kv) and the diagonal band, bottom-right aligned per sequence when padded."""
+    i = torch.arange(sq, device=device).view(1, 1, sq, 1)
+    j = torch.arange(skv, device=device).view(1, 1, 1, skv)
+    keep = torch.ones(1, 1, sq, skv, dtype=torch.bool, device=device)
+    if len_kv is not None:
+        keep = keep & (j < len_kv.view(b, 1, 1, 1))
+    shift = 0
+    if a["diagonal_alignment"] == "bottom_right":
+        shift = (len_kv - len_q).view(b, 1, 1, 1) if len_q is not None else skv - sq
+    if a["right_bound"] is not None:
+        keep = keep & (j - i - shift <= a["right_bound"])
+    if a["left_bound"] is not None:
+        keep = keep & (j - i - shift > -a["left_bound"])
+    return keep
+
+
 def ref_sdpa(ins, a, outs):
-    q, k, v, bias = ins
-    scale = a["scale"]
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    if not a["stats"]:
-        return [F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=a["causal"], scale=scale)]
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    """softmax(q k^T * scale + bias + ALiBi, masked) [* dropout mask * scale] v, as the cuDNN Frontend's
+    own test reference computes it. Rows with no key left (padded queries, an empty band) give O = 0
+    and stats = -inf, which is what cuDNN writes for padded queries since 9.14."""
+    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale = ins
+    b, h, sq, _ = q.shape
+    skv = k.shape[2]
+    k = k.repeat_interleave(h // k.shape[1], 1)
+    v = v.repeat_interleave(h // v.shape[1], 1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
     if bias is not None:
         s = s + bias
-    if a["causal"]:
-        mask = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~mask, float("-inf"))
+    if a["alibi"]:
+        distance = torch.arange(skv, device=s.device).view(1, -1) - torch.arange(sq, device=s.device).view(-1, 1)
+        s = s + distance.to(s.dtype) * _alibi_slopes(h).to(device=s.device, dtype=s.dtype)
+    if len_q is not None:
+        len_q, len_kv = len_q.to(torch.int64), len_kv.to(torch.int64)
+    keep = _sdpa_keep(a, b, sq, skv, len_q, len_kv, s.device)
+    if len_q is not None:
+        keep = keep & (torch.arange(sq, device=s.device).view(1, 1, sq, 1) < len_q.view(b, 1, 1, 1))
+    s = s.masked_fill(~keep, float("-inf"))
     stats = torch.logsumexp(s, -1, keepdim=True)
-    return [torch.matmul(torch.exp(s - stats), v), stats]
+    p = torch.where(stats.isneginf(), 0.0, torch.exp(s - stats))  # an empty row would be -inf - -inf
+    if drop_mask is not None:
+        p = p * drop_mask * drop_scale
+    o = torch.matmul(p, v)
+    return [o, stats] if a["stats"] else [o]
 
 
 def lower_sdpa(ctx, ins, a):
-    q, k, v, bias = ins
-    res = ctx.g.sdpa(
-        q, k, v, attn_scale=a["scale"], bias=bias, use_causal_mask=a["causal"], generate_stats=a["stats"], **ctx.kw
-    )
+    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale = ins
+    kw = {"attn_scale": a["scale"], "generate_stats": a["stats"]}
+    if bias is not None:
+        kw["bias"] = bias
+    if a["alibi"]:
+        kw["use_alibi_mask"] = True
+    if len_q is not None:
+        kw.update(use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_kv)
+    if a["left_bound"] is not None or a["right_bound"] is not None:
+        kw["diagonal_alignment"] = getattr(ctx.cudnn.diagonal_alignment, a["diagonal_alignment"].upper())
+        if a["left_bound"] is not None:
+            kw["diagonal_band_left_bound"] = a["left_bound"]
+        if a["right_bound"] is not None:
+            kw["diagonal_band_right_bound"] = a["right_bound"]
+    if drop_mask is not None:
+        kw["dropout"] = (drop_mask, drop_scale)
+    res = ctx.g.sdpa(q, k, v, **kw, **ctx.kw)
     return [res[0], res[1]] if a["stats"] else [res[0]]
 
 

@@ -47,13 +47,28 @@ def _positive_inputs(graph: Graph) -> set[str]:
     return out
 
 
+def _domains(graph: Graph, instance: Instance) -> dict[str, tuple[int, int]]:
+    """Integer inputs whose op allows only some values (sdpa's sequence lengths), by name."""
+    out = {}
+    for n in graph.nodes:
+        sig = OPS[n.op]
+        if sig.domains is None:
+            continue
+        types = tuple(instance.type(i) if i else None for i in n.inputs)
+        for i, bounds in sig.domains(types).items():
+            if n.inputs[i]:
+                out[n.inputs[i]] = bounds
+    return out
+
+
 def generate_inputs(
     graph: Graph, instance: Instance, device, seed: int = 0, ranges: dict[str, tuple[float, float]] | None = None
 ) -> dict[str, torch.Tensor]:
     """Seeded inputs in their declared layout: floats in [-1, 1] ([0.5, 1.5] where an op wants
-    positive values), integers in [-8, 8], booleans at random; `ranges` overrides by name. Drawn
+    positive values), integers in [-8, 8] (in the op's domain where it has one), booleans at random;
+    `ranges` overrides by name. Drawn
     on the CPU, so a seed gives the same inputs on every device."""
-    ranges = ranges or {}
+    ranges = {**_domains(graph, instance), **(ranges or {})}
     positive = _positive_inputs(graph)
     gen = torch.Generator().manual_seed(seed)
     out = {}

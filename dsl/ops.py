@@ -62,7 +62,8 @@ FAMILIES = {
         ("reduction",), "a reduction fuses after a matmul or conv over its output; alone it may need a graph of its own"
     ),
     "attention": Family(
-        ("sdpa", "attention"), "half/bf16 q, k, v with head dims that are multiples of 8 (at most 256)"
+        ("sdpa", "attention", "alibi", "causal", "diagonal_band", "padding mask", "seq_len", "dropout"),
+        "half/bf16 q, k, v with head dims that are multiples of 8 (at most 256)",
     ),
     "norm": Family(
         ("norm", "layernorm", "rmsnorm", "batchnorm"),
@@ -94,6 +95,11 @@ class OpSig:
     """warnings about the declared inputs, as (input index, message); the checker locates them"""
     keeps_dtype: bool = False
     """cuDNN wants the result in the input's dtype (its layout ops do)"""
+    folded: tuple[str, ...] = ()
+    """attributes that only spell others: `derive` folds them in and the IR drops them"""
+    domains: Callable[[tuple], dict[int, tuple[int, int]]] | None = None
+    """integer inputs' valid values [lo, hi], from the input types (sdpa's sequence lengths are in
+    [1, S]); generated test data stays inside"""
 
     def count_results(self, attrs_: dict) -> int:
         return self.results(attrs_) if self.results is not None else 1
@@ -136,6 +142,8 @@ def canonical(sig: OpSig, given: dict, inputs: tuple[TensorType | None, ...]) ->
         out[a.name] = v
     if sig.derive is not None:
         out.update(sig.derive(Ctx(sig.name, inputs, out)))
+    for name in sig.folded:
+        del out[name]
     assert not any(v is DERIVED or v is REQUIRED for v in out.values()), out
     return out
 
@@ -325,17 +333,85 @@ def infer_reduction(ctx: Ctx) -> list[Out]:
     return [Out(shape, stride_order(x.strides))]
 
 
+SDPA_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def _given(v) -> bool:
+    return v is not None and v is not DERIVED
+
+
 def derive_sdpa(ctx: Ctx) -> dict:
-    if ctx.attrs["scale"] is not DERIVED:
-        return {}
-    return {"scale": 1.0 / math.sqrt(ctx.inputs[0].shape[-1])}
+    """The scale, and the mask in its one IR form: a diagonal band (left and right bounds, None for
+    unbounded) with its alignment. `causal`, `causal_bottom_right` and `sliding_window_length` are
+    the frontend's older spellings of the band; they fold in here and the IR drops them."""
+    a = ctx.attrs
+    out = {} if a["scale"] is not DERIVED else {"scale": 1.0 / math.sqrt(ctx.inputs[0].shape[-1])}
+    left, right, align = a["left_bound"], a["right_bound"], a["diagonal_alignment"]
+    if a["causal"] and a["causal_bottom_right"]:
+        raise RuleError(
+            f"{ctx.op}: 'causal' and 'causal_bottom_right' are two alignments of one mask; give one",
+            "causal_bottom_right",
+        )
+    for flag, want in (("causal", "top_left"), ("causal_bottom_right", "bottom_right")):
+        if not a[flag]:
+            continue
+        if right not in (None, 0):
+            raise RuleError(f"{ctx.op}: '{flag}' is right_bound=0, but right_bound={right} is given", "right_bound")
+        if _given(align) and align != want:
+            raise RuleError(
+                f"{ctx.op}: '{flag}' is diagonal_alignment={want}, but {align} is given", "diagonal_alignment"
+            )
+        right, align = 0, want
+    window = a["sliding_window_length"]
+    if window is not None:
+        if left is not None and left != window:
+            raise RuleError(
+                f"{ctx.op}: sliding_window_length={window} is left_bound={window}, but left_bound={left} is given",
+                "left_bound",
+            )
+        left = window
+    if left is None and right is None:
+        align = "top_left"  # no band: the alignment means nothing
+    elif not _given(align):
+        align = "top_left"
+    return out | {"left_bound": left, "right_bound": right, "diagonal_alignment": align}
+
+
+def _sdpa_rank4(ctx: Ctx, i: int, what: str) -> TensorType:
+    t = ctx.inputs[i]
+    if len(t.shape) != 4:
+        raise RuleError(f"{ctx.op}: {what} must be [B, H, S, D], got {fmt_shape(t.shape)}", i)
+    return t
+
+
+def _sdpa_optional(ctx: Ctx, i: int, want: tuple[int, ...], what: str, dtypes: tuple[str, ...] | None) -> None:
+    """An optional input that broadcasts to `want`, of one of `dtypes` (None: any float)."""
+    t = ctx.inputs[i]
+    if t is None:
+        return
+    name = OPS[ctx.op].optional[i - len(OPS[ctx.op].inputs)]
+    if len(t.shape) != 4 or broadcast(t.shape, want) != want:
+        raise RuleError(f"{ctx.op}: {name} {fmt_shape(t.shape)} must be {what} (broadcasting to {fmt_shape(want)})", i)
+    if dtypes is None and not is_float(t.dtype) or dtypes is not None and t.dtype not in dtypes:
+        raise RuleError(f"{ctx.op}: {name} is {t.dtype}; it must be {' or '.join(dtypes or ('a float type',))}", i)
+
+
+def _sdpa_pair(ctx: Ctx, first: int, second: int) -> None:
+    names = OPS[ctx.op].optional
+    base = len(OPS[ctx.op].inputs)
+    a, b = ctx.inputs[first], ctx.inputs[second]
+    if (a is None) != (b is None):
+        have, need = (first, second) if a is not None else (second, first)
+        raise RuleError(f"{ctx.op}: {names[have - base]} needs {names[need - base]} too", have)
+
+
+def domains_sdpa(ins: tuple) -> dict[int, tuple[int, int]]:
+    """seq_len_q in [1, S_q], seq_len_kv in [1, S_kv]."""
+    return {4: (1, ins[0].shape[2]), 5: (1, ins[1].shape[2])}
 
 
 def infer_sdpa(ctx: Ctx) -> list[Out]:
-    q, k, v, bias = ctx.inputs
-    for i, t in enumerate((q, k, v)):
-        if len(t.shape) != 4:
-            raise RuleError(f"{ctx.op}: {'qkv'[i]} must be [B, H, S, D], got {fmt_shape(t.shape)}", i)
+    q, k, v = (_sdpa_rank4(ctx, i, "qkv"[i]) for i in range(3))
     if not (q.dtype == k.dtype == v.dtype):
         raise RuleError(f"{ctx.op}: dtype conflict: q {q.dtype}, k {k.dtype}, v {v.dtype}", 1)
     b, h, s, d = q.shape
@@ -345,14 +421,28 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
         )
     if k.shape[3] != d:
         raise RuleError(f"{ctx.op}: head dim differs: q has D={d}, k has D={k.shape[3]}", 1)
-    if k.shape[1] != v.shape[1] or h % k.shape[1]:
-        raise RuleError(f"{ctx.op}: k/v heads ({k.shape[1]}, {v.shape[1]}) must be equal and divide q heads ({h})", 1)
+    for i, t in ((1, k), (2, v)):
+        if h % t.shape[1]:
+            raise RuleError(
+                f"{ctx.op}: {'qkv'[i]} has {t.shape[1]} heads, which do not divide q's {h} (grouped-query heads)", i
+            )
     if k.shape[2] != v.shape[2]:
         raise RuleError(f"{ctx.op}: k has {k.shape[2]} keys, v has {v.shape[2]}", 2)
-    if bias is not None and broadcast(bias.shape, (b, h, s, k.shape[2])) != (b, h, s, k.shape[2]):
-        raise RuleError(
-            f"{ctx.op}: bias {fmt_shape(bias.shape)} does not broadcast to {fmt_shape((b, h, s, k.shape[2]))}", 3
-        )
+    skv = k.shape[2]
+    scores = (b, h, s, skv)
+    _sdpa_optional(ctx, 3, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
+    _sdpa_pair(ctx, 4, 5)
+    for i in (4, 5):
+        t = ctx.inputs[i]
+        if t is not None and (t.shape != (b, 1, 1, 1) or t.dtype != "int32"):
+            raise RuleError(
+                f"{ctx.op}: {OPS[ctx.op].optional[i - 3]} must be int32[{b}, 1, 1, 1], one length per batch; "
+                f"got {t.dtype}{fmt_shape(t.shape)}",
+                i,
+            )
+    _sdpa_pair(ctx, 6, 7)
+    _sdpa_optional(ctx, 6, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
+    _sdpa_optional(ctx, 7, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
     outs = [Out((b, h, s, v.shape[3]), stride_order(q.strides))]
     if ctx.attrs["stats"]:
         outs.append(Out((b, h, s, 1), _row_major(4), "float"))
@@ -454,10 +544,21 @@ def flops_matmul(ctx: Ctx, outs) -> int:
 
 
 def flops_sdpa(ctx: Ctx, outs) -> int:
+    """2 * (d_qk + d_v) per (query, key) pair the band lets through (padding not counted)."""
     q, k, v = ctx.inputs[:3]
     b, h, s, d = q.shape
-    full = 2 * b * h * s * k.shape[2] * (d + v.shape[3])
-    return full // 2 if ctx.attrs["causal"] else full
+    skv = k.shape[2]
+    left, right = ctx.attrs["left_bound"], ctx.attrs["right_bound"]
+    shift = skv - s if ctx.attrs["diagonal_alignment"] == "bottom_right" else 0
+    pairs = sum(
+        max(
+            0,
+            min(skv, i + shift + 1 + (skv if right is None else right))
+            - max(0, i + shift + 1 - (skv + s if left is None else left)),
+        )
+        for i in range(s)
+    )
+    return 2 * b * h * pairs * (d + v.shape[3])
 
 
 # ---- the registry ----------------------------------------------------------------
@@ -582,17 +683,62 @@ OPS: dict[str, OpSig] = {
         "attention",
         ("q", "k", "v"),
         infer_sdpa,
-        optional=("bias",),
+        optional=("bias", "seq_len_q", "seq_len_kv", "dropout_mask", "dropout_scale"),
         flops=flops_sdpa,
         derive=derive_sdpa,
+        folded=("causal", "causal_bottom_right", "sliding_window_length"),
+        domains=domains_sdpa,
         attrs=(
-            Attr("scale", "float", DERIVED, doc="softmax scale (default 1/sqrt(D))", hi=None),
-            Attr("causal", "bool", False, doc="causal mask (top-left aligned)"),
-            Attr("stats", "bool", False, doc="also return the softmax stats [B,H,S,1] float (training)"),
+            Attr("scale", "float", DERIVED, doc="softmax scale, attn_scale (default 1/sqrt(D))", hi=None),
+            Attr(
+                "diagonal_alignment",
+                "enum",
+                DERIVED,
+                SDPA_ALIGNMENTS,
+                doc="where the band's diagonal starts: query 0 at key 0, or the last query at the last key "
+                "(per sequence with padding) (default top_left)",
+            ),
+            Attr(
+                "left_bound",
+                "int",
+                None,
+                doc="key j is seen by query i only if j > i - left_bound (diagonal_band_left_bound; default: none)",
+                lo=1,
+                optional=True,
+            ),
+            Attr(
+                "right_bound",
+                "int",
+                None,
+                doc="key j is seen by query i only if j <= i + right_bound (diagonal_band_right_bound; default: none)",
+                lo=0,
+                optional=True,
+            ),
+            Attr("causal", "bool", False, doc="right_bound=0, top_left (use_causal_mask)"),
+            Attr(
+                "causal_bottom_right", "bool", False, doc="right_bound=0, bottom_right (use_causal_mask_bottom_right)"
+            ),
+            Attr(
+                "sliding_window_length",
+                "int",
+                None,
+                doc="left_bound, in the frontend's older spelling",
+                lo=1,
+                optional=True,
+            ),
+            Attr("alibi", "bool", False, doc="add the ALiBi bias, slope per head (use_alibi_mask)"),
+            Attr(
+                "stats",
+                "bool",
+                False,
+                doc="also return the softmax stats (log-sum-exp) [B,H,S,1] float (generate_stats)",
+            ),
         ),
         outputs=("o", "stats"),
         results=lambda a: 2 if a.get("stats") else 1,  # the given attributes: stats defaults to false
-        doc="scaled dot-product attention: softmax(q k^T * scale + bias) v",
+        doc="scaled dot-product attention: softmax(q k^T * scale + bias + masks) v. seq_len_q/seq_len_kv "
+        "(int32 [B,1,1,1], both or neither) mask padding; dropout_mask and dropout_scale ([1,1,1,1] float) "
+        "multiply the probabilities",
     ),
     "layernorm": OpSig(
         "layernorm",

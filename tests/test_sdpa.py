@@ -1,0 +1,253 @@
+"""SDPA's masks, padding, ALiBi, grouped heads and dropout: the language's rules, its one canonical
+form, and the reference against attention written out element by element."""
+
+import math
+
+import pytest
+import torch
+
+from cudnn_dsl.reference import run_reference
+from cudnn_dsl.store import graph_digest
+from cudnn_dsl.tensors import generate_inputs
+from dsl.diagnostics import DslError
+from dsl.pipeline import program
+from dsl.printer import dump_ir
+
+DECLS = {
+    "q": "half[2, 4, 5, 8]",
+    "k": "half[2, 2, 7, 8]",
+    "v": "half[2, 1, 7, 16]",
+    "b": "half[1, 4, 5, 7]",
+    "lq": "int32[2, 1, 1, 1]",
+    "lkv": "int32[2, 1, 1, 1]",
+    "dm": "half[2, 4, 5, 7]",
+    "ds": "float[1, 1, 1, 1]",
+}
+
+
+def text(call: str, dtype: str = "half", stats: bool = False) -> str:
+    used = [n for n in DECLS if n in "qkv" or f"{n}," in call + "," or f"={n}" in call or f" {n})" in call]
+    decls = "".join(f"  input {n} : {DECLS[n].replace('half', dtype)}\n" for n in used)
+    out = f"  o, st = {call}\n  output o\n  output st\n" if stats else f"  output o = {call}\n"
+    return f"graph s {{\n{decls}{out}}}\n"
+
+
+def graph(call: str, **kw):
+    return program(text=text(call, **kw), file="s.cdg").graphs[0]
+
+
+def error(call: str) -> str:
+    with pytest.raises(DslError) as e:
+        graph(call)
+    return str(e.value)
+
+
+# ---- one canonical form ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spellings,attrs",
+    [
+        (
+            ["causal=true", "right_bound=0", "right_bound=0, diagonal_alignment=top_left"],
+            {"right_bound": 0, "left_bound": None, "diagonal_alignment": "top_left"},
+        ),
+        (
+            ["causal_bottom_right=true", "right_bound=0, diagonal_alignment=BOTTOM_RIGHT"],
+            {"right_bound": 0, "left_bound": None, "diagonal_alignment": "bottom_right"},
+        ),
+        (
+            ["causal=true, sliding_window_length=3", "left_bound=3, right_bound=0", "causal=true, left_bound=3"],
+            {"right_bound": 0, "left_bound": 3, "diagonal_alignment": "top_left"},
+        ),
+        (
+            ["diagonal_alignment=bottom_right", "causal=false", ""],
+            {"right_bound": None, "left_bound": None, "diagonal_alignment": "top_left"},
+        ),
+    ],
+)
+def test_every_spelling_of_a_mask_is_one_graph(spellings, attrs):
+    graphs = [graph(f"sdpa(q, k, v, b{', ' + s if s else ''})") for s in spellings]
+    assert len({graph_digest(g, g.instances[0]) for g in graphs}) == 1
+    a = graphs[0].instances[0].attrs(0)
+    assert {k: a[k] for k in attrs} == attrs
+    assert not {"causal", "causal_bottom_right", "sliding_window_length"} & set(a)  # folded away
+
+
+def test_optional_inputs_by_position_or_by_name_are_one_graph():
+    a = program(text=text("sdpa(q, k, v, b, lq, lkv)"), file="s.cdg")
+    b = program(text=text("sdpa(q, k, v, seq_len_kv=lkv, bias=b, seq_len_q=lq)"), file="s.cdg")
+    assert dump_ir(a) == dump_ir(b)
+    assert "sdpa(%q, %k, %v, %b, %lq, %lkv, _, _)" in dump_ir(a)
+
+
+# ---- shape and dtype rules, located --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call,words,col",
+    [
+        ("sdpa(q, k, v, causal=true, right_bound=2)", "'causal' is right_bound=0, but right_bound=2", "right_bound=2"),
+        ("sdpa(q, k, v, causal=true, causal_bottom_right=true)", "two alignments of one mask", "causal_bottom_right"),
+        (
+            "sdpa(q, k, v, causal_bottom_right=true, diagonal_alignment=top_left)",
+            "is diagonal_alignment=bottom_right, but top_left is given",
+            "diagonal_alignment",
+        ),
+        ("sdpa(q, k, v, sliding_window_length=4, left_bound=2)", "is left_bound=4, but left_bound=2", "left_bound=2"),
+        ("sdpa(q, k, v, left_bound=0)", "'left_bound' must be >= 1", "0"),
+        ("sdpa(q, k, v, right_bound=-1)", "must be >= 0", "-1"),
+        ("sdpa(q, k, v, seq_len_q=lq)", "seq_len_q needs seq_len_kv too", "lq"),
+        ("sdpa(q, k, v, seq_len_q=lq, seq_len_kv=q)", "seq_len_kv must be int32[2, 1, 1, 1]", "q)"),
+        ("sdpa(q, k, v, dropout_mask=dm)", "dropout_mask needs dropout_scale too", "dm"),
+        ("sdpa(q, k, v, dropout_mask=dm, dropout_scale=dm)", "dropout_scale [2, 4, 5, 7] must be [1, 1, 1, 1]", "dm)"),
+        ("sdpa(q, k, v, dropout_mask=lq, dropout_scale=ds)", "dropout_mask is int32; it must be a float type", "lq"),
+        ("sdpa(q, k, v, b, bias=b)", "input 'bias' given twice", "bias=b"),
+        ("sdpa(q, k, v, seq_len_q=3, seq_len_kv=lkv)", "input 'seq_len_q' takes a tensor's name", "3"),
+        ("sdpa(q, dm, v)", "head dim differs: q has D=8, k has D=7", "dm"),
+    ],
+)
+def test_a_bad_sdpa_is_refused_where_it_is_wrong(call, words, col):
+    msg = error(call)
+    assert words in msg
+    line, column = map(int, next(m for m in msg.splitlines() if "error:" in m).split(":")[1:3])
+    assert text(call).splitlines()[line - 1][column - 1 :].startswith(col)
+
+
+def test_grouped_heads_must_divide_the_query_heads():
+    text_ = (
+        "graph s {\n  input q : half[1, 6, 8, 8]\n  input k : half[1, 4, 8, 8]\n  input v : half[1, 4, 8, 8]\n"
+        "  output o = sdpa(q, k, v)\n}\n"
+    )
+    with pytest.raises(DslError, match="k has 4 heads, which do not divide q's 6"):
+        program(text=text_, file="s.cdg")
+
+
+def test_stats_are_float_whatever_the_io():
+    g = graph("sdpa(q, k, v, causal=true, stats=true)", stats=True)
+    assert g.instances[0].type("st").dtype == "float" and g.instances[0].type("st").shape == (2, 4, 5, 1)
+    bad = text("sdpa(q, k, v, stats=true)", stats=True).replace("output st", "output st : half")
+    with pytest.raises(DslError, match="output 'st' is declared half but sdpa gives float"):
+        program(text=bad, file="s.cdg")
+
+
+def test_generated_sequence_lengths_are_valid():
+    g = graph("sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv)")
+    for seed in range(20):
+        ins = generate_inputs(g, g.instances[0], "cpu", seed=seed)
+        assert 1 <= int(ins["lq"].min()) and int(ins["lq"].max()) <= 5
+        assert 1 <= int(ins["lkv"].min()) and int(ins["lkv"].max()) <= 7
+
+
+def test_flops_count_only_the_pairs_the_band_lets_through():
+    from dsl.ops import OPS, Ctx
+
+    g = graph("sdpa(q, k, v, left_bound=2, right_bound=0)")
+    inst = g.instances[0]
+    ins = tuple(inst.type(n) if n else None for n in g.nodes[0].inputs)
+    pairs = sum(1 for i in range(5) for j in range(7) if i - 2 < j <= i)
+    assert OPS["sdpa"].count_flops(Ctx("sdpa", ins, inst.attrs(0)), []) == 2 * 2 * 4 * pairs * (8 + 16)
+
+
+# ---- the reference, against attention written out element by element ---------------------------
+
+
+def by_hand(ins, scale, *, left=None, right=None, bottom_right=False, alibi=False, bias=None, drop=None):
+    """Loops over (batch, head, query) with every rule spelt out: GQA by integer division of the head,
+    keys past seq_len_kv and queries past seq_len_q masked, the band measured from the diagonal that
+    starts at (0, 0) or ends at (seq_len_q - 1, seq_len_kv - 1)."""
+    q, k, v = ins["q"].double(), ins["k"].double(), ins["v"].double()
+    b_, h, sq, _ = q.shape
+    skv = k.shape[2]
+    o = torch.zeros(b_, h, sq, v.shape[3], dtype=torch.float64)
+    st = torch.full((b_, h, sq, 1), float("-inf"), dtype=torch.float64)
+    n = 2 ** math.floor(math.log2(h))
+    slopes = [2 ** (-8 * (i + 1) / n) for i in range(n)] + [2 ** (-4 * (2 * i + 1) / n) for i in range(h - n)]
+    for bi in range(b_):
+        lq = int(ins["lq"][bi]) if "lq" in ins else sq
+        lkv = int(ins["lkv"][bi]) if "lkv" in ins else skv
+        shift = lkv - lq if bottom_right else 0
+        for hi in range(h):
+            kh, vh = hi // (h // k.shape[1]), hi // (h // v.shape[1])
+            for i in range(lq):
+                keys = [
+                    j
+                    for j in range(lkv)
+                    if (right is None or j - i - shift <= right) and (left is None or j - i - shift > -left)
+                ]
+                if not keys:
+                    continue
+                s = torch.stack([q[bi, hi, i] @ k[bi, kh, j] * scale for j in keys])
+                if bias is not None:
+                    s = s + torch.stack([bias[0, hi, i, j].double() for j in keys])
+                if alibi:
+                    s = s + torch.tensor([(j - i) * slopes[hi] for j in keys], dtype=torch.float64)
+                p = torch.softmax(s, 0)
+                st[bi, hi, i, 0] = torch.logsumexp(s, 0)
+                if drop is not None:
+                    p = p * torch.stack([drop[0][bi, hi, i, j].double() for j in keys]) * drop[1]
+                o[bi, hi, i] = sum(p[n_] * v[bi, vh, j] for n_, j in enumerate(keys))
+    return o, st
+
+
+def reference(call: str, lens=None, **given):
+    """The reference on seeded inputs (sequence lengths and other tensors as given), and the scale."""
+    g = graph(call, dtype="float", stats=True)
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", seed=3)
+    if lens is not None:
+        ins["lq"] = torch.tensor(lens[0], dtype=torch.int32).view(2, 1, 1, 1)
+        ins["lkv"] = torch.tensor(lens[1], dtype=torch.int32).view(2, 1, 1, 1)
+    ins.update(given)
+    return ins, run_reference(g, inst, ins, "cpu"), inst.attrs(0)["scale"]
+
+
+def close(out, want):
+    torch.testing.assert_close(out["o"].double(), want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["st"].double(), want[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "extra,band",
+    [
+        ("causal=true", {"right": 0}),
+        ("left_bound=3, right_bound=1", {"left": 3, "right": 1}),
+        ("causal_bottom_right=true", {"right": 0, "bottom_right": True}),
+        ("left_bound=2, right_bound=0, diagonal_alignment=bottom_right", {"left": 2, "right": 0, "bottom_right": True}),
+        ("sliding_window_length=2", {"left": 2}),
+    ],
+)
+def test_band_masks_by_hand(extra, band):
+    ins, out, scale = reference(f"sdpa(q, k, v, {extra}, stats=true)")
+    close(out, by_hand(ins, scale, **band))
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_padding_with_a_band_by_hand(align):
+    # batch 0 is padded on both sides, batch 1 on neither
+    ins, out, scale = reference(
+        f"sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, left_bound=3, right_bound=0, diagonal_alignment={align}, "
+        "stats=true)",
+        lens=([3, 5], [6, 7]),
+    )
+    close(out, by_hand(ins, scale, left=3, right=0, bottom_right=align == "bottom_right"))
+    assert (out["o"][0, :, 3:] == 0).all() and out["st"][0, :, 3:].isneginf().all()  # padded query rows
+
+
+def test_alibi_bias_and_grouped_heads_by_hand():
+    ins, out, scale = reference("sdpa(q, k, v, b, alibi=true, causal=true, stats=true)")
+    close(out, by_hand(ins, scale, right=0, alibi=True, bias=ins["b"]))
+
+
+def test_alibi_slopes_for_heads_not_a_power_of_two():
+    from cudnn_dsl.ops import _alibi_slopes
+
+    want = [2 ** (-8 * i / 4) for i in (1, 2, 3, 4)] + [2 ** (-4 * i / 4) for i in (1, 3)]
+    torch.testing.assert_close(_alibi_slopes(6).flatten(), torch.tensor(want, dtype=torch.float64))
+
+
+def test_dropout_mask_and_scale_by_hand():
+    mask = (torch.rand(2, 4, 5, 7, generator=torch.Generator().manual_seed(0)) > 0.25).float()
+    scale = torch.full((1, 1, 1, 1), 1 / 0.75)
+    ins, out, s = reference("sdpa(q, k, v, dropout_mask=dm, dropout_scale=ds, stats=true)", dm=mask, ds=scale)
+    close(out, by_hand(ins, s, drop=(mask, 1 / 0.75)))
