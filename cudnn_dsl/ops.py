@@ -23,6 +23,9 @@ class OpImpl:
 
     ref: Callable[..., list]
     lower: Callable[..., list]
+    undefined: Callable[..., list] | None = None
+    """(inputs, attributes, output types) -> per output, a bool mask of the elements cuDNN leaves
+    unspecified (None: all defined); the compare does not read them (sdpa's padded query rows)"""
 
 
 # ---- pointwise ---------------------------------------------------------------------
@@ -234,6 +237,17 @@ def ref_sdpa(ins, a, outs):
     return [o, stats] if a["stats"] else [o]
 
 
+def undefined_sdpa(ins, a, outs):
+    """O's rows past seq_len_q: cuDNN does not say what it writes there (the frontend's tests zero
+    them on both sides). The stats there are defined: -inf."""
+    len_q = ins[4]
+    if len_q is None:
+        return [None] * len(outs)
+    b, _, sq, _ = outs[0].shape
+    rows = torch.arange(sq, device=len_q.device).view(1, 1, sq, 1) >= len_q.view(b, 1, 1, 1)
+    return [rows.expand(outs[0].shape)] + [None] * (len(outs) - 1)
+
+
 def lower_sdpa(ctx, ins, a):
     q, k, v, bias, len_q, len_kv, drop_mask, drop_scale = ins
     kw = {"attn_scale": a["scale"], "generate_stats": a["stats"]}
@@ -335,7 +349,7 @@ IMPLS: dict[str, OpImpl] = {
     "conv_wgrad": OpImpl(ref_conv_wgrad, _lower_conv("conv_wgrad")),
     "matmul": OpImpl(ref_matmul, lower_matmul),
     "reduction": OpImpl(ref_reduction, lower_reduction),
-    "sdpa": OpImpl(ref_sdpa, lower_sdpa),
+    "sdpa": OpImpl(ref_sdpa, lower_sdpa, undefined_sdpa),
     "layernorm": OpImpl(ref_layernorm, lower_layernorm),
     "rmsnorm": OpImpl(ref_rmsnorm, lower_rmsnorm),
     "batchnorm_inference": OpImpl(ref_batchnorm_inference, lower_batchnorm_inference),

@@ -263,7 +263,7 @@ def compare(
     g = got.to(torch.float64).cpu() if got.device != want.device else got.to(torch.float64)
     w = want.to(device=g.device, dtype=torch.float64)
     diff = (g - w).abs()
-    bad = (diff > atol + rtol * w.abs()) | (g.isnan() ^ w.isnan()) | (g.isinf() & (g != w))
+    bad = (diff > atol + rtol * w.abs()) | (g.isnan() ^ w.isnan()) | ((g.isinf() | w.isinf()) & (g != w))
     finite = diff[diff.isfinite()]
     significant = diff.isfinite() & (w.abs() > atol)  # relative error where it means something
     rel = (diff / w.abs().clamp_min(1e-12))[significant]
@@ -291,8 +291,9 @@ def compare(
 def compare_outputs(
     graph: Graph, inst: Instance, got, want, options: Options, atol=None, rtol=None
 ) -> list[Comparison]:
-    """Every output against the reference. atol/rtol: one tolerance for all, or {output: tolerance};
-    None: the options', else the dtype's."""
+    """Every output against the reference, but for the elements the reference marks undefined
+    (reference.Outputs). atol/rtol: one tolerance for all, or {output: tolerance}; None: the
+    options', else the dtype's."""
 
     def pick(v, name, default):
         if isinstance(v, dict):
@@ -300,11 +301,12 @@ def compare_outputs(
         return default if v is None else v
 
     floor = loosest_input_dtype(graph, inst)
+    skip = getattr(want, "undefined", {})  # elements the op leaves unspecified: zero on both sides
     return [
         compare(
             v.name,
-            got[v.name],
-            want[v.name],
+            got[v.name] if v.name not in skip else got[v.name].masked_fill(skip[v.name].to(got[v.name].device), 0),
+            want[v.name] if v.name not in skip else want[v.name].masked_fill(skip[v.name].to(want[v.name].device), 0),
             inst.type(v.name).dtype,
             pick(atol, v.name, options.atol),
             pick(rtol, v.name, options.rtol),

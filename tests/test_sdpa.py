@@ -251,3 +251,20 @@ def test_dropout_mask_and_scale_by_hand():
     scale = torch.full((1, 1, 1, 1), 1 / 0.75)
     ins, out, s = reference("sdpa(q, k, v, dropout_mask=dm, dropout_scale=ds, stats=true)", dm=mask, ds=scale)
     close(out, by_hand(ins, s, drop=(mask, 1 / 0.75)))
+
+
+def test_the_compare_skips_only_the_padded_query_rows_of_o():
+    from cudnn_dsl.tensors import compare_outputs
+
+    g = graph("sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, stats=true)", stats=True)
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", seed=0)
+    ins["lq"] = torch.tensor([2, 5], dtype=torch.int32).view(2, 1, 1, 1)
+    want = run_reference(g, inst, ins, "cpu")
+    got = {k: v.clone() for k, v in want.items()}
+    got["o"][0, :, 2:] = float("nan")  # what cuDNN leaves there is unspecified
+    assert all(c.ok for c in compare_outputs(g, inst, got, want, g.options))
+    got["st"][0, :, 2:] = 0.0  # the stats there are defined: -inf
+    got["o"][1, :, 4:] = 7.0  # batch 1 has 5 valid rows: this one counts
+    bad = {c.name: c.mismatches for c in compare_outputs(g, inst, got, want, g.options)}
+    assert bad == {"o": 4 * 16, "st": 4 * 3}
