@@ -268,3 +268,51 @@ def test_the_compare_skips_only_the_padded_query_rows_of_o():
     got["o"][1, :, 4:] = 7.0  # batch 1 has 5 valid rows: this one counts
     bad = {c.name: c.mismatches for c in compare_outputs(g, inst, got, want, g.options)}
     assert bad == {"o": 4 * 16, "st": 4 * 3}
+
+
+# ---- deviceless: the real cuDNN library (9.28 here) plans each form for an H200 -----------------
+
+PLANNED = {
+    "q": "bf16[2, 8, 256, 128]",
+    "k": "bf16[2, 2, 256, 128]",
+    "v": "bf16[2, 2, 256, 64]",
+    "lq": "int32[2, 1, 1, 1]",
+    "lkv": "int32[2, 1, 1, 1]",
+    "b": "bf16[1, 8, 256, 256]",
+    "dm": "bf16[2, 8, 256, 256]",
+    "ds": "float[1, 1, 1, 1]",
+}
+
+
+def planned(call: str):
+    from cudnn_dsl.backend import Target
+    from cudnn_dsl.build import plan_deviceless
+
+    used = [n for n in PLANNED if n in "qkv" or f"={n}" in call or f" {n}," in call]
+    decls = "".join(f"  input {n} : {PLANNED[n]}\n" for n in used)
+    g = program(text=f"graph p {{\n  io bf16\n{decls}  o, st = {call}\n  output o\n  output st\n}}\n", file="p.cdg")
+    g = g.graphs[0]
+    return plan_deviceless(g, g.instances[0], g.options, Target.named("h200"))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "causal=true, left_bound=64",
+        "left_bound=32, right_bound=16",
+        "causal_bottom_right=true",
+        "seq_len_q=lq, seq_len_kv=lkv, causal=true, left_bound=64",
+        "seq_len_q=lq, seq_len_kv=lkv, causal_bottom_right=true",
+        "alibi=true, causal=true",
+        "b, causal=true",
+        "dropout_mask=dm, dropout_scale=ds",
+    ],
+)
+def test_h200_plans_every_form(extra):
+    assert planned(f"sdpa(q, k, v, {extra}, stats=true)").plan_count >= 1
+
+
+def test_a_form_cudnn_refuses_is_reported_at_the_sdpa():
+    with pytest.raises(DslError, match="alibi mask is used, diagonal_band_right_bound needs to be set to 0") as e:
+        planned("sdpa(q, k, v, alibi=true, stats=true)")
+    assert str(e.value).startswith("p.cdg:6:11: error: cuDNN validate failed for sdpa")  # at the op
