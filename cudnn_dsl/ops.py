@@ -180,31 +180,42 @@ def lower_reduction(ctx, ins, a):
 # ---- attention ---------------------------------------------------------------------
 
 
-def _alibi_slopes(h: int) -> torch.Tensor:
-    """ALiBi's slope per head, as the cuDNN Frontend's reference computes them (powers of two for
-    the nearest smaller power of two of the heads, interleaved extras for the rest)."""
-    n = 2 ** math.floor(math.log2(h))
-    m = torch.pow(2.0 ** (-8.0 / n), torch.arange(1, 1 + n, dtype=torch.float64))
-    if n < h:
-        m = torch.cat([m, torch.pow(2.0 ** (-4.0 / n), torch.arange(1, 1 + 2 * (h - n), 2, dtype=torch.float64))])
-    return m.view(1, h, 1, 1)
+def _positions(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """0, 1, 2, ... along `dim` of `t` (size 1 elsewhere), on t's device without naming it: the traced
+    reference (`emit --format torch`) must not hold a device."""
+    index = [slice(0, 1)] * t.dim()
+    index[dim] = slice(None)
+    return torch.ones_like(t[tuple(index)]).cumsum(dim) - 1
 
 
-def _sdpa_keep(a, b: int, sq: int, skv: int, len_q, len_kv, device) -> torch.Tensor:
+def _alibi(s: torch.Tensor) -> torch.Tensor:
+    """ALiBi's bias (j - i) * m_h for scores [B, H, S_q, S_kv], with the slopes of the cuDNN Frontend's
+    reference: m_h = 2^(-8 h / n) for the first n heads (n the largest power of two <= H), then
+    2^(-4 (2 k - 1) / n) for the k-th head past n."""
+    heads = s.shape[1]
+    n = 2 ** math.floor(math.log2(heads))
+    h = _positions(s, 1) + 1
+    slopes = torch.where(h <= n, torch.exp2(-8.0 / n * h), torch.exp2(-4.0 / n * (2 * (h - n) - 1)))
+    return (_positions(s, 3) - _positions(s, 2)) * slopes
+
+
+def _sdpa_keep(a, b: int, s: torch.Tensor, len_q, len_kv) -> torch.Tensor:
     """Which (query, key) scores survive the masks, [B or 1, 1, S_q, S_kv]: the padding (keys past
-    seq_len_kv) and the diagonal band, bottom-right aligned per sequence when padded."""
-    i = torch.arange(sq, device=device).view(1, 1, sq, 1)
-    j = torch.arange(skv, device=device).view(1, 1, 1, skv)
-    keep = torch.ones(1, 1, sq, skv, dtype=torch.bool, device=device)
+    seq_len_kv, queries past seq_len_q) and the diagonal band, bottom-right aligned per sequence
+    when padded."""
+    sq, skv = s.shape[2], s.shape[3]
+    i, j = _positions(s, 2), _positions(s, 3)
+    keep = torch.ones_like(i * j, dtype=torch.bool)
     if len_kv is not None:
-        keep = keep & (j < len_kv.view(b, 1, 1, 1))
-    shift = 0
+        len_q, len_kv = len_q.view(b, 1, 1, 1), len_kv.view(b, 1, 1, 1)
+        keep = keep & (j < len_kv) & (i < len_q)
+    diagonal = j - i  # how far right of the diagonal, 0 on it
     if a["diagonal_alignment"] == "bottom_right":
-        shift = (len_kv - len_q).view(b, 1, 1, 1) if len_q is not None else skv - sq
+        diagonal = diagonal - (len_kv - len_q if len_q is not None else skv - sq)
     if a["right_bound"] is not None:
-        keep = keep & (j - i - shift <= a["right_bound"])
+        keep = keep & (diagonal <= a["right_bound"])
     if a["left_bound"] is not None:
-        keep = keep & (j - i - shift > -a["left_bound"])
+        keep = keep & (diagonal > -a["left_bound"])
     return keep
 
 
@@ -213,24 +224,17 @@ def ref_sdpa(ins, a, outs):
     own test reference computes it. Rows with no key left (padded queries, an empty band) give O = 0
     and stats = -inf, which is what cuDNN writes for padded queries since 9.14."""
     q, k, v, bias, len_q, len_kv, drop_mask, drop_scale = ins
-    b, h, sq, _ = q.shape
-    skv = k.shape[2]
+    h = q.shape[1]
     k = k.repeat_interleave(h // k.shape[1], 1)
     v = v.repeat_interleave(h // v.shape[1], 1)
     s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
     if bias is not None:
         s = s + bias
     if a["alibi"]:
-        distance = torch.arange(skv, device=s.device).view(1, -1) - torch.arange(sq, device=s.device).view(-1, 1)
-        s = s + distance.to(s.dtype) * _alibi_slopes(h).to(device=s.device, dtype=s.dtype)
-    if len_q is not None:
-        len_q, len_kv = len_q.to(torch.int64), len_kv.to(torch.int64)
-    keep = _sdpa_keep(a, b, sq, skv, len_q, len_kv, s.device)
-    if len_q is not None:
-        keep = keep & (torch.arange(sq, device=s.device).view(1, 1, sq, 1) < len_q.view(b, 1, 1, 1))
-    s = s.masked_fill(~keep, float("-inf"))
+        s = s + _alibi(s)
+    s = s.masked_fill(~_sdpa_keep(a, q.shape[0], s, len_q, len_kv), float("-inf"))
     stats = torch.logsumexp(s, -1, keepdim=True)
-    p = torch.where(stats.isneginf(), 0.0, torch.exp(s - stats))  # an empty row would be -inf - -inf
+    p = torch.exp(s - stats).masked_fill(stats.isneginf(), 0.0)  # an empty row: -inf - -inf
     if drop_mask is not None:
         p = p * drop_mask * drop_scale
     o = torch.matmul(p, v)
@@ -243,8 +247,7 @@ def undefined_sdpa(ins, a, outs):
     len_q = ins[4]
     if len_q is None:
         return [None] * len(outs)
-    b, _, sq, _ = outs[0].shape
-    rows = torch.arange(sq, device=len_q.device).view(1, 1, sq, 1) >= len_q.view(b, 1, 1, 1)
+    rows = _positions(ins[0], 2) >= len_q.view(-1, 1, 1, 1)
     return [rows.expand(outs[0].shape)] + [None] * (len(outs) - 1)
 
 
