@@ -219,12 +219,22 @@ def _sdpa_keep(a, b: int, s: torch.Tensor, len_q, len_kv) -> torch.Tensor:
     return keep
 
 
+def _unpage(cache: torch.Tensor, table: torch.Tensor, keys: int) -> torch.Tensor:
+    """[B, H, keys, D] from a cache of blocks [N, H, block, D] and a page table [B, 1, pages, 1]:
+    key s of sequence b is row s % block of block table[b, 0, s // block, 0]."""
+    pages = cache[table[:, 0, :, 0].long()]  # [B, pages, H, block, D]
+    seq = pages.transpose(1, 2).reshape(table.shape[0], cache.shape[1], -1, cache.shape[3])
+    return seq[:, :, :keys]
+
+
 def ref_sdpa(ins, a, outs):
     """softmax(q k^T * scale + bias + ALiBi, masked) [* dropout mask * scale] v, as the cuDNN Frontend's
     own test reference computes it. Rows with no key left (padded queries, an empty band) give O = 0
     and stats = -inf, which is what cuDNN writes for padded queries since 9.14."""
-    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale = ins
+    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins
     h = q.shape[1]
+    if table_k is not None:
+        k, v = _unpage(k, table_k, a["max_seq_len_kv"]), _unpage(v, table_v, a["max_seq_len_kv"])
     k = k.repeat_interleave(h // k.shape[1], 1)
     v = v.repeat_interleave(h // v.shape[1], 1)
     s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
@@ -252,7 +262,7 @@ def undefined_sdpa(ins, a, outs):
 
 
 def lower_sdpa(ctx, ins, a):
-    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale = ins
+    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins
     kw = {"attn_scale": a["scale"], "generate_stats": a["stats"]}
     if bias is not None:
         kw["bias"] = bias
@@ -268,6 +278,12 @@ def lower_sdpa(ctx, ins, a):
             kw["diagonal_band_right_bound"] = a["right_bound"]
     if drop_mask is not None:
         kw["dropout"] = (drop_mask, drop_scale)
+    if table_k is not None:
+        kw.update(
+            paged_attention_k_table=table_k,
+            paged_attention_v_table=table_v,
+            paged_attention_max_seq_len_kv=a["max_seq_len_kv"],
+        )
     res = ctx.g.sdpa(q, k, v, **kw, **ctx.kw)
     return [res[0], res[1]] if a["stats"] else [res[0]]
 

@@ -11,7 +11,7 @@ import torch
 from cudnn_dsl.dtypes import from_torch, tolerance, torch_dtype
 from dsl.diagnostics import Loc, RuleError
 from dsl.ir import Graph, Instance
-from dsl.ops import OPS
+from dsl.ops import OPS, Ctx
 from dsl.options import Options
 from dsl.types import TensorType, check_value, fmt_shape, itemsize
 
@@ -50,12 +50,12 @@ def _positive_inputs(graph: Graph) -> set[str]:
 def _domains(graph: Graph, instance: Instance) -> dict[str, tuple[int, int]]:
     """Integer inputs whose op allows only some values (sdpa's sequence lengths), by name."""
     out = {}
-    for n in graph.nodes:
+    for index, n in enumerate(graph.nodes):
         sig = OPS[n.op]
         if sig.domains is None:
             continue
         types = tuple(instance.type(i) if i else None for i in n.inputs)
-        for i, bounds in sig.domains(types).items():
+        for i, bounds in sig.domains(Ctx(n.op, types, instance.attrs(index))).items():
             if n.inputs[i]:
                 out[n.inputs[i]] = bounds
     return out

@@ -97,9 +97,10 @@ class OpSig:
     """cuDNN wants the result in the input's dtype (its layout ops do)"""
     folded: tuple[str, ...] = ()
     """attributes that only spell others: `derive` folds them in and the IR drops them"""
-    domains: Callable[[tuple], dict[int, tuple[int, int]]] | None = None
-    """integer inputs' valid values [lo, hi], from the input types (sdpa's sequence lengths are in
-    [1, S]); generated test data stays inside"""
+    domains: Callable[[Ctx], dict[int, tuple[int, int]]] | None = None
+    """integer inputs' valid values [lo, hi], by input index, from the input types and canonical
+    attributes (sdpa's sequence lengths are in [1, S], its page tables index K/V's blocks);
+    generated test data stays inside"""
 
     def count_results(self, attrs_: dict) -> int:
         return self.results(attrs_) if self.results is not None else 1
@@ -374,7 +375,14 @@ def derive_sdpa(ctx: Ctx) -> dict:
         align = "top_left"  # no band: the alignment means nothing
     elif not _given(align):
         align = "top_left"
-    return out | {"left_bound": left, "right_bound": right, "diagonal_alignment": align}
+    seq, table, k = a["max_seq_len_kv"], ctx.inputs[8], ctx.inputs[1]
+    if table is None and seq is not DERIVED:
+        raise RuleError(f"{ctx.op}: max_seq_len_kv is for paged K/V (page_table_k, page_table_v)", "max_seq_len_kv")
+    if table is None:
+        seq = None
+    elif seq is DERIVED:  # the shape rule checks the ranks
+        seq = table.shape[2] * k.shape[2] if len(table.shape) == 4 and len(k.shape) == 4 else 1
+    return out | {"left_bound": left, "right_bound": right, "diagonal_alignment": align, "max_seq_len_kv": seq}
 
 
 def _sdpa_rank4(ctx: Ctx, i: int, what: str) -> TensorType:
@@ -405,9 +413,40 @@ def _sdpa_pair(ctx: Ctx, first: int, second: int) -> None:
         raise RuleError(f"{ctx.op}: {names[have - base]} needs {names[need - base]} too", have)
 
 
-def domains_sdpa(ins: tuple) -> dict[int, tuple[int, int]]:
-    """seq_len_q in [1, S_q], seq_len_kv in [1, S_kv]."""
-    return {4: (1, ins[0].shape[2]), 5: (1, ins[1].shape[2])}
+def _sdpa_paging(ctx: Ctx) -> None:
+    """Paged K/V: k and v are caches of blocks [N, H_kv, block, D]; each page table, int32
+    [B, 1, pages, 1], lists a sequence's blocks; max_seq_len_kv keys fit in its pages."""
+    q, k, v = ctx.inputs[:3]
+    _sdpa_pair(ctx, 8, 9)
+    if ctx.inputs[4] is None:
+        raise RuleError(f"{ctx.op}: paged K/V needs seq_len_q and seq_len_kv (cuDNN pages padded batches)", 8)
+    b = q.shape[0]
+    for i, cache in ((8, k), (9, v)):
+        t = ctx.inputs[i]
+        name = OPS[ctx.op].optional[i - 3]
+        if t.dtype != "int32" or len(t.shape) != 4 or t.shape[0] != b or t.shape[1] != 1 or t.shape[3] != 1:
+            raise RuleError(f"{ctx.op}: {name} must be int32[{b}, 1, pages, 1], got {t.dtype}{fmt_shape(t.shape)}", i)
+        if t.shape[2] * cache.shape[2] < ctx.attrs["max_seq_len_kv"]:
+            raise RuleError(
+                f"{ctx.op}: {name} has {t.shape[2]} pages of {cache.shape[2]} keys, fewer than "
+                f"max_seq_len_kv={ctx.attrs['max_seq_len_kv']}",
+                "max_seq_len_kv",
+            )
+
+
+def domains_sdpa(ctx: Ctx) -> dict[int, tuple[int, int]]:
+    """seq_len_q in [1, S_q], seq_len_kv in [1, S_kv]; a page table's entries are K's (V's) blocks."""
+    q, k, v = ctx.inputs[:3]
+    return {4: (1, q.shape[2]), 5: (1, _kv_len(ctx)), 8: (0, k.shape[0] - 1), 9: (0, v.shape[0] - 1)}
+
+
+def _paged(ctx: Ctx) -> bool:
+    return ctx.inputs[8] is not None
+
+
+def _kv_len(ctx: Ctx) -> int:
+    """S_kv: K's sequence axis, or with page tables the `max_seq_len_kv` the tables cover."""
+    return ctx.attrs["max_seq_len_kv"] if _paged(ctx) else ctx.inputs[1].shape[2]
 
 
 def infer_sdpa(ctx: Ctx) -> list[Out]:
@@ -415,7 +454,9 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
     if not (q.dtype == k.dtype == v.dtype):
         raise RuleError(f"{ctx.op}: dtype conflict: q {q.dtype}, k {k.dtype}, v {v.dtype}", 1)
     b, h, s, d = q.shape
-    if k.shape[0] != b or v.shape[0] != b:
+    if _paged(ctx):
+        _sdpa_paging(ctx)
+    elif k.shape[0] != b or v.shape[0] != b:
         raise RuleError(
             f"{ctx.op}: batch differs: q {fmt_shape(q.shape)}, k {fmt_shape(k.shape)}, v {fmt_shape(v.shape)}", 1
         )
@@ -427,8 +468,9 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
                 f"{ctx.op}: {'qkv'[i]} has {t.shape[1]} heads, which do not divide q's {h} (grouped-query heads)", i
             )
     if k.shape[2] != v.shape[2]:
-        raise RuleError(f"{ctx.op}: k has {k.shape[2]} keys, v has {v.shape[2]}", 2)
-    skv = k.shape[2]
+        what = "keys per block" if _paged(ctx) else "keys"
+        raise RuleError(f"{ctx.op}: k has {k.shape[2]} {what}, v has {v.shape[2]}", 2)
+    skv = _kv_len(ctx)
     scores = (b, h, s, skv)
     _sdpa_optional(ctx, 3, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
     _sdpa_pair(ctx, 4, 5)
@@ -547,7 +589,7 @@ def flops_sdpa(ctx: Ctx, outs) -> int:
     """2 * (d_qk + d_v) per (query, key) pair the band lets through (padding not counted)."""
     q, k, v = ctx.inputs[:3]
     b, h, s, d = q.shape
-    skv = k.shape[2]
+    skv = _kv_len(ctx)
     left, right = ctx.attrs["left_bound"], ctx.attrs["right_bound"]
     shift = skv - s if ctx.attrs["diagonal_alignment"] == "bottom_right" else 0
     pairs = sum(
@@ -683,7 +725,15 @@ OPS: dict[str, OpSig] = {
         "attention",
         ("q", "k", "v"),
         infer_sdpa,
-        optional=("bias", "seq_len_q", "seq_len_kv", "dropout_mask", "dropout_scale"),
+        optional=(
+            "bias",
+            "seq_len_q",
+            "seq_len_kv",
+            "dropout_mask",
+            "dropout_scale",
+            "page_table_k",
+            "page_table_v",
+        ),
         flops=flops_sdpa,
         derive=derive_sdpa,
         folded=("causal", "causal_bottom_right", "sliding_window_length"),
@@ -728,6 +778,14 @@ OPS: dict[str, OpSig] = {
             ),
             Attr("alibi", "bool", False, doc="add the ALiBi bias, slope per head (use_alibi_mask)"),
             Attr(
+                "max_seq_len_kv",
+                "int",
+                DERIVED,
+                doc="with page tables: the keys a sequence may have (paged_attention_max_seq_len_kv; default "
+                "pages * block)",
+                lo=1,
+            ),
+            Attr(
                 "stats",
                 "bool",
                 False,
@@ -738,7 +796,8 @@ OPS: dict[str, OpSig] = {
         results=lambda a: 2 if a.get("stats") else 1,  # the given attributes: stats defaults to false
         doc="scaled dot-product attention: softmax(q k^T * scale + bias + masks) v. seq_len_q/seq_len_kv "
         "(int32 [B,1,1,1], both or neither) mask padding; dropout_mask and dropout_scale ([1,1,1,1] float) "
-        "multiply the probabilities",
+        "multiply the probabilities; page_table_k/page_table_v (int32 [B,1,pages,1]) make k and v "
+        "caches of blocks [N,H,block,D]",
     ),
     "layernorm": OpSig(
         "layernorm",

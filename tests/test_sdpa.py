@@ -317,3 +317,76 @@ def test_a_form_cudnn_refuses_is_reported_at_the_sdpa():
     with pytest.raises(DslError, match="alibi mask is used, diagonal_band_right_bound needs to be set to 0") as e:
         planned("sdpa(q, k, v, alibi=true, stats=true)")
     assert str(e.value).startswith("p.cdg:6:11: error: cuDNN validate failed for sdpa")  # at the op
+
+
+# ---- paged K/V -----------------------------------------------------------------------------------
+
+PAGED = (
+    "graph p {{\n  input q : float[2, 4, 5, 8]\n  input kc : float[{n}, 2, {block}, 8]\n"
+    "  input vc : float[{n}, 2, {block}, 16]\n  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
+    "  input tk : int32[2, 1, {pages}, 1]\n  input tv : int32[2, 1, {pages}, 1]\n"
+    "  o, st = sdpa(q, kc, vc, seq_len_q=lq, seq_len_kv=lkv, page_table_k=tk, page_table_v=tv{extra})\n"
+    "  output o\n  output st\n}}\n"
+)
+
+
+def paged(n=6, block=3, pages=3, extra=", causal_bottom_right=true, stats=true"):
+    return program(text=PAGED.format(n=n, block=block, pages=pages, extra=extra), file="p.cdg").graphs[0]
+
+
+def test_paged_caches_give_the_attention_of_the_dense_keys():
+    # 2 sequences of up to 3 pages of 3 keys: 9 keys, cut to max_seq_len_kv=7
+    g = paged(extra=", causal_bottom_right=true, stats=true, max_seq_len_kv=7")
+    inst = g.instances[0]
+    assert inst.attrs(0)["max_seq_len_kv"] == 7 and inst.type("o").shape == (2, 4, 5, 16)
+    ins = generate_inputs(g, inst, "cpu", seed=5)
+    order = torch.randperm(6, generator=torch.Generator().manual_seed(1))  # block i of the dense keys -> order[i]
+    dense_k, dense_v = torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 16)
+    ins["kc"], ins["vc"] = torch.empty(6, 2, 3, 8), torch.empty(6, 2, 3, 16)
+    for b in range(2):
+        for p in range(3):
+            ins["kc"][order[3 * b + p]] = dense_k[b, :, 3 * p : 3 * p + 3]
+            ins["vc"][order[3 * b + p]] = dense_v[b, :, 3 * p : 3 * p + 3]
+    ins["tk"] = ins["tv"] = order.view(2, 1, 3, 1).to(torch.int32)
+    ins["lq"] = torch.tensor([4, 5], dtype=torch.int32).view(2, 1, 1, 1)
+    ins["lkv"] = torch.tensor([6, 7], dtype=torch.int32).view(2, 1, 1, 1)
+    out = run_reference(g, inst, ins, "cpu")
+    dense = {"q": ins["q"], "k": dense_k[:, :, :7], "v": dense_v[:, :, :7], "lq": ins["lq"], "lkv": ins["lkv"]}
+    close(out, by_hand(dense, inst.attrs(0)["scale"], right=0, bottom_right=True))
+
+
+PLAIN_PAGED = PAGED.format(n=6, block=3, pages=3, extra=", stats=true")
+
+
+def test_generated_page_tables_index_the_caches():
+    g = paged(n=5)
+    for seed in range(10):
+        ins = generate_inputs(g, g.instances[0], "cpu", seed=seed)
+        assert 0 <= int(ins["tk"].min()) and int(ins["tk"].max()) <= 4
+        assert 1 <= int(ins["lkv"].min()) and int(ins["lkv"].max()) <= 9  # max_seq_len_kv: 3 pages of 3
+
+
+@pytest.mark.parametrize(
+    "text_,words",
+    [
+        (PAGED.format(n=6, block=3, pages=3, extra=", stats=true, max_seq_len_kv=10"), "has 3 pages of 3 keys"),
+        (PLAIN_PAGED.replace("tv : int32", "tv : int64"), "page_table_v must be int32"),
+        (PLAIN_PAGED.replace(", page_table_v=tv", ""), "page_table_k needs page_table_v too"),
+        (PLAIN_PAGED.replace("seq_len_q=lq, seq_len_kv=lkv, ", ""), "paged K/V needs seq_len_q and seq_len_kv"),
+        (text("sdpa(q, k, v, max_seq_len_kv=8)"), "max_seq_len_kv is for paged K/V"),
+    ],
+    ids=["too-few-pages", "int64-table", "one-table", "no-lengths", "not-paged"],
+)
+def test_a_bad_paged_sdpa_is_refused(text_, words):
+    with pytest.raises(DslError, match=words):
+        program(text=text_, file="p.cdg")
+
+
+def test_h200_plans_paged_caches():
+    from cudnn_dsl.backend import Target
+    from cudnn_dsl.build import plan_deviceless
+
+    text_ = PAGED.format(n=64, block=64, pages=8, extra=", causal=true, stats=true").replace("float[", "bf16[")
+    text_ = text_.replace("8]", "128]").replace("16]", "128]").replace("[2, 4, 5,", "[2, 8, 256,")
+    g = program(text=text_, file="p.cdg").graphs[0]
+    assert plan_deviceless(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1

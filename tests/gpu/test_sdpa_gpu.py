@@ -137,3 +137,25 @@ def test_the_masked_example_with_lengths_of_every_kind():
         tensors["seq_kv"] = torch.tensor(lkv, dtype=torch.int32, device="cuda").view(2, 1, 1, 1)
         for r in cg.check(**tensors):
             assert r.ok, f"lengths {lq}, {lkv}: {r}"
+
+
+def test_paged_kv_caches():
+    # The frontend's paged layout (test/python/sdpa/helpers.py): each sequence's keys cut into
+    # blocks of 64, the blocks of all sequences in one cache, here shuffled; a table per sequence.
+    import torch
+
+    text = (
+        "graph t {\n  io bf16\n  input q : bf16[2, 8, 128, 128]\n  input kc : bf16[16, 2, 64, 128]\n"
+        "  input vc : bf16[16, 2, 64, 128]\n  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
+        "  input tk : int32[2, 1, 8, 1]\n  input tv : int32[2, 1, 8, 1]\n"
+        "  o, st = sdpa(q, kc, vc, seq_len_q=lq, seq_len_kv=lkv, page_table_k=tk, page_table_v=tv, "
+        "causal_bottom_right=true, stats=true)\n  output o\n  output st\n}\n"
+    )
+    order = torch.randperm(16, generator=torch.Generator().manual_seed(0)).to(torch.int32).cuda()
+    given = {
+        "tk": order.view(2, 1, 8, 1),
+        "tv": order.flip(0).view(2, 1, 8, 1),
+        "lq": torch.tensor([100, 128], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
+        "lkv": torch.tensor([300, 512], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
+    }
+    run_or_refused(text, "paged K/V caches", **given)
