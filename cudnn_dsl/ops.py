@@ -261,6 +261,38 @@ def undefined_sdpa(ins, a, outs):
     return [rows.expand(outs[0].shape)] + [None] * (len(outs) - 1)
 
 
+def ref_sdpa_fp8(ins, a, outs):
+    """The frontend's FP8 reference (test/python/sdpa/fp8_ref.py) without its tiling: the
+    unnormalized probabilities exp(s - rowmax) times scale_s rounded to e4m3, times descale_s, @ v,
+    times descale_v, over the row sum. cuDNN quantizes them per 128-key tile against the running
+    max; for S_kv <= 128 that is the same number, beyond it the two differ within fp8 rounding."""
+    q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o = ins
+    h = q.shape[1]
+    k = k.repeat_interleave(h // k.shape[1], 1)
+    v = v.repeat_interleave(h // v.shape[1], 1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * (descale_q * descale_k * a["scale"])
+    s = s.masked_fill(~_sdpa_keep(a, q.shape[0], s, None, None), float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m).masked_fill(m.isneginf(), 0.0)
+    total = p.sum(-1, keepdim=True)
+    p8 = (p * scale_s).to(torch.float8_e4m3fn).to(p.dtype) * descale_s
+    o = torch.matmul(p8, v) * descale_v / total.clamp(min=1.0)  # an empty row: 0 / 1
+    amax = o.abs().amax().reshape(1, 1, 1, 1)
+    return [o * scale_o, amax, m + torch.log(total)] if a["stats"] else [o * scale_o, amax]
+
+
+def lower_sdpa_fp8(ctx, ins, a):
+    kw = {"attn_scale": a["scale"], "generate_stats": a["stats"]}
+    if a["left_bound"] is not None or a["right_bound"] is not None:
+        kw["diagonal_alignment"] = getattr(ctx.cudnn.diagonal_alignment, a["diagonal_alignment"].upper())
+        if a["left_bound"] is not None:
+            kw["left_bound"] = a["left_bound"]
+        if a["right_bound"] is not None:
+            kw["right_bound"] = a["right_bound"]
+    res = ctx.g.sdpa_fp8(*ins, **kw, **ctx.kw)  # O, Stats, Amax_S (left virtual, as the frontend advises), Amax_O
+    return [res[0], res[3], res[1]] if a["stats"] else [res[0], res[3]]
+
+
 def lower_sdpa(ctx, ins, a):
     q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins
     kw = {"attn_scale": a["scale"], "generate_stats": a["stats"]}
@@ -369,6 +401,7 @@ IMPLS: dict[str, OpImpl] = {
     "matmul": OpImpl(ref_matmul, lower_matmul),
     "reduction": OpImpl(ref_reduction, lower_reduction),
     "sdpa": OpImpl(ref_sdpa, lower_sdpa, undefined_sdpa),
+    "sdpa_fp8": OpImpl(ref_sdpa_fp8, lower_sdpa_fp8),
     "layernorm": OpImpl(ref_layernorm, lower_layernorm),
     "rmsnorm": OpImpl(ref_rmsnorm, lower_rmsnorm),
     "batchnorm_inference": OpImpl(ref_batchnorm_inference, lower_batchnorm_inference),

@@ -62,7 +62,7 @@ FAMILIES = {
         ("reduction",), "a reduction fuses after a matmul or conv over its output; alone it may need a graph of its own"
     ),
     "attention": Family(
-        ("sdpa", "attention", "alibi", "causal", "diagonal_band", "padding mask", "seq_len", "dropout"),
+        ("sdpa", "attention", "alibi", "causal", "diagonal_band", "padding mask", "seq_len", "dropout", "hidden_dim"),
         "half/bf16 q, k, v with head dims that are multiples of 8 (at most 256)",
     ),
     "norm": Family(
@@ -341,7 +341,7 @@ def _given(v) -> bool:
     return v is not None and v is not DERIVED
 
 
-def derive_sdpa(ctx: Ctx) -> dict:
+def _derive_band(ctx: Ctx) -> dict:
     """The scale, and the mask in its one IR form: a diagonal band (left and right bounds, None for
     unbounded) with its alignment. `causal`, `causal_bottom_right` and `sliding_window_length` are
     the frontend's older spellings of the band; they fold in here and the IR drops them."""
@@ -375,6 +375,12 @@ def derive_sdpa(ctx: Ctx) -> dict:
         align = "top_left"  # no band: the alignment means nothing
     elif not _given(align):
         align = "top_left"
+    return out | {"left_bound": left, "right_bound": right, "diagonal_alignment": align}
+
+
+def derive_sdpa(ctx: Ctx) -> dict:
+    """The band (_derive_band), and S_kv of paged K/V."""
+    a = ctx.attrs
     seq, table, k = a["max_seq_len_kv"], ctx.inputs[8], ctx.inputs[1]
     if table is None and seq is not DERIVED:
         raise RuleError(f"{ctx.op}: max_seq_len_kv is for paged K/V (page_table_k, page_table_v)", "max_seq_len_kv")
@@ -382,7 +388,7 @@ def derive_sdpa(ctx: Ctx) -> dict:
         seq = None
     elif seq is DERIVED:  # the shape rule checks the ranks
         seq = table.shape[2] * k.shape[2] if len(table.shape) == 4 and len(k.shape) == 4 else 1
-    return out | {"left_bound": left, "right_bound": right, "diagonal_alignment": align, "max_seq_len_kv": seq}
+    return _derive_band(ctx) | {"max_seq_len_kv": seq}
 
 
 def _sdpa_rank4(ctx: Ctx, i: int, what: str) -> TensorType:
@@ -446,15 +452,40 @@ def _paged(ctx: Ctx) -> bool:
 
 def _kv_len(ctx: Ctx) -> int:
     """S_kv: K's sequence axis, or with page tables the `max_seq_len_kv` the tables cover."""
-    return ctx.attrs["max_seq_len_kv"] if _paged(ctx) else ctx.inputs[1].shape[2]
+    return ctx.attrs["max_seq_len_kv"] if ctx.op == "sdpa" and _paged(ctx) else ctx.inputs[1].shape[2]
 
 
 def infer_sdpa(ctx: Ctx) -> list[Out]:
+    q, k, v = _sdpa_qkv(ctx)
+    skv = _kv_len(ctx)
+    scores = (q.shape[0], q.shape[1], q.shape[2], skv)
+    _sdpa_optional(ctx, 3, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
+    _sdpa_pair(ctx, 4, 5)
+    b = q.shape[0]
+    for i in (4, 5):
+        t = ctx.inputs[i]
+        if t is not None and (t.shape != (b, 1, 1, 1) or t.dtype != "int32"):
+            raise RuleError(
+                f"{ctx.op}: {OPS[ctx.op].optional[i - 3]} must be int32[{b}, 1, 1, 1], one length per batch; "
+                f"got {t.dtype}{fmt_shape(t.shape)}",
+                i,
+            )
+    _sdpa_pair(ctx, 6, 7)
+    _sdpa_optional(ctx, 6, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
+    _sdpa_optional(ctx, 7, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
+    outs = [Out((*scores[:3], v.shape[3]), stride_order(q.strides))]
+    if ctx.attrs["stats"]:
+        outs.append(Out((*scores[:3], 1), _row_major(4), "float"))
+    return outs
+
+
+def _sdpa_qkv(ctx: Ctx) -> tuple[TensorType, TensorType, TensorType]:
+    """q, k, v checked against each other: ranks, dtypes, batch, head dims, grouped heads."""
     q, k, v = (_sdpa_rank4(ctx, i, "qkv"[i]) for i in range(3))
     if not (q.dtype == k.dtype == v.dtype):
         raise RuleError(f"{ctx.op}: dtype conflict: q {q.dtype}, k {k.dtype}, v {v.dtype}", 1)
     b, h, s, d = q.shape
-    if _paged(ctx):
+    if ctx.op == "sdpa" and _paged(ctx):
         _sdpa_paging(ctx)
     elif k.shape[0] != b or v.shape[0] != b:
         raise RuleError(
@@ -468,24 +499,22 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
                 f"{ctx.op}: {'qkv'[i]} has {t.shape[1]} heads, which do not divide q's {h} (grouped-query heads)", i
             )
     if k.shape[2] != v.shape[2]:
-        what = "keys per block" if _paged(ctx) else "keys"
+        what = "keys per block" if ctx.op == "sdpa" and _paged(ctx) else "keys"
         raise RuleError(f"{ctx.op}: k has {k.shape[2]} {what}, v has {v.shape[2]}", 2)
-    skv = _kv_len(ctx)
-    scores = (b, h, s, skv)
-    _sdpa_optional(ctx, 3, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
-    _sdpa_pair(ctx, 4, 5)
-    for i in (4, 5):
+    return q, k, v
+
+
+def infer_sdpa_fp8(ctx: Ctx) -> list[Out]:
+    q, k, v = _sdpa_qkv(ctx)
+    if q.dtype != "fp8_e4m3":  # e5m2 would change the dtype P is quantized to: not modelled
+        raise RuleError(f"{ctx.op}: q, k and v must be fp8_e4m3, got {q.dtype}", 0)
+    for i in range(3, 9):
         t = ctx.inputs[i]
-        if t is not None and (t.shape != (b, 1, 1, 1) or t.dtype != "int32"):
-            raise RuleError(
-                f"{ctx.op}: {OPS[ctx.op].optional[i - 3]} must be int32[{b}, 1, 1, 1], one length per batch; "
-                f"got {t.dtype}{fmt_shape(t.shape)}",
-                i,
-            )
-    _sdpa_pair(ctx, 6, 7)
-    _sdpa_optional(ctx, 6, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
-    _sdpa_optional(ctx, 7, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
-    outs = [Out((b, h, s, v.shape[3]), stride_order(q.strides))]
+        if t.shape != (1, 1, 1, 1) or t.dtype != "float":
+            name = OPS[ctx.op].inputs[i]
+            raise RuleError(f"{ctx.op}: {name} must be float[1, 1, 1, 1], got {t.dtype}{fmt_shape(t.shape)}", i)
+    b, h, s, _ = q.shape
+    outs = [Out((b, h, s, v.shape[3]), stride_order(q.strides)), Out((1, 1, 1, 1), _row_major(4), "float")]
     if ctx.attrs["stats"]:
         outs.append(Out((b, h, s, 1), _row_major(4), "float"))
     return outs
@@ -655,6 +684,38 @@ _SPATIAL_ATTRS = (
     Attr("dilation", "spatial", 1, doc="dilation per spatial dim", lo=1),
 )
 
+_BAND_ATTRS = (
+    Attr("scale", "float", DERIVED, doc="softmax scale, attn_scale (default 1/sqrt(D))", hi=None),
+    Attr(
+        "diagonal_alignment",
+        "enum",
+        DERIVED,
+        SDPA_ALIGNMENTS,
+        doc="where the band's diagonal starts: query 0 at key 0, or the last query at the last key "
+        "(per sequence with padding) (default top_left)",
+    ),
+    Attr(
+        "left_bound",
+        "int",
+        None,
+        doc="key j is seen by query i only if j > i - left_bound (diagonal_band_left_bound; default: none)",
+        lo=1,
+        optional=True,
+    ),
+    Attr(
+        "right_bound",
+        "int",
+        None,
+        doc="key j is seen by query i only if j <= i + right_bound (diagonal_band_right_bound; default: none)",
+        lo=0,
+        optional=True,
+    ),
+    Attr("causal", "bool", False, doc="right_bound=0, top_left (use_causal_mask)"),
+    Attr("causal_bottom_right", "bool", False, doc="right_bound=0, bottom_right (use_causal_mask_bottom_right)"),
+    Attr("sliding_window_length", "int", None, doc="left_bound, in the frontend's older spelling", lo=1, optional=True),
+)
+"""the attributes sdpa and sdpa_fp8 share: the scale and the diagonal band in every spelling"""
+
 OPS: dict[str, OpSig] = {
     **{n: _pointwise_unary(n, d) for n, d in _UNARY.items()},
     "leaky_relu": _pointwise_unary(
@@ -739,43 +800,7 @@ OPS: dict[str, OpSig] = {
         folded=("causal", "causal_bottom_right", "sliding_window_length"),
         domains=domains_sdpa,
         attrs=(
-            Attr("scale", "float", DERIVED, doc="softmax scale, attn_scale (default 1/sqrt(D))", hi=None),
-            Attr(
-                "diagonal_alignment",
-                "enum",
-                DERIVED,
-                SDPA_ALIGNMENTS,
-                doc="where the band's diagonal starts: query 0 at key 0, or the last query at the last key "
-                "(per sequence with padding) (default top_left)",
-            ),
-            Attr(
-                "left_bound",
-                "int",
-                None,
-                doc="key j is seen by query i only if j > i - left_bound (diagonal_band_left_bound; default: none)",
-                lo=1,
-                optional=True,
-            ),
-            Attr(
-                "right_bound",
-                "int",
-                None,
-                doc="key j is seen by query i only if j <= i + right_bound (diagonal_band_right_bound; default: none)",
-                lo=0,
-                optional=True,
-            ),
-            Attr("causal", "bool", False, doc="right_bound=0, top_left (use_causal_mask)"),
-            Attr(
-                "causal_bottom_right", "bool", False, doc="right_bound=0, bottom_right (use_causal_mask_bottom_right)"
-            ),
-            Attr(
-                "sliding_window_length",
-                "int",
-                None,
-                doc="left_bound, in the frontend's older spelling",
-                lo=1,
-                optional=True,
-            ),
+            *_BAND_ATTRS,
             Attr("alibi", "bool", False, doc="add the ALiBi bias, slope per head (use_alibi_mask)"),
             Attr(
                 "max_seq_len_kv",
@@ -798,6 +823,24 @@ OPS: dict[str, OpSig] = {
         "(int32 [B,1,1,1], both or neither) mask padding; dropout_mask and dropout_scale ([1,1,1,1] float) "
         "multiply the probabilities; page_table_k/page_table_v (int32 [B,1,pages,1]) make k and v "
         "caches of blocks [N,H,block,D]",
+    ),
+    "sdpa_fp8": OpSig(
+        "sdpa_fp8",
+        "attention",
+        ("q", "k", "v", "descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"),
+        infer_sdpa_fp8,
+        flops=flops_sdpa,
+        derive=_derive_band,
+        folded=("causal", "causal_bottom_right", "sliding_window_length"),
+        positive=(3, 4, 5, 6, 7, 8),
+        attrs=(
+            *_BAND_ATTRS,
+            Attr("stats", "bool", False, doc="also return the softmax stats [B,H,S,1] float, third (generate_stats)"),
+        ),
+        outputs=("o", "amax_o", "stats"),
+        results=lambda a: 3 if a.get("stats") else 2,
+        doc="FP8 attention: q, k, v fp8_e4m3 with their float [1,1,1,1] descales; the probabilities quantized "
+        "with scale_s (descale_s undoes it), O scaled by scale_o; amax_o = max |O| before scale_o",
     ),
     "layernorm": OpSig(
         "layernorm",

@@ -2,6 +2,7 @@
 form, and the reference against attention written out element by element."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ def test_optional_inputs_by_position_or_by_name_are_one_graph():
     a = program(text=text("sdpa(q, k, v, b, lq, lkv)"), file="s.cdg")
     b = program(text=text("sdpa(q, k, v, seq_len_kv=lkv, bias=b, seq_len_q=lq)"), file="s.cdg")
     assert dump_ir(a) == dump_ir(b)
-    assert "sdpa(%q, %k, %v, %b, %lq, %lkv, _, _)" in dump_ir(a)
+    assert "sdpa(%q, %k, %v, %b, %lq, %lkv, _, _, _, _)" in dump_ir(a)
 
 
 # ---- shape and dtype rules, located --------------------------------------------------------------
@@ -390,3 +391,74 @@ def test_h200_plans_paged_caches():
     text_ = text_.replace("8]", "128]").replace("16]", "128]").replace("[2, 4, 5,", "[2, 8, 256,")
     g = program(text=text_, file="p.cdg").graphs[0]
     assert plan_deviceless(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
+
+
+# ---- FP8 attention -------------------------------------------------------------------------------
+
+FP8 = (
+    "graph f {{\n  io fp8_e4m3\n  input q : {dt}[1, 2, 6, 16]\n  input k : {dt}[1, 1, 9, 16]\n"
+    "  input v : {dt}[1, 1, 9, 8]\n"
+    + "".join(f"  input {n} : {{sc}}\n" for n in ("dq", "dk", "dv", "ds", "ss", "so"))
+    + "  o, amax, st = sdpa_fp8(q, k, v, dq, dk, dv, ds, ss, so{extra}, stats=true)\n"
+    "  output o : float\n  output amax\n  output st\n}}\n"
+)
+
+
+def test_fp8_attention_by_hand():
+    g = program(text=FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra=", causal=true"), file="f.cdg")
+    g = g.graphs[0]
+    inst = g.instances[0]
+    assert [inst.type(n).shape for n in ("o", "amax", "st")] == [(1, 2, 6, 8), (1, 1, 1, 1), (1, 2, 6, 1)]
+    ins = generate_inputs(g, inst, "cpu", seed=2)
+    scales = {"dq": 0.5, "dk": 2.0, "dv": 0.25, "ds": 1 / 448, "ss": 448.0, "so": 4.0}
+    ins.update({n: torch.full((1, 1, 1, 1), x) for n, x in scales.items()})
+    out = run_reference(g, inst, ins, "cpu")
+    q, k, v = (ins[n].double() for n in "qkv")
+    scale = inst.attrs(0)["scale"]
+    o = torch.zeros(1, 2, 6, 8, dtype=torch.float64)
+    st = torch.zeros(1, 2, 6, 1, dtype=torch.float64)
+    for h in range(2):
+        for i in range(6):
+            s = torch.stack([q[0, h, i] @ k[0, 0, j] * 0.5 * 2.0 * scale for j in range(i + 1)])
+            p = torch.exp(s - s.max())
+            p8 = (p * 448.0).to(torch.float8_e4m3fn).double() / 448
+            o[0, h, i] = sum(p8[j] * v[0, 0, j] * 0.25 for j in range(i + 1)) / p.sum()
+            st[0, h, i, 0] = s.max() + torch.log(p.sum())
+    torch.testing.assert_close(out["o"].double(), o * 4.0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["amax"].double().flatten(), o.abs().max().view(1), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out["st"].double(), st, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "dt,sc,words",
+    [
+        ("fp8_e5m2", "float[1, 1, 1, 1]", "q, k and v must be fp8_e4m3, got fp8_e5m2"),
+        ("fp8_e4m3", "float[1, 1, 1, 2]", "descale_q must be float[1, 1, 1, 1]"),
+        ("fp8_e4m3", "half[1, 1, 1, 1]", "descale_q must be float[1, 1, 1, 1], got half"),
+    ],
+)
+def test_a_bad_fp8_attention_is_refused(dt, sc, words):
+    with pytest.raises(DslError, match=re.escape(words)):
+        program(text=FP8.format(dt=dt, sc=sc, extra=""), file="f.cdg")
+
+
+def test_h200_plans_fp8_attention():
+    from cudnn_dsl.backend import Target
+    from cudnn_dsl.build import plan_deviceless
+
+    text_ = FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra=", causal=true")
+    text_ = text_.replace("[1, 2, 6, 16]", "[2, 8, 256, 128]").replace("[1, 1, 9, 16]", "[2, 8, 256, 128]")
+    text_ = text_.replace("[1, 1, 9, 8]", "[2, 8, 256, 128]").replace("output o : float", "output o")
+    g = program(text=text_, file="f.cdg").graphs[0]
+    assert plan_deviceless(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
+
+
+def test_h200_refuses_fp8_attention_with_a_bf16_o_at_the_op():
+    from cudnn_dsl.backend import Target
+    from cudnn_dsl.build import plan_deviceless
+
+    text_ = FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra="").replace("output o : float", "output o : bf16")
+    g = program(text=text_.replace("[1, 1, 9, 8]", "[1, 1, 9, 16]"), file="f.cdg").graphs[0]
+    with pytest.raises(DslError, match="HALF/BFLOAT16 output is only supported on Blackwell") as e:
+        plan_deviceless(g, g.instances[0], g.options, Target.named("h200"))
+    assert str(e.value).startswith("f.cdg:12:17: error: cuDNN create_execution_plans failed for sdpa_fp8")

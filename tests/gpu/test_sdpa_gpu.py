@@ -159,3 +159,21 @@ def test_paged_kv_caches():
         "lkv": torch.tensor([300, 512], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
     }
     run_or_refused(text, "paged K/V caches", **given)
+
+
+@pytest.mark.parametrize("keys,extra", [(128, ""), (128, ", causal=true"), (512, ", causal=true, left_bound=128")])
+def test_fp8_attention(keys, extra):
+    # S_kv 128 is one of cuDNN's tiles, where the reference's untiled quantization of P is exactly
+    # cuDNN's; at 512 the two may differ within fp8 rounding (the fp8 tolerance).
+    import torch
+
+    text = (
+        f"graph t {{\n  io fp8_e4m3\n  input q : fp8_e4m3[2, 8, 128, 128]\n  input k : fp8_e4m3[2, 8, {keys}, 128]\n"
+        f"  input v : fp8_e4m3[2, 8, {keys}, 128]\n"
+        + "".join(f"  input {n} : float[1, 1, 1, 1]\n" for n in ("dq", "dk", "dv", "ds", "ss", "so"))
+        + f"  o, amax, st = sdpa_fp8(q, k, v, dq, dk, dv, ds, ss, so{extra}, stats=true)\n"
+        "  output o\n  output amax\n  output st\n}\n"
+    )
+    scales = {"dq": 0.5, "dk": 0.5, "dv": 1.0, "ds": 1 / 448, "ss": 448.0, "so": 2.0}
+    given = {n: torch.full((1, 1, 1, 1), x, device="cuda") for n, x in scales.items()}
+    run_or_refused(text, f"fp8, S_kv {keys}{extra}", **given)
