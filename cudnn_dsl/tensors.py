@@ -65,9 +65,9 @@ def generate_inputs(
     graph: Graph, instance: Instance, device, seed: int = 0, ranges: dict[str, tuple[float, float]] | None = None
 ) -> dict[str, torch.Tensor]:
     """Seeded inputs in their declared layout: floats in [-1, 1] ([0.5, 1.5] where an op wants
-    positive values), integers in [-8, 8] (in the op's domain where it has one), booleans at random;
-    `ranges` overrides by name. Drawn
-    on the CPU, so a seed gives the same inputs on every device."""
+    positive values), integers in [-8, 8] (in the op's domain where it has one), booleans at
+    random; `ranges` overrides by name. Drawn on the CPU, so a seed gives the same inputs on every
+    device."""
     ranges = {**_domains(graph, instance), **(ranges or {})}
     positive = _positive_inputs(graph)
     gen = torch.Generator().manual_seed(seed)
