@@ -243,6 +243,8 @@ def emit_torch(graph: Graph, inst: Instance) -> str:
         t = inst.type(v.name)
         examples.append(torch.tensor(float(v.scalar)) if v.kind == "scalar" else empty(t, "cpu"))
     gm = make_fx(fn, tracing_mode="fake")(*examples)
+    gm.graph.eliminate_dead_code()  # what feeds no output (the compare's masks of undefined elements)
+    gm.recompile()
     # fx writes `def forward(self, arg0_1, ...)`: its body is rewritten as a syntax tree, never as text.
     [func] = [s for s in ast.parse(gm.code).body if isinstance(s, ast.FunctionDef)]
     placeholders = [a.arg for a in func.args.args[1:]]

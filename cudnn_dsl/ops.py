@@ -9,6 +9,7 @@ strides. Attributes arrive canonical (dsl.ops.canonical): no row here fills a de
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import attrs
@@ -24,6 +25,9 @@ class OpImpl:
 
     ref: Callable[..., list]
     lower: Callable[..., list]
+    undefined: Callable[..., list] | None = None
+    """(inputs, attributes, output types) -> per output, a bool mask of the elements cuDNN leaves
+    unspecified (None: all defined); the compare does not read them (sdpa's padded query rows)"""
 
 
 # ---- pointwise ---------------------------------------------------------------------
@@ -268,29 +272,143 @@ def lower_reduction(ctx, ins, a):
 # ---- attention ---------------------------------------------------------------------
 
 
+def _positions(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """0, 1, 2, ... along `dim` of `t` (size 1 elsewhere), on t's device without naming it: the traced
+    reference (`emit --format torch`) must not hold a device."""
+    index = [slice(0, 1)] * t.dim()
+    index[dim] = slice(None)
+    return torch.ones_like(t[tuple(index)]).cumsum(dim) - 1
+
+
+def _alibi(s: torch.Tensor) -> torch.Tensor:
+    """ALiBi's bias (j - i) * m_h for scores [B, H, S_q, S_kv], with the slopes of the cuDNN Frontend's
+    reference: m_h = 2^(-8 h / n) for the first n heads (n the largest power of two <= H), then
+    2^(-4 (2 k - 1) / n) for the k-th head past n."""
+    heads = s.shape[1]
+    n = 2 ** math.floor(math.log2(heads))
+    h = _positions(s, 1) + 1
+    slopes = torch.where(h <= n, torch.exp2(-8.0 / n * h), torch.exp2(-4.0 / n * (2 * (h - n) - 1)))
+    return (_positions(s, 3) - _positions(s, 2)) * slopes
+
+
+def _sdpa_keep(a, b: int, s: torch.Tensor, len_q, len_kv) -> torch.Tensor:
+    """Which (query, key) scores survive the masks, [B or 1, 1, S_q, S_kv]: the padding (keys past
+    seq_len_kv, queries past seq_len_q) and the diagonal band, bottom-right aligned per sequence
+    when padded."""
+    sq, skv = s.shape[2], s.shape[3]
+    i, j = _positions(s, 2), _positions(s, 3)
+    keep = torch.ones_like(i * j, dtype=torch.bool)
+    if len_kv is not None:
+        len_q, len_kv = len_q.view(b, 1, 1, 1), len_kv.view(b, 1, 1, 1)
+        keep = keep & (j < len_kv) & (i < len_q)
+    diagonal = j - i  # how far right of the diagonal, 0 on it
+    if a["diagonal_alignment"] == "bottom_right":
+        diagonal = diagonal - (len_kv - len_q if len_q is not None else skv - sq)
+    if a["right_bound"] is not None:
+        keep = keep & (diagonal <= a["right_bound"])
+    if a["left_bound"] is not None:
+        keep = keep & (diagonal > -a["left_bound"])
+    return keep
+
+
+def _unpage(cache: torch.Tensor, table: torch.Tensor, keys: int) -> torch.Tensor:
+    """[B, H, keys, D] from a cache of blocks [N, H, block, D] and a page table [B, 1, pages, 1]:
+    key s of sequence b is row s % block of block table[b, 0, s // block, 0]."""
+    pages = cache[table[:, 0, :, 0].long()]  # [B, pages, H, block, D]
+    seq = pages.transpose(1, 2).reshape(table.shape[0], cache.shape[1], -1, cache.shape[3])
+    return seq[:, :, :keys]
+
+
 def ref_sdpa(ins, a, outs):
-    q, k, v, bias = ins
-    scale = a["scale"]
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    if not a["stats"]:
-        return [F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=a["causal"], scale=scale)]
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    """softmax(q k^T * scale + bias + ALiBi, masked) [* dropout mask * scale] v, as the cuDNN Frontend's
+    own test reference computes it. Rows with no key left (padded queries, an empty band) give O = 0
+    and stats = -inf, which is what cuDNN writes for padded queries since 9.14."""
+    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins
+    h = q.shape[1]
+    if table_k is not None:
+        k, v = _unpage(k, table_k, a["max_seq_len_kv"]), _unpage(v, table_v, a["max_seq_len_kv"])
+    k = k.repeat_interleave(h // k.shape[1], 1)
+    v = v.repeat_interleave(h // v.shape[1], 1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
     if bias is not None:
         s = s + bias
-    if a["causal"]:
-        mask = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~mask, float("-inf"))
+    if a["alibi"]:
+        s = s + _alibi(s)
+    s = s.masked_fill(~_sdpa_keep(a, q.shape[0], s, len_q, len_kv), float("-inf"))
     stats = torch.logsumexp(s, -1, keepdim=True)
-    return [torch.matmul(torch.exp(s - stats), v), stats]
+    p = torch.exp(s - stats).masked_fill(stats.isneginf(), 0.0)  # an empty row: -inf - -inf
+    if drop_mask is not None:
+        p = p * drop_mask * drop_scale
+    o = torch.matmul(p, v)
+    return [o, stats] if a["stats"] else [o]
+
+
+def undefined_sdpa(ins, a, outs):
+    """O's rows past seq_len_q: cuDNN does not say what it writes there (the frontend's tests zero
+    them on both sides). The stats there are defined: -inf."""
+    len_q = ins[4]
+    if len_q is None:
+        return [None] * len(outs)
+    rows = _positions(ins[0], 2) >= len_q.view(-1, 1, 1, 1)
+    return [rows.expand(outs[0].shape)] + [None] * (len(outs) - 1)
+
+
+def ref_sdpa_fp8(ins, a, outs):
+    """The frontend's FP8 reference (test/python/sdpa/fp8_ref.py) without its tiling: the
+    unnormalized probabilities exp(s - rowmax) times scale_s rounded to e4m3, times descale_s, @ v,
+    times descale_v, over the row sum. cuDNN quantizes them per 128-key tile against the running
+    max; for S_kv <= 128 that is the same number, beyond it the two differ within fp8 rounding."""
+    q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o = ins
+    h = q.shape[1]
+    k = k.repeat_interleave(h // k.shape[1], 1)
+    v = v.repeat_interleave(h // v.shape[1], 1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * (descale_q * descale_k * a["scale"])
+    s = s.masked_fill(~_sdpa_keep(a, q.shape[0], s, None, None), float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m).masked_fill(m.isneginf(), 0.0)
+    total = p.sum(-1, keepdim=True)
+    p8 = (p * scale_s).to(torch.float8_e4m3fn).to(p.dtype) * descale_s
+    o = torch.matmul(p8, v) * descale_v / total.clamp(min=1.0)  # an empty row: 0 / 1
+    amax = o.abs().amax().reshape(1, 1, 1, 1)
+    return [o * scale_o, amax, m + torch.log(total)] if a["stats"] else [o * scale_o, amax]
+
+
+def lower_sdpa_fp8(ctx, ins, a):
+    kw = {"attn_scale": a["scale"], "generate_stats": a["stats"]}
+    if a["left_bound"] is not None or a["right_bound"] is not None:
+        kw["diagonal_alignment"] = getattr(ctx.cudnn.diagonal_alignment, a["diagonal_alignment"].upper())
+        if a["left_bound"] is not None:
+            kw["left_bound"] = a["left_bound"]
+        if a["right_bound"] is not None:
+            kw["right_bound"] = a["right_bound"]
+    res = ctx.g.sdpa_fp8(*ins, **kw, **ctx.kw)  # O, Stats, Amax_S (left virtual, as the frontend advises), Amax_O
+    return [res[0], res[3], res[1]] if a["stats"] else [res[0], res[3]]
 
 
 def lower_sdpa(ctx, ins, a):
-    q, k, v, bias = ins
-    res = ctx.g.sdpa(
-        q, k, v, attn_scale=a["scale"], bias=bias, use_causal_mask=a["causal"], generate_stats=a["stats"], **ctx.kw
-    )
+    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins
+    kw = {"attn_scale": a["scale"], "generate_stats": a["stats"]}
+    if bias is not None:
+        kw["bias"] = bias
+    if a["alibi"]:
+        kw["use_alibi_mask"] = True
+    if len_q is not None:
+        kw.update(use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_kv)
+    if a["left_bound"] is not None or a["right_bound"] is not None:
+        kw["diagonal_alignment"] = getattr(ctx.cudnn.diagonal_alignment, a["diagonal_alignment"].upper())
+        if a["left_bound"] is not None:
+            kw["diagonal_band_left_bound"] = a["left_bound"]
+        if a["right_bound"] is not None:
+            kw["diagonal_band_right_bound"] = a["right_bound"]
+    if drop_mask is not None:
+        kw["dropout"] = (drop_mask, drop_scale)
+    if table_k is not None:
+        kw.update(
+            paged_attention_k_table=table_k,
+            paged_attention_v_table=table_v,
+            paged_attention_max_seq_len_kv=a["max_seq_len_kv"],
+        )
+    res = ctx.g.sdpa(q, k, v, **kw, **ctx.kw)
     return [res[0], res[1]] if a["stats"] else [res[0]]
 
 
@@ -495,7 +613,8 @@ IMPLS: dict[str, OpImpl] = {
     "conv_wgrad": OpImpl(ref_conv_wgrad, _lower_conv("conv_wgrad")),
     "matmul": OpImpl(ref_matmul, lower_matmul),
     "reduction": OpImpl(ref_reduction, lower_reduction),
-    "sdpa": OpImpl(ref_sdpa, lower_sdpa),
+    "sdpa": OpImpl(ref_sdpa, lower_sdpa, undefined_sdpa),
+    "sdpa_fp8": OpImpl(ref_sdpa_fp8, lower_sdpa_fp8),
     "layernorm": OpImpl(ref_layernorm, lower_layernorm),
     "rmsnorm": OpImpl(ref_rmsnorm, lower_rmsnorm),
     "batchnorm_inference": OpImpl(ref_batchnorm_inference, lower_batchnorm_inference),

@@ -67,6 +67,13 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
 
 
+class Outputs(dict):
+    """The reference's outputs by name, and `undefined`: per output, a bool mask of the elements
+    cuDNN leaves unspecified (the compare skips them), for outputs whose op says so."""
+
+    undefined: dict[str, torch.Tensor]
+
+
 def run_reference(
     graph: Graph,
     instance: Instance,
@@ -96,12 +103,17 @@ def run_reference(
                 env[v.name] = _wide(torch.as_tensor(value, device=device).reshape(instance.type(v.name).shape))
     rounded = frozenset() if native else rounded_values(graph, instance) if rounded is None else rounded
     precision = contextlib.nullcontext() if native else _full_precision()
+    undefined: dict[str, torch.Tensor] = {}
     with torch.no_grad(), precision:
         for index, node in enumerate(graph.nodes):
             ins = [env[i] if i else None for i in node.inputs]
             outs = [instance.type(o) for o in node.outputs]
+            impl = IMPLS[node.op]
             try:
-                results = IMPLS[node.op].ref(ins, instance.attrs(index), outs)
+                results = impl.ref(ins, instance.attrs(index), outs)
+                if impl.undefined is not None:
+                    masks = impl.undefined(ins, instance.attrs(index), outs)
+                    undefined.update((o, m) for o, m in zip(node.outputs, masks) if m is not None)
             except (RuntimeError, ValueError) as e:
                 where = f"while executing `{', '.join(node.outputs)} = {node.op}(...)` in the reference"
                 raise DslError(Diagnostic("error", f"{where}: {e}", node.loc)) from None
@@ -112,4 +124,6 @@ def run_reference(
         if every
         else graph.outputs
     )
-    return {v.name: env[v.name].to(torch_dtype(instance.type(v.name).dtype)) for v in kept}
+    out = Outputs((v.name, env[v.name].to(torch_dtype(instance.type(v.name).dtype))) for v in kept)
+    out.undefined = {v.name: undefined[v.name] for v in graph.outputs if v.name in undefined}
+    return out

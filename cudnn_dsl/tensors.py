@@ -13,10 +13,10 @@ import torch
 
 from cudnn_dsl.dtypes import from_torch, tolerance, torch_dtype
 from dsl.diagnostics import Loc, RuleError
-from dsl.inits import Init
+from dsl.inits import Init, make
 from dsl.inits import default as default_init
 from dsl.ir import Graph, Instance
-from dsl.ops import OPS
+from dsl.ops import OPS, Ctx
 from dsl.options import Options
 from dsl.types import ALIGNMENT, DTYPE_RANGE, TensorType, check_value, fmt_shape, is_float, itemsize
 
@@ -84,13 +84,28 @@ def restore(tensors: dict, before: dict) -> None:
             tensors[k].copy_(t)
 
 
+def _domains(graph: Graph, instance: Instance) -> dict[str, tuple[int, int]]:
+    """Integer inputs whose op allows only some values (sdpa's sequence lengths), by name."""
+    out = {}
+    for index, n in enumerate(graph.nodes):
+        sig = OPS[n.op]
+        if sig.domains is None:
+            continue
+        types = tuple(instance.type(i) if i else None for i in n.inputs)
+        for i, bounds in sig.domains(Ctx(n.op, types, instance.attrs(index))).items():
+            if n.inputs[i]:
+                out[n.inputs[i]] = bounds
+    return out
+
+
 def input_inits(graph: Graph, instance: Instance, inits: dict[str, Init] | None = None) -> dict[str, Init]:
     """How each input is drawn: `inits` (run --init), else the file's `init=`, else the default of its
     dtype (positive values where an op of the registry wants them)."""
-    inits, positive = inits or {}, _positive_inputs(graph)
+    inits, positive, domains = inits or {}, _positive_inputs(graph), _domains(graph, instance)
     return {  # a buffer is drawn once for all its views
         v.name: inits.get(v.name)
         or getattr(v, "init", None)
+        or (make("randint", domains[v.name]) if v.name in domains else None)
         or default_init(instance.type(v.name).dtype, v.name in positive)
         for v in graph.device_inputs
     }
@@ -345,7 +360,7 @@ def compare(
     g = got.to(torch.float64).cpu() if got.device != want.device else got.to(torch.float64)
     w = want.to(device=g.device, dtype=torch.float64)
     diff = (g - w).abs()
-    bad = (diff > atol + rtol * w.abs()) | (g.isnan() ^ w.isnan()) | (g.isinf() & (g != w))
+    bad = (diff > atol + rtol * w.abs()) | (g.isnan() ^ w.isnan()) | ((g.isinf() | w.isinf()) & (g != w))
     finite = diff[diff.isfinite()]
     significant = diff.isfinite() & (w.abs() > atol)  # relative error where it means something
     rel = (diff / w.abs().clamp_min(1e-12))[significant]
@@ -370,11 +385,21 @@ def compare(
     )
 
 
+def defined_only(name: str, got: torch.Tensor, want) -> tuple[torch.Tensor, torch.Tensor]:
+    """One output and its reference, zero on both sides where the reference (reference.Outputs)
+    marks the op's result unspecified."""
+    mask = getattr(want, "undefined", {}).get(name)
+    if mask is None:
+        return got, want[name]
+    return got.masked_fill(mask.to(got.device), 0), want[name].masked_fill(mask.to(want[name].device), 0)
+
+
 def compare_outputs(
     graph: Graph, inst: Instance, got, want, options: Options, atol=None, rtol=None, skip=frozenset()
 ) -> list[Comparison]:
-    """Every output but those in `skip` against the reference. atol/rtol: one tolerance for all, or
-    {output: tolerance}; None: the options', else the dtype's."""
+    """Every output but those in `skip` against the reference, and but for the elements the reference marks
+    undefined (reference.Outputs). atol/rtol: one tolerance for all, or {output: tolerance}; None: the
+    options', else the dtype's."""
 
     def pick(v, name, default):
         if isinstance(v, dict):
@@ -385,8 +410,7 @@ def compare_outputs(
     return [
         compare(
             v.name,
-            got[v.name],
-            want[v.name],
+            *defined_only(v.name, got[v.name], want),
             inst.type(v.name).dtype,
             pick(atol, v.name, options.atol),
             pick(rtol, v.name, options.rtol),

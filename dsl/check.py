@@ -482,8 +482,12 @@ class _GraphChecker:
             want += " or more" if sig.variadic else ""
             self.err(f"{e.op} takes {want} input{'s' if n_max > 1 else ''} ({sig.ports}), got {len(e.args)}", e.loc)
             return None
+        exprs = list(e.args) + [None] * (n_max - len(e.args))
+        arg_names += [None] * (n_max - len(arg_names))
+        named_ok = self.named_inputs(sig, e, exprs, arg_names)
         uids: dict[str, tuple[int, Loc]] = {}
         attrs_, attr_locs, ok = self.attrs(sig, e, uids)
+        ok = ok and named_ok
         n_results = sig.count_results(attrs_)
         if len(targets) > n_results:
             self.err(
@@ -496,18 +500,20 @@ class _GraphChecker:
         compute = attrs_.pop("compute", None) or sig.compute or self.types.get("compute", (DEFAULT_MATH, None))[0]
         node = PNode(
             e.op,
-            arg_names + [None] * (n_max - len(arg_names)),
+            arg_names,
             outs,
             attrs_,
             compute,
             e.loc,
-            [a.loc for a in e.args],
+            [a.loc if a is not None else e.loc for a in exprs],
             attr_locs,
-            ok and None not in arg_names,
+            ok and all(n is not None for n, a in zip(arg_names, exprs) if a is not None),
             uids,
         )
         if sig.family != "pointwise":
-            for name, a in zip(arg_names, e.args):
+            for name, a in zip(arg_names, exprs):
+                if a is None:
+                    continue
                 if name in self.decls and self.decls[name].kind in ("scalar", "const"):
                     self.err(
                         f"{e.op}: '{a.name if isinstance(a, ast.Ref) else a.value}' is a host scalar; "
@@ -525,6 +531,8 @@ class _GraphChecker:
         to attributes go into `uids`."""
         out, locs, ok = {}, {}, True
         for kw in e.kwargs:
+            if kw.name in sig.optional:
+                continue  # an input given by name (named_inputs)
             a = sig.attr(kw.name)
             if a is None:
                 names = [x.name for x in sig.all_attrs]
@@ -564,6 +572,24 @@ class _GraphChecker:
                 )
                 ok = False
         return out, locs, ok
+
+    def named_inputs(self, sig: OpSig, e: ast.Call, exprs: list, names: list) -> bool:
+        """Optional inputs given by name (`sdpa(q, k, v, seq_len_q=lens)`), put at their ports."""
+        ok = True
+        for kw in e.kwargs:
+            if kw.name not in sig.optional:
+                continue
+            port = len(sig.inputs) + sig.optional.index(kw.name)
+            if exprs[port] is not None:
+                self.err(f"{sig.name}: input '{kw.name}' given twice", kw.loc)
+                ok = False
+            elif not isinstance(kw.value, ast.Ident):
+                self.err(f"{sig.name}: input '{kw.name}' takes a tensor's name", kw.value.loc)
+                ok = False
+            else:
+                ref = ast.Ref(kw.value.name, kw.value.loc)
+                exprs[port], names[port] = ref, self.expr(ref)
+        return ok
 
     def finish_structure(self) -> None:
         if not self.outputs and not self.sink.n_errors:

@@ -62,7 +62,8 @@ FAMILIES = {
         ("reduction",), "a reduction fuses after a matmul or conv over its output; alone it may need a graph of its own"
     ),
     "attention": Family(
-        ("sdpa", "attention"), "half/bf16 q, k, v with head dims that are multiples of 8 (at most 256)"
+        ("sdpa", "attention", "alibi", "causal", "diagonal_band", "padding mask", "seq_len", "dropout", "hidden_dim"),
+        "half/bf16 q, k, v with head dims that are multiples of 8 (at most 256)",
     ),
     "norm": Family(
         ("norm", "layernorm", "rmsnorm", "batchnorm", "instancenorm", "adalayernorm", "genstats"),
@@ -102,6 +103,13 @@ class OpSig:
     """this op's compute dtype unless the call says `compute=` (logic ops compute in bool)"""
     variadic: bool = False
     """the last input repeats: a call takes len(inputs) or more (concatenate)"""
+
+    folded: tuple[str, ...] = ()
+    """attributes that only spell others: `derive` folds them in and the IR drops them"""
+    domains: Callable[[Ctx], dict[int, tuple[int, int]]] | None = None
+    """integer inputs' valid values [lo, hi], by input index, from the input types and canonical
+    attributes (sdpa's sequence lengths are in [1, S], its page tables index K/V's blocks);
+    generated test data stays inside"""
 
     @property
     def ports(self) -> str:
@@ -150,6 +158,8 @@ def canonical(sig: OpSig, given: dict, inputs: tuple[TensorType | None, ...]) ->
         out[a.name] = v
     if sig.derive is not None:
         out.update(sig.derive(Ctx(sig.name, inputs, out)))
+    for name in sig.folded:
+        del out[name]
     assert not any(v is DERIVED or v is REQUIRED for v in out.values()), out
     return out
 
@@ -424,35 +434,187 @@ def infer_reduction(ctx: Ctx) -> list[Out]:
     return [Out(shape, stride_order(x.strides))]
 
 
+SDPA_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def _given(v) -> bool:
+    return v is not None and v is not DERIVED
+
+
+def _derive_band(ctx: Ctx) -> dict:
+    """The scale, and the mask in its one IR form: a diagonal band (left and right bounds, None for
+    unbounded) with its alignment. `causal`, `causal_bottom_right` and `sliding_window_length` are
+    the frontend's older spellings of the band; they fold in here and the IR drops them."""
+    a = ctx.attrs
+    out = {} if a["scale"] is not DERIVED else {"scale": 1.0 / math.sqrt(ctx.inputs[0].shape[-1])}
+    left, right, align = a["left_bound"], a["right_bound"], a["diagonal_alignment"]
+    if a["causal"] and a["causal_bottom_right"]:
+        raise RuleError(
+            f"{ctx.op}: 'causal' and 'causal_bottom_right' are two alignments of one mask; give one",
+            "causal_bottom_right",
+        )
+    for flag, want in (("causal", "top_left"), ("causal_bottom_right", "bottom_right")):
+        if not a[flag]:
+            continue
+        if right not in (None, 0):
+            raise RuleError(f"{ctx.op}: '{flag}' is right_bound=0, but right_bound={right} is given", "right_bound")
+        if _given(align) and align != want:
+            raise RuleError(
+                f"{ctx.op}: '{flag}' is diagonal_alignment={want}, but {align} is given", "diagonal_alignment"
+            )
+        right, align = 0, want
+    window = a["sliding_window_length"]
+    if window is not None:
+        if left is not None and left != window:
+            raise RuleError(
+                f"{ctx.op}: sliding_window_length={window} is left_bound={window}, but left_bound={left} is given",
+                "left_bound",
+            )
+        left = window
+    if left is None and right is None:
+        align = "top_left"  # no band: the alignment means nothing
+    elif not _given(align):
+        align = "top_left"
+    return out | {"left_bound": left, "right_bound": right, "diagonal_alignment": align}
+
+
 def derive_sdpa(ctx: Ctx) -> dict:
-    if ctx.attrs["scale"] is not DERIVED:
-        return {}
-    return {"scale": 1.0 / math.sqrt(ctx.inputs[0].shape[-1])}
+    """The band (_derive_band), and S_kv of paged K/V."""
+    a = ctx.attrs
+    seq, table, k = a["max_seq_len_kv"], ctx.inputs[8], ctx.inputs[1]
+    if table is None and seq is not DERIVED:
+        raise RuleError(f"{ctx.op}: max_seq_len_kv is for paged K/V (page_table_k, page_table_v)", "max_seq_len_kv")
+    if table is None:
+        seq = None
+    elif seq is DERIVED:  # the shape rule checks the ranks
+        seq = table.shape[2] * k.shape[2] if len(table.shape) == 4 and len(k.shape) == 4 else 1
+    return _derive_band(ctx) | {"max_seq_len_kv": seq}
+
+
+def _sdpa_rank4(ctx: Ctx, i: int, what: str) -> TensorType:
+    t = ctx.inputs[i]
+    if len(t.shape) != 4:
+        raise RuleError(f"{ctx.op}: {what} must be [B, H, S, D], got {fmt_shape(t.shape)}", i)
+    return t
+
+
+def _sdpa_optional(ctx: Ctx, i: int, want: tuple[int, ...], what: str, dtypes: tuple[str, ...] | None) -> None:
+    """An optional input that broadcasts to `want`, of one of `dtypes` (None: any float)."""
+    t = ctx.inputs[i]
+    if t is None:
+        return
+    name = OPS[ctx.op].optional[i - len(OPS[ctx.op].inputs)]
+    if len(t.shape) != 4 or broadcast(t.shape, want) != want:
+        raise RuleError(f"{ctx.op}: {name} {fmt_shape(t.shape)} must be {what} (broadcasting to {fmt_shape(want)})", i)
+    if dtypes is None and not is_float(t.dtype) or dtypes is not None and t.dtype not in dtypes:
+        raise RuleError(f"{ctx.op}: {name} is {t.dtype}; it must be {' or '.join(dtypes or ('a float type',))}", i)
+
+
+def _sdpa_pair(ctx: Ctx, first: int, second: int) -> None:
+    names = OPS[ctx.op].optional
+    base = len(OPS[ctx.op].inputs)
+    a, b = ctx.inputs[first], ctx.inputs[second]
+    if (a is None) != (b is None):
+        have, need = (first, second) if a is not None else (second, first)
+        raise RuleError(f"{ctx.op}: {names[have - base]} needs {names[need - base]} too", have)
+
+
+def _sdpa_paging(ctx: Ctx) -> None:
+    """Paged K/V: k and v are caches of blocks [N, H_kv, block, D]; each page table, int32
+    [B, 1, pages, 1], lists a sequence's blocks; max_seq_len_kv keys fit in its pages."""
+    q, k, v = ctx.inputs[:3]
+    _sdpa_pair(ctx, 8, 9)
+    if ctx.inputs[4] is None:
+        raise RuleError(f"{ctx.op}: paged K/V needs seq_len_q and seq_len_kv (cuDNN pages padded batches)", 8)
+    b = q.shape[0]
+    for i, cache in ((8, k), (9, v)):
+        t = ctx.inputs[i]
+        name = OPS[ctx.op].optional[i - 3]
+        if t.dtype != "int32" or len(t.shape) != 4 or t.shape[0] != b or t.shape[1] != 1 or t.shape[3] != 1:
+            raise RuleError(f"{ctx.op}: {name} must be int32[{b}, 1, pages, 1], got {t.dtype}{fmt_shape(t.shape)}", i)
+        if t.shape[2] * cache.shape[2] < ctx.attrs["max_seq_len_kv"]:
+            raise RuleError(
+                f"{ctx.op}: {name} has {t.shape[2]} pages of {cache.shape[2]} keys, fewer than "
+                f"max_seq_len_kv={ctx.attrs['max_seq_len_kv']}",
+                "max_seq_len_kv",
+            )
+
+
+def domains_sdpa(ctx: Ctx) -> dict[int, tuple[int, int]]:
+    """seq_len_q in [1, S_q], seq_len_kv in [1, S_kv]; a page table's entries are K's (V's) blocks."""
+    q, k, v = ctx.inputs[:3]
+    return {4: (1, q.shape[2]), 5: (1, _kv_len(ctx)), 8: (0, k.shape[0] - 1), 9: (0, v.shape[0] - 1)}
+
+
+def _paged(ctx: Ctx) -> bool:
+    return ctx.inputs[8] is not None
+
+
+def _kv_len(ctx: Ctx) -> int:
+    """S_kv: K's sequence axis, or with page tables the `max_seq_len_kv` the tables cover."""
+    return ctx.attrs["max_seq_len_kv"] if ctx.op == "sdpa" and _paged(ctx) else ctx.inputs[1].shape[2]
 
 
 def infer_sdpa(ctx: Ctx) -> list[Out]:
-    q, k, v, bias = ctx.inputs
-    for i, t in enumerate((q, k, v)):
-        if len(t.shape) != 4:
-            raise RuleError(f"{ctx.op}: {'qkv'[i]} must be [B, H, S, D], got {fmt_shape(t.shape)}", i)
+    q, k, v = _sdpa_qkv(ctx)
+    skv = _kv_len(ctx)
+    scores = (q.shape[0], q.shape[1], q.shape[2], skv)
+    _sdpa_optional(ctx, 3, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
+    _sdpa_pair(ctx, 4, 5)
+    b = q.shape[0]
+    for i in (4, 5):
+        t = ctx.inputs[i]
+        if t is not None and (t.shape != (b, 1, 1, 1) or t.dtype != "int32"):
+            raise RuleError(
+                f"{ctx.op}: {OPS[ctx.op].optional[i - 3]} must be int32[{b}, 1, 1, 1], one length per batch; "
+                f"got {t.dtype}{fmt_shape(t.shape)}",
+                i,
+            )
+    _sdpa_pair(ctx, 6, 7)
+    _sdpa_optional(ctx, 6, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
+    _sdpa_optional(ctx, 7, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
+    outs = [Out((*scores[:3], v.shape[3]), stride_order(q.strides))]
+    if ctx.attrs["stats"]:
+        outs.append(Out((*scores[:3], 1), _row_major(4), "float"))
+    return outs
+
+
+def _sdpa_qkv(ctx: Ctx) -> tuple[TensorType, TensorType, TensorType]:
+    """q, k, v checked against each other: ranks, dtypes, batch, head dims, grouped heads."""
+    q, k, v = (_sdpa_rank4(ctx, i, "qkv"[i]) for i in range(3))
     if not (q.dtype == k.dtype == v.dtype):
         raise RuleError(f"{ctx.op}: dtype conflict: q {q.dtype}, k {k.dtype}, v {v.dtype}", 1)
     b, h, s, d = q.shape
-    if k.shape[0] != b or v.shape[0] != b:
+    if ctx.op == "sdpa" and _paged(ctx):
+        _sdpa_paging(ctx)
+    elif k.shape[0] != b or v.shape[0] != b:
         raise RuleError(
             f"{ctx.op}: batch differs: q {fmt_shape(q.shape)}, k {fmt_shape(k.shape)}, v {fmt_shape(v.shape)}", 1
         )
     if k.shape[3] != d:
         raise RuleError(f"{ctx.op}: head dim differs: q has D={d}, k has D={k.shape[3]}", 1)
-    if k.shape[1] != v.shape[1] or h % k.shape[1]:
-        raise RuleError(f"{ctx.op}: k/v heads ({k.shape[1]}, {v.shape[1]}) must be equal and divide q heads ({h})", 1)
+    for i, t in ((1, k), (2, v)):
+        if h % t.shape[1]:
+            raise RuleError(
+                f"{ctx.op}: {'qkv'[i]} has {t.shape[1]} heads, which do not divide q's {h} (grouped-query heads)", i
+            )
     if k.shape[2] != v.shape[2]:
-        raise RuleError(f"{ctx.op}: k has {k.shape[2]} keys, v has {v.shape[2]}", 2)
-    if bias is not None and broadcast(bias.shape, (b, h, s, k.shape[2])) != (b, h, s, k.shape[2]):
-        raise RuleError(
-            f"{ctx.op}: bias {fmt_shape(bias.shape)} does not broadcast to {fmt_shape((b, h, s, k.shape[2]))}", 3
-        )
-    outs = [Out((b, h, s, v.shape[3]), stride_order(q.strides))]
+        what = "keys per block" if ctx.op == "sdpa" and _paged(ctx) else "keys"
+        raise RuleError(f"{ctx.op}: k has {k.shape[2]} {what}, v has {v.shape[2]}", 2)
+    return q, k, v
+
+
+def infer_sdpa_fp8(ctx: Ctx) -> list[Out]:
+    q, k, v = _sdpa_qkv(ctx)
+    if q.dtype != "fp8_e4m3":  # e5m2 would change the dtype P is quantized to: not modelled
+        raise RuleError(f"{ctx.op}: q, k and v must be fp8_e4m3, got {q.dtype}", 0)
+    for i in range(3, 9):
+        t = ctx.inputs[i]
+        if t.shape != (1, 1, 1, 1) or t.dtype != "float":
+            name = OPS[ctx.op].inputs[i]
+            raise RuleError(f"{ctx.op}: {name} must be float[1, 1, 1, 1], got {t.dtype}{fmt_shape(t.shape)}", i)
+    b, h, s, _ = q.shape
+    outs = [Out((b, h, s, v.shape[3]), stride_order(q.strides)), Out((1, 1, 1, 1), _row_major(4), "float")]
     if ctx.attrs["stats"]:
         outs.append(Out((b, h, s, 1), _row_major(4), "float"))
     return outs
@@ -658,10 +820,21 @@ def flops_matmul(ctx: Ctx, outs) -> int:
 
 
 def flops_sdpa(ctx: Ctx, outs) -> int:
+    """2 * (d_qk + d_v) per (query, key) pair the band lets through (padding not counted)."""
     q, k, v = ctx.inputs[:3]
     b, h, s, d = q.shape
-    full = 2 * b * h * s * k.shape[2] * (d + v.shape[3])
-    return full // 2 if ctx.attrs["causal"] else full
+    skv = _kv_len(ctx)
+    left, right = ctx.attrs["left_bound"], ctx.attrs["right_bound"]
+    shift = skv - s if ctx.attrs["diagonal_alignment"] == "bottom_right" else 0
+    pairs = sum(
+        max(
+            0,
+            min(skv, i + shift + 1 + (skv if right is None else right))
+            - max(0, i + shift + 1 - (skv + s if left is None else left)),
+        )
+        for i in range(s)
+    )
+    return 2 * b * h * pairs * (d + v.shape[3])
 
 
 # ---- the registry ----------------------------------------------------------------
@@ -753,6 +926,38 @@ def _training_results(n: int) -> Callable[[dict], int]:
     """A norm returns y alone in inference, y and its statistics in training (the given attributes)."""
     return lambda a: n if a.get("phase") == "training" else 1
 
+
+_BAND_ATTRS = (
+    Attr("scale", "float", DERIVED, doc="softmax scale, attn_scale (default 1/sqrt(D))", hi=None),
+    Attr(
+        "diagonal_alignment",
+        "enum",
+        DERIVED,
+        SDPA_ALIGNMENTS,
+        doc="where the band's diagonal starts: query 0 at key 0, or the last query at the last key "
+        "(per sequence with padding) (default top_left)",
+    ),
+    Attr(
+        "left_bound",
+        "int",
+        None,
+        doc="key j is seen by query i only if j > i - left_bound (diagonal_band_left_bound; default: none)",
+        lo=1,
+        optional=True,
+    ),
+    Attr(
+        "right_bound",
+        "int",
+        None,
+        doc="key j is seen by query i only if j <= i + right_bound (diagonal_band_right_bound; default: none)",
+        lo=0,
+        optional=True,
+    ),
+    Attr("causal", "bool", False, doc="right_bound=0, top_left (use_causal_mask)"),
+    Attr("causal_bottom_right", "bool", False, doc="right_bound=0, bottom_right (use_causal_mask_bottom_right)"),
+    Attr("sliding_window_length", "int", None, doc="left_bound, in the frontend's older spelling", lo=1, optional=True),
+)
+"""the attributes sdpa and sdpa_fp8 share: the scale and the diagonal band in every spelling"""
 
 OPS: dict[str, OpSig] = {
     "relu": _pointwise_unary(
@@ -867,17 +1072,61 @@ OPS: dict[str, OpSig] = {
         "attention",
         ("q", "k", "v"),
         infer_sdpa,
-        optional=("bias",),
+        optional=(
+            "bias",
+            "seq_len_q",
+            "seq_len_kv",
+            "dropout_mask",
+            "dropout_scale",
+            "page_table_k",
+            "page_table_v",
+        ),
         flops=flops_sdpa,
         derive=derive_sdpa,
+        folded=("causal", "causal_bottom_right", "sliding_window_length"),
+        domains=domains_sdpa,
         attrs=(
-            Attr("scale", "float", DERIVED, doc="softmax scale (default 1/sqrt(D))", hi=None),
-            Attr("causal", "bool", False, doc="causal mask (top-left aligned)"),
-            Attr("stats", "bool", False, doc="also return the softmax stats [B,H,S,1] float (training)"),
+            *_BAND_ATTRS,
+            Attr("alibi", "bool", False, doc="add the ALiBi bias, slope per head (use_alibi_mask)"),
+            Attr(
+                "max_seq_len_kv",
+                "int",
+                DERIVED,
+                doc="with page tables: the keys a sequence may have (paged_attention_max_seq_len_kv; default "
+                "pages * block)",
+                lo=1,
+            ),
+            Attr(
+                "stats",
+                "bool",
+                False,
+                doc="also return the softmax stats (log-sum-exp) [B,H,S,1] float (generate_stats)",
+            ),
         ),
         outputs=("o", "stats"),
         results=lambda a: 2 if a.get("stats") else 1,  # the given attributes: stats defaults to false
-        doc="scaled dot-product attention: softmax(q k^T * scale + bias) v",
+        doc="scaled dot-product attention: softmax(q k^T * scale + bias + masks) v. seq_len_q/seq_len_kv "
+        "(int32 [B,1,1,1], both or neither) mask padding; dropout_mask and dropout_scale ([1,1,1,1] float) "
+        "multiply the probabilities; page_table_k/page_table_v (int32 [B,1,pages,1]) make k and v "
+        "caches of blocks [N,H,block,D]",
+    ),
+    "sdpa_fp8": OpSig(
+        "sdpa_fp8",
+        "attention",
+        ("q", "k", "v", "descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"),
+        infer_sdpa_fp8,
+        flops=flops_sdpa,
+        derive=_derive_band,
+        folded=("causal", "causal_bottom_right", "sliding_window_length"),
+        positive=(3, 4, 5, 6, 7, 8),
+        attrs=(
+            *_BAND_ATTRS,
+            Attr("stats", "bool", False, doc="also return the softmax stats [B,H,S,1] float, third (generate_stats)"),
+        ),
+        outputs=("o", "amax_o", "stats"),
+        results=lambda a: 3 if a.get("stats") else 2,
+        doc="FP8 attention: q, k, v fp8_e4m3 with their float [1,1,1,1] descales; the probabilities quantized "
+        "with scale_s (descale_s undoes it), O scaled by scale_o; amax_o = max |O| before scale_o",
     ),
     "layernorm": OpSig(
         "layernorm",

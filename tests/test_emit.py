@@ -17,6 +17,7 @@ import torch
 from cudnn_dsl.emit import emit_cudnn, emit_torch
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.tensors import generate_inputs
+from dsl.ops import OPS
 from dsl.pipeline import program
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,9 +178,12 @@ _DECL = re.compile(r"^\s*(?:graph|input|scalar|output|buffer)\s+(\w+)|^\s*(\w+(?
 _TOKEN = re.compile(r"\d+\.?\d*(?:[eE][+-]?\d+)?|[A-Za-z_]\w*|\S")
 
 
+_PORTS = {p for sig in OPS.values() for p in sig.optional}
+
+
 def _renamed(text: str, rng: random.Random) -> str:
     """The .cdg text with its graph and value names replaced; op names, keyword arguments, their
-    values and type names stay."""
+    values (but for inputs given by name) and type names stay."""
     text = re.sub(r"#[^\n]*", "", text)
     declared = []
     for m in _DECL.finditer(text):
@@ -193,7 +197,8 @@ def _renamed(text: str, rng: random.Random) -> str:
         tok, prev = m.group(), toks[i - 1].group() if i else ""
         nxt = toks[i + 1].group() if i + 1 < len(toks) else ""
         depth += {"(": 1, ")": -1}.get(tok, 0)
-        keep = nxt == "(" or prev == ":" or (depth and "=" in (prev, nxt))
+        named_input = prev == "=" and i > 1 and toks[i - 2].group() in _PORTS  # sdpa(q, k, v, seq_len_q=lens)
+        keep = nxt == "(" or prev == ":" or (depth and "=" in (prev, nxt) and not named_input)
         out.append(
             (text[toks[i - 1].end() : m.start()] if i else text[: m.start()]) + (tok if keep else new.get(tok, tok))
         )

@@ -1,0 +1,180 @@
+"""SDPA's masks, padding, grouped heads, ALiBi and dropout on the GPU, against the reference.
+
+Forms cuDNN 9.19 is known (or, from the frontend's own test matrix, expected) to run must match.
+Forms whose 9.19 support was not known when these tests were written must either match or be
+refused by cuDNN at the sdpa's line; a refusal is reported as a warning naming the form, so the
+test log says which way each went.
+"""
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+DECLS = {
+    "q": "bf16[2, 8, 512, 128]",
+    "k": "bf16[2, 2, 512, 128]",
+    "v": "bf16[2, 2, 512, 128]",
+    "lq": "int32[2, 1, 1, 1]",
+    "lkv": "int32[2, 1, 1, 1]",
+    "b": "bf16[1, 8, 512, 512]",
+    "dm": "bf16[2, 8, 512, 512]",
+    "ds": "float[1, 1, 1, 1]",
+}
+
+
+def graph_text(extra: str, **decls) -> str:
+    names = {**DECLS, **decls}
+    used = [n for n in names if n in "qkv" or f"={n}" in extra or f"{n}," in extra + ","]
+    inputs = "".join(f"  input {n} : {names[n]}\n" for n in used)
+    return f"graph t {{\n  io bf16\n{inputs}  o, st = sdpa(q, k, v, {extra}, stats=true)\n  output o\n  output st\n}}\n"
+
+
+def run(text: str, **given):
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(text)
+    tensors = {**cg.allocate_inputs(), **given}
+    results = cg.check(**tensors)
+    for r in results:
+        assert r.ok, str(r)
+    return cg, tensors
+
+
+def run_or_refused(text: str, form: str, **given):
+    """Matches the reference, or cuDNN refuses it at the sdpa's line (reported as a warning)."""
+    import cudnn_dsl
+
+    line = next(i for i, src in enumerate(text.splitlines(), 1) if " sdpa" in src)
+    try:
+        run(text, **given)
+    except cudnn_dsl.DslError as e:
+        assert e.diagnostics[0].loc.line == line, str(e)
+        assert "sdpa" in str(e)
+        warnings.warn(f"cuDNN refused sdpa with {form}: {e}", stacklevel=2)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "causal=true",
+        "causal=true, left_bound=128",
+        "b, causal=true",
+        "seq_len_q=lq, seq_len_kv=lkv",
+        "seq_len_q=lq, seq_len_kv=lkv, causal=true, left_bound=128",
+    ],
+)
+def test_forms_the_frontend_tests_on_hopper(extra):
+    run(graph_text(extra))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "left_bound=64, right_bound=32",
+        "right_bound=16",
+        "causal_bottom_right=true",
+        "seq_len_q=lq, seq_len_kv=lkv, causal_bottom_right=true",
+        "seq_len_q=lq, seq_len_kv=lkv, left_bound=64, right_bound=0, diagonal_alignment=bottom_right",
+        "alibi=true, causal=true",
+        "dropout_mask=dm, dropout_scale=ds",
+    ],
+)
+def test_forms_whose_919_support_was_not_known(extra):
+    given = {}
+    if "dropout" in extra:
+        import torch
+
+        g = torch.Generator(device="cuda").manual_seed(0)
+        given = {
+            "dm": (torch.rand(2, 8, 512, 512, device="cuda", generator=g) > 0.1).to(torch.bfloat16),
+            "ds": torch.full((1, 1, 1, 1), 1 / 0.9, device="cuda"),
+        }
+    run_or_refused(graph_text(extra), extra, **given)
+
+
+def test_bottom_right_with_fewer_queries_than_keys():
+    # prefill of 128 new tokens against a cache of 512: the last query sees every key
+    text = graph_text("causal_bottom_right=true", q="bf16[2, 8, 128, 128]")
+    run_or_refused(text, "causal_bottom_right and S_q < S_kv")
+
+
+def test_grouped_query_and_multi_query_heads():
+    run(graph_text("causal=true"))  # 8 query heads on 2 K/V heads
+    run(graph_text("causal=true", k="bf16[2, 1, 512, 128]", v="bf16[2, 1, 512, 128]"))
+
+
+def test_value_head_dim_differs_from_query_head_dim():
+    run_or_refused(graph_text("causal=true", v="bf16[2, 2, 512, 64]"), "D_v 64 with D_qk 128")
+
+
+def test_padded_rows_the_stats_say_minus_infinity_and_o_is_not_compared():
+    import torch
+
+    lens = {
+        "lq": torch.tensor([300, 512], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
+        "lkv": torch.tensor([200, 512], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
+    }
+    cg, tensors = run(graph_text("seq_len_q=lq, seq_len_kv=lkv, causal=true"), **lens)
+    out = cg(**tensors)
+    assert out["st"][0, :, 300:].isneginf().all()
+    assert out["st"][1].isfinite().all()
+    o_pad = out["o"][0, :, 300:]
+    if not (o_pad == 0).all():  # informational: the compare does not read these rows
+        warnings.warn("cuDNN leaves O's padded query rows non-zero", stacklevel=1)
+
+
+def test_the_masked_example_with_lengths_of_every_kind():
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(str(Path(__file__).resolve().parents[2] / "examples" / "sdpa_masked.cdg"))
+    tensors = cg.allocate_inputs()
+    for lq, lkv in (([1, 1024], [1, 1024]), ([17, 1000], [300, 1024])):
+        tensors["seq_q"] = torch.tensor(lq, dtype=torch.int32, device="cuda").view(2, 1, 1, 1)
+        tensors["seq_kv"] = torch.tensor(lkv, dtype=torch.int32, device="cuda").view(2, 1, 1, 1)
+        for r in cg.check(**tensors):
+            assert r.ok, f"lengths {lq}, {lkv}: {r}"
+
+
+def test_paged_kv_caches():
+    # The frontend's paged layout (test/python/sdpa/helpers.py): each sequence's keys cut into
+    # blocks of 64, the blocks of all sequences in one cache, here shuffled; a table per sequence.
+    import torch
+
+    text = (
+        "graph t {\n  io bf16\n  input q : bf16[2, 8, 128, 128]\n  input kc : bf16[16, 2, 64, 128]\n"
+        "  input vc : bf16[16, 2, 64, 128]\n  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
+        "  input tk : int32[2, 1, 8, 1]\n  input tv : int32[2, 1, 8, 1]\n"
+        "  o, st = sdpa(q, kc, vc, seq_len_q=lq, seq_len_kv=lkv, page_table_k=tk, page_table_v=tv, "
+        "causal_bottom_right=true, stats=true)\n  output o\n  output st\n}\n"
+    )
+    order = torch.randperm(16, generator=torch.Generator().manual_seed(0)).to(torch.int32).cuda()
+    given = {
+        "tk": order.view(2, 1, 8, 1),
+        "tv": order.flip(0).view(2, 1, 8, 1),
+        "lq": torch.tensor([100, 128], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
+        "lkv": torch.tensor([300, 512], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
+    }
+    run_or_refused(text, "paged K/V caches", **given)
+
+
+@pytest.mark.parametrize("keys,extra", [(128, ""), (128, ", causal=true"), (512, ", causal=true, left_bound=128")])
+def test_fp8_attention(keys, extra):
+    # S_kv 128 is one of cuDNN's tiles, where the reference's untiled quantization of P is exactly
+    # cuDNN's; at 512 the two may differ within fp8 rounding (the fp8 tolerance).
+    import torch
+
+    text = (
+        f"graph t {{\n  io fp8_e4m3\n  input q : fp8_e4m3[2, 8, 128, 128]\n  input k : fp8_e4m3[2, 8, {keys}, 128]\n"
+        f"  input v : fp8_e4m3[2, 8, {keys}, 128]\n"
+        + "".join(f"  input {n} : float[1, 1, 1, 1]\n" for n in ("dq", "dk", "dv", "ds", "ss", "so"))
+        + f"  o, amax, st = sdpa_fp8(q, k, v, dq, dk, dv, ds, ss, so{extra}, stats=true)\n"
+        "  output o\n  output amax\n  output st\n}\n"
+    )
+    scales = {"dq": 0.5, "dk": 0.5, "dv": 1.0, "ds": 1 / 448, "ss": 448.0, "so": 2.0}
+    given = {n: torch.full((1, 1, 1, 1), x, device="cuda") for n, x in scales.items()}
+    run_or_refused(text, f"fp8, S_kv {keys}{extra}", **given)

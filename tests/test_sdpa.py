@@ -1,0 +1,464 @@
+"""SDPA's masks, padding, ALiBi, grouped heads and dropout: the language's rules, its one canonical
+form, and the reference against attention written out element by element."""
+
+import math
+import re
+
+import pytest
+import torch
+
+from cudnn_dsl.reference import run_reference
+from cudnn_dsl.store import graph_digest
+from cudnn_dsl.tensors import generate_inputs
+from dsl.diagnostics import DslError
+from dsl.pipeline import program
+from dsl.printer import dump_ir
+
+DECLS = {
+    "q": "half[2, 4, 5, 8]",
+    "k": "half[2, 2, 7, 8]",
+    "v": "half[2, 1, 7, 16]",
+    "b": "half[1, 4, 5, 7]",
+    "lq": "int32[2, 1, 1, 1]",
+    "lkv": "int32[2, 1, 1, 1]",
+    "dm": "half[2, 4, 5, 7]",
+    "ds": "float[1, 1, 1, 1]",
+}
+
+
+def text(call: str, dtype: str = "half", stats: bool = False) -> str:
+    used = [n for n in DECLS if n in "qkv" or f"{n}," in call + "," or f"={n}" in call or f" {n})" in call]
+    decls = "".join(f"  input {n} : {DECLS[n].replace('half', dtype)}\n" for n in used)
+    out = f"  o, st = {call}\n  output o\n  output st\n" if stats else f"  output o = {call}\n"
+    return f"graph s {{\n{decls}{out}}}\n"
+
+
+def graph(call: str, **kw):
+    return program(text=text(call, **kw), file="s.cdg").graphs[0]
+
+
+def error(call: str) -> str:
+    with pytest.raises(DslError) as e:
+        graph(call)
+    return str(e.value)
+
+
+# ---- one canonical form ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spellings,attrs",
+    [
+        (
+            ["causal=true", "right_bound=0", "right_bound=0, diagonal_alignment=top_left"],
+            {"right_bound": 0, "left_bound": None, "diagonal_alignment": "top_left"},
+        ),
+        (
+            ["causal_bottom_right=true", "right_bound=0, diagonal_alignment=BOTTOM_RIGHT"],
+            {"right_bound": 0, "left_bound": None, "diagonal_alignment": "bottom_right"},
+        ),
+        (
+            ["causal=true, sliding_window_length=3", "left_bound=3, right_bound=0", "causal=true, left_bound=3"],
+            {"right_bound": 0, "left_bound": 3, "diagonal_alignment": "top_left"},
+        ),
+        (
+            ["diagonal_alignment=bottom_right", "causal=false", ""],
+            {"right_bound": None, "left_bound": None, "diagonal_alignment": "top_left"},
+        ),
+    ],
+)
+def test_every_spelling_of_a_mask_is_one_graph(spellings, attrs):
+    graphs = [graph(f"sdpa(q, k, v, b{', ' + s if s else ''})") for s in spellings]
+    assert len({graph_digest(g, g.instances[0]) for g in graphs}) == 1
+    a = graphs[0].instances[0].attrs(0)
+    assert {k: a[k] for k in attrs} == attrs
+    assert not {"causal", "causal_bottom_right", "sliding_window_length"} & set(a)  # folded away
+
+
+def test_optional_inputs_by_position_or_by_name_are_one_graph():
+    a = program(text=text("sdpa(q, k, v, b, lq, lkv)"), file="s.cdg")
+    b = program(text=text("sdpa(q, k, v, seq_len_kv=lkv, bias=b, seq_len_q=lq)"), file="s.cdg")
+    assert dump_ir(a) == dump_ir(b)
+    assert "sdpa(%q, %k, %v, %b, %lq, %lkv, _, _, _, _)" in dump_ir(a)
+
+
+# ---- shape and dtype rules, located --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call,words,col",
+    [
+        ("sdpa(q, k, v, causal=true, right_bound=2)", "'causal' is right_bound=0, but right_bound=2", "right_bound=2"),
+        ("sdpa(q, k, v, causal=true, causal_bottom_right=true)", "two alignments of one mask", "causal_bottom_right"),
+        (
+            "sdpa(q, k, v, causal_bottom_right=true, diagonal_alignment=top_left)",
+            "is diagonal_alignment=bottom_right, but top_left is given",
+            "diagonal_alignment",
+        ),
+        ("sdpa(q, k, v, sliding_window_length=4, left_bound=2)", "is left_bound=4, but left_bound=2", "left_bound=2"),
+        ("sdpa(q, k, v, left_bound=0)", "'left_bound' must be >= 1", "0"),
+        ("sdpa(q, k, v, right_bound=-1)", "must be >= 0", "-1"),
+        ("sdpa(q, k, v, seq_len_q=lq)", "seq_len_q needs seq_len_kv too", "lq"),
+        ("sdpa(q, k, v, seq_len_q=lq, seq_len_kv=q)", "seq_len_kv must be int32[2, 1, 1, 1]", "q)"),
+        ("sdpa(q, k, v, dropout_mask=dm)", "dropout_mask needs dropout_scale too", "dm"),
+        ("sdpa(q, k, v, dropout_mask=dm, dropout_scale=dm)", "dropout_scale [2, 4, 5, 7] must be [1, 1, 1, 1]", "dm)"),
+        ("sdpa(q, k, v, dropout_mask=lq, dropout_scale=ds)", "dropout_mask is int32; it must be a float type", "lq"),
+        ("sdpa(q, k, v, b, bias=b)", "input 'bias' given twice", "bias=b"),
+        ("sdpa(q, k, v, seq_len_q=3, seq_len_kv=lkv)", "input 'seq_len_q' takes a tensor's name", "3"),
+        ("sdpa(q, dm, v)", "head dim differs: q has D=8, k has D=7", "dm"),
+    ],
+)
+def test_a_bad_sdpa_is_refused_where_it_is_wrong(call, words, col):
+    msg = error(call)
+    assert words in msg
+    line, column = map(int, next(m for m in msg.splitlines() if "error:" in m).split(":")[1:3])
+    assert text(call).splitlines()[line - 1][column - 1 :].startswith(col)
+
+
+def test_grouped_heads_must_divide_the_query_heads():
+    text_ = (
+        "graph s {\n  input q : half[1, 6, 8, 8]\n  input k : half[1, 4, 8, 8]\n  input v : half[1, 4, 8, 8]\n"
+        "  output o = sdpa(q, k, v)\n}\n"
+    )
+    with pytest.raises(DslError, match="k has 4 heads, which do not divide q's 6"):
+        program(text=text_, file="s.cdg")
+
+
+def test_stats_are_float_whatever_the_io():
+    g = graph("sdpa(q, k, v, causal=true, stats=true)", stats=True)
+    assert g.instances[0].type("st").dtype == "float" and g.instances[0].type("st").shape == (2, 4, 5, 1)
+    bad = text("sdpa(q, k, v, stats=true)", stats=True).replace("output st", "output st : half")
+    with pytest.raises(DslError, match="output 'st' is declared half but sdpa gives float"):
+        program(text=bad, file="s.cdg")
+
+
+def test_generated_sequence_lengths_are_valid():
+    g = graph("sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv)")
+    for seed in range(20):
+        ins = generate_inputs(g, g.instances[0], "cpu", seed=seed)
+        assert 1 <= int(ins["lq"].min()) and int(ins["lq"].max()) <= 5
+        assert 1 <= int(ins["lkv"].min()) and int(ins["lkv"].max()) <= 7
+
+
+def test_flops_count_only_the_pairs_the_band_lets_through():
+    from dsl.ops import OPS, Ctx
+
+    g = graph("sdpa(q, k, v, left_bound=2, right_bound=0)")
+    inst = g.instances[0]
+    ins = tuple(inst.type(n) if n else None for n in g.nodes[0].inputs)
+    pairs = sum(1 for i in range(5) for j in range(7) if i - 2 < j <= i)
+    assert OPS["sdpa"].count_flops(Ctx("sdpa", ins, inst.attrs(0)), []) == 2 * 2 * 4 * pairs * (8 + 16)
+
+
+# ---- the reference, against attention written out element by element ---------------------------
+
+
+def by_hand(ins, scale, *, left=None, right=None, bottom_right=False, alibi=False, bias=None, drop=None):
+    """Loops over (batch, head, query) with every rule spelt out: GQA by integer division of the head,
+    keys past seq_len_kv and queries past seq_len_q masked, the band measured from the diagonal that
+    starts at (0, 0) or ends at (seq_len_q - 1, seq_len_kv - 1)."""
+    q, k, v = ins["q"].double(), ins["k"].double(), ins["v"].double()
+    b_, h, sq, _ = q.shape
+    skv = k.shape[2]
+    o = torch.zeros(b_, h, sq, v.shape[3], dtype=torch.float64)
+    st = torch.full((b_, h, sq, 1), float("-inf"), dtype=torch.float64)
+    n = 2 ** math.floor(math.log2(h))
+    slopes = [2 ** (-8 * (i + 1) / n) for i in range(n)] + [2 ** (-4 * (2 * i + 1) / n) for i in range(h - n)]
+    for bi in range(b_):
+        lq = int(ins["lq"][bi]) if "lq" in ins else sq
+        lkv = int(ins["lkv"][bi]) if "lkv" in ins else skv
+        shift = lkv - lq if bottom_right else 0
+        for hi in range(h):
+            kh, vh = hi // (h // k.shape[1]), hi // (h // v.shape[1])
+            for i in range(lq):
+                keys = [
+                    j
+                    for j in range(lkv)
+                    if (right is None or j - i - shift <= right) and (left is None or j - i - shift > -left)
+                ]
+                if not keys:
+                    continue
+                s = torch.stack([q[bi, hi, i] @ k[bi, kh, j] * scale for j in keys])
+                if bias is not None:
+                    s = s + torch.stack([bias[0, hi, i, j].double() for j in keys])
+                if alibi:
+                    s = s + torch.tensor([(j - i) * slopes[hi] for j in keys], dtype=torch.float64)
+                p = torch.softmax(s, 0)
+                st[bi, hi, i, 0] = torch.logsumexp(s, 0)
+                if drop is not None:
+                    p = p * torch.stack([drop[0][bi, hi, i, j].double() for j in keys]) * drop[1]
+                o[bi, hi, i] = sum(p[n_] * v[bi, vh, j] for n_, j in enumerate(keys))
+    return o, st
+
+
+def reference(call: str, lens=None, **given):
+    """The reference on seeded inputs (sequence lengths and other tensors as given), and the scale."""
+    g = graph(call, dtype="float", stats=True)
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", seed=3)
+    if lens is not None:
+        ins["lq"] = torch.tensor(lens[0], dtype=torch.int32).view(2, 1, 1, 1)
+        ins["lkv"] = torch.tensor(lens[1], dtype=torch.int32).view(2, 1, 1, 1)
+    ins.update(given)
+    return ins, run_reference(g, inst, ins, "cpu"), inst.attrs(0)["scale"]
+
+
+def close(out, want):
+    torch.testing.assert_close(out["o"].double(), want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["st"].double(), want[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "extra,band",
+    [
+        ("causal=true", {"right": 0}),
+        ("left_bound=3, right_bound=1", {"left": 3, "right": 1}),
+        ("causal_bottom_right=true", {"right": 0, "bottom_right": True}),
+        ("left_bound=2, right_bound=0, diagonal_alignment=bottom_right", {"left": 2, "right": 0, "bottom_right": True}),
+        ("sliding_window_length=2", {"left": 2}),
+    ],
+)
+def test_band_masks_by_hand(extra, band):
+    ins, out, scale = reference(f"sdpa(q, k, v, {extra}, stats=true)")
+    close(out, by_hand(ins, scale, **band))
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_padding_with_a_band_by_hand(align):
+    # batch 0 is padded on both sides, batch 1 on neither
+    ins, out, scale = reference(
+        f"sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, left_bound=3, right_bound=0, diagonal_alignment={align}, "
+        "stats=true)",
+        lens=([3, 5], [6, 7]),
+    )
+    close(out, by_hand(ins, scale, left=3, right=0, bottom_right=align == "bottom_right"))
+    assert (out["o"][0, :, 3:] == 0).all() and out["st"][0, :, 3:].isneginf().all()  # padded query rows
+
+
+def test_alibi_bias_and_grouped_heads_by_hand():
+    ins, out, scale = reference("sdpa(q, k, v, b, alibi=true, causal=true, stats=true)")
+    close(out, by_hand(ins, scale, right=0, alibi=True, bias=ins["b"]))
+
+
+def test_alibi_slopes_for_heads_not_a_power_of_two():
+    from cudnn_dsl.ops import _alibi
+
+    slopes = [2 ** (-8 * i / 4) for i in (1, 2, 3, 4)] + [2 ** (-4 * i / 4) for i in (1, 3)]
+    want = torch.tensor(slopes).view(1, 6, 1, 1) * (torch.arange(3).view(1, 3) - torch.arange(2).view(2, 1))
+    torch.testing.assert_close(_alibi(torch.zeros(1, 6, 2, 3)), want)
+
+
+def test_dropout_mask_and_scale_by_hand():
+    mask = (torch.rand(2, 4, 5, 7, generator=torch.Generator().manual_seed(0)) > 0.25).float()
+    scale = torch.full((1, 1, 1, 1), 1 / 0.75)
+    ins, out, s = reference("sdpa(q, k, v, dropout_mask=dm, dropout_scale=ds, stats=true)", dm=mask, ds=scale)
+    close(out, by_hand(ins, s, drop=(mask, 1 / 0.75)))
+
+
+def test_the_compare_skips_only_the_padded_query_rows_of_o():
+    from cudnn_dsl.tensors import compare_outputs
+
+    g = graph("sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, stats=true)", stats=True)
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", seed=0)
+    ins["lq"] = torch.tensor([2, 5], dtype=torch.int32).view(2, 1, 1, 1)
+    want = run_reference(g, inst, ins, "cpu")
+    got = {k: v.clone() for k, v in want.items()}
+    got["o"][0, :, 2:] = float("nan")  # what cuDNN leaves there is unspecified
+    assert all(c.ok for c in compare_outputs(g, inst, got, want, g.options))
+    got["st"][0, :, 2:] = 0.0  # the stats there are defined: -inf
+    got["o"][1, :, 4:] = 7.0  # batch 1 has 5 valid rows: this one counts
+    bad = {c.name: c.mismatches for c in compare_outputs(g, inst, got, want, g.options)}
+    assert bad == {"o": 4 * 16, "st": 4 * 3}
+
+
+# ---- deviceless: the real cuDNN library (9.28 here) plans each form for an H200 -----------------
+
+PLANNED = {
+    "q": "bf16[2, 8, 256, 128]",
+    "k": "bf16[2, 2, 256, 128]",
+    "v": "bf16[2, 2, 256, 64]",
+    "lq": "int32[2, 1, 1, 1]",
+    "lkv": "int32[2, 1, 1, 1]",
+    "b": "bf16[1, 8, 256, 256]",
+    "dm": "bf16[2, 8, 256, 256]",
+    "ds": "float[1, 1, 1, 1]",
+}
+
+
+def planned(call: str):
+    from cudnn_dsl.backend import Target
+    from cudnn_dsl.build import plan_deviceless
+
+    used = [n for n in PLANNED if n in "qkv" or f"={n}" in call or f" {n}," in call]
+    decls = "".join(f"  input {n} : {PLANNED[n]}\n" for n in used)
+    g = program(text=f"graph p {{\n  io bf16\n{decls}  o, st = {call}\n  output o\n  output st\n}}\n", file="p.cdg")
+    g = g.graphs[0]
+    return plan_deviceless(g, g.instances[0], g.options, Target.named("h200"))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "causal=true, left_bound=64",
+        "left_bound=32, right_bound=16",
+        "causal_bottom_right=true",
+        "seq_len_q=lq, seq_len_kv=lkv, causal=true, left_bound=64",
+        "seq_len_q=lq, seq_len_kv=lkv, causal_bottom_right=true",
+        "alibi=true, causal=true",
+        "b, causal=true",
+        "dropout_mask=dm, dropout_scale=ds",
+    ],
+)
+def test_h200_plans_every_form(extra):
+    assert planned(f"sdpa(q, k, v, {extra}, stats=true)").plan_count >= 1
+
+
+def test_a_form_cudnn_refuses_is_reported_at_the_sdpa():
+    with pytest.raises(DslError, match="alibi mask is used, diagonal_band_right_bound needs to be set to 0") as e:
+        planned("sdpa(q, k, v, alibi=true, stats=true)")
+    assert str(e.value).startswith("p.cdg:6:11: error: cuDNN validate failed for sdpa")  # at the op
+
+
+# ---- paged K/V -----------------------------------------------------------------------------------
+
+PAGED = (
+    "graph p {{\n  input q : float[2, 4, 5, 8]\n  input kc : float[{n}, 2, {block}, 8]\n"
+    "  input vc : float[{n}, 2, {block}, 16]\n  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
+    "  input tk : int32[2, 1, {pages}, 1]\n  input tv : int32[2, 1, {pages}, 1]\n"
+    "  o, st = sdpa(q, kc, vc, seq_len_q=lq, seq_len_kv=lkv, page_table_k=tk, page_table_v=tv{extra})\n"
+    "  output o\n  output st\n}}\n"
+)
+
+
+def paged(n=6, block=3, pages=3, extra=", causal_bottom_right=true, stats=true"):
+    return program(text=PAGED.format(n=n, block=block, pages=pages, extra=extra), file="p.cdg").graphs[0]
+
+
+def test_paged_caches_give_the_attention_of_the_dense_keys():
+    # 2 sequences of up to 3 pages of 3 keys: 9 keys, cut to max_seq_len_kv=7
+    g = paged(extra=", causal_bottom_right=true, stats=true, max_seq_len_kv=7")
+    inst = g.instances[0]
+    assert inst.attrs(0)["max_seq_len_kv"] == 7 and inst.type("o").shape == (2, 4, 5, 16)
+    ins = generate_inputs(g, inst, "cpu", seed=5)
+    order = torch.randperm(6, generator=torch.Generator().manual_seed(1))  # block i of the dense keys -> order[i]
+    dense_k, dense_v = torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 16)
+    ins["kc"], ins["vc"] = torch.empty(6, 2, 3, 8), torch.empty(6, 2, 3, 16)
+    for b in range(2):
+        for p in range(3):
+            ins["kc"][order[3 * b + p]] = dense_k[b, :, 3 * p : 3 * p + 3]
+            ins["vc"][order[3 * b + p]] = dense_v[b, :, 3 * p : 3 * p + 3]
+    ins["tk"] = ins["tv"] = order.view(2, 1, 3, 1).to(torch.int32)
+    ins["lq"] = torch.tensor([4, 5], dtype=torch.int32).view(2, 1, 1, 1)
+    ins["lkv"] = torch.tensor([6, 7], dtype=torch.int32).view(2, 1, 1, 1)
+    out = run_reference(g, inst, ins, "cpu")
+    dense = {"q": ins["q"], "k": dense_k[:, :, :7], "v": dense_v[:, :, :7], "lq": ins["lq"], "lkv": ins["lkv"]}
+    close(out, by_hand(dense, inst.attrs(0)["scale"], right=0, bottom_right=True))
+
+
+PLAIN_PAGED = PAGED.format(n=6, block=3, pages=3, extra=", stats=true")
+
+
+def test_generated_page_tables_index_the_caches():
+    g = paged(n=5)
+    for seed in range(10):
+        ins = generate_inputs(g, g.instances[0], "cpu", seed=seed)
+        assert 0 <= int(ins["tk"].min()) and int(ins["tk"].max()) <= 4
+        assert 1 <= int(ins["lkv"].min()) and int(ins["lkv"].max()) <= 9  # max_seq_len_kv: 3 pages of 3
+
+
+@pytest.mark.parametrize(
+    "text_,words",
+    [
+        (PAGED.format(n=6, block=3, pages=3, extra=", stats=true, max_seq_len_kv=10"), "has 3 pages of 3 keys"),
+        (PLAIN_PAGED.replace("tv : int32", "tv : int64"), "page_table_v must be int32"),
+        (PLAIN_PAGED.replace(", page_table_v=tv", ""), "page_table_k needs page_table_v too"),
+        (PLAIN_PAGED.replace("seq_len_q=lq, seq_len_kv=lkv, ", ""), "paged K/V needs seq_len_q and seq_len_kv"),
+        (text("sdpa(q, k, v, max_seq_len_kv=8)"), "max_seq_len_kv is for paged K/V"),
+    ],
+    ids=["too-few-pages", "int64-table", "one-table", "no-lengths", "not-paged"],
+)
+def test_a_bad_paged_sdpa_is_refused(text_, words):
+    with pytest.raises(DslError, match=words):
+        program(text=text_, file="p.cdg")
+
+
+def test_h200_plans_paged_caches():
+    from cudnn_dsl.backend import Target
+    from cudnn_dsl.build import plan_deviceless
+
+    text_ = PAGED.format(n=64, block=64, pages=8, extra=", causal=true, stats=true").replace("float[", "bf16[")
+    text_ = text_.replace("8]", "128]").replace("16]", "128]").replace("[2, 4, 5,", "[2, 8, 256,")
+    g = program(text=text_, file="p.cdg").graphs[0]
+    assert plan_deviceless(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
+
+
+# ---- FP8 attention -------------------------------------------------------------------------------
+
+FP8 = (
+    "graph f {{\n  io fp8_e4m3\n  input q : {dt}[1, 2, 6, 16]\n  input k : {dt}[1, 1, 9, 16]\n"
+    "  input v : {dt}[1, 1, 9, 8]\n"
+    + "".join(f"  input {n} : {{sc}}\n" for n in ("dq", "dk", "dv", "ds", "ss", "so"))
+    + "  o, amax, st = sdpa_fp8(q, k, v, dq, dk, dv, ds, ss, so{extra}, stats=true)\n"
+    "  output o : float\n  output amax\n  output st\n}}\n"
+)
+
+
+def test_fp8_attention_by_hand():
+    g = program(text=FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra=", causal=true"), file="f.cdg")
+    g = g.graphs[0]
+    inst = g.instances[0]
+    assert [inst.type(n).shape for n in ("o", "amax", "st")] == [(1, 2, 6, 8), (1, 1, 1, 1), (1, 2, 6, 1)]
+    ins = generate_inputs(g, inst, "cpu", seed=2)
+    scales = {"dq": 0.5, "dk": 2.0, "dv": 0.25, "ds": 1 / 448, "ss": 448.0, "so": 4.0}
+    ins.update({n: torch.full((1, 1, 1, 1), x) for n, x in scales.items()})
+    out = run_reference(g, inst, ins, "cpu")
+    q, k, v = (ins[n].double() for n in "qkv")
+    scale = inst.attrs(0)["scale"]
+    o = torch.zeros(1, 2, 6, 8, dtype=torch.float64)
+    st = torch.zeros(1, 2, 6, 1, dtype=torch.float64)
+    for h in range(2):
+        for i in range(6):
+            s = torch.stack([q[0, h, i] @ k[0, 0, j] * 0.5 * 2.0 * scale for j in range(i + 1)])
+            p = torch.exp(s - s.max())
+            p8 = (p * 448.0).to(torch.float8_e4m3fn).double() / 448
+            o[0, h, i] = sum(p8[j] * v[0, 0, j] * 0.25 for j in range(i + 1)) / p.sum()
+            st[0, h, i, 0] = s.max() + torch.log(p.sum())
+    torch.testing.assert_close(out["o"].double(), o * 4.0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["amax"].double().flatten(), o.abs().max().view(1), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out["st"].double(), st, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "dt,sc,words",
+    [
+        ("fp8_e5m2", "float[1, 1, 1, 1]", "q, k and v must be fp8_e4m3, got fp8_e5m2"),
+        ("fp8_e4m3", "float[1, 1, 1, 2]", "descale_q must be float[1, 1, 1, 1]"),
+        ("fp8_e4m3", "half[1, 1, 1, 1]", "descale_q must be float[1, 1, 1, 1], got half"),
+    ],
+)
+def test_a_bad_fp8_attention_is_refused(dt, sc, words):
+    with pytest.raises(DslError, match=re.escape(words)):
+        program(text=FP8.format(dt=dt, sc=sc, extra=""), file="f.cdg")
+
+
+def test_h200_plans_fp8_attention():
+    from cudnn_dsl.backend import Target
+    from cudnn_dsl.build import plan_deviceless
+
+    text_ = FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra=", causal=true")
+    text_ = text_.replace("[1, 2, 6, 16]", "[2, 8, 256, 128]").replace("[1, 1, 9, 16]", "[2, 8, 256, 128]")
+    text_ = text_.replace("[1, 1, 9, 8]", "[2, 8, 256, 128]").replace("output o : float", "output o")
+    g = program(text=text_, file="f.cdg").graphs[0]
+    assert plan_deviceless(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
+
+
+def test_h200_refuses_fp8_attention_with_a_bf16_o_at_the_op():
+    from cudnn_dsl.backend import Target
+    from cudnn_dsl.build import plan_deviceless
+
+    text_ = FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra="").replace("output o : float", "output o : bf16")
+    g = program(text=text_.replace("[1, 1, 9, 8]", "[1, 1, 9, 16]"), file="f.cdg").graphs[0]
+    with pytest.raises(DslError, match="HALF/BFLOAT16 output is only supported on Blackwell") as e:
+        plan_deviceless(g, g.instances[0], g.options, Target.named("h200"))
+    assert str(e.value).startswith("f.cdg:12:17: error: cuDNN create_execution_plans failed for sdpa_fp8")
