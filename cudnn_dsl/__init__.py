@@ -20,6 +20,8 @@ _EXPORTS = {
     "BackendUnavailable": "cudnn_dsl.backend",
     "DslError": "dsl.diagnostics",
     "load": "dsl.pipeline",
+    "pack_bits": "cudnn_dsl.bits",
+    "unpack_bits": "cudnn_dsl.bits",
 }
 
 __all__ = list(_EXPORTS)

@@ -21,6 +21,7 @@ import attrs
 import torch
 
 from cudnn_dsl.backend import load_cudnn
+from cudnn_dsl.bits import logical
 from cudnn_dsl.emit import emit_cudnn
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.runtime import CompiledGraph
@@ -158,7 +159,12 @@ def bench_graph(
         if c.outputs is None:
             continue
         floor = loosest_read_dtype(graph, inst)
-        comps = [compare(n, *defined_only(n, c.outputs[n], want), inst.type(n).dtype, floor_dtype=floor) for n in want]
+        comps = [
+            compare(
+                n, *defined_only(n, logical(c.outputs[n], inst.type(n)), want), inst.type(n).dtype, floor_dtype=floor
+            )
+            for n in want
+        ]
         c.check = "ok" if all(x.ok for x in comps) else "; ".join(str(x) for x in comps if not x.ok)
     live = [c for c in contenders if c.outputs is not None]
     flush = l2_flush_buffer() if cold_l2 else None

@@ -14,6 +14,7 @@ import contextlib
 
 import torch
 
+from cudnn_dsl.bits import logical
 from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.ops import IMPLS
 from cudnn_dsl.tensors import view
@@ -94,7 +95,7 @@ def run_reference(
     env: dict[str, torch.Tensor] = {}
     for v in graph.values:
         if v.kind == "input":
-            env[v.name] = widen(view(v, instance, inputs).to(device))
+            env[v.name] = widen(logical(view(v, instance, inputs).to(device), instance.type(v.name)))
         elif v.kind in ("scalar", "const"):
             value = inputs[v.name] if v.name in inputs else v.scalar
             if native:  # a Python number, as a PyTorch user writes `y * 0.5`

@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
+from cudnn_dsl.bits import logical
 from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.ops import IMPLS
 from cudnn_dsl.partition import Partition, find_partition, short
-from cudnn_dsl.tensors import empty
+from cudnn_dsl.tensors import empty, stored
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance
 
@@ -44,21 +45,29 @@ class Staged:
         device = next(t.device for t in env.values() if isinstance(t, torch.Tensor))
         if cg is None:
             node = self.graph.nodes[part.first]
-            ins = [None if i is None else _wide(env.get(i), self.graph, i, device) for i in node.inputs]
+            ins = [None if i is None else _wide(self._value(env, i), self.graph, i, device) for i in node.inputs]
             with torch.no_grad():
                 results = IMPLS[node.op].ref(
                     ins, self.inst.attrs(part.first), [self.inst.type(o) for o in node.outputs]
                 )
-            for name, r in zip(node.outputs, results):  # into a buffer of the declared strides
+            for name, r in zip(node.outputs, results):  # into a buffer as cuDNN would hold it
+                t = self.inst.type(name)
                 if name not in env:
-                    env[name] = empty(self.inst.type(name), device)
-                env[name].copy_(r.to(torch_dtype(self.inst.type(name).dtype)))
+                    env[name] = empty(t, device)
+                env[name].copy_(stored(r.to(torch_dtype(t.dtype)), t))
             return
         made = {v.name: env.get(v.name) for v in cg.graph.outputs}
         for name, buf in made.items():
             if buf is None:
                 made[name] = env[name] = empty(self.inst.type(name), device)
         cg({v.name: env[v.name] for v in cg.graph.inputs if v.name in env}, made)
+
+    def _value(self, env: dict, name: str):
+        """A tensor as values (a bool one unpacked), or a scalar given by value; None: a declared scalar."""
+        value = env.get(name)
+        if isinstance(value, torch.Tensor):
+            return logical(value, self.inst.type(name))
+        return value
 
 
 def _wide(value, graph: Graph, name: str, device) -> torch.Tensor:

@@ -11,6 +11,7 @@ from pathlib import Path
 import attrs
 import torch
 
+from cudnn_dsl import bits
 from cudnn_dsl.dtypes import from_torch, tolerance, torch_dtype
 from dsl.diagnostics import Loc, RuleError
 from dsl.inits import Init, make
@@ -31,7 +32,15 @@ class BindingError(Exception):
 
 
 def empty(t: TensorType, device) -> torch.Tensor:
+    """A buffer cuDNN can read or write as t: in its layout, or for a bool tensor, its packed bytes."""
+    if t.dtype == "bool":
+        return torch.zeros(bits.nbytes(t), dtype=torch.uint8, device=device)
     return torch.empty_strided(t.shape, t.strides, dtype=torch_dtype(t.dtype), device=device)
+
+
+def stored(values: torch.Tensor, t: TensorType) -> torch.Tensor:
+    """Values of t's shape as cuDNN's memory holds them (packed, for bool), on their device."""
+    return bits.pack(values, t) if t.dtype == "bool" and values.dtype == torch.bool else values
 
 
 def host_scalar(value, dtype: str) -> torch.Tensor:
@@ -175,7 +184,7 @@ def generate_inputs(
     for name, init in input_inits(graph, instance, inits).items():
         t = instance.type(name)
         buf = empty(t, device)
-        buf.copy_(draw_input(init, t, seed, name))
+        buf.copy_(stored(draw_input(init, t, seed, name), t))
         out[name] = buf
     return out
 
@@ -220,7 +229,9 @@ def load_tensor(path: str | Path) -> torch.Tensor:
 
 def converted(t: torch.Tensor, want: TensorType, cast: bool = False) -> torch.Tensor:
     """A loaded tensor in the graph's dtype (its shape must match). A dtype change that would lose
-    information is refused unless `cast`."""
+    information is refused unless `cast`. A bool tensor's packed bytes (as a dump holds them) pass as they are."""
+    if want.dtype == "bool" and t.dtype == torch.uint8 and t.numel() == bits.nbytes(want):
+        return t
     if tuple(t.shape) != want.shape:
         raise BindingError(f"expected shape {fmt_shape(want.shape)}, the file holds {fmt_shape(tuple(t.shape))}")
     target = torch_dtype(want.dtype)
@@ -239,9 +250,9 @@ def converted(t: torch.Tensor, want: TensorType, cast: bool = False) -> torch.Te
 
 
 def relayout(t: torch.Tensor, want: TensorType, device) -> torch.Tensor:
-    """A tensor of the right shape and dtype copied to the device in the graph's layout."""
+    """A tensor of the right shape and dtype copied to the device in the graph's layout (packed, for bool)."""
     buf = empty(want, device)
-    buf.copy_(t.to(device))
+    buf.copy_(stored(t.to(device), want))
     return buf
 
 
@@ -250,6 +261,9 @@ def check_binding(name: str, t, want: TensorType, device: torch.device | None, l
     device (the reference), only what the math needs: type, shape and dtype."""
     if not isinstance(t, torch.Tensor):
         raise BindingError(f"'{name}': expected a torch.Tensor, got {type(t).__name__}", loc)
+    if want.dtype == "bool" and not (device is None and t.dtype == torch.bool):
+        _check_packed(name, t, want, device, loc)
+        return
     problems = []
     if tuple(t.shape) != want.shape:
         problems.append(f"shape {fmt_shape(want.shape)}, given {fmt_shape(tuple(t.shape))}")
@@ -267,6 +281,25 @@ def check_binding(name: str, t, want: TensorType, device: torch.device | None, l
             problems.append(f"a buffer of {need} bytes, given {have}")
         if t.data_ptr() % ALIGNMENT:
             problems.append(f"an address aligned to {ALIGNMENT} bytes, given one {t.data_ptr() % ALIGNMENT} past it")
+    if problems:
+        raise BindingError(f"'{name}': expected " + "; ".join(problems), loc)
+
+
+def _check_packed(name: str, t: torch.Tensor, want: TensorType, device, loc: Loc | None) -> None:
+    """A bool tensor as cuDNN keeps it: uint8 bytes, eight elements each (cudnn_dsl.pack_bits)."""
+    need = bits.nbytes(want)
+    problems = []
+    if t.dtype != torch.uint8:
+        problems.append(
+            f"a bool tensor bit-packed as cuDNN keeps it: {need} uint8 bytes, eight elements a byte "
+            f"(cudnn_dsl.pack_bits(mask) makes them), given {from_torch(t.dtype) or t.dtype}"
+        )
+    elif t.numel() < need or not t.is_contiguous():
+        problems.append(f"{need} contiguous bytes of packed bools, given {t.numel()}")
+    if device is not None and t.device != device:
+        problems.append(f"device {device}, given {t.device}")
+    if device is not None and not problems and t.data_ptr() % ALIGNMENT:
+        problems.append(f"an address aligned to {ALIGNMENT} bytes, given one {t.data_ptr() % ALIGNMENT} past it")
     if problems:
         raise BindingError(f"'{name}': expected " + "; ".join(problems), loc)
 
@@ -410,7 +443,7 @@ def compare_outputs(
     return [
         compare(
             v.name,
-            *defined_only(v.name, got[v.name], want),
+            *defined_only(v.name, bits.logical(got[v.name], inst.type(v.name)), want),
             inst.type(v.name).dtype,
             pick(atol, v.name, options.atol),
             pick(rtol, v.name, options.rtol),

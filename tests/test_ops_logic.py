@@ -4,6 +4,7 @@ reference against torch written out by hand, and what the lowering sends to cuDN
 import pytest
 import torch
 
+from cudnn_dsl.bits import unpack_bits
 from cudnn_dsl.emit import emit_cudnn
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.tensors import compare, generate_inputs
@@ -138,8 +139,9 @@ def test_comparisons_logic_and_select_by_hand():
     x = torch.tensor([-1.0, 0.0, 2.0, 0.5] * 12).reshape(3, 16)
     y = torch.tensor([0.0, 0.0, 1.0, 0.75] * 12).reshape(3, 16)
     ins, out = ref(text, x=x, y=y)
-    m = ins["m"]
-    assert m.dtype == torch.bool and 0 < int(m.sum()) < m.numel()  # random bits from the seed
+    m = unpack_bits(ins["m"], (3, 16))  # bound as cuDNN keeps bools: eight a byte
+    assert ins["m"].dtype == torch.uint8 and ins["m"].numel() == 6
+    assert 0 < int(m.sum()) < m.numel()  # random bits from the seed
     assert torch.equal(out["ge"], x >= y) and out["ge"].dtype == torch.bool
     assert torch.equal(out["ne"], x != y)
     assert torch.equal(out["a"], (x < y) & m)

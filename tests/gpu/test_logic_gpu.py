@@ -39,10 +39,14 @@ def _exact_ab():
 def test_comparison_epilogue_gives_an_exact_bool_mask(op):
     import torch
 
+    import cudnn_dsl
+
     text = HEAD + f"  input c : half[1, 1, 32]\n  output m = {op}(matmul(a, b), c)\n}}\n"
     cg, inputs = _check(text, c=_ints((1, 1, 32), -4, 4, 3), **_exact_ab())
-    m = cg(**inputs)["m"]
-    assert m.dtype == torch.bool and 0 < int(m.sum()) < m.numel()  # both values occur
+    m = cg(**inputs)["m"]  # as cuDNN writes it: eight elements a byte
+    assert m.dtype == torch.uint8 and m.numel() == 4 * 64 * 32 // 8
+    mask = cudnn_dsl.unpack_bits(m, (4, 64, 32))
+    assert 0 < int(mask.sum()) < mask.numel()  # both values occur
 
 
 def test_logic_ops_on_masks():
