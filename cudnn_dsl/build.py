@@ -580,7 +580,7 @@ class Planner:
         self.rebuild = rebuild
         """ignore stored plans (and overwrite them)"""
         self.progress = progress
-        self.pin: PlanSpec | None = None
+        self.plan_spec: PlanSpec | None = None
         """the one plan to build (run --plan): neither looked up in nor saved to the store"""
         self.use_kernel_cache = bool(graph.symbols) and options.shape_mode == "dynamic"
         """build in cuDNN's dynamic-shape mode, sharing one kernel cache across the shapes (auto turns it on
@@ -656,7 +656,7 @@ class Planner:
         return exe
 
     def _build(self, inst: Instance) -> Executable:
-        key = self.key(inst) if self.use_store and self.pin is None else None
+        key = self.key(inst) if self.use_store and self.plan_spec is None else None
         notes: list[str] = []
         replace = self.rebuild
         if key is not None and not self.rebuild:
@@ -666,12 +666,13 @@ class Planner:
         dynamic = self.use_kernel_cache
         low = self.lower(inst)  # afresh: a stored engine that failed to rebuild may have left its graph half-built
         cached = self._kc_size()
-        plan(low, self.options, self.device_name, self.progress, pin=self.pin)
+        plan(low, self.options, self.device_name, self.progress, pin=self.plan_spec)
         if dynamic:
             notes.append(self._kernel_cache_note(cached, self._kc_size(), low.timings.get("build_plans", 0.0)))
         elif self.graph.symbols:
             notes.append(self._shape_mode_note(low))
-        exe = self.executable_of(low, "heuristics" if self.pin is None else f"--plan {self.pin.text}", notes)
+        source = "heuristics" if self.plan_spec is None else f"--plan {self.plan_spec.text}"
+        exe = self.executable_of(low, source, notes)
         if key is not None:  # --rebuild, or a stored plan that proved unusable, is replaced by this one
             self._persist(key, exe, tuned=False, force=replace)
         self._kernel_cache_save()

@@ -288,13 +288,14 @@ class CompiledGraph:
 
     def staged(self, inst: Instance) -> Staged | None:
         """None when cuDNN takes this shape whole; else the parts it is run as (`option split`), found
-        and built on first use. Raises cuDNN's refusal when splitting is off."""
+        and built on first use. Raises cuDNN's refusal when splitting is off or a plan is pinned (`--plan`
+        names a plan of the whole graph)."""
         if inst.binding not in self._staged:
             try:
                 self.executable(inst)
                 self._staged[inst.binding] = None
             except DslError as e:
-                if not self.options.split:
+                if not self.options.split or self._planner().plan_spec is not None:
                     raise
                 self._staged[inst.binding] = stage(self.graph, inst, self.options, e, self._part)
         return self._staged[inst.binding]

@@ -299,7 +299,7 @@ class _GpuRunner:
         self.s = setup
         a = setup.args
         self.cg = CompiledGraph(setup.graph, setup.opts, a.device, use_store=not a.no_cache, rebuild=a.rebuild)
-        self.cg.planner.pin = setup.pin
+        self.cg.planner.plan_spec = setup.pin
 
     def run(self, inst) -> dict:
         import attrs
@@ -316,6 +316,12 @@ class _GpuRunner:
         pinned = self._pin(inst)
         progress = common.Progress(name)
         cg.planner.progress = progress
+        try:
+            staged = cg.staged(inst)
+        finally:
+            progress.done()
+        if staged is not None:
+            return self._run_staged(inst, tensors, before, staged)
         try:
             graph_mode = s.args.cuda_graph or opts.cuda_graph
             if graph_mode:
@@ -400,6 +406,46 @@ class _GpuRunner:
             "isolate": isolated,
         }
 
+    def _run_staged(self, inst, tensors: dict, before: dict, staged) -> dict:
+        """A shape cuDNN declines whole, run as its parts (cudnn_dsl.partition): said, timed, compared."""
+        import statistics
+
+        import attrs
+        import torch
+
+        from cudnn_dsl.tensors import compare_outputs, restore
+        from cudnn_dsl.timing import gpu_time_us
+
+        cg, s, opts = self.cg, self.s, self.s.opts
+        outputs = cg(tensors)
+        torch.cuda.synchronize(cg.device)
+        first = {k: v.clone() for k, v in outputs.items()}
+        comps = []
+        if not s.args.no_reference:
+            comps = compare_outputs(s.graph, inst, first, cg.reference(before), opts, s.atol, s.rtol, s.no_compare)
+        times = gpu_time_us(lambda: (restore(tensors, before), cg(tensors, outputs)), opts.iterations, opts.warmup)
+        median = statistics.median(times)
+        print(f"graph {common.label(s.graph, inst)}")
+        print(f"  split      cuDNN declines it whole ({staged.partition.declined}); it runs as:")
+        for line in staged.lines:
+            print(f"  split      {line}")
+        print(f"  gpu time   {median:.1f} µs per call, every part (median of {len(times)} samples)")
+        for c in comps:
+            print(f"  compare    {c}")
+        if s.args.no_reference:
+            print("  skipped    the reference and the comparison (--no-reference)")
+        return {
+            "graph": s.graph.name,
+            "binding": dict(inst.binding),
+            "executed": True,
+            "parts": staged.lines,
+            "declined": staged.partition.declined,
+            "gpu_us_median": median,
+            "gpu_us": times,
+            "compare": [attrs.asdict(c) for c in comps],
+            "ok": all(c.ok for c in comps),
+        }
+
     def _pin(self, inst) -> list[str]:
         """With --inputs-from on the GPU the dump was made on: the dump's plan, so the outputs can be compared
         bit for bit."""
@@ -417,13 +463,18 @@ class _GpuRunner:
         return []
 
 
+class _Split(Exception):
+    """The graph runs in parts on the target: said; the reference still runs."""
+
+
 class _CpuRunner:
     def __init__(self, setup: _Setup, target):
         self.s, self.target = setup, target
 
     def run(self, inst) -> dict:
         from cudnn_dsl.backend import BackendUnavailable
-        from cudnn_dsl.build import plan_deviceless, timings_text
+        from cudnn_dsl.build import timings_text
+        from cudnn_dsl.partition import plan_for_target
         from cudnn_dsl.reference import run_reference
         from cudnn_dsl.tensors import reference_bytes
         from dsl.diagnostics import DslError
@@ -435,7 +486,13 @@ class _CpuRunner:
         rep: dict = {"graph": s.graph.name, "binding": dict(inst.binding), "executed": False, "skipped": {}}
         progress = common.Progress(name)
         try:
-            low = plan_deviceless(s.graph, inst, s.opts, target, progress, s.pin)
+            low, partition = plan_for_target(s.graph, inst, s.opts, target, progress, s.pin)
+            if partition is not None:
+                rep["parts"] = partition.lines(s.graph)
+                print(f"  split      for {target.name} (no device): cuDNN declines it whole ({partition.declined})")
+                for line in rep["parts"]:
+                    print(f"  split      {line}")
+                raise _Split
             rep["plan"] = common.plan_record(s.graph, inst, target, low)
             print(
                 f"  plan       for {target.name} (no device): {rep['plan']['first_plan']}  "
@@ -450,6 +507,8 @@ class _CpuRunner:
                 raise
             print(f"  skipped    cuDNN planning: {e}")
             rep["skipped"]["plan"] = str(e)
+        except _Split:
+            pass
         except DslError as e:  # cuDNN declines the graph: said, and the reference still runs
             print(f"  plan       for {target.name} (no device): cuDNN declines this graph (see the error)")
             common.report(e)

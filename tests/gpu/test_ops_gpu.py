@@ -66,13 +66,15 @@ def test_reduction_epilogue(mode):
 
 @pytest.mark.parametrize("mode", ["avg", "norm1", "norm2"])
 def test_reduction_modes_cudnn_declines_are_reported_at_the_op(mode):
-    # cuDNN 9.19 has these modes but no engine for them in a matmul epilogue (seen on the H200):
-    # the user gets cuDNN's refusal located at the reduction, not a crash.
+    # cuDNN 9.19 has these modes but no engine for them in a matmul epilogue (seen on the H200): with
+    # splitting off, the user gets cuDNN's refusal located at the reduction, not a crash; by default the
+    # graph runs in parts and matches.
     import cudnn_dsl
 
     with pytest.raises(cudnn_dsl.DslError, match="cuDNN build_operation_graph failed") as e:
-        run(_reduction(mode))
+        run(_reduction(mode), split=False)
     assert e.value.diagnostics[0].loc.line == 7  # the reduction's line
+    run(_reduction(mode), atol=5e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("conv", ["conv_fprop", "conv_dgrad", "conv_wgrad"])
