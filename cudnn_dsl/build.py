@@ -93,7 +93,7 @@ def plan(
         try:
             actions[step]()
         except PlanRefused as e:
-            raise DslError(Diagnostic("error", str(e), low.graph.loc, tuple((n, None) for n in e.notes))) from None
+            raise NotAllowed(Diagnostic("error", str(e), low.graph.loc, tuple((n, None) for n in e.notes))) from None
         except Exception as e:  # noqa: BLE001 - cuDNN raises RuntimeError, its own errors, ValueError
             if deviceless and step == "build_plans" and "CUDA_DRIVER" in str(e):
                 low.skipped[step] = "the chosen engine compiles its kernel at run time, and loading it needs a GPU"
@@ -178,6 +178,11 @@ eng4_k24=43_k17=1, spells its knobs by these numbers, where the frontend's knob_
 _KNOB_NAMES = {n: k for k, n in KNOB_NUMBERS.items()}
 _PLAN_NAME = re.compile(r"eng(\d+)((?:_k\d+=-?\d+)*)")
 _ENGINE_KNOBS = re.compile(r"(\d+)(?::(.*))?")
+
+
+class NotAllowed(DslError):
+    """cuDNN offers plans, but the user's constraints or pinned plan allow none: splitting the graph would
+    not help (its parts are held to the same), so this is never a reason to split."""
 
 
 class PlanRefused(Exception):

@@ -37,6 +37,12 @@ class Partition:
     """cuDNN's reason for declining the whole graph"""
 
     @property
+    def how(self) -> str:
+        """'splits into 3 parts', or 'runs as 1 part' (one op left to torch)."""
+        n = len(self.parts)
+        return f"splits into {n} parts" if n > 1 else "runs as 1 part"
+
+    @property
     def fallbacks(self) -> tuple[Part, ...]:
         return tuple(p for p in self.parts if p.graph is None)
 
@@ -88,12 +94,12 @@ def short(message: str) -> str:
 def plan_for_target(graph: Graph, inst: Instance, options, target, progress=None, pin=None):
     """(plans, None) when the target's cuDNN takes the graph whole, else (None, the partition); the
     refusal itself (a DslError) when splitting is off or a plan is pinned (a pin names a whole-graph plan)."""
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build import NotAllowed, plan_deviceless
 
     try:
         return plan_deviceless(graph, inst, options, target, progress, pin), None
     except DslError as e:
-        if not options.split or pin is not None:
+        if not options.split or pin is not None or isinstance(e, NotAllowed):
             raise
         declined = short(e.diagnostics[0].message)
     return None, find_partition(graph, inst, deviceless_accepts(options, target), declined, options.fallback)

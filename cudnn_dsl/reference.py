@@ -17,27 +17,9 @@ import torch
 from cudnn_dsl.bits import logical
 from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.tensors import view
+from cudnn_dsl.tensors import rounded_values, view
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
-from dsl.types import is_float, itemsize
-
-
-def rounded_values(graph: Graph, instance: Instance) -> frozenset[str]:
-    """The computed values that cuDNN rounds to their dtype before another op reads them: every one.
-
-    Measured on the H200 (tests/gpu/test_precision_gpu.py): an output read by a later op is read as
-    written (the frontend's add + layernorm sample), a virtual operand of a matmul is fed in its dtype,
-    and even a virtual half between two pointwise ops of one fused epilogue is rounded to half. A
-    virtual tensor of the default intermediate dtype (float) is computed in float, so rounding it changes
-    nothing. Only floating-point values narrower than double are named (in a double graph float32 is
-    narrow); integers and booleans are exact."""
-    return frozenset(
-        o
-        for n in graph.nodes
-        for o in n.outputs
-        if is_float(instance.type(o).dtype) and itemsize(instance.type(o).dtype) < 8
-    )
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import attrs
 import torch
 
 from cudnn_dsl.backend import DEFAULT_TARGET, BackendUnavailable, Target, load_cudnn
-from cudnn_dsl.build import Executable, Planner, plan_deviceless
+from cudnn_dsl.build import Executable, NotAllowed, Planner, plan_deviceless
 from cudnn_dsl.lower import Lowered
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.staged import Staged, stage
@@ -295,7 +295,7 @@ class CompiledGraph:
                 self.executable(inst)
                 self._staged[inst.binding] = None
             except DslError as e:
-                if not self.options.split or self._planner().plan_spec is not None:
+                if not self.options.split or self._planner().plan_spec is not None or isinstance(e, NotAllowed):
                     raise
                 self._staged[inst.binding] = stage(self.graph, inst, self.options, e, self._part)
         return self._staged[inst.binding]
@@ -312,7 +312,7 @@ class CompiledGraph:
             raise DslError(
                 Diagnostic(
                     "error",
-                    f"graph '{self.graph.name}' runs as {len(staged.lines)} parts ({parts}); {what} takes a graph "
+                    f"graph '{self.graph.name}' {staged.partition.how} ({parts}); {what} takes a graph "
                     f"cuDNN runs whole — call the compiled graph instead",
                     self.graph.loc,
                 )

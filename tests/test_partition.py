@@ -16,8 +16,8 @@ LN_GELU = (
     "graph ln_gelu {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"
     "  input b : float[1, 1024, 1, 1] nhwc\n  output y = gelu(layernorm(x, s, b))\n}\n"
 )
-POINTWISE_2D = (
-    "graph pw {\n  io half\n  input x : half[64, 256]\n  input b : half[1, 256]\n  output y = relu(x + b)\n}\n"
+GENSTATS = (
+    "graph gs {\n  io half\n  input x : half[8, 64, 16, 16] nhwc\n  s, sq = genstats(x)\n  output s\n  output sq\n}\n"
 )
 
 
@@ -48,14 +48,14 @@ def test_a_norm_with_an_epilogue_splits_into_two_cudnn_graphs(h200):
 
 
 def test_an_op_no_engine_takes_alone_falls_back_to_torch_unless_told_not_to(h200):
-    g = program(text=POINTWISE_2D, file="pw.cdg").graphs[0]
+    g = program(text=GENSTATS, file="gs.cdg").graphs[0]  # genstats is a conv's epilogue: alone, no engine
     _, partition = plan_for_target(g, g.instances[0], g.options, h200)
-    assert [p.graph for p in partition.parts] == [None, None]
+    assert [p.graph for p in partition.parts] == [None] and partition.how == "runs as 1 part"
     assert "torch fallback" in partition.lines(g)[0]
     strict = g.options.with_values({"fallback": False})
-    with pytest.raises(DslError, match="no cuDNN engine runs add here, even alone") as e:
+    with pytest.raises(DslError, match="no cuDNN engine runs genstats here, even alone") as e:
         plan_for_target(g, g.instances[0], strict, h200)
-    assert (e.value.diagnostics[0].loc.line, e.value.diagnostics[0].loc.col) == (5, 19)
+    assert (e.value.diagnostics[0].loc.line, e.value.diagnostics[0].loc.col) == (4, 11)  # at the call
 
 
 def test_with_splitting_off_the_refusal_is_the_error(h200):
@@ -88,8 +88,8 @@ def test_support_refuses_an_unknown_target_before_any_work():
 
 
 def test_support_no_fallback_makes_a_fallback_an_error(tmp_path):
-    f = tmp_path / "pw.cdg"
-    f.write_text(POINTWISE_2D)
+    f = tmp_path / "gs.cdg"
+    f.write_text(GENSTATS)
     p = run_cli("support", f, "--target", "h200", "--no-fallback")
     assert p.returncode == 1 and "fallback to torch is off" in p.stderr
 

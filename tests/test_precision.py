@@ -5,8 +5,8 @@ import torch
 from cli_util import run_cli
 
 from cudnn_dsl import tensors
-from cudnn_dsl.reference import rounded_values, run_reference
-from cudnn_dsl.tensors import compare_outputs, draw_input, generate_inputs, input_inits
+from cudnn_dsl.reference import run_reference
+from cudnn_dsl.tensors import compare_outputs, draw_input, generate_inputs, input_inits, rounded_values
 from dsl.inits import parse
 from dsl.options import Options
 from dsl.parser import parse as parse_cdg

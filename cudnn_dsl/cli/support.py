@@ -73,7 +73,7 @@ def run(args) -> int:
                         continue
                     lines = partition.lines(g)
                     record.update(fuses=False, declined=partition.declined, parts=lines)
-                    print(f"  {where}: splits into {len(lines)} parts — cuDNN declines it whole: {partition.declined}")
+                    print(f"  {where}: {partition.how} — cuDNN declines it whole: {partition.declined}")
                     print("".join(f"    {line}\n" for line in lines), end="")
     common.write_json(args.json, {"support": records})
     return status

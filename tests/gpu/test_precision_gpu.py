@@ -1,4 +1,4 @@
-"""Where cuDNN rounds (reference.rounded_values), measured: each graph's cuDNN result against the reference,
+"""Where cuDNN rounds (tensors.rounded_values), measured: each graph's cuDNN result against the reference,
 and against the models that round more or less, so a wrong model fails with what cuDNN does instead."""
 
 import pytest
@@ -47,7 +47,8 @@ OPERAND = """graph virtual_half_operand {
 
 def _run(text: str):
     import cudnn_dsl
-    from cudnn_dsl.reference import rounded_values, run_reference
+    from cudnn_dsl.reference import run_reference
+    from cudnn_dsl.tensors import rounded_values
 
     cg = cudnn_dsl.compile(text)
     inst = cg.graph.instances[0]
@@ -90,7 +91,7 @@ def test_an_output_read_again_in_the_same_epilogue_is_read_rounded(private_store
     closest = _closest(got, refs, "z")
     assert closest.startswith(("the reference's", "rounding every")), (
         f"inside an epilogue cuDNN reads an output unrounded: closest model is {closest}; "
-        "reference.rounded_values must not round outputs read in the same epilogue"
+        "tensors.rounded_values must not round outputs read in the same epilogue"
     )
     for r in cg.check(tensors):
         assert r.ok, str(r)
@@ -103,7 +104,7 @@ def test_a_virtual_half_between_pointwise_ops_is_rounded(private_store):
     closest = _closest(got, refs, "y")
     assert closest.startswith(("the reference's", "rounding every")), (
         f"cuDNN keeps a virtual half of a fused epilogue unrounded: closest model is {closest}; "
-        "reference.rounded_values must not round such values"
+        "tensors.rounded_values must not round such values"
     )
     for r in cg.check(tensors):
         assert r.ok, str(r)
