@@ -385,6 +385,7 @@ def _graph(body: str, io: str = "half") -> str:
 _MM = "  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n"
 _SDPA = "".join(f"  input {n} : half[2, 4, 128, 64]\n" for n in "qkv")
 _NORM = "  input x : bf16[512, 256, 1, 1]\n  input gamma : float[1, 256, 1, 1]\n  input beta : float[1, 256, 1, 1]\n"
+_IN = "  input x : half[8, 64, 16, 16] nhwc\n  input gamma : float[1, 64, 1, 1]\n  input beta : float[1, 64, 1, 1]\n"
 _BN = "".join(f"  input {n} : float[1, 64, 1, 1] nhwc\n" for n in ("mean", "inv_var", "gamma", "beta"))
 #: op -> graphs that use it, with attributes away from their defaults where the op has any; True: the frontend
 #: finds no engine for it here, so its JSON is taken before planning
@@ -396,12 +397,6 @@ CASES = {
         _graph(
             "  input x : half[4, 32, 17, 17] nhwc\n  input w : half[64, 8, 3, 3] nhwc\n"
             "  output y = relu(conv_fprop(x, w, padding=[2, 2], stride=[2, 2], dilation=[2, 2]))"
-        )
-    ],
-    "conv_dgrad": [
-        _graph(
-            "  input dy : half[4, 64, 16, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
-            "  output dx = conv_dgrad(dy, w, padding=[1, 1])"
         )
     ],
     "conv_wgrad": [
@@ -416,13 +411,29 @@ CASES = {
     ],
     "sdpa": [
         _graph(_SDPA + "  output o = sdpa(q, k, v)"),
+        _graph(_SDPA + "  output o = sdpa(q, k, v, left_bound=32, right_bound=16)"),
+        _graph(_SDPA + "  output o = sdpa(q, k, v, causal_bottom_right=true, left_bound=64)"),
+        _graph(_SDPA + "  output o = sdpa(q, k, v, alibi=true, causal=true)"),
+        _graph(
+            _SDPA + "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
+            "  o, st = sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, causal=true, stats=true)\n  output o\n  output st"
+        ),
+        _graph(
+            _SDPA + "  input dm : half[2, 4, 128, 128]\n  input ds : float[1, 1, 1, 1]\n"
+            "  o, st = sdpa(q, k, v, dropout_mask=dm, dropout_scale=ds, stats=true)\n  output o\n  output st"
+        ),
+        _graph(
+            "  input q : half[2, 4, 128, 64]\n  input kc : half[32, 4, 64, 64]\n  input vc : half[32, 4, 64, 64]\n"
+            "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
+            "  input tk : int32[2, 1, 4, 1]\n  input tv : int32[2, 1, 4, 1]\n"
+            "  o, st = sdpa(q, kc, vc, seq_len_q=lq, seq_len_kv=lkv, page_table_k=tk, page_table_v=tv, causal=true, "
+            "stats=true, max_seq_len_kv=200)\n  output o\n  output st"
+        ),
         _graph(
             _SDPA + "  input bias : half[1, 4, 128, 128]\n  o, st = sdpa(q, k, v, bias, scale=0.125, causal=true, "
             "stats=true)\n  output o\n  output st : float"
         ),
     ],
-    "layernorm": [_graph(_NORM + "  output y = layernorm(x, gamma, beta, epsilon=0.001)", "bf16")],
-    "rmsnorm": [_graph(_NORM + "  output y = rmsnorm(x, gamma, beta)", "bf16")],
     "batchnorm_inference": [
         (
             _graph(
@@ -437,7 +448,104 @@ CASES = {
     "slice": [
         (_graph(_MM + "  y = matmul(a, b)\n  output z : float = slice(y, start=[0, 1, 0], end=[4, 32, 32])"), True)
     ],
-    "reshape": [(_graph(_MM + "  y = matmul(a, b)\n  output z : float = reshape(y, shape=[4, 2048])"), True)],
+    "reshape": [(_graph(_MM + "  y = matmul(a, b)\n  output z : float = reshape(y, shape=[4, 32, 64])"), True)],
+    "relu": [
+        _graph(_MM + "  output y : float = relu(matmul(a, b), lower_clip=0.5, upper_clip=2, negative_slope=0.1)"),
+        _graph(_MM + "  output y : float = relu(matmul(a, b), upper_clip=6)"),
+    ],
+    "gen_index": [_graph(_MM + "  output y : int32 = gen_index(matmul(a, b), axis=1)")],
+    "binary_select": [
+        _graph(_MM + "  input m : bool[4, 64, 32]\n  output y = binary_select(matmul(a, b), 1.0, logical_not(m))")
+    ],
+    "logical_not": [_graph(_MM + "  output y = logical_not(cmp_gt(matmul(a, b), 0.5))")],
+    "logical_and": [
+        _graph(_MM + "  input m : bool[4, 64, 32]\n  output y = logical_and(cmp_ge(matmul(a, b), 0.5), m)")
+    ],
+    "logical_or": [_graph(_MM + "  input m : bool[4, 64, 32]\n  output y = logical_or(m, cmp_le(matmul(a, b), 0.5))")],
+    "concatenate": [
+        (
+            _graph("  input a : half[4, 64, 64]\n  input b : half[4, 32, 64]\n  output y = concatenate(a, b, axis=1)"),
+            True,
+        )
+    ],
+    "conv_dgrad": [
+        _graph(
+            "  input dy : half[4, 64, 16, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
+            "  output dx = conv_dgrad(dy, w, padding=[1, 1])"
+        ),
+        (
+            _graph(
+                "  input dy : half[4, 64, 8, 8] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
+                "  output dx = conv_dgrad(dy, w, padding=[1, 1], stride=[2, 2], output_padding=[1, 0])"
+            ),
+            True,
+        ),
+    ],
+    "layernorm": [
+        _graph(_NORM + "  output y = layernorm(x, gamma, beta, epsilon=0.001)", "bf16"),
+        _graph(
+            _NORM + "  y, m, iv = layernorm(x, gamma, beta, phase=training)\n  output y\n  output m\n  output iv",
+            "bf16",
+        ),
+    ],
+    "rmsnorm": [
+        _graph(_NORM + "  output y = rmsnorm(x, gamma, beta)", "bf16"),
+        _graph(
+            "  input x : bf16[512, 256, 1, 1]\n  input gamma : float[1, 256, 1, 1]\n"
+            "  y, iv = rmsnorm(x, gamma, phase=training)\n  output y\n  output iv",
+            "bf16",
+        ),
+    ],
+    "instancenorm": [
+        (_graph(_IN + "  output y = instancenorm(x, gamma, beta, epsilon=0.001)"), True),
+        (
+            _graph(
+                _IN + "  y, m, iv = instancenorm(x, gamma, beta, phase=training)\n  output y\n  output m\n  output iv"
+            ),
+            True,
+        ),
+    ],
+    "adalayernorm": [
+        (
+            _graph(
+                "  input x : half[8, 128, 256]\n  input gamma : float[8, 1, 256]\n  input beta : float[8, 1, 256]\n"
+                "  y, m, iv = adalayernorm(x, gamma, beta, phase=training)\n  output y\n  output m\n  output iv"
+            ),
+            True,
+        )
+    ],
+    "batchnorm": [
+        (
+            _graph(
+                "  input x : half[8, 64, 16, 16] nhwc\n"
+                + "".join(f"  input {n} : float[1, 64, 1, 1] nhwc\n" for n in ("gamma", "beta", "rm", "rv"))
+                + "  y, m, iv, nrm, nrv = batchnorm(x, gamma, beta, rm, rv, momentum=0.2)\n"
+                "  output y\n  output m\n  output iv\n  output nrm\n  output nrv"
+            ),
+            True,
+        )
+    ],
+    "genstats": [
+        (_graph("  input x : half[8, 64, 16, 16] nhwc\n  s, sq = genstats(x)\n  output s\n  output sq"), True)
+    ],
+    "rope": [
+        (
+            _graph(
+                "  input x : half[2, 4, 128, 64]\n  input f : float[128, 1, 1, 32]\n"
+                "  output y = rope(x, f, rope_dim=32, output_scale=2)"
+            ),
+            True,
+        )
+    ],
+    "sdpa_fp8": [
+        _graph(
+            "".join(f"  input {n} : fp8_e4m3[1, 2, 128, 128]\n" for n in "qkv")
+            + "".join(f"  input {n} : float[1, 1, 1, 1]\n" for n in ("dq", "dk", "dv", "ds", "ss", "so"))
+            + "  o, amax, st = sdpa_fp8(q, k, v, dq, dk, dv, ds, ss, so, causal=true, scale=0.125, stats=true)\n"
+            "  output o\n  output amax\n  output st",
+            "fp8_e4m3",
+        )
+    ],
 }
 
 
