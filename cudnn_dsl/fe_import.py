@@ -311,6 +311,8 @@ def _conv(op: str, ports: tuple[str, str], out: str) -> Callable[[Node], Call]:
         )
         if op == "conv_dgrad":
             attrs_ += _output_padding(n, pre)
+        if op == "conv_wgrad":
+            attrs_ += _filter(n, pre)
         return Call(op, tuple(n.port(p) for p in ports), attrs_, (out,))
 
     return convert
@@ -327,6 +329,17 @@ def _output_padding(n: Node, pad: list) -> tuple[tuple[str, str], ...]:
     if any(e < 0 for e in extra):
         raise n.fail(f"dX dims {dx.dims} are smaller than any convolution giving dY {dy.dims}")
     return (("output_padding", _ints(extra)),) if any(extra) else ()
+
+
+def _filter(n: Node, pad: list) -> tuple[tuple[str, str], ...]:
+    """The JSON has dW's dims; the language derives the largest filter that maps X to dY, so a smaller one
+    (stride > 1 leaves a choice) is spelled out."""
+    x, dy, dw = n.tensor("X"), n.tensor("DY"), n.tensor("DW", "outputs")
+    if dw is None or not (dw.dims and dy.dims and x.dims):
+        raise n.fail("its tensors have no dims in the JSON, so dW's size (filter) is unknown")
+    spatial = zip(x.dims[2:], dy.dims[2:], pad, n.get("stride", []), n.get("dilation", []))
+    largest = [(h + 2 * p - (o - 1) * s - 1) // d + 1 for h, o, p, s, d in spatial]
+    return () if largest == dw.dims[2:] else (("filter", _ints(dw.dims[2:])),)
 
 
 def import_matmul(n: Node) -> Call:
@@ -569,6 +582,25 @@ IMPORTED = {
 NOT_IMPORTED = {
     "bias": "the frontend's bias is its pointwise ADD: it imports as add (the same frontend call)",
     "scale": "the frontend's scale is its pointwise MUL: it imports as mul (the same frontend call)",
+}
+
+
+#: what a .cdg file says that the frontend's graph JSON does not carry, so a round trip cannot keep it, and why
+NOT_CARRIED = {
+    "buffer": "views of one allocation (`buffer`, `in BUF at OFF`): the JSON has each tensor's dims and strides, "
+    "not the memory it lives in; a view imports as an input of its own, with the view's strides",
+    "in-place output": "`output y in x`: the JSON has no aliasing; y imports as an output of its own",
+    "range dim": "`dim T in LO..HI step S`: the JSON holds one shape; the graph imports at that shape",
+    "init": "an input's distribution (`init=`) is the runtime's, not the cuDNN graph's",
+    "option": "`option` lines (plan choice, tuning) are planning settings, not the graph's",
+    "rank below 3": "rank 1 and 2 tensors reach cuDNN with unit dims in front (lower.py MIN_RANK): they import "
+    "as rank 3, their axes attributes counted in that rank",
+    "declared default dtype": "a virtual tensor's dtype is declared only where it differs from the one the "
+    "language gives it (`h : float = ...` in a float graph imports as `h = ...`)",
+    "relu negative_slope alone": "relu(negative_slope=s) is the frontend's leaky_relu: it imports as "
+    "leaky_relu(slope=s)",
+    "names of unnamed values": "nested calls and number literals get the frontend's names (a literal imports as a "
+    "scalar)",
 }
 
 

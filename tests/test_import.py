@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_util import run_cli
 
-from cudnn_dsl.fe_import import IMPORTED, NOT_IMPORTED, to_cdg, verify
+from cudnn_dsl.fe_import import IMPORTED, NOT_CARRIED, NOT_IMPORTED, to_cdg, verify
 from dsl.ops import OPS
 from dsl.parser import parse
 from dsl.pipeline import program
@@ -36,6 +36,33 @@ def test_every_registry_op_is_imported_or_says_why_not():
     assert not set(IMPORTED) & set(NOT_IMPORTED)
     assert set(IMPORTED) | set(NOT_IMPORTED) <= set(OPS), "a mapping names an op the registry does not have"
     assert all(why for why in NOT_IMPORTED.values())
+
+
+def test_examples_use_what_the_json_cannot_carry():
+    """The every-example round trip below covers the drops NOT_CARRIED lists: some example has each."""
+    used = {what for path in EXAMPLES for g in program(path).graphs for what, names in _not_carried(g).items() if names}
+    assert used == {"buffer", "in-place output", "range dim", "init"}
+
+
+#: attributes and optional inputs no CASES graph spells, and why
+UNSPELLED = {
+    ("sdpa_fp8", "causal_bottom_right"): "the H200 plans no bottom-right FP8 attention (Blackwell only), and "
+    "the frontend writes its JSON only when planning; it shares _sdpa_band with sdpa, whose case has it",
+}
+
+
+def test_every_attribute_and_optional_input_is_in_a_case():
+    """Whoever adds an attribute or optional input to an imported op spells it in a CASES graph of that op (so its
+    import is tested through the frontend), or says in UNSPELLED why not."""
+    from dsl.ops import COMMON_ATTRS
+
+    common = {a.name for a in COMMON_ATTRS}
+    missing = []
+    for op in sorted(IMPORTED):
+        texts = [c[0] if isinstance(c, tuple) else c for c in CASES.get(op, [])]
+        names = [a.name for a in OPS[op].attrs if a.name not in common] + list(OPS[op].optional)
+        missing += [(op, n) for n in names if (op, n) not in UNSPELLED and not any(f"{n}=" in t for t in texts)]
+    assert not missing, f"spell these in CASES (tests/test_import.py): {missing}"
 
 
 def test_every_reduction_mode_is_imported():
@@ -115,8 +142,22 @@ def _graph_calls(script: str) -> list[str]:
     return [re.sub(r"\d+\.\d+(e-?\d+)?", lambda m: repr(_f32(float(m.group()))), line) for line in body.splitlines()]
 
 
+def _not_carried(graph) -> dict:
+    """What a graph says that its frontend JSON does not carry (fe_import.NOT_CARRIED): a round trip drops it."""
+    return {
+        "buffer": [b.name for b in graph.buffers],
+        "in-place output": [v.name for v in graph.in_place],
+        "range dim": [s.name for s in graph.symbols],
+        "init": [v.name for v in graph.values if v.init is not None],
+    }
+
+
 @pytest.mark.parametrize("path,graph_name,binding", list(_cases()))
 def test_emit_fe_json_then_import_is_the_same_graph(path, graph_name, binding, h200):
+    """What the JSON carries comes back: every cuDNN tensor (kind, uid, dtype, dims, strides, scalar value), every
+    op with its canonical attributes and compute type, the frontend calls, and the JSON itself. What it does not
+    (NOT_CARRIED: buffers and views, in-place outputs, range dims, init=, options) is dropped: the imported graph
+    has none, and is the original at this one shape with views as plain inputs."""
     from cudnn_dsl.build import frontend_json
     from cudnn_dsl.emit import emit_cudnn
 
@@ -130,6 +171,8 @@ def test_emit_fe_json_then_import_is_the_same_graph(path, graph_name, binding, h
     assert verify(back, imported, "x") == []
     g2 = back.graphs[0]
     inst2 = g2.instances[0]
+    assert set(_not_carried(g)) <= set(NOT_CARRIED)
+    assert not any(_not_carried(g2).values())  # dropped, as documented
     assert _listing(g2, inst2) == _listing(g, inst)  # the same graph, up to names
     assert _graph_calls(emit_cudnn(g2, inst2)) == _graph_calls(emit_cudnn(g, inst))  # the same frontend calls
     again = json.loads(frontend_json(g2, inst2, h200))
@@ -400,10 +443,17 @@ CASES = {
         )
     ],
     "conv_wgrad": [
+        (
+            _graph(
+                "  input x : half[4, 32, 16, 16] nhwc\n  input dy : half[4, 64, 8, 8] nhwc\n"
+                "  output dw : float = conv_wgrad(x, dy, padding=[1, 1], stride=[2, 2], dilation=[1, 1], filter=[3, 3])"
+            ),
+            True,
+        ),
         _graph(
             "  input x : half[4, 32, 16, 16] nhwc\n  input dy : half[4, 64, 16, 16] nhwc\n"
             "  output dw : float = conv_wgrad(x, dy, padding=[1, 1])"
-        )
+        ),
     ],
     "reduction": [
         _graph(_MM + "  y = matmul(a, b)\n  output s : float[4, 64, 1] = reduction(y, mode=sum, axes=[2])"),
@@ -411,8 +461,8 @@ CASES = {
     ],
     "sdpa": [
         _graph(_SDPA + "  output o = sdpa(q, k, v)"),
-        _graph(_SDPA + "  output o = sdpa(q, k, v, left_bound=32, right_bound=16)"),
-        _graph(_SDPA + "  output o = sdpa(q, k, v, causal_bottom_right=true, left_bound=64)"),
+        _graph(_SDPA + "  output o = sdpa(q, k, v, diagonal_alignment=bottom_right, left_bound=32, right_bound=16)"),
+        _graph(_SDPA + "  output o = sdpa(q, k, v, causal_bottom_right=true, sliding_window_length=64)"),
         _graph(_SDPA + "  output o = sdpa(q, k, v, alibi=true, causal=true)"),
         _graph(
             _SDPA + "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
@@ -430,7 +480,7 @@ CASES = {
             "stats=true, max_seq_len_kv=200)\n  output o\n  output st"
         ),
         _graph(
-            _SDPA + "  input bias : half[1, 4, 128, 128]\n  o, st = sdpa(q, k, v, bias, scale=0.125, causal=true, "
+            _SDPA + "  input bias : half[1, 4, 128, 128]\n  o, st = sdpa(q, k, v, bias=bias, scale=0.125, causal=true, "
             "stats=true)\n  output o\n  output st : float"
         ),
     ],
@@ -476,7 +526,7 @@ CASES = {
         (
             _graph(
                 "  input dy : half[4, 64, 8, 8] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
-                "  output dx = conv_dgrad(dy, w, padding=[1, 1], stride=[2, 2], output_padding=[1, 0])"
+                "  output dx = conv_dgrad(dy, w, padding=[1, 1], stride=[2, 2], dilation=[2, 2], output_padding=[1, 0])"
             ),
             True,
         ),
@@ -489,7 +539,7 @@ CASES = {
         ),
     ],
     "rmsnorm": [
-        _graph(_NORM + "  output y = rmsnorm(x, gamma, beta)", "bf16"),
+        _graph(_NORM + "  output y = rmsnorm(x, gamma, bias=beta, epsilon=0.0001)", "bf16"),
         _graph(
             "  input x : bf16[512, 256, 1, 1]\n  input gamma : float[1, 256, 1, 1]\n"
             "  y, iv = rmsnorm(x, gamma, phase=training)\n  output y\n  output iv",
@@ -509,7 +559,8 @@ CASES = {
         (
             _graph(
                 "  input x : half[8, 128, 256]\n  input gamma : float[8, 1, 256]\n  input beta : float[8, 1, 256]\n"
-                "  y, m, iv = adalayernorm(x, gamma, beta, phase=training)\n  output y\n  output m\n  output iv"
+                "  y, m, iv = adalayernorm(x, gamma, bias=beta, epsilon=0.001, phase=training)\n"
+                "  output y\n  output m\n  output iv"
             ),
             True,
         )
@@ -519,7 +570,7 @@ CASES = {
             _graph(
                 "  input x : half[8, 64, 16, 16] nhwc\n"
                 + "".join(f"  input {n} : float[1, 64, 1, 1] nhwc\n" for n in ("gamma", "beta", "rm", "rv"))
-                + "  y, m, iv, nrm, nrv = batchnorm(x, gamma, beta, rm, rv, momentum=0.2)\n"
+                + "  y, m, iv, nrm, nrv = batchnorm(x, gamma, beta, rm, rv, epsilon=0.001, momentum=0.2)\n"
                 "  output y\n  output m\n  output iv\n  output nrm\n  output nrv"
             ),
             True,
@@ -544,7 +595,22 @@ CASES = {
             + "  o, amax, st = sdpa_fp8(q, k, v, dq, dk, dv, ds, ss, so, causal=true, scale=0.125, stats=true)\n"
             "  output o\n  output amax\n  output st",
             "fp8_e4m3",
-        )
+        ),
+        *(
+            (
+                _graph(
+                    "".join(f"  input {n} : fp8_e4m3[1, 2, 128, 128]\n" for n in "qkv")
+                    + "".join(f"  input {n} : float[1, 1, 1, 1]\n" for n in ("dq", "dk", "dv", "ds", "ss", "so"))
+                    + f"  o, amax = sdpa_fp8(q, k, v, dq, dk, dv, ds, ss, so, {band})\n  output o\n  output amax",
+                    "fp8_e4m3",
+                ),
+                False,
+            )
+            for band in (
+                "causal=true, sliding_window_length=64",
+                "diagonal_alignment=top_left, left_bound=32, right_bound=8",
+            )
+        ),
     ],
 }
 
@@ -579,6 +645,22 @@ def test_every_imported_op_round_trips_through_the_frontend(op, text, unplanned,
     back = program(text=cdg, file="imported.cdg")
     assert verify(back, imported, "x") == []
     assert _listing(back.graphs[0], back.graphs[0].instances[0]) == _listing(g, inst)
+
+
+def test_a_rank_2_graph_comes_back_rank_3(h200):
+    """cuDNN gets unit dims in front of rank 1 and 2 tensors (lower.py MIN_RANK), so its JSON and the import are
+    rank 3, axes counted in rank 3; the imported graph is the same cuDNN graph."""
+    from cudnn_dsl.build import frontend_json
+
+    text = _graph("  input a : half[64, 32]\n  output y : float = reduction(relu(a), mode=sum, axes=[1])")
+    g = program(text=text, file="r2.cdg").graphs[0]
+    fe = frontend_json(g, g.instances[0], h200, plans=False)  # no engine reduces this alone; its JSON is enough
+    cdg, _ = to_cdg(fe, "r2.json")
+    assert "input a : half[1, 64, 32] strides [2048, 32, 1]" in cdg
+    assert "reduction(relu_0, mode=sum, axes=[0, 2])" in cdg  # the unit lead dim counts as reduced
+    g2 = program(text=cdg, file="imported.cdg").graphs[0]
+    again = frontend_json(g2, g2.instances[0], h200, plans=False)
+    assert _graph_json(json.loads(again)) == _graph_json(json.loads(fe))
 
 
 def test_import_starts_fast_without_torch_or_cudnn():
