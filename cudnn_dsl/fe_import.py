@@ -446,7 +446,8 @@ def _sdpa_band(n: Node) -> list[tuple[str, str]]:
     if right == 0:
         out.append(("causal" if align == "top_left" else "causal_bottom_right", "true"))
     elif left is not None or right is not None:
-        out.append(("diagonal_alignment", align))
+        if align != "top_left":  # the language's default
+            out.append(("diagonal_alignment", align))
         if right is not None:
             out.append(("right_bound", str(int(right))))
     if left is not None:

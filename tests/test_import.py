@@ -358,6 +358,36 @@ def test_a_setting_the_language_lacks_is_an_error(tmp_path, mm_json):
     assert "node '0' (CONV_FPROP, nodes[0]): pre_padding [0, 0] and post_padding [1, 1] differ" in err
 
 
+@pytest.mark.parametrize(
+    "case,edit,words",
+    [
+        (
+            "sdpa-0",
+            {"dropout_probability": 0.1},
+            "a random dropout (dropout_probability): the language's sdpa takes a dropout mask",
+        ),
+        (
+            "sdpa-0",
+            {"max_total_seq_len_q": 256},
+            "max_total_seq_len_q (ragged Q/K/V): the language's sdpa has no ragged offsets",
+        ),
+        ("sdpa-0", {"is_mxfp8": True}, "is_mxfp8=true has no spelling in the language"),
+        ("batchnorm-0", {"peer_stats": [9]}, "peer_stats (statistics across GPUs)"),
+        ("concatenate-0", {"in_place_index": 0}, "in_place_index (writing into one of its inputs)"),
+        ("layernorm-0", {"forward_phase": "NOT_SET"}, "forward_phase NOT_SET"),
+    ],
+)
+def test_a_setting_of_a_new_node_the_language_lacks_is_an_error(tmp_path, h200, case, edit, words):
+    from cudnn_dsl.build import frontend_json
+
+    op, i = case.split("-")
+    text, unplanned = (CASES[op][int(i)], False) if isinstance(CASES[op][int(i)], str) else CASES[op][int(i)]
+    g = program(text=text, file="c.cdg").graphs[0]
+    fe = frontend_json(g, g.instances[0], h200, plans=not unplanned)
+    err = _import_error(tmp_path, _edit(fe, lambda j: j["nodes"][-1].update(edit)))
+    assert words in err, err
+
+
 def test_a_scalar_without_its_value_asks_for_it(tmp_path, mm_json):
     def drop(j):
         next(t for t in j["tensors"] if t["name"] == "alpha")["pass_by_value"] = None
