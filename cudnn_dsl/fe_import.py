@@ -1,7 +1,8 @@
 """Import layer: a cuDNN Frontend graph (its JSON, version 1.0 or 2.0, or a frontend log holding it) -> .cdg text.
 
 What a frontend node becomes is table-driven: NODES (by node tag), POINTWISE and REDUCTION (by mode). A
-registry op that no table produces is in NOT_IMPORTED with the reason; a test keeps the two complete. Every
+registry op that no table produces is in NOT_IMPORTED with the reason; a test keeps the two complete. What a .cdg
+file says that the JSON does not carry (buffers, in-place outputs, range dims, ...) is in NOT_CARRIED. Every
 field of a node is either read by its row or must hold its neutral value (NEUTRAL), so a setting the
 language cannot express is an error naming the node, never silently dropped. Pure Python and the language
 only (no torch, no cuDNN): `cudnn-dsl import` starts fast.
@@ -20,6 +21,7 @@ from cudnn_dsl.dtypes import cudnn_name
 from cudnn_dsl.fe_json import Located, Source, f32_from_json, find_graphs, value_from_json
 from dsl.diagnostics import DslError
 from dsl.ir import Program
+from dsl.ops import OPS
 from dsl.types import DTYPES as LANGUAGE_DTYPES
 
 VERSIONS = ("1.0", "2.0")
@@ -37,7 +39,7 @@ def _dtype(name) -> str | None:
 
 #: words the grammar reserves, and the literals true/false: a tensor name is never one of them
 _RESERVED = {"graph", "io", "intermediate", "compute", "option", "dim", "input", "scalar", "output", "strides"}
-_RESERVED |= {"uid", "in", "true", "false"}
+_RESERVED |= {"uid", "in", "true", "false", "buffer", "at", "step", "init"}
 
 
 def f32_text(x: float) -> str:
@@ -156,6 +158,8 @@ class Call:
     args: tuple[str | None, ...]
     attrs: tuple[tuple[str, str], ...] = ()
     outputs: tuple[str, ...] = ()
+    unused: tuple[str, ...] = ()
+    """output ports the language does not give: each must be virtual and read by no node"""
 
 
 #: what a field of the wrong type raises on its way to text: a malformed JSON, reported at its place
@@ -208,6 +212,20 @@ POINTWISE = {
     "FLOOR": "floor",
     "CEIL": "ceil",
     "IDENTITY": "identity",
+    "TAN": "tan",
+    "MOD": "mod",
+    "ADD_SQUARE": "add_square",
+    "CMP_EQ": "cmp_eq",
+    "CMP_NEQ": "cmp_neq",
+    "CMP_GT": "cmp_gt",
+    "CMP_GE": "cmp_ge",
+    "CMP_LT": "cmp_lt",
+    "CMP_LE": "cmp_le",
+    "LOGICAL_AND": "logical_and",
+    "LOGICAL_OR": "logical_or",
+    "LOGICAL_NOT": "logical_not",
+    "BINARY_SELECT": "binary_select",
+    "GEN_INDEX": "gen_index",
 }
 #: reduction mode -> the language's reduction mode
 REDUCTION = {
@@ -229,16 +247,10 @@ NEUTRAL = {
     "POINTWISE": {
         "elu_alpha": (1.0, _F32_ONE),
         "softplus_beta": (1.0, _F32_ONE),
-        "relu_lower_clip": (0, 0.0, "00000000"),
     },
     "REDUCTION": {},
-    "SDPA": {
-        "implementation": "*",
-        "mma_core_mode": "*",
-        "max_seq_len_kv": "*",
-        "max_total_seq_len_q": "*",
-        "max_total_seq_len_kv": "*",
-    },
+    "SDPA": {"implementation": "*", "mma_core_mode": "*"},
+    "SDPA_FP8_FWD": {"implementation": "*", "mma_core_mode": "*"},
     "RESHAPE": {"reshape_mode": ("VIEW_ONLY",), "dim": "*", "stride": "*"},
     "SLICE": {},
 }
@@ -250,16 +262,36 @@ def import_pointwise(n: Node) -> Call:
     op = POINTWISE.get(mode)
     if op is None:
         raise n.fail(f"pointwise mode {mode} has no op in the language", "mode")
-    ins = [n.port("IN_0"), n.port("IN_1", optional=True)]
-    if n.tensor("IN_2") is not None:
-        raise n.fail("takes a third input (IN_2), which no pointwise op of the language has")
+    ins = [n.port("IN_0"), n.port("IN_1", optional=True), n.port("IN_2", optional=True)]
+    if ins[2] is not None and op != "binary_select":
+        raise n.fail("takes a third input (IN_2), which only binary_select of the language's pointwise ops has")
     attrs_: list[tuple[str, str]] = []
-    if op == "relu" and n.get("relu_lower_clip_slope") is not None:
-        op = "leaky_relu"
-        attrs_.append(("slope", f32_text(f32_from_json(n.get("relu_lower_clip_slope")))))
+    if op == "relu":
+        op, attrs_ = _relu(n)
     if op == "swish":
         attrs_.append(("beta", f32_text(f32_from_json(n.get("swish_beta", 1.0)))))
+    if op == "gen_index":
+        attrs_.append(("axis", str(int(n.get("axis")))))
     return Call(op, tuple(i for i in ins if i is not None), tuple(attrs_), ("OUT_0",))
+
+
+def _relu(n: Node) -> tuple[str, list[tuple[str, str]]]:
+    """RELU_FWD: relu with its clips, or leaky_relu when only the slope is set (the frontend's leaky_relu is
+    that relu: the JSON cannot tell relu(negative_slope=s) from leaky_relu(slope=s))."""
+    given = {
+        k: f32_text(f32_from_json(n.get(field)))
+        for k, field in (
+            ("negative_slope", "relu_lower_clip_slope"),
+            ("lower_clip", "relu_lower_clip"),
+            ("upper_clip", "relu_upper_clip"),
+        )
+        if n.get(field) is not None
+    }
+    if given.get("lower_clip") == "0":
+        del given["lower_clip"]
+    if list(given) == ["negative_slope"]:
+        return "leaky_relu", [("slope", given["negative_slope"])]
+    return "relu", list(given.items())
 
 
 def _conv(op: str, ports: tuple[str, str], out: str) -> Callable[[Node], Call]:
@@ -278,9 +310,37 @@ def _conv(op: str, ports: tuple[str, str], out: str) -> Callable[[Node], Call]:
             ("stride", _ints(n.get("stride", []))),
             ("dilation", _ints(n.get("dilation", []))),
         )
+        if op == "conv_dgrad":
+            attrs_ += _output_padding(n, pre)
+        if op == "conv_wgrad":
+            attrs_ += _filter(n, pre)
         return Call(op, tuple(n.port(p) for p in ports), attrs_, (out,))
 
     return convert
+
+
+def _output_padding(n: Node, pad: list) -> tuple[tuple[str, str], ...]:
+    """The JSON has no output_padding: it has dX's dims, and those past the smallest dX that gives dY are it."""
+    dy, w, dx = n.tensor("DY"), n.tensor("W"), n.tensor("DX", "outputs")
+    if dx is None or not (dx.dims and dy.dims and w.dims):
+        raise n.fail("its tensors have no dims in the JSON, so dX's size (output_padding) is unknown")
+    stride, dil = n.get("stride", []), n.get("dilation", [])
+    spatial = zip(dy.dims[2:], w.dims[2:], dx.dims[2:], pad, stride, dil)
+    extra = [x - ((p - 1) * s - 2 * q + d * (r - 1) + 1) for p, r, x, q, s, d in spatial]
+    if any(e < 0 for e in extra):
+        raise n.fail(f"dX dims {dx.dims} are smaller than any convolution giving dY {dy.dims}")
+    return (("output_padding", _ints(extra)),) if any(extra) else ()
+
+
+def _filter(n: Node, pad: list) -> tuple[tuple[str, str], ...]:
+    """The JSON has dW's dims; the language derives the largest filter that maps X to dY, so a smaller one
+    (stride > 1 leaves a choice) is spelled out."""
+    x, dy, dw = n.tensor("X"), n.tensor("DY"), n.tensor("DW", "outputs")
+    if dw is None or not (dw.dims and dy.dims and x.dims):
+        raise n.fail("its tensors have no dims in the JSON, so dW's size (filter) is unknown")
+    spatial = zip(x.dims[2:], dy.dims[2:], pad, n.get("stride", []), n.get("dilation", []))
+    largest = [(h + 2 * p - (o - 1) * s - 1) // d + 1 for h, o, p, s, d in spatial]
+    return () if largest == dw.dims[2:] else (("filter", _ints(dw.dims[2:])),)
 
 
 def import_matmul(n: Node) -> Call:
@@ -306,51 +366,144 @@ def import_reduction(n: Node) -> Call:
     return Call("reduction", (n.port("X"),), tuple(attrs_), ("Y",))
 
 
-def import_sdpa(n: Node) -> Call:
-    unsupported = [p for p in (n.j.get("inputs") or {}) if p not in ("Q", "K", "V", "Bias", "Attn_scale")]
+#: sdpa's optional input ports, in the language's argument order (after q, k, v), by the language's name
+_SDPA_OPTIONAL = {
+    "bias": "Bias",
+    "seq_len_q": "SEQ_LEN_Q",
+    "seq_len_kv": "SEQ_LEN_KV",
+    "dropout_mask": "Dropout_mask",
+    "dropout_scale": "Dropout_scale",
+    "page_table_k": "Page_table_K",
+    "page_table_v": "Page_table_V",
+}
+#: sdpa_fp8's inputs, in the language's order
+_SDPA_FP8 = ("Q", "K", "V", "Descale_Q", "Descale_K", "Descale_V", "Descale_S", "Scale_S", "Scale_O")
+
+
+def _unsupported(n: Node, ports) -> None:
+    unsupported = [p for p in (n.j.get("inputs") or {}) if p not in ports]
     if unsupported:
-        raise n.fail(f"has inputs {', '.join(sorted(unsupported))}, which the language's sdpa lacks")
+        raise n.fail(f"has inputs {', '.join(sorted(unsupported))}, which the language's attention lacks")
+
+
+def _sdpa_scale(n: Node) -> str:
     scale = n.get("attn_scale_value")
     if scale is None:  # the scale as a pass-by-value input; none at all is no scaling
         scale = n.value_of("Attn_scale") if n.tensor("Attn_scale") is not None else 1.0
-    scale_text = f32_text(f32_from_json(scale))
+    return f32_text(f32_from_json(scale))
+
+
+def _sdpa_stats(n: Node) -> bool:
     stats = n.get("generate_stats")
     if stats is None:  # frontends before 1.1x said is_inference
         stats = not n.get("is_inference", True)
-    causal = _sdpa_causal(n)
-    attrs_ = (("scale", scale_text), ("causal", _bool(causal)), ("stats", _bool(stats)))
-    args = (n.port("Q"), n.port("K"), n.port("V"), n.port("Bias", optional=True))
-    return Call("sdpa", tuple(a for a in args if a is not None), attrs_, ("O", "Stats") if stats else ("O",))
+    return bool(stats)
 
 
-def _sdpa_causal(n: Node) -> bool:
-    if n.get("causal_mask_bottom_right", False):
-        raise n.fail("a bottom-right causal mask: the language's causal mask is top-left aligned")
-    if n.get("sliding_window_length") is not None or n.get("left_bound") is not None:
-        raise n.fail("a sliding-window mask (left_bound): the language's sdpa has none")
-    if "causal_mask" in n.j:  # frontends before 1.1x
-        return bool(n.get("causal_mask"))
-    right, align = n.get("right_bound"), n.get("diagonal_alignment", "TOP_LEFT")
-    if right is None:
-        return False
-    if right != 0 or align != "TOP_LEFT":
+def import_sdpa(n: Node) -> Call:
+    _unsupported(n, ("Q", "K", "V", "Attn_scale", *_SDPA_OPTIONAL.values()))
+    if n.get("dropout_probability") is not None:
         raise n.fail(
-            f"a diagonal band mask (right_bound={right}, {align}): the language's causal mask is top-left "
-            "with right_bound 0"
+            "a random dropout (dropout_probability): the language's sdpa takes a dropout mask", "dropout_probability"
         )
-    return True
+    args = [n.port("Q"), n.port("K"), n.port("V")]
+    kwargs = [(k, n.port(p, optional=True)) for k, p in _SDPA_OPTIONAL.items()]
+    if bool(n.get("padding_mask", False)) != (n.tensor("SEQ_LEN_Q") is not None):
+        raise n.fail("padding_mask and the SEQ_LEN inputs disagree", "padding_mask")
+    stats = _sdpa_stats(n)
+    attrs_ = [(k, v) for k, v in kwargs if v is not None]
+    attrs_ += [("scale", _sdpa_scale(n)), *_sdpa_band(n), ("stats", _bool(stats))]
+    if n.get("alibi_mask", False):
+        attrs_.append(("alibi", "true"))
+    if n.tensor("Page_table_K") is not None:
+        attrs_.append(("max_seq_len_kv", str(int(n.get("max_seq_len_kv")))))
+    elif n.get("max_seq_len_kv") is not None:
+        raise n.fail("max_seq_len_kv without page tables", "max_seq_len_kv")
+    for field in ("max_total_seq_len_q", "max_total_seq_len_kv"):
+        if n.get(field) is not None:
+            raise n.fail(f"{field} (ragged Q/K/V): the language's sdpa has no ragged offsets", field)
+    return Call("sdpa", tuple(args), tuple(attrs_), ("O", "Stats") if stats else ("O",))
 
 
-def _norm(op: str, with_bias: bool) -> Callable[[Node], Call]:
+def import_sdpa_fp8(n: Node) -> Call:
+    _unsupported(n, (*_SDPA_FP8, "Attn_scale"))
+    stats = _sdpa_stats(n)
+    attrs_ = (("scale", _sdpa_scale(n)), *_sdpa_band(n), ("stats", _bool(stats)))
+    outs = ("O", "Amax_O", "Stats") if stats else ("O", "Amax_O")
+    return Call("sdpa_fp8", tuple(n.port(p) for p in _SDPA_FP8), attrs_, outs, unused=("Amax_S",))
+
+
+def _sdpa_band(n: Node) -> list[tuple[str, str]]:
+    """The diagonal band: causal spellings where they fit (the checker folds them back into the bounds)."""
+    if "causal_mask" in n.j:  # frontends before 1.1x
+        if n.get("causal_mask_bottom_right", False):
+            return [("causal_bottom_right", "true")]
+        return [("causal", "true")] if n.get("causal_mask") else []
+    left, right = n.get("left_bound"), n.get("right_bound")
+    if left is None:
+        left = n.get("sliding_window_length")
+    align = str(n.get("diagonal_alignment", "TOP_LEFT")).lower()
+    out = []
+    if right == 0:
+        out.append(("causal" if align == "top_left" else "causal_bottom_right", "true"))
+    elif left is not None or right is not None:
+        if align != "top_left":  # the language's default
+            out.append(("diagonal_alignment", align))
+        if right is not None:
+            out.append(("right_bound", str(int(right))))
+    if left is not None:
+        out.append(("left_bound", str(int(left))))
+    return out
+
+
+def _norm(op: str, with_bias: bool, stats: tuple[str, ...]) -> Callable[[Node], Call]:
+    """A norm with a forward phase: y alone in inference, y and `stats` (output ports) in training."""
+
     def convert(n: Node) -> Call:
         phase = n.get("forward_phase", "INFERENCE")
-        if phase != "INFERENCE":
-            raise n.fail(f"forward_phase {phase}: the language's {op} is the inference norm", "forward_phase")
+        if phase not in ("INFERENCE", "TRAINING"):
+            raise n.fail(f"forward_phase {phase}: the language's {op} has inference and training", "forward_phase")
         args = [n.port("X"), n.port("SCALE"), n.port("BIAS", optional=not with_bias)]
-        eps = f32_text(n.value_of("EPSILON"))
-        return Call(op, tuple(a for a in args if a is not None), (("epsilon", eps),), ("Y",))
+        attrs_ = [("epsilon", f32_text(n.value_of("EPSILON")))]
+        outs = ("Y",)
+        if phase == "TRAINING":
+            attrs_.append(("phase", "training"))
+            outs += stats
+        return Call(op, tuple(a for a in args if a is not None), tuple(attrs_), outs)
 
     return convert
+
+
+def import_batchnorm(n: Node) -> Call:
+    if n.get("peer_stats"):
+        raise n.fail("peer_stats (statistics across GPUs): the language's batchnorm has none", "peer_stats")
+    ports = ("X", "SCALE", "BIAS", "PREV_RUNNING_MEAN", "PREV_RUNNING_VAR")
+    attrs_ = (("epsilon", f32_text(n.value_of("EPSILON"))), ("momentum", f32_text(n.value_of("MOMENTUM"))))
+    outs = ("Y", "MEAN", "INV_VARIANCE", "NEXT_RUNNING_MEAN", "NEXT_RUNNING_VAR")
+    return Call("batchnorm", tuple(n.port(p) for p in ports), attrs_, outs)
+
+
+def import_genstats(n: Node) -> Call:
+    return Call("genstats", (n.port("X"),), (), ("SUM", "SQ_SUM"))
+
+
+def import_rope(n: Node) -> Call:
+    attrs_ = (
+        ("rope_dim", str(int(n.get("rope_dim")))),
+        ("output_scale", f32_text(f32_from_json(n.get("output_scale", 1.0)))),
+    )
+    return Call("rope", (n.port("INPUT"), n.port("FREQS")), attrs_, ("OUTPUT",))
+
+
+def import_concatenate(n: Node) -> Call:
+    if n.get("in_place_index") is not None:
+        raise n.fail(
+            "in_place_index (writing into one of its inputs): the language's concatenate has none", "in_place_index"
+        )
+    ports = sorted((n.j.get("inputs") or {}), key=lambda p: int(p) if p.isdigit() else -1)
+    if not ports or any(not p.isdigit() for p in ports):
+        raise n.fail(f"inputs {ports}: a concatenation's inputs are numbered")
+    return Call("concatenate", tuple(n.port(p) for p in ports), (("axis", str(int(n.get("axis")))),), ("Y",))
 
 
 def import_batchnorm_inference(n: Node) -> Call:
@@ -388,8 +541,15 @@ NODES: dict[str, Callable[[Node], Call]] = {
     "MATMUL": import_matmul,
     "REDUCTION": import_reduction,
     "SDPA": import_sdpa,
-    "LAYER_NORM": _norm("layernorm", True),
-    "RMS_NORM": _norm("rmsnorm", False),
+    "SDPA_FP8_FWD": import_sdpa_fp8,
+    "LAYER_NORM": _norm("layernorm", True, ("MEAN", "INV_VARIANCE")),
+    "RMS_NORM": _norm("rmsnorm", False, ("INV_VARIANCE",)),
+    "INSTANCE_NORM": _norm("instancenorm", True, ("MEAN", "INV_VARIANCE")),
+    "ADA_LAYER_NORM": _norm("adalayernorm", False, ("MEAN", "INV_VARIANCE")),
+    "BATCHNORM": import_batchnorm,
+    "GENSTATS": import_genstats,
+    "ROPE": import_rope,
+    "CONCATENATE": import_concatenate,
     "BATCHNORM_INFERENCE": import_batchnorm_inference,
     "TRANSPOSE": import_transpose,
     "RESHAPE": import_reshape,
@@ -404,9 +564,17 @@ IMPORTED = {
     "conv_wgrad": "CONV_WGRAD",
     "matmul": "MATMUL",
     "reduction": "REDUCTION",
+    "relu": "POINTWISE mode RELU_FWD (with its clips, or none)",
     "sdpa": "SDPA",
+    "sdpa_fp8": "SDPA_FP8_FWD",
     "layernorm": "LAYER_NORM",
     "rmsnorm": "RMS_NORM",
+    "instancenorm": "INSTANCE_NORM",
+    "adalayernorm": "ADA_LAYER_NORM",
+    "batchnorm": "BATCHNORM",
+    "genstats": "GENSTATS",
+    "rope": "ROPE",
+    "concatenate": "CONCATENATE",
     "batchnorm_inference": "BATCHNORM_INFERENCE",
     "transpose": "TRANSPOSE",
     "reshape": "RESHAPE",
@@ -416,6 +584,25 @@ IMPORTED = {
 NOT_IMPORTED = {
     "bias": "the frontend's bias is its pointwise ADD: it imports as add (the same frontend call)",
     "scale": "the frontend's scale is its pointwise MUL: it imports as mul (the same frontend call)",
+}
+
+
+#: what a .cdg file says that the frontend's graph JSON does not carry, so a round trip cannot keep it, and why
+NOT_CARRIED = {
+    "buffer": "views of one allocation (`buffer`, `in BUF at OFF`): the JSON has each tensor's dims and strides, "
+    "not the memory it lives in; a view imports as an input of its own, with the view's strides",
+    "in-place output": "`output y in x`: the JSON has no aliasing; y imports as an output of its own",
+    "range dim": "`dim T in LO..HI step S`: the JSON holds one shape; the graph imports at that shape",
+    "init": "an input's distribution (`init=`) is the runtime's, not the cuDNN graph's",
+    "option": "`option` lines (plan choice, tuning) are planning settings, not the graph's",
+    "rank below 3": "rank 1 and 2 tensors reach cuDNN with unit dims in front (lower.py MIN_RANK): they import "
+    "as rank 3, their axes attributes counted in that rank",
+    "declared default dtype": "a virtual tensor's dtype is declared only where it differs from the one the "
+    "language gives it (`h : float = ...` in a float graph imports as `h = ...`)",
+    "relu negative_slope alone": "relu(negative_slope=s) is the frontend's leaky_relu: it imports as "
+    "leaky_relu(slope=s)",
+    "names of unnamed values": "nested calls and number literals get the frontend's names (a literal imports as a "
+    "scalar)",
 }
 
 
@@ -494,7 +681,9 @@ def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) ->
     io = _dtype(ctx.get("io_data_type"))
     lines = [f"io {io}"] if io else []
     compute = _dtype(ctx.get("compute_data_type")) or "float"  # the language's defaults, as the frontend's
-    lines += [f"intermediate {_dtype(ctx.get('intermediate_data_type')) or 'float'}", f"compute {compute}", ""]
+    intermediate = _dtype(ctx.get("intermediate_data_type")) or "float"
+    lines += [f"intermediate {intermediate}", f"compute {compute}", ""]
+    _composite_k(nodes, tensors)
     absorbed = _absorbed(nodes, tensors)
     for t in sorted(tensors.values(), key=lambda t: (t.uid is None, t.uid or 0)):  # in UID order, as declared
         if t.producer is None and t.key not in absorbed and t.consumers:
@@ -506,7 +695,7 @@ def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) ->
     for i, nj in enumerate(nodes):
         node = Node(src, nj, i, tensors, scalars)
         try:
-            lines += _statements(node, compute)
+            lines += _statements(node, compute, intermediate)
         except _MALFORMED as e:
             raise node.fail(str(e)) from None
     fe, be = j.get("cudnn_frontend_version", "?"), j.get("cudnn_backend_version", "?")
@@ -534,9 +723,27 @@ def _tensor_problem(t) -> str | None:
     return None
 
 
+def _composite_k(nodes: list, tensors: dict[str, Tensor]) -> None:
+    """The frontend's composite sdpa (chosen for a dropout mask, among others) transposes K in place to [B, H, D, S]
+    and its JSON shows that K: put it back as the language (and the frontend's caller) gave it."""
+    for nj in nodes:
+        ref = (nj.get("inputs") or {}).get("K")
+        if nj["tag"] == "SDPA" and nj.get("implementation") == "COMPOSITE" and ref is not None:
+            t = tensors[str(ref)]
+            for field in ("dim", "stride"):
+                v = list(t.json.get(field) or [])
+                if len(v) == 4:
+                    t.json[field] = v[:2] + v[:1:-1]
+
+
 def _absorbed(nodes: list, tensors: dict[str, Tensor]) -> set[str]:
     """Pass-by-value inputs that the language spells as an attribute of their node (epsilon, the sdpa scale)."""
-    ports = {"LAYER_NORM": ("EPSILON",), "RMS_NORM": ("EPSILON",), "SDPA": ("Attn_scale",)}
+    ports = {
+        **dict.fromkeys(("LAYER_NORM", "RMS_NORM", "INSTANCE_NORM", "ADA_LAYER_NORM"), ("EPSILON",)),
+        "BATCHNORM": ("EPSILON", "MOMENTUM"),
+        "SDPA": ("Attn_scale",),
+        "SDPA_FP8_FWD": ("Attn_scale",),
+    }
     out = set()
     for nj in nodes:
         for port in ports.get(nj["tag"], ()):
@@ -569,16 +776,18 @@ def _declare(src: Source, j: Located, t: Tensor, scalars: dict[str, str]) -> str
     return f"input {t.name} : {t.dtype}{_ints(t.dims)} strides {_ints(t.strides)}{uid}"
 
 
-def _statements(n: Node, compute: str) -> list[str]:
+def _statements(n: Node, compute: str, intermediate: str) -> list[str]:
     convert = NODES.get(n.tag)
     if convert is None:
         raise n.fail(f"the language has no op for frontend nodes of type {n.tag}", "tag")
     call = convert(n)
     _check_neutral(n)
     node_compute = _dtype(n.get("compute_data_type"))
-    kwargs = list(call.attrs) + ([("compute", node_compute)] if node_compute and node_compute != compute else [])
+    default = OPS[call.op].compute or compute  # logic ops compute in bool unless told
+    kwargs = list(call.attrs) + ([("compute", node_compute)] if node_compute and node_compute != default else [])
     outs = [n.tensor(p, "outputs") for p in call.outputs]
     extra = [p for p, ref in (n.j.get("outputs") or {}).items() if ref is not None and p not in call.outputs]
+    extra = [p for p in extra if p not in call.unused or not _dangling(n.tensor(p, "outputs"))]
     if extra:
         raise n.fail(f"gives outputs {', '.join(extra)}, which the language's {call.op} does not")
     missing = [p for p, o in zip(call.outputs, outs) if o is None]
@@ -590,8 +799,21 @@ def _statements(n: Node, compute: str) -> list[str]:
         expr = f"{call.op}({', '.join(list(call.args) + [f'{k}={v}' for k, v in kwargs])})"
     if len(outs) == 1 and not outs[0].virtual:
         return [f"output {_output_decl(outs[0])} = {expr}"]
+    if len(outs) == 1 and outs[0].dtype and outs[0].dtype != _virtual_dtype(n, call.op, intermediate):
+        return [f"{outs[0].name} : {outs[0].dtype} = {expr}"]  # a typed intermediate
     lines = [f"{', '.join(o.name for o in outs)} = {expr}"]
     return lines + [f"output {_output_decl(o)}" for o in outs if not o.virtual]
+
+
+def _virtual_dtype(n: Node, op: str, intermediate: str) -> str | None:
+    """The dtype the language gives a virtual result that declares none (docs/language.md, Precision)."""
+    sig = OPS[op]
+    first = n.tensor(next(iter(n.j.get("inputs") or {}), ""))
+    return sig.result_dtype or (first.dtype if sig.keeps_dtype and first else None) or intermediate
+
+
+def _dangling(t: Tensor) -> bool:
+    return t.virtual and not t.consumers
 
 
 def _output_decl(t: Tensor) -> str:

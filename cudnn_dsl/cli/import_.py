@@ -18,8 +18,9 @@ EPILOG = (
     "canonical form (`fmt --check` clean). A node or setting the language cannot express is an error naming the "
     "node and its place in FILE (exit 1, nothing written). -o never replaces an existing file unless --force; "
     "the write is atomic. Round trip: `cudnn-dsl emit G.cdg --format fe-json > G.json && cudnn-dsl import G.json` "
-    "gives the same graph; the JSON does not carry the file's options, its nesting, or bias/scale (the "
-    "frontend's ADD and MUL: they come back as + and *), and a graph with symbolic dims is one JSON per shape."
+    "gives the same cuDNN graph; the JSON does not carry the file's options, its nesting, buffers and views, "
+    "in-place outputs, init=, or bias/scale (the frontend's ADD and MUL: they come back as + and *); a graph with "
+    "symbolic or range dims is one JSON per shape; rank 1 and 2 tensors come back rank 3 (as cuDNN gets them)."
 )
 _MAX_BYTES = 256 << 20  # a frontend log of many graphs is large, but not this large
 
