@@ -46,7 +46,7 @@ def test_bind_of_a_split_graph_says_it_runs_in_parts():
     import cudnn_dsl
 
     cg = cudnn_dsl.compile(text=LN_GELU)
-    with pytest.raises(cudnn_dsl.DslError, match=r"runs as 2 parts .* call the compiled graph instead"):
+    with pytest.raises(cudnn_dsl.DslError, match=r"splits into 2 parts .* call the compiled graph instead"):
         cg.bind(cg.allocate_inputs())
 
 

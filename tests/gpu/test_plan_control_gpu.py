@@ -128,9 +128,14 @@ def test_run_isolate_checks_each_op_alone():
     for line in lines[:-1]:
         m = re.search(r"= (\w+): (ok|mismatch|cuDNN-declined-alone|failed)", line)
         ops[m.group(1)] = m.group(2)
-    assert all(ops[op] == "ok" for op in ("matmul", "mul", "add", "gelu")), lines
+    assert all(ops[op] == "ok" for op in ("matmul", "mul", "gelu")), lines
     assert ops["reduction"] in ("ok", "cuDNN-declined-alone"), lines  # a reduction alone may have no engine
-    assert "no op diverges alone" in lines[-1]
+    # Seen on the H200 (cuDNN 9.19): the add alone, float [16, 512, 512] + bf16 [1, 1, 512], is computed
+    # wrong by cuDNN's standalone pointwise engine (NaNs), though the fused graph is right; isolate says so.
+    if ops["add"] == "ok":
+        assert "no op diverges alone" in lines[-1]
+    else:
+        assert ops["add"] == "mismatch" and "first op that diverges: add_2 = add" in lines[-1], lines
 
 
 def test_isolate_names_the_first_op_past_a_zero_tolerance():
