@@ -67,7 +67,6 @@ def test_binary_select_and_a_masked_clamp():
 
 
 def test_gen_index_masks_columns_and_is_an_output():
-    import torch
 
     text = HEAD + (
         "  y = matmul(a, b)\n"
