@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything this project runs on the GPU machine, in one go. Usage, from the repo root:
 #   OUT=out bash bench/gpu_all.sh
-# Leaves in $OUT: pytest_gpu.txt, log.txt (every report), bench.json/.png, tune.json/.png,
-# reuse.json, eject.json. Plans go to a private store, so the run starts cold.
+# Leaves in $OUT: pytest_gpu.txt, log.txt (every report), bench.json/.png, bench-cold.json, tune.json/.png,
+# reuse.json, eject.json. Plans go to a private store, so the run starts cold. GPU_TESTS=paths runs only
+# those test files.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -12,8 +13,8 @@ cdsl() { python3 -m cudnn_dsl "$@"; }
 section() { printf '\n== %s\n' "$*" | tee -a "$LOG"; }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$LOG"
-section "pytest -m gpu"
-timeout 300 python3 -m pytest -m gpu -q -rfE tests -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
+section "pytest -m gpu ${GPU_TESTS:-tests}"
+timeout 300 python3 -m pytest -m gpu -q -rfEx ${GPU_TESTS:-tests} -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
 tail -2 "$OUT/pytest_gpu.txt" | tee -a "$LOG"
 cdsl cache clear > /dev/null  # some GPU tests use the default store: start the runs cold
 section "cudnn-dsl run, every example (cold store)"
@@ -30,6 +31,9 @@ grep -E "^graph|winner|first choice" "$LOG" | grep -A2 "plans, " | tail -12
 section "cudnn-dsl bench (tuned plans from the store)"
 cdsl bench examples/conv_bias_relu.cdg examples/matmul_epilogue.cdg examples/sdpa.cdg \
   --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee -a "$LOG"
+section "cudnn-dsl bench --cold-l2 (the matmul epilogue's inputs fit in the L2 when warm)"
+cdsl bench examples/matmul_epilogue.cdg --cold-l2 --no-peak --against cudnn,torch,compile \
+  --json "$OUT/bench-cold.json" 2>&1 | tee -a "$LOG"
 section "bench/eject_parity.py"
 python3 bench/eject_parity.py --json "$OUT/eject.json" 2>&1 | tail -3 | tee -a "$LOG"
 section "bare bmm (the stretch goal's yardstick)"
