@@ -101,6 +101,9 @@ def peak_tflops_bf16() -> float:
 def _compiled(fn: Callable[[], dict], mode: str) -> Callable[[], dict]:
     """torch.compile of the eager reference in one of its modes. The CUDA-graph modes reuse their output
     buffers from call to call, which is what the step marker tells them is allowed."""
+    # every contender and graph compiles the same reference function: without room for them, dynamo stops
+    # compiling after its recompile limit and runs eager (seen: SDPA's reduce-overhead at the eager time)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     compiled = torch.compile(fn, mode=mode)
     if mode == "default":
         return compiled
