@@ -21,7 +21,7 @@ GENSTATS = (
 def _check(text: str, **options):
     import cudnn_dsl
 
-    cg = cudnn_dsl.compile(text=text, **options)
+    cg = cudnn_dsl.compile(text=text, split=True, **options)
     ins = cg.allocate_inputs()
     results = cg.check(ins)
     assert all(r.ok for r in results), [str(r) for r in results]
@@ -45,7 +45,7 @@ def test_layernorm_then_gelu_is_two_cudnn_graphs():
 def test_bind_of_a_split_graph_says_it_runs_in_parts():
     import cudnn_dsl
 
-    cg = cudnn_dsl.compile(text=LN_GELU)
+    cg = cudnn_dsl.compile(text=LN_GELU, split=True)
     with pytest.raises(cudnn_dsl.DslError, match=r"splits into 2 parts .* call the compiled graph instead"):
         cg.bind(cg.allocate_inputs())
 
