@@ -446,6 +446,19 @@ def _results(res, a, n: int) -> list:
     return [res[i] for i in range(n)] if a["phase"] == "training" else [res[0]]
 
 
+def _lower_norm(builder: str, results: int):
+    """layernorm, rmsnorm, instancenorm and adalayernorm: (x, scale, bias, epsilon) in a phase; in training
+    `results` outputs (Y and the statistics), else Y alone."""
+
+    def lower(ctx, ins, a):
+        x, scale, bias = ins
+        eps = ctx.constant(a["epsilon"], "epsilon")
+        y = getattr(ctx.g, builder)(x, scale, bias, eps, norm_forward_phase=_phase(ctx, a), **ctx.kw)
+        return _results(y, a, results)
+
+    return lower
+
+
 def ref_layernorm(ins, a, outs):
     x, scale, bias = ins
     axes = _norm_axes(x, scale)
@@ -457,26 +470,10 @@ def ref_layernorm(ins, a, outs):
     return [_affine(y, scale, bias), mean, inv_var][: len(outs)]
 
 
-def lower_layernorm(ctx, ins, a):
-    x, scale, bias = ins
-    y = ctx.g.layernorm(
-        x, scale, bias, ctx.constant(a["epsilon"], "epsilon"), norm_forward_phase=_phase(ctx, a), **ctx.kw
-    )
-    return _results(y, a, 3)  # [Y, mean, inv_var]
-
-
 def ref_rmsnorm(ins, a, outs):
     x, scale, bias = ins
     inv_var = torch.rsqrt(x.square().mean(_norm_axes(x, scale), keepdim=True) + a["epsilon"])
     return [_affine(x * inv_var, scale, bias), inv_var][: len(outs)]
-
-
-def lower_rmsnorm(ctx, ins, a):
-    x, scale, bias = ins
-    y = ctx.g.rmsnorm(
-        x, scale, bias, ctx.constant(a["epsilon"], "epsilon"), norm_forward_phase=_phase(ctx, a), **ctx.kw
-    )
-    return _results(y, a, 2)  # [Y, inv_var]
 
 
 def ref_batchnorm_inference(ins, a, outs):
@@ -526,26 +523,10 @@ def ref_instancenorm(ins, a, outs):
     return [_affine(y, scale, bias), mean, inv_var][: len(outs)]
 
 
-def lower_instancenorm(ctx, ins, a):
-    x, scale, bias = ins
-    y = ctx.g.instancenorm(
-        x, scale, bias, ctx.constant(a["epsilon"], "epsilon"), norm_forward_phase=_phase(ctx, a), **ctx.kw
-    )
-    return _results(y, a, 3)
-
-
 def ref_adalayernorm(ins, a, outs):
     x, scale, bias = ins
     y, mean, inv_var = _standardize(x, _norm_axes(x, scale), a["epsilon"])
     return [_affine(y, scale, bias), mean, inv_var][: len(outs)]
-
-
-def lower_adalayernorm(ctx, ins, a):
-    x, scale, bias = ins
-    y = ctx.g.adalayernorm(
-        x, scale, bias, ctx.constant(a["epsilon"], "epsilon"), norm_forward_phase=_phase(ctx, a), **ctx.kw
-    )
-    return _results(y, a, 3)
 
 
 def ref_genstats(ins, a, outs):
@@ -621,12 +602,12 @@ IMPLS: dict[str, OpImpl] = {
     "reduction": OpImpl(ref_reduction, lower_reduction),
     "sdpa": OpImpl(ref_sdpa, lower_sdpa, undefined_sdpa),
     "sdpa_fp8": OpImpl(ref_sdpa_fp8, lower_sdpa_fp8),
-    "layernorm": OpImpl(ref_layernorm, lower_layernorm),
-    "rmsnorm": OpImpl(ref_rmsnorm, lower_rmsnorm),
+    "layernorm": OpImpl(ref_layernorm, _lower_norm("layernorm", 3)),
+    "rmsnorm": OpImpl(ref_rmsnorm, _lower_norm("rmsnorm", 2)),
     "batchnorm_inference": OpImpl(ref_batchnorm_inference, lower_batchnorm_inference),
     "batchnorm": OpImpl(ref_batchnorm, lower_batchnorm),
-    "instancenorm": OpImpl(ref_instancenorm, lower_instancenorm),
-    "adalayernorm": OpImpl(ref_adalayernorm, lower_adalayernorm),
+    "instancenorm": OpImpl(ref_instancenorm, _lower_norm("instancenorm", 3)),
+    "adalayernorm": OpImpl(ref_adalayernorm, _lower_norm("adalayernorm", 3)),
     "genstats": OpImpl(ref_genstats, lower_genstats),
     "rope": OpImpl(ref_rope, lower_rope),
     "transpose": OpImpl(ref_transpose, lower_transpose),
