@@ -101,9 +101,6 @@ def peak_tflops_bf16() -> float:
 def _compiled(fn: Callable[[], dict], mode: str) -> Callable[[], dict]:
     """torch.compile of the eager reference in one of its modes. The CUDA-graph modes reuse their output
     buffers from call to call, which is what the step marker tells them is allowed."""
-    # every contender and graph compiles the same reference function: without room for them, dynamo stops
-    # compiling after its recompile limit and runs eager (seen: SDPA's reduce-overhead at the eager time)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     compiled = torch.compile(fn, mode=mode)
     if mode == "default":
         return compiled
@@ -146,6 +143,9 @@ def bench_graph(
     eager = lambda: run_reference(graph, inst, tensors, native=True)  # noqa: E731
     if "torch" in against:
         contenders.append(Contender("torch", eager))
+    # every graph's contenders compile the same reference function: after 8 compilations of it dynamo
+    # runs it eager (seen: the third graph's reduce-overhead at the eager time), so each graph starts afresh
+    torch.compiler.reset()
     for name, mode in COMPILE_MODES.items():
         if name in against:
             contenders.append(Contender(name, _compiled(eager, mode)))
