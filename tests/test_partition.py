@@ -100,3 +100,44 @@ def test_check_target_reports_the_partition_instead_of_failing(tmp_path):
     p = run_cli("check", "--target", "h200", f)
     assert p.returncode == 0, p.stderr
     assert "declines graph ln_gelu whole" in p.stdout and "part 2: gelu (line 6) — cuDNN graph" in p.stdout
+
+
+VIEWED = (
+    "graph viewed {\n  io bf16\n  buffer buf : bf16[2, 8, 1024, 1, 1]\n"
+    "  input x : bf16[8, 1024, 1, 1] strides [1024, 1, 1024, 1024] in buf at 8192\n"
+    "  input s : float[1, 1024, 1, 1] nhwc\n  input b : float[1, 1024, 1, 1] nhwc\n"
+    "  input acc : bf16[8, 1024, 1, 1] nhwc\n  output y in acc = gelu(layernorm(x, s, b))\n}\n"
+)
+
+
+def test_a_part_keeps_the_buffers_its_views_read_and_binds_an_output_in_place_as_a_plain_output():
+    from cudnn_dsl.store import graph_digest
+
+    g = program(text=VIEWED, file="v.cdg").graphs[0]
+    inst = g.instances[0]
+    first, second = subgraph(g, inst, 0, 1, "p1"), subgraph(g, inst, 1, 2, "p2")
+    assert [b.name for b in first.buffers] == ["buf"] and first.instances[0].type("buf") == inst.type("buf")
+    assert second.buffers == () and second.in_place == ()  # its output lands in acc's memory as bound
+    for part in (first, second):  # the plan store's key of each part (a KeyError before)
+        assert len(graph_digest(part, part.instances[0])) == 64
+
+
+def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_it():
+    import torch
+
+    from cudnn_dsl.partition import Part, Partition
+    from cudnn_dsl.reference import run_reference
+    from cudnn_dsl.staged import Staged
+
+    text = (
+        "graph g {\n  input a : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
+        "  output y in a = relu(b)\n  output z = a + b\n}\n"
+    )
+    g = program(text=text, file="g.cdg").graphs[0]
+    inst = g.instances[0]
+    staged = Staged(g, inst, Partition((Part(0, 1, None, "-"), Part(1, 2, None, "-")), "-"), [None, None])
+    a, b = torch.randn(1, 8, 8), torch.randn(1, 8, 8)
+    want = run_reference(g, inst, {"a": a.clone(), "b": b})
+    outputs = {"y": a, "z": torch.empty(1, 8, 8)}  # y is bound to a's memory, as bind_outputs does
+    staged.run({"a": a, "b": b}, outputs)
+    assert torch.equal(outputs["y"], want["y"]) and torch.equal(outputs["z"], want["z"])
