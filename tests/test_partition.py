@@ -141,3 +141,8 @@ def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_i
     outputs = {"y": a, "z": torch.empty(1, 8, 8)}  # y is bound to a's memory, as bind_outputs does
     staged.run({"a": a, "b": b}, outputs)
     assert torch.equal(outputs["y"], want["y"]) and torch.equal(outputs["z"], want["z"])
+
+
+def test_support_refuses_a_target_list_that_names_no_gpu():
+    p = run_cli("support", "examples/residual_block.cdg", "--target", ",")
+    assert p.returncode == 2 and "--target ',' names no GPU" in p.stderr and not p.stdout
