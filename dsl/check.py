@@ -267,8 +267,10 @@ class _GraphChecker:
         symbolic = [d for d in st.type.dims if isinstance(d.value, str)]
         if symbolic:
             self.err("a buffer's dims are numbers (its views have fixed offsets and strides)", symbolic[0].loc)
+        if dtype == "bool":  # cuDNN keeps bools bit-packed: a view's address would fall inside a byte
+            self.err("a buffer of bool is bit-packed (eight elements a byte) and cannot hold views", st.type.dtype_loc)
         self.buffers[st.name] = BufferDecl(st.name, dtype, dims, st.loc)
-        if dtype is None or dims is None or symbolic:
+        if dtype in (None, "bool") or dims is None or symbolic:
             self.poisoned.add(st.name)  # its views stay silent
 
     def _view(self, d: Decl, place: ast.Place, dims) -> None:

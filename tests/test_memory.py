@@ -84,6 +84,17 @@ def test_a_view_keeps_16_byte_alignment(dtype, offset, ok):
         assert "not a multiple of 16" in found[0]
 
 
+def test_a_bool_buffer_is_refused_where_declared():
+    # bound bools are bit-packed: a view at an element offset has no byte address (run crashed on it)
+    text = (
+        "graph bv {\n  buffer mb : bool[2, 4, 128]\n  input a : float[1, 4, 128]\n"
+        "  input m : bool[1, 4, 128] in mb at 512\n  output y = binary_select(a, a, m)\n}\n"
+    )
+    r = load(text=text, file="m.cdg")
+    [e] = [d for d in r.diagnostics if d.severity == "error"]
+    assert "bit-packed" in e.message and (e.loc.line, e.loc.col) == (2, 15)
+
+
 def test_views_may_alias_but_inputs_of_their_own_may_not():
     view = (
         "graph a {\n  buffer t : float[16]\n  input x : float[4, 16] strides [0, 1] in t at 0\n"
