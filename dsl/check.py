@@ -322,6 +322,7 @@ class _GraphChecker:
             )
         else:
             o.into, o.into_loc = place.target, place.loc
+            self.used.add(place.target)  # its memory is the output's: no input left unused
 
     def _init(self, s: ast.InitSpec, target) -> None:
         if getattr(target, "kind", None) != "input":

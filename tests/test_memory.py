@@ -95,6 +95,11 @@ def test_a_bool_buffer_is_refused_where_declared():
     assert "bit-packed" in e.message and (e.loc.line, e.loc.col) == (2, 15)
 
 
+def test_an_input_only_written_in_place_is_not_warned_unused():
+    text = "graph w {\n  input x : float[1, 4, 8]\n  input acc : float[1, 4, 8]\n  output y in acc = relu(x)\n}\n"
+    assert [d.message for d in load(text=text, file="m.cdg").diagnostics] == []
+
+
 def test_views_may_alias_but_inputs_of_their_own_may_not():
     view = (
         "graph a {\n  buffer t : float[16]\n  input x : float[4, 16] strides [0, 1] in t at 0\n"
