@@ -19,6 +19,9 @@ def subgraph(graph: Graph, inst: Instance, first: int, end: int, name: str) -> G
     made = {o for n in nodes for o in n.outputs}
     read = [i for n in nodes for i in n.inputs if i is not None and i not in made]
     later = {i for n in graph.nodes[end:] for i in n.inputs if i is not None}
+    for n in nodes:  # cuDNN wants an op's statistics alike: one materialized (a later part reads it), all are
+        if any(o in later or graph.value(o).kind == "output" for o in n.outputs[1:]):
+            later |= set(n.outputs[1:])
     values = []
     for v in graph.values:
         if v.name in made:

@@ -146,3 +146,17 @@ def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_i
 def test_support_refuses_a_target_list_that_names_no_gpu():
     p = run_cli("support", "examples/residual_block.cdg", "--target", ",")
     assert p.returncode == 2 and "--target ',' names no GPU" in p.stderr and not p.stdout
+
+
+def test_a_part_materializes_all_of_an_ops_statistics_when_a_later_part_reads_one(h200):
+    text = (
+        "graph lt {\n  io bf16\n  compute float\n  input x : bf16[256, 1024, 1, 1]\n"
+        "  input gamma : float[1, 1024, 1, 1]\n  input beta : float[1, 1024, 1, 1]\n"
+        "  y, mean, inv_variance = layernorm(x, gamma, beta, epsilon=1e-5, phase=training)\n"
+        "  output z = gelu(y)\n  output m2 = mean * 2.0\n}\n"
+    )
+    g = program(text=text, file="lt.cdg").graphs[0]
+    first = subgraph(g, g.instances[0], 0, 1, "p1")
+    assert [v.name for v in first.outputs] == ["y", "mean", "inv_variance"]  # cuDNN wants the two alike
+    _, partition = plan_for_target(g, g.instances[0], g.options, h200)
+    assert [p.graph is not None for p in partition.parts] == [True, True]  # the norm was a torch fallback
