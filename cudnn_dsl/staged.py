@@ -17,7 +17,7 @@ from cudnn_dsl.bits import logical
 from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.ops import IMPLS
 from cudnn_dsl.partition import Partition, find_partition, short
-from cudnn_dsl.tensors import empty, snapshot, stored
+from cudnn_dsl.tensors import empty, snapshot, stored, view
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance
 
@@ -64,8 +64,11 @@ class Staged:
         cg({v.name: env[v.name] for v in cg.graph.inputs if v.name in env}, made)
 
     def _value(self, env: dict, name: str):
-        """A tensor as values (a bool one unpacked), or a scalar given by value; None: a declared scalar."""
-        value = env.get(name)
+        """A tensor as values (a bool one unpacked; a view read off its buffer), or a scalar given by
+        value; None: a declared scalar."""
+        value, v = env.get(name), self.graph.value(name)
+        if value is None and v.view is not None:
+            value = view(v, self.inst, env)
         if isinstance(value, torch.Tensor):
             return logical(value, self.inst.type(name))
         return value

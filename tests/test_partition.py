@@ -160,3 +160,22 @@ def test_a_part_materializes_all_of_an_ops_statistics_when_a_later_part_reads_on
     assert [v.name for v in first.outputs] == ["y", "mean", "inv_variance"]  # cuDNN wants the two alike
     _, partition = plan_for_target(g, g.instances[0], g.options, h200)
     assert [p.graph is not None for p in partition.parts] == [True, True]  # the norm was a torch fallback
+
+
+def test_a_torch_fallback_reads_a_view_off_its_buffer():
+    import torch
+
+    from cudnn_dsl.partition import Part, Partition
+    from cudnn_dsl.reference import run_reference
+    from cudnn_dsl.staged import Staged
+    from cudnn_dsl.tensors import empty, generate_inputs
+
+    text = (
+        "graph v {\n  buffer buf : float[2, 4, 8]\n  input x : float[1, 4, 8] in buf at 32\n  output y = relu(x)\n}\n"
+    )
+    g = program(text=text, file="v.cdg").graphs[0]
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", 0)
+    outputs = {"y": empty(inst.type("y"), "cpu")}
+    Staged(g, inst, Partition((Part(0, 1, None, "-"),), "-"), [None]).run(ins, outputs)
+    assert torch.equal(outputs["y"], run_reference(g, inst, ins)["y"])
