@@ -95,3 +95,10 @@ def test_run_takes_values_inside_the_range_and_refuses_those_outside():
     assert "T=48" in p.stdout + p.stderr
     p = run_cli("run", EXAMPLE, "--shape", "T=50")
     assert p.returncode == 2 and "T=50 is not in 16..4096 step 16" in p.stderr
+
+
+def test_emit_of_a_range_graph_asks_for_one_shape_without_miscounting(tmp_path):
+    f = tmp_path / "r.cdg"
+    f.write_text("graph g {\n  dim T in 16..64 step 16\n  input a : float[1, T, 8]\n  output y = relu(a)\n}\n")
+    p = run_cli("emit", f)
+    assert p.returncode == 2 and "has more than one shape (T in 16..64 step 16)" in p.stderr  # it said "2 shapes"
