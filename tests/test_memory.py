@@ -251,6 +251,24 @@ def test_a_dump_holds_the_buffer_and_reruns_on_it(tmp_path):
     assert "buffers['k'] = buffers['qkv'].as_strided([2, 2, 8, 16], [768, 16, 96, 1], 32)" in script
 
 
+def test_a_dump_that_cannot_eject_its_scripts_writes_nothing(tmp_path, monkeypatch):
+    from cudnn_dsl import dump, emit
+
+    src = tmp_path / "p.cdg"
+    src.write_text(PACKED)
+    g = program(src).graphs[0]
+    inst = g.instances[0]
+    inputs = generate_inputs(g, inst, "cpu", seed=5)
+
+    def refuse(graph, inst):
+        raise ValueError("cannot trace")
+
+    monkeypatch.setattr(emit, "emit_torch", refuse)
+    with pytest.raises(ValueError):
+        dump.write(tmp_path / "d", src, g, inst, inputs, None)
+    assert not (tmp_path / "d").exists()
+
+
 def test_program_errors_do_not_reach_the_runtime():
     with pytest.raises(DslError):
         program(text=PACKED.replace("at 64", "at 65"), file="m.cdg")
