@@ -111,3 +111,10 @@ def test_a_refused_dim_is_one_error_not_one_more_at_each_use(dim):
     text = f"graph g {{\n  dim T in {dim}\n  input a : float[1, T, 8]\n  output y = relu(a)\n}}\n"
     errors = [d for d in load(text=text, file="d.cdg").diagnostics if d.severity == "error"]
     assert [e.loc.line for e in errors] == [2], [e.message for e in errors]  # was also "unknown dimension 'T'"
+
+
+def test_a_range_of_one_value_is_one_shape():
+    g = program(
+        text="graph g {\n  dim T in 16..16\n  input a : float[1, T, 8]\n  output y = relu(a)\n}\n", file="o.cdg"
+    )
+    assert "graph g: 1 ops, 1 shape (" in summary(g)
