@@ -179,3 +179,11 @@ def test_a_torch_fallback_reads_a_view_off_its_buffer():
     outputs = {"y": empty(inst.type("y"), "cpu")}
     Staged(g, inst, Partition((Part(0, 1, None, "-"),), "-"), [None]).run(ins, outputs)
     assert torch.equal(outputs["y"], run_reference(g, inst, ins)["y"])
+
+
+@pytest.mark.parametrize("command", [["support", "--target", "h200"], ["run"]])
+def test_json_to_stdout_is_the_json_alone(command):
+    p = run_cli(*command, "examples/residual_block.cdg", "--json", "-")
+    assert p.returncode == 0, p.stderr
+    json.loads(p.stdout)  # the human report went to stderr (it was printed before the JSON)
+    assert "residual_block" in p.stderr
