@@ -187,3 +187,15 @@ def test_json_to_stdout_is_the_json_alone(command):
     assert p.returncode == 0, p.stderr
     json.loads(p.stdout)  # the human report went to stderr (it was printed before the JSON)
     assert "residual_block" in p.stderr
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--target", ""], "--target '' names no GPU"),
+        (["--target", "a100", "--device-properties", "cudnn_dsl/devices/h200.json"], "not both"),
+    ],
+)
+def test_check_refuses_an_empty_target_and_two_targets(flags, words):
+    p = run_cli("check", "examples/residual_block.cdg", *flags)  # the empty one was ignored, the name overridden
+    assert p.returncode == 2 and words in p.stderr and not p.stdout

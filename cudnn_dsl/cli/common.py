@@ -308,6 +308,10 @@ def add_target_flags(p, what: str) -> None:
 def target_from(args, default: str | None = None):
     """The device --target or --device-properties names (default: `default`), checked before any
     work; None when neither is given and there is no default."""
+    if args.target is not None and not args.target.strip():
+        raise UsageError(f"--target {args.target!r} names no GPU")
+    if args.target and args.device_properties:
+        raise UsageError("give --target or --device-properties, not both")
     name = args.target or default
     if not (args.device_properties or name):
         return None
