@@ -31,8 +31,8 @@ def pack(values: torch.Tensor, t: TensorType) -> torch.Tensor:
 def unpack(packed: torch.Tensor, t: TensorType) -> torch.Tensor:
     """cuDNN's bytes -> logical bools of t's shape."""
     b = packed.reshape(-1)[: nbytes(t)].to(torch.uint8)
-    shifts = torch.arange(8, dtype=torch.uint8, device=b.device)
-    flat = ((b.unsqueeze(1) >> shifts) & 1).reshape(-1)[: t.storage].bool()
+    bits = torch.stack([(b >> k) & 1 for k in range(8)], 1)  # no tensor of shifts: emit traces this device-free
+    flat = bits.reshape(-1)[: t.storage].bool()
     return flat.as_strided(t.shape, t.strides)
 
 

@@ -48,8 +48,9 @@ def write(
     """Writes one shape's dump into `directory` (made when missing); returns the files written."""
     from cudnn_dsl.emit import emit_cudnn, emit_torch
 
-    directory.mkdir(parents=True, exist_ok=True)
     s = stem(graph, inst)
+    texts = {f"{s}.cudnn.py": emit_cudnn(graph, inst), f"{s}.torch.py": emit_torch(graph, inst)}  # first: may raise
+    directory.mkdir(parents=True, exist_ok=True)
     written = []
     cdg = directory / source.name
     if not cdg.exists() or cdg.read_bytes() != source.read_bytes():
@@ -61,7 +62,6 @@ def write(
         if tensors is not None:
             _save(tensors, directory / f"{s}.{name}.pt")
             written.append(directory / f"{s}.{name}.pt")
-    texts = {f"{s}.cudnn.py": emit_cudnn(graph, inst), f"{s}.torch.py": emit_torch(graph, inst)}
     if fe_json is not None:
         texts[f"{s}.fe.json"] = fe_json
     if plan is not None:

@@ -17,7 +17,7 @@ from cudnn_dsl.bits import logical
 from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.ops import IMPLS
 from cudnn_dsl.partition import Partition, find_partition, short
-from cudnn_dsl.tensors import empty, stored
+from cudnn_dsl.tensors import empty, snapshot, stored, view
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance
 
@@ -33,8 +33,9 @@ class Staged:
         return self.partition.lines(self.graph)
 
     def run(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> None:
-        """Runs every part in order: reads `tensors` (inputs and scalars by name), writes `outputs`."""
-        env: dict[str, Any] = {**tensors, **outputs}
+        """Runs every part in order: reads `tensors` (inputs and scalars by name), writes `outputs`. An input
+        that an output overwrites is read from a copy: a later part reads it as it was before the launch."""
+        env: dict[str, Any] = {**snapshot(self.graph, tensors), **outputs}
         for k in range(len(self.compiled)):
             self.run_part(k, env)
 
@@ -63,8 +64,11 @@ class Staged:
         cg({v.name: env[v.name] for v in cg.graph.inputs if v.name in env}, made)
 
     def _value(self, env: dict, name: str):
-        """A tensor as values (a bool one unpacked), or a scalar given by value; None: a declared scalar."""
-        value = env.get(name)
+        """A tensor as values (a bool one unpacked; a view read off its buffer), or a scalar given by
+        value; None: a declared scalar."""
+        value, v = env.get(name), self.graph.value(name)
+        if value is None and v.view is not None:
+            value = view(v, self.inst, env)
         if isinstance(value, torch.Tensor):
             return logical(value, self.inst.type(name))
         return value

@@ -294,8 +294,11 @@ def _check_packed(name: str, t: torch.Tensor, want: TensorType, device, loc: Loc
             f"a bool tensor bit-packed as cuDNN keeps it: {need} uint8 bytes, eight elements a byte "
             f"(cudnn_dsl.pack_bits(mask) makes them), given {from_torch(t.dtype) or t.dtype}"
         )
-    elif t.numel() < need or not t.is_contiguous():
-        problems.append(f"{need} contiguous bytes of packed bools, given {t.numel()}")
+    elif t.numel() != need or not t.is_contiguous():  # a byte per element is the likely mistake: never read as bits
+        hint = (
+            " (a byte per element? cudnn_dsl.pack_bits(mask) packs them)" if t.numel() == math.prod(want.shape) else ""
+        )
+        problems.append(f"{need} contiguous bytes of packed bools, given {t.numel()}{hint}")
     if device is not None and t.device != device:
         problems.append(f"device {device}, given {t.device}")
     if device is not None and not problems and t.data_ptr() % ALIGNMENT:

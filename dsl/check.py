@@ -171,6 +171,7 @@ class _GraphChecker:
             self.err(f"dim '{st.name}': values repeat in {{{', '.join(map(str, st.values))}}}", st.loc)
         if any(v < 1 or v > INT64_MAX for v in st.values):
             self.err(f"dim '{st.name}': values must be between 1 and 2^63-1", st.loc)
+            self.poisoned.add(st.name)  # its uses stay silent
             return
         self.symbols[st.name] = Symbol(st.name, tuple(st.values), st.loc)
 
@@ -181,6 +182,7 @@ class _GraphChecker:
                 f"dim '{st.name}': a range runs from a first value of at least 1 up to a last one, got {lo}..{hi}",
                 st.loc,
             )
+            self.poisoned.add(st.name)
             return
         if step < 1 or (hi - lo) % step:
             near = lo + (hi - lo) // step * step if step >= 1 else lo
@@ -189,6 +191,7 @@ class _GraphChecker:
                 + (f"; the last value would be {near}" if step >= 1 else ""),
                 st.loc,
             )
+            self.poisoned.add(st.name)
             return
         ends = (lo, hi) if hi > lo else (lo,)
         self.symbols[st.name] = Symbol(st.name, ends, st.loc, span=(lo, hi, step))
@@ -197,12 +200,13 @@ class _GraphChecker:
         out, ok = [], True
         for d in dims:
             if isinstance(d.value, str):
-                if d.value not in self.symbols:
+                if d.value not in self.symbols and d.value not in self.poisoned:
                     self.err(
                         f"unknown dimension '{d.value}'{self.sink.hint(d.value, self.symbols)}; declare it "
                         f"with 'dim {d.value} in {{...}}' before use",
                         d.loc,
                     )
+                if d.value not in self.symbols:
                     ok = False
                 self.used.add(d.value)
             elif d.value < 1 or d.value > INT64_MAX:
@@ -267,8 +271,10 @@ class _GraphChecker:
         symbolic = [d for d in st.type.dims if isinstance(d.value, str)]
         if symbolic:
             self.err("a buffer's dims are numbers (its views have fixed offsets and strides)", symbolic[0].loc)
+        if dtype == "bool":  # cuDNN keeps bools bit-packed: a view's address would fall inside a byte
+            self.err("a buffer of bool is bit-packed (eight elements a byte) and cannot hold views", st.type.dtype_loc)
         self.buffers[st.name] = BufferDecl(st.name, dtype, dims, st.loc)
-        if dtype is None or dims is None or symbolic:
+        if dtype in (None, "bool") or dims is None or symbolic:
             self.poisoned.add(st.name)  # its views stay silent
 
     def _view(self, d: Decl, place: ast.Place, dims) -> None:
@@ -320,6 +326,7 @@ class _GraphChecker:
             )
         else:
             o.into, o.into_loc = place.target, place.loc
+            self.used.add(place.target)  # its memory is the output's: no input left unused
 
     def _init(self, s: ast.InitSpec, target) -> None:
         if getattr(target, "kind", None) != "input":

@@ -265,7 +265,8 @@ def summary(program: Program) -> str:
         shapes = f"{len(g.instances)} shapes" if len(g.instances) > 1 else "1 shape"
         if g.typer is not None:
             total = math.prod(s.count for s in g.symbols if s.name in dict(g.instances[0].binding))
-            shapes = f"{total} shapes ({len(g.instances)} checked now: each range's ends; the others on first use)"
+            checked = f"{len(g.instances)} checked now: each range's ends; the others on first use"
+            shapes = f"{total} shape{'s' * (total != 1)} ({checked})"
         out.append(f"{program.file}: graph {g.name}: {len(g.nodes)} ops, {shapes}")
         out.append(f"  types    io {g.io or '(from inputs)'}, intermediate {g.intermediate}, compute {g.compute}")
         out.append(f"  options  {_options_str(g.options)}")

@@ -2,7 +2,8 @@
 
 The nodes keep their UIDs and attributes. Values the run reads but does not make become its
 inputs (tensors an earlier part made are materialized there, in their inferred dtype); values it
-makes that a later node or the caller reads become its outputs.
+makes that a later node or the caller reads become its outputs. A part keeps the buffers its views
+read; its outputs are plain outputs (the runner binds an output in place to its input's memory).
 """
 
 from __future__ import annotations
@@ -18,14 +19,18 @@ def subgraph(graph: Graph, inst: Instance, first: int, end: int, name: str) -> G
     made = {o for n in nodes for o in n.outputs}
     read = [i for n in nodes for i in n.inputs if i is not None and i not in made]
     later = {i for n in graph.nodes[end:] for i in n.inputs if i is not None}
+    for n in nodes:  # cuDNN wants an op's statistics alike: one materialized (a later part reads it), all are
+        if any(o in later or graph.value(o).kind == "output" for o in n.outputs[1:]):
+            later |= set(n.outputs[1:])
     values = []
     for v in graph.values:
         if v.name in made:
             kind = "output" if v.kind == "output" or v.name in later else "virtual"
-            values.append(attrs.evolve(v, kind=kind))
+            values.append(attrs.evolve(v, kind=kind, into=None))
         elif v.name in read:
             values.append(v if v.kind in ("input", "scalar", "const") else attrs.evolve(v, kind="input"))
-    names = {v.name for v in values}
+    buffers = tuple(b for b in graph.buffers if any(v.view and v.view[0] == b.name for v in values))
+    names = {v.name for v in values} | {b.name for b in buffers}
     attrs_of = tuple(inst.node_attrs[first:end]) if inst.node_attrs else ()
     part = Instance((), tuple((k, t) for k, t in inst.types if k in names), attrs_of)
     return attrs.evolve(
@@ -34,6 +39,7 @@ def subgraph(graph: Graph, inst: Instance, first: int, end: int, name: str) -> G
         symbols=(),
         values=tuple(values),
         nodes=nodes,
+        buffers=buffers,
         instances=(part,),
         input_dims=(),
         typer=None,

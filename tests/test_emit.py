@@ -223,3 +223,13 @@ def test_renamed_examples_give_scripts_that_compile_and_agree(seed):
         inst = g.instances[0]
         torch_matches_reference(g, inst)
         cudnn_module(g, inst)
+
+
+def test_torch_script_of_a_graph_with_a_bool_input_matches_reference():
+    # a bool input is bound bit-packed; unpacking it once traced a `device` the script lacked
+    text = (
+        "graph msk {\n  input a : float[1, 4, 10]\n  input b : float[1, 4, 10]\n  input m : bool[1, 4, 10]\n"
+        "  output y = binary_select(a, b, m)\n  output n = logical_not(m)\n}\n"
+    )
+    [g] = graphs(text)
+    torch_matches_reference(g, g.instances[0])

@@ -84,6 +84,22 @@ def test_a_view_keeps_16_byte_alignment(dtype, offset, ok):
         assert "not a multiple of 16" in found[0]
 
 
+def test_a_bool_buffer_is_refused_where_declared():
+    # bound bools are bit-packed: a view at an element offset has no byte address (run crashed on it)
+    text = (
+        "graph bv {\n  buffer mb : bool[2, 4, 128]\n  input a : float[1, 4, 128]\n"
+        "  input m : bool[1, 4, 128] in mb at 512\n  output y = binary_select(a, a, m)\n}\n"
+    )
+    r = load(text=text, file="m.cdg")
+    [e] = [d for d in r.diagnostics if d.severity == "error"]
+    assert "bit-packed" in e.message and (e.loc.line, e.loc.col) == (2, 15)
+
+
+def test_an_input_only_written_in_place_is_not_warned_unused():
+    text = "graph w {\n  input x : float[1, 4, 8]\n  input acc : float[1, 4, 8]\n  output y in acc = relu(x)\n}\n"
+    assert [d.message for d in load(text=text, file="m.cdg").diagnostics] == []
+
+
 def test_views_may_alias_but_inputs_of_their_own_may_not():
     view = (
         "graph a {\n  buffer t : float[16]\n  input x : float[4, 16] strides [0, 1] in t at 0\n"
@@ -233,6 +249,24 @@ def test_a_dump_holds_the_buffer_and_reruns_on_it(tmp_path):
     assert torch.equal(run_reference(g, inst, again, "cpu")["o"], want["o"])
     script = (tmp_path / "d" / "p.cudnn.py").read_text()
     assert "buffers['k'] = buffers['qkv'].as_strided([2, 2, 8, 16], [768, 16, 96, 1], 32)" in script
+
+
+def test_a_dump_that_cannot_eject_its_scripts_writes_nothing(tmp_path, monkeypatch):
+    from cudnn_dsl import dump, emit
+
+    src = tmp_path / "p.cdg"
+    src.write_text(PACKED)
+    g = program(src).graphs[0]
+    inst = g.instances[0]
+    inputs = generate_inputs(g, inst, "cpu", seed=5)
+
+    def refuse(graph, inst):
+        raise ValueError("cannot trace")
+
+    monkeypatch.setattr(emit, "emit_torch", refuse)
+    with pytest.raises(ValueError):
+        dump.write(tmp_path / "d", src, g, inst, inputs, None)
+    assert not (tmp_path / "d").exists()
 
 
 def test_program_errors_do_not_reach_the_runtime():

@@ -210,3 +210,15 @@ def test_lowering_passes_what_the_frontend_takes():
     assert "g.binary_select(x, y, m, name='s'" in s
     assert "g.concatenate(inputs=[x, y], axis=1, name='k')" in s
     assert "dim=[1, 2, 8], stride=[16, 8, 1]" in s
+
+
+def test_a_bool_input_bound_a_byte_per_element_is_refused_with_the_fix():
+    from cudnn_dsl.tensors import BindingError, check_inputs
+
+    g = program(
+        text=graph("  input x : float[3, 16]\n  input m : bool[3, 16]\n  output s = binary_select(x, x, m)")
+    ).graphs[0]
+    inst = g.instances[0]
+    for m in (torch.ones(3, 16, dtype=torch.uint8), torch.ones(7, dtype=torch.uint8)):  # 48 and 7 bytes: 6 wanted
+        with pytest.raises(BindingError, match="6 contiguous bytes of packed bools"):
+            check_inputs(g, inst, {"x": torch.zeros(3, 16), "m": m}, torch.device("cpu"))

@@ -100,3 +100,102 @@ def test_check_target_reports_the_partition_instead_of_failing(tmp_path):
     p = run_cli("check", "--target", "h200", f)
     assert p.returncode == 0, p.stderr
     assert "declines graph ln_gelu whole" in p.stdout and "part 2: gelu (line 6) — cuDNN graph" in p.stdout
+
+
+VIEWED = (
+    "graph viewed {\n  io bf16\n  buffer buf : bf16[2, 8, 1024, 1, 1]\n"
+    "  input x : bf16[8, 1024, 1, 1] strides [1024, 1, 1024, 1024] in buf at 8192\n"
+    "  input s : float[1, 1024, 1, 1] nhwc\n  input b : float[1, 1024, 1, 1] nhwc\n"
+    "  input acc : bf16[8, 1024, 1, 1] nhwc\n  output y in acc = gelu(layernorm(x, s, b))\n}\n"
+)
+
+
+def test_a_part_keeps_the_buffers_its_views_read_and_binds_an_output_in_place_as_a_plain_output():
+    from cudnn_dsl.store import graph_digest
+
+    g = program(text=VIEWED, file="v.cdg").graphs[0]
+    inst = g.instances[0]
+    first, second = subgraph(g, inst, 0, 1, "p1"), subgraph(g, inst, 1, 2, "p2")
+    assert [b.name for b in first.buffers] == ["buf"] and first.instances[0].type("buf") == inst.type("buf")
+    assert second.buffers == () and second.in_place == ()  # its output lands in acc's memory as bound
+    for part in (first, second):  # the plan store's key of each part (a KeyError before)
+        assert len(graph_digest(part, part.instances[0])) == 64
+
+
+def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_it():
+    import torch
+
+    from cudnn_dsl.partition import Part, Partition
+    from cudnn_dsl.reference import run_reference
+    from cudnn_dsl.staged import Staged
+
+    text = (
+        "graph g {\n  input a : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
+        "  output y in a = relu(b)\n  output z = a + b\n}\n"
+    )
+    g = program(text=text, file="g.cdg").graphs[0]
+    inst = g.instances[0]
+    staged = Staged(g, inst, Partition((Part(0, 1, None, "-"), Part(1, 2, None, "-")), "-"), [None, None])
+    a, b = torch.randn(1, 8, 8), torch.randn(1, 8, 8)
+    want = run_reference(g, inst, {"a": a.clone(), "b": b})
+    outputs = {"y": a, "z": torch.empty(1, 8, 8)}  # y is bound to a's memory, as bind_outputs does
+    staged.run({"a": a, "b": b}, outputs)
+    assert torch.equal(outputs["y"], want["y"]) and torch.equal(outputs["z"], want["z"])
+
+
+def test_support_refuses_a_target_list_that_names_no_gpu():
+    p = run_cli("support", "examples/residual_block.cdg", "--target", ",")
+    assert p.returncode == 2 and "--target ',' names no GPU" in p.stderr and not p.stdout
+
+
+def test_a_part_materializes_all_of_an_ops_statistics_when_a_later_part_reads_one(h200):
+    text = (
+        "graph lt {\n  io bf16\n  compute float\n  input x : bf16[256, 1024, 1, 1]\n"
+        "  input gamma : float[1, 1024, 1, 1]\n  input beta : float[1, 1024, 1, 1]\n"
+        "  y, mean, inv_variance = layernorm(x, gamma, beta, epsilon=1e-5, phase=training)\n"
+        "  output z = gelu(y)\n  output m2 = mean * 2.0\n}\n"
+    )
+    g = program(text=text, file="lt.cdg").graphs[0]
+    first = subgraph(g, g.instances[0], 0, 1, "p1")
+    assert [v.name for v in first.outputs] == ["y", "mean", "inv_variance"]  # cuDNN wants the two alike
+    _, partition = plan_for_target(g, g.instances[0], g.options, h200)
+    assert [p.graph is not None for p in partition.parts] == [True, True]  # the norm was a torch fallback
+
+
+def test_a_torch_fallback_reads_a_view_off_its_buffer():
+    import torch
+
+    from cudnn_dsl.partition import Part, Partition
+    from cudnn_dsl.reference import run_reference
+    from cudnn_dsl.staged import Staged
+    from cudnn_dsl.tensors import empty, generate_inputs
+
+    text = (
+        "graph v {\n  buffer buf : float[2, 4, 8]\n  input x : float[1, 4, 8] in buf at 32\n  output y = relu(x)\n}\n"
+    )
+    g = program(text=text, file="v.cdg").graphs[0]
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", 0)
+    outputs = {"y": empty(inst.type("y"), "cpu")}
+    Staged(g, inst, Partition((Part(0, 1, None, "-"),), "-"), [None]).run(ins, outputs)
+    assert torch.equal(outputs["y"], run_reference(g, inst, ins)["y"])
+
+
+@pytest.mark.parametrize("command", [["support", "--target", "h200"], ["run"]])
+def test_json_to_stdout_is_the_json_alone(command):
+    p = run_cli(*command, "examples/residual_block.cdg", "--json", "-")
+    assert p.returncode == 0, p.stderr
+    json.loads(p.stdout)  # the human report went to stderr (it was printed before the JSON)
+    assert "residual_block" in p.stderr
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--target", ""], "--target '' names no GPU"),
+        (["--target", "a100", "--device-properties", "cudnn_dsl/devices/h200.json"], "not both"),
+    ],
+)
+def test_check_refuses_an_empty_target_and_two_targets(flags, words):
+    p = run_cli("check", "examples/residual_block.cdg", *flags)  # the empty one was ignored, the name overridden
+    assert p.returncode == 2 and words in p.stderr and not p.stdout

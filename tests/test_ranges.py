@@ -95,3 +95,26 @@ def test_run_takes_values_inside_the_range_and_refuses_those_outside():
     assert "T=48" in p.stdout + p.stderr
     p = run_cli("run", EXAMPLE, "--shape", "T=50")
     assert p.returncode == 2 and "T=50 is not in 16..4096 step 16" in p.stderr
+
+
+def test_emit_of_a_range_graph_asks_for_one_shape_without_miscounting(tmp_path):
+    f = tmp_path / "r.cdg"
+    f.write_text("graph g {\n  dim T in 16..64 step 16\n  input a : float[1, T, 8]\n  output y = relu(a)\n}\n")
+    p = run_cli("emit", f)
+    assert p.returncode == 2 and "has more than one shape (T in 16..64 step 16)" in p.stderr  # it said "2 shapes"
+
+
+@pytest.mark.parametrize("dim", ["16..100 step 16", "64..16", "{0, 4}"])
+def test_a_refused_dim_is_one_error_not_one_more_at_each_use(dim):
+    from dsl.pipeline import load
+
+    text = f"graph g {{\n  dim T in {dim}\n  input a : float[1, T, 8]\n  output y = relu(a)\n}}\n"
+    errors = [d for d in load(text=text, file="d.cdg").diagnostics if d.severity == "error"]
+    assert [e.loc.line for e in errors] == [2], [e.message for e in errors]  # was also "unknown dimension 'T'"
+
+
+def test_a_range_of_one_value_is_one_shape():
+    g = program(
+        text="graph g {\n  dim T in 16..16\n  input a : float[1, T, 8]\n  output y = relu(a)\n}\n", file="o.cdg"
+    )
+    assert "graph g: 1 ops, 1 shape (" in summary(g)

@@ -7,6 +7,7 @@ import argparse
 import importlib
 import sys
 
+from cudnn_dsl.cli import common
 from cudnn_dsl.cli.common import EXIT_OK, EXIT_USAGE, report
 
 #: command -> module under cudnn_dsl.cli, in the order --help lists them
@@ -62,7 +63,10 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return args.run(args)
+        if getattr(args, "json", None) != "-":
+            return args.run(args)
+        with common.json_on_stdout():  # `--json -`: stdout holds the JSON alone, the human report goes to stderr
+            return args.run(args)
     except BrokenPipeError:  # `cudnn-dsl check f.cdg | head -1`
         sys.stderr.close()
         return EXIT_OK

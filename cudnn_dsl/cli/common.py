@@ -8,6 +8,7 @@ must start fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
@@ -307,6 +308,10 @@ def add_target_flags(p, what: str) -> None:
 def target_from(args, default: str | None = None):
     """The device --target or --device-properties names (default: `default`), checked before any
     work; None when neither is given and there is no default."""
+    if args.target is not None and not args.target.strip():
+        raise UsageError(f"--target {args.target!r} names no GPU")
+    if args.target and args.device_properties:
+        raise UsageError("give --target or --device-properties, not both")
     name = args.target or default
     if not (args.device_properties or name):
         return None
@@ -381,13 +386,27 @@ def check_writable(path: str | None, flag: str) -> None:
         raise UsageError(f"{flag} {path}: {next(q for q in p.parents if q.exists())} is not a directory")
 
 
+_json_out: list = []
+"""the stdout that `--json -` writes to, while the human report goes to stderr"""
+
+
+@contextlib.contextmanager
+def json_on_stdout():
+    _json_out.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _json_out.pop()
+
+
 def write_json(path: str | None, data: Any) -> None:
     """A JSON report to a file (atomically) or to stdout ('-')."""
     if path is None:
         return
     text = json.dumps(data, indent=1, default=str)
     if path == "-":
-        print(text)
+        print(text, file=_json_out[-1] if _json_out else sys.stdout)
         return
     from cudnn_dsl.store import atomic_write
 

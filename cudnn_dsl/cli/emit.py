@@ -43,7 +43,7 @@ def run(args) -> int:
     chosen = common.select_instances(g, args.shape)
     if len(chosen) > 1:
         raise common.UsageError(
-            f"graph '{g.name}' has {len(chosen)} shapes ({g.declared_shapes}); choose one with --shape"
+            f"graph '{g.name}' has more than one shape ({g.declared_shapes}); choose one with --shape"
         )
     if args.format == "fe-json":
         return _fe_json(g, chosen[0], target)

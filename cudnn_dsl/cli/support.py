@@ -32,7 +32,9 @@ def _targets(args) -> list:
         if args.target:
             raise common.UsageError("give --target or --device-properties, not both")
         return [Target.from_file(args.device_properties)]
-    names = [n.strip() for n in args.target.split(",") if n.strip()] if args.target else None
+    names = [n.strip() for n in args.target.split(",") if n.strip()] if args.target is not None else None
+    if names == []:
+        raise common.UsageError(f"--target {args.target!r} names no GPU")
     return [Target.named(n) for n in names or sorted(p.stem for p in DEVICES_DIR.glob("*.json"))]
 
 

@@ -138,3 +138,18 @@ def test_tune_checks_its_winner_on_the_inputs_before_the_candidates_overwrote_th
     r = tune(cg, cg.graph.instances[0])
     assert r.winner is not None, r.check
     assert r.check.startswith("x2: ok"), r.check
+
+
+def test_an_output_in_place_of_an_input_no_op_reads(private_store):
+    # acc is a cuDNN tensor no op reads, bound only as y's memory: cuDNN takes the dangling tensor (or
+    # this test shows it does not)
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(
+        "graph w {\n  input x : float[1, 4, 8]\n  input acc : float[1, 4, 8]\n  output y in acc = relu(x)\n}\n"
+    )
+    x, acc = torch.randn(1, 4, 8, device="cuda"), torch.zeros(1, 4, 8, device="cuda")
+    out = cg(x=x, acc=acc)
+    assert out["y"].data_ptr() == acc.data_ptr() and torch.equal(acc, torch.relu(x))

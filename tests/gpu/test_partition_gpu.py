@@ -17,6 +17,27 @@ GENSTATS = (
     "graph gs {\n  io half\n  input x : half[8, 64, 16, 16] nhwc\n  s, sq = genstats(x)\n  output s\n  output sq\n}\n"
 )
 
+# a view read by one part, an output in place written by another (the parts' plan keys and binding)
+VIEWED_IN_PLACE = (
+    "graph viewed {\n  io bf16\n  buffer buf : bf16[2, 8, 1024, 1, 1]\n"
+    "  input x : bf16[8, 1024, 1, 1] strides [1024, 1, 1024, 1024] in buf at 8192\n"
+    "  input s : float[1, 1024, 1, 1] nhwc\n  input b : float[1, 1024, 1, 1] nhwc\n"
+    "  input acc : bf16[8, 1024, 1, 1] nhwc\n  output y in acc = gelu(layernorm(x, s, b))\n}\n"
+)
+# x is overwritten by one part and read by a later one: that part must see x as it was
+READ_AFTER_OVERWRITE = (
+    "graph rao {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"
+    "  input b : float[1, 1024, 1, 1] nhwc\n  output y in x = gelu(layernorm(x, s, b))\n"
+    "  output z = layernorm(x, s, b)\n}\n"
+)
+# a training norm's mean read by a later part: its statistics materialized alike
+NORM_STATS = (
+    "graph lt {\n  io bf16\n  compute float\n  input x : bf16[256, 1024, 1, 1]\n"
+    "  input gamma : float[1, 1024, 1, 1]\n  input beta : float[1, 1024, 1, 1]\n"
+    "  y, mean, inv_variance = layernorm(x, gamma, beta, epsilon=1e-5, phase=training)\n"
+    "  output z = gelu(y)\n  output m2 = mean * 2.0\n}\n"
+)
+
 
 def _check(text: str, **options):
     import cudnn_dsl
@@ -28,7 +49,11 @@ def _check(text: str, **options):
     return cg, cg.staged(cg.graph.instances[0])
 
 
-@pytest.mark.parametrize("text", [LN_GELU, RESHAPE_AFTER_MATMUL, GENSTATS], ids=["ln_gelu", "mm_reshape", "genstats"])
+@pytest.mark.parametrize(
+    "text",
+    [LN_GELU, RESHAPE_AFTER_MATMUL, GENSTATS, VIEWED_IN_PLACE, READ_AFTER_OVERWRITE, NORM_STATS],
+    ids=["ln_gelu", "mm_reshape", "genstats", "viewed_in_place", "read_after_overwrite", "norm_stats"],
+)
 def test_a_graph_cudnn_declines_whole_runs_in_parts_and_matches(text):
     cg, staged = _check(text)
     if staged is None:  # this cuDNN fuses it after all: nothing to split, and it matched above
