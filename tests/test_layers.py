@@ -69,7 +69,6 @@ FRONTEND_INTERNALS = {
 }
 #: Lark's loader of serialized tables (what its own standalone parsers call): dsl.parser._lark
 LARK_INTERNALS = {"_load_from_dict"}
-TORCH_INTERNALS = {"_dynamo"}  # torch._dynamo.config: how torch documents dynamo's recompile limit
 
 
 def _imports(module: str, tree) -> set[str]:
@@ -123,7 +122,7 @@ def test_no_module_reads_another_modules_private_names():
                 assert not [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")], m
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                 owner = node.value.id if isinstance(node.value, ast.Name) else None
-                allowed = FRONTEND_INTERNALS | LARK_INTERNALS | TORCH_INTERNALS
+                allowed = FRONTEND_INTERNALS | LARK_INTERNALS
                 assert owner in ("self", "cls") or node.attr in allowed, f"{m}: .{node.attr}"
 
 
