@@ -32,14 +32,17 @@ def replay_time_us(fn, handle, device, iterations: int, warmup: int, inner: int 
     return [t / inner for t in gpu_time_us(graph.replay, iterations, warmup=1, inner=1)]
 
 
-def gpu_time_us(fn, iterations: int = 20, warmup: int = 3, inner: int = 10) -> list[float]:
+def gpu_time_us(fn, iterations: int = 20, warmup: int = 3, inner: int = 10, before=None) -> list[float]:
     """GPU time per call of fn() in microseconds: one sample per CUDA-event pair around `inner`
-    back-to-back calls, so the device queue stays full and host overhead is not counted."""
+    back-to-back calls, so the device queue stays full and host overhead is not counted. `before`,
+    when given, runs ahead of each sample, outside its events."""
     for _ in range(warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
     for s, e in zip(starts, ends):
+        if before is not None:
+            before()
         s.record()
         for _ in range(inner):
             fn()
@@ -57,17 +60,7 @@ def l2_flush_buffer(device=None) -> torch.Tensor:
 def cold_time_us(fn, flush: torch.Tensor, iterations: int = 20, warmup: int = 2) -> list[float]:
     """GPU time of single calls of fn() with a cold L2: each call follows a write of `flush`. The
     write keeps the device busy while fn() is launched, so its host cost is not counted either."""
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
-    for s, e in zip(starts, ends):
-        flush.zero_()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+    return gpu_time_us(fn, iterations, warmup, inner=1, before=flush.zero_)
 
 
 def host_time_us(fn, iterations: int = 200) -> float:

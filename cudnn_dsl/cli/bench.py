@@ -55,12 +55,9 @@ def run(args) -> int:
     from cudnn_dsl.bench import bench_graph, peak_tflops_bf16, plot, table
     from cudnn_dsl.timing import environment
 
-    results, status, work = [], common.EXIT_OK, []
-    for path in args.files:  # every file, graph and shape checked before anything is timed
-        result = common.load_each(path)
-        if result is None or not result.ok:
-            status = max(status, common.EXIT_USAGE if result is None else common.EXIT_FAIL)
-            continue
+    results, work = [], []
+    files, status = common.clean_files(args.files)
+    for path, result in files:  # every file, graph and shape checked before anything is timed
         for g in common.select_graphs(result.program, args.graph):
             opts = common.options_from(args, g.options)
             work += [(path, g, inst, opts) for inst in common.select_instances(g, args.shape)]

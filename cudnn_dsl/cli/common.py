@@ -95,6 +95,19 @@ def load_each(path: str, stop: str = "ir") -> Result | None:
         return None
 
 
+def clean_files(paths) -> tuple[list[tuple[str, Result]], int]:
+    """Every file loaded and checked (its diagnostics printed) before any work: the ones that checked
+    clean, and the exit status the others earn (2 for a file that cannot be read, 1 for errors)."""
+    clean, status = [], EXIT_OK
+    for path in paths:
+        result = load_each(path)
+        if result is None or not result.ok:
+            status = max(status, EXIT_USAGE if result is None else EXIT_FAIL)
+        else:
+            clean.append((path, result))
+    return clean, status
+
+
 def load_file(path: str, stop: str = "ir") -> Result:
     """Parses (and checks) one file, printing its diagnostics to stderr; SourceUnreadable when
     there is no such file."""

@@ -45,12 +45,9 @@ def run(args) -> int:
     common.start_logging(args)
     common.check_writable(args.json, "--json")
     targets = _targets(args)  # an unknown name is a usage error before any work
-    status, records = common.EXIT_OK, []
-    for path in args.files:
-        result = common.load_each(path)
-        if result is None or not result.ok:
-            status = max(status, common.EXIT_USAGE if result is None else common.EXIT_FAIL)
-            continue
+    records = []
+    files, status = common.clean_files(args.files)
+    for path, result in files:
         for g in common.select_graphs(result.program, args.graph):
             options = g.options.with_values({"fallback": False}) if args.no_fallback else g.options
             for inst in common.select_instances(g, args.shape):

@@ -120,12 +120,9 @@ def _explore(args, target) -> int:
     common.warn(
         f"note: no CUDA GPU here: asking cuDNN which configurations it supports for {target.name}; none is timed"
     )
-    status, files = common.EXIT_OK, []
-    for path in args.files:
-        result = common.load_each(path)
-        if result is None or not result.ok:
-            status = max(status, common.EXIT_USAGE if result is None else common.EXIT_FAIL)
-            continue
+    files = []
+    clean, status = common.clean_files(args.files)
+    for _, result in clean:
         files.append({"file": result.file, "graphs": []})
         for g in common.select_graphs(result.program, args.graph):
             opts = common.options_from(args, g.options)
