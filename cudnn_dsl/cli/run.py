@@ -306,7 +306,7 @@ class _GpuRunner:
         import torch
 
         from cudnn_dsl.build import timings_text
-        from cudnn_dsl.tensors import compare_outputs, restore, snapshot
+        from cudnn_dsl.tensors import restore, snapshot
         from cudnn_dsl.timing import gpu_time_us
 
         cg, s, opts = self.cg, self.s, self.s.opts
@@ -336,10 +336,7 @@ class _GpuRunner:
         launch()
         torch.cuda.synchronize(cg.device)
         first = {k: v.clone() for k, v in outputs.items()}  # what a repro compares: later launches may differ
-        comps, want = [], None
-        if not s.args.no_reference:
-            want = cg.reference(before)
-            comps = compare_outputs(s.graph, inst, first, want, opts, s.atol, s.rtol, s.no_compare)
+        comps, want = _compared(s, cg, inst, first, before)
         times = gpu_time_us(launch, opts.iterations, warmup=opts.warmup)
         low = exe.low
         median = statistics.median(times)
@@ -355,12 +352,7 @@ class _GpuRunner:
             f"  gpu time   {median:.1f} µs per call ({how}; median of {len(times)} samples, "
             f"min {min(times):.1f}, max {max(times):.1f})"
         )
-        for c in comps:
-            print(f"  compare    {c}")
-        for n in sorted(s.no_compare):
-            print(f"  compare    {n}: not compared (--no-compare)")
-        if s.args.no_reference:
-            print("  skipped    the reference and the comparison (--no-reference)")
+        _print_compared(s, comps)
         for line in pinned + s.repro(inst, first, "outputs"):
             print(f"  repro      {line}")
         isolated = _isolate(s, inst, tensors, cg.device)
@@ -413,16 +405,14 @@ class _GpuRunner:
         import attrs
         import torch
 
-        from cudnn_dsl.tensors import compare_outputs, restore
+        from cudnn_dsl.tensors import restore
         from cudnn_dsl.timing import gpu_time_us
 
         cg, s, opts = self.cg, self.s, self.s.opts
         outputs = cg(tensors)
         torch.cuda.synchronize(cg.device)
         first = {k: v.clone() for k, v in outputs.items()}
-        comps = []
-        if not s.args.no_reference:
-            comps = compare_outputs(s.graph, inst, first, cg.reference(before), opts, s.atol, s.rtol, s.no_compare)
+        comps, _ = _compared(s, cg, inst, first, before)
         times = gpu_time_us(lambda: (restore(tensors, before), cg(tensors, outputs)), opts.iterations, opts.warmup)
         median = statistics.median(times)
         print(f"graph {common.label(s.graph, inst)}")
@@ -430,10 +420,7 @@ class _GpuRunner:
         for line in staged.lines:
             print(f"  split      {line}")
         print(f"  gpu time   {median:.1f} µs per call, every part (median of {len(times)} samples)")
-        for c in comps:
-            print(f"  compare    {c}")
-        if s.args.no_reference:
-            print("  skipped    the reference and the comparison (--no-reference)")
+        _print_compared(s, comps)
         return {
             "graph": s.graph.name,
             "binding": dict(inst.binding),
@@ -461,6 +448,26 @@ class _GpuRunner:
             return [f"the dump was made on {plan['gpu']}, this is {planner.device_name}: this run's own plan is used"]
         planner.pin(inst, plan["engine_id"], plan["knobs"], f"the dump's plan {plan['plan_name']} (engine id + knobs)")
         return []
+
+
+def _compared(s: _Setup, cg, inst, got: dict, before: dict) -> tuple[list, dict | None]:
+    """The outputs against the reference computed from the inputs as they were before the launch (none
+    with --no-reference); and the reference."""
+    from cudnn_dsl.tensors import compare_outputs
+
+    if s.args.no_reference:
+        return [], None
+    want = cg.reference(before)
+    return compare_outputs(s.graph, inst, got, want, s.opts, s.atol, s.rtol, s.no_compare), want
+
+
+def _print_compared(s: _Setup, comps: list) -> None:
+    for c in comps:
+        print(f"  compare    {c}")
+    for n in sorted(s.no_compare):
+        print(f"  compare    {n}: not compared (--no-compare)")
+    if s.args.no_reference:
+        print("  skipped    the reference and the comparison (--no-reference)")
 
 
 class _Split(Exception):
