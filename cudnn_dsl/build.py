@@ -498,11 +498,14 @@ class Executable:
         self.low.g.execute(pack, self.workspace, handle=self.handle)
 
 
-def host_tensors(low: Lowered) -> dict[int, Any]:
-    """uid -> CPU tensor of every pass-by-value tensor the lowering made, at its declared value."""
-    from cudnn_dsl.tensors import host_scalar
+def host_tensors(low: Lowered, device) -> dict[int, Any]:
+    """uid -> what the graph gets besides the caller's buffers: a CPU tensor of every pass-by-value
+    tensor the lowering made, at its declared value, and scratch memory on `device` (Lowered.scratch)."""
+    from cudnn_dsl.tensors import empty, host_scalar
 
-    return {uid: host_scalar(v, dt) for uid, (v, dt) in low.host_values.items()}
+    host = {uid: host_scalar(v, dt) for uid, (v, dt) in low.host_values.items()}
+    host.update({uid: empty(low.instance.type(name), device) for name, uid in low.scratch.items()})
+    return host
 
 
 def _compiles_at_run_time(low: Lowered) -> bool:
@@ -644,7 +647,7 @@ class Planner:
         size = low.g.get_workspace_size() if workspace is None else workspace
         ws = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
         name = low.g.get_plan_name_at_index(_selected_index(low.g)) if low.plan_count else ""
-        return Executable(low, self.handle, self.device, ws, host_tensors(low), name, source, notes)
+        return Executable(low, self.handle, self.device, ws, host_tensors(low, self.device), name, source, notes)
 
     # ---- one shape -> an executable -------------------------------------------------------
 

@@ -144,6 +144,7 @@ def emit_cudnn(graph: Graph, inst: Instance, options=None) -> str:
         f"\n    g.deselect_workspace_greater_than({_lit(o.workspace_limit)})" if o.workspace_limit is not None else ""
     )
     tensors = [(v.name, v.uid, inst.type(v.name)) for v in graph.values if v.kind in ("input", "output")]
+    tensors += [(n, uid, inst.type(n)) for n, uid in low.scratch.items()]  # written, read by no one
     own = [(b.name, inst.type(b.name)) for b in graph.buffers]  # memory of its own: buffers, the rest but views
     own += [(n, t) for n, _, t in tensors if graph.value(n).view is None and graph.value(n).into is None]
     buffers = "\n".join(

@@ -72,6 +72,9 @@ class Lowered:
     """index of the plan built (deviceless: the one whose kernel needed a GPU to load)"""
     skipped: dict[str, str] = attrs.Factory(dict)
     """step -> why it could not run here (deviceless planning of runtime-compiled engines)"""
+    scratch: dict[str, int] = attrs.Factory(dict)
+    """name -> uid of each value cuDNN must write that no output asks for (OpImpl.stats): the runtime
+    binds memory of its own to it"""
 
 
 def lower(
@@ -101,6 +104,7 @@ def lower(
     g = cudnn.pygraph(**kwargs)
     tensors: dict[str, Any] = {}
     host: dict[int, tuple[float, str]] = {}
+    scratch: dict[str, int] = {}
     next_uid = [max([v.uid for v in graph.values] + [u for n in graph.nodes for _, u in n.uids]) + 1]
 
     def by_value(name: str, uid: int, value: float, dtype: str, rank: int):
@@ -141,7 +145,13 @@ def lower(
         for name, t in zip(node.outputs, outs):
             _stamp(cudnn, t, graph.value(name), instance.type(name))
             tensors[name] = t
-    return Lowered(graph, instance, g, host)
+        stats, rule = node.outputs[1:], IMPLS[node.op].stats
+        if rule == "always" or rule == "together" and any(graph.value(n).kind == "output" for n in stats):
+            for name in stats:
+                if graph.value(name).kind != "output":
+                    tensors[name].set_output(True)
+                    scratch[name] = graph.value(name).uid
+    return Lowered(graph, instance, g, host, scratch=scratch)
 
 
 MIN_RANK = 3

@@ -28,6 +28,10 @@ class OpImpl:
     undefined: Callable[..., list] | None = None
     """(inputs, attributes, output types) -> per output, a bool mask of the elements cuDNN leaves
     unspecified (None: all defined); the compare does not read them (sdpa's padded query rows)"""
+    stats: str = "as_asked"
+    """which of the results after the first cuDNN must write: "as_asked" (the outputs), "together"
+    (all or none: layernorm's mean and inv_variance), "always" (batchnorm's); what no output asks for
+    goes to scratch memory"""
 
 
 # ---- pointwise ---------------------------------------------------------------------
@@ -602,12 +606,12 @@ IMPLS: dict[str, OpImpl] = {
     "reduction": OpImpl(ref_reduction, lower_reduction),
     "sdpa": OpImpl(ref_sdpa, lower_sdpa, undefined_sdpa),
     "sdpa_fp8": OpImpl(ref_sdpa_fp8, lower_sdpa_fp8),
-    "layernorm": OpImpl(ref_layernorm, _lower_norm("layernorm", 3)),
+    "layernorm": OpImpl(ref_layernorm, _lower_norm("layernorm", 3), stats="together"),
     "rmsnorm": OpImpl(ref_rmsnorm, _lower_norm("rmsnorm", 2)),
     "batchnorm_inference": OpImpl(ref_batchnorm_inference, lower_batchnorm_inference),
-    "batchnorm": OpImpl(ref_batchnorm, lower_batchnorm),
-    "instancenorm": OpImpl(ref_instancenorm, _lower_norm("instancenorm", 3)),
-    "adalayernorm": OpImpl(ref_adalayernorm, _lower_norm("adalayernorm", 3)),
+    "batchnorm": OpImpl(ref_batchnorm, lower_batchnorm, stats="always"),
+    "instancenorm": OpImpl(ref_instancenorm, _lower_norm("instancenorm", 3), stats="together"),
+    "adalayernorm": OpImpl(ref_adalayernorm, _lower_norm("adalayernorm", 3), stats="together"),
     "genstats": OpImpl(ref_genstats, lower_genstats),
     "rope": OpImpl(ref_rope, lower_rope),
     "transpose": OpImpl(ref_transpose, lower_transpose),

@@ -93,7 +93,7 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
     for dynamic in modes:
         cands = planner.candidates(inst, dynamic)
         result.build_s.update(cands.low.timings)
-        pack = make_pack(cands.low, host_tensors(cands.low), tensors, outputs)
+        pack = make_pack(cands.low, host_tensors(cands.low, cg.device), tensors, outputs)
         indices = cands.indices  # the plans the options' constraints leave
         for n, i in enumerate(indices):
             c = Candidate(i, cands.name(i), mode="dynamic" if dynamic else "")
@@ -146,7 +146,7 @@ def exhaustive(
     cands = planner.candidates(inst)
     tensors = cg.allocate_inputs(dict(inst.binding))
     outputs = cg.bind_outputs(inst, tensors)
-    pack = make_pack(cands.low, host_tensors(cands.low), tensors, outputs)
+    pack = make_pack(cands.low, host_tensors(cands.low, cg.device), tensors, outputs)
     key = planner.key(inst) if planner.use_store else None
     notes, earlier = [], []
     if key is None:

@@ -299,6 +299,13 @@ PLANNED = {
     "rmsnorm_bsd": BSD + "  y, iv = rmsnorm(x, g, phase=training)\n  output y\n  output iv",
     "conv_genstats": "  input x : half[4, 32, 16, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
     "  y = conv_fprop(x, w, padding=1)\n  s, sq = genstats(y)\n  output y\n  output s\n  output sq",
+    # cuDNN writes a layernorm's statistics together and a batchnorm's always: the ones no output asks
+    # for go to scratch memory (OpImpl.stats), else it declines the graph.
+    "layernorm_mean_only": "  input x : half[512, 256, 1, 1]\n  input g : float[1, 256, 1, 1]\n"
+    "  input b : float[1, 256, 1, 1]\n  y, m, iv = layernorm(x, g, b, phase=training)\n  output y\n  output m",
+    "batchnorm_y_only": "  input x : half[8, 32, 16, 16] nhwc\n"
+    + "".join(f"  input {n} : float[1, 32, 1, 1] nhwc\n" for n in ("g", "b", "rm", "rv"))
+    + "  y, m, iv, rm2, rv2 = batchnorm(x, g, b, rm, rv)\n  output y",
     "rope_sdpa": "  input q : bf16[2, 4, 128, 64]\n  input k : bf16[2, 4, 128, 64]\n  input v : bf16[2, 4, 128, 64]\n"
     "  input f : float[128, 1, 1, 64]\n  output qr = rope(q, f)\n  output kr = rope(k, f, rope_dim=32)\n"
     "  output o = sdpa(qr, kr, v, causal=true)",
@@ -326,6 +333,12 @@ def _plan(body: str, h200):
 @pytest.mark.parametrize("case", list(PLANNED))
 def test_cudnn_9_28_plans_the_training_norms_for_an_h200(case, h200):
     assert _plan(PLANNED[case], h200).plan_count >= 1
+
+
+def test_statistics_no_output_asks_for_are_written_to_scratch(h200):
+    assert set(_plan(PLANNED["layernorm_mean_only"], h200).scratch) == {"iv"}
+    assert set(_plan(PLANNED["batchnorm_y_only"], h200).scratch) == {"m", "iv", "rm2", "rv2"}
+    assert _plan(PLANNED["layernorm"], h200).scratch == {}
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,12 @@ def test_layernorm_training_statistics():
     run(graph_text(LN + "  y, m, iv = layernorm(x, g, b, phase=training)\n" + _outputs("y", "m", "iv"), "bf16"))
 
 
+@pytest.mark.parametrize("outputs", [("y", "m"), ("y", "iv")])
+def test_layernorm_with_one_statistic_out(outputs):
+    # cuDNN writes mean and inv_variance together; the one no output asks for goes to scratch memory.
+    run(graph_text(LN + "  y, m, iv = layernorm(x, g, b, phase=training)\n" + _outputs(*outputs), "bf16"))
+
+
 def test_rmsnorm_training_statistics():
     run(graph_text(LN + "  y, iv = rmsnorm(x, g, phase=training)\n" + _outputs("y", "iv"), "bf16"))
 
@@ -77,6 +83,11 @@ def test_batchnorm_training_with_running_statistics():
     run(
         graph_text(BN % "8, 32, 16, 16" + "  y, m, iv, rm2, rv2 = batchnorm(x, g, b, rm, rv, epsilon=0.001)\n" + BN_OUT)
     )
+
+
+def test_batchnorm_training_y_alone():
+    # The statistics and the running ones are written to scratch memory: cuDNN declines the graph without them.
+    run(graph_text(BN % "8, 32, 16, 16" + "  y, m, iv, rm2, rv2 = batchnorm(x, g, b, rm, rv)\n  output y\n"))
 
 
 def test_batchnorm_running_variance_is_the_unbiased_one():
