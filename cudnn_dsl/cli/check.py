@@ -70,6 +70,8 @@ def _plan(program, target, records: list, quiet: bool, args, pin) -> int:
 
     status = common.EXIT_OK
     for g in program.graphs:
+        if g.symbols:
+            status = max(status, _shape_mode(g, target, records, quiet, args))
         for inst in g.instances:
             name = common.label(g, inst)
             progress = common.Progress(name)
@@ -98,3 +100,23 @@ def _plan(program, target, records: list, quiet: bool, args, pin) -> int:
                     f"candidates, first {record['first_plan']}\n    {timings_text(low.timings)}{skipped}"
                 )
     return status
+
+
+def _shape_mode(g, target, records: list, quiet: bool, args) -> int:
+    """The shape mode a run of this graph would use; in override-shape mode, its one plan, planned deviceless."""
+    from cudnn_dsl.backend import BackendUnavailable
+    from cudnn_dsl.build import shape_mode_line
+    from dsl.diagnostics import DslError
+
+    options = common.options_from(args, g.options)
+    try:
+        line, low = shape_mode_line(g, options, target)
+    except (DslError, BackendUnavailable) as e:  # the constraints leave no plan: said, like any other refusal
+        return common.report(e)
+    record = {"graph": g.name, "target": target.name, "shape_mode": options.shape_mode, "says": line}
+    if low is not None:
+        record.update(binding=dict(low.instance.binding), candidates=low.plan_count, override_shapes=True)
+    records.append(record)
+    if not quiet:
+        print(f"  {line}")
+    return common.EXIT_OK
