@@ -769,7 +769,14 @@ class Planner:
         cannot have one, the shape's own plan (as under shape_mode auto), with a note saying why."""
         if self._override is None and self._override_declined is None:
             try:
-                low = plan_override(self.graph, self.options, self.device_name, handle=self.handle, pin=self.plan_spec)
+                low = plan_override(
+                    self.graph,
+                    self.options,
+                    self.device_name,
+                    handle=self.handle,
+                    progress=self.progress,
+                    pin=self.plan_spec,
+                )
                 self._override = self.executable_of(low, "heuristics, override-shape mode", [])
             except OverrideDeclined as e:
                 self._override_declined = str(e)

@@ -85,6 +85,18 @@ def test_from_9_21_one_override_plan_serves_every_value_of_the_range():
         cg(tensors, {"y": torch.empty(1, 32, 1024, dtype=torch.bfloat16, device=got.device)})
 
 
+def test_from_9_21_run_says_the_override_plan_serves_the_value(tmp_path):
+    """Skipped on the H200 of this project (cuDNN 9.19)."""
+    if cudnn_version() < 92100:
+        pytest.skip(f"cuDNN {cudnn_version()} has no override-shape mode (needs 9.21): not executed here")
+    f = tmp_path / "ov.cdg"
+    f.write_text(EXAMPLE.read_text().replace("  dim T in", "  option shape_mode = override\n  dim T in"))
+    p = run_cli("run", f, "--shape", "T=64,128", "--iterations", "2", "--warmup", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("note       override-shape plan built once at T=4096") == 2
+    assert p.stdout.count("compare    y: ok") == 2
+
+
 def test_a_graph_cudnn_declines_in_override_mode_runs_a_plan_per_value_and_matches():
     """The conv of dynamic_shapes.cdg: no engine takes it in override-shape mode (planned deviceless with 9.28);
     below 9.21 the version alone decides."""
