@@ -20,7 +20,7 @@ import attrs
 
 from cudnn_dsl.backend import BackendUnavailable, Target, load_cudnn, versions
 from cudnn_dsl.fe_json import by_value_json
-from cudnn_dsl.lower import Lowered, clean, lower
+from cudnn_dsl.lower import Lowered, clean, lower, override_args
 from cudnn_dsl.store import (
     Entry,
     PlanKey,
@@ -31,7 +31,7 @@ from cudnn_dsl.store import (
     save_kernel_cache_text,
 )
 from dsl.diagnostics import Diagnostic, DslError
-from dsl.ir import Graph, Instance
+from dsl.ir import Graph, Instance, NotFound
 from dsl.ops import FAMILIES, OPS
 from dsl.options import Options
 
@@ -376,6 +376,103 @@ def candidates_deviceless(graph: Graph, inst: Instance, options: Options, target
     return plan(lower(graph, inst, target=target), options, target.name, deviceless=True, steps=STEPS[:4], tuning=True)
 
 
+# ---- override-shape mode: one plan for every shape of a graph ------------------------------
+
+OVERRIDE_MIN_CUDNN = 92100
+"""cuDNN 9.21.0: the first library with execute-time shape overrides (9.19 says 'Override shape support
+requires cudnn 9.21.0 and above')"""
+
+
+def version_text(version: int) -> str:
+    """cuDNN's version number as words: 92801 -> '9.28.1'."""
+    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+
+
+def override_unavailable(version: int) -> str | None:
+    """Why a cuDNN library of this version number cannot run override-shape plans (None: it can)."""
+    if version >= OVERRIDE_MIN_CUDNN:
+        return None
+    return (
+        f"cuDNN {version_text(version)} has no override-shape mode (it needs {version_text(OVERRIDE_MIN_CUDNN)} "
+        "or later)"
+    )
+
+
+class OverrideDeclined(Exception):
+    """Override-shape mode cannot serve this graph here; the message says why (per-value plans then do)."""
+
+
+def representative(graph: Graph) -> Instance:
+    """The shape an override-shape graph is built at: every symbolic dim at its largest value, so that every
+    other shape runs as an override to a shape no larger. OverrideDeclined when that shape does not type."""
+    binding = {s.name: s.span[1] if s.span else max(s.values) for s in graph.symbols}
+    binding = {k: v for k, v in binding.items() if k in dict(graph.instances[0].binding)}
+    try:
+        return graph.instance(binding)
+    except (NotFound, DslError) as e:
+        raise OverrideDeclined(
+            f"the largest shape ({', '.join(f'{k}={v}' for k, v in binding.items())}): {e}"
+        ) from None
+
+
+def plan_override(
+    graph: Graph,
+    options: Options,
+    target_name: str,
+    *,
+    handle=None,
+    target: Target | None = None,
+    progress: Callable[[str], None] | None = None,
+    pin: PlanSpec | None = None,
+) -> Lowered:
+    """The graph lowered at its representative shape in override-shape mode and planned (on the GPU of
+    `handle`, or for `target` without one). OverrideDeclined says why not: the library's version, a shape
+    that does not type, or cuDNN's refusal; a refusal by the user's constraints stays NotAllowed."""
+    why = override_unavailable(load_cudnn().backend_version())
+    if why:
+        raise OverrideDeclined(why)
+    rep = representative(graph)
+    low = lower(graph, rep, handle=handle, target=target, override_shapes=True)
+    try:
+        return plan(low, options, target_name, progress, deviceless=target is not None, pin=pin)
+    except NotAllowed:
+        raise
+    except DslError as e:
+        msg = e.diagnostics[0].message
+        why = clean(msg, 240) + ("…" if len(msg) > 240 else "")
+        if "not support override shape" in msg:  # cuDNN's reason, deep in its list of declining engines
+            why += " (cuDNN: 'this engine currently does not support override shape')"
+        raise OverrideDeclined(f"cuDNN declines it in override-shape mode: {why}") from None
+
+
+def shape_mode_line(graph: Graph, options: Options, target: Target) -> tuple[str, Lowered | None]:
+    """What `check --target` says about the shapes of a graph with symbolic dims: the mode a run would use,
+    and for override-shape mode, the plans this library offers for the target (planned deviceless)."""
+    count = 1
+    for s in graph.symbols:
+        count *= s.count
+    mode = options.shape_mode
+    if mode != "override":
+        how = {
+            "static": "a static plan per shape",
+            "dynamic": "a plan per shape in dynamic-shape mode, one shared kernel cache",
+            "auto": "a plan per shape: static while it compiles nothing at run time, then dynamic-shape mode",
+        }[mode]
+        return f"shape mode {mode}: {how} ({count} shapes)", None
+    version = version_text(load_cudnn().backend_version())
+    try:
+        low = plan_override(graph, options, target.name, target=target)
+    except OverrideDeclined as e:
+        return f"shape mode override: per-value plans as under auto instead ({count} shapes): {e}", None
+    return (
+        f"shape mode override: one plan for all {count} shapes, built at {low.instance.label} and run at each "
+        f"through execute-time shape overrides; cuDNN {version} here offers {low.plan_count} plans for "
+        f"{target.name}, first {first_plan_name(low)}{' (not built: no GPU)' if low.skipped else ''}; cuDNN "
+        f"below {version_text(OVERRIDE_MIN_CUDNN)} falls back to a plan per shape",
+        low,
+    )
+
+
 # ---- the whole space: every engine and knob combination (tune --exhaustive) ------------------
 
 
@@ -484,6 +581,9 @@ class Executable:
     """where the plan came from: heuristics, autotuned, or the plan store (blob, or engine id + knobs)"""
     notes: list[str] = attrs.Factory(list)
     """fallbacks taken on the way, said to the user"""
+    overrides: dict[str, list] = attrs.Factory(dict)
+    """execute()'s shape overrides (override_uids, _shapes, _strides) when the plan was built at another shape
+    in override-shape mode; empty for a plan of this shape"""
 
     @property
     def workspace_bytes(self) -> int:
@@ -495,7 +595,7 @@ class Executable:
 
         cudnn = load_cudnn()
         cudnn.set_stream(self.handle, torch.cuda.current_stream(self.device).cuda_stream)
-        self.low.g.execute(pack, self.workspace, handle=self.handle)
+        self.low.g.execute(pack, self.workspace, handle=self.handle, **self.overrides)
 
 
 def host_tensors(low: Lowered, device) -> dict[int, Any]:
@@ -593,6 +693,10 @@ class Planner:
         self.use_kernel_cache = bool(graph.symbols) and options.shape_mode == "dynamic"
         """build in cuDNN's dynamic-shape mode, sharing one kernel cache across the shapes (auto turns it on
         once a plan turns out to compile its kernel at run time)"""
+        self.use_override = bool(graph.symbols) and options.shape_mode == "override"
+        """run every shape with the one plan built in cuDNN's override-shape mode (when this cuDNN can)"""
+        self._override: Executable | None = None
+        self._override_declined: str | None = None
         self._handle = None
         self._kc = None
         self._kc_first_build_s: float | None = None
@@ -660,8 +764,53 @@ class Planner:
         """The shape's executable: built once per planner, from the store when it can be."""
         exe = self._exes.get(inst.binding)
         if exe is None:
-            exe = self._exes[inst.binding] = self._build(inst)
+            exe = self._exes[inst.binding] = self._overridden(inst) if self.use_override else self._build(inst)
         return exe
+
+    def _overridden(self, inst: Instance) -> Executable:
+        """The shape run by the one override-shape plan, built on first use; where this cuDNN or this graph
+        cannot have one, the shape's own plan (as under shape_mode auto), with a note saying why."""
+        if self._override is None and self._override_declined is None:
+            try:
+                low = plan_override(
+                    self.graph,
+                    self.options,
+                    self.device_name,
+                    handle=self.handle,
+                    progress=self.progress,
+                    pin=self.plan_spec,
+                )
+                self._override = self.executable_of(low, "heuristics, override-shape mode", [])
+            except OverrideDeclined as e:
+                self._override_declined = str(e)
+        if self._override is None:
+            exe = self._build(inst)
+            exe.notes.insert(
+                0, f"shape_mode = override not used, a plan for this shape instead: {self._override_declined}"
+            )
+            return exe
+        return self._override_at(inst)
+
+    def _override_at(self, inst: Instance) -> Executable:
+        """The override-shape plan at this shape: the same built cuDNN graph, launched with this shape's dims
+        and strides as execute-time overrides; a larger workspace only where cuDNN asks for one at this shape."""
+        import torch
+
+        base = self._override
+        overrides = override_args(self.graph, inst)
+        try:
+            size = int(base.low.g.get_workspace_size(self.handle, **overrides))
+        except Exception:  # noqa: BLE001 - a frontend that cannot size an override: the built shape's size
+            size = 0
+        workspace = base.workspace
+        if size > workspace.numel():
+            workspace = torch.empty(size, dtype=torch.uint8, device=self.device)
+        low = attrs.evolve(base.low, instance=inst)  # the built graph, bound and checked at this shape
+        note = (
+            f"override-shape plan built once at {base.low.instance.label} for every shape (option shape_mode = "
+            f"override); this shape runs it through execute-time shape overrides"
+        )
+        return attrs.evolve(base, low=low, workspace=workspace, notes=[note], overrides=overrides)
 
     def _build(self, inst: Instance) -> Executable:
         key = self.key(inst) if self.use_store and self.plan_spec is None else None

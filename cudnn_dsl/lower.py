@@ -78,12 +78,20 @@ class Lowered:
 
 
 def lower(
-    graph: Graph, instance: Instance, *, handle=None, target: Target | None = None, kernel_cache=None, cudnn=None
+    graph: Graph,
+    instance: Instance,
+    *,
+    handle=None,
+    target: Target | None = None,
+    kernel_cache=None,
+    cudnn=None,
+    override_shapes: bool = False,
 ) -> Lowered:
     """Emits the cuDNN Frontend graph calls for one instance (no planning yet).
 
     ``cudnn`` defaults to the real frontend; `emit` passes a recorder that writes the same
-    calls out as a script.
+    calls out as a script. `override_shapes` builds the graph in cuDNN's override-shape mode (9.21+):
+    its plan then runs other shapes given at execute time (`override_args`).
     """
     cudnn = cudnn or load_cudnn()
     kwargs: dict[str, Any] = {
@@ -101,6 +109,8 @@ def lower(
     if kernel_cache is not None:
         kwargs["kernel_cache"] = kernel_cache
         kwargs["is_dynamic_shape_enabled"] = True
+    if override_shapes:
+        kwargs["is_override_shape_enabled"] = True
     g = cudnn.pygraph(**kwargs)
     tensors: dict[str, Any] = {}
     host: dict[int, tuple[float, str]] = {}
@@ -169,6 +179,18 @@ def cudnn_dims(ty: TensorType) -> tuple[list[int], list[int]]:
     lead = lead_dims(len(ty.shape))
     extent = 1 + sum((d - 1) * s for d, s in zip(ty.shape, ty.strides))
     return [1] * lead + list(ty.shape), [extent] * lead + list(ty.strides)
+
+
+def override_args(graph: Graph, instance: Instance) -> dict[str, list]:
+    """execute()'s shape overrides that run a graph lowered in override-shape mode at this instance: the
+    dims and strides cuDNN sees (as `cudnn_dims` gives them) of every input and output tensor."""
+    tensors = graph.of_kind("input", "output")
+    dims = [cudnn_dims(instance.type(v.name)) for v in tensors]
+    return {
+        "override_uids": [v.uid for v in tensors],
+        "override_shapes": [d for d, _ in dims],
+        "override_strides": [s for _, s in dims],
+    }
 
 
 def _stamp(cudnn, t, value, ty: TensorType) -> None:

@@ -66,6 +66,16 @@ class Bound:
     launch: Any = None
 
     def __attrs_post_init__(self):
+        if self.exe.overrides:  # shape overrides go through the frontend's public execute, as its samples do
+            g, ws, h, pack, overrides = (
+                self.exe.low.g,
+                self.exe.workspace,
+                self.exe.handle,
+                self.keep,
+                self.exe.overrides,
+            )
+            self.launch = lambda: g.execute(pack, ws, handle=h, **overrides)
+            return
         self.launch = _raw_launcher(self.exe, self.keep) or self._ordered_launcher()
 
     def _ordered_launcher(self):

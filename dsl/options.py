@@ -17,7 +17,7 @@ from dsl.values import Attr, convert, from_python, from_text
 
 HEURISTIC_MODES = ("A", "B", "FALLBACK")
 BUILD_POLICIES = ("heuristics_choice", "all")
-SHAPE_MODES = ("auto", "static", "dynamic")
+SHAPE_MODES = ("auto", "static", "dynamic", "override")
 
 
 def _option(kind: str, default, doc: str, **kw):
@@ -58,7 +58,9 @@ class Options:
         "enum",
         "auto",
         "plans for the shapes of symbolic dims: static (one per shape), dynamic (cuDNN's dynamic-shape mode, one "
-        "kernel cache), or auto: static while a plan compiles nothing at run time, dynamic once one does",
+        "kernel cache), auto: static while a plan compiles nothing at run time, dynamic once one does; or override "
+        "(cuDNN 9.21+: one plan at the largest shape, run at every shape through execute-time shape overrides; "
+        "auto's plans below 9.21)",
         choices=SHAPE_MODES,
     )
     split: bool = _option(

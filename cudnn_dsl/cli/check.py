@@ -41,7 +41,7 @@ def run(args) -> int:
             status = max(status, common.EXIT_USAGE)
             continue
         diagnostics = [d.to_json() for d in result.diagnostics]
-        entry = {"file": result.file, "diagnostics": diagnostics, "graphs": [], "plans": []}
+        entry = {"file": result.file, "diagnostics": diagnostics, "graphs": [], "plans": [], "shape_modes": []}
         files.append(entry)
         if not result.ok:
             status = max(status, common.EXIT_FAIL)
@@ -56,20 +56,23 @@ def run(args) -> int:
         else:
             print(summary(result.program))
         if target is not None:
-            status = max(status, _plan(result.program, target, entry["plans"], bool(args.json), args, pin))
+            status = max(status, _plan(result.program, target, entry, bool(args.json), args, pin))
     common.write_json(args.json, {"files": files})
     return status
 
 
-def _plan(program, target, records: list, quiet: bool, args, pin) -> int:
-    """Asks the real cuDNN library for the target's plans for every shape of every graph."""
+def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
+    """Asks the real cuDNN library for the target's plans for every shape of every graph (into entry's
+    "plans"), and says the shape mode of each graph with symbolic dims (into its "shape_modes")."""
     from cudnn_dsl.backend import BackendUnavailable
     from cudnn_dsl.build import timings_text
     from cudnn_dsl.partition import plan_for_target
     from dsl.diagnostics import DslError
 
-    status = common.EXIT_OK
+    status, records = common.EXIT_OK, entry["plans"]
     for g in program.graphs:
+        if g.symbols:
+            status = max(status, _shape_mode(g, target, entry["shape_modes"], quiet, args))
         for inst in g.instances:
             name = common.label(g, inst)
             progress = common.Progress(name)
@@ -98,3 +101,23 @@ def _plan(program, target, records: list, quiet: bool, args, pin) -> int:
                     f"candidates, first {record['first_plan']}\n    {timings_text(low.timings)}{skipped}"
                 )
     return status
+
+
+def _shape_mode(g, target, records: list, quiet: bool, args) -> int:
+    """The shape mode a run of this graph would use; in override-shape mode, its one plan, planned deviceless."""
+    from cudnn_dsl.backend import BackendUnavailable
+    from cudnn_dsl.build import shape_mode_line
+    from dsl.diagnostics import DslError
+
+    options = common.options_from(args, g.options)
+    try:
+        line, low = shape_mode_line(g, options, target)
+    except (DslError, BackendUnavailable) as e:  # the constraints leave no plan: said, like any other refusal
+        return common.report(e)
+    record = {"graph": g.name, "target": target.name, "shape_mode": options.shape_mode, "says": line}
+    if low is not None:
+        record.update(binding=dict(low.instance.binding), candidates=low.plan_count, override_shapes=True)
+    records.append(record)
+    if not quiet:
+        print(f"  {line}")
+    return common.EXIT_OK
