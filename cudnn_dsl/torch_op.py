@@ -35,7 +35,7 @@ from cudnn_dsl.tensors import BindingError, empty, host_scalar, stored, view, wr
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, NotFound, Program
 from dsl.printer import dump_ir
-from dsl.types import ALIGNMENT, is_float, itemsize, stride_order
+from dsl.types import ALIGNMENT, is_float, stride_order
 
 NAMESPACE = "cudnn_dsl"
 _LIB: list = []
@@ -156,13 +156,16 @@ class TorchOp:
         self.graph: Graph = cg.graph
         self.options = cg.options
         self.compiled = {}
-        """device -> the CompiledGraph serving it (the caller's for its own device)"""
+        """device -> the CompiledGraph serving it: the latest one as_torch_op was given for its device, else
+        one made from the same graph and options"""
         self._make = lambda device: type(cg)(self.graph, self.options, device)
         g = self.graph
         self.tensor_names = [v.name for v in g.device_inputs]
         self.scalars = list(g.of_kind("scalar"))
         self.arg_names = self.tensor_names + [v.name for v in self.scalars]
         self.defaults = [v.scalar for v in self.scalars]
+        self.mutated = [n for n in self.tensor_names if n in written(g)]
+        """the arguments an output is written over (`Tensor(a!)` in the schema)"""
         self.fresh = [v.name for v in g.outputs if v.into is None]
         self.in_place = {v.name: v.into for v in g.outputs if v.into is not None}
         if not self.tensor_names:
@@ -170,6 +173,8 @@ class TorchOp:
         self.schema = self._schema()
         self.rules = _rules(g, self.fresh) if g.symbols else None
         self._launches: dict[tuple, Any] = {}
+        self.launches = 0
+        """how many times the CUDA kernel ran on the host (a CUDA-graph replay runs it on the device only)"""
         self._register()
         self.overload = getattr(getattr(torch.ops, NAMESPACE), name).default
 
@@ -178,9 +183,8 @@ class TorchOp:
         return f"{NAMESPACE}::{self.name}"
 
     def _schema(self) -> str:
-        mutated = written(self.graph)
-        alias = iter(f"a{i}" for i in range(len(mutated)))
-        args = [f"Tensor({next(alias)}!) {_arg(n)}" if n in mutated else f"Tensor {_arg(n)}" for n in self.tensor_names]
+        alias = {n: f"a{i}" for i, n in enumerate(self.mutated)}
+        args = [f"Tensor({alias[n]}!) {_arg(n)}" if n in alias else f"Tensor {_arg(n)}" for n in self.tensor_names]
         inst = self.graph.instances[0]
         for v in self.scalars:
             dtype = inst.type(v.name).dtype
@@ -191,9 +195,9 @@ class TorchOp:
     def _register(self) -> None:
         lib = _library()
         lib.define(self.name + self.schema)
-        lib.impl(self.name, self._cuda, "CUDA")
-        lib.impl(self.name, self._cpu, "CPU")
-        torch.library.register_fake(self.qualname, self._fake, lib=lib)
+        lib.impl(self.name, self.cuda_kernel, "CUDA")
+        lib.impl(self.name, self.cpu_kernel, "CPU")
+        torch.library.register_fake(self.qualname, self.fake_kernel, lib=lib)
         # Autograd: none yet. A fallthrough on the Autograd key makes the op non-differentiable (its outputs
         # do not require grad) rather than leaving torch's default, which warns and passes gradients on
         # wrongly; __call__ refuses inputs that want a gradient. The derived backward (cudnn_dsl/autograd.py)
@@ -204,24 +208,41 @@ class TorchOp:
     # ---- calling ---------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        names = dict(zip(self.arg_names, args))
-        names.update(kwargs)
-        unknown = set(names) - set(self.arg_names)
-        if unknown:
-            raise BindingError(f"graph '{self.graph.name}' has no input {', '.join(sorted(unknown))}")
-        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in names.values()):
+        if kwargs or len(args) < len(self.tensor_names):
+            args = self._positional(args, kwargs)
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
             raise NotImplementedError(
                 f"graph '{self.graph.name}' has no backward yet; call it under torch.no_grad() or on tensors "
                 f"that do not require grad"
             )
-        result = self.overload(**{_arg(k): v for k, v in names.items()})
+        result = self.overload(*args)
+        if not self.in_place:
+            return result
         fresh = dict(zip(self.fresh, (result,) if len(self.fresh) == 1 else result or ()))
-        inst = self.graph.instances[0]
+        names, inst = self._named(args), self.graph.instances[0]
         outs = [
             fresh[v.name] if v.name in fresh else view(self.graph.value(self.in_place[v.name]), inst, names)
             for v in self.graph.outputs
         ]
         return _returned(outs)
+
+    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+        """Arguments given by name as the schema orders them; a scalar left out takes its declared value."""
+        names = dict(zip(self.arg_names, args))
+        twice = set(names) & set(kwargs)
+        if twice:
+            raise TypeError(f"graph '{self.graph.name}': {', '.join(sorted(twice))} given by position and by name")
+        names.update(kwargs)
+        unknown = set(names) - set(self.arg_names)
+        if unknown:
+            raise BindingError(f"graph '{self.graph.name}' has no input {', '.join(sorted(unknown))}")
+        for n in self.tensor_names:
+            if n not in names:
+                v = self.graph.value(n)
+                raise BindingError(f"graph '{self.graph.name}': {v.kind} '{n}' is not bound", v.loc)
+        return tuple(names[n] for n in self.tensor_names) + tuple(
+            names.get(v.name, d) for v, d in zip(self.scalars, self.defaults)
+        )
 
     def _named(self, args: tuple) -> dict:
         """The kernel's arguments by graph name; scalars left out take their declared values."""
@@ -235,7 +256,8 @@ class TorchOp:
 
     # ---- kernels -------------------------------------------------------------------------------
 
-    def _fake(self, *args):
+    def fake_kernel(self, *args):
+        """The outputs' shapes, dtypes and strides, from the checker's types, for fake and meta tensors."""
         tensors = self._named(args)
         device = tensors[self.tensor_names[0]].device
         binding = self.graph.binding_of({k: tuple(tensors[k].shape) for k in self.tensor_names})
@@ -280,7 +302,7 @@ class TorchOp:
             if len(t.shape) != len(dims) or any(d is not None and n != d for n, d in zip(t.shape, sizes)):
                 raise BindingError(f"'{name}': expected shape {list(dims)}, given {list(t.shape)}", v.loc)
 
-    def _cpu(self, *args):
+    def cpu_kernel(self, *args):
         """The PyTorch reference on the CPU, laid out as the CUDA kernel lays its outputs out: not cuDNN."""
         tensors = self._named(args)
         cg = self._serving(torch.device("cpu"))
@@ -298,7 +320,9 @@ class TorchOp:
                 outs.append(buf)
         return _returned(outs)
 
-    def _cuda(self, *args):
+    def cuda_kernel(self, *args):
+        """cuDNN on CUDA tensors: the arguments in the schema's order (trailing scalars may be left out)."""
+        self.launches += 1
         tensors = args[: len(self.tensor_names)]
         key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
         launch = self._launches.get(key)
@@ -318,8 +342,24 @@ class TorchOp:
             return lambda args: self._outputs(cg(self._named(args)))
         return _Launch(self, inst, cg.executable(inst))
 
+    def forget(self, device: torch.device) -> None:
+        """Drops the launches worked out for a device (its compiled graph was replaced)."""
+        self._launches = {k: v for k, v in self._launches.items() if k[0][3] != device}
+
     def _outputs(self, outputs: dict):
         return _returned([outputs[n] for n in self.fresh])
+
+
+def _window(v, inst) -> tuple:
+    """A view input's (shape, strides, element offset) in its buffer."""
+    t = inst.type(v.name)
+    return t.shape, t.strides, v.view[1]
+
+
+def _on(buffer: torch.Tensor, window: tuple) -> torch.Tensor:
+    """A view's window on its bound buffer (tensors.view, with the types worked out once)."""
+    shape, strides, offset = window
+    return buffer.as_strided(shape, strides, buffer.storage_offset() + offset)
 
 
 class _Launch:
@@ -334,18 +374,16 @@ class _Launch:
         self.host = tuple((u, t) for u, t in exe.host.items() if u not in runtime)
         index = {n: k for k, n in enumerate(op.tensor_names)}
         self.plain = [(index[v.name], v.uid) for v in g.of_kind("input") if v.view is None]
-        self.views = [  # (buffer's argument, byte offset, uid)
-            (index[v.view[0]], v.view[1] * itemsize(inst.type(v.name).dtype), v.uid) for v in g.views
-        ]
+        self.views = [(index[v.view[0]], _window(v, inst), v.uid) for v in g.views]  # (buffer's argument, window, uid)
         self.types = [inst.type(n) for n in op.fresh]
         self.fresh_uids = [g.value(n).uid for n in op.fresh]
-        self.in_place = []  # (uid, the argument written over, and for a view of it, its byte offset)
+        self.in_place = []  # (uid, the argument written over, and for a view of it, its window)
         for v in g.in_place:
             target = g.value(v.into)
             if target.view is None:
                 self.in_place.append((v.uid, index[target.name], None))
             else:
-                self.in_place.append((v.uid, index[target.view[0]], target.view[1] * itemsize(inst.type(v.into).dtype)))
+                self.in_place.append((v.uid, index[target.view[0]], _window(target, inst)))
         self.uids = (
             tuple(u for u, _ in self.host)
             + tuple(u for _, u in self.plain)
@@ -372,10 +410,10 @@ class _Launch:
         buffers = (
             self.constants
             + tuple(args[i] for i, _ in self.plain)
-            + tuple(args[i].data_ptr() + off for i, off, _ in self.views)
+            + tuple(_on(args[i], w) for i, w, _ in self.views)
             + tuple(self._scalar(uid, values[i], dtype) for i, uid, dtype in self.scalars)
             + tuple(outs)
-            + tuple(args[i] if off is None else args[i].data_ptr() + off for _, i, off in self.in_place)
+            + tuple(args[i] if w is None else _on(args[i], w) for _, i, w in self.in_place)
         )
         exe = self.exe
         self.cudnn.set_stream(exe.handle, torch.cuda.current_stream(device).cuda_stream)
@@ -390,8 +428,9 @@ def as_torch_op(cg) -> TorchOp:
     op = _OPS.get(name)
     if op is None:
         op = _OPS[name] = TorchOp(name, cg)
-    if cg.device is not None:
-        op.compiled.setdefault(cg.device, cg)
+    if cg.device is not None and op.compiled.get(cg.device) is not cg:  # the latest graph serves its device
+        op.compiled[cg.device] = cg
+        op.forget(cg.device)
     return op
 
 

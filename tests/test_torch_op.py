@@ -227,3 +227,15 @@ def test_graph_module_holds_state_and_refuses_a_name_the_graph_lacks():
     torch.testing.assert_close(m(x), op(x, w, b))
     with pytest.raises(BindingError, match="has no input bias"):
         cudnn_dsl.GraphModule(op, bias=b)
+
+
+def test_the_benchs_custom_op_twin_has_the_ops_schema_and_kernels():
+    from bench.torch_op import custom_op_twin
+
+    cg = cudnn_dsl.compile(EMA)
+    op = cg.as_torch_op()
+    twin = custom_op_twin(op, "cudnn_dsl_test_twin", kernel=op.cpu_kernel)
+    avg, w = torch.zeros(1, 1024, 1024), torch.ones(1, 1024, 1024)
+    assert twin(avg, w, 0.5) is None
+    torch.testing.assert_close(avg, torch.full_like(avg, 0.5))
+    torch.library.opcheck(twin, (avg, w, 0.5))
