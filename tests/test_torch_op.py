@@ -60,6 +60,11 @@ def serve_inputs(t: int):
     )
 
 
+def cpu_inputs(cg, binding):
+    """Generated inputs on the CPU, where the op's kernel is the reference (on a GPU machine too)."""
+    return {k: v.cpu() for k, v in cg.allocate_inputs(binding).items()}
+
+
 class Counting:
     """A torch.compile backend that counts the graphs it is given and runs them as traced."""
 
@@ -113,7 +118,7 @@ def test_one_graph_compiled_twice_is_one_op_and_another_graph_of_its_name_is_ano
 
 def test_bool_outputs_are_the_packed_bytes_the_launch_writes():
     cg = cudnn_dsl.compile(text=SMALL)
-    ins = cg.allocate_inputs({"N": 4})
+    ins = cpu_inputs(cg, {"N": 4})
     y, m = cg.as_torch_op()(ins["x"], ins["w"])
     want = cg.reference(**ins)
     assert m.dtype == torch.uint8 and m.shape == ((4 * 8 * 32 + 7) // 8,)
@@ -145,7 +150,7 @@ def test_fullgraph_compiles_with_the_stock_backends(backend):
         y, m = op(x, w, alpha=0.75)
         return y.float().sum(), m
 
-    ins = cg.allocate_inputs({"N": 2})
+    ins = cpu_inputs(cg, {"N": 2})
     got = torch.compile(f, fullgraph=True, backend=backend)(ins["x"], ins["w"])
     want = f(ins["x"], ins["w"])
     torch.testing.assert_close(got[0], want[0])
@@ -180,7 +185,7 @@ def test_a_graph_whose_outputs_follow_no_affine_rule_specializes_and_still_trace
     backend = Counting()
     f = torch.compile(lambda x, w: op(x, w), fullgraph=True, backend=backend, dynamic=True)
     for h in (8, 16):
-        ins = cg.allocate_inputs({"H": h})
+        ins = cpu_inputs(cg, {"H": h})
         torch.testing.assert_close(f(ins["x"], ins["w"]), cg.reference(**ins)["y"])
     assert len(backend.graphs) == 2
 
@@ -194,7 +199,7 @@ def test_opcheck_passes(source):
         "strided": lambda: cudnn_dsl.compile(text=STRIDED),
     }[source]()
     op = cg.as_torch_op()
-    ins = cg.allocate_inputs(dict(cg.graph.instances[-1].binding))
+    ins = cpu_inputs(cg, dict(cg.graph.instances[-1].binding))
     args = tuple(ins[n] for n in op.tensor_names) + tuple(0.5 for _ in op.scalars)
     torch.library.opcheck(op.overload, args)
 
