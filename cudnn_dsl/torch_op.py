@@ -54,7 +54,7 @@ def op_name(graph: Graph, options) -> str:
     """The graph's name made a valid op name, and a hash of its checked content and options: a graph
     compiled twice is one op, two graphs of one name are two."""
     text = dump_ir(Program(graph.file, (graph,))) + repr(options)
-    base = re.sub(r"\W", "_", graph.name)
+    base = re.sub(r"[^A-Za-z0-9_]", "_", graph.name)
     return f"{'g_' if base[:1].isdigit() else ''}{base}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
@@ -207,7 +207,7 @@ class TorchOp:
 
     # ---- calling ---------------------------------------------------------------------------
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         if kwargs or len(args) < len(self.tensor_names):
             args = self._positional(args, kwargs)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
@@ -453,7 +453,7 @@ class GraphModule(torch.nn.Module):
         self.held = tuple(state)
         self.free = tuple(n for n in self.op.arg_names if n not in state)
 
-    def forward(self, *args, **kwargs):
+    def forward(self, /, *args, **kwargs):
         named = dict(zip(self.free, args))
         named.update(kwargs)
         named.update((n, getattr(self, n)) for n in self.held)

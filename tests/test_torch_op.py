@@ -244,3 +244,14 @@ def test_the_benchs_custom_op_twin_has_the_ops_schema_and_kernels():
     assert twin(avg, w, 0.5) is None
     torch.testing.assert_close(avg, torch.full_like(avg, 0.5))
     torch.library.opcheck(twin, (avg, w, 0.5))
+
+
+def test_a_name_python_reserves_is_an_argument_with_an_underscore():
+    text = "graph kw {\n  input self : float[1, 4, 8]\n  input lambda : float[1, 4, 8]\n"
+    cg = cudnn_dsl.compile(text=text + "  output out = self + lambda\n}\n")
+    op = cg.as_torch_op()
+    assert op.schema == "(Tensor self_, Tensor lambda_) -> Tensor"
+    a, b = torch.ones(1, 4, 8), torch.full((1, 4, 8), 2.0)
+    torch.testing.assert_close(op(self=a, **{"lambda": b}), a + b)
+    torch.testing.assert_close(op(a, b), a + b)
+    torch.library.opcheck(op.overload, (a, b))
