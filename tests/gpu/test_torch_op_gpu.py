@@ -149,3 +149,32 @@ def test_opcheck_with_the_cuda_kernel(private_store, source):
     op = cg.as_torch_op()
     ins = cg.allocate_inputs(dict(cg.graph.instances[0].binding))
     torch.library.opcheck(op.overload, tuple(ins[n] for n in op.tensor_names))
+
+
+SET_DIM = """
+graph set_dim {
+  io half
+  compute float
+  dim N in {2, 4, 8}
+  input x : half[N, 64, 128]
+  input w : half[1, 128, 64]
+  scalar alpha : float = 0.5
+  output y = relu(matmul(x, w) * alpha)
+}
+"""
+
+
+def test_a_dim_of_a_set_stays_symbolic_and_each_value_runs_its_plan(private_store):
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(text=SET_DIM)
+    op = cg.as_torch_op()
+    w = cg.allocate_inputs({"N": 2})["w"]
+    f = torch.compile(lambda x, alpha: op(x, w, alpha=alpha), fullgraph=True, dynamic=True)
+    for n in (2, 4, 8):
+        x = cg.allocate_inputs({"N": n}, seed=n)["x"]
+        got = f(x, 0.25)
+        assert got.shape == (n, 64, 64)
+        close(got, cg.reference(x=x, w=w, alpha=0.25)["y"], "half")
