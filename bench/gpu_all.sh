@@ -2,7 +2,7 @@
 # Everything this project runs on the GPU machine, in one go. Usage, from the repo root:
 #   OUT=out bash bench/gpu_all.sh
 # Leaves in $OUT: pytest_gpu.txt, log.txt (every report), bench.json/.png, bench-cold.json, tune.json/.png,
-# reuse.json, eject.json. Plans go to a private store, so the run starts cold. GPU_TESTS=paths runs only
+# reuse.json, eject.json, torch_op.json. Plans go to a private store, so the run starts cold. GPU_TESTS=paths runs only
 # those test files.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -36,6 +36,8 @@ cdsl bench examples/matmul_epilogue.cdg --cold-l2 --no-peak --against cudnn,torc
   --json "$OUT/bench-cold.json" 2>&1 | tee -a "$LOG"
 section "bench/eject_parity.py"
 python3 bench/eject_parity.py --json "$OUT/eject.json" 2>&1 | tail -3 | tee -a "$LOG"
+section "bench/torch_op.py (host cost per call of the torch op path)"
+timeout 300 python3 bench/torch_op.py --json "$OUT/torch_op.json" 2>&1 | tee -a "$LOG" | tail -7
 section "bare bmm (the stretch goal's yardstick)"
 python3 - <<'PY' 2>&1 | tee -a "$LOG"
 import statistics, torch

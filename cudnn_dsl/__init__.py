@@ -20,6 +20,9 @@ _EXPORTS = {
     "BackendUnavailable": "cudnn_dsl.backend",
     "DslError": "dsl.diagnostics",
     "load": "dsl.pipeline",
+    "as_torch_op": "cudnn_dsl.torch_op",
+    "TorchOp": "cudnn_dsl.torch_op",
+    "GraphModule": "cudnn_dsl.torch_op",
     "pack_bits": "cudnn_dsl.bits",
     "unpack_bits": "cudnn_dsl.bits",
 }

@@ -340,6 +340,13 @@ class CompiledGraph:
         exe.launch(make_pack(exe.low, exe.host, tensors, outputs))
         return outputs
 
+    def as_torch_op(self):
+        """This graph as a torch operator (cudnn_dsl.torch_op): torch.compile traces it whole, torch.export
+        exports it, CUDA-graph capture replays it."""
+        from cudnn_dsl.torch_op import as_torch_op
+
+        return as_torch_op(self)
+
     def reference(self, tensors: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
         """The PyTorch reference on the inputs' own device (checked like a binding: names, shapes, dtypes)."""
         tensors = _named(tensors, named)

@@ -1,0 +1,460 @@
+"""Runtime layer: a compiled graph as a real torch operator, so that torch.compile traces it with no
+graph break, torch.export exports it, and CUDA-graph capture replays it.
+
+The op is defined with the low-level `torch.library.Library` API (define, impl, register_fake): a call
+through the dispatcher into a Python kernel, without `@torch.library.custom_op`'s wrapping layers
+(`bench/torch_op.py` measures both). Its schema is the graph's: every bound tensor (a buffer, an input
+that is no view), then every scalar with its declared value as default; an input that an output is
+written over (`output y in x`, or a view's buffer) is `Tensor(a!)`. The op returns the outputs it
+allocates; an output in place is its input's memory, returned as such by the Python wrapper.
+
+- Fake (meta) kernel: the checker's types. Each output dim is read as `a * D + b` of one symbolic dim D
+  of the `.cdg` (fitted on the typed shapes, checked on a third value of a range), so a symbolic size
+  stays symbolic; a graph whose outputs follow no such rule (a conv over a symbolic H) specializes on
+  the inputs' sizes instead.
+- CUDA kernel: the compiled graph's plans (the plan store, as everywhere; the first call of a shape
+  builds or loads). The inputs' shapes, strides, dtypes and device are checked once per combination,
+  their 16-byte alignment on every call; outputs are allocated per call, as a torch op's must be.
+- CPU kernel: the graph's **PyTorch reference** (cuDNN runs on CUDA tensors only), its outputs laid out
+  as the CUDA kernel lays them out (bool bit-packed), so that opcheck and a model on the CPU run. It is
+  not cuDNN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import keyword
+import re
+from typing import Any
+
+import torch
+
+from cudnn_dsl.backend import load_cudnn
+from cudnn_dsl.dtypes import torch_dtype
+from cudnn_dsl.tensors import BindingError, empty, host_scalar, stored, view, written
+from dsl.diagnostics import DslError
+from dsl.ir import Graph, NotFound, Program
+from dsl.printer import dump_ir
+from dsl.types import ALIGNMENT, is_float, stride_order
+
+NAMESPACE = "cudnn_dsl"
+_LIB: list = []
+"""the one torch.library.Library fragment of the namespace, made on first use"""
+_OPS: dict[str, TorchOp] = {}
+"""op name -> its TorchOp: a graph of the same content and options is one op in a process"""
+
+
+def _library():
+    if not _LIB:
+        _LIB.append(torch.library.Library(NAMESPACE, "FRAGMENT"))
+    return _LIB[0]
+
+
+def op_name(graph: Graph, options) -> str:
+    """The graph's name made a valid op name, and a hash of its checked content and options: a graph
+    compiled twice is one op, two graphs of one name are two."""
+    text = dump_ir(Program(graph.file, (graph,))) + repr(options)
+    base = re.sub(r"[^A-Za-z0-9_]", "_", graph.name)
+    return f"{'g_' if base[:1].isdigit() else ''}{base}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def _arg(name: str) -> str:
+    """A graph name as a schema argument: a Python keyword or `self` gets a trailing underscore."""
+    return name + "_" if keyword.iskeyword(name) or name == "self" else name
+
+
+def _scalar_type(dtype: str) -> str:
+    return "float" if is_float(dtype) else "bool" if dtype == "bool" else "int"
+
+
+def _literal(value, dtype: str) -> str:
+    if dtype == "bool":
+        return str(bool(value))
+    return repr(float(value)) if is_float(dtype) else str(int(value))
+
+
+# ---- shapes as functions of the symbolic dims ---------------------------------------------------
+
+
+def _probes(graph: Graph) -> list:
+    """The typed shapes, plus a middle value of each range (its ends alone fit any line)."""
+    insts = list(graph.instances)
+    base = dict(insts[0].binding)
+    for s in graph.symbols:
+        if s.name in base and s.span is not None and s.count > 2:
+            lo, _, step = s.span
+            try:
+                insts.append(graph.instance({**base, s.name: lo + step * (s.count // 2)}))
+            except (NotFound, DslError):  # that value breaks a shape rule: the fit is checked on the ends only
+                pass
+    return insts
+
+
+def _fit(values: list[int], bindings: list[dict]):
+    """One dim over the probes: an int, or (symbol, a, b) for a * symbol + b; None when neither fits."""
+    if len(set(values)) == 1:
+        return values[0]
+    for sym in bindings[0]:
+        points = sorted(set(zip((b[sym] for b in bindings), values)))
+        if len({x for x, _ in points}) != len(points):  # varies with another dim too
+            continue
+        (x0, y0), (x1, y1) = points[0], points[-1]
+        if (y1 - y0) % (x1 - x0):
+            continue
+        a = (y1 - y0) // (x1 - x0)
+        if all(y == a * x + y0 - a * x0 for x, y in points):
+            return (sym, a, y0 - a * x0)
+    return None
+
+
+def _dense(shape, order) -> tuple:
+    """Packed strides for a shape that may hold symbolic sizes (dense_strides, without comparing them)."""
+    strides = [0] * len(shape)
+    step = 1
+    for axis in reversed(order):
+        strides[axis] = step
+        d = shape[axis]
+        step = step * (max(1, d) if isinstance(d, int) else d)
+    return tuple(strides)
+
+
+def _rules(graph: Graph, names: list[str]) -> dict | None:
+    """name -> (dims, axis order) of each output, dims as _fit gives them; None when some output is not
+    a packed layout of such dims in every shape (the fake kernel then specializes)."""
+    insts = _probes(graph)
+    bindings = [dict(i.binding) for i in insts]
+    out = {}
+    for name in names:
+        types = [i.type(name) for i in insts]
+        order = stride_order(types[0].strides)
+        if any(t.strides != _dense(t.shape, order) for t in types):
+            return None
+        dims = tuple(_fit([t.shape[k] for t in types], bindings) for k in range(len(types[0].shape)))
+        if None in dims:
+            return None
+        out[name] = (dims, order)
+    return out
+
+
+def _returned(outs: list):
+    """A kernel's result as its schema returns it: nothing, one tensor, or a tuple."""
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class TorchOp:
+    """A compiled graph registered as `torch.ops.cudnn_dsl.<name>`; call it with the graph's inputs by
+    position (the schema's order: tensors, then scalars) or by name. It returns the graph's outputs:
+    one tensor, or a tuple in the graph's order. A bool output is cuDNN's bit-packed bytes
+    (`cudnn_dsl.unpack_bits` reads it), exactly what the launch writes.
+
+    `op.overload` is the OpOverload itself (`torch.ops.cudnn_dsl.<name>.default`), `op.schema` its schema.
+    No backward yet: see `_register` for where it goes.
+    """
+
+    def __init__(self, name: str, cg):
+        self.name = name
+        self.graph: Graph = cg.graph
+        self.options = cg.options
+        self.compiled = {}
+        """device -> the CompiledGraph serving it: the latest one as_torch_op was given for its device, else
+        one made from the same graph and options"""
+        self._make = lambda device: type(cg)(self.graph, self.options, device)
+        g = self.graph
+        self.tensor_names = [v.name for v in g.device_inputs]
+        self.scalars = list(g.of_kind("scalar"))
+        self.arg_names = self.tensor_names + [v.name for v in self.scalars]
+        self.defaults = [v.scalar for v in self.scalars]
+        self.mutated = [n for n in self.tensor_names if n in written(g)]
+        """the arguments an output is written over (`Tensor(a!)` in the schema)"""
+        self.fresh = [v.name for v in g.outputs if v.into is None]
+        self.in_place = {v.name: v.into for v in g.outputs if v.into is not None}
+        if not self.tensor_names:
+            raise BindingError(f"graph '{g.name}' binds no tensor: a torch op takes its device from one", g.loc)
+        self.schema = self._schema()
+        self.rules = _rules(g, self.fresh) if g.symbols else None
+        self._launches: dict[tuple, Any] = {}
+        self.launches = 0
+        """how many times the CUDA kernel ran on the host (a CUDA-graph replay runs it on the device only)"""
+        self._register()
+        self.overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+
+    @property
+    def qualname(self) -> str:
+        return f"{NAMESPACE}::{self.name}"
+
+    def _schema(self) -> str:
+        alias = {n: f"a{i}" for i, n in enumerate(self.mutated)}
+        args = [f"Tensor({alias[n]}!) {_arg(n)}" if n in alias else f"Tensor {_arg(n)}" for n in self.tensor_names]
+        inst = self.graph.instances[0]
+        for v in self.scalars:
+            dtype = inst.type(v.name).dtype
+            args.append(f"{_scalar_type(dtype)} {_arg(v.name)}={_literal(v.scalar, dtype)}")
+        returns = "Tensor" if len(self.fresh) == 1 else "(" + ", ".join("Tensor" for _ in self.fresh) + ")"
+        return f"({', '.join(args)}) -> {returns}"
+
+    def _register(self) -> None:
+        lib = _library()
+        lib.define(self.name + self.schema)
+        lib.impl(self.name, self.cuda_kernel, "CUDA")
+        lib.impl(self.name, self.cpu_kernel, "CPU")
+        torch.library.register_fake(self.qualname, self.fake_kernel, lib=lib)
+        # Autograd: none yet. A fallthrough on the Autograd key makes the op non-differentiable (its outputs
+        # do not require grad) rather than leaving torch's default, which warns and passes gradients on
+        # wrongly; __call__ refuses inputs that want a gradient. The derived backward (cudnn_dsl/autograd.py)
+        # goes here instead: torch.library.register_autograd(self.qualname, backward, setup_context=..., lib=lib)
+        # (it costs ~25 µs per call on the dispatcher: register it only for graphs that have a backward).
+        lib.impl(self.name, torch.library.fallthrough_kernel, "Autograd")
+
+    # ---- calling ---------------------------------------------------------------------------
+
+    def __call__(self, /, *args, **kwargs):
+        if kwargs or len(args) < len(self.tensor_names):
+            args = self._positional(args, kwargs)
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
+            raise NotImplementedError(
+                f"graph '{self.graph.name}' has no backward yet; call it under torch.no_grad() or on tensors "
+                f"that do not require grad"
+            )
+        result = self.overload(*args)
+        if not self.in_place:
+            return result
+        fresh = dict(zip(self.fresh, (result,) if len(self.fresh) == 1 else result or ()))
+        names, inst = self._named(args), self.graph.instances[0]
+        outs = [
+            fresh[v.name] if v.name in fresh else view(self.graph.value(self.in_place[v.name]), inst, names)
+            for v in self.graph.outputs
+        ]
+        return _returned(outs)
+
+    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+        """Arguments given by name as the schema orders them; a scalar left out takes its declared value."""
+        names = dict(zip(self.arg_names, args))
+        twice = set(names) & set(kwargs)
+        if twice:
+            raise TypeError(f"graph '{self.graph.name}': {', '.join(sorted(twice))} given by position and by name")
+        names.update(kwargs)
+        unknown = set(names) - set(self.arg_names)
+        if unknown:
+            raise BindingError(f"graph '{self.graph.name}' has no input {', '.join(sorted(unknown))}")
+        for n in self.tensor_names:
+            if n not in names:
+                v = self.graph.value(n)
+                raise BindingError(f"graph '{self.graph.name}': {v.kind} '{n}' is not bound", v.loc)
+        return tuple(names[n] for n in self.tensor_names) + tuple(
+            names.get(v.name, d) for v, d in zip(self.scalars, self.defaults)
+        )
+
+    def _named(self, args: tuple) -> dict:
+        """The kernel's arguments by graph name; scalars left out take their declared values."""
+        return dict(zip(self.arg_names, args + tuple(self.defaults[len(args) - len(self.tensor_names) :])))
+
+    def _serving(self, device: torch.device):
+        cg = self.compiled.get(device)
+        if cg is None:
+            cg = self.compiled[device] = self._make(device)
+        return cg
+
+    # ---- kernels -------------------------------------------------------------------------------
+
+    def fake_kernel(self, *args):
+        """The outputs' shapes, dtypes and strides, from the checker's types, for fake and meta tensors."""
+        tensors = self._named(args)
+        device = tensors[self.tensor_names[0]].device
+        binding = self.graph.binding_of({k: tuple(tensors[k].shape) for k in self.tensor_names})
+        self._check_fake(tensors, binding)
+        if self.rules is None:
+            inst = self._concrete(binding)
+            outs = [empty(inst.type(n), device) for n in self.fresh]
+        else:
+            outs = []
+            for n in self.fresh:
+                dims, order = self.rules[n]
+                shape = tuple(d if isinstance(d, int) else binding[d[0]] * d[1] + d[2] for d in dims)
+                strides = _dense(shape, order)
+                dtype = self.graph.instances[0].type(n).dtype
+                if dtype == "bool":  # cuDNN's packed bytes (bits.nbytes)
+                    storage = 1 + sum((d - 1) * s for d, s in zip(shape, strides))
+                    outs.append(torch.empty(((storage + 7) // 8,), dtype=torch.uint8, device=device))
+                else:
+                    outs.append(torch.empty_strided(shape, strides, dtype=torch_dtype(dtype), device=device))
+        return _returned(outs)
+
+    def _concrete(self, binding: dict):
+        """The shape of these sizes, specializing on them (a graph whose outputs follow no affine rule)."""
+        try:
+            return self.graph.instance({k: int(v) for k, v in binding.items()})
+        except NotFound as e:
+            raise BindingError(str(e)) from None
+
+    def _check_fake(self, tensors: dict, binding: dict) -> None:
+        """Dtype, rank and dims of each bound tensor while tracing (a symbolic dim against its first use)."""
+        declared = dict(self.graph.input_dims)
+        inst = self.graph.instances[0]
+        for name in self.tensor_names:
+            t, v, dtype = tensors[name], self.graph.value(name), inst.type(name).dtype
+            want = torch.uint8 if dtype == "bool" else torch_dtype(dtype)
+            if t.dtype != want:
+                raise BindingError(f"'{name}': expected dtype {want}, given {t.dtype}", v.loc)
+            if dtype == "bool":  # packed bytes: their count is checked at launch
+                continue
+            dims = declared.get(name, inst.type(name).shape)
+            sizes = [binding.get(d) if isinstance(d, str) else d for d in dims]
+            if len(t.shape) != len(dims) or any(d is not None and n != d for n, d in zip(t.shape, sizes)):
+                raise BindingError(f"'{name}': expected shape {list(dims)}, given {list(t.shape)}", v.loc)
+
+    def cpu_kernel(self, *args):
+        """The PyTorch reference on the CPU, laid out as the CUDA kernel lays its outputs out: not cuDNN."""
+        tensors = self._named(args)
+        cg = self._serving(torch.device("cpu"))
+        inst = cg.instance_for(tensors)
+        values = cg.reference(tensors)
+        outs = []
+        for v in self.graph.outputs:
+            t = inst.type(v.name)
+            value = stored(values[v.name], t)
+            if v.into is not None:
+                view(self.graph.value(v.into), inst, tensors).copy_(value)
+            else:
+                buf = empty(t, "cpu")
+                buf.copy_(value)
+                outs.append(buf)
+        return _returned(outs)
+
+    def cuda_kernel(self, *args):
+        """cuDNN on CUDA tensors: the arguments in the schema's order (trailing scalars may be left out)."""
+        self.launches += 1
+        tensors = args[: len(self.tensor_names)]
+        key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+        launch = self._launches.get(key)
+        if launch is None or any(t.data_ptr() % ALIGNMENT for t in tensors):
+            launch = self._launches[key] = self._first(self._named(args))
+        if torch.cuda.current_device() != tensors[0].device.index:
+            with torch.cuda.device(tensors[0].device):
+                return launch(args)
+        return launch(args)
+
+    def _first(self, named: dict):
+        """The launch for inputs of this kind, their every property checked (a BindingError says what is wrong)."""
+        cg = self._serving(named[self.tensor_names[0]].device)
+        inst = cg.instance_for(named)
+        cg.bind_outputs(inst, named)
+        if cg.staged(inst) is not None:  # run as several graphs: the compiled graph's own call runs them
+            return lambda args: self._outputs(cg(self._named(args)))
+        return _Launch(self, inst, cg.executable(inst))
+
+    def forget(self, device: torch.device) -> None:
+        """Drops the launches worked out for a device (its compiled graph was replaced)."""
+        self._launches = {k: v for k, v in self._launches.items() if k[0][3] != device}
+
+    def _outputs(self, outputs: dict):
+        return _returned([outputs[n] for n in self.fresh])
+
+
+def _window(v, inst) -> tuple:
+    """A view input's (shape, strides, element offset) in its buffer."""
+    t = inst.type(v.name)
+    return t.shape, t.strides, v.view[1]
+
+
+def _on(buffer: torch.Tensor, window: tuple) -> torch.Tensor:
+    """A view's window on its bound buffer (tensors.view, with the types worked out once)."""
+    shape, strides, offset = window
+    return buffer.as_strided(shape, strides, buffer.storage_offset() + offset)
+
+
+class _Launch:
+    """One shape's plan, with the variant pack's layout worked out once: the uids in order, and per call
+    only the buffers (the frontend's ordered execute)."""
+
+    def __init__(self, op: TorchOp, inst, exe):
+        g = op.graph
+        self.op, self.exe, self.cudnn = op, exe, load_cudnn()
+        self.scalars = [(len(op.tensor_names) + k, v.uid, inst.type(v.name).dtype) for k, v in enumerate(op.scalars)]
+        runtime = {uid for _, uid, _ in self.scalars}
+        self.host = tuple((u, t) for u, t in exe.host.items() if u not in runtime)
+        index = {n: k for k, n in enumerate(op.tensor_names)}
+        self.plain = [(index[v.name], v.uid) for v in g.of_kind("input") if v.view is None]
+        self.views = [(index[v.view[0]], _window(v, inst), v.uid) for v in g.views]  # (buffer's argument, window, uid)
+        self.types = [inst.type(n) for n in op.fresh]
+        self.fresh_uids = [g.value(n).uid for n in op.fresh]
+        self.in_place = []  # (uid, the argument written over, and for a view of it, its window)
+        for v in g.in_place:
+            target = g.value(v.into)
+            if target.view is None:
+                self.in_place.append((v.uid, index[target.name], None))
+            else:
+                self.in_place.append((v.uid, index[target.view[0]], _window(target, inst)))
+        self.uids = (
+            tuple(u for u, _ in self.host)
+            + tuple(u for _, u in self.plain)
+            + tuple(u for _, _, u in self.views)
+            + tuple(u for _, u, _ in self.scalars)
+            + tuple(self.fresh_uids)
+            + tuple(u for u, _, _ in self.in_place)
+        )
+        self.constants = tuple(t for _, t in self.host)
+        self.last: dict[int, tuple] = {}
+        """uid -> (value, its CPU tensor): a scalar passed again with the same value reuses its tensor"""
+
+    def _scalar(self, uid: int, value, dtype: str):
+        last = self.last.get(uid)
+        if last is None or last[0] != value:
+            last = self.last[uid] = (value, host_scalar(value, dtype))
+        return last[1]
+
+    def __call__(self, args: tuple):
+        n = len(self.op.tensor_names)
+        values = args + tuple(self.op.defaults[len(args) - n :])
+        device = args[0].device
+        outs = [empty(t, device) for t in self.types]
+        buffers = (
+            self.constants
+            + tuple(args[i] for i, _ in self.plain)
+            + tuple(_on(args[i], w) for i, w, _ in self.views)
+            + tuple(self._scalar(uid, values[i], dtype) for i, uid, dtype in self.scalars)
+            + tuple(outs)
+            + tuple(args[i] if w is None else _on(args[i], w) for _, i, w in self.in_place)
+        )
+        exe = self.exe
+        self.cudnn.set_stream(exe.handle, torch.cuda.current_stream(device).cuda_stream)
+        exe.low.g.execute(buffers, exe.workspace, handle=exe.handle, tensor_uids=self.uids)
+        return _returned(outs)
+
+
+def as_torch_op(cg) -> TorchOp:
+    """A compiled graph (cudnn_dsl.compile) as a torch operator; the same graph and options give the same
+    op in a process. The op runs cuDNN on CUDA tensors and the PyTorch reference on CPU tensors."""
+    name = op_name(cg.graph, cg.options)
+    op = _OPS.get(name)
+    if op is None:
+        op = _OPS[name] = TorchOp(name, cg)
+    if cg.device is not None and op.compiled.get(cg.device) is not cg:  # the latest graph serves its device
+        op.compiled[cg.device] = cg
+        op.forget(cg.device)
+    return op
+
+
+class GraphModule(torch.nn.Module):
+    """A compiled graph as an nn.Module: `state` holds some of its inputs (weights, running statistics), an
+    nn.Parameter registered as a parameter and a tensor as a buffer; forward takes the others, by position
+    in the graph's order or by name, and returns what the op returns."""
+
+    def __init__(self, graph, **state: torch.Tensor):
+        super().__init__()
+        self.op = graph if isinstance(graph, TorchOp) else as_torch_op(graph)
+        unknown = set(state) - set(self.op.arg_names)
+        if unknown:
+            raise BindingError(f"graph '{self.op.graph.name}' has no input {', '.join(sorted(unknown))}")
+        for name, t in state.items():
+            if isinstance(t, torch.nn.Parameter):
+                self.register_parameter(name, t)
+            else:
+                self.register_buffer(name, t)
+        self.held = tuple(state)
+        self.free = tuple(n for n in self.op.arg_names if n not in state)
+
+    def forward(self, /, *args, **kwargs):
+        named = dict(zip(self.free, args))
+        named.update(kwargs)
+        named.update((n, getattr(self, n)) for n in self.held)
+        return self.op(**named)

@@ -1,0 +1,180 @@
+"""The torch op on the GPU: cuDNN under torch.compile(fullgraph=True), replayed as a CUDA graph
+(mode="reduce-overhead"), outputs in place, bool outputs, views, and opcheck with the CUDA kernel."""
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVE = ROOT / "examples" / "serve_matmul.cdg"
+EMA = ROOT / "examples" / "in_place_update.cdg"
+EPILOGUE = ROOT / "examples" / "matmul_epilogue.cdg"
+SELECT = ROOT / "examples" / "compare_select.cdg"
+
+PACKED = """
+graph packed_op {
+  io half
+  compute float
+  buffer qkv : half[2, 128, 3, 4, 64]
+  input q : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 0
+  input k : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 256
+  input v : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 512
+  output o = sdpa(q, k, v, causal=true)
+}
+"""
+
+
+def close(got, want, dtype):
+    from cudnn_dsl.tensors import compare
+
+    c = compare("out", got, want, dtype)
+    assert c.ok, str(c)
+
+
+def test_a_compiled_model_runs_cudnn_and_matches_the_reference_for_every_token_count(private_store):
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(SERVE)
+    base = cg.allocate_inputs({"T": 16})
+    w, b = base["w"], base["b"]
+    model = torch.nn.Sequential(cudnn_dsl.GraphModule(cg.as_torch_op(), w=w, b=b), torch.nn.Tanh())
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for t in (16, 48, 256):
+        x = cg.allocate_inputs({"T": t}, seed=t)["x"]
+        want = cg.reference(x=x, w=w, b=b)["y"]
+        y = compiled(x)
+        assert y.shape == (1, t, 1024) and y.device.type == "cuda"
+        close(y, torch.tanh(want), "bf16")
+
+
+def test_reduce_overhead_replays_the_op_as_a_cuda_graph(private_store):
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(EPILOGUE)
+    op = cg.as_torch_op()
+    ins = cg.allocate_inputs()
+    held = {k: v for k, v in ins.items() if k != "a"}
+    module = cudnn_dsl.GraphModule(op, **held)
+    compiled = torch.compile(module, fullgraph=True, mode="reduce-overhead")
+
+    def step(seed):
+        a = cg.allocate_inputs(seed=seed)["a"]
+        y, amax = compiled(a)
+        want = cg.reference(a=a, **held)
+        close(y.clone(), want["y"], "bf16")
+        close(amax.clone(), want["amax"], "float")
+
+    for seed in range(3):  # warm-up, record, first replay
+        step(seed)
+    launched = op.launches
+    for seed in range(3, 7):
+        step(seed)
+    assert op.launches == launched, "the op's kernel ran on the host: no CUDA-graph replay"
+
+
+def test_an_output_in_place_writes_its_input_eagerly_and_compiled(private_store):
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(EMA)
+    op = cg.as_torch_op()
+    ins = cg.allocate_inputs()
+    before = ins["avg"].clone()
+    want = cg.reference(avg=before, w=ins["w"], rate=0.25)["next_avg"]
+    assert op(ins["avg"], ins["w"], rate=0.25) is ins["avg"]
+    close(ins["avg"], want, "float")
+
+    module = cudnn_dsl.GraphModule(op, avg=before.clone())
+    out = torch.compile(module, fullgraph=True)(ins["w"], rate=0.25)
+    close(module.avg, want, "float")
+    close(out, want, "float")
+
+
+def test_bool_outputs_are_the_bytes_the_plain_call_writes(private_store):
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(SELECT)
+    ins = cg.allocate_inputs()
+    out, clamped = cg.as_torch_op()(ins["a"], ins["b"])
+    plain = cg(**ins)
+    assert torch.equal(out, plain["out"]) and torch.equal(clamped, plain["clamped"])
+    assert torch.equal(cudnn_dsl.unpack_bits(clamped, (8, 64, 64)), cg.reference(**ins)["clamped"])
+
+
+def test_views_of_one_buffer_through_the_op(private_store):
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(PACKED)
+    qkv = torch.rand(2, 128, 3, 4, 64, device="cuda", dtype=torch.float16) * 2 - 1
+    op = cg.as_torch_op()
+    got = torch.compile(lambda qkv: op(qkv), fullgraph=True)(qkv)
+    assert torch.equal(got, cg(qkv=qkv)["o"])
+    close(got, cg.reference(qkv=qkv)["o"], "half")
+
+
+def test_the_checks_hold_on_every_call(private_store):
+    import torch
+
+    import cudnn_dsl
+    from cudnn_dsl.tensors import BindingError
+
+    cg = cudnn_dsl.compile(SERVE)
+    op = cg.as_torch_op()
+    ins = cg.allocate_inputs({"T": 32})
+    close(op(ins["x"], ins["w"], ins["b"]), cg.reference(**ins)["y"], "bf16")
+    flat = torch.zeros(32 * 1024 + 1, device="cuda", dtype=torch.bfloat16)
+    misaligned = flat[1:].view(1, 32, 1024)  # the same shape, strides and dtype as the call before
+    with pytest.raises(BindingError, match="aligned to 16 bytes"):
+        op(misaligned, ins["w"], ins["b"])
+
+
+@pytest.mark.parametrize("source", [SERVE, EMA, SELECT])
+def test_opcheck_with_the_cuda_kernel(private_store, source):
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(source)
+    op = cg.as_torch_op()
+    ins = cg.allocate_inputs(dict(cg.graph.instances[0].binding))
+    torch.library.opcheck(op.overload, tuple(ins[n] for n in op.tensor_names))
+
+
+SET_DIM = """
+graph set_dim {
+  io half
+  compute float
+  dim N in {2, 4, 8}
+  input x : half[N, 64, 128]
+  input w : half[1, 128, 64]
+  scalar alpha : float = 0.5
+  output y = relu(matmul(x, w) * alpha)
+}
+"""
+
+
+def test_a_dim_of_a_set_stays_symbolic_and_each_value_runs_its_plan(private_store):
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(text=SET_DIM)
+    op = cg.as_torch_op()
+    w = cg.allocate_inputs({"N": 2})["w"]
+    f = torch.compile(lambda x, alpha: op(x, w, alpha=alpha), fullgraph=True, dynamic=True)
+    for n in (2, 4, 8):
+        x = cg.allocate_inputs({"N": n}, seed=n)["x"]
+        got = f(x, 0.25)
+        assert got.shape == (n, 64, 64)
+        close(got, cg.reference(x=x, w=w, alpha=0.25)["y"], "half")
