@@ -18,7 +18,7 @@ from cudnn_dsl.lower import Lowered
 from cudnn_dsl.partition import short, tuned_why
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.staged import Staged, StagedBound, stage
-from cudnn_dsl.store import PlanStore, StoreProblem
+from cudnn_dsl.store import PartitionChoice, PlanStore, StoreProblem
 from cudnn_dsl.tensors import (
     BindingError,
     Comparison,
@@ -201,8 +201,10 @@ class CompiledGraph:
             else None
         )
         self._staged: dict[tuple, Staged | None] = {}
+        self.why: dict[tuple, str] = {}
+        """binding -> why it runs whole or in these parts, where tune chose ('tuned: whole, 20.1 µs vs ...')"""
         self.notes: list[str] = []
-        """what the runtime said on the way (a stored partition that could not be read)"""
+        """what the runtime said on the way (a stored partition that could not be used)"""
 
     # ---- specs ------------------------------------------------------------------
 
@@ -318,10 +320,15 @@ class CompiledGraph:
         whole (`option split`). Raises cuDNN's refusal when splitting is off or a plan is pinned (`--plan`
         names a plan of the whole graph)."""
         if inst.binding not in self._staged:
-            cuts, chosen = self._tuned_split(inst)
-            if cuts:
-                self.use_partition(inst, cuts, chosen)
-                return self._staged[inst.binding]
+            choice = self._tuned(inst)
+            if choice is not None:
+                self.why[inst.binding] = tuned_why(self.graph, choice)
+            if choice is not None and choice.cuts:
+                try:
+                    return self.use_partition(inst, choice.cuts, self.why[inst.binding])
+                except DslError as e:  # a part that no longer builds (cuDNN's own refusal): found afresh
+                    self.notes.append(f"the partition tune kept does not build here ({e.diagnostics[0].message})")
+                    del self.why[inst.binding]
             try:
                 self.executable(inst)
                 self._staged[inst.binding] = None
@@ -345,21 +352,18 @@ class CompiledGraph:
             )
         return self._staged[inst.binding]
 
-    def _tuned_split(self, inst: Instance) -> tuple[tuple[int, ...], str]:
-        """The cut points tune stored for this shape, and why ('tuned: ...'); () when none (or the store is off)."""
+    def _tuned(self, inst: Instance) -> PartitionChoice | None:
+        """The partition tune kept for this shape (in the plan store); None when it timed none, or the store,
+        or splitting, is off, or a plan is pinned."""
         p = self._planner()
         if not p.use_store or p.rebuild or p.plan_spec is not None or not self.options.split:
-            return (), ""
+            return None
         try:
             choice = p.store.get_partition(p.key(inst))
         except StoreProblem as e:
             self.notes.append(f"plan store: {e}; partition not reused")
-            return (), ""
-        if choice is None or not choice.cuts:
-            return (), ""
-        if max(choice.cuts) >= len(self.graph.nodes):
-            return (), ""
-        return choice.cuts, tuned_why(self.graph, choice)
+            return None
+        return choice if choice is None or all(c < len(self.graph.nodes) for c in choice.cuts) else None
 
     def _part(self, part: Graph) -> CompiledGraph:
         p = self._planner()

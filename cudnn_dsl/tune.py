@@ -281,6 +281,7 @@ def tune_partitions(
     choice = PartitionChoice(result.kept.cuts, {PartitionChoice.name(a.cuts): a.median_us for a in timed})
     result.why = tuned_why(g, choice)
     cg.use_partition(inst, choice.cuts, result.why, declined)
+    cg.why[inst.binding] = result.why
     if cg.planner.use_store:
         try:
             cg.planner.store.put_partition(cg.planner.key(inst), g.name, choice)

@@ -118,7 +118,7 @@ def _tune(cg, inst, progress):
         if isinstance(e, NotAllowed) or not cg.options.split:
             raise
         declined = short(e.diagnostics[0].message)
-    if len(cg.graph.nodes) < 2 and not declined:
+    if not cg.options.split or (len(cg.graph.nodes) < 2 and not declined):
         return whole, None
     return whole, tune_partitions(cg, inst, whole, declined, progress)
 
