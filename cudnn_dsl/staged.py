@@ -48,7 +48,7 @@ class Staged:
     def bind(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> StagedBound:
         """Every part bound once to checked buffers: intermediates allocated, each variant pack built."""
         device = _device(tensors)
-        saved = {k: t.clone() for k, t in snapshot(self.graph, tensors).items() if t is not tensors[k]}
+        saved = {k: t for k, t in snapshot(self.graph, tensors).items() if t is not tensors[k]}  # copies
         env: dict[str, Any] = {**tensors, **saved, **outputs}
         launches = [self._step(k, env, device, bound=True) for k in range(len(self.compiled))]
         return StagedBound(self, outputs, [(saved[k], tensors[k]) for k in saved], launches)

@@ -234,9 +234,11 @@ def tune_partitions(
     before = snapshot(g, tensors)
     want = cg.reference(before)
     result = PartitionTune(g.name, dict(inst.binding), [])
-    ways = [None] if declined else [()]  # the fewest parts, or the whole graph
-    ways += [ANCHOR] if len(g.nodes) > 1 else []
     seen = set()
+    if declined:
+        result.alternatives.append(Alternative((), "whole", error=f"cuDNN declines it whole ({declined})"))
+        seen.add(())
+    ways = ([None] if declined else [()]) + ([ANCHOR] if len(g.nodes) > 1 else [])  # fewest parts, or whole
     for way in ways:
         try:  # the cut points of each way (finding them builds each part once)
             cuts = way if way == () else cg.use_partition(inst, None, declined=declined, first=way).partition.cuts
@@ -250,9 +252,6 @@ def tune_partitions(
         result.alternatives.append(a)
         if progress:
             progress(f"partition {a.label}")
-        if not cuts and declined:
-            a.error = f"cuDNN declines it whole ({declined})"
-            continue
         if not cuts and (whole is None or whole.winner is None):
             a.error = "its fastest plan's outputs do not match the reference"
             continue

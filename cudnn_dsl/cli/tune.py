@@ -34,15 +34,12 @@ def run(args) -> int:
     common.start_logging(args)
     common.check_reports(args)
     _check_search_flags(args)
-    if args.exhaustive:
-        from cudnn_dsl.backend import DEFAULT_TARGET, gpu_available
-
-        if not gpu_available():
-            return _explore(args, common.target_from(args, DEFAULT_TARGET))
     from cudnn_dsl.backend import DEFAULT_TARGET, gpu_available
 
     if not gpu_available():
-        _alternatives(args, common.target_from(args, DEFAULT_TARGET))
+        if args.exhaustive:
+            return _explore(args, common.target_from(args, DEFAULT_TARGET))
+        _alternatives(args, common.target_from(args, DEFAULT_TARGET))  # then the error: nothing was timed
     common.require_gpu("tune times plans on a GPU")
     if args.target or args.device_properties:
         common.warn("note: --target and --device-properties ignored: this machine has a GPU, and tune times on it")
