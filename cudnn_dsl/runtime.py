@@ -76,6 +76,14 @@ class Bound:
         buffers = tuple(self.keep[u] for u in uids)
         return lambda: g.execute(buffers, ws, handle=h, tensor_uids=uids)
 
+    @property
+    def plan_name(self) -> str:
+        return self.exe.plan_name
+
+    @property
+    def source(self) -> str:
+        return self.exe.source
+
     def set_stream(self, stream) -> None:
         load_cudnn().set_stream(self.exe.handle, stream)
 

@@ -104,6 +104,15 @@ class StagedBound:
         self.staged, self.outputs, self.copies, self.launches = staged, outputs, copies, launches
         self.handles = list({id(c.planner.handle): c.planner.handle for c in staged.compiled if c is not None}.values())
 
+    @property
+    def plan_name(self) -> str:
+        """each part's plan, in order ('torch' for a fallback op)"""
+        return " + ".join(c.executable(c.graph.instances[0]).plan_name if c else "torch" for c in self.staged.compiled)
+
+    @property
+    def source(self) -> str:
+        return self.staged.partition.reason
+
     def set_stream(self, stream) -> None:
         from cudnn_dsl.backend import load_cudnn
 

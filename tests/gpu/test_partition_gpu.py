@@ -173,3 +173,14 @@ def test_with_splitting_off_cudnns_refusal_is_the_error():
     cg = cudnn_dsl.compile(text=LN_GELU, split=False)
     with pytest.raises(cudnn_dsl.DslError, match="failed"):
         cg(cg.allocate_inputs())
+
+
+def test_bench_runs_a_split_graph_bound_and_names_each_parts_plan():
+    from cudnn_dsl.bench import bench_graph
+    from dsl.pipeline import program
+
+    g = program(text=LN_GELU, file="ln.cdg").graphs[0]
+    r = bench_graph(g, g.instances[0], against=("torch",), rounds=2, iters=3)
+    ours = r["rows"][0]
+    assert ours["name"] == "cudnn-dsl" and ours["check"] == "ok" and ours["gpu_us_median"] > 0
+    assert " + " in r["plan"] and r["plan_source"].startswith("cuDNN declines it whole")
