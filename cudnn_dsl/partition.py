@@ -147,7 +147,7 @@ def deviceless_alternatives(graph: Graph, inst: Instance, options, target) -> li
     for p in {p.cuts: p for p in cut_lists}.values():
         n, torch_ = len(p.parts), len(p.fallbacks)
         how = f"{n - torch_} cuDNN graphs" + (f", {torch_} op(s) left to torch" if torch_ else "")
-        rows.append((cut_label(graph, p.cuts), how))
+        rows.append((cut_label(graph, p.cuts) if p.cuts else "its op left to torch", how))
     return rows
 
 

@@ -237,7 +237,6 @@ def tune_partitions(
     seen = set()
     if declined:
         result.alternatives.append(Alternative((), "whole", error=f"cuDNN declines it whole ({declined})"))
-        seen.add(())
     ways = ([None] if declined else [()]) + ([ANCHOR] if len(g.nodes) > 1 else [])  # fewest parts, or whole
     for way in ways:
         try:  # the cut points of each way (finding them builds each part once)
@@ -248,15 +247,15 @@ def tune_partitions(
         if cuts in seen:
             continue
         seen.add(cuts)
-        a = Alternative(cuts, cut_label(g, cuts))
+        a = Alternative(cuts, cut_label(g, cuts) if cuts or not declined else "its op left to torch")
         result.alternatives.append(a)
         if progress:
             progress(f"partition {a.label}")
-        if not cuts and (whole is None or whole.winner is None):
+        if not cuts and not declined and (whole is None or whole.winner is None):
             a.error = "its fastest plan's outputs do not match the reference"
             continue
         try:
-            staged = cg.use_partition(inst, cuts, declined=declined)
+            staged = cg.use_partition(inst, cuts if cuts or not declined else None, declined=declined)
             for pcg in staged.compiled if staged else ():
                 if pcg is not None:
                     a.parts.append(tune(pcg, pcg.graph.instances[0], progress))
@@ -278,10 +277,10 @@ def tune_partitions(
         return result
     result.kept = timed[0]
     choice = PartitionChoice(result.kept.cuts, {PartitionChoice.name(a.cuts): a.median_us for a in timed})
-    result.why = tuned_why(g, choice)
-    cg.use_partition(inst, choice.cuts, result.why, declined)
-    cg.why[inst.binding] = result.why
-    if cg.planner.use_store:
+    if len(timed) > 1:  # else there was nothing to choose between: nothing is stored
+        result.why = cg.why[inst.binding] = tuned_why(g, choice)
+    cg.use_partition(inst, choice.cuts if choice.cuts or not declined else None, result.why, declined)
+    if result.why and cg.planner.use_store:
         try:
             cg.planner.store.put_partition(cg.planner.key(inst), g.name, choice)
         except StoreProblem as e:

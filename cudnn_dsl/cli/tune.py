@@ -130,8 +130,13 @@ def _alternatives(args, target) -> None:
         for g in common.select_graphs(result.program, args.graph):
             opts = common.options_from(args, g.options)
             for inst in common.select_instances(g, args.shape):
+                try:
+                    rows = deviceless_alternatives(g, inst, opts, target)
+                except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still listed
+                    common.report(e)
+                    continue
                 print(f"graph {common.label(g, inst)}: partitions tune would time")
-                for label, how in deviceless_alternatives(g, inst, opts, target):
+                for label, how in rows:
                     print(f"  {label:52} {how}")
 
 
