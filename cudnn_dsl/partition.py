@@ -136,7 +136,8 @@ def deviceless_alternatives(graph: Graph, inst: Instance, options, target) -> li
     accepts = deviceless_accepts(options, target)
     why = accepts(graph)
     rows, cut_lists = [("whole", "one cuDNN graph" if why is None else f"declined: {why}")], []
-    ways = ([None] if why is not None and options.split else []) + ([ANCHOR] if len(graph.nodes) > 1 else [])
+    ways = ([None] if why is not None else []) + ([ANCHOR] if len(graph.nodes) > 1 else [])
+    ways = ways if options.split else []  # tune times no other partition
     for first in ways:
         try:
             cut_lists.append(find_partition(graph, inst, accepts, why or "", options.fallback, first))
@@ -164,16 +165,12 @@ def tuned_why(graph: Graph, choice: PartitionChoice) -> str:
     """'tuned: split after matmul (line 5), 18.1 µs vs 24.3 µs whole': the kept partition against the others."""
     kept = choice.times_us.get(choice.name(choice.cuts))
     others = [
-        f"{t:.1f} µs {cut_label(graph, _cuts(k))}"
+        f"{t:.1f} µs {cut_label(graph, choice.cuts_of(k))}"
         for k, t in choice.times_us.items()
-        if k != choice.name(choice.cuts) and all(c < len(graph.nodes) for c in _cuts(k))
+        if k != choice.name(choice.cuts) and all(c < len(graph.nodes) for c in choice.cuts_of(k))
     ]
     time = f", {kept:.1f} µs" if kept is not None else ""
     return f"tuned: {cut_label(graph, choice.cuts)}{time}" + (f" vs {', '.join(others)}" if others else "")
-
-
-def _cuts(name: str) -> tuple[int, ...]:
-    return () if name == "whole" else tuple(int(c) for c in name.split(",") if c.isdigit())
 
 
 def short(message: str) -> str:

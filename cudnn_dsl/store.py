@@ -50,6 +50,7 @@ _ENTRY_ID = re.compile(r"[0-9a-f]{32}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _KERNEL_CACHE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}-[0-9a-f]{24}\.cache")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_PARTITION_NAME = re.compile(r"whole|[1-9][0-9]{0,6}(,[1-9][0-9]{0,6}){0,255}")
 _BLOB_MARK = b'\n "blob": "'
 """how to_json's indent=1 layout starts the blob: a newline cannot occur inside a JSON string"""
 
@@ -208,7 +209,10 @@ _PARTITION_FIELDS: _Fields = {
         lambda v: type(v) is list and all(type(c) is int and 0 < c < 1 << 20 for c in v) and v == sorted(set(v)),
         "increasing node indices",
     ),
-    "times_us": (_dict_of(lambda v: _number(v) and v >= 0), "a map of partitions to times in µs"),
+    "times_us": (
+        lambda v: _dict_of(lambda t: _number(t) and t >= 0)(v) and all(_PARTITION_NAME.fullmatch(k) for k in v),
+        "a map of partitions ('whole', '1,3') to times in µs",
+    ),
 }
 _BUNDLE_FIELDS: _Fields = {
     "format": (lambda v: type(v) is int, "a number"),
@@ -320,6 +324,11 @@ class PartitionChoice:
     @staticmethod
     def name(cuts: tuple[int, ...]) -> str:
         return ",".join(map(str, cuts)) or "whole"
+
+    @staticmethod
+    def cuts_of(name: str) -> tuple[int, ...]:
+        """name's inverse (names are checked when read)."""
+        return () if name == "whole" else tuple(int(c) for c in name.split(","))
 
 
 # ---- results of the cache commands ----

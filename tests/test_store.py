@@ -828,6 +828,7 @@ def test_a_partition_choice_round_trips_beside_its_key_and_damage_is_a_store_pro
         ('{"format": 7}', "format 7 is not 1 .made by another version."),
         (path.read_text().replace('"cuts": [\n  1,\n  3\n ]', '"cuts": [3, 1]'), "increasing node indices"),
         ("[", "partition record"),
+        (path.read_text().replace('"whole"', '"\\u001b[2J"'), "a map of partitions"),
     ]:
         path.write_text(text)
         with pytest.raises(StoreProblem, match=why):
