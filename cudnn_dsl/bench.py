@@ -205,8 +205,8 @@ def bench_graph(
         "flops": flops,
         "bytes": moved,
         "rows": rows,
-        "plan": bound.exe.plan_name,
-        "plan_source": bound.exe.source,
+        "plan": bound.plan_name,
+        "plan_source": bound.source,
         "l2": "cold" if cold_l2 else "warm",
     }
 

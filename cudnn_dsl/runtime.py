@@ -6,6 +6,7 @@ caller binds, packs it by UID, launches, captures CUDA graphs, and runs the refe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -14,9 +15,10 @@ import torch
 from cudnn_dsl.backend import DEFAULT_TARGET, BackendUnavailable, Target, load_cudnn
 from cudnn_dsl.build import Executable, NotAllowed, Planner, plan_deviceless
 from cudnn_dsl.lower import Lowered
+from cudnn_dsl.partition import short, tuned_why
 from cudnn_dsl.reference import run_reference
-from cudnn_dsl.staged import Staged, stage
-from cudnn_dsl.store import PlanStore
+from cudnn_dsl.staged import Staged, StagedBound, stage
+from cudnn_dsl.store import PartitionChoice, PlanStore, StoreProblem
 from cudnn_dsl.tensors import (
     BindingError,
     Comparison,
@@ -29,7 +31,7 @@ from cudnn_dsl.tensors import (
     snapshot,
     with_views,
 )
-from dsl.diagnostics import Diagnostic, DslError
+from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, NotFound
 from dsl.options import Options
 from dsl.types import fmt_shape
@@ -84,6 +86,17 @@ class Bound:
         buffers = tuple(self.keep[u] for u in uids)
         return lambda: g.execute(buffers, ws, handle=h, tensor_uids=uids)
 
+    @property
+    def plan_name(self) -> str:
+        return self.exe.plan_name
+
+    @property
+    def source(self) -> str:
+        return self.exe.source
+
+    def set_stream(self, stream) -> None:
+        load_cudnn().set_stream(self.exe.handle, stream)
+
     def run(self) -> dict[str, torch.Tensor]:
         self.launch()
         return self.outputs
@@ -123,7 +136,7 @@ class Replay:
     """An execution captured into a CUDA graph; `replay()` relaunches it with one call."""
 
     cuda_graph: Any
-    bound: Bound
+    bound: Bound | StagedBound
 
     @property
     def outputs(self) -> dict[str, torch.Tensor]:
@@ -138,6 +151,25 @@ NO_GPU = (
     "no CUDA GPU is visible here; cg.reference(...) runs the PyTorch reference on the CPU, and "
     "cg.plan(target='h200') asks cuDNN for plans without a device"
 )
+
+
+def capture(bound: Bound | StagedBound, device, repeat: int = 1) -> Replay:
+    """Captures `repeat` runs of a bound graph into one CUDA graph (the handles follow the capture stream)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm up off the default stream, as capture wants
+        bound.set_stream(side.cuda_stream)
+        bound.run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            bound.set_stream(torch.cuda.current_stream(device).cuda_stream)
+            for _ in range(repeat):
+                bound.run()
+    finally:
+        bound.set_stream(torch.cuda.current_stream(device).cuda_stream)
+    return Replay(graph, bound)
 
 
 def _device(device: int | str | None) -> tuple[torch.device | None, str]:
@@ -187,6 +219,10 @@ class CompiledGraph:
             else None
         )
         self._staged: dict[tuple, Staged | None] = {}
+        self.why: dict[tuple, str] = {}
+        """binding -> why it runs whole or in these parts, where tune chose ('tuned: whole, 20.1 µs vs ...')"""
+        self.notes: list[str] = []
+        """what the runtime said on the way (a stored partition that could not be used)"""
 
     # ---- specs ------------------------------------------------------------------
 
@@ -268,65 +304,88 @@ class CompiledGraph:
             raise BindingError(f"graph '{self.graph.name}' has no output {', '.join(sorted(set(out) - set(outputs)))}")
         return outputs
 
-    def bind(self, tensors: dict | None = None, out: dict | None = None, /, **named) -> Bound:
-        """Checks the buffers once and returns a Bound whose run() launches with no checks."""
+    def bind(self, tensors: dict | None = None, out: dict | None = None, /, **named) -> Bound | StagedBound:
+        """Checks the buffers once and returns a Bound whose run() launches with no checks (a StagedBound,
+        for a graph run in parts: every part bound once, launched back to back)."""
         tensors = _named(tensors, named)
         inst = self.instance_for(tensors)
         outputs = self.bind_outputs(inst, tensors, out)  # before the build: a typo costs no compile
-        self._whole(inst, "bind")
+        staged = self.staged(inst)
+        if staged is not None:
+            return staged.bind(tensors, outputs)
+        return self.bound(inst, tensors, outputs)
+
+    def bound(self, inst: Instance, tensors: dict, outputs: dict) -> Bound:
+        """A Bound on buffers already checked (by bind, or allocated for a part by the graph it is part of)."""
         exe = self.executable(inst)
         pack = make_pack(exe.low, exe.host, tensors, outputs)
         load_cudnn().set_stream(exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
         return Bound(exe, outputs, pack)
 
+    def launcher(self, inst: Instance, tensors: dict, outputs: dict) -> Callable[[], None]:
+        """One launch on buffers already checked, through the frontend's public execute."""
+        exe = self.executable(inst)
+        pack = make_pack(exe.low, exe.host, tensors, outputs)
+        return lambda: exe.launch(pack)
+
     def capture(self, tensors: dict | None = None, out: dict | None = None, /, **named) -> Replay:
-        """Captures one execution into a CUDA graph (the handle follows the capture stream)."""
-        cudnn = load_cudnn()
-        bound = self.bind(_named(tensors, named), out)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm up off the default stream, as capture wants
-            cudnn.set_stream(bound.exe.handle, side.cuda_stream)
-            bound.run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            cudnn.set_stream(bound.exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
-            bound.run()
-        cudnn.set_stream(bound.exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
-        return Replay(graph, bound)
+        """Captures one execution (every part, for a split graph) into a CUDA graph."""
+        return capture(self.bind(_named(tensors, named), out), self.device)
 
     def staged(self, inst: Instance) -> Staged | None:
-        """None when cuDNN takes this shape whole; else the parts it is run as (`option split`), found
-        and built on first use. Raises cuDNN's refusal when splitting is off or a plan is pinned (`--plan`
+        """None when this shape runs as one cuDNN graph; else the parts it is run as, found and built on first
+        use: the split `tune` kept for it (in the plan store), else the fewest parts when cuDNN declines it
+        whole (`option split`). Raises cuDNN's refusal when splitting is off or a plan is pinned (`--plan`
         names a plan of the whole graph)."""
         if inst.binding not in self._staged:
+            choice = self._tuned(inst)
+            if choice is not None:
+                self.why[inst.binding] = tuned_why(self.graph, choice)
+            if choice is not None and choice.cuts:
+                try:
+                    return self.use_partition(inst, choice.cuts, self.why[inst.binding])
+                except DslError as e:  # a part that no longer builds (cuDNN's own refusal): found afresh
+                    self.notes.append(f"the partition tune kept does not build here ({e.diagnostics[0].message})")
+                    del self.why[inst.binding]
             try:
                 self.executable(inst)
                 self._staged[inst.binding] = None
             except DslError as e:
                 if not self.options.split or self._planner().plan_spec is not None or isinstance(e, NotAllowed):
                     raise
-                self._staged[inst.binding] = stage(self.graph, inst, self.options, e, self._part)
+                self.use_partition(inst, None, declined=short(e.diagnostics[0].message))
         return self._staged[inst.binding]
+
+    def use_partition(
+        self, inst: Instance, cuts: tuple[int, ...] | None, chosen: str = "", declined: str = "", first=None
+    ) -> Staged | None:
+        """Runs this shape as the parts starting at `cuts` from now on: () the whole graph, None the fewest
+        parts cuDNN accepts (it `declined` the whole; or the first part ends at `first`); `chosen` says why."""
+        if cuts == ():
+            self.executable(inst)
+            self._staged[inst.binding] = None
+        else:
+            self._staged[inst.binding] = stage(
+                self.graph, inst, self.options, declined, self._part, cuts, chosen, first
+            )
+        return self._staged[inst.binding]
+
+    def _tuned(self, inst: Instance) -> PartitionChoice | None:
+        """The partition tune kept for this shape (in the plan store); None when it timed none, or the store,
+        or splitting, is off, or a plan is pinned."""
+        p = self._planner()
+        if not p.use_store or p.rebuild or p.plan_spec is not None or not self.options.split:
+            return None
+        try:
+            choice = p.store.get_partition(p.key(inst))
+        except StoreProblem as e:
+            self.notes.append(f"plan store: {e}; partition not reused")
+            return None
+        return choice if choice is None or all(c < len(self.graph.nodes) for c in choice.cuts) else None
 
     def _part(self, part: Graph) -> CompiledGraph:
         p = self._planner()
         return CompiledGraph(part, self.options, self.device, p.progress, p.use_store, p.rebuild, p.store)
-
-    def _whole(self, inst: Instance, what: str) -> None:
-        """bind and capture take a graph cuDNN runs whole; a split one says so."""
-        staged = self.staged(inst)
-        if staged is not None:
-            parts = "; ".join(staged.lines)
-            raise DslError(
-                Diagnostic(
-                    "error",
-                    f"graph '{self.graph.name}' {staged.partition.how} ({parts}); {what} takes a graph "
-                    f"cuDNN runs whole — call the compiled graph instead",
-                    self.graph.loc,
-                )
-            )
 
     def __call__(self, tensors: dict | None = None, out: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
         tensors = _named(tensors, named)
@@ -334,7 +393,7 @@ class CompiledGraph:
         outputs = self.bind_outputs(inst, tensors, out)
         staged = self.staged(inst)
         if staged is not None:
-            staged.run(tensors, outputs)
+            staged.run(tensors, outputs)  # the parts unchecked: the buffers were checked above
             return outputs
         exe = self.executable(inst)
         exe.launch(make_pack(exe.low, exe.host, tensors, outputs))

@@ -16,7 +16,7 @@ import torch
 from cudnn_dsl.bits import logical
 from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.partition import Partition, find_partition, short
+from cudnn_dsl.partition import Partition, find_partition, short, split_at
 from cudnn_dsl.tensors import empty, snapshot, stored, view
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance
@@ -33,35 +33,57 @@ class Staged:
         return self.partition.lines(self.graph)
 
     def run(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> None:
-        """Runs every part in order: reads `tensors` (inputs and scalars by name), writes `outputs`. An input
-        that an output overwrites is read from a copy: a later part reads it as it was before the launch."""
+        """Runs every part in order: reads `tensors` (inputs and scalars by name, checked by the caller),
+        writes `outputs`. An input that an output overwrites is read from a copy: a later part reads it as
+        it was before the launch."""
         env: dict[str, Any] = {**snapshot(self.graph, tensors), **outputs}
         for k in range(len(self.compiled)):
             self.run_part(k, env)
 
     def run_part(self, k: int, env: dict[str, Any]) -> None:
         """Runs part k on the tensors of `env` (by name); what it makes is written into the buffers
-        `env` holds for it, or into new ones it adds."""
+        `env` holds for it, or into new ones it adds. No checks: the caller's buffers were checked once."""
+        self._step(k, env, _device(env))()
+
+    def bind(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> StagedBound:
+        """Every part bound once to checked buffers: intermediates allocated, each variant pack built."""
+        device = _device(tensors)
+        saved = {k: t for k, t in snapshot(self.graph, tensors).items() if t is not tensors[k]}  # copies
+        env: dict[str, Any] = {**tensors, **saved, **outputs}
+        launches = [self._step(k, env, device, bound=True) for k in range(len(self.compiled))]
+        return StagedBound(self, outputs, [(saved[k], tensors[k]) for k in saved], launches)
+
+    def _step(self, k: int, env: dict[str, Any], device, bound: bool = False) -> Callable[[], Any]:
+        """Part k's launch on the buffers of `env` (those it makes added to it): a cuDNN graph's variant
+        pack (bound: built once, launched raw), or the fallback op's reference on the GPU."""
         part, cg = self.partition.parts[k], self.compiled[k]
-        device = next(t.device for t in env.values() if isinstance(t, torch.Tensor))
-        if cg is None:
-            node = self.graph.nodes[part.first]
-            ins = [None if i is None else _wide(self._value(env, i), self.graph, i, device) for i in node.inputs]
+        node = self.graph.nodes[part.first]
+        names = cg.graph.outputs if cg is not None else [self.graph.value(o) for o in node.outputs]
+        for v in names:
+            if env.get(v.name) is None:
+                env[v.name] = empty(self.inst.type(v.name), device)
+        if cg is not None:
+            made = {v.name: env[v.name] for v in cg.graph.outputs}
+            inst = cg.graph.instances[0]
+            return cg.bound(inst, env, made).launch if bound else cg.launcher(inst, env, made)
+        scalars = {  # made on the GPU once: a host-to-device copy has no place in a CUDA-graph capture
+            i: _wide(env.get(i), self.graph, i, device)
+            for i in node.inputs
+            if i is not None and not isinstance(env.get(i), torch.Tensor) and self.graph.value(i).view is None
+        }
+        types, attrs_ = [self.inst.type(o) for o in node.outputs], self.inst.attrs(part.first)
+
+        def fallback():
+            ins = [
+                None if i is None else scalars[i] if i in scalars else _wide(self._value(env, i), self.graph, i, device)
+                for i in node.inputs
+            ]
             with torch.no_grad():
-                results = IMPLS[node.op].ref(
-                    ins, self.inst.attrs(part.first), [self.inst.type(o) for o in node.outputs]
-                )
-            for name, r in zip(node.outputs, results):  # into a buffer as cuDNN would hold it
-                t = self.inst.type(name)
-                if name not in env:
-                    env[name] = empty(t, device)
+                results = IMPLS[node.op].ref(ins, attrs_, types)
+            for name, r, t in zip(node.outputs, results, types):  # into a buffer as cuDNN would hold it
                 env[name].copy_(stored(r.to(torch_dtype(t.dtype)), t))
-            return
-        made = {v.name: env.get(v.name) for v in cg.graph.outputs}
-        for name, buf in made.items():
-            if buf is None:
-                made[name] = env[name] = empty(self.inst.type(name), device)
-        cg({v.name: env[v.name] for v in cg.graph.inputs if v.name in env}, made)
+
+        return fallback
 
     def _value(self, env: dict, name: str):
         """A tensor as values (a bool one unpacked; a view read off its buffer), or a scalar given by
@@ -74,6 +96,41 @@ class Staged:
         return value
 
 
+class StagedBound:
+    """A split graph bound once to its buffers, like runtime.Bound for a whole one: `run()` refreshes the
+    copies of inputs that outputs overwrite, then launches every part back to back, with no checks."""
+
+    def __init__(self, staged: Staged, outputs: dict, copies: list[tuple[torch.Tensor, torch.Tensor]], launches):
+        self.staged, self.outputs, self.copies, self.launches = staged, outputs, copies, launches
+        self.handles = list({id(c.planner.handle): c.planner.handle for c in staged.compiled if c is not None}.values())
+
+    @property
+    def plan_name(self) -> str:
+        """each part's plan, in order ('torch' for a fallback op)"""
+        return " + ".join(c.executable(c.graph.instances[0]).plan_name if c else "torch" for c in self.staged.compiled)
+
+    @property
+    def source(self) -> str:
+        return self.staged.partition.reason
+
+    def set_stream(self, stream) -> None:
+        from cudnn_dsl.backend import load_cudnn
+
+        for h in self.handles:
+            load_cudnn().set_stream(h, stream)
+
+    def run(self) -> dict[str, torch.Tensor]:
+        for copy, source in self.copies:
+            copy.copy_(source)
+        for launch in self.launches:
+            launch()
+        return self.outputs
+
+
+def _device(tensors: dict) -> torch.device:
+    return next(t.device for t in tensors.values() if isinstance(t, torch.Tensor))
+
+
 def _wide(value, graph: Graph, name: str, device) -> torch.Tensor:
     """An input of a fallback op as its reference wants it: float32 (float64 for double), on the GPU."""
     if not isinstance(value, torch.Tensor):  # a scalar given by value
@@ -82,9 +139,19 @@ def _wide(value, graph: Graph, name: str, device) -> torch.Tensor:
     return value.to(torch.float64 if value.dtype == torch.float64 else torch.float32)
 
 
-def stage(graph: Graph, inst: Instance, options, declined: DslError, compile_part: Callable[[Graph], Any]) -> Staged:
-    """Splits one shape that cuDNN declined (`declined`) into parts built on this GPU by `compile_part`
-    (a part graph -> its compiled graph, whose first build raises DslError when cuDNN declines it)."""
+def stage(
+    graph: Graph,
+    inst: Instance,
+    options,
+    declined: str,
+    compile_part: Callable[[Graph], Any],
+    cuts: tuple[int, ...] | None = None,
+    chosen: str = "",
+    first: int | None = None,
+) -> Staged:
+    """One shape in parts built on this GPU by `compile_part` (a part graph -> its compiled graph, whose first
+    build raises DslError when cuDNN declines it): the fewest parts when cuDNN declined it whole (`declined`
+    says why; given `first`, the first part ends there), or the parts starting at `cuts` (`chosen` says why)."""
     built: dict[tuple, Any] = {}
 
     def accepts(part: Graph) -> str | None:
@@ -96,5 +163,8 @@ def stage(graph: Graph, inst: Instance, options, declined: DslError, compile_par
         built[part.nodes] = cg
         return None
 
-    partition = find_partition(graph, inst, accepts, short(declined.diagnostics[0].message), options.fallback)
+    if cuts is None:
+        partition = find_partition(graph, inst, accepts, declined, options.fallback, first)
+    else:
+        partition = split_at(graph, inst, cuts, accepts, options.fallback, declined, chosen)
     return Staged(graph, inst, partition, [built[p.graph.nodes] if p.graph else None for p in partition.parts])

@@ -50,6 +50,7 @@ _ENTRY_ID = re.compile(r"[0-9a-f]{32}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _KERNEL_CACHE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}-[0-9a-f]{24}\.cache")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_PARTITION_NAME = re.compile(r"whole|[1-9][0-9]{0,6}(,[1-9][0-9]{0,6}){0,255}")
 _BLOB_MARK = b'\n "blob": "'
 """how to_json's indent=1 layout starts the blob: a newline cannot occur inside a JSON string"""
 
@@ -200,6 +201,19 @@ _SEARCH_FIELDS: _Fields = {
         "a list",
     ),
 }
+_PARTITION_FIELDS: _Fields = {
+    "format": (lambda v: type(v) is int and v == FORMAT, f"format {FORMAT}"),
+    "key": (lambda v: _check(v, _KEY_FIELDS, "key", {"constraints": (_str, "a string")}) is None, "a plan key"),
+    "graph": (_str, "a string"),
+    "cuts": (
+        lambda v: type(v) is list and all(type(c) is int and 0 < c < 1 << 20 for c in v) and v == sorted(set(v)),
+        "increasing node indices",
+    ),
+    "times_us": (
+        lambda v: _dict_of(lambda t: _number(t) and t >= 0)(v) and all(_PARTITION_NAME.fullmatch(k) for k in v),
+        "a map of partitions ('whole', '1,3') to times in µs",
+    ),
+}
 _BUNDLE_FIELDS: _Fields = {
     "format": (lambda v: type(v) is int, "a number"),
     "entries": (lambda v: type(v) is list, "a list"),
@@ -299,6 +313,24 @@ class Entry:
         return attrs.evolve(self, created=0.0, imported=False) == attrs.evolve(other, created=0.0, imported=False)
 
 
+@attrs.frozen
+class PartitionChoice:
+    """What `tune` kept for one plan key among the partitions it timed: the node indices where a part starts
+    (none: the whole graph), and each partition's time by its cut points ('whole', '1', '1,3')."""
+
+    cuts: tuple[int, ...]
+    times_us: dict[str, float]
+
+    @staticmethod
+    def name(cuts: tuple[int, ...]) -> str:
+        return ",".join(map(str, cuts)) or "whole"
+
+    @staticmethod
+    def cuts_of(name: str) -> tuple[int, ...]:
+        """name's inverse (names are checked when read)."""
+        return () if name == "whole" else tuple(int(c) for c in name.split(","))
+
+
 # ---- results of the cache commands ----
 
 
@@ -343,6 +375,8 @@ class Cleared:
     """names that look like ours but are not regular files (directories, FIFOs, links): not touched"""
     searches: int = 0
     """search records of tune --exhaustive"""
+    partitions: int = 0
+    """the partitions tune kept"""
 
 
 @attrs.frozen
@@ -470,6 +504,44 @@ class PlanStore:
         except OSError as e:
             raise StoreProblem(f"cannot write the search record {self.search_path(key)}: {e.strerror or e}") from None
 
+    # ---- partitions (tune): which split of a graph runs fastest, keyed like its whole-graph plan ----
+
+    def partition_path(self, key: PlanKey) -> Path:
+        return self.root.parent / "partitions" / f"{key.id}.json"
+
+    def get_partition(self, key: PlanKey) -> PartitionChoice | None:
+        """The partition tune kept for key (None when it has timed none); StoreProblem when the record is unusable."""
+        p = self.partition_path(key)
+        data = _read_regular(p, ENTRY_LIMIT, "partition record")
+        if data is None:
+            return None
+        try:
+            d = _loads(data)
+            if type(d) is dict and "format" in d and not _PARTITION_FIELDS["format"][0](d["format"]):
+                raise ValueError(f"format {_brief(d['format'])} is not {FORMAT} (made by another version)")
+            _check(d, _PARTITION_FIELDS, "partition record")
+            if PlanKey(**d["key"]) != key:
+                raise ValueError("it was made for another key")
+        except (ValueError, TypeError) as e:
+            raise StoreProblem(f"partition record {p.name}: {e}") from None
+        return PartitionChoice(tuple(d["cuts"]), dict(d["times_us"]))
+
+    def put_partition(self, key: PlanKey, graph: str, choice: PartitionChoice) -> None:
+        """Saves the partition tune kept for key (replacing the record); StoreProblem when it cannot."""
+        d = {
+            "format": FORMAT,
+            "key": key.to_json(),
+            "graph": graph,
+            "cuts": list(choice.cuts),
+            "times_us": choice.times_us,
+        }
+        try:
+            atomic_write(self.partition_path(key), json.dumps(d, indent=1), follow_symlinks=False)
+        except OSError as e:
+            raise StoreProblem(
+                f"cannot write the partition record {self.partition_path(key)}: {e.strerror or e}"
+            ) from None
+
     # ---- cache commands ----
 
     def listing(self) -> list[Row]:
@@ -518,13 +590,13 @@ class PlanStore:
     def clear(self) -> Cleared:
         """Deletes the entries, the kernel caches and temp files left by killed writers (D29), without reading
         them; leaves directories, FIFOs and links alone. StoreProblem when the store cannot be changed."""
-        counts = {"entries": 0, "temp_files": 0, "kernel_caches": 0, "searches": 0}
+        counts = {"entries": 0, "temp_files": 0, "kernel_caches": 0, "searches": 0, "partitions": 0}
         left = []
-        searches = self.root.parent / "searches"
         for folder, suffix, kind in (
             (self.root, ".json", "entries"),
             (self.kernels, ".cache", "kernel_caches"),
-            (searches, ".json", "searches"),
+            (self.root.parent / "searches", ".json", "searches"),
+            (self.root.parent / "partitions", ".json", "partitions"),
         ):
             for e in _scan(folder):
                 what = "temp_files" if e.name.startswith(".") and e.name.endswith(".tmp") else kind

@@ -15,11 +15,13 @@ import attrs
 import torch
 
 from cudnn_dsl.build import excluded_or, host_tensors
-from cudnn_dsl.runtime import CompiledGraph, make_pack
+from cudnn_dsl.partition import ANCHOR, cut_label, short, tuned_why
+from cudnn_dsl.runtime import CompiledGraph, capture, make_pack
 from cudnn_dsl.search import MAX_CONFIGS, SearchResult, Tried, search
-from cudnn_dsl.store import StoreProblem
+from cudnn_dsl.store import PartitionChoice, StoreProblem
 from cudnn_dsl.tensors import compare_outputs, restore, snapshot
-from cudnn_dsl.timing import replay_time_us
+from cudnn_dsl.timing import gpu_time_us, replay_time_us
+from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, shape_label
 from dsl.ops import OPS, Ctx
 from dsl.types import itemsize
@@ -188,6 +190,131 @@ def exhaustive(
         r.winner = best
         planner.adopt(exe, tuned=True, timing={"median_us": best.median_us or 0.0, "candidates": len(r.tried)})
     return r
+
+
+# ---- partitions: the whole graph against its anchor op alone and the rest as one graph ----------------
+
+
+@attrs.define
+class Alternative:
+    cuts: tuple[int, ...]
+    """the node indices where a part starts (none: the whole graph)"""
+    label: str
+    parts: list[TuneResult] = attrs.Factory(list)
+    """each cuDNN part's plans, tuned (the whole graph's are tune()'s own)"""
+    times_us: list[float] = attrs.Factory(list)
+    error: str = ""
+    check: str = ""
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.times_us) if self.times_us else math.inf
+
+
+@attrs.define
+class PartitionTune:
+    graph: str
+    binding: dict
+    alternatives: list[Alternative]
+    kept: Alternative | None = None
+    why: str = ""
+    """'tuned: split after matmul (line 5), 18.1 µs vs 24.3 µs whole'"""
+    note: str = ""
+
+
+def tune_partitions(
+    cg: CompiledGraph, inst: Instance, whole: TuneResult | None, declined: str = "", progress=None
+) -> PartitionTune:
+    """Times each partition of one shape (the whole graph as `whole` tuned it, unless cuDNN `declined` it; the
+    fewest parts then; the anchor op alone and the rest), each part's plans tuned first, each partition bound
+    and replayed from a CUDA graph like a plan; keeps the fastest whose outputs match the reference, and stores
+    the choice beside the whole graph's plan."""
+    g, o = cg.graph, cg.options
+    tensors = cg.allocate_inputs(dict(inst.binding))
+    before = snapshot(g, tensors)
+    want = cg.reference(before)
+    result = PartitionTune(g.name, dict(inst.binding), [])
+    seen = set()
+    if declined:
+        result.alternatives.append(Alternative((), "whole", error=f"cuDNN declines it whole ({declined})"))
+    ways = ([None] if declined else [()]) + ([ANCHOR] if len(g.nodes) > 1 else [])  # fewest parts, or whole
+    for way in ways:
+        try:  # the cut points of each way (finding them builds each part once)
+            cuts = way if way == () else cg.use_partition(inst, None, declined=declined, first=way).partition.cuts
+        except DslError as e:
+            result.alternatives.append(Alternative((), "anchor op alone", error=short(e.diagnostics[0].message)))
+            continue
+        if cuts in seen:
+            continue
+        seen.add(cuts)
+        a = Alternative(cuts, cut_label(g, cuts) if cuts or not declined else "its op left to torch")
+        result.alternatives.append(a)
+        if progress:
+            progress(f"partition {a.label}")
+        if not cuts and not declined and (whole is None or whole.winner is None):
+            a.error = "its fastest plan's outputs do not match the reference"
+            continue
+        try:
+            staged = cg.use_partition(inst, cuts if cuts or not declined else None, declined=declined)
+            for pcg in staged.compiled if staged else ():
+                if pcg is not None:
+                    a.parts.append(tune(pcg, pcg.graph.instances[0], progress))
+            restore(tensors, before)
+            bound = cg.bind(tensors)
+            bound.run()
+            comps = compare_outputs(g, inst, bound.outputs, want, o)
+            a.check = "; ".join(str(c) for c in comps)
+            if not all(c.ok for c in comps):
+                a.error = f"outputs do not match the reference: {a.check}"
+                continue
+            a.times_us = bound_time_us(bound, cg.device, o.iterations, o.warmup)
+        except DslError as e:
+            a.error = short(e.diagnostics[0].message)
+        except Exception as e:  # noqa: BLE001 - a partition that fails to build or run is skipped, with why
+            a.error = excluded_or(e)
+    timed = sorted((a for a in result.alternatives if a.times_us), key=lambda a: a.median_us)
+    if not timed:
+        return result
+    result.kept = timed[0]
+    choice = PartitionChoice(result.kept.cuts, {PartitionChoice.name(a.cuts): a.median_us for a in timed})
+    if len(timed) > 1:  # else there was nothing to choose between: nothing is stored
+        result.why = cg.why[inst.binding] = tuned_why(g, choice)
+    cg.use_partition(inst, choice.cuts if choice.cuts or not declined else None, result.why, declined)
+    if result.why and cg.planner.use_store:
+        try:
+            cg.planner.store.put_partition(cg.planner.key(inst), g.name, choice)
+        except StoreProblem as e:
+            result.note = f"partition not stored: {e}"
+    return result
+
+
+def bound_time_us(bound, device, iterations: int, warmup: int) -> list[float]:
+    """GPU time per run of a bound graph, whole or in parts, as plans are timed: ten runs captured in one
+    CUDA graph, one sample per replay (launched directly where a part cannot be captured)."""
+    try:
+        replay = capture(bound, device, repeat=10)
+    except Exception:  # noqa: BLE001 - capture refused: time the launches themselves
+        return gpu_time_us(bound.run, iterations, warmup)
+    return [t / 10 for t in gpu_time_us(replay.replay, iterations, warmup=warmup, inner=1)]
+
+
+def partition_report(result: PartitionTune) -> str:
+    label = result.graph + (f" [{shape_label(result.binding.items())}]" if result.binding else "")
+    lines = [f"graph {label}: {len(result.alternatives)} partitions"]
+    for a in result.alternatives:
+        for r in a.parts:
+            lines += ["  " + line for line in report(r).splitlines()]
+    lines.append(f"  {'partition':52} {'median µs':>10}")
+    for a in result.alternatives:
+        kept = "  kept" if a is result.kept else ""
+        lines.append(
+            f"  {a.label[:52]:52} {a.median_us:10.1f}{kept}" if a.times_us else f"  {a.label[:52]:52} {a.error}"
+        )
+    if result.kept is not None:
+        lines.append(f"  {result.why}")
+    if result.note:
+        lines.append(f"  {result.note}")
+    return "\n".join(lines)
 
 
 def report(result: TuneResult) -> str:

@@ -199,3 +199,78 @@ def test_json_to_stdout_is_the_json_alone(command):
 def test_check_refuses_an_empty_target_and_two_targets(flags, words):
     p = run_cli("check", "examples/residual_block.cdg", *flags)  # the empty one was ignored, the name overridden
     assert p.returncode == 2 and words in p.stderr and not p.stdout
+
+
+def test_a_bound_split_graph_is_bound_once_and_each_run_reads_the_inputs_as_they_are_then():
+    import torch
+
+    from cudnn_dsl.partition import Part, Partition
+    from cudnn_dsl.reference import run_reference
+    from cudnn_dsl.staged import Staged
+
+    text = (
+        "graph g {\n  input a : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
+        "  output y in a = relu(b)\n  output z = a + b\n}\n"
+    )
+    g = program(text=text, file="g.cdg").graphs[0]
+    inst = g.instances[0]
+    staged = Staged(g, inst, Partition((Part(0, 1, None, "-"), Part(1, 2, None, "-")), "-"), [None, None])
+    a, b = torch.randn(1, 8, 8), torch.randn(1, 8, 8)
+    bound = staged.bind({"a": a, "b": b}, {"y": a, "z": torch.empty(1, 8, 8)})
+    for _ in range(2):  # the second run reads a as the first left it (y was written into it)
+        want = run_reference(g, inst, {"a": a.clone(), "b": b})
+        got = bound.run()
+        assert torch.equal(got["y"], want["y"]) and torch.equal(got["z"], want["z"])
+    assert bound.outputs["y"].data_ptr() == a.data_ptr() and bound.handles == []
+
+
+def test_forced_cut_points_make_the_parts_and_bad_ones_are_refused(h200):
+    from cudnn_dsl.partition import cut_label, deviceless_accepts, split_at
+
+    g = program("examples/residual_block.cdg").graphs[0]
+    inst = g.instances[0]
+    p = split_at(g, inst, (1,), deviceless_accepts(g.options, h200), fallback=True)
+    assert p.cuts == (1,) and [(q.first, q.end, q.graph is not None) for q in p.parts] == [
+        (0, 1, True),
+        (1, len(g.nodes), True),
+    ]
+    assert cut_label(g, p.cuts) == "split after conv_fprop (line 12)" and cut_label(g, ()) == "whole"
+    for bad in [(0,), (2, 1), (len(g.nodes),), (1, 1)]:
+        with pytest.raises(ValueError, match="not increasing node indices"):
+            split_at(g, inst, bad, deviceless_accepts(g.options, h200), fallback=True)
+
+
+def test_the_anchor_alone_then_the_fewest_parts_of_the_epilogue(h200):
+    from cudnn_dsl.partition import ANCHOR, deviceless_accepts, find_partition
+
+    g = program("examples/matmul_epilogue.cdg").graphs[0]
+    p = find_partition(g, g.instances[0], deviceless_accepts(g.options, h200), "", True, first=ANCHOR)
+    assert p.parts[0].end == 1 and p.parts[0].graph is not None  # the matmul alone, a cuDNN graph
+    assert p.parts[-1].end == len(g.nodes) and p.cuts[0] == 1
+
+
+def test_the_reason_a_tuned_partition_gives():
+    from cudnn_dsl.partition import tuned_why
+    from cudnn_dsl.store import PartitionChoice
+
+    g = program("examples/residual_block.cdg").graphs[0]
+    why = tuned_why(g, PartitionChoice((1,), {"whole": 24.3, "1": 18.1, "9": 1.0}))  # 9: not in this graph
+    assert why == "tuned: split after conv_fprop (line 12), 18.1 µs vs 24.3 µs whole"
+    assert tuned_why(g, PartitionChoice((), {"whole": 20.0, "1": 30.0})).startswith("tuned: whole, 20.0 µs vs 30.0")
+
+
+def test_tune_without_a_gpu_lists_the_partitions_it_would_time():
+    p = run_cli("tune", "examples/residual_block.cdg")
+    assert p.returncode == 1 and "no CUDA GPU is visible" in p.stderr
+    assert "graph residual_block: partitions tune would time" in p.stdout
+    assert "whole" in p.stdout and "split after conv_fprop (line 12)" in p.stdout and "2 cuDNN graphs" in p.stdout
+
+
+def test_tune_without_a_gpu_lists_a_declined_graphs_parts(tmp_path):
+    f = tmp_path / "ln.cdg"
+    f.write_text(LN_GELU + GENSTATS)
+    p = run_cli("tune", f)
+    assert p.returncode == 1 and "no CUDA GPU is visible" in p.stderr
+    assert "graph ln_gelu: partitions tune would time\n  whole" in p.stdout and "declined: " in p.stdout
+    assert "split after layernorm (line 6)" in p.stdout and "2 cuDNN graphs" in p.stdout
+    assert "its op left to torch" in p.stdout and "0 cuDNN graphs, 1 op(s) left to torch" in p.stdout

@@ -811,3 +811,26 @@ def test_cli_ls_strips_terminal_escapes_of_imported_entries(tmp_path):
     assert imported[0] == 0
     for out in (ls[1], show[1]):
         assert "pwned" in out and not any(ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) <= 0x9F for c in out)
+
+
+def test_a_partition_choice_round_trips_beside_its_key_and_damage_is_a_store_problem(tmp_path):
+    from cudnn_dsl.store import PartitionChoice
+
+    store, k = PlanStore(tmp_path / "plans"), key()
+    assert store.get_partition(k) is None
+    store.put_partition(k, "g", PartitionChoice((1, 3), {"whole": 24.3, "1,3": 18.1}))
+    assert store.get_partition(k) == PartitionChoice((1, 3), {"whole": 24.3, "1,3": 18.1})
+    path, other = store.partition_path(k), key(gpu="other")
+    store.partition_path(other).write_text(path.read_text())  # a record under another key's name
+    with pytest.raises(StoreProblem, match="made for another key"):
+        store.get_partition(other)
+    for text, why in [
+        ('{"format": 7}', "format 7 is not 1 .made by another version."),
+        (path.read_text().replace('"cuts": [\n  1,\n  3\n ]', '"cuts": [3, 1]'), "increasing node indices"),
+        ("[", "partition record"),
+        (path.read_text().replace('"whole"', '"\\u001b[2J"'), "a map of partitions"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(StoreProblem, match=why):
+            store.get_partition(k)
+    assert store.clear().partitions == 2 and not path.exists()

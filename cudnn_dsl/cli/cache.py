@@ -49,8 +49,8 @@ def run(args) -> int:
     elif args.action == "clear":
         r = s.clear()
         print(
-            f"removed {r.entries} entries, {r.temp_files} temporary files, {r.kernel_caches} kernel caches and "
-            f"{r.searches} search records from {s.root.parent}"
+            f"removed {r.entries} entries, {r.temp_files} temporary files, {r.kernel_caches} kernel caches, "
+            f"{r.searches} search records and {r.partitions} partition records from {s.root.parent}"
         )
         if r.left:
             print(f"left alone (not regular files): {', '.join(r.left)}", file=sys.stderr)

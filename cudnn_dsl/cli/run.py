@@ -343,7 +343,9 @@ class _GpuRunner:
         print(f"graph {name}")
         candidates = f"{low.plan_count} candidates, heuristics {', '.join(opts.modes())}; " if low.plan_count else ""
         print(f"  plan       {exe.plan_name}  ({candidates}from {exe.source})")
-        for note in exe.notes + cg.planner.kernel_cache_notes:
+        if inst.binding in cg.why:
+            print(f"  partition  {cg.why[inst.binding]}")
+        for note in exe.notes + cg.planner.kernel_cache_notes + cg.notes:
             print(f"  note       {note}")
         print("  build      " + timings_text(low.timings))
         print(f"  workspace  {exe.workspace_bytes} bytes")
@@ -385,6 +387,7 @@ class _GpuRunner:
             "plan": exe.plan_name,
             "source": exe.source,
             "notes": exe.notes,
+            "partition": cg.why.get(inst.binding, ""),
             "candidates": low.plan_count,
             "build_s": low.timings,
             "cuda_graph": graph_mode,
@@ -409,17 +412,24 @@ class _GpuRunner:
         from cudnn_dsl.timing import gpu_time_us
 
         cg, s, opts = self.cg, self.s, self.s.opts
-        outputs = cg(tensors)
+        graph_mode = s.args.cuda_graph or opts.cuda_graph
+        bound = cg.capture(tensors) if graph_mode else cg.bind(tensors)  # every part bound once
+        outputs, launch = bound.outputs, bound.replay if graph_mode else bound.run
+        restore(tensors, before)  # a capture's warm-up run has overwritten what outputs in place write
+        launch()
         torch.cuda.synchronize(cg.device)
         first = {k: v.clone() for k, v in outputs.items()}
         comps, _ = _compared(s, cg, inst, first, before)
-        times = gpu_time_us(lambda: (restore(tensors, before), cg(tensors, outputs)), opts.iterations, opts.warmup)
+        times = gpu_time_us(launch, opts.iterations, warmup=opts.warmup)
         median = statistics.median(times)
+        how = "CUDA-graph replays" if graph_mode else "bound executions"
         print(f"graph {common.label(s.graph, inst)}")
-        print(f"  split      cuDNN declines it whole ({staged.partition.declined}); it runs as:")
+        print(f"  split      {staged.partition.reason}; it runs as:")
         for line in staged.lines:
             print(f"  split      {line}")
-        print(f"  gpu time   {median:.1f} µs per call, every part (median of {len(times)} samples)")
+        for note in cg.notes:
+            print(f"  note       {note}")
+        print(f"  gpu time   {median:.1f} µs per call, every part ({how}; median of {len(times)} samples)")
         _print_compared(s, comps)
         return {
             "graph": s.graph.name,
@@ -427,6 +437,8 @@ class _GpuRunner:
             "executed": True,
             "parts": staged.lines,
             "declined": staged.partition.declined,
+            "partition": staged.partition.reason,
+            "cuda_graph": graph_mode,
             "gpu_us_median": median,
             "gpu_us": times,
             "compare": [attrs.asdict(c) for c in comps],

@@ -34,11 +34,12 @@ def run(args) -> int:
     common.start_logging(args)
     common.check_reports(args)
     _check_search_flags(args)
-    if args.exhaustive:
-        from cudnn_dsl.backend import DEFAULT_TARGET, gpu_available
+    from cudnn_dsl.backend import DEFAULT_TARGET, gpu_available
 
-        if not gpu_available():
+    if not gpu_available():
+        if args.exhaustive:
             return _explore(args, common.target_from(args, DEFAULT_TARGET))
+        _alternatives(args, common.target_from(args, DEFAULT_TARGET))  # then the error: nothing was timed
     common.require_gpu("tune times plans on a GPU")
     if args.target or args.device_properties:
         common.warn("note: --target and --device-properties ignored: this machine has a GPU, and tune times on it")
@@ -47,7 +48,7 @@ def run(args) -> int:
     from cudnn_dsl.runtime import CompiledGraph
     from cudnn_dsl.search import report as search_report
     from cudnn_dsl.timing import environment
-    from cudnn_dsl.tune import exhaustive, plot, report, tune
+    from cudnn_dsl.tune import exhaustive, partition_report, plot, report
 
     results, files, status, work = [], [], common.EXIT_OK, []
     for path in args.files:  # every file, graph, option and shape checked before anything is timed
@@ -70,19 +71,26 @@ def run(args) -> int:
                 if args.exhaustive:
                     r = exhaustive(cg, inst, **_limits(args), restart=args.restart, progress=progress)
                 else:
-                    r = tune(cg, inst, progress)
+                    r, parts = _tune(cg, inst, progress)
             except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still run
                 status = max(status, common.report(e))
                 continue
             finally:
                 progress.done()
-            entry["graphs"].append(attrs.asdict(r))
             if args.exhaustive:
+                entry["graphs"].append(attrs.asdict(r))
                 print(search_report(r, args.top_k))
+                failed = r.winner is None
             else:
-                results.append(r)
-                print(report(r))
-            if r.winner is None:
+                record = attrs.asdict(r) if r else {"graph": g.name, "binding": dict(inst.binding)}
+                entry["graphs"].append({**record, "partitions": attrs.asdict(parts) if parts else None})
+                results += [r] if r else []
+                if r:
+                    print(report(r))
+                if parts:
+                    print(partition_report(parts))
+                failed = (r is not None and r.winner is None) or (parts is not None and parts.kept is None)
+            if failed:
                 status = max(status, common.EXIT_FAIL)
             elif not args.no_cache:
                 print(f"  stored in {cg.planner.store.root}")
@@ -90,6 +98,46 @@ def run(args) -> int:
         plot(results, args.plot)
     common.write_json(args.json, {"files": files, "environment": environment(args.device)})
     return status
+
+
+def _tune(cg, inst, progress):
+    """The whole graph's plans tuned (unless cuDNN declines it whole), then its partitions where it has several:
+    (TuneResult or None, PartitionTune or None)."""
+    from cudnn_dsl.build import NotAllowed
+    from cudnn_dsl.partition import short
+    from cudnn_dsl.tune import tune, tune_partitions
+    from dsl.diagnostics import DslError
+
+    whole, declined = None, ""
+    try:
+        whole = tune(cg, inst, progress)
+    except DslError as e:
+        if isinstance(e, NotAllowed) or not cg.options.split:
+            raise
+        declined = short(e.diagnostics[0].message)
+    if not cg.options.split or (len(cg.graph.nodes) < 2 and not declined):
+        return whole, None
+    return whole, tune_partitions(cg, inst, whole, declined, progress)
+
+
+def _alternatives(args, target) -> None:
+    """Without a GPU: the partitions tune would time, as the target's cuDNN plans them (nothing is timed)."""
+    from cudnn_dsl.partition import deviceless_alternatives
+
+    common.warn(f"note: no CUDA GPU here: the partitions tune would time, as cuDNN plans them for {target.name}")
+    clean, _ = common.clean_files(args.files)
+    for _, result in clean:
+        for g in common.select_graphs(result.program, args.graph):
+            opts = common.options_from(args, g.options)
+            for inst in common.select_instances(g, args.shape):
+                try:
+                    rows = deviceless_alternatives(g, inst, opts, target)
+                except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still listed
+                    common.report(e)
+                    continue
+                print(f"graph {common.label(g, inst)}: partitions tune would time")
+                for label, how in rows:
+                    print(f"  {label:52} {how}")
 
 
 def _check_search_flags(args) -> None:

@@ -67,12 +67,104 @@ def test_layernorm_then_gelu_is_two_cudnn_graphs():
     assert staged is not None and [p.graph is not None for p in staged.partition.parts] == [True, True]
 
 
-def test_bind_of_a_split_graph_says_it_runs_in_parts():
+def _bound_matches(cg, bound, before):
+    import torch
+
+    from cudnn_dsl.tensors import compare_outputs
+
+    torch.cuda.synchronize()
+    inst = cg.graph.instances[0]
+    comps = compare_outputs(
+        cg.graph, inst, {k: v.clone() for k, v in bound.outputs.items()}, cg.reference(before), cg.options
+    )
+    assert all(c.ok for c in comps), [str(c) for c in comps]
+
+
+SPLIT = [LN_GELU, RESHAPE_AFTER_MATMUL, GENSTATS, VIEWED_IN_PLACE, READ_AFTER_OVERWRITE, NORM_STATS]
+SPLIT_IDS = ["ln_gelu", "mm_reshape", "genstats", "viewed_in_place", "read_after_overwrite", "norm_stats"]
+
+
+@pytest.mark.parametrize("text", SPLIT, ids=SPLIT_IDS)
+def test_a_split_graph_bound_once_runs_every_part_and_matches_on_every_run(text):
+    import cudnn_dsl
+    from cudnn_dsl.staged import StagedBound
+    from cudnn_dsl.tensors import snapshot
+
+    cg = cudnn_dsl.compile(text=text, split=True)
+    ins = cg.allocate_inputs()
+    bound = cg.bind(ins)
+    if cg.staged(cg.graph.instances[0]) is None:
+        pytest.skip(f"cuDNN {cg.graph.name}: fused whole here")
+    assert isinstance(bound, StagedBound) and len(bound.launches) == len(cg.staged(cg.graph.instances[0]).compiled)
+    for _ in range(2):  # a second run reads what the first left in inputs that outputs overwrite
+        before = snapshot(cg.graph, ins)
+        bound.run()
+        _bound_matches(cg, bound, before)
+
+
+@pytest.mark.parametrize(
+    "text", [LN_GELU, RESHAPE_AFTER_MATMUL, READ_AFTER_OVERWRITE], ids=["ln_gelu", "mm_reshape", "read_after_overwrite"]
+)
+def test_a_split_graph_is_captured_into_one_cuda_graph_and_replays_right(text):
+    import cudnn_dsl
+    from cudnn_dsl.tensors import restore, snapshot
+
+    cg = cudnn_dsl.compile(text=text, split=True)
+    ins = cg.allocate_inputs()
+    before = snapshot(cg.graph, ins)
+    replay = cg.capture(ins)
+    restore(ins, before)  # the capture's warm-up run wrote the outputs in place
+    replay.replay()
+    _bound_matches(cg, replay.bound, before)
+
+
+def test_forced_cut_points_split_a_graph_cudnn_fuses_and_it_still_matches():
     import cudnn_dsl
 
-    cg = cudnn_dsl.compile(text=LN_GELU, split=True)
-    with pytest.raises(cudnn_dsl.DslError, match=r"splits into 2 parts .* call the compiled graph instead"):
-        cg.bind(cg.allocate_inputs())
+    cg = cudnn_dsl.compile("examples/residual_block.cdg", split=True)
+    inst = cg.graph.instances[0]
+    staged = cg.use_partition(inst, (1,), chosen="forced")
+    assert staged.partition.cuts == (1,) and staged.partition.reason == "forced"
+    ins = cg.allocate_inputs()
+    assert all(r.ok for r in cg.check(ins)), "plain call"
+    bound = cg.bind(ins)
+    bound.run()
+    _bound_matches(cg, bound, ins)
+
+
+def test_tune_times_the_whole_graph_against_the_anchor_alone_and_run_reuses_the_choice(private_store):
+    import cudnn_dsl
+    from cudnn_dsl.store import PlanStore
+    from cudnn_dsl.tune import partition_report, tune, tune_partitions
+
+    cg = cudnn_dsl.compile("examples/matmul_epilogue.cdg", split=True, iterations=5, warmup=1)
+    inst = cg.graph.instances[0]
+    whole = tune(cg, inst)
+    r = tune_partitions(cg, inst, whole)
+    text = partition_report(r)
+    assert r.alternatives[0].label == "whole" and r.alternatives[0].times_us, text
+    anchor = r.alternatives[1]
+    assert anchor.cuts[:1] == (1,) and (anchor.times_us or anchor.error), text
+    assert r.kept is not None and r.why.startswith(f"tuned: {r.kept.label}") and "kept" in text
+    choice = PlanStore().get_partition(cg.planner.key(inst))
+    assert choice is not None and choice.cuts == r.kept.cuts and "whole" in choice.times_us
+    again = cudnn_dsl.compile("examples/matmul_epilogue.cdg", split=True)  # a new process would read the same
+    staged = again.staged(again.graph.instances[0])
+    assert again.why[inst.binding] == r.why
+    assert (staged.partition.cuts if staged else ()) == r.kept.cuts
+    assert all(c.ok for c in again.check(again.allocate_inputs()))
+
+
+def test_tune_and_run_commands_report_the_partitions(private_store):
+    from tests.cli_util import run_cli
+
+    p = run_cli("tune", "examples/residual_block.cdg", "--iterations", "3", "--warmup", "1")
+    assert p.returncode == 0, p.stderr
+    assert "partitions" in p.stdout and "split after conv_fprop (line 12)" in p.stdout and "kept" in p.stdout
+    assert "tuned: " in p.stdout
+    p = run_cli("run", "examples/residual_block.cdg", "--iterations", "3")
+    assert p.returncode == 0, p.stderr
+    assert "tuned: " in p.stdout  # 'partition  tuned: whole, ...' or 'split      tuned: split after ...'
 
 
 def test_with_splitting_off_cudnns_refusal_is_the_error():
@@ -81,3 +173,14 @@ def test_with_splitting_off_cudnns_refusal_is_the_error():
     cg = cudnn_dsl.compile(text=LN_GELU, split=False)
     with pytest.raises(cudnn_dsl.DslError, match="failed"):
         cg(cg.allocate_inputs())
+
+
+def test_bench_runs_a_split_graph_bound_and_names_each_parts_plan():
+    from cudnn_dsl.bench import bench_graph
+    from dsl.pipeline import program
+
+    g = program(text=LN_GELU, file="ln.cdg").graphs[0]
+    r = bench_graph(g, g.instances[0], against=("torch",), rounds=2, iters=3)
+    ours = r["rows"][0]
+    assert ours["name"] == "cudnn-dsl" and ours["check"] == "ok" and ours["gpu_us_median"] > 0
+    assert " + " in r["plan"] and r["plan_source"].startswith("cuDNN declines it whole")
