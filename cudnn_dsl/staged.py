@@ -65,7 +65,9 @@ class Staged:
         if cg is not None:
             made = {v.name: env[v.name] for v in cg.graph.outputs}
             inst = cg.graph.instances[0]
-            return cg.bound(inst, env, made).launch if bound else cg.launcher(inst, env, made)
+            # Bound.run, not its bare launch: the Bound keeps the variant pack's buffers (intermediates
+            # allocated here) alive, where the raw launch holds only their addresses.
+            return cg.bound(inst, env, made).run if bound else cg.launcher(inst, env, made)
         scalars = {  # made on the GPU once: a host-to-device copy has no place in a CUDA-graph capture
             i: _wide(env.get(i), self.graph, i, device)
             for i in node.inputs
