@@ -175,17 +175,40 @@ def draw_input(init: Init, t: TensorType, seed: int, name: str) -> torch.Tensor:
     return out.reshape(t.shape)
 
 
+def _ragged(graph: Graph, instance: Instance) -> dict[str, tuple[TensorType, str]]:
+    """Ragged offset inputs by name (OpSig.ragged): the type of the tensor each places, and its lengths."""
+    out = {}
+    for n in graph.nodes:
+        for off, port, lengths in OPS[n.op].ragged:
+            if off < len(n.inputs) and n.inputs[off] and n.inputs[lengths]:
+                placed = n.inputs[port] if port >= 0 else n.outputs[-1 - port]
+                out[n.inputs[off]] = (instance.type(placed), n.inputs[lengths])
+    return out
+
+
+def packed_offsets(t: TensorType, lengths: torch.Tensor) -> torch.Tensor:
+    """Offsets [B+1] that pack sequences of these lengths back to back in a buffer of type t [B, H, S, D]
+    (batch outermost): a sequence of L rows spans L row strides, plus one row's extent less a stride."""
+    rest = 1 - t.strides[2] + sum((t.shape[i] - 1) * t.strides[i] for i in (1, 3))
+    spans = lengths.flatten().long() * t.strides[2] + rest
+    return torch.cat((spans.new_zeros(1), spans.cumsum(0)))
+
+
 def generate_inputs(
     graph: Graph, instance: Instance, device, seed: int = 0, inits: dict[str, Init] | None = None
 ) -> dict[str, torch.Tensor]:
     """Seeded inputs in their declared layout, each drawn as `input_inits` says. Drawn on the CPU, so
-    a seed gives the same inputs on every device."""
+    a seed gives the same inputs on every device. Ragged offsets no init names pack their sequences
+    (packed_offsets of the generated lengths)."""
     out = {}
     for name, init in input_inits(graph, instance, inits).items():
         t = instance.type(name)
         buf = empty(t, device)
         buf.copy_(stored(draw_input(init, t, seed, name), t))
         out[name] = buf
+    for name, (placed, lengths) in _ragged(graph, instance).items():
+        if not (inits or {}).get(name) and getattr(graph.value(name), "init", None) is None and name in out:
+            out[name].copy_(packed_offsets(placed, out[lengths].cpu()).view(out[name].shape))
     return out
 
 
