@@ -450,7 +450,7 @@ def test_ragged_attention_is_each_packed_sequence_on_its_own(extra, band):
     for b in range(2):
         lq, lkv = lens_q[b], lens_kv[b]
 
-        def rows(name, length, heads, d):
+        def rows(name, length, heads, d, b=b):
             return flat(ins[name[1]])[starts[name][b] :][: length * heads * d].view(length, heads, d)
 
         seq = {
