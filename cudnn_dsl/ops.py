@@ -344,9 +344,10 @@ def _pack(values: torch.Tensor, out, offsets: torch.Tensor, lengths: torch.Tenso
     n = storage_elements(out.shape, out.strides)
     index = _ragged_index(values, offsets, out.strides)
     rows = _positions(values, 2) < lengths.view(-1, 1, 1, 1)
-    index = torch.where(rows, index, n).flatten()  # rows not written go to a slot past the end
-    buf = values.new_zeros(n + 1).scatter(0, index, values.flatten())
-    seen = values.new_zeros(n + 1, dtype=torch.bool).scatter(0, index, rows.expand(values.shape).flatten())
+    index = index.masked_fill(~rows, n).flatten()  # rows not written go to a slot past the end
+    zero = torch.zeros_like(values.flatten()[:1])  # on values' device without naming it (see _positions)
+    buf = zero.expand(n + 1).contiguous().scatter(0, index, values.flatten())
+    seen = (zero != 0).expand(n + 1).contiguous().scatter(0, index, rows.expand(values.shape).flatten())
     return buf[:n].as_strided(out.shape, out.strides), ~seen[:n].as_strided(out.shape, out.strides)
 
 
