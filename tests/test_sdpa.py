@@ -428,6 +428,20 @@ def test_generated_ragged_offsets_pack_the_sequences_back_to_back():
         assert ins[name].flatten().tolist() == want.tolist(), name
 
 
+def test_one_offset_input_packs_only_tensors_of_equal_rows():
+    from cudnn_dsl.tensors import BindingError
+
+    text_ = RAGGED.format(dt="float", extra="").replace("ragged_o=ro", "ragged_o=rv").replace("  input ro", "#")
+    g = program(text=text_, file="r.cdg").graphs[0]  # v's rows hold 4 elements, o's 2 heads of 4
+    with pytest.raises(BindingError, match="ragged offsets 'rv' place tensors whose sequences take different room"):
+        generate_inputs(g, g.instances[0], "cpu")
+    text_ = RAGGED.format(dt="float", extra="").replace("ragged_o=ro", "ragged_o=rq").replace("  input ro", "#")
+    text_ = text_.replace("v : float[2, 1, 6, 4] strides [24, 4, 4, 1]", "v : float[2, 1, 6, 8] strides [48, 8, 8, 1]")
+    g = program(text=text_, file="r.cdg").graphs[0]  # q and o: rows of 2 heads of 8
+    ins = generate_inputs(g, g.instances[0], "cpu")
+    assert ins["rq"].flatten().tolist() == [0, *(ins["lq"].flatten().long() * 16).cumsum(0).tolist()]
+
+
 @pytest.mark.parametrize("extra,band", [(", causal=true", {"right": 0}), (", left_bound=2", {"left": 2})])
 def test_ragged_attention_is_each_packed_sequence_on_its_own(extra, band):
     """Sequences placed at chosen (not packed) offsets, with gaps: each one's attention by hand, from its
