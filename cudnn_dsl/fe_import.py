@@ -400,6 +400,35 @@ def _sdpa_stats(n: Node) -> bool:
     return bool(stats)
 
 
+def _ragged_offset(tensors: dict[str, Tensor], t: Tensor) -> Tensor | None:
+    """The tensor that places t's sequences (its ragged offset, `set_ragged_offset`), or None."""
+    uid = t.json.get("ragged_offset_uid")
+    return None if uid is None else next((o for o in tensors.values() if o.json.get("uid") == uid), None)
+
+
+#: sdpa's ragged offsets, by the language's name: the port of the tensor each places, and its side
+_SDPA_RAGGED = {
+    "ragged_q": ("Q", "inputs"),
+    "ragged_k": ("K", "inputs"),
+    "ragged_v": ("V", "inputs"),
+    "ragged_o": ("O", "outputs"),
+    "ragged_stats": ("Stats", "outputs"),
+}
+
+
+def _sdpa_ragged(n: Node) -> list[tuple[str, str]]:
+    out = []
+    for name, (port, side) in _SDPA_RAGGED.items():
+        t = n.tensor(port, side)
+        if t is None or t.json.get("ragged_offset_uid") is None:
+            continue
+        offset = _ragged_offset(n.tensors, t)
+        if offset is None:
+            raise n.fail(f"its {port} has ragged_offset_uid {t.json['ragged_offset_uid']}, which is not in 'tensors'")
+        out.append((name, offset.name))
+    return out
+
+
 def import_sdpa(n: Node) -> Call:
     _unsupported(n, ("Q", "K", "V", "Attn_scale", *_SDPA_OPTIONAL.values()))
     if n.get("dropout_probability") is not None:
@@ -411,7 +440,7 @@ def import_sdpa(n: Node) -> Call:
     if bool(n.get("padding_mask", False)) != (n.tensor("SEQ_LEN_Q") is not None):
         raise n.fail("padding_mask and the SEQ_LEN inputs disagree", "padding_mask")
     stats = _sdpa_stats(n)
-    attrs_ = [(k, v) for k, v in kwargs if v is not None]
+    attrs_ = [(k, v) for k, v in kwargs if v is not None] + _sdpa_ragged(n)
     attrs_ += [("scale", _sdpa_scale(n)), *_sdpa_band(n), ("stats", _bool(stats))]
     if n.get("alibi_mask", False):
         attrs_.append(("alibi", "true"))
@@ -421,7 +450,7 @@ def import_sdpa(n: Node) -> Call:
         raise n.fail("max_seq_len_kv without page tables", "max_seq_len_kv")
     for field in ("max_total_seq_len_q", "max_total_seq_len_kv"):
         if n.get(field) is not None:
-            raise n.fail(f"{field} (ragged Q/K/V): the language's sdpa has no ragged offsets", field)
+            raise n.fail(f"{field} (the packed rows' bound, a backward field): the language's sdpa lacks it", field)
     return Call("sdpa", tuple(args), tuple(attrs_), ("O", "Stats") if stats else ("O",))
 
 
@@ -677,6 +706,9 @@ def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) ->
                         t.producer = i
                     else:
                         t.consumers += 1
+                    offset = _ragged_offset(tensors, t)
+                    if offset is not None:  # read by the node, though no port names it
+                        offset.consumers += 1
     ctx = j.get("context") or {}
     io = _dtype(ctx.get("io_data_type"))
     lines = [f"io {io}"] if io else []

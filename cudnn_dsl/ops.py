@@ -16,7 +16,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from dsl.ops import norm_axes
+from dsl.ops import BSHD, norm_axes
+from dsl.types import dense_strides, storage_elements
 
 
 @attrs.frozen
@@ -323,11 +324,45 @@ def _unpage(cache: torch.Tensor, table: torch.Tensor, keys: int) -> torch.Tensor
     return seq[:, :, :keys]
 
 
+def _ragged_index(t: torch.Tensor, offsets: torch.Tensor, strides) -> torch.Tensor:
+    """Where element (b, h, s, d) of a ragged tensor lies in its buffer: offsets[b] in place of b
+    times the batch stride (int64, shaped like t)."""
+    index = offsets[:-1].long().view(-1, 1, 1, 1)
+    for dim in (1, 2, 3):
+        index = index + _positions(t, dim).long() * strides[dim]
+    return index
+
+
+def _unpack(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The padded [B, H, S, D] that cuDNN reads from a packed (BSHD) buffer holding x's logical
+    values: sequence b's rows from offsets[b]. Rows past the buffer (those of a sequence past its
+    length, which the masks drop) read its last element."""
+    flat = x.transpose(1, 2).reshape(-1)
+    strides = dense_strides(tuple(x.shape), BSHD)
+    return flat.take(_ragged_index(x, offsets, strides).clamp(0, flat.numel() - 1))
+
+
+def _pack(values: torch.Tensor, out, offsets: torch.Tensor, lengths: torch.Tensor):
+    """The buffer cuDNN writes for a ragged output, read as its declared type `out`: sequence b's rows
+    below lengths[b] from offsets[b]; and the mask of the elements nothing writes (unspecified)."""
+    n = storage_elements(out.shape, out.strides)
+    index = _ragged_index(values, offsets, out.strides)
+    rows = _positions(values, 2) < lengths.view(-1, 1, 1, 1)
+    index = index.masked_fill(~rows, n).flatten()  # rows not written go to a slot past the end
+    zero = torch.zeros_like(values.flatten()[:1])  # on values' device without naming it (see _positions)
+    buf = zero.expand(n + 1).contiguous().scatter(0, index, values.flatten())
+    seen = (zero != 0).expand(n + 1).contiguous().scatter(0, index, rows.expand(values.shape).flatten())
+    return buf[:n].as_strided(out.shape, out.strides), ~seen[:n].as_strided(out.shape, out.strides)
+
+
 def ref_sdpa(ins, a, outs):
     """softmax(q k^T * scale + bias + ALiBi, masked) [* dropout mask * scale] v, as the cuDNN Frontend's
     own test reference computes it. Rows with no key left (padded queries, an empty band) give O = 0
-    and stats = -inf, which is what cuDNN writes for padded queries since 9.14."""
-    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins
+    and stats = -inf, which is what cuDNN writes for padded queries since 9.14. Ragged (packed)
+    tensors are unpacked to padded ones, and O and the stats packed back (_pack)."""
+    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins[:10]
+    ragged_q, ragged_k, ragged_v, ragged_o, ragged_stats = ins[10:]
+    q, k, v = (x if r is None else _unpack(x, r) for x, r in ((q, ragged_q), (k, ragged_k), (v, ragged_v)))
     h = q.shape[1]
     causal = a["right_bound"] == 0 and a["left_bound"] is None and a["diagonal_alignment"] == "top_left"
     plain = not a["stats"] and not a["alibi"] and all(t is None for t in (len_q, drop_mask, table_k))
@@ -350,17 +385,24 @@ def ref_sdpa(ins, a, outs):
     if drop_mask is not None:
         p = p * drop_mask * drop_scale
     o = torch.matmul(p, v)
-    return [o, stats] if a["stats"] else [o]
+    results = [o, stats] if a["stats"] else [o]
+    return [r if off is None else _pack(r, t, off, len_q)[0] for r, t, off in zip(results, outs, ins[13:])]
 
 
 def undefined_sdpa(ins, a, outs):
     """O's rows past seq_len_q: cuDNN does not say what it writes there (the frontend's tests zero
-    them on both sides). The stats there are defined: -inf."""
+    them on both sides). The stats there are defined: -inf. In a ragged O or stats, every element
+    no sequence's row lands on."""
     len_q = ins[4]
     if len_q is None:
         return [None] * len(outs)
     rows = _positions(ins[0], 2) >= len_q.view(-1, 1, 1, 1)
-    return [rows.expand(outs[0].shape)] + [None] * (len(outs) - 1)
+    masks = [rows.expand(outs[0].shape)] + [None] * (len(outs) - 1)
+    for i, (t, off) in enumerate(zip(outs, ins[13:])):
+        if off is not None:
+            values = torch.zeros_like(ins[0][..., :1]).expand(*t.shape[:3], t.shape[3])
+            masks[i] = _pack(values, t, off, len_q)[1]
+    return masks
 
 
 def ref_sdpa_fp8(ins, a, outs):
@@ -396,7 +438,10 @@ def lower_sdpa_fp8(ctx, ins, a):
 
 
 def lower_sdpa(ctx, ins, a):
-    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins
+    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins[:10]
+    for t, off in zip((q, k, v), ins[10:13]):
+        if off is not None:
+            t.set_ragged_offset(off)
     kw = {"attn_scale": a["scale"], "generate_stats": a["stats"]}
     if bias is not None:
         kw["bias"] = bias
@@ -419,7 +464,11 @@ def lower_sdpa(ctx, ins, a):
             paged_attention_max_seq_len_kv=a["max_seq_len_kv"],
         )
     res = ctx.g.sdpa(q, k, v, **kw, **ctx.kw)
-    return [res[0], res[1]] if a["stats"] else [res[0]]
+    outs = [res[0], res[1]] if a["stats"] else [res[0]]
+    for t, off in zip(outs, ins[13:]):
+        if off is not None:
+            t.set_ragged_offset(off)
+    return outs
 
 
 # ---- norms ----------------------------------------------------------------------------

@@ -175,17 +175,52 @@ def draw_input(init: Init, t: TensorType, seed: int, name: str) -> torch.Tensor:
     return out.reshape(t.shape)
 
 
+def _ragged(graph: Graph, instance: Instance) -> dict[str, tuple[TensorType, str]]:
+    """Ragged offset inputs by name (OpSig.ragged): the type of the tensor each places, and its lengths.
+    One offset input may place several tensors whose sequences it packs alike (q and o of equal rows)."""
+    out: dict[str, tuple[TensorType, str]] = {}
+    for n in graph.nodes:
+        for off, port, lengths in OPS[n.op].ragged:
+            if off < len(n.inputs) and n.inputs[off] and n.inputs[lengths]:
+                name, placed = n.inputs[off], n.inputs[port] if port >= 0 else n.outputs[-1 - port]
+                t = instance.type(placed)
+                if name in out and _spans(out[name][0]) != _spans(t):
+                    raise BindingError(
+                        f"ragged offsets '{name}' place tensors whose sequences take different room "
+                        f"({fmt_shape(out[name][0].shape)} and {fmt_shape(t.shape)}): give each its own offsets",
+                        graph.value(name).loc,
+                    )
+                out[name] = (t, n.inputs[lengths])
+    return out
+
+
+def _spans(t: TensorType) -> tuple[int, int]:
+    """A sequence of L rows of t spans L * first + second elements (t batch-outermost [B, H, S, D])."""
+    return t.strides[2], 1 - t.strides[2] + sum((t.shape[i] - 1) * t.strides[i] for i in (1, 3))
+
+
+def packed_offsets(t: TensorType, lengths: torch.Tensor) -> torch.Tensor:
+    """Offsets [B+1] that pack sequences of these lengths back to back in a buffer of type t (_spans)."""
+    row, rest = _spans(t)
+    spans = lengths.flatten().long() * row + rest
+    return torch.cat((spans.new_zeros(1), spans.cumsum(0)))
+
+
 def generate_inputs(
     graph: Graph, instance: Instance, device, seed: int = 0, inits: dict[str, Init] | None = None
 ) -> dict[str, torch.Tensor]:
     """Seeded inputs in their declared layout, each drawn as `input_inits` says. Drawn on the CPU, so
-    a seed gives the same inputs on every device."""
+    a seed gives the same inputs on every device. Ragged offsets no init names pack their sequences
+    (packed_offsets of the generated lengths)."""
     out = {}
     for name, init in input_inits(graph, instance, inits).items():
         t = instance.type(name)
         buf = empty(t, device)
         buf.copy_(stored(draw_input(init, t, seed, name), t))
         out[name] = buf
+    for name, (placed, lengths) in _ragged(graph, instance).items():
+        if not (inits or {}).get(name) and getattr(graph.value(name), "init", None) is None and name in out:
+            out[name].copy_(packed_offsets(placed, out[lengths].cpu()).view(out[name].shape))
     return out
 
 

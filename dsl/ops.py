@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from dsl.diagnostics import RuleError
-from dsl.types import TensorType, broadcast, fmt_shape, is_float, stride_order
+from dsl.types import TensorType, broadcast, dense_strides, fmt_shape, is_float, stride_order
 from dsl.values import DERIVED, REQUIRED, Attr
 
 
@@ -103,6 +103,10 @@ class OpSig:
     """this op's compute dtype unless the call says `compute=` (logic ops compute in bool)"""
     variadic: bool = False
     """the last input repeats: a call takes len(inputs) or more (concatenate)"""
+    ragged: tuple[tuple[int, int, int], ...] = ()
+    """ragged offsets, as (offset input, the tensor it places: an input index, or -1 - k for output k,
+    the lengths input): sequence b of that tensor starts at element offset[b], in place of b times
+    its batch stride; generated offsets pack the sequences back to back (sdpa's THD layout)"""
 
     folded: tuple[str, ...] = ()
     """attributes that only spell others: `derive` folds them in and the IR drops them"""
@@ -573,10 +577,48 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
     _sdpa_pair(ctx, 6, 7)
     _sdpa_optional(ctx, 6, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
     _sdpa_optional(ctx, 7, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
-    outs = [Out((*scores[:3], v.shape[3]), stride_order(q.strides))]
+    _sdpa_ragged(ctx)
+    o_order = BSHD if ctx.inputs[13] is not None else stride_order(q.strides)
+    outs = [Out((*scores[:3], v.shape[3]), o_order)]
     if ctx.attrs["stats"]:
-        outs.append(Out((*scores[:3], 1), _row_major(4), "float"))
+        outs.append(Out((*scores[:3], 1), BSHD if ctx.inputs[14] is not None else _row_major(4), "float"))
     return outs
+
+
+BSHD = (0, 2, 1, 3)
+"""the axis order of packed (THD) attention tensors [B, H, S, D]: tokens outermost, heads, head dim"""
+
+
+def _sdpa_ragged(ctx: Ctx) -> None:
+    """Ragged offsets (THD): each int32/int64 [B+1, 1, 1, 1], with the padding lengths (they say where
+    a sequence ends), on a q, k or v packed as BSHD; ragged_stats with stats=true, no paged k/v."""
+    names, base, b = OPS[ctx.op].optional, len(OPS[ctx.op].inputs), ctx.inputs[0].shape[0]
+    for i in range(10, 15):
+        t = ctx.inputs[i]
+        if t is None:
+            continue
+        name = names[i - base]
+        if t.dtype not in ("int32", "int64") or t.shape != (b + 1, 1, 1, 1):
+            raise RuleError(
+                f"{ctx.op}: {name} must be int32 or int64[{b + 1}, 1, 1, 1], each sequence's first element "
+                f"and one past the last; got {t.dtype}{fmt_shape(t.shape)}",
+                i,
+            )
+        if ctx.inputs[4] is None:
+            raise RuleError(f"{ctx.op}: {name} needs seq_len_q and seq_len_kv (the lengths of the packed sequences)", i)
+        if i == 14 and not ctx.attrs["stats"]:
+            raise RuleError(f"{ctx.op}: {name} places the stats, which need stats=true", i)
+        if i in (11, 12) and _paged(ctx):
+            raise RuleError(f"{ctx.op}: {name}: paged k and v are caches of blocks, not packed sequences", i)
+        if i < 13:
+            x = ctx.inputs[i - 10]
+            want = dense_strides(x.shape, BSHD)
+            if any(d > 1 and s != w for d, s, w in zip(x.shape, x.strides, want)):
+                raise RuleError(
+                    f"{ctx.op}: {name} packs {'qkv'[i - 10]} as BSHD (THD): its strides must be "
+                    f"{list(want)}, got {list(x.strides)}",
+                    i,
+                )
 
 
 def _sdpa_qkv(ctx: Ctx) -> tuple[TensorType, TensorType, TensorType]:
@@ -1080,7 +1122,13 @@ OPS: dict[str, OpSig] = {
             "dropout_scale",
             "page_table_k",
             "page_table_v",
+            "ragged_q",
+            "ragged_k",
+            "ragged_v",
+            "ragged_o",
+            "ragged_stats",
         ),
+        ragged=((10, 0, 4), (11, 1, 5), (12, 2, 5), (13, -1, 4), (14, -2, 4)),
         flops=flops_sdpa,
         derive=derive_sdpa,
         folded=("causal", "causal_bottom_right", "sliding_window_length"),
@@ -1108,7 +1156,8 @@ OPS: dict[str, OpSig] = {
         doc="scaled dot-product attention: softmax(q k^T * scale + bias + masks) v. seq_len_q/seq_len_kv "
         "(int32 [B,1,1,1], both or neither) mask padding; dropout_mask and dropout_scale ([1,1,1,1] float) "
         "multiply the probabilities; page_table_k/page_table_v (int32 [B,1,pages,1]) make k and v "
-        "caches of blocks [N,H,block,D]",
+        "caches of blocks [N,H,block,D]; ragged_q/k/v/o/stats (int32 or int64 [B+1,1,1,1], with the lengths) "
+        "place each sequence of a packed (THD) tensor",
     ),
     "sdpa_fp8": OpSig(
         "sdpa_fp8",

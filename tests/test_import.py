@@ -369,7 +369,7 @@ def test_a_setting_the_language_lacks_is_an_error(tmp_path, mm_json):
         (
             "sdpa-0",
             {"max_total_seq_len_q": 256},
-            "max_total_seq_len_q (ragged Q/K/V): the language's sdpa has no ragged offsets",
+            "max_total_seq_len_q (the packed rows' bound, a backward field): the language's sdpa lacks it",
         ),
         ("sdpa-0", {"is_mxfp8": True}, "is_mxfp8=true has no spelling in the language"),
         ("batchnorm-0", {"peer_stats": [9]}, "peer_stats (statistics across GPUs)"),
@@ -508,6 +508,15 @@ CASES = {
             "  input tk : int32[2, 1, 4, 1]\n  input tv : int32[2, 1, 4, 1]\n"
             "  o, st = sdpa(q, kc, vc, seq_len_q=lq, seq_len_kv=lkv, page_table_k=tk, page_table_v=tv, causal=true, "
             "stats=true, max_seq_len_kv=200)\n  output o\n  output st"
+        ),
+        _graph(
+            "  input q : half[2, 4, 128, 64] strides [32768, 64, 256, 1]\n"
+            "  input k : half[2, 4, 128, 64] strides [32768, 64, 256, 1]\n"
+            "  input v : half[2, 4, 128, 64] strides [32768, 64, 256, 1]\n"
+            "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n  input rq : int64[3, 1, 1, 1]\n"
+            "  input rk : int64[3, 1, 1, 1]\n  input rs : int32[3, 1, 1, 1]\n"
+            "  o, st = sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, causal=true, stats=true, ragged_q=rq, ragged_k=rk, "
+            "ragged_v=rk, ragged_o=rq, ragged_stats=rs)\n  output o\n  output st"
         ),
         _graph(
             _SDPA + "  input bias : half[1, 4, 128, 128]\n  o, st = sdpa(q, k, v, bias=bias, scale=0.125, causal=true, "

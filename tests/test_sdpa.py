@@ -3,6 +3,7 @@ form, and the reference against attention written out element by element."""
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,7 +80,7 @@ def test_optional_inputs_by_position_or_by_name_are_one_graph():
     a = program(text=text("sdpa(q, k, v, b, lq, lkv)"), file="s.cdg")
     b = program(text=text("sdpa(q, k, v, seq_len_kv=lkv, bias=b, seq_len_q=lq)"), file="s.cdg")
     assert dump_ir(a) == dump_ir(b)
-    assert "sdpa(%q, %k, %v, %b, %lq, %lkv, _, _, _, _)" in dump_ir(a)
+    assert "sdpa(%q, %k, %v, %b, %lq, %lkv, _, _, _, _, _, _, _, _, _)" in dump_ir(a)
 
 
 # ---- shape and dtype rules, located --------------------------------------------------------------
@@ -390,6 +391,153 @@ def test_h200_plans_paged_caches():
     text_ = PAGED.format(n=64, block=64, pages=8, extra=", causal=true, stats=true").replace("float[", "bf16[")
     text_ = text_.replace("8]", "128]").replace("16]", "128]").replace("[2, 4, 5,", "[2, 8, 256,")
     g = program(text=text_, file="p.cdg").graphs[0]
+    assert plan_deviceless(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
+
+
+# ---- ragged (packed, THD) sequences --------------------------------------------------------------
+
+RAGGED = (
+    "graph r {{\n  input q : {dt}[2, 2, 5, 8] strides [80, 8, 16, 1]\n"
+    "  input k : {dt}[2, 1, 6, 8] strides [48, 8, 8, 1]\n  input v : {dt}[2, 1, 6, 4] strides [24, 4, 4, 1]\n"
+    "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
+    "  input rq : int64[3, 1, 1, 1]\n  input rk : int64[3, 1, 1, 1]\n  input rv : int64[3, 1, 1, 1]\n"
+    "  input ro : int64[3, 1, 1, 1]\n  input rs : int32[3, 1, 1, 1]\n"
+    "  o, st = sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, stats=true{extra},\n"
+    "               ragged_q=rq, ragged_k=rk, ragged_v=rv, ragged_o=ro, ragged_stats=rs)\n"
+    "  output o\n  output st\n}}\n"
+)
+
+
+def ragged(extra=", causal=true", dt="float"):
+    return program(text=RAGGED.format(dt=dt, extra=extra), file="r.cdg").graphs[0]
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """t's whole buffer, in memory order."""
+    return t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+
+
+def test_generated_ragged_offsets_pack_the_sequences_back_to_back():
+    g = ragged()
+    inst = g.instances[0]
+    assert inst.type("o").strides == (40, 4, 8, 1) and inst.type("st").strides == (10, 1, 2, 1)  # BSHD
+    ins = generate_inputs(g, inst, "cpu", seed=4)
+    lq, lkv = ins["lq"].flatten().long(), ins["lkv"].flatten().long()
+    for name, lengths, row in (("rq", lq, 16), ("rk", lkv, 8), ("rv", lkv, 4), ("ro", lq, 8), ("rs", lq, 2)):
+        want = torch.cat((torch.zeros(1, dtype=torch.long), (lengths * row).cumsum(0)))
+        assert ins[name].flatten().tolist() == want.tolist(), name
+
+
+def test_one_offset_input_packs_only_tensors_of_equal_rows():
+    from cudnn_dsl.tensors import BindingError
+
+    text_ = RAGGED.format(dt="float", extra="").replace("ragged_o=ro", "ragged_o=rv").replace("  input ro", "#")
+    g = program(text=text_, file="r.cdg").graphs[0]  # v's rows hold 4 elements, o's 2 heads of 4
+    with pytest.raises(BindingError, match="ragged offsets 'rv' place tensors whose sequences take different room"):
+        generate_inputs(g, g.instances[0], "cpu")
+    text_ = RAGGED.format(dt="float", extra="").replace("ragged_o=ro", "ragged_o=rq").replace("  input ro", "#")
+    text_ = text_.replace("v : float[2, 1, 6, 4] strides [24, 4, 4, 1]", "v : float[2, 1, 6, 8] strides [48, 8, 8, 1]")
+    g = program(text=text_, file="r.cdg").graphs[0]  # q and o: rows of 2 heads of 8
+    ins = generate_inputs(g, g.instances[0], "cpu")
+    assert ins["rq"].flatten().tolist() == [0, *(ins["lq"].flatten().long() * 16).cumsum(0).tolist()]
+
+
+@pytest.mark.parametrize("extra,band", [(", causal=true", {"right": 0}), (", left_bound=2", {"left": 2})])
+def test_ragged_attention_is_each_packed_sequence_on_its_own(extra, band):
+    """Sequences placed at chosen (not packed) offsets, with gaps: each one's attention by hand, from its
+    rows of the buffers, lands at its rows of O's and the stats' buffers; nothing else is compared."""
+    g = ragged(extra)
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", seed=6)
+    lens_q, lens_kv = [3, 5], [6, 2]
+    ins["lq"] = torch.tensor(lens_q, dtype=torch.int32).view(2, 1, 1, 1)
+    ins["lkv"] = torch.tensor(lens_kv, dtype=torch.int32).view(2, 1, 1, 1)
+    starts = {"rq": [80, 0], "rk": [40, 0], "rv": [0, 30], "ro": [40, 0], "rs": [4, 10]}
+    for name, (a, b) in starts.items():
+        ins[name] = torch.tensor([a, b, 0], dtype=ins[name].dtype).view(3, 1, 1, 1)
+    out = run_reference(g, inst, ins, "cpu")
+    o_buf, st_buf = torch.zeros(80), torch.zeros(20)
+    o_buf.as_strided((2, 2, 5, 4), (40, 4, 8, 1)).copy_(out["o"])
+    st_buf.as_strided((2, 2, 5, 1), (10, 1, 2, 1)).copy_(out["st"])
+    written_o, written_st = torch.zeros(80, dtype=torch.bool), torch.zeros(20, dtype=torch.bool)
+    scale = inst.attrs(0)["scale"]
+    for b in range(2):
+        lq, lkv = lens_q[b], lens_kv[b]
+
+        def rows(name, length, heads, d, b=b):
+            return flat(ins[name[1]])[starts[name][b] :][: length * heads * d].view(length, heads, d)
+
+        seq = {
+            "q": rows("rq", lq, 2, 8).transpose(0, 1)[None],
+            "k": rows("rk", lkv, 1, 8).transpose(0, 1)[None],
+            "v": rows("rv", lkv, 1, 4).transpose(0, 1)[None],
+        }
+        o, st = by_hand(seq, scale, **band)
+        o_at = starts["ro"][b] + torch.arange(lq * 2 * 4)
+        st_at = starts["rs"][b] + torch.arange(lq * 2)
+        torch.testing.assert_close(o_buf[o_at].double(), o[0].transpose(0, 1).flatten(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(st_buf[st_at].double(), st[0].transpose(0, 1).flatten(), atol=1e-5, rtol=1e-5)
+        written_o[o_at], written_st[st_at] = True, True
+    unspecified_o = torch.zeros(80, dtype=torch.bool)
+    unspecified_o.as_strided((2, 2, 5, 4), (40, 4, 8, 1)).copy_(out.undefined["o"])
+    unspecified_st = torch.zeros(20, dtype=torch.bool)
+    unspecified_st.as_strided((2, 2, 5, 1), (10, 1, 2, 1)).copy_(out.undefined["st"])
+    assert torch.equal(unspecified_o, ~written_o) and torch.equal(unspecified_st, ~written_st)
+
+
+BAD_RAGGED = RAGGED.format(dt="float", extra="")
+
+
+@pytest.mark.parametrize(
+    "text_,words,at",
+    [
+        (BAD_RAGGED.replace("rk : int64[3,", "rk : int64[2,"), "ragged_k must be int32 or int64\\[3, 1, 1, 1\\]", "rk"),
+        (BAD_RAGGED.replace("rv : int64", "rv : float"), "ragged_v must be int32 or int64", "rv"),
+        (
+            BAD_RAGGED.replace("seq_len_q=lq, seq_len_kv=lkv, ", "")
+            .replace("  input lq", "#")
+            .replace("  input lkv", "#"),
+            "ragged_q needs seq_len_q and seq_len_kv",
+            "rq",
+        ),
+        (
+            BAD_RAGGED.replace("stats=true", "stats=false").replace("o, st =", "o =").replace("  output st\n", ""),
+            "need stats=true",
+            "rs",
+        ),
+        (BAD_RAGGED.replace("strides [80, 8, 16, 1]", ""), "packs q as BSHD \\(THD\\): its strides", "rq"),
+    ],
+    ids=["shape", "dtype", "no-lengths", "stats-off", "bhsd-q"],
+)
+def test_a_bad_ragged_sdpa_is_refused_at_its_offset(text_, words, at):
+    with pytest.raises(DslError, match=words) as e:
+        program(text=text_, file="r.cdg")
+    line, col = (int(x) for x in re.match(r"r\.cdg:(\d+):(\d+):", str(e.value)).groups())
+    assert text_.splitlines()[line - 1][col - 1 :].startswith(at)  # the caret is at the offset
+
+
+def test_ragged_paged_keys_are_refused():
+    text_ = (
+        PLAIN_PAGED.replace("  output o\n", "  output o\n")
+        .replace("page_table_v=tv", "page_table_v=tv, ragged_k=rk")
+        .replace("  input tk", "  input rk : int64[3, 1, 1, 1]\n  input tk")
+    )
+    with pytest.raises(DslError, match="ragged_k: paged k and v are caches of blocks"):
+        program(text=text_, file="p.cdg")
+
+
+@pytest.mark.parametrize("stats", [False, True])
+def test_h200_plans_ragged_attention(stats):
+    from cudnn_dsl.backend import Target
+    from cudnn_dsl.build import plan_deviceless
+
+    path = Path(__file__).parent.parent / "examples" / "sdpa_ragged.cdg"
+    text_ = path.read_text()
+    if stats:  # the stats packed too, with int32 offsets of their own
+        text_ = text_.replace("  o = sdpa(", "  input offset_st : int32[5, 1, 1, 1]\n  o, st = sdpa(")
+        text_ = text_.replace("ragged_o=offset_q)", "ragged_o=offset_q, stats=true, ragged_stats=offset_st)")
+        text_ = text_.replace("  output o\n", "  output o\n  output st\n")
+    g = program(text=text_, file=str(path)).graphs[0]
     assert plan_deviceless(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
 
 

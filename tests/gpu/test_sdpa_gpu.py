@@ -178,3 +178,70 @@ def test_fp8_attention(keys, extra):
     scales = {"dq": 0.5, "dk": 0.5, "dv": 1.0, "ds": 1 / 448, "ss": 448.0, "so": 2.0}
     given = {n: torch.full((1, 1, 1, 1), x, device="cuda") for n, x in scales.items()}
     run_or_refused(text, f"fp8, S_kv {keys}{extra}", **given)
+
+
+def _packed(cg, tensors, name: str, placed: str) -> None:
+    """tensors[name] := the offsets that pack `placed`'s sequences back to back (their lengths given)."""
+    from cudnn_dsl.tensors import _ragged, packed_offsets
+
+    inst = cg.graph.instances[0]
+    t, lengths = _ragged(cg.graph, inst)[name]
+    assert t == inst.type(placed)
+    tensors[name] = packed_offsets(t, tensors[lengths].cpu()).view(-1, 1, 1, 1).to(tensors[name])
+
+
+def test_the_ragged_example_with_lengths_of_every_kind():
+    # q, k, v and o packed (THD), the frontend's test layout (test/python/sdpa/fp16.py, is_ragged)
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(str(Path(__file__).resolve().parents[2] / "examples" / "sdpa_ragged.cdg"))
+    tensors = cg.allocate_inputs()  # generated offsets pack the generated lengths
+    for r in cg.check(**tensors):
+        assert r.ok, f"generated lengths: {r}"
+    for lq, lkv in (([1, 512, 1, 512], [1, 512, 512, 1]), ([17, 300, 64, 129], [300, 17, 512, 200])):
+        tensors["seq_q"] = torch.tensor(lq, dtype=torch.int32, device="cuda").view(4, 1, 1, 1)
+        tensors["seq_kv"] = torch.tensor(lkv, dtype=torch.int32, device="cuda").view(4, 1, 1, 1)
+        _packed(cg, tensors, "offset_q", "q")
+        _packed(cg, tensors, "offset_kv", "k")
+        for r in cg.check(**tensors):
+            assert r.ok, f"lengths {lq}, {lkv}: {r}"
+
+
+RAGGED = (
+    "graph t {{\n  io bf16\n  input q : bf16[2, 8, 256, 128] strides [262144, 128, 1024, 1]\n"
+    "  input k : bf16[2, 2, 256, 128]{kv_strides}\n  input v : bf16[2, 2, 256, 128]{kv_strides}\n"
+    "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n  input rq : {off}[3, 1, 1, 1]\n"
+    "  input rs : {off}[3, 1, 1, 1]\n{more}"
+    "  o, st = sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, causal=true, stats=true, ragged_q=rq, ragged_o=rq, "
+    "ragged_stats=rs{extra})\n  output o\n  output st\n}}\n"
+)
+
+
+@pytest.mark.parametrize("off", ["int64", "int32"])
+def test_ragged_stats_and_keys_left_padded(off):
+    # Q, O and the stats packed; K and V padded [B, H, S, D] (the paged-cache sample's Q-only packing)
+    run_or_refused(
+        RAGGED.format(kv_strides="", off=off, more="", extra=""),
+        f"ragged q/o/stats with {off} offsets, padded k/v",
+    )
+
+
+def test_ragged_offsets_with_gaps_between_sequences():
+    # sequences placed at b * S * H * D (the padded places) rather than packed: the offsets, not
+    # the batch stride, say where each starts; the layout rules are the same
+    import torch
+
+    text = RAGGED.format(
+        kv_strides=" strides [65536, 128, 256, 1]",
+        off="int64",
+        more="  input rk : int64[3, 1, 1, 1]\n",
+        extra=", ragged_k=rk, ragged_v=rk",
+    )
+    given = {
+        "rq": torch.tensor([0, 262144, 524288], device="cuda").view(3, 1, 1, 1),
+        "rs": torch.tensor([0, 2048, 4096], device="cuda").view(3, 1, 1, 1),
+        "rk": torch.tensor([0, 65536, 131072], device="cuda").view(3, 1, 1, 1),
+    }
+    run_or_refused(text, "ragged offsets with gaps", **given)
