@@ -334,21 +334,13 @@ class TorchOp:
         return launch(args)
 
     def _first(self, named: dict):
-        """The launch for inputs of this kind, their every property checked (a BindingError says what is wrong).
-
-        Built on a side stream: while torch.compile's CUDA-graph trees warm up, what the current stream
-        allocates goes to their pool, which must hold nothing alive but outputs; the plan's workspace
-        lives as long as the op."""
-        device = named[self.tensor_names[0]].device
-        cg = self._serving(device)
+        """The launch for inputs of this kind, their every property checked (a BindingError says what is wrong)."""
+        cg = self._serving(named[self.tensor_names[0]].device)
         inst = cg.instance_for(named)
         cg.bind_outputs(inst, named)
-        with torch.cuda.stream(torch.cuda.Stream(device)):
-            staged = cg.staged(inst)
-            exe = None if staged is not None else cg.executable(inst)
-        if staged is not None:  # run as several graphs: the compiled graph's own call runs them
+        if cg.staged(inst) is not None:  # run as several graphs: the compiled graph's own call runs them
             return lambda args: self._outputs(cg(self._named(args)))
-        return _Launch(self, inst, exe)
+        return _Launch(self, inst, cg.executable(inst))
 
     def forget(self, device: torch.device) -> None:
         """Drops the launches worked out for a device (its compiled graph was replaced)."""

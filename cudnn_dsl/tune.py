@@ -277,7 +277,7 @@ def tune_partitions(
         return result
     result.kept = timed[0]
     choice = PartitionChoice(result.kept.cuts, {PartitionChoice.name(a.cuts): a.median_us for a in timed})
-    if len(timed) > 1:  # else there was nothing to choose between: nothing is stored
+    if len(result.alternatives) > 1:  # a choice was made (another ran wrong or failed, maybe): it is stored
         result.why = cg.why[inst.binding] = tuned_why(g, choice)
     cg.use_partition(inst, choice.cuts if choice.cuts or not declined else None, result.why, declined)
     if result.why and cg.planner.use_store:
