@@ -185,8 +185,8 @@ def load_tensor(path: str | Path) -> torch.Tensor:
 def converted(t: torch.Tensor, want: TensorType, cast: bool = False) -> torch.Tensor:
     """A loaded tensor in the graph's dtype (its shape must match). A dtype change that would lose
     information is refused unless `cast`. A bool tensor's packed bytes (as a dump holds them) pass as they are."""
-    if want.dtype == "bool" and t.dtype == torch.uint8 and t.numel() == bits.nbytes(want):
-        return t
+    if want.dtype == "bool" and t.dtype == torch.uint8:
+        return _bool_bytes(t, want)
     if tuple(t.shape) != want.shape:
         raise BindingError(f"expected shape {fmt_shape(want.shape)}, the file holds {fmt_shape(tuple(t.shape))}")
     target = torch_dtype(want.dtype)
@@ -202,6 +202,29 @@ def converted(t: torch.Tensor, want: TensorType, cast: bool = False) -> torch.Te
                 f"hold exactly; convert them yourself, or pass --cast-inputs"
             )
     return out
+
+
+def _bool_bytes(t: torch.Tensor, want: TensorType) -> torch.Tensor:
+    """uint8 data for a bool tensor of n elements, read by its size: n bytes in want's shape are one element
+    each (0 or 1); ceil(extent / 8) bytes (any shape) are cuDNN's packed bytes, passed as they are. The two
+    sizes coincide only for one element: its byte is one value when it is 0 or 1, else packed."""
+    n, packed = want.numel, bits.nbytes(want)
+    one = tuple(t.shape) == want.shape and bool((t <= 1).all())
+    if t.numel() == n and (n != packed or one):
+        if tuple(t.shape) != want.shape:
+            raise BindingError(
+                f"expected shape {fmt_shape(want.shape)} for one byte per element, the file holds "
+                f"{fmt_shape(tuple(t.shape))}"
+            )
+        if not one:
+            raise BindingError("a bool tensor given one byte per element takes 0 (false) and 1 (true) only")
+        return t.bool()
+    if t.numel() == packed:
+        return t
+    raise BindingError(
+        f"a bool tensor of {n} elements takes {n} uint8 bytes (one per element, 0 or 1, shape "
+        f"{fmt_shape(want.shape)}) or {packed} (packed eight a byte, as cuDNN reads it); the file holds {t.numel()}"
+    )
 
 
 def relayout(t: torch.Tensor, want: TensorType, device) -> torch.Tensor:
