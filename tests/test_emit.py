@@ -360,3 +360,23 @@ def test_emit_plans_for_the_target_and_ejects_the_parts(tmp_path):
     p = run_cli("emit", gs)  # no engine runs genstats alone, and fallback is off: whole, the refusal said
     assert p.returncode == 1 and "fallback to torch is off" in p.stderr and "def build(handle)" in p.stdout
     assert "declines" in p.stderr
+
+
+def test_emit_takes_runs_seed_init_and_constraint_flags(tmp_path):
+    from dsl.inits import parse
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "inits.cdg"
+    f.write_text(INITS)
+    p = run_cli("emit", f, "--seed", "11", "--init", "d=randn(0,3)", "--exclude-engine", "3", "--target", "h200")
+    assert p.returncode == 0, p.stderr
+    assert "not in (3,)" in p.stdout
+    [g] = graphs(INITS)
+    inst = g.instances[0]
+    got = run_module(p.stdout)["make_buffers"](device="cpu")  # the flags' seed and init by default
+    want = generate_inputs(g, inst, "cpu", 11, {"d": parse("randn(0, 3)")})
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    p = run_cli("emit", f, "--format", "torch", "--init", "d=randn")
+    assert p.returncode == 2 and "--init goes with --format cudnn" in p.stderr
+    p = run_cli("emit", f, "--init", "n=full(1e12)")  # checked against the dtype as run checks it
+    assert p.returncode == 2 and "--init n: full(1000000000000) draws" in p.stderr
