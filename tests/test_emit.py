@@ -380,3 +380,21 @@ def test_emit_takes_runs_seed_init_and_constraint_flags(tmp_path):
     assert p.returncode == 2 and "--init goes with --format cudnn" in p.stderr
     p = run_cli("emit", f, "--init", "n=full(1e12)")  # checked against the dtype as run checks it
     assert p.returncode == 2 and "--init n: full(1000000000000) draws" in p.stderr
+
+
+@pytest.mark.parametrize("name", ["buffers", "made", "env", "torch", "draw_values", "TORCH_PARTS", "part1_reference"])
+def test_a_split_script_with_names_it_uses_itself_computes_the_reference(name):
+    from cudnn_dsl.partition import Part, Partition
+
+    text = (
+        f"graph g {{\n  input {name} : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
+        f"  t = relu(b) * 2.0\n  output z = {name} + t\n}}\n"
+    )
+    [g] = graphs(text)
+    inst = g.instances[0]
+    parts = tuple(Part(i, i + 1, None, "-") for i in range(len(g.nodes)))
+    env = run_module(emit_cudnn(g, inst, partition=Partition(parts, "-")))
+    buffers = env["make_buffers"](device="cpu")
+    env["execute"](env["build"](None), None, buffers, None, env["host_scalars"]())
+    want = run_reference(g, inst, generate_inputs(g, inst, "cpu"))
+    assert torch.equal(buffers["z"], want["z"])
