@@ -398,3 +398,16 @@ def test_a_split_script_with_names_it_uses_itself_computes_the_reference(name):
     env["execute"](env["build"](None), None, buffers, None, env["host_scalars"]())
     want = run_reference(g, inst, generate_inputs(g, inst, "cpu"))
     assert torch.equal(buffers["z"], want["z"])
+
+
+def test_run_dump_ejects_what_runs_the_parts_and_the_inits_of_the_run(tmp_path):
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "ln.cdg"
+    f.write_text(LN_GELU)
+    p = run_cli("run", f, "--dump", tmp_path / "d", "--init", "x=randn(0,2)", "--seed", "4")
+    assert p.returncode == 0, p.stderr
+    [script] = (tmp_path / "d").glob("*.cudnn.py")
+    text = script.read_text()
+    assert "def build_part2(handle)" in text and "draw_values('randn', (0.0, 2.0)" in text
+    assert 'def make_buffers(device="cuda", seed=4)' in text
