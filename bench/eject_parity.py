@@ -6,6 +6,11 @@ same input buffers, checked to give the same outputs, then timed in interleaved 
 is taken from CUDA-graph replays of 10 launches, so it is the device's time alone whatever the
 host is doing; the host time per call is given for the Python API call (binding checks, output
 allocation), a launch with the variant pack prepared, and the script's own execute.
+
+A graph cuDNN declines whole on this GPU (an EXAMPLE may be a path to any .cdg file) is compared
+as it runs: cudnn-dsl's parts against the script ejected for the same partition, on the inputs the
+script draws (`run`'s), each timed with CUDA events around whole calls (every part; a torch
+fallback part cannot be captured in a CUDA graph). The heuristics' plan per part on both sides.
 Usage: python bench/eject_parity.py [--json FILE] [EXAMPLE...]
 """
 
@@ -25,13 +30,20 @@ sys.path.insert(0, str(ROOT))
 import cudnn_dsl  # noqa: E402
 from cudnn_dsl.bench import load_ejected  # noqa: E402
 from cudnn_dsl.runtime import make_pack  # noqa: E402
-from cudnn_dsl.timing import environment, host_time_us, replay_time_us  # noqa: E402
+from cudnn_dsl.timing import environment, gpu_time_us, host_time_us, replay_time_us  # noqa: E402
+
+
+def _path(example: str) -> str:
+    return example if example.endswith(".cdg") else str(ROOT / "examples" / f"{example}.cdg")
 
 
 def bench(example: str, rounds: int, iters: int) -> dict:
-    cg = cudnn_dsl.compile(str(ROOT / "examples" / f"{example}.cdg"))
+    cg = cudnn_dsl.compile(_path(example), split=True)
     cg.planner.use_store = False  # the heuristics' plan, as the script builds: the same plan on both sides
     inst = cg.graph.instances[0]
+    staged = cg.staged(inst)
+    if staged is not None:
+        return bench_split(example, cg, inst, staged, rounds, iters)
     exe = cg.executable(inst)
     tensors = cg.allocate_inputs()
     ours = cg.bind_outputs(inst, tensors)
@@ -67,6 +79,63 @@ def bench(example: str, rounds: int, iters: int) -> dict:
         "host_us_api_call": api,
         "host_us_launch": launch,
         "host_us_script": script_host,
+    }
+    row["gpu_ratio"] = row["gpu_us_cudnn_dsl"] / row["gpu_us_script"]
+    return row
+
+
+def bench_split(example: str, cg, inst, staged, rounds: int, iters: int) -> dict:
+    """A graph run as parts: cudnn-dsl's staged run against the script ejected for the same partition."""
+    import importlib.util
+    import tempfile
+
+    import cudnn
+
+    from cudnn_dsl.emit import emit_cudnn
+
+    with tempfile.TemporaryDirectory(prefix="cudnn-dsl-eject-") as tmp:
+        path = Path(tmp) / f"{cg.graph.name}_ejected.py"
+        path.write_text(emit_cudnn(cg.graph, inst, cg.options, staged.partition))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+    graphs = mod.build(handle)
+    buffers = mod.make_buffers()
+    tensors = {n: buffers[n].clone() for n in mod.INPUTS}  # the script's inputs (run's), in memory of ours
+    size = max([1] + [g.get_workspace_size() for g in graphs if g is not None])
+    workspace = torch.empty(size, dtype=torch.uint8, device="cuda")
+    scalars = mod.host_scalars()
+    outputs = cg.bind_outputs(inst, tensors)
+
+    def run_ours():
+        cg(tensors, outputs)
+
+    def run_script():
+        mod.execute(graphs, handle, buffers, workspace, scalars)
+
+    run_ours()
+    run_script()
+    torch.cuda.synchronize()
+    same = {n: bool(torch.equal(outputs[n], buffers[n])) for n in mod.OUTPUTS}
+    ours_t, script_t = [], []
+    for _ in range(rounds):  # interleaved, so drift shows as spread in both
+        ours_t.append(statistics.median(gpu_time_us(run_ours, iters, 2, inner=1)))
+        script_t.append(statistics.median(gpu_time_us(run_script, iters, 2, inner=1)))
+    row = {
+        "example": example,
+        "plan": f"{len(staged.partition.parts)} parts",
+        "script_plan": f"{len(graphs)} parts",
+        "parts": staged.lines,
+        "identical_outputs": same,
+        "gpu_us_cudnn_dsl": statistics.median(ours_t),
+        "gpu_us_script": statistics.median(script_t),
+        "gpu_us_spread_cudnn_dsl": [min(ours_t), max(ours_t)],
+        "gpu_us_spread_script": [min(script_t), max(script_t)],
+        "host_us_api_call": host_time_us(run_ours),
+        "host_us_launch": float("nan"),  # a split graph is called, not launched from a prepared pack
+        "host_us_script": host_time_us(run_script),
     }
     row["gpu_ratio"] = row["gpu_us_cudnn_dsl"] / row["gpu_us_script"]
     return row

@@ -9,8 +9,8 @@ tensor is a uint8 buffer of ceil(extent / 8) bytes, and the reference and the co
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from cudnn_dsl.portable import pack_bool, unpack_bool
 from dsl.types import TensorType
 
 
@@ -21,19 +21,12 @@ def nbytes(t: TensorType) -> int:
 
 def pack(values: torch.Tensor, t: TensorType) -> torch.Tensor:
     """Logical bools (t's shape) -> cuDNN's bytes, in t's memory order."""
-    flat = torch.zeros(t.storage, dtype=torch.uint8, device=values.device)
-    flat.as_strided(t.shape, t.strides).copy_(values)
-    groups = F.pad(flat, (0, -t.storage % 8)).view(-1, 8)
-    weights = torch.tensor([1 << b for b in range(8)], dtype=torch.uint8, device=values.device)
-    return (groups * weights).sum(1, dtype=torch.uint8)
+    return pack_bool(values, t.shape, t.strides, t.storage)
 
 
 def unpack(packed: torch.Tensor, t: TensorType) -> torch.Tensor:
     """cuDNN's bytes -> logical bools of t's shape."""
-    b = packed.reshape(-1)[: nbytes(t)].to(torch.uint8)
-    bits = torch.stack([(b >> k) & 1 for k in range(8)], 1)  # no tensor of shifts: emit traces this device-free
-    flat = bits.reshape(-1)[: t.storage].bool()
-    return flat.as_strided(t.shape, t.strides)
+    return unpack_bool(packed, t.shape, t.strides, t.storage)
 
 
 def logical(value: torch.Tensor, t: TensorType) -> torch.Tensor:

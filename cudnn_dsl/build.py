@@ -270,13 +270,24 @@ def constrain(low: Lowered, options: Options) -> None:
 
 
 def nothing_left(low: Lowered, options: Options, names: list[str]) -> PlanRefused:
+    """The constraints barred every plan: what they exclude, every plan cuDNN offered and its engine, and
+    which excluded engines offered none (their exclusion changed nothing)."""
+    engines = sorted({int(m.group(1)) for m in map(re.compile(r"eng(\d+)(?:_|$)").match, names) if m})
+    idle = sorted(set(options.exclude_engines or ()) - set(engines))
+    of = f", of engine{'s' if len(engines) > 1 else ''} {', '.join(map(str, engines))}" if engines else ""
+    notes = [f"cuDNN offers {len(names)} plans{of}: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}"]
+    if idle:
+        notes.append(
+            f"engine{'s' if len(idle) > 1 else ''} {', '.join(map(str, idle))} offer{'' if len(idle) > 1 else 's'} "
+            "no plan for this graph: excluding " + ("them" if len(idle) > 1 else "it") + " changes nothing"
+        )
+    notes.append(
+        "more plans may come with 'option heuristics = [A, B, FALLBACK]'; `tune --exhaustive` tries every engine"
+    )
     return PlanRefused(
         f"the plan constraints ({options.constraints}) leave none of the {len(names)} plans cuDNN offers for graph "
         f"'{low.graph.name}'",
-        [
-            f"cuDNN offers: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}",
-            "more plans may come with 'option heuristics = [A, B, FALLBACK]'; `tune --exhaustive` tries every engine",
-        ],
+        notes,
     )
 
 

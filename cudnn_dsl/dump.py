@@ -44,12 +44,21 @@ def write(
     plan: dict | None = None,
     fe_json: str | None = None,
     environment: dict | None = None,
+    *,
+    options=None,
+    inits=None,
+    partition=None,
 ) -> list[Path]:
-    """Writes one shape's dump into `directory` (made when missing); returns the files written."""
+    """Writes one shape's dump into `directory` (made when missing); returns the files written. The ejected
+    cuDNN script follows `options`, draws its inputs as `inits` say and, given the `partition` of a graph
+    cuDNN declines whole, builds its parts."""
     from cudnn_dsl.emit import emit_cudnn, emit_torch
 
     s = stem(graph, inst)
-    texts = {f"{s}.cudnn.py": emit_cudnn(graph, inst), f"{s}.torch.py": emit_torch(graph, inst)}  # first: may raise
+    texts = {  # first: may raise
+        f"{s}.cudnn.py": emit_cudnn(graph, inst, options, partition, inits),
+        f"{s}.torch.py": emit_torch(graph, inst),
+    }
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     cdg = directory / source.name

@@ -15,6 +15,7 @@ import re
 from cudnn_dsl.dtypes import torch_dtype_name
 from cudnn_dsl.lower import lower
 from dsl.ir import Graph, Instance
+from dsl.types import DTYPE_RANGE, is_float
 
 # User text (file path, graph and tensor names, numbers) reaches a script only through _doc (in a
 # docstring), _lit (as a literal) or _ident (as a fresh identifier); _name guards the names that
@@ -132,58 +133,19 @@ def _build_step(o, policy: str) -> str:
     raise RuntimeError("no plan of an engine not excluded builds")"""
 
 
-def emit_cudnn(graph: Graph, inst: Instance, options=None) -> str:
-    """A runnable script: build the graph with the cuDNN Frontend, run it once, print the outputs."""
+def _graph_function(fname: str, graph: Graph, inst: Instance, o, doc: str) -> tuple[str, dict, dict]:
+    """`def fname(handle)` building `graph` with the frontend (the lowering pass run against a recorder);
+    also its pass-by-value tensors, uid -> (value, dtype), and its scratch tensors, name -> uid."""
     script = _Script()
     low = lower(graph, inst, handle=_Sym(script, "handle"), cudnn=_Sym(script, "cudnn"))
-    o = options or graph.options
     policy = "ALL" if o.build_policy == "all" else "HEURISTICS_CHOICE"
     body = "\n".join("    " + line for line in script.lines)
     modes = ", ".join(f"cudnn.heur_mode.{_name(m)}" for m in o.modes())
     ws_limit = (
         f"\n    g.deselect_workspace_greater_than({_lit(o.workspace_limit)})" if o.workspace_limit is not None else ""
     )
-    tensors = [(v.name, v.uid, inst.type(v.name)) for v in graph.values if v.kind in ("input", "output")]
-    tensors += [(n, uid, inst.type(n)) for n, uid in low.scratch.items()]  # written, read by no one
-    own = [(b.name, inst.type(b.name)) for b in graph.buffers]  # memory of its own: buffers, the rest but views
-    own += [(n, t) for n, _, t in tensors if graph.value(n).view is None and graph.value(n).into is None]
-    buffers = "\n".join(
-        f"        {_lit(n)}: torch.empty_strided({_lit(list(t.shape))}, {_lit(list(t.strides))}, dtype={torch_dtype_name(t.dtype)},"
-        " device=device),"
-        for n, t in own
-    )
-    shared = "".join(  # views of a buffer at an element offset, outputs over the input they overwrite
-        f"\n    buffers[{_lit(v.name)}] = buffers[{_lit(v.view[0])}].as_strided("
-        f"{_lit(list(inst.type(v.name).shape))}, {_lit(list(inst.type(v.name).strides))}, {_lit(v.view[1])})"
-        for v in graph.views
-    ) + "".join(f"\n    buffers[{_lit(v.name)}] = buffers[{_lit(v.into)}]" for v in graph.in_place)
-    inputs = [v.name for v in graph.device_inputs]
-    outputs = [v.name for v in graph.outputs]
-    host = ", ".join(
-        f"{_lit(uid)}: torch.full((1,), {_lit(val)}, dtype={torch_dtype_name(dt)})"
-        for uid, (val, dt) in low.host_values.items()
-    )
-    shape = f" ({_doc(inst.label)})" if inst.binding else ""
-    return f'''"""Graph '{_doc(graph.name)}'{shape} built with the cuDNN Frontend directly.
-
-Emitted by `cudnn-dsl emit --format cudnn` from {_doc(graph.file)}. Standalone: needs only torch and cudnn.
-"""
-
-import cudnn
-import torch
-
-UIDS = {{{", ".join(f"{_lit(n)}: {_lit(uid)}" for n, uid, _ in tensors)}}}
-INPUTS = {_lit(inputs)}
-OUTPUTS = {_lit(outputs)}
-
-
-def host_scalars():
-    """Pass-by-value scalars, by uid (cuDNN reads them from host memory at launch)."""
-    return {{{host}}}
-
-
-def build(handle):
-    """validate -> build_operation_graph -> create_execution_plans -> check_support -> build_plans."""
+    text = f'''def {fname}(handle):
+    """{doc}"""
 {body}
     g.validate()
     g.build_operation_graph()
@@ -191,19 +153,138 @@ def build(handle):
     g.check_support()
 {_build_step(o, policy)}
     return g
+'''
+    return text, low.host_values, low.scratch
 
 
-def make_buffers(device="cuda", seed={_lit(o.seed)}):
-    """Inputs filled with uniform values in [-1, 1] (drawn on the CPU: one seed, the same values on every
-    device), outputs empty, each in the graph's layout."""
+def _host(values: dict) -> str:
+    items = (
+        f"{_lit(uid)}: torch.full((1,), {_lit(val)}, dtype={torch_dtype_name(dt)})" for uid, (val, dt) in values.items()
+    )
+    return "{" + ", ".join(items) + "}"
+
+
+def _uids(graph: Graph, scratch: dict) -> str:
+    """{name: uid} of the tensors a graph binds (its scratch tensors too: written, read by no one)."""
+    named = [(v.name, v.uid) for v in graph.values if v.kind in ("input", "output")] + list(scratch.items())
+    return "{" + ", ".join(f"{_lit(n)}: {_lit(uid)}" for n, uid in named) + "}"
+
+
+def _views(graph: Graph, inst: Instance, into: str, only=None) -> str:
+    """Lines setting each view of a buffer (at an element offset) in dict `into`; `only`: of these buffers."""
+    return "".join(
+        f"\n    {into}[{_lit(v.name)}] = {into}[{_lit(v.view[0])}].as_strided("
+        f"{_lit(list(inst.type(v.name).shape))}, {_lit(list(inst.type(v.name).strides))}, {_lit(v.view[1])})"
+        for v in graph.views
+        if only is None or v.view[0] in only
+    )
+
+
+def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
+    """`make_buffers`: every input drawn as `run` draws it (portable.draw_values: same seed, same values),
+    outputs and `extra` (a split graph's intermediates) empty, a bool tensor as cuDNN's packed bytes."""
+    from cudnn_dsl.tensors import input_inits
+
+    own = [b.name for b in graph.buffers]  # memory of its own: buffers, the rest but views and outputs in place
+    own += [v.name for v in graph.values if v.kind in ("input", "output") and v.view is None and v.into is None]
+    own += list(extra)
+
+    def alloc(t) -> str:
+        if t.dtype == "bool":
+            return f"torch.zeros({_lit((t.storage + 7) // 8)}, dtype=torch.uint8, device=device)"
+        return f"torch.empty_strided({_lit(list(t.shape))}, {_lit(list(t.strides))}, dtype={torch_dtype_name(t.dtype)}, device=device)"
+
+    def fill(name: str, init) -> str:
+        t = inst.type(name)
+        clamp = "" if is_float(t.dtype) or t.dtype == "bool" else f", {_lit(tuple(DTYPE_RANGE[t.dtype]))}"
+        shape = _lit(list(t.shape))
+        values = f"draw_values({_lit(init.dist)}, {_lit(init.args)}, {shape}, {torch_dtype_name(t.dtype)}, seed, {_lit(name)}{clamp})"
+        if t.dtype == "bool":
+            values = f"pack_bool({values}, {shape}, {_lit(list(t.strides))}, {_lit(t.storage)})"
+        return f"\n    buffers[{_lit(name)}].copy_({values})"
+
+    allocs = "\n".join(f"        {_lit(n)}: {alloc(inst.type(n))}," for n in own)
+    fills = "".join(fill(n, init) for n, init in input_inits(graph, inst, inits).items())
+    in_place = "".join(f"\n    buffers[{_lit(v.name)}] = buffers[{_lit(v.into)}]" for v in graph.in_place)
+    return f'''def make_buffers(device="cuda", seed={_lit(o.seed)}):
+    """Inputs drawn as `cudnn-dsl run --seed SEED` draws them (the file's init=, else its dtype's default; on the
+    CPU, so the same values on every device), the rest empty, each in the graph's layout (a bool tensor: cuDNN's
+    bytes, eight elements a byte)."""
     buffers = {{
-{buffers}
-    }}
-    gen = torch.Generator().manual_seed(seed)
-    for name in INPUTS:
-        buffers[name].copy_(torch.rand(buffers[name].shape, generator=gen) * 2 - 1){shared}
+{allocs}
+    }}{fills}{_views(graph, inst, "buffers")}{in_place}
     return buffers
+'''
 
+
+def _bools(graph: Graph, inst: Instance) -> str:
+    """{name: (shape, strides, storage)} of the bool outputs: printed unpacked."""
+    items = []
+    for v in graph.outputs:
+        t = inst.type(v.name)
+        if t.dtype == "bool":
+            items.append(f"{_lit(v.name)}: ({_lit(list(t.shape))}, {_lit(list(t.strides))}, {_lit(t.storage)})")
+    return "{" + ", ".join(items) + "}"
+
+
+_PRINT = """    for name in OUTPUTS:
+        t = (unpack_bool(buffers[name], *BOOLS[name]) if name in BOOLS else buffers[name]).float()
+        print(f"{name}: shape {tuple(t.shape)}, mean {t.mean().item():.4g}, max |x| {t.abs().max().item():.4g}")
+"""
+
+_HEAD = """import hashlib
+import math
+
+import cudnn
+import torch
+"""
+
+
+def portable_source() -> str:
+    """The constants and functions of cudnn_dsl.portable as written there: what a script draws its inputs
+    and packs bool tensors with."""
+    import inspect
+
+    from cudnn_dsl import portable
+
+    text = inspect.getsource(portable)
+    nodes = [n for n in ast.parse(text).body if isinstance(n, (ast.FunctionDef, ast.Assign))]
+    return "\n\n\n".join(ast.get_source_segment(text, n) for n in nodes)
+
+
+def emit_cudnn(graph: Graph, inst: Instance, options=None, partition=None, inits=None) -> str:
+    """A runnable script: build the graph with the cuDNN Frontend, run it once, print the outputs. With a
+    `partition` (partition.plan_for_target's, of a graph cuDNN declines whole), the script builds each
+    part as a graph of its own and runs them in order. `inits`: how inputs are drawn, over the file's init=."""
+    o = options or graph.options
+    if partition is not None:
+        return _emit_parts(graph, inst, o, partition, inits)
+    doc = "validate -> build_operation_graph -> create_execution_plans -> check_support -> build_plans."
+    build, host, scratch = _graph_function("build", graph, inst, o, doc)
+    shape = f" ({_doc(inst.label)})" if inst.binding else ""
+    return f'''"""Graph '{_doc(graph.name)}'{shape} built with the cuDNN Frontend directly.
+
+Emitted by `cudnn-dsl emit --format cudnn` from {_doc(graph.file)}. Standalone: needs only torch and cudnn.
+"""
+
+{_HEAD}
+UIDS = {_uids(graph, scratch)}
+INPUTS = {_lit([v.name for v in graph.device_inputs])}
+OUTPUTS = {_lit([v.name for v in graph.outputs])}
+BOOLS = {_bools(graph, inst)}
+
+
+{portable_source()}
+
+
+def host_scalars():
+    """Pass-by-value scalars, by uid (cuDNN reads them from host memory at launch)."""
+    return {_host(host)}
+
+
+{build}
+
+{_make_buffers(graph, inst, o, inits, scratch)}
 
 def execute(g, handle, buffers, workspace, scalars):
     pack = {{UIDS[name]: t for name, t in buffers.items() if name in UIDS}}
@@ -219,14 +300,173 @@ if __name__ == "__main__":
     workspace = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device="cuda")
     execute(g, handle, buffers, workspace, host_scalars())
     torch.cuda.synchronize()
-    for name in OUTPUTS:
-        t = buffers[name].float()
-        print(f"{{name}}: shape {{tuple(t.shape)}}, mean {{t.mean().item():.4g}}, max |x| {{t.abs().max().item():.4g}}")
+{_PRINT}'''
+
+
+#: the module names of a script: a part's traced reference takes none of them
+_SCRIPT_GLOBALS = frozenset(
+    {"hashlib", "math", "cudnn", "torch", "UIDS", "INPUTS", "OUTPUTS", "BOOLS", "INTERMEDIATES", "TORCH_PARTS"}
+    | {"host_scalars", "build", "make_buffers", "execute", "handle", "graphs", "buffers", "workspace", "size", "name"}
+    | {"CHUNK", "stream_seed", "draw", "draw_values", "pack_bool", "unpack_bool", "inf", "nan", "t"}
+)
+
+
+def _emit_parts(graph: Graph, inst: Instance, o, partition, inits) -> str:
+    """The script of a graph cuDNN declines whole: one frontend graph per part, a part left to torch as its
+    traced reference, the tensors between parts allocated in their inferred dtype, the parts run in order."""
+    from cudnn_dsl.tensors import written
+    from dsl.subgraph import subgraph
+
+    taken = set(_SCRIPT_GLOBALS)
+    functions, uids, hosts, calls, torch_parts, made = [], [], [], [], [], []
+    for k, p in enumerate(partition.parts, 1):
+        ops = ", ".join(f"{graph.nodes[i].op} (line {graph.nodes[i].loc.line})" for i in range(p.first, p.end))
+        sub = p.graph or subgraph(graph, inst, p.first, p.end, f"{graph.name}_part{k}")
+        made += [v.name for v in sub.outputs if graph.value(v.name).kind != "output" and v.name not in made]
+        taken |= {f"build_part{k}", f"run_part{k}"}
+        if p.graph is not None:
+            doc = f"Part {k}: {_doc(ops)}."
+            text, host, scratch = _graph_function(f"build_part{k}", sub, sub.instances[0], o, doc)
+            functions.append(text)
+            uids.append(_uids(sub, scratch))
+            made += [n for n in scratch if n not in made]
+            hosts.append(_host(host))
+            calls.append(f"build_part{k}(handle)")
+        else:
+            functions.append(_torch_part(k, sub, ops, p.why, taken))
+            uids.append("None")
+            hosts.append("None")
+            calls.append("None")
+            torch_parts.append(f"{k - 1}: run_part{k}")
+    shape = f" ({_doc(inst.label)})" if inst.binding else ""
+    lines = "\n".join(f"  {_doc(line)}" for line in partition.lines(graph))
+    keep = sorted(written(graph))
+    snapshot = (
+        f"\n    for name in {_lit(keep)}:  # an output overwrites it: later parts read it as it was\n"
+        f"        env[name] = buffers[name].clone(){_views(graph, inst, 'env', set(keep))}"
+        if keep
+        else ""
+    )
+    parts = "".join(f"    {u},\n" for u in uids)
+    body = "\n\n".join(functions)
+    return f'''"""Graph '{_doc(graph.name)}'{shape} built with the cuDNN Frontend directly, as {_parts(len(partition.parts))} run in order.
+
+cuDNN declines the graph whole ({_doc(partition.declined)}); the parts are those deviceless planning found:
+{lines}
+Emitted by `cudnn-dsl emit --format cudnn` from {_doc(graph.file)}. Standalone: needs only torch and cudnn.
+"""
+
+{_HEAD}
+INPUTS = {_lit([v.name for v in graph.device_inputs])}
+OUTPUTS = {_lit([v.name for v in graph.outputs])}
+INTERMEDIATES = {_lit(made)}
+BOOLS = {_bools(graph, inst)}
+UIDS = [  # per part, the tensors it binds, name -> uid; None: a part left to torch
+{parts}]
+
+
+{portable_source()}
+
+
+def host_scalars():
+    """Pass-by-value scalars of each part, by uid (cuDNN reads them from host memory at launch)."""
+    return [{", ".join(hosts)}]
+
+
+{body}
+
+TORCH_PARTS = {{{", ".join(torch_parts)}}}
+
+
+def build(handle):
+    """Every part's cuDNN graph, in order (None: a part left to torch)."""
+    return [{", ".join(calls)}]
+
+
+{_make_buffers(graph, inst, o, inits, made)}
+
+def execute(graphs, handle, buffers, workspace, scalars):
+    """Runs the parts in order on `buffers` (by name; the INTERMEDIATES pass from part to part there)."""
+    env = dict(buffers){snapshot}
+    for k, g in enumerate(graphs):
+        if g is None:
+            TORCH_PARTS[k](env)
+            continue
+        pack = {{uid: env[name] for name, uid in UIDS[k].items()}}
+        pack.update(scalars[k])
+        g.execute(pack, workspace, handle=handle)
+
+
+if __name__ == "__main__":
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+    graphs = build(handle)
+    buffers = make_buffers()
+    size = max([1] + [g.get_workspace_size() for g in graphs if g is not None])
+    workspace = torch.empty(size, dtype=torch.uint8, device="cuda")
+    execute(graphs, handle, buffers, workspace, host_scalars())
+    torch.cuda.synchronize()
+{_PRINT}'''
+
+
+def _parts(n: int) -> str:
+    return f"{n} part" if n == 1 else f"{n} parts"
+
+
+def _torch_part(k: int, sub: Graph, ops: str, why: str, taken: set[str]) -> str:
+    """`run_part{k}(buffers)`: a part no cuDNN engine runs, as its reference traced to torch calls, reading
+    and writing `buffers`; when the reference does not trace, a function that raises, saying so."""
+    inst = sub.instances[0]
+    doc = f"Part {k}: {_doc(ops)}, on torch: cuDNN runs it on no engine ({_doc(why)})."
+    try:
+        fname = _ident(f"part{k}_reference", taken)
+        function, _ = _torch_function(sub, inst, fname, taken)
+    except Exception as e:  # noqa: BLE001 - what does not trace is said in the script, which raises there
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        message = f"part {k} ({ops}) runs on no cuDNN engine, and its torch reference is not in this script"
+        return f'''def run_part{k}(buffers):
+    """{doc}"""
+    # its torch reference did not trace to plain torch calls: {_doc(reason)}
+    raise NotImplementedError({_lit(message)})
+'''
+    args = [
+        f"torch.tensor({_lit(float(v.scalar))})" if v.kind == "scalar" else f"buffers[{_lit(v.name)}]"
+        for v in sub.inputs
+    ]
+    stores = []
+    for i, v in enumerate(sub.outputs):
+        t, value = inst.type(v.name), f"made[{i}]"
+        if t.dtype == "bool":
+            value = f"pack_bool({value}, {_lit(list(t.shape))}, {_lit(list(t.strides))}, {_lit(t.storage)})"
+        stores.append(f"\n    buffers[{_lit(v.name)}].copy_({value})")
+    return f'''{function}
+
+def run_part{k}(buffers):
+    """{doc}"""
+    made = {fname}({", ".join(args)}){"".join(stores)}
 '''
 
 
 def emit_torch(graph: Graph, inst: Instance) -> str:
     """The reference as a standalone torch function, traced at aten level with fake tensors."""
+    names = [v.name for v in graph.inputs]
+    function, params = _torch_function(graph, inst, "reference", {"torch", "reference", "inf", "nan"})
+    sig = ", ".join(f"{p}: {inst.type(n)}" + (f" (.cdg name {n})" if p != n else "") for p, n in zip(params, names))
+    outs = ", ".join(v.name for v in graph.outputs)
+    return f'''"""PyTorch reference of graph '{_doc(graph.name)}', emitted by `cudnn-dsl emit --format torch` from {_doc(graph.file)}.
+
+Inputs, in order: {_doc(sig)}. Returns ({_doc(outs)},). Math in float32; outputs rounded to their dtypes.
+"""
+
+import torch
+
+{function}'''
+
+
+def _torch_function(graph: Graph, inst: Instance, fname: str, taken: set[str]) -> tuple[str, list[str]]:
+    """`def fname(inputs...)`, preceded by the module globals it reads: the reference of `graph` traced at
+    aten level with fake tensors, returning its outputs; and its parameters. Its parameters and globals take
+    names not in `taken` (the module's other names), and are added to it."""
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -251,7 +491,7 @@ def emit_torch(graph: Graph, inst: Instance) -> str:
     placeholders = [a.arg for a in func.args.args[1:]]
     assert len(placeholders) == len(names), (placeholders, names)
     # Every name the new globals and parameters take is fresh: none hides one the body uses.
-    taken = {n.id for n in ast.walk(func) if isinstance(n, ast.Name)} - {"self"} | {"torch", "reference", "inf", "nan"}
+    taken |= {n.id for n in ast.walk(func) if isinstance(n, ast.Name)} - {"self"} | {"torch", fname, "inf", "nan"}
     consts = _lift_constants(func, taken)
     params = [_ident(n, taken) for n in names]
     rename = dict(zip(placeholders, params))
@@ -266,8 +506,6 @@ def emit_torch(graph: Graph, inst: Instance) -> str:
     unknown = free - {"torch", "inf", "nan", *consts.values()} - set(dir(builtins))
     if unknown:
         raise ValueError(f"emit --format torch: the traced reference uses {sorted(unknown)}, which the script lacks")
-    sig = ", ".join(f"{p}: {inst.type(n)}" + (f" (.cdg name {n})" if p != n else "") for p, n in zip(params, names))
-    outs = ", ".join(v.name for v in graph.outputs)
     lines: list[str] = []
     for st in func.body:  # fx's layout: freeing `x = None` statements on the line of the last use
         frees = isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) and st.value.value is None
@@ -277,17 +515,11 @@ def emit_torch(graph: Graph, inst: Instance) -> str:
             lines.append(ast.unparse(st))
     body = "\n".join("    " + line for line in lines)
     consts_block = "\n".join(globals_) + "\n\n" if globals_ else ""
-    return f'''"""PyTorch reference of graph '{_doc(graph.name)}', emitted by `cudnn-dsl emit --format torch` from {_doc(graph.file)}.
-
-Inputs, in order: {_doc(sig)}. Returns ({_doc(outs)},). Math in float32; outputs rounded to their dtypes.
-"""
-
-import torch
-
-{consts_block}
-def reference({", ".join(params)}):
+    text = f"""{consts_block}
+def {fname}({", ".join(params)}):
 {body}
-'''
+"""
+    return text, params
 
 
 def _lift_constants(func: ast.FunctionDef, taken: set[str]) -> dict[str, str]:

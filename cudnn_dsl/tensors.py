@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +10,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from cudnn_dsl import bits
+from cudnn_dsl import bits, portable
 from cudnn_dsl.dtypes import from_torch, tolerance, torch_dtype
 from dsl.diagnostics import Loc, RuleError
 from dsl.inits import Init, make
@@ -120,59 +119,15 @@ def input_inits(graph: Graph, instance: Instance, inits: dict[str, Init] | None 
     }
 
 
-def draw(init: Init, n: int, gen: torch.Generator, start: int = 0) -> torch.Tensor:
-    """n values of a distribution, on the CPU (float, int64 or bool); `start`: the index of the first
-    (arange counts from it)."""
-    a = init.args
-    if init.dist == "uniform":
-        return torch.rand(n, generator=gen) * (a[1] - a[0]) + a[0]
-    if init.dist == "randn":
-        return torch.randn(n, generator=gen) * a[1] + a[0]
-    if init.dist == "randint":
-        return torch.randint(int(a[0]), int(a[1]) + 1, (n,), generator=gen)
-    if init.dist == "bernoulli":
-        return torch.rand(n, generator=gen) < a[0]
-    if init.dist == "sparse":
-        return (torch.rand(n, generator=gen) * 2 - 1).masked_fill_(torch.rand(n, generator=gen) < a[0], 0)
-    if init.dist == "full":
-        return torch.full((n,), a[0], dtype=torch.float64)
-    if init.dist == "arange":
-        return torch.arange(start, start + n, dtype=torch.float64) * a[1] + a[0]
-    raise AssertionError(init.dist)
-
-
-CHUNK = 1 << 22
-"""elements drawn from one stream: big inputs are drawn in chunks, on every core (torch's CPU generator
-is serial; 64 M elements take ~1 s on one core), each chunk from its own seed so the result does not
-depend on the number of cores"""
-
-
-def _seed(*parts) -> int:
-    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little")
-
-
 def draw_input(init: Init, t: TensorType, seed: int, name: str) -> torch.Tensor:
-    """The values of one input, row-major on the CPU in its dtype. Its own streams (seeded by the seed and its
-    name), so that drawing one input differently leaves the others as they were. An integer input takes the
-    drawn values rounded and clamped to its dtype; a bool input, whether they are non-zero."""
-    n = t.numel
-    out = torch.empty(n, dtype=torch_dtype(t.dtype))
-
-    def chunk(start: int) -> None:
-        v = draw(init, min(CHUNK, n - start), torch.Generator().manual_seed(_seed(seed, name, start)), start)
-        if t.dtype == "bool":
-            v = v != 0
-        elif not is_float(t.dtype) and v.is_floating_point():
-            v = v.round().clamp(*DTYPE_RANGE[t.dtype])
-        out[start : start + v.numel()] = v
-
-    starts = range(0, n, CHUNK)
-    if len(starts) > 1:
-        with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:  # torch drops the GIL
-            list(pool.map(chunk, starts))
-    else:
-        list(map(chunk, starts))
-    return out.reshape(t.shape)
+    """The values of one input, row-major on the CPU in its dtype (portable.draw_values: the ejected scripts
+    draw them with the same code); big inputs are drawn on every core."""
+    clamp = None if is_float(t.dtype) or t.dtype == "bool" else DTYPE_RANGE[t.dtype]
+    args = (init.dist, init.args, t.shape, torch_dtype(t.dtype), seed, name, clamp)
+    if t.numel > portable.CHUNK:
+        with ThreadPoolExecutor(min(-(-t.numel // portable.CHUNK), os.cpu_count() or 1)) as pool:  # torch drops the GIL
+            return portable.draw_values(*args, chunks=pool.map)
+    return portable.draw_values(*args)
 
 
 def _ragged(graph: Graph, instance: Instance) -> dict[str, tuple[TensorType, str]]:
@@ -265,8 +220,8 @@ def load_tensor(path: str | Path) -> torch.Tensor:
 def converted(t: torch.Tensor, want: TensorType, cast: bool = False) -> torch.Tensor:
     """A loaded tensor in the graph's dtype (its shape must match). A dtype change that would lose
     information is refused unless `cast`. A bool tensor's packed bytes (as a dump holds them) pass as they are."""
-    if want.dtype == "bool" and t.dtype == torch.uint8 and t.numel() == bits.nbytes(want):
-        return t
+    if want.dtype == "bool" and t.dtype == torch.uint8:
+        return _bool_bytes(t, want)
     if tuple(t.shape) != want.shape:
         raise BindingError(f"expected shape {fmt_shape(want.shape)}, the file holds {fmt_shape(tuple(t.shape))}")
     target = torch_dtype(want.dtype)
@@ -282,6 +237,29 @@ def converted(t: torch.Tensor, want: TensorType, cast: bool = False) -> torch.Te
                 f"hold exactly; convert them yourself, or pass --cast-inputs"
             )
     return out
+
+
+def _bool_bytes(t: torch.Tensor, want: TensorType) -> torch.Tensor:
+    """uint8 data for a bool tensor of n elements, read by its size: n bytes in want's shape are one element
+    each (0 or 1); ceil(extent / 8) bytes (any shape) are cuDNN's packed bytes, passed as they are. The two
+    sizes coincide only for one element: its byte is one value when it is 0 or 1, else packed."""
+    n, packed = want.numel, bits.nbytes(want)
+    one = tuple(t.shape) == want.shape and bool((t <= 1).all())
+    if t.numel() == n and (n != packed or one):
+        if tuple(t.shape) != want.shape:
+            raise BindingError(
+                f"expected shape {fmt_shape(want.shape)} for one byte per element, the file holds "
+                f"{fmt_shape(tuple(t.shape))}"
+            )
+        if not one:
+            raise BindingError("a bool tensor given one byte per element takes 0 (false) and 1 (true) only")
+        return t.bool()
+    if t.numel() == packed:
+        return t
+    raise BindingError(
+        f"a bool tensor of {n} elements takes {n} uint8 bytes (one per element, 0 or 1, shape "
+        f"{fmt_shape(want.shape)}) or {packed} (packed eight a byte, as cuDNN reads it); the file holds {t.numel()}"
+    )
 
 
 def relayout(t: torch.Tensor, want: TensorType, device) -> torch.Tensor:

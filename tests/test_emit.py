@@ -233,3 +233,181 @@ def test_torch_script_of_a_graph_with_a_bool_input_matches_reference():
     )
     [g] = graphs(text)
     torch_matches_reference(g, g.instances[0])
+
+
+# The ejected script draws every input as `run` does: the file's init=, the same seed, the same values.
+
+INITS = (
+    "graph inits {\n  input x : float[3, 5, 7] init=randn(0.5, 2)\n  input n : int32[3, 5, 7] init=randint(-3, 9)\n"
+    "  input m : bool[3, 5, 7] init=bernoulli(0.25)\n  input r : float[3, 5, 7] init=arange(1, 0.5)\n"
+    "  input s : float[3, 5, 7] init=sparse(0.5)\n  input d : float[3, 5, 7]\n  input v : float[1, 5, 1]\n"
+    "  output y = binary_select(x + r - s * d, rsqrt(v), m)\n  output k = n + n\n}\n"
+)
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_the_ejected_script_draws_the_inputs_run_draws(seed):
+    from dsl.inits import parse
+
+    [g] = graphs(INITS)
+    inst = g.instances[0]
+    env = run_module(emit_cudnn(g, inst))
+    got, want = env["make_buffers"](device="cpu", seed=seed), generate_inputs(g, inst, "cpu", seed)
+    for name in want:  # bit for bit, bool inputs in cuDNN's packed bytes, v positive (rsqrt's input)
+        assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
+    assert want["v"].min() >= 0.5 and not torch.equal(got["x"], generate_inputs(g, inst, "cpu", seed + 1)["x"])
+    over = {"x": parse("uniform(2, 3)")}  # run --init over the file's init=
+    got = run_module(emit_cudnn(g, inst, inits=over))["make_buffers"](device="cpu", seed=seed)
+    assert torch.equal(got["x"], generate_inputs(g, inst, "cpu", seed, over)["x"])
+
+
+# A graph cuDNN declines whole (deviceless planning for an H200) is ejected as its parts.
+
+LN_GELU = (
+    "graph ln_gelu {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"
+    "  input b : float[1, 1024, 1, 1] nhwc\n  output y = gelu(layernorm(x, s, b))\n}\n"
+)
+MM_RESHAPE = (
+    "graph mm_reshape {\n  io half\n  input a : half[4, 64, 128]\n  input b : half[4, 128, 32]\n"
+    "  output y : float[4, 2048] = reshape(matmul(a, b), shape=[4, 2048])\n}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def h200():
+    from cudnn_dsl.backend import Target
+
+    return Target.named("h200")
+
+
+def _split(text: str, target):
+    from cudnn_dsl.partition import plan_for_target
+
+    [g] = graphs(text)
+    inst = g.instances[0]
+    low, partition = plan_for_target(g, inst, g.options, target)
+    assert low is None and partition is not None
+    return g, inst, partition
+
+
+def _functions(script: str) -> set[str]:
+    return {n.name for n in ast.parse(script).body if isinstance(n, ast.FunctionDef)}
+
+
+def test_a_split_graph_is_ejected_as_one_frontend_graph_per_part(h200):
+    g, inst, partition = _split(LN_GELU, h200)
+    script = emit_cudnn(g, inst, partition=partition)
+    assert {"build_part1", "build_part2", "build", "execute", "make_buffers"} <= _functions(script)
+    assert "as 2 parts run in order" in script and "part 1: layernorm (line 6)" in script
+    assert script.count("g = cudnn.pygraph(") == 2 and "name='ln_gelu_part2'" in script
+    env = run_module(script)
+    assert env["UIDS"] == [{"x": 1, "s": 2, "b": 3, "layernorm_0": 4}, {"layernorm_0": 4, "y": 5}]
+    assert env["INTERMEDIATES"] == ["layernorm_0"] and env["TORCH_PARTS"] == {}
+    buffers = env["make_buffers"](device="cpu")
+    assert buffers["layernorm_0"].dtype == torch.float32  # the intermediate, in its inferred dtype
+    assert buffers["layernorm_0"].stride() == inst.type("layernorm_0").strides
+    scalars = env["host_scalars"]()  # per part: uid 5 is part 1's epsilon and part 2's output
+    assert list(scalars[0]) == [5] and scalars[1] == {}
+
+
+def test_a_part_left_to_torch_is_its_traced_reference_and_runs_without_a_gpu(h200):
+    g, inst, partition = _split(MM_RESHAPE, h200)
+    assert [p.graph is None for p in partition.parts] == [False, True]  # reshape alone: no engine
+    env = run_module(emit_cudnn(g, inst, partition=partition))
+    assert env["TORCH_PARTS"] == {1: env["run_part2"]}
+    buffers = env["make_buffers"](device="cpu")
+    tensors = generate_inputs(g, inst, "cpu")
+    buffers["matmul_0"].copy_(torch.bmm(tensors["a"].float(), tensors["b"].float()))  # part 1's result
+    env["run_part2"](buffers)  # part 2 alone (part 1 builds only on a GPU)
+    assert torch.equal(buffers["y"], buffers["matmul_0"].reshape(4, 2048))
+
+
+def test_a_script_of_torch_parts_computes_the_reference_and_reads_an_input_before_it_is_overwritten():
+    from cudnn_dsl.partition import Part, Partition
+
+    text = (
+        "graph g {\n  input a : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
+        "  output y in a = relu(b)\n  output z = a + b\n}\n"
+    )
+    [g] = graphs(text)
+    inst = g.instances[0]
+    partition = Partition((Part(0, 1, None, "no engine"), Part(1, 2, None, "no engine")), "declined")
+    env = run_module(emit_cudnn(g, inst, partition=partition))
+    buffers = env["make_buffers"](device="cpu", seed=3)
+    want = run_reference(g, inst, generate_inputs(g, inst, "cpu", 3))
+    env["execute"](env["build"](None), None, buffers, None, env["host_scalars"]())
+    assert torch.equal(buffers["y"], want["y"]) and torch.equal(buffers["z"], want["z"])
+    assert buffers["a"].data_ptr() == buffers["y"].data_ptr()  # written in place, as run binds it
+
+
+def test_emit_plans_for_the_target_and_ejects_the_parts(tmp_path):
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "ln.cdg"
+    f.write_text(LN_GELU)
+    p = run_cli("emit", f, "--target", "h200")
+    assert p.returncode == 0, p.stderr
+    compile(p.stdout, "ejected.py", "exec")
+    assert {"build_part1", "build_part2"} <= _functions(p.stdout)
+    f.write_text(LN_GELU.replace("io bf16", "io bf16\n  option split = false"))  # the file says: whole
+    p = run_cli("emit", f)
+    assert p.returncode == 0 and "build_part1" not in p.stdout and "def build(handle)" in p.stdout
+    gs = tmp_path / "gs.cdg"
+    gs.write_text(
+        "graph gs {\n  io half\n  option fallback = false\n  input x : half[8, 64, 16, 16] nhwc\n"
+        "  s, sq = genstats(x)\n  output s\n  output sq\n}\n"
+    )
+    p = run_cli("emit", gs)  # no engine runs genstats alone, and fallback is off: whole, the refusal said
+    assert p.returncode == 1 and "fallback to torch is off" in p.stderr and "def build(handle)" in p.stdout
+    assert "declines" in p.stderr
+
+
+def test_emit_takes_runs_seed_init_and_constraint_flags(tmp_path):
+    from dsl.inits import parse
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "inits.cdg"
+    f.write_text(INITS)
+    p = run_cli("emit", f, "--seed", "11", "--init", "d=randn(0,3)", "--exclude-engine", "3", "--target", "h200")
+    assert p.returncode == 0, p.stderr
+    assert "not in (3,)" in p.stdout
+    [g] = graphs(INITS)
+    inst = g.instances[0]
+    got = run_module(p.stdout)["make_buffers"](device="cpu")  # the flags' seed and init by default
+    want = generate_inputs(g, inst, "cpu", 11, {"d": parse("randn(0, 3)")})
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    p = run_cli("emit", f, "--format", "torch", "--init", "d=randn")
+    assert p.returncode == 2 and "--init goes with --format cudnn" in p.stderr
+    p = run_cli("emit", f, "--init", "n=full(1e12)")  # checked against the dtype as run checks it
+    assert p.returncode == 2 and "--init n: full(1000000000000) draws" in p.stderr
+
+
+@pytest.mark.parametrize("name", ["buffers", "made", "env", "torch", "draw_values", "TORCH_PARTS", "part1_reference"])
+def test_a_split_script_with_names_it_uses_itself_computes_the_reference(name):
+    from cudnn_dsl.partition import Part, Partition
+
+    text = (
+        f"graph g {{\n  input {name} : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
+        f"  t = relu(b) * 2.0\n  output z = {name} + t\n}}\n"
+    )
+    [g] = graphs(text)
+    inst = g.instances[0]
+    parts = tuple(Part(i, i + 1, None, "-") for i in range(len(g.nodes)))
+    env = run_module(emit_cudnn(g, inst, partition=Partition(parts, "-")))
+    buffers = env["make_buffers"](device="cpu")
+    env["execute"](env["build"](None), None, buffers, None, env["host_scalars"]())
+    want = run_reference(g, inst, generate_inputs(g, inst, "cpu"))
+    assert torch.equal(buffers["z"], want["z"])
+
+
+def test_run_dump_ejects_what_runs_the_parts_and_the_inits_of_the_run(tmp_path):
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "ln.cdg"
+    f.write_text(LN_GELU)
+    p = run_cli("run", f, "--dump", tmp_path / "d", "--init", "x=randn(0,2)", "--seed", "4")
+    assert p.returncode == 0, p.stderr
+    [script] = (tmp_path / "d").glob("*.cudnn.py")
+    text = script.read_text()
+    assert "def build_part2(handle)" in text and "draw_values('randn', (0.0, 2.0)" in text
+    assert 'def make_buffers(device="cuda", seed=4)' in text

@@ -222,3 +222,37 @@ def test_a_bool_input_bound_a_byte_per_element_is_refused_with_the_fix():
     for m in (torch.ones(3, 16, dtype=torch.uint8), torch.ones(7, dtype=torch.uint8)):  # 48 and 7 bytes: 6 wanted
         with pytest.raises(BindingError, match="6 contiguous bytes of packed bools"):
             check_inputs(g, inst, {"x": torch.zeros(3, 16), "m": m}, torch.device("cpu"))
+
+
+def test_a_bool_input_file_is_read_by_its_size_one_byte_per_element_or_packed():
+    from cudnn_dsl.bits import pack_bits
+    from cudnn_dsl.tensors import BindingError, converted
+    from dsl.types import TensorType
+
+    want = TensorType("bool", (3, 16), (16, 1))
+    mask = torch.rand(3, 16) < 0.5
+    assert torch.equal(converted(mask.to(torch.uint8), want), mask)  # 48 bytes: one value each
+    assert torch.equal(converted(pack_bits(mask), want), pack_bits(mask))  # 6 bytes: packed, as cuDNN reads
+    with pytest.raises(BindingError, match=r"takes 48 uint8 bytes \(one per element.*or 6 \(packed.*holds 7"):
+        converted(torch.ones(7, dtype=torch.uint8), want)
+    with pytest.raises(BindingError, match="0 \\(false\\) and 1 \\(true\\) only"):
+        converted(torch.full((3, 16), 2, dtype=torch.uint8), want)
+    with pytest.raises(BindingError, match="expected shape \\[3, 16\\] for one byte per element"):
+        converted(torch.ones(48, dtype=torch.uint8), want)
+    one = TensorType("bool", (1, 1), (1, 1))  # one byte is both: a 0/1 value, else packed (bit 0)
+    assert converted(torch.ones(1, 1, dtype=torch.uint8), one).dtype == torch.bool
+    assert torch.equal(converted(torch.tensor([3], dtype=torch.uint8), one), torch.tensor([3], dtype=torch.uint8))
+
+
+def test_run_input_of_a_bool_tensor_of_the_wrong_size_is_a_located_error(tmp_path):
+    from cli_util import run_cli
+
+    f = tmp_path / "m.cdg"
+    f.write_text(graph("  input x : float[3, 16]\n  input m : bool[3, 16]\n  output s = binary_select(x, x, m)"))
+    torch.save(torch.ones(5, dtype=torch.uint8), tmp_path / "m.pt")
+    p = run_cli("run", f, "--input", f"m={tmp_path / 'm.pt'}", "--no-reference")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert f"{f}:" in p.stderr and "--input m: a bool tensor of 48 elements takes 48 uint8 bytes" in p.stderr
+    torch.save(torch.ones(6, dtype=torch.uint8), tmp_path / "m.pt")  # packed: every element true
+    p = run_cli("run", f, "--input", f"m={tmp_path / 'm.pt'}")
+    assert p.returncode == 0, p.stderr

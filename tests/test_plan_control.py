@@ -107,6 +107,13 @@ def test_constraints_that_leave_no_plan_are_a_located_error(mm, h200):
     d = e.value.diagnostics[0]
     assert d.loc == g.loc and "leave none of the" in d.message and "exclude engines" in d.message
     assert any(free.g.get_plan_name_at_index(0) in note for note, _ in d.notes)
+    engines = ", ".join(map(str, every))
+    assert any(f"plans, of engine{'s' if len(every) > 1 else ''} {engines}:" in note for note, _ in d.notes)
+    idle = max(every) + 1000  # an engine no plan is of: said, as its exclusion changes nothing
+    with pytest.raises(DslError) as e:
+        plan_deviceless(g, inst, g.options.with_values({"exclude_engines": [*every, idle]}), h200)
+    notes = [note for note, _ in e.value.diagnostics[0].notes]
+    assert f"engine {idle} offers no plan for this graph: excluding it changes nothing" in notes
 
 
 def test_no_runtime_compilation_filters_by_cudnns_behaviour_notes(mm, h200):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from cli_util import run_cli
 
-from cudnn_dsl import tensors
+from cudnn_dsl import portable, tensors
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.tensors import compare_outputs, draw_input, generate_inputs, input_inits, rounded_values
 from dsl.inits import parse
@@ -153,7 +153,7 @@ def test_the_same_seed_gives_the_same_inputs_and_each_input_its_own_stream():
 
 def test_big_inputs_are_drawn_in_chunks_that_do_not_depend_on_the_cores(monkeypatch):
     t = TensorType("half", (8, 1000), (1000, 1))
-    monkeypatch.setattr(tensors, "CHUNK", 1024)
+    monkeypatch.setattr(portable, "CHUNK", 1024)
     threaded = draw_input(parse("randn"), t, 0, "x")
     monkeypatch.setattr(tensors.os, "cpu_count", lambda: 1)
     assert torch.equal(draw_input(parse("randn"), t, 0, "x"), threaded)

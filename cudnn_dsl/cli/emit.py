@@ -13,25 +13,45 @@ def register(p) -> None:
         "--format",
         choices=("cudnn", "torch", "fe-json"),
         default="cudnn",
-        help="cudnn: the frontend calls, built and run once (default); torch: the reference function; fe-json: "
+        help="cudnn: the frontend calls, built and run once (default; a graph cuDNN declines whole, as the "
+        "graphs it splits into, run in order); torch: the reference function; fe-json: "
         "the graph as the cuDNN Frontend serializes it (for anyone with the frontend alone; needs the cuDNN library; "
         "written even when cuDNN finds no plan for the graph, with exit 1)",
     )
     p.add_argument("--graph", help="the graph to emit (needed when the file has several)")
     p.add_argument("--shape", action="append", metavar="DIM=VALUE", help="the value of each symbolic dim")
-    common.add_target_flags(p, "fe-json: lower for this GPU, without one (default h200)")
+    common.add_target_flags(
+        p,
+        "plan for this GPU, without one (default h200): fe-json lowers for it; cudnn asks whether its cuDNN takes "
+        "the graph whole, and ejects the parts it splits the graph into when it does not",
+    )
+    p.add_argument(
+        "--init",
+        action="append",
+        metavar="NAME=DIST",
+        help="cudnn: how the script draws an input, over the file's init= (as `run --init`)",
+    )
+    common.add_option_flags(p, "seed")
+    common.add_constraint_flags(p)
     common.add_log_flags(p)
     p.set_defaults(run=run)
 
 
+#: the flags that shape the cuDNN script alone
+_CUDNN_FLAGS = ("init", "seed", "exclude_engine", "deterministic", "no_runtime_compilation")
+
+
 def run(args) -> int:
     from cudnn_dsl.backend import DEFAULT_TARGET
-    from cudnn_dsl.emit import emit_cudnn, emit_torch
+    from cudnn_dsl.emit import emit_torch
 
     common.start_logging(args)
-    if args.format != "fe-json" and (args.target or args.device_properties):
-        raise common.UsageError("--target and --device-properties go with --format fe-json")
-    target = common.target_from(args, default=DEFAULT_TARGET) if args.format == "fe-json" else None
+    if args.format == "torch" and (args.target or args.device_properties):
+        raise common.UsageError("--target and --device-properties go with --format cudnn or fe-json")
+    for flag in _CUDNN_FLAGS:
+        if args.format != "cudnn" and getattr(args, flag):
+            raise common.UsageError(f"--{flag.replace('_', '-')} goes with --format cudnn")
+    target = common.target_from(args, default=DEFAULT_TARGET) if args.format != "torch" else None
     result = common.load_file(args.file)
     if not result.ok:
         return common.EXIT_FAIL
@@ -47,9 +67,46 @@ def run(args) -> int:
         )
     if args.format == "fe-json":
         return _fe_json(g, chosen[0], target)
-    else:
-        print((emit_cudnn if args.format == "cudnn" else emit_torch)(g, chosen[0]), end="")
+    if args.format == "cudnn":
+        return _cudnn(g, chosen[0], target, common.options_from(args, g.options), _inits(args, g))
+    print(emit_torch(g, chosen[0]), end="")
     return common.EXIT_OK
+
+
+def _inits(args, g) -> dict:
+    """--init NAME=DIST, checked as run checks it."""
+    from dsl.diagnostics import RuleError
+    from dsl.inits import check_dtype
+
+    inits = common.named_values(args.init, "--init", [v.name for v in g.device_inputs], common.init_value)
+    for name, init in inits.items():
+        try:
+            check_dtype(init, g.instances[0].type(name).dtype)
+        except RuleError as e:
+            raise common.UsageError(f"--init {name}: {e}") from None
+    return inits
+
+
+def _cudnn(g, inst, target, options, inits) -> int:
+    """The frontend script: of the graph whole when the target's cuDNN takes it (or the options say
+    `split = false`), else of the parts deviceless planning splits it into. When cuDNN declines even
+    that, still the whole graph's script, with the refusal on stderr and exit 1."""
+    from cudnn_dsl.backend import BackendUnavailable
+    from cudnn_dsl.emit import emit_cudnn
+    from cudnn_dsl.partition import plan_for_target
+    from dsl.diagnostics import DslError
+
+    partition, status = None, common.EXIT_OK
+    if options.split:
+        try:
+            _, partition = plan_for_target(g, inst, options, target)
+        except BackendUnavailable as e:
+            common.warn(f"cannot ask cuDNN whether it takes the graph whole ({e}); the script builds it whole")
+        except DslError as e:
+            status = common.report(e)
+            common.warn(f"the script below builds the graph whole, which cuDNN for {target.name} declines")
+    print(emit_cudnn(g, inst, options, partition, inits), end="")
+    return status
 
 
 def _fe_json(g, inst, target) -> int:

@@ -257,7 +257,9 @@ class _Setup:
             else f"{what} identical to the dump's, bit for bit"
         ]
 
-    def dump(self, inst, inputs: dict, reference, outputs=None, plan=None, fe_json=None, env=None) -> None:
+    def dump(
+        self, inst, inputs: dict, reference, outputs=None, plan=None, fe_json=None, env=None, partition=None
+    ) -> None:
         from cudnn_dsl import dump
 
         if self.args.dump:
@@ -272,6 +274,9 @@ class _Setup:
                 plan,
                 fe_json,
                 dump.environment(env or {}),
+                options=self.opts,
+                inits=self.inits,
+                partition=partition,
             )
             print(f"  dump       {len(written)} files in {self.args.dump}")
 
@@ -504,6 +509,7 @@ class _CpuRunner:
         print(f"graph {name}")
         rep: dict = {"graph": s.graph.name, "binding": dict(inst.binding), "executed": False, "skipped": {}}
         progress = common.Progress(name)
+        partition = None
         try:
             low, partition = plan_for_target(s.graph, inst, s.opts, target, progress, s.pin)
             if partition is not None:
@@ -571,7 +577,7 @@ class _CpuRunner:
                     fe_json = frontend_json(s.graph, inst, target)
                 except (DslError, BackendUnavailable):  # cuDNN declined it above, and said so
                     fe_json = None
-                s.dump(inst, inputs, outs, fe_json=fe_json, env=versions())
+                s.dump(inst, inputs, outs, fe_json=fe_json, env=versions(), partition=partition)
         print(
             f"  skipped    cuDNN execution and comparison{' and --isolate' if s.args.isolate else ''}: no CUDA GPU here"
         )
