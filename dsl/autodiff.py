@@ -241,7 +241,7 @@ class Emit:
 
     def stmts_ast(self) -> list:
         out = _header(self.graph)
-        for name, (kind, of) in self.bind.items():
+        for name in self.bind:
             out.append(_input(name, self.types[name]))
         for name, (dtype, value) in self.scalars.items():
             out.append(ast.ScalarDecl(name, dtype, _num(value), ()))

@@ -1,0 +1,129 @@
+"""API layer: a compiled graph with a derived backward, as a torch.autograd.Function.
+
+    f = cudnn_dsl.autograd.differentiable("examples/conv_bias_relu.cdg")
+    out = f(x=x, w=w, b=b)["out"]   # x, w, b may require grad
+    out.sum().backward()
+
+The forward runs the augmented forward graph (dsl.autodiff: the graph, also outputting the values
+the backward reads), saves those values, and the backward runs the derived backward graph. Both
+are compiled with cudnn_dsl.compile from their derived .cdg text, one pair per shape of the graph.
+Without a GPU both run their PyTorch references (the same graphs, the same bindings).
+`forward_outputs` and `backward_grads` are the two halves, for torch.library.register_autograd.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from cudnn_dsl.api import DslWarning, compile
+from cudnn_dsl.dtypes import torch_dtype
+from cudnn_dsl.runtime import CompiledGraph
+from cudnn_dsl.tensors import empty
+from dsl.autodiff import Derived, derive
+
+
+class Pair:
+    """The derived graphs of one shape, compiled."""
+
+    def __init__(self, derived: Derived, device, options: dict):
+        self.derived = derived
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DslWarning)  # derived text: nothing for the user to fix
+            self.forward = compile(text=derived.forward_text, device=device, **options)
+            self.backward = compile(text=derived.backward_text, device=device, **options)
+
+    @staticmethod
+    def run(cg: CompiledGraph, tensors: dict) -> dict[str, torch.Tensor]:
+        """On the GPU the compiled graph; without one, its reference."""
+        return cg(tensors) if cg.device is not None else cg.reference(tensors)
+
+
+class Differentiable:
+    """A graph whose outputs torch autograd can differentiate, through a derived backward graph."""
+
+    def __init__(self, cg: CompiledGraph, options: dict | None = None):
+        self.cg = cg
+        self.graph = cg.graph
+        self.options = options or {}
+        self._pairs: dict[tuple, Pair] = {}
+        self.outputs = tuple(v.name for v in self.graph.outputs)
+        self.tensor_inputs = tuple(v.name for v in self.graph.device_inputs)
+
+    def pair(self, tensors: dict) -> Pair:
+        inst = self.cg.instance_for(tensors)
+        if inst.binding not in self._pairs:
+            device = self.cg.device if self.cg.device is not None else "cpu"
+            self._pairs[inst.binding] = Pair(derive(self.graph, inst), device, self.options)
+        return self._pairs[inst.binding]
+
+    def forward_outputs(self, tensors: dict) -> tuple[Pair, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(the graphs of this shape, the graph's outputs, every tensor the backward reads) for these inputs."""
+        pair = self.pair(tensors)
+        outs = Pair.run(pair.forward, tensors)
+        values = {**tensors, **outs}
+        keep = {of: values[of] for _, kind, of in pair.derived.bind if kind != "grad"}
+        return pair, {o: outs[o] for o in self.outputs}, keep
+
+    def backward_grads(self, pair: Pair, kept: dict, grads: dict, scalars: dict) -> dict[str, torch.Tensor | None]:
+        """The gradient of every tensor input (None where none flows), from the outputs' gradients
+        (None: zero), what forward_outputs kept, and the scalars the forward was given."""
+        bwd = pair.backward
+        inst = bwd.graph.instances[0]
+        device = next(iter(kept.values())).device
+        bound: dict = {}
+        for name, kind, of in pair.derived.bind:
+            t = inst.type(name)
+            if kind == "grad":
+                g = grads.get(of)
+                value = torch.zeros(t.shape, dtype=torch_dtype(t.dtype), device=device) if g is None else g
+            else:
+                value = kept[of].transpose(-1, -2) if kind == "transposed" else kept[of]
+            if kind == "grad" and tuple(value.stride()) != t.strides:  # cuDNN reads the declared layout
+                value = empty(t, device).copy_(value)
+            bound[name] = value
+        for v in bwd.graph.of_kind("scalar"):
+            if v.name in scalars:
+                bound[v.name] = scalars[v.name]
+        out = Pair.run(bwd, bound)
+        named = dict(pair.derived.grads)
+        return {i: out[named[i]] if i in named else None for i in self.tensor_inputs}
+
+    def __call__(self, tensors: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
+        tensors = dict(tensors if tensors is not None else named)
+        names = tuple(k for k in tensors if isinstance(tensors[k], torch.Tensor))
+        scalars = {k: v for k, v in tensors.items() if k not in names}
+        results = GraphFunction.apply(self, names, scalars, *(tensors[k] for k in names))
+        return dict(zip(self.outputs, results))
+
+
+class GraphFunction(torch.autograd.Function):
+    """forward: the augmented forward graph; backward: the derived backward graph."""
+
+    @staticmethod
+    def forward(ctx, diff: Differentiable, names: tuple, scalars: dict, *tensors):
+        pair, outs, kept = diff.forward_outputs({**dict(zip(names, tensors)), **scalars})
+        ctx.diff, ctx.pair, ctx.names, ctx.scalars, ctx.kept_names = diff, pair, names, scalars, tuple(kept)
+        ctx.save_for_backward(*kept.values())
+        ctx.mark_non_differentiable(*(o for o in outs.values() if not o.is_floating_point()))
+        return tuple(outs.values())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        kept = dict(zip(ctx.kept_names, ctx.saved_tensors))
+        got = ctx.diff.backward_grads(ctx.pair, kept, dict(zip(ctx.diff.outputs, grads)), ctx.scalars)
+        return (None, None, None, *(got.get(n) for n in ctx.names))
+
+
+def differentiable(
+    source: str | os.PathLike | None = None,
+    graph: str | None = None,
+    device=None,
+    *,
+    text: str | None = None,
+    **options,
+) -> Differentiable:
+    """Like cudnn_dsl.compile, a graph whose outputs torch autograd differentiates (derived backward)."""
+    return Differentiable(compile(source, graph, device, text=text, **options), options)
