@@ -1,0 +1,203 @@
+"""Derived backward graphs (dsl/autodiff.py, dsl/vjp.py, cudnn_dsl/autograd.py), on the CPU: the VJP
+table covers the registry, the derived text round-trips, and the gradients of the derived backward,
+run through its reference, match torch autograd on the forward's reference."""
+
+import pytest
+import torch
+
+from cudnn_dsl.autograd import differentiable
+from cudnn_dsl.ops import IMPLS
+from cudnn_dsl.tensors import generate_inputs
+from dsl.autodiff import derive
+from dsl.diagnostics import DslError
+from dsl.ops import OPS
+from dsl.parser import parse
+from dsl.pipeline import program
+from dsl.printer import fmt_module
+from dsl.vjp import NO_VJP, VJPS
+from tests.cli_util import run_cli
+
+TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (3e-2, 3e-2), torch.bfloat16: (1e-1, 5e-2)}
+"""(atol, rtol) per dtype: the derived backward rounds where cuDNN would; autograd runs in float64"""
+
+
+def test_every_op_has_a_vjp_or_a_reason():
+    assert set(VJPS).isdisjoint(NO_VJP)
+    assert set(VJPS) | set(NO_VJP) == set(OPS)
+    assert all(NO_VJP.values())
+
+
+def autograd_grads(graph, inst, inputs: dict, grads: dict) -> dict:
+    """torch autograd through the registry's references, in float64."""
+    env = {}
+    for v in graph.values:
+        if v.kind == "input":
+            env[v.name] = inputs[v.name].detach().double().requires_grad_(inputs[v.name].is_floating_point())
+        elif v.kind in ("scalar", "const"):
+            env[v.name] = torch.tensor(v.scalar, dtype=torch.float64).reshape(inst.type(v.name).shape)
+    for index, n in enumerate(graph.nodes):
+        ins = [env[i] if i else None for i in n.inputs]
+        results = IMPLS[n.op].ref(ins, inst.attrs(index), [inst.type(o) for o in n.outputs])
+        env.update(zip(n.outputs, results))
+    outs = [o for o in grads if grads[o] is not None]
+    torch.autograd.backward([env[o] for o in outs], [grads[o].double() for o in outs])
+    return {k: env[k].grad for k in inputs if env[k].grad is not None}
+
+
+def check_grads(source, seed: int = 0, **text):
+    f = differentiable(source, **text)
+    inst = f.graph.instances[0]
+    inputs = generate_inputs(f.graph, inst, "cpu", seed)
+    leaves = {k: v.requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
+    outs = f(leaves)
+    torch.manual_seed(seed + 1)
+    grads = {
+        k: torch.randn(o.shape, dtype=torch.float64).to(o.dtype) if o.is_floating_point() else None
+        for k, o in outs.items()
+    }
+    torch.autograd.backward(
+        [outs[k] for k in grads if grads[k] is not None], [g for g in grads.values() if g is not None]
+    )
+    want = autograd_grads(f.graph, inst, inputs, grads)
+    assert want, "nothing to compare"
+    for name, w in want.items():
+        got = leaves[name].grad
+        if got is None:  # no gradient flows there (floor): autograd's is zero
+            assert not w.any(), name
+            continue
+        assert got.shape == w.shape and got.dtype == leaves[name].dtype
+        atol, rtol = TOL[got.dtype]
+        torch.testing.assert_close(got.double(), w, atol=atol * max(1.0, w.abs().max().item()), rtol=rtol, msg=name)
+    return f
+
+
+POSITIVE = "init=uniform(0.5, 2)"
+UNARY = [op for op, s in OPS.items() if s.family == "pointwise" and s.inputs == ("x",) and op in VJPS]
+UNARY = [op for op in UNARY if op not in ("gen_index", "logical_not", "floor", "ceil")]
+BINARY = ["add", "sub", "mul", "div", "max", "min", "pow", "add_square"]
+
+
+def _graph(body: str, a: str = "float[2, 3, 4]", b: str = "float[2, 3, 4]", init: str = "") -> str:
+    return (
+        f"graph g {{\n  input a : {a} {init}\n  input b : {b} {init}\n  input c : float[2, 3, 4] {init}\n  {body}\n}}\n"
+    )
+
+
+@pytest.mark.parametrize("op", UNARY)
+def test_unary_vjp_matches_autograd(op):
+    init = POSITIVE if OPS[op].positive else ""
+    check_grads(None, text=_graph(f"output y = {op}(a) * b + c", init=init))
+
+
+@pytest.mark.parametrize("op", BINARY)
+def test_binary_vjp_matches_autograd_with_broadcast(op):
+    init = POSITIVE if OPS[op].positive else ""
+    check_grads(None, text=_graph(f"output y = {op}(a, b) * c", b="float[1, 3, 1]", init=init))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "output y = relu(a, negative_slope=0.1, lower_clip=-0.5, upper_clip=0.7) + b * c",
+        "output y = leaky_relu(a, slope=0.2) * b + c",
+        "output y = binary_select(a, b, cmp_gt(c, 0)) * c",
+        "output y = bias(a, reduction(b, mode=sum, axes=[0, 2])) * c",
+        "output y = scale(a, reduction(b, mode=avg, axes=[0, 2])) * c",
+        "r = reduction(a * b, mode=sum, axes=[1])\n  output y = r * reduction(c, mode=max, axes=[1])",
+        "output y = reduction(a * b + c, mode=amax)",
+        "output y = floor(a) * b + c",
+    ],
+)
+def test_rules_match_autograd(body):
+    check_grads(None, text=_graph(body))
+
+
+def test_matmul_with_broadcast_batch_and_scalar():
+    text = """graph mm {
+  input a : float[3, 4, 5]
+  input b : float[1, 5, 6]
+  input bias : float[1, 1, 6]
+  scalar alpha : float = 0.5
+  output y = gelu_tanh(matmul(a, b) * alpha + bias)
+}
+"""
+    f = check_grads(None, text=text)
+    d = next(iter(f._pairs.values())).derived
+    assert ("b_t", "transposed", "b") in d.bind and ("a_t", "transposed", "a") in d.bind
+    assert "input b_t : float[1, 6, 5] strides [30, 1, 6]" in d.backward_text
+
+
+def test_conv_bias_relu_example_half(tmp_path):
+    """examples/conv_bias_relu.cdg, smaller: the same ops, layouts and dtypes."""
+    src = open("examples/conv_bias_relu.cdg").read()
+    small = src.replace("[32, 128, 56, 56]", "[2, 8, 6, 6]").replace("[256, 128, 3, 3]", "[16, 8, 3, 3]")
+    small = small.replace("[1, 256, 1, 1]", "[1, 16, 1, 1]").replace("stride=[1, 1]", "stride=[2, 2]")
+    f = check_grads(None, text=small)
+    d = next(iter(f._pairs.values())).derived
+    assert {w for w, _ in d.grads} == {"x", "w", "b"}
+    assert "output_padding=[1, 1]" in d.backward_text  # stride 2 over 6: two input sizes give one dy
+
+
+def test_matmul_epilogue_example_bf16():
+    src = open("examples/matmul_epilogue.cdg").read()
+    small = src.replace("[16, 512, 1024]", "[2, 8, 16]").replace("[16, 1024, 512]", "[2, 16, 8]")
+    check_grads(None, text=small.replace("[1, 1, 512]", "[1, 1, 8]"))
+
+
+@pytest.mark.parametrize("example", ["conv_bias_relu", "matmul_epilogue", "residual_block", "dynamic_matmul"])
+def test_derived_text_round_trips(example):
+    prog = program(f"examples/{example}.cdg")
+    for g in prog.graphs:
+        for inst in g.instances:
+            d = derive(g, inst)
+            for text, graph in ((d.forward_text, d.forward), (d.backward_text, d.backward)):
+                assert fmt_module(parse(text, "<t>")) == text  # canonical
+                again = program(text=text, file=graph.file).graphs[0]
+                assert again == graph
+            saved = {of for _, kind, of in d.bind if kind == "value"}
+            assert saved <= {v.name for v in d.forward.values if v.kind in ("input", "output")}
+            assert len(d.forward.nodes) == len(g.nodes)  # saving adds outputs, not ops
+
+
+def test_saved_values_are_forward_outputs():
+    d = derive(program("examples/conv_bias_relu.cdg").graph())
+    assert d.forward.value("bias_0").kind == "output"  # relu's input
+    assert d.backward.value("bias_0").kind == "input"
+    assert [v.name for v in d.backward.outputs] == ["grad_b", "grad_x", "grad_w"]
+
+
+def test_gradients_of_a_value_read_twice_add():
+    text = _graph("h = a * b\n  output y = h * h + sin(h) * c")
+    d = derive(program(text=text).graph())
+    assert "add(" in d.backward_text
+    check_grads(None, text=text)
+
+
+def test_op_without_vjp_is_reported_at_the_op():
+    with pytest.raises(DslError) as e:
+        derive(program("examples/sdpa.cdg").graph())
+    [diag] = e.value.diagnostics
+    assert "sdpa has no derived backward" in diag.message and diag.loc.line == 10
+
+
+def test_rule_refusal_is_located():
+    text = "graph g {\n  input x : float[1, 4, 5, 5]\n  input w : float[4, 2, 3, 3]\n  output y = conv_fprop(x, w)\n}\n"
+    with pytest.raises(DslError, match="grouped convolution") as e:
+        derive(program(text=text).graph())
+    assert e.value.diagnostics[0].loc.line == 4
+
+
+def test_no_gradient_past_a_comparison():
+    """Only ops a gradient reaches need a VJP: mod of two masks' selection is never differentiated."""
+    text = _graph("m = cmp_gt(mod(a, b), 0)\n  output y = binary_select(a, c, m)", init=POSITIVE)
+    d = derive(program(text=text).graph())
+    assert {w for w, _ in d.grads} == {"a", "c"}
+
+
+def test_cli_emit_backward():
+    r = run_cli("check", "--emit", "backward", "examples/conv_bias_relu.cdg")
+    assert r.returncode == 0, r.stderr
+    prog = program(text=r.stdout)
+    assert [g.name for g in prog.graphs] == ["conv_bias_relu_forward", "conv_bias_relu_backward"]
+    r = run_cli("check", "--emit", "backward", "examples/sdpa.cdg")
+    assert r.returncode == 1 and "examples/sdpa.cdg:10:" in r.stderr and "^^^" in r.stderr
