@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from cudnn_dsl.api import DslWarning, compile
+from cudnn_dsl import api
 from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.runtime import CompiledGraph
 from cudnn_dsl.tensors import empty
@@ -31,9 +31,9 @@ class Pair:
     def __init__(self, derived: Derived, device, options: dict):
         self.derived = derived
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DslWarning)  # derived text: nothing for the user to fix
-            self.forward = compile(text=derived.forward_text, device=device, **options)
-            self.backward = compile(text=derived.backward_text, device=device, **options)
+            warnings.simplefilter("ignore", api.DslWarning)  # derived text: nothing for the user to fix
+            self.forward = api.compile(text=derived.forward_text, device=device, **options)
+            self.backward = api.compile(text=derived.backward_text, device=device, **options)
 
     @staticmethod
     def run(cg: CompiledGraph, tensors: dict) -> dict[str, torch.Tensor]:
@@ -126,4 +126,4 @@ def differentiable(
     **options,
 ) -> Differentiable:
     """Like cudnn_dsl.compile, a graph whose outputs torch autograd differentiates (derived backward)."""
-    return Differentiable(compile(source, graph, device, text=text, **options), options)
+    return Differentiable(api.compile(source, graph, device, text=text, **options), options)
