@@ -218,9 +218,22 @@ class Emit:
         """g in `dtype` (written once, however many ops read it)."""
         if self.types[g].dtype == dtype:
             return g
+        st = self.made.get(g)
+        if st is not None and self._retypable(g, st):  # written in that dtype where computed: no copy
+            st.dtype = dtype
+            self.types[g] = attrs.evolve(self.types[g], dtype=dtype)
+            return g
         if (g, dtype) not in self.casts:
             self.casts[g, dtype] = self.call("identity", g, dtype=dtype)
         return self.casts[g, dtype]
+
+    def _retypable(self, g: str, st: _Stmt) -> bool:
+        """A pointwise result not yet read where its dtype matters (pointwise ops and reductions compute in
+        their own dtype, whatever they read)."""
+        if len(st.targets) > 1 or st.dtype is not None or OPS[st.call[0]].family != "pointwise":
+            return False
+        readers = (OPS[r.call[0]].family for r in self.stmts if g in r.call[1])
+        return all(f in ("pointwise", "reduction") for f in readers)
 
     def expand(self, g: str, like: str) -> str:
         """g broadcast to the forward value `like`'s shape (by a mask of all ones; pointwise ops broadcast)."""

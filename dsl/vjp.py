@@ -81,8 +81,10 @@ def _y(e, n):
 
 
 def _relu(e, n):
+    """With a slope >= 0 the result is above lower_clip (below upper_clip) exactly where x is: the mask
+    reads the result, which the forward writes anyway, rather than a saved input."""
     a = n.attrs
-    x = _x(e, n)
+    x = _y(e, n) if a["negative_slope"] >= 0 else _x(e, n)
     above = e.call("cmp_gt", x, a["lower_clip"])
     if a["negative_slope"] == 0:
         g = e.call("mul", n.dy, above)

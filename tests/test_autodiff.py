@@ -160,9 +160,17 @@ def test_derived_text_round_trips(example):
 
 
 def test_saved_values_are_forward_outputs():
-    d = derive(program("examples/conv_bias_relu.cdg").graph())
-    assert d.forward.value("bias_0").kind == "output"  # relu's input
-    assert d.backward.value("bias_0").kind == "input"
+    d = derive(program("examples/matmul_epilogue.cdg").graph())
+    assert d.forward.value("add_2").kind == "output"  # gelu's input
+    assert d.backward.value("add_2").kind == "input"
+    assert [v.name for v in d.backward.outputs] == ["grad_bias", "grad_a", "grad_b"]
+
+
+def test_relu_reads_its_result_not_a_saved_input():
+    g = program("examples/conv_bias_relu.cdg").graph()
+    d = derive(g)
+    assert [v.name for v in d.forward.outputs] == ["out"]  # nothing saved: the mask reads `out`
+    assert {of for _, kind, of in d.bind if kind == "value"} == {"out", "w", "x"}
     assert [v.name for v in d.backward.outputs] == ["grad_b", "grad_x", "grad_w"]
 
 
