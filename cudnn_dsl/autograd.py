@@ -107,7 +107,8 @@ class GraphFunction(torch.autograd.Function):
         pair, outs, kept = diff.forward_outputs({**dict(zip(names, tensors)), **scalars})
         ctx.diff, ctx.pair, ctx.names, ctx.scalars, ctx.kept_names = diff, pair, names, scalars, tuple(kept)
         ctx.save_for_backward(*kept.values())
-        ctx.mark_non_differentiable(*(o for o in outs.values() if not o.is_floating_point()))
+        graded = {of for _, kind, of in pair.derived.bind if kind == "grad"}
+        ctx.mark_non_differentiable(*(t for o, t in outs.items() if o not in graded))
         return tuple(outs.values())
 
     @staticmethod

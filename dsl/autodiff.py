@@ -21,7 +21,7 @@ from dsl.options import OPTIONS, Options
 from dsl.printer import fmt_module
 from dsl.types import TensorType, dense_strides, is_float
 from dsl.values import from_python
-from dsl.vjp import NO_VJP, VJPS, At
+from dsl.vjp import NO_VJP, STATISTICS, VJPS, At
 
 
 @attrs.frozen
@@ -54,8 +54,10 @@ def _call(op: str, args, attrs_: dict, uids: dict | None = None, compute: str | 
     ]
     if compute is not None:
         kwargs.append(ast.Kwarg("compute", ast.Ident(compute)))
-    ins = tuple(ast.Ref(a) if isinstance(a, str) else _num(a) for a in args)
-    return ast.Call(op, ins, tuple(kwargs))
+    given = args[: len(sig.inputs)] if not sig.variadic else args
+    ins = tuple(ast.Ref(a) if isinstance(a, str) else _num(a) for a in given)
+    named = [ast.Kwarg(k, ast.Ident(a)) for k, a in zip(sig.optional, args[len(given) :]) if a is not None]
+    return ast.Call(op, ins, tuple(named + kwargs))
 
 
 def _header(graph: Graph) -> list:
@@ -80,8 +82,12 @@ def _result(name: str, t: TensorType, expr, output: bool):
     return ast.Assign((name,), expr, type=_type(t, shape=False))
 
 
-def forward_stmts(graph: Graph, inst: Instance, saved: set[str]) -> list:
-    """The statements of one shape of `graph`, with the virtual values in `saved` made outputs."""
+def forward_stmts(
+    graph: Graph, inst: Instance, saved: set[str], trained: dict[int, tuple[str, ...]], types: dict
+) -> list:
+    """The statements of one shape of `graph`, with the virtual values in `saved` made outputs, and the norms
+    in `trained` (node index -> statistics' names, typed in `types`) computed in training phase, their
+    statistics outputs."""
     consts = {v.name: v.scalar for v in graph.of_kind("const")}
     out = _header(graph)
     for v in graph.values:
@@ -93,13 +99,16 @@ def forward_stmts(graph: Graph, inst: Instance, saved: set[str]) -> list:
         sig = OPS[n.op]
         compute = n.compute if n.compute != (sig.compute or graph.compute) else None
         args = [consts.get(i, i) for i in n.inputs]
-        call = _call(n.op, args, inst.attrs(index), dict(n.uids), compute)
-        outputs = [o for o in n.outputs if graph.value(o).kind == "output" or o in saved]
-        if len(n.outputs) == 1:
+        stats = trained.get(index, ())
+        given = {**inst.attrs(index), "phase": "training"} if stats else inst.attrs(index)
+        call = _call(n.op, args, given, dict(n.uids), compute)
+        outputs = [o for o in n.outputs if graph.value(o).kind == "output" or o in saved] + list(stats)
+        typed = {**dict(inst.types), **types}
+        if len(n.outputs) == 1 and not stats:
             out.append(_result(n.outputs[0], inst.type(n.outputs[0]), call, bool(outputs)))
             continue
-        out.append(ast.Assign(tuple(n.outputs), call))
-        out += [ast.OutputDecl(o, _type(inst.type(o)), (ast.Strides(inst.type(o).strides),), None) for o in outputs]
+        out.append(ast.Assign(tuple(n.outputs) + stats, call))
+        out += [ast.OutputDecl(o, _type(typed[o]), (ast.Strides(typed[o].strides),), None) for o in outputs]
     return out
 
 
@@ -139,6 +148,7 @@ class Emit:
         self.made: dict[str, _Stmt] = {}
         self.saved: set[str] = set()
         self.casts: dict[tuple[str, str], str] = {}
+        self.trained: dict[int, tuple[str, ...]] = {}  # node index -> the statistics a norm gains
 
     def fresh(self, base: str) -> str:
         name, k = base, 0
@@ -177,6 +187,22 @@ class Emit:
         self.bind[b] = ("transposed", name)
         self.types[b] = TensorType(t.dtype, swap(t.shape), swap(t.strides))
         return b
+
+    def stats(self, n: At) -> tuple[str, ...]:
+        """A norm's statistics, saved: its own results in training phase; in inference phase, results the
+        forward gains by computing the norm in training phase (the same y)."""
+        if n.attrs.get("phase") != "inference":
+            return tuple(self.fwd(o) for o in n.node.outputs[1:])
+        if n.index not in self.trained:
+            sig = OPS[n.node.op]
+            full = {**n.attrs, "phase": "training"}
+            outs = sig.infer(Ctx(n.node.op, n.ins, full))[1:]
+            names = tuple(self.fresh(f"{n.out}_{s}") for s in sig.outputs[1:])
+            for name, out in zip(names, outs):
+                self.bind[name] = ("value", name)
+                self.types[name] = TensorType(out.dtype, out.shape, dense_strides(out.shape, out.order))
+            self.trained[n.index] = names
+        return self.trained[n.index]
 
     def grad_of_output(self, name: str) -> str:
         b = self.fresh(f"grad_{name}")
@@ -327,7 +353,8 @@ def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | No
     active = set(wrt)
     for n in graph.nodes:
         if any(i in active for i in n.inputs):
-            active |= {o for o in n.outputs if o in floats}
+            results = n.outputs[:1] if n.op in STATISTICS else n.outputs
+            active |= {o for o in results if o in floats}
     e = Emit(graph, inst)
     grads = {o.name: e.grad_of_output(o.name) for o in graph.outputs if o.name in active}
     for index in reversed(range(len(graph.nodes))):
@@ -341,6 +368,7 @@ def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | No
             raise DslError(Diagnostic("error", f"{n.op} has no derived backward: {NO_VJP[n.op]}", n.loc))
         at = At(
             n,
+            index,
             inst.attrs(index),
             tuple(inst.type(i) if i else None for i in n.inputs),
             tuple(inst.type(o) for o in n.outputs),
@@ -371,7 +399,11 @@ def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | No
             )
         )
     fwd_name, bwd_name = f"{graph.name}_forward{suffix}", f"{graph.name}_backward{suffix}"
-    fwd_text = fmt_module(ast.Module(graph.file, (ast.GraphDef(fwd_name, tuple(forward_stmts(graph, inst, e.saved))),)))
+    fwd_text = fmt_module(
+        ast.Module(
+            graph.file, (ast.GraphDef(fwd_name, tuple(forward_stmts(graph, inst, e.saved, e.trained, e.types))),)
+        )
+    )
     bwd_text = fmt_module(ast.Module(graph.file, (ast.GraphDef(bwd_name, tuple(e.stmts_ast())),)))
     bind = tuple((b, kind, of) for b, (kind, of) in e.bind.items())
     return Derived(

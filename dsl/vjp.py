@@ -4,7 +4,8 @@
 graph (None: no gradient flows there). `n.dy` is the gradient of the node's first result; `e` emits
 ops of the backward graph (dsl.autodiff.Emit) and reads forward values: `e.fwd(name)` (an
 intermediate is saved by the forward), `e.fwd_t(name)` (its last two axes swapped: a declared view
-of the same memory, no transpose op). A gradient of a broadcast input is summed back to its shape
+of the same memory, no transpose op), `e.stats(n)`: a norm's statistics (the forward computes them
+in training phase and saves them). A gradient of a broadcast input is summed back to its shape
 by the caller. An op that has no VJP is in NO_VJP with the reason; every registry op is in exactly
 one of the two (a test proves it). A frontend backward op (relu_backward, layernorm_backward, ...)
 becomes a rule of one call: `lambda e, n: (e.call("relu_backward", n.dy, e.fwd(n.inputs[0])),)`.
@@ -19,6 +20,7 @@ import attrs
 
 from dsl.diagnostics import RuleError
 from dsl.ir import Node
+from dsl.ops import norm_axes
 from dsl.types import TensorType
 
 
@@ -27,6 +29,8 @@ class At:
     """What a rule sees of one forward node."""
 
     node: Node
+    index: int
+    """the node's place in the forward graph"""
     attrs: dict
     ins: tuple[TensorType | None, ...]
     outs: tuple[TensorType, ...]
@@ -188,6 +192,46 @@ def _transpose(e, n):
     return (e.call("transpose", n.dy, perm=inverse),)
 
 
+def _norm(centered: bool) -> Rule:
+    """layernorm (centered) and rmsnorm from their statistics (the forward computes them in training
+    phase): xhat = (x - mean) * inv_variance, g = dy * scale, and over the normalized axes (N elements)
+    dx = inv_variance * (g - sum(g) / N - xhat * sum(g * xhat) / N); dscale = dy * xhat, dbias = dy,
+    summed over the axes scale broadcasts on."""
+
+    def rule(e, n):
+        x, scale = n.ins[0], n.ins[1]
+        axes = norm_axes(x.shape, scale.shape)
+        count = math.prod(x.shape[a] for a in axes)
+        stats = e.stats(n)
+        inv = stats[-1]
+        xs = e.fwd(n.inputs[0])
+        xhat = e.call("mul", e.call("sub", xs, stats[0]) if centered else xs, inv)
+        dx = None
+        if n.need[0]:
+            g = e.call("mul", n.dy, e.fwd(n.inputs[1]))
+            mean = lambda t: e.call("mul", e.call("reduction", t, mode="sum", axes=axes), 1 / count)  # noqa: E731
+            t = e.call("sub", g, e.call("mul", xhat, mean(e.call("mul", g, xhat))))
+            dx = e.call("mul", e.call("sub", t, mean(g)) if centered else t, inv)
+        dscale = e.call("mul", n.dy, xhat) if n.need[1] else None
+        return (dx, dscale) + ((n.dy,) if len(n.inputs) > 2 and n.need[2] else ())
+
+    return rule
+
+
+def _batchnorm_inference(e, n):
+    """y = (x - mean) * inv_variance * scale + bias, all but x per channel."""
+    x, mean, inv, scale = (e.fwd(i) for i in n.inputs[:4])
+    centered = e.call("sub", x, mean)
+    dxhat = e.call("mul", n.dy, scale)
+    return (
+        e.call("mul", dxhat, inv) if n.need[0] else None,
+        e.call("neg", e.call("mul", dxhat, inv)) if n.need[1] else None,
+        e.call("mul", dxhat, centered) if n.need[2] else None,
+        e.call("mul", n.dy, e.call("mul", centered, inv)) if n.need[3] else None,
+        n.dy if n.need[4] else None,
+    )
+
+
 _SECOND_ORDER = "it is itself a gradient; second derivatives are not derived"
 _WAITS = "waits for the frontend's dedicated backward op in the registry"
 
@@ -261,7 +305,13 @@ VJPS: dict[str, Rule] = {
     "reduction": _reduction,
     "transpose": _transpose,
     "reshape": lambda e, n: (e.call("reshape", n.dy, shape=n.ins[0].shape),),
+    "layernorm": _norm(centered=True),
+    "rmsnorm": _norm(centered=False),
+    "batchnorm_inference": _batchnorm_inference,
 }
+
+STATISTICS = {"layernorm", "rmsnorm", "batchnorm", "instancenorm", "adalayernorm", "sdpa", "sdpa_fp8"}
+"""ops whose results after the first are statistics: no gradient flows back from them (as in torch)"""
 
 NO_VJP: dict[str, str] = {
     "mod": "its gradient in b needs trunc(a / b), which no registry op computes",
@@ -271,10 +321,7 @@ NO_VJP: dict[str, str] = {
     "conv_wgrad": _SECOND_ORDER,
     "sdpa": f"it {_WAITS} (sdpa_backward, with the saved softmax stats)",
     "sdpa_fp8": f"it {_WAITS} (sdpa_fp8_backward)",
-    "layernorm": f"it {_WAITS} (layernorm_backward, with the saved mean and inv_variance)",
-    "rmsnorm": f"it {_WAITS} (rmsnorm_backward, with the saved inv_variance)",
     "batchnorm": f"it {_WAITS} (batchnorm_backward, with the saved mean and inv_variance)",
-    "batchnorm_inference": f"it {_WAITS} (batchnorm_backward)",
     "instancenorm": f"it {_WAITS} (instancenorm_backward)",
     "adalayernorm": f"it {_WAITS} (adalayernorm_backward)",
     "genstats": "its statistics feed a norm's backward, not derived yet",

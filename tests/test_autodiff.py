@@ -44,15 +44,15 @@ def autograd_grads(graph, inst, inputs: dict, grads: dict) -> dict:
     return {k: env[k].grad for k in inputs if env[k].grad is not None}
 
 
-def check_grads(source, seed: int = 0, **text):
-    f = differentiable(source, **text)
+def check_grads(source, seed: int = 0, graph=None, **text):
+    f = differentiable(source, graph, **text)
     inst = f.graph.instances[0]
     inputs = generate_inputs(f.graph, inst, "cpu", seed)
     leaves = {k: v.requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
     outs = f(leaves)
     torch.manual_seed(seed + 1)
     grads = {
-        k: torch.randn(o.shape, dtype=torch.float64).to(o.dtype) if o.is_floating_point() else None
+        k: torch.randn(o.shape, dtype=torch.float64).to(o.dtype) if o.requires_grad else None
         for k, o in outs.items()
     }
     torch.autograd.backward(
@@ -144,7 +144,53 @@ def test_matmul_epilogue_example_bf16():
     check_grads(None, text=small.replace("[1, 1, 512]", "[1, 1, 8]"))
 
 
-@pytest.mark.parametrize("example", ["conv_bias_relu", "matmul_epilogue", "residual_block", "dynamic_matmul"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "output y = layernorm(a, b, c, epsilon=1e-3) * a",
+        "y, m, v = layernorm(a, b, c, phase=training)\n  output y\n  output m\n  output v",
+        "output y = rmsnorm(a, b + 1, epsilon=1e-3) * c",
+        "output y = rmsnorm(a, b, c)",
+    ],
+)
+def test_norm_vjps_match_autograd(body):
+    """Over the last axis ([1, 1, D] scale) and over all but the first ([1, C, H] scale)."""
+    for scale in ("float[1, 1, 4]", "float[1, 3, 4]"):
+        text = f"graph g {{\n  input a : float[2, 3, 4]\n  input b : {scale}\n  input c : {scale}\n  {body}\n}}\n"
+        check_grads(None, text=text)
+
+
+def test_inference_norm_saves_statistics_by_computing_them():
+    text = "graph g {\n  input a : float[2, 3, 4]\n  input b : float[1, 1, 4]\n  input c : float[1, 1, 4]\n"
+    d = derive(program(text=text + "  output y = layernorm(a, b, c)\n}\n").graph())
+    [n] = d.forward.nodes
+    assert n.outputs == ("y", "y_mean", "y_inv_variance") and d.forward.instances[0].attrs(0)["phase"] == "training"
+    assert {v.name for v in d.forward.outputs} == {"y", "y_mean", "y_inv_variance"}
+
+
+def test_batchnorm_inference_vjp_matches_autograd():
+    text = """graph bn {
+  input x : float[2, 3, 4, 4]
+  input mean : float[1, 3, 1, 1]
+  input inv_variance : float[1, 3, 1, 1] init=uniform(0.5, 2)
+  input scale : float[1, 3, 1, 1]
+  input bias : float[1, 3, 1, 1]
+  output y = batchnorm_inference(x, mean, inv_variance, scale, bias)
+}
+"""
+    check_grads(None, text=text)
+
+
+def test_layernorm_training_example_bf16():
+    src = open("examples/layernorm_training.cdg").read().replace("[4096, 1024, 1, 1]", "[8, 16, 1, 1]")
+    check_grads(None, text=src.replace("[1, 1024, 1, 1]", "[1, 16, 1, 1]"), graph="layernorm_training")
+    check_grads(None, text=src.replace("[1, 1024, 1, 1]", "[1, 16, 1, 1]"), graph="rmsnorm_training")
+
+
+@pytest.mark.parametrize(
+    "example",
+    ["conv_bias_relu", "matmul_epilogue", "residual_block", "dynamic_matmul", "layernorm", "layernorm_training"],
+)
 def test_derived_text_round_trips(example):
     prog = program(f"examples/{example}.cdg")
     for g in prog.graphs:
