@@ -192,15 +192,15 @@ def _transpose(e, n):
     return (e.call("transpose", n.dy, perm=inverse),)
 
 
-def _norm(centered: bool) -> Rule:
-    """layernorm (centered) and rmsnorm from their statistics (the forward computes them in training
-    phase): xhat = (x - mean) * inv_variance, g = dy * scale, and over the normalized axes (N elements)
-    dx = inv_variance * (g - sum(g) / N - xhat * sum(g * xhat) / N); dscale = dy * xhat, dbias = dy,
-    summed over the axes scale broadcasts on."""
+def _norm(centered: bool, over: Callable = lambda x, scale: norm_axes(x.shape, scale.shape)) -> Rule:
+    """A norm (centered: layer, instance, batch; else RMS) from its statistics (the forward computes them
+    in training phase): xhat = (x - mean) * inv_variance, g = dy * scale, and over the normalized axes
+    (`over`, N elements) dx = inv_variance * (g - sum(g) / N - xhat * sum(g * xhat) / N); dscale =
+    dy * xhat, dbias = dy, summed over the axes scale broadcasts on."""
 
     def rule(e, n):
         x, scale = n.ins[0], n.ins[1]
-        axes = norm_axes(x.shape, scale.shape)
+        axes = over(x, scale)
         count = math.prod(x.shape[a] for a in axes)
         stats = e.stats(n)
         inv = stats[-1]
@@ -213,7 +213,8 @@ def _norm(centered: bool) -> Rule:
             t = e.call("sub", g, e.call("mul", xhat, mean(e.call("mul", g, xhat))))
             dx = e.call("mul", e.call("sub", t, mean(g)) if centered else t, inv)
         dscale = e.call("mul", n.dy, xhat) if n.need[1] else None
-        return (dx, dscale) + ((n.dy,) if len(n.inputs) > 2 and n.need[2] else ())
+        dbias = n.dy if len(n.inputs) > 2 and n.need[2] else None
+        return (dx, dscale, dbias) + (None,) * (len(n.inputs) - 3)
 
     return rule
 
@@ -307,6 +308,8 @@ VJPS: dict[str, Rule] = {
     "reshape": lambda e, n: (e.call("reshape", n.dy, shape=n.ins[0].shape),),
     "layernorm": _norm(centered=True),
     "rmsnorm": _norm(centered=False),
+    "adalayernorm": _norm(centered=True),
+    "instancenorm": _norm(centered=True, over=lambda x, scale: tuple(range(2, len(x.shape)))),
     "batchnorm_inference": _batchnorm_inference,
 }
 
@@ -322,8 +325,6 @@ NO_VJP: dict[str, str] = {
     "sdpa": f"it {_WAITS} (sdpa_backward, with the saved softmax stats)",
     "sdpa_fp8": f"it {_WAITS} (sdpa_fp8_backward)",
     "batchnorm": f"it {_WAITS} (batchnorm_backward, with the saved mean and inv_variance)",
-    "instancenorm": f"it {_WAITS} (instancenorm_backward)",
-    "adalayernorm": f"it {_WAITS} (adalayernorm_backward)",
     "genstats": "its statistics feed a norm's backward, not derived yet",
     "rope": "its gradient rotates by the negated angles, not derived yet",
 }

@@ -52,8 +52,7 @@ def check_grads(source, seed: int = 0, graph=None, **text):
     outs = f(leaves)
     torch.manual_seed(seed + 1)
     grads = {
-        k: torch.randn(o.shape, dtype=torch.float64).to(o.dtype) if o.requires_grad else None
-        for k, o in outs.items()
+        k: torch.randn(o.shape, dtype=torch.float64).to(o.dtype) if o.requires_grad else None for k, o in outs.items()
     }
     torch.autograd.backward(
         [outs[k] for k in grads if grads[k] is not None], [g for g in grads.values() if g is not None]
@@ -158,6 +157,28 @@ def test_norm_vjps_match_autograd(body):
     for scale in ("float[1, 1, 4]", "float[1, 3, 4]"):
         text = f"graph g {{\n  input a : float[2, 3, 4]\n  input b : {scale}\n  input c : {scale}\n  {body}\n}}\n"
         check_grads(None, text=text)
+
+
+@pytest.mark.parametrize(
+    "x, scale, body",
+    [
+        ("[2, 3, 4, 5]", "[1, 3, 1, 1]", "output y = instancenorm(a, b, c, epsilon=1e-3) * a"),
+        (
+            "[2, 3, 4, 5]",
+            "[1, 3, 1, 1]",
+            "y, m, v = instancenorm(a, b, c, phase=training)\n  output y\n  output m\n  output v",
+        ),
+        ("[2, 3, 4]", "[2, 1, 4]", "output y = adalayernorm(a, b, c) * a"),
+        (
+            "[2, 3, 4]",
+            "[2, 1, 4]",
+            "h, m, v = adalayernorm(a, b, phase=training)\n  output y = h * c\n  output m\n  output v",
+        ),
+    ],
+)
+def test_instance_and_ada_norm_vjps_match_autograd(x, scale, body):
+    text = f"graph g {{\n  input a : float{x}\n  input b : float{scale}\n  input c : float{scale}\n  {body}\n}}\n"
+    check_grads(None, text=text)
 
 
 def test_inference_norm_saves_statistics_by_computing_them():
