@@ -63,6 +63,9 @@ class Differentiable:
         """(the graphs of this shape, the graph's outputs, every tensor the backward reads) for these inputs."""
         pair = self.pair(tensors)
         outs = Pair.run(pair.forward, tensors)
+        for v in self.graph.in_place:  # the reference computes it apart: written over its input, as on the GPU
+            if outs[v.name] is not tensors[v.into]:
+                outs[v.name] = tensors[v.into].copy_(outs[v.name])
         values = {**tensors, **outs}
         keep = {of: values[of] for _, kind, of in pair.derived.bind if kind != "grad"}
         return pair, {o: outs[o] for o in self.outputs}, keep
@@ -104,10 +107,12 @@ class GraphFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, diff: Differentiable, names: tuple, scalars: dict, *tensors):
-        pair, outs, kept = diff.forward_outputs({**dict(zip(names, tensors)), **scalars})
+        inputs = {**dict(zip(names, tensors)), **scalars}
+        pair, outs, kept = diff.forward_outputs(inputs)
         ctx.diff, ctx.pair, ctx.names, ctx.scalars, ctx.kept_names = diff, pair, names, scalars, tuple(kept)
         ctx.save_for_backward(*kept.values())
         graded = {of for _, kind, of in pair.derived.bind if kind == "grad"}
+        ctx.mark_dirty(*(inputs[v.into] for v in diff.graph.in_place))
         ctx.mark_non_differentiable(*(t for o, t in outs.items() if o not in graded))
         return tuple(outs.values())
 

@@ -75,10 +75,11 @@ def _input(name: str, t: TensorType) -> ast.InputDecl:
     return ast.InputDecl(name, _type(t), (ast.Strides(t.strides),))
 
 
-def _result(name: str, t: TensorType, expr, output: bool):
-    """`output NAME : T strides [...] = expr`, or `NAME : dtype = expr` for a virtual value."""
+def _result(name: str, t: TensorType, expr, output: bool, into: str | None = None):
+    """`output NAME : T strides [...] [in INPUT] = expr`, or `NAME : dtype = expr` for a virtual value."""
     if output:
-        return ast.OutputDecl(name, _type(t), (ast.Strides(t.strides),), expr)
+        specs = (ast.Place(into, None),) if into else (ast.Strides(t.strides),)  # in place: the input's layout
+        return ast.OutputDecl(name, _type(t), specs, expr)
     return ast.Assign((name,), expr, type=_type(t, shape=False))
 
 
@@ -89,6 +90,7 @@ def forward_stmts(
     in `trained` (node index -> statistics' names, typed in `types`) computed in training phase, their
     statistics outputs."""
     consts = {v.name: v.scalar for v in graph.of_kind("const")}
+    into = {v.name: v.into for v in graph.in_place}
     out = _header(graph)
     for v in graph.values:
         if v.kind == "input":
@@ -105,10 +107,10 @@ def forward_stmts(
         outputs = [o for o in n.outputs if graph.value(o).kind == "output" or o in saved] + list(stats)
         typed = {**dict(inst.types), **types}
         if len(n.outputs) == 1 and not stats:
-            out.append(_result(n.outputs[0], inst.type(n.outputs[0]), call, bool(outputs)))
+            out.append(_result(n.outputs[0], inst.type(n.outputs[0]), call, bool(outputs), into.get(n.outputs[0])))
             continue
         out.append(ast.Assign(tuple(n.outputs) + stats, call))
-        out += [ast.OutputDecl(o, _type(typed[o]), (ast.Strides(typed[o].strides),), None) for o in outputs]
+        out += [_result(o, typed[o], None, True, into.get(o)) for o in outputs]
     return out
 
 
@@ -188,11 +190,11 @@ class Emit:
         self.types[b] = TensorType(t.dtype, swap(t.shape), swap(t.strides))
         return b
 
-    def stats(self, n: At) -> tuple[str, ...]:
-        """A norm's statistics, saved: its own results in training phase; in inference phase, results the
-        forward gains by computing the norm in training phase (the same y)."""
+    def stats(self, n: At, k: int) -> tuple[str, ...]:
+        """A norm's first k statistics, saved: its own results in training phase; in inference phase,
+        results the forward gains by computing the norm in training phase (the same y)."""
         if n.attrs.get("phase") != "inference":
-            return tuple(self.fwd(o) for o in n.node.outputs[1:])
+            return tuple(self.fwd(o) for o in n.node.outputs[1 : 1 + k])
         if n.index not in self.trained:
             sig = OPS[n.node.op]
             full = {**n.attrs, "phase": "training"}
@@ -202,7 +204,7 @@ class Emit:
                 self.bind[name] = ("value", name)
                 self.types[name] = TensorType(out.dtype, out.shape, dense_strides(out.shape, out.order))
             self.trained[n.index] = names
-        return self.trained[n.index]
+        return self.trained[n.index][:k]
 
     def grad_of_output(self, name: str) -> str:
         b = self.fresh(f"grad_{name}")
@@ -320,16 +322,13 @@ class Emit:
         self.made[new] = self.made.pop(old)
 
 
-def _reject(graph: Graph) -> None:
-    """What a derived backward does not handle yet, located."""
+def _reject(graph: Graph, active: set[str]) -> None:
+    """What a derived backward does not handle yet, located: views, and an output written in place that a
+    gradient flows from (a running statistic passes none)."""
     for v in graph.values:
-        if v.view is not None or v.into is not None:
-            what = "reads a buffer through a view" if v.view else "writes an output in place"
-            raise DslError(
-                Diagnostic(
-                    "error", f"'{v.name}' {what}; graphs with views or in-place outputs have no derived backward", v.loc
-                )
-            )
+        if v.view is not None or v.into is not None and v.name in active:
+            what = "reads a buffer through a view" if v.view else "is written in place and has a gradient"
+            raise DslError(Diagnostic("error", f"'{v.name}' {what}; a graph with one has no derived backward", v.loc))
 
 
 def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | None = None, suffix: str = "") -> Derived:
@@ -337,7 +336,6 @@ def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | No
     with gradients for `wrt` (default: every float input), named `<graph>_forward<suffix>` and
     `<graph>_backward<suffix>`. DslError, at the op, when a gradient must pass an op that has no VJP."""
     inst = inst or graph.instance()
-    _reject(graph)
     floats = {v.name for v in graph.values if v.kind not in ("scalar", "const") and is_float(inst.type(v.name).dtype)}
     inputs = [v.name for v in graph.of_kind("input") if v.name in floats]
     wrt = tuple(inputs) if wrt is None else wrt
@@ -355,6 +353,7 @@ def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | No
         if any(i in active for i in n.inputs):
             results = n.outputs[:1] if n.op in STATISTICS else n.outputs
             active |= {o for o in results if o in floats}
+    _reject(graph, active)
     e = Emit(graph, inst)
     grads = {o.name: e.grad_of_output(o.name) for o in graph.outputs if o.name in active}
     for index in reversed(range(len(graph.nodes))):

@@ -4,7 +4,7 @@
 graph (None: no gradient flows there). `n.dy` is the gradient of the node's first result; `e` emits
 ops of the backward graph (dsl.autodiff.Emit) and reads forward values: `e.fwd(name)` (an
 intermediate is saved by the forward), `e.fwd_t(name)` (its last two axes swapped: a declared view
-of the same memory, no transpose op), `e.stats(n)`: a norm's statistics (the forward computes them
+of the same memory, no transpose op), `e.stats(n, k)`: a norm's first k statistics (the forward computes them
 in training phase and saves them). A gradient of a broadcast input is summed back to its shape
 by the caller. An op that has no VJP is in NO_VJP with the reason; every registry op is in exactly
 one of the two (a test proves it). A frontend backward op (relu_backward, layernorm_backward, ...)
@@ -202,16 +202,15 @@ def _norm(centered: bool, over: Callable = lambda x, scale: norm_axes(x.shape, s
         x, scale = n.ins[0], n.ins[1]
         axes = over(x, scale)
         count = math.prod(x.shape[a] for a in axes)
-        stats = e.stats(n)
-        inv = stats[-1]
+        stats = e.stats(n, 2 if centered else 1)
         xs = e.fwd(n.inputs[0])
-        xhat = e.call("mul", e.call("sub", xs, stats[0]) if centered else xs, inv)
+        xhat = e.call("mul", e.call("sub", xs, stats[0]) if centered else xs, stats[-1])
         dx = None
         if n.need[0]:
             g = e.call("mul", n.dy, e.fwd(n.inputs[1]))
             mean = lambda t: e.call("mul", e.call("reduction", t, mode="sum", axes=axes), 1 / count)  # noqa: E731
             t = e.call("sub", g, e.call("mul", xhat, mean(e.call("mul", g, xhat))))
-            dx = e.call("mul", e.call("sub", t, mean(g)) if centered else t, inv)
+            dx = e.call("mul", e.call("sub", t, mean(g)) if centered else t, stats[-1])
         dscale = e.call("mul", n.dy, xhat) if n.need[1] else None
         dbias = n.dy if len(n.inputs) > 2 and n.need[2] else None
         return (dx, dscale, dbias) + (None,) * (len(n.inputs) - 3)
@@ -310,6 +309,7 @@ VJPS: dict[str, Rule] = {
     "rmsnorm": _norm(centered=False),
     "adalayernorm": _norm(centered=True),
     "instancenorm": _norm(centered=True, over=lambda x, scale: tuple(range(2, len(x.shape)))),
+    "batchnorm": _norm(centered=True, over=lambda x, scale: (0, *range(2, len(x.shape)))),
     "batchnorm_inference": _batchnorm_inference,
 }
 
@@ -324,7 +324,6 @@ NO_VJP: dict[str, str] = {
     "conv_wgrad": _SECOND_ORDER,
     "sdpa": f"it {_WAITS} (sdpa_backward, with the saved softmax stats)",
     "sdpa_fp8": f"it {_WAITS} (sdpa_fp8_backward)",
-    "batchnorm": f"it {_WAITS} (batchnorm_backward, with the saved mean and inv_variance)",
     "genstats": "its statistics feed a norm's backward, not derived yet",
     "rope": "its gradient rotates by the negated angles, not derived yet",
 }

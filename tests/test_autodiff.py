@@ -44,11 +44,12 @@ def autograd_grads(graph, inst, inputs: dict, grads: dict) -> dict:
     return {k: env[k].grad for k in inputs if env[k].grad is not None}
 
 
-def check_grads(source, seed: int = 0, graph=None, **text):
+def check_grads(source, seed: int = 0, graph=None, frozen=(), **text):
+    """`frozen`: inputs that do not require grad (a running statistic the graph updates in place)."""
     f = differentiable(source, graph, **text)
     inst = f.graph.instances[0]
     inputs = generate_inputs(f.graph, inst, "cpu", seed)
-    leaves = {k: v.requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
+    leaves = {k: v.requires_grad_(v.is_floating_point() and k not in frozen) for k, v in inputs.items()}
     outs = f(leaves)
     torch.manual_seed(seed + 1)
     grads = {
@@ -200,6 +201,21 @@ def test_batchnorm_inference_vjp_matches_autograd():
 }
 """
     check_grads(None, text=text)
+
+
+def test_batchnorm_training_example_updates_running_stats_in_place():
+    src = open("examples/batchnorm_training.cdg").read().replace("[16, 64, 32, 32]", "[4, 8, 3, 3]")
+    src = src.replace("[1, 64, 1, 1]", "[1, 8, 1, 1]")
+    f = differentiable(text=src)
+    inputs = f.cg.allocate_inputs()
+    running = inputs["running_mean"]
+    before = running.clone()
+    x = inputs["x"].requires_grad_()
+    outs = f(inputs)
+    assert outs["next_mean"] is running and not torch.equal(running, before)  # written over its input
+    assert not outs["saved_mean"].requires_grad  # statistics pass no gradient
+    check_grads(None, text=src, frozen=("running_mean", "running_var"))
+    assert x.grad is None  # only the checked call's backward ran
 
 
 def test_layernorm_training_example_bf16():
