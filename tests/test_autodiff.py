@@ -292,3 +292,26 @@ def test_cli_emit_backward():
     assert [g.name for g in prog.graphs] == ["conv_bias_relu_forward", "conv_bias_relu_backward"]
     r = run_cli("check", "--emit", "backward", "examples/sdpa.cdg")
     assert r.returncode == 1 and "examples/sdpa.cdg:10:" in r.stderr and "^^^" in r.stderr
+
+
+def test_dynamic_shapes_derive_one_pair_per_shape():
+    text = """graph dyn {
+  dim B in {1, 3}
+  input a : float[B, 4, 5]
+  input b : float[1, 5, 6]
+  output y = sigmoid(matmul(a, b))
+}
+"""
+    f = differentiable(text=text)
+    for batch in (1, 3):
+        a = torch.randn(batch, 4, 5, requires_grad=True)
+        b = torch.randn(1, 5, 6, requires_grad=True)
+        f(a=a, b=b)["y"].sum().backward()
+        a0, b0 = a.detach().requires_grad_(), b.detach().requires_grad_()
+        torch.sigmoid(a0 @ b0).sum().backward()
+        torch.testing.assert_close(a.grad, a0.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b.grad, b0.grad, atol=1e-5, rtol=1e-5)
+    assert len(f._pairs) == 2
+    r = run_cli("check", "--emit", "backward", "examples/dynamic_matmul.cdg")
+    names = [g.name for g in program(text=r.stdout).graphs]
+    assert r.returncode == 0 and "dynamic_matmul_backward_B8" in names and len(names) % 2 == 0

@@ -10,7 +10,7 @@ from tests.test_autodiff import TOL, autograd_grads
 pytestmark = pytest.mark.gpu
 
 
-def _check(text: str, seed: int = 0):
+def _check(text: str, seed: int = 0, frozen=()):
     import torch
 
     from cudnn_dsl.autograd import differentiable
@@ -19,14 +19,17 @@ def _check(text: str, seed: int = 0):
     f = differentiable(text=text, split=True)
     inst = f.graph.instances[0]
     inputs = generate_inputs(f.graph, inst, "cuda", seed)
-    leaves = {k: v.requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
+    leaves = {k: v.requires_grad_(v.is_floating_point() and k not in frozen) for k, v in inputs.items()}
+    before = {k: v.detach().cpu().clone() for k, v in inputs.items()}
     outs = f(leaves)
     gen = torch.Generator().manual_seed(seed + 1)
-    grads = {k: torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype).cuda() for k, o in outs.items()}
+    grads = {
+        k: torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype).cuda()
+        for k, o in outs.items()
+        if o.requires_grad
+    }
     torch.autograd.backward([outs[k] for k in grads], list(grads.values()))
-    want = autograd_grads(
-        f.graph, inst, {k: v.detach().cpu() for k, v in inputs.items()}, {k: g.cpu() for k, g in grads.items()}
-    )
+    want = autograd_grads(f.graph, inst, before, {k: g.cpu() for k, g in grads.items()})
     assert want
     for name, w in want.items():
         got = leaves[name].grad
@@ -78,3 +81,26 @@ def test_matmul_epilogue_backward_on_cudnn(private_store):
 }
 """
     _check(text)
+
+
+def test_layernorm_backward_from_computed_statistics(private_store):
+    """An inference-phase layernorm: the derived forward runs it in training phase for its statistics.
+    The backward's sums over the normalized axes run as split parts (no engine takes them alone)."""
+    text = """graph ln {
+  io bf16
+  compute float
+  input x : bf16[256, 512, 1, 1]
+  input gamma : float[1, 512, 1, 1]
+  input beta : float[1, 512, 1, 1]
+  output y = layernorm(x, gamma, beta, epsilon=1e-5)
+}
+"""
+    _check(text)
+
+
+def test_batchnorm_training_backward_and_running_stats(private_store):
+    import torch
+
+    text = open("examples/batchnorm_training.cdg").read().replace("[16, 64, 32, 32]", "[8, 64, 8, 8]")
+    f = _check(text, frozen=("running_mean", "running_var"))
+    assert f.graph.in_place and torch.cuda.is_available()
