@@ -71,8 +71,8 @@ def _header(graph: Graph) -> list:
     return out
 
 
-def _input(name: str, t: TensorType) -> ast.InputDecl:
-    return ast.InputDecl(name, _type(t), (ast.Strides(t.strides),))
+def _input(name: str, t: TensorType, *specs) -> ast.InputDecl:
+    return ast.InputDecl(name, _type(t), (ast.Strides(t.strides), *specs))
 
 
 def _result(name: str, t: TensorType, expr, output: bool, into: str | None = None):
@@ -91,10 +91,12 @@ def forward_stmts(
     statistics outputs."""
     consts = {v.name: v.scalar for v in graph.of_kind("const")}
     into = {v.name: v.into for v in graph.in_place}
+    typed = {**dict(inst.types), **types}
     out = _header(graph)
     for v in graph.values:
         if v.kind == "input":
-            out.append(_input(v.name, inst.type(v.name)))
+            init = (ast.InitSpec(v.init.dist, tuple(map(_num, v.init.args))),) if v.init else ()
+            out.append(_input(v.name, inst.type(v.name), *init))
         elif v.kind == "scalar":
             out.append(ast.ScalarDecl(v.name, v.dtype, _num(v.scalar), ()))
     for index, n in enumerate(graph.nodes):
@@ -105,7 +107,6 @@ def forward_stmts(
         given = {**inst.attrs(index), "phase": "training"} if stats else inst.attrs(index)
         call = _call(n.op, args, given, dict(n.uids), compute)
         outputs = [o for o in n.outputs if graph.value(o).kind == "output" or o in saved] + list(stats)
-        typed = {**dict(inst.types), **types}
         if len(n.outputs) == 1 and not stats:
             out.append(_result(n.outputs[0], inst.type(n.outputs[0]), call, bool(outputs), into.get(n.outputs[0])))
             continue
@@ -159,9 +160,6 @@ class Emit:
         self.taken.add(name)
         return name
 
-    def type(self, name: str) -> TensorType:
-        return self.types[name]
-
     def fwd(self, name: str) -> str:
         """A forward value as the backward reads it: an input, a scalar, or a saved result."""
         v = self.graph.value(name)
@@ -181,8 +179,8 @@ class Emit:
         for b, (kind, of) in self.bind.items():
             if kind == "transposed" and of == name:
                 return b
-        self.fwd(name)
-        del self.bind[name]  # read only through the view
+        if self.graph.value(name).kind == "virtual":
+            self.saved.add(name)
         t = self.inst.type(name)
         swap = lambda s: s[:-2] + (s[-1], s[-2])  # noqa: E731
         b = self.fresh(f"{name}_t")

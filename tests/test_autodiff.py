@@ -315,3 +315,11 @@ def test_dynamic_shapes_derive_one_pair_per_shape():
     r = run_cli("check", "--emit", "backward", "examples/dynamic_matmul.cdg")
     names = [g.name for g in program(text=r.stdout).graphs]
     assert r.returncode == 0 and "dynamic_matmul_backward_B8" in names and len(names) % 2 == 0
+
+
+def test_a_value_read_plainly_and_transposed():
+    """a feeds a matmul (read as a_t) and a mul (read as a): the backward binds both."""
+    text = "graph g {\n  input a : float[2, 3, 3]\n  input b : float[2, 3, 3]\n  output y = matmul(a, b) * a\n}\n"
+    f = check_grads(None, text=text)
+    bind = next(iter(f._pairs.values())).derived.bind
+    assert ("a", "value", "a") in bind and ("a_t", "transposed", "a") in bind
