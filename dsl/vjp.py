@@ -232,6 +232,17 @@ def _batchnorm_inference(e, n):
     )
 
 
+def _concatenate(e, n):
+    """Each input's gradient is its slice of dy along the axis."""
+    axis, start, grads = n.attrs["axis"], 0, []
+    for t, want in zip(n.ins, n.need):
+        lo = tuple(start if i == axis else 0 for i in range(len(t.shape)))
+        hi = tuple(start + d if i == axis else n.outs[0].shape[i] for i, d in enumerate(t.shape))
+        grads.append(e.call("slice", n.dy, start=lo, end=hi) if want else None)
+        start += t.shape[axis]
+    return tuple(grads)
+
+
 _SECOND_ORDER = "it is itself a gradient; second derivatives are not derived"
 _WAITS = "waits for the frontend's dedicated backward op in the registry"
 
@@ -304,6 +315,7 @@ VJPS: dict[str, Rule] = {
     "matmul": _matmul,
     "reduction": _reduction,
     "transpose": _transpose,
+    "concatenate": _concatenate,
     "reshape": lambda e, n: (e.call("reshape", n.dy, shape=n.ins[0].shape),),
     "layernorm": _norm(centered=True),
     "rmsnorm": _norm(centered=False),
@@ -319,7 +331,6 @@ STATISTICS = {"layernorm", "rmsnorm", "batchnorm", "instancenorm", "adalayernorm
 NO_VJP: dict[str, str] = {
     "mod": "its gradient in b needs trunc(a / b), which no registry op computes",
     "slice": "its gradient pads with zeros, which no registry op does",
-    "concatenate": "its gradient is one slice of dy per input, not derived yet",
     "conv_dgrad": _SECOND_ORDER,
     "conv_wgrad": _SECOND_ORDER,
     "sdpa": f"it {_WAITS} (sdpa_backward, with the saved softmax stats)",

@@ -106,6 +106,9 @@ def test_binary_vjp_matches_autograd_with_broadcast(op):
         "r = reduction(a * b, mode=sum, axes=[1])\n  output y = r * reduction(c, mode=max, axes=[1])",
         "output y = reduction(a * b + c, mode=amax)",
         "output y = floor(a) * b + c",
+        "h : float = concatenate(a, b, c, axis=1)\n  output y = h * h",
+        "output y = transpose(a, perm=[2, 0, 1]) * transpose(b + c, perm=[2, 0, 1])",
+        "output y = reshape(a, shape=[6, 4]) * reshape(b * c, shape=[6, 4])",
     ],
 )
 def test_rules_match_autograd(body):
