@@ -52,16 +52,23 @@ class Differentiable:
         self.outputs = tuple(v.name for v in self.graph.outputs)
         self.tensor_inputs = tuple(v.name for v in self.graph.device_inputs)
 
-    def pair(self, tensors: dict) -> Pair:
-        inst = self.cg.instance_for(tensors)
-        if inst.binding not in self._pairs:
-            device = self.cg.device if self.cg.device is not None else "cpu"
-            self._pairs[inst.binding] = Pair(derive(self.graph, inst), device, self.options)
-        return self._pairs[inst.binding]
+    @property
+    def device(self) -> torch.device | str:
+        return self.cg.device if self.cg.device is not None else "cpu"
 
-    def forward_outputs(self, tensors: dict) -> tuple[Pair, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """(the graphs of this shape, the graph's outputs, every tensor the backward reads) for these inputs."""
-        pair = self.pair(tensors)
+    def pair(self, tensors: dict, wrt: tuple[str, ...]) -> Pair:
+        """The graphs derived for this shape and these inputs' gradients, compiled on first use."""
+        inst = self.cg.instance_for(tensors)
+        if (inst.binding, wrt) not in self._pairs:
+            self._pairs[inst.binding, wrt] = Pair(derive(self.graph, inst, wrt), self.device, self.options)
+        return self._pairs[inst.binding, wrt]
+
+    def forward_outputs(
+        self, tensors: dict, wrt: tuple[str, ...]
+    ) -> tuple[Pair, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(the graphs of this shape, the graph's outputs, every tensor the backward reads) for these inputs,
+        the gradients of `wrt` wanted."""
+        pair = self.pair(tensors, wrt)
         outs = Pair.run(pair.forward, tensors)
         for v in self.graph.in_place:  # the reference computes it apart: written over its input, as on the GPU
             if outs[v.name] is not tensors[v.into]:
@@ -75,7 +82,7 @@ class Differentiable:
         (None: zero), what forward_outputs kept, and the scalars the forward was given."""
         bwd = pair.backward
         inst = bwd.graph.instances[0]
-        device = next(iter(kept.values())).device
+        device = self.device
         bound: dict = {}
         for name, kind, of in pair.derived.bind:
             t = inst.type(name)
@@ -98,6 +105,10 @@ class Differentiable:
         tensors = dict(tensors if tensors is not None else named)
         names = tuple(k for k in tensors if isinstance(tensors[k], torch.Tensor))
         scalars = {k: v for k, v in tensors.items() if k not in names}
+        wrt = tuple(k for k in names if tensors[k].requires_grad)
+        if not (wrt and torch.is_grad_enabled()):  # no gradient wanted: the graph as written
+            outs = Pair.run(self.cg, tensors)
+            return {o: outs[o] for o in self.outputs}
         results = GraphFunction.apply(self, names, scalars, *(tensors[k] for k in names))
         return dict(zip(self.outputs, results))
 
@@ -108,7 +119,8 @@ class GraphFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, diff: Differentiable, names: tuple, scalars: dict, *tensors):
         inputs = {**dict(zip(names, tensors)), **scalars}
-        pair, outs, kept = diff.forward_outputs(inputs)
+        wrt = tuple(n for n, t in zip(names, tensors) if t.requires_grad)
+        pair, outs, kept = diff.forward_outputs(inputs, wrt)
         ctx.diff, ctx.pair, ctx.names, ctx.scalars, ctx.kept_names = diff, pair, names, scalars, tuple(kept)
         ctx.save_for_backward(*kept.values())
         graded = {of for _, kind, of in pair.derived.bind if kind == "grad"}

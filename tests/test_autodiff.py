@@ -326,3 +326,19 @@ def test_a_value_read_plainly_and_transposed():
     f = check_grads(None, text=text)
     bind = next(iter(f._pairs.values())).derived.bind
     assert ("a", "value", "a") in bind and ("a_t", "transposed", "a") in bind
+
+
+def test_only_the_wanted_gradients_are_derived():
+    text = _graph("output y = mod(a, b) + a * c", init=POSITIVE)
+    f = differentiable(text=text)
+    ins = f.cg.allocate_inputs()
+    out = f(ins)["y"]  # nothing requires grad: the graph as written, nothing derived
+    assert not out.requires_grad and not f._pairs
+    c = ins["c"].requires_grad_()
+    f(ins)["y"].sum().backward()  # only c's gradient: mod, which has no VJP, is never differentiated
+    torch.testing.assert_close(c.grad, ins["a"])
+    [(_, wrt)] = f._pairs
+    assert wrt == ("c",)
+    ins["a"].requires_grad_()
+    with pytest.raises(DslError, match="mod has no derived backward"):
+        f(ins)
