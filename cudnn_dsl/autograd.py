@@ -7,7 +7,8 @@
 The forward runs the augmented forward graph (dsl.autodiff: the graph, also outputting the values
 the backward reads), saves those values, and the backward runs the derived backward graph. Both
 are compiled with cudnn_dsl.compile from their derived .cdg text, one pair per shape of the graph.
-Without a GPU both run their PyTorch references (the same graphs, the same bindings).
+Gradients are derived for the inputs that require grad; with none (or under no_grad) the graph runs as
+written. Without a GPU both run their PyTorch references (the same graphs, the same bindings).
 `forward_outputs` and `backward_grads` are the two halves, for torch.library.register_autograd.
 """
 
