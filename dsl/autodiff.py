@@ -21,7 +21,7 @@ from dsl.options import OPTIONS, Options
 from dsl.printer import fmt_module
 from dsl.types import TensorType, dense_strides, is_float
 from dsl.values import from_python
-from dsl.vjp import NO_VJP, STATISTICS, VJPS, At
+from dsl.vjp import EMIT_STATISTICS, NO_VJP, STATISTICS, VJPS, At
 
 
 @attrs.frozen
@@ -86,9 +86,9 @@ def _result(name: str, t: TensorType, expr, output: bool, into: str | None = Non
 def forward_stmts(
     graph: Graph, inst: Instance, saved: set[str], trained: dict[int, tuple[str, ...]], types: dict
 ) -> list:
-    """The statements of one shape of `graph`, with the virtual values in `saved` made outputs, and the norms
-    in `trained` (node index -> statistics' names, typed in `types`) computed in training phase, their
-    statistics outputs."""
+    """The statements of one shape of `graph`, with the virtual values in `saved` made outputs, and the ops
+    in `trained` (node index -> statistics' names, typed in `types`) made to return their statistics, as
+    outputs."""
     consts = {v.name: v.scalar for v in graph.of_kind("const")}
     into = {v.name: v.into for v in graph.in_place}
     typed = {**dict(inst.types), **types}
@@ -104,7 +104,10 @@ def forward_stmts(
         compute = n.compute if n.compute != (sig.compute or graph.compute) else None
         args = [consts.get(i, i) for i in n.inputs]
         stats = trained.get(index, ())
-        given = {**inst.attrs(index), "phase": "training"} if stats else inst.attrs(index)
+        given = dict(inst.attrs(index))
+        if stats:
+            attr, value = EMIT_STATISTICS[n.op]
+            given[attr] = value
         call = _call(n.op, args, given, dict(n.uids), compute)
         outputs = [o for o in n.outputs if graph.value(o).kind == "output" or o in saved] + list(stats)
         if len(n.outputs) == 1 and not stats:
@@ -151,7 +154,7 @@ class Emit:
         self.made: dict[str, _Stmt] = {}
         self.saved: set[str] = set()
         self.casts: dict[tuple[str, str], str] = {}
-        self.trained: dict[int, tuple[str, ...]] = {}  # node index -> the statistics a norm gains
+        self.trained: dict[int, tuple[str, ...]] = {}  # node index -> the statistics an op gains
 
     def fresh(self, base: str) -> str:
         name, k = base, 0
@@ -189,13 +192,14 @@ class Emit:
         return b
 
     def stats(self, n: At, k: int) -> tuple[str, ...]:
-        """A norm's first k statistics, saved: its own results in training phase; in inference phase,
-        results the forward gains by computing the norm in training phase (the same y)."""
-        if n.attrs.get("phase") != "inference":
+        """An op's first k statistics, saved: its own results (a norm in training phase); else results the
+        forward gains by computing it with EMIT_STATISTICS's attribute set (the same y)."""
+        switch = EMIT_STATISTICS.get(n.node.op)
+        if switch is None or n.attrs[switch[0]] == switch[1]:
             return tuple(self.fwd(o) for o in n.node.outputs[1 : 1 + k])
         if n.index not in self.trained:
             sig = OPS[n.node.op]
-            full = {**n.attrs, "phase": "training"}
+            full = {**n.attrs, switch[0]: switch[1]}
             outs = sig.infer(Ctx(n.node.op, n.ins, full))[1:]
             names = tuple(self.fresh(f"{n.out}_{s}") for s in sig.outputs[1:])
             for name, out in zip(names, outs):

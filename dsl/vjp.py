@@ -328,6 +328,17 @@ VJPS: dict[str, Rule] = {
 STATISTICS = {"layernorm", "rmsnorm", "batchnorm", "instancenorm", "adalayernorm", "sdpa", "sdpa_fp8"}
 """ops whose results after the first are statistics: no gradient flows back from them (as in torch)"""
 
+EMIT_STATISTICS: dict[str, tuple[str, object]] = {
+    "layernorm": ("phase", "training"),
+    "rmsnorm": ("phase", "training"),
+    "instancenorm": ("phase", "training"),
+    "adalayernorm": ("phase", "training"),
+    "sdpa": ("stats", True),
+    "sdpa_fp8": ("stats", True),
+}
+"""the attribute that makes an op also return its statistics (batchnorm always does): `e.stats` sets it
+in the derived forward when the graph leaves it off"""
+
 NO_VJP: dict[str, str] = {
     "mod": "its gradient in b needs trunc(a / b), which no registry op computes",
     "slice": "its gradient pads with zeros, which no registry op does",

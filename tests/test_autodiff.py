@@ -14,7 +14,7 @@ from dsl.ops import OPS
 from dsl.parser import parse
 from dsl.pipeline import program
 from dsl.printer import fmt_module
-from dsl.vjp import NO_VJP, VJPS
+from dsl.vjp import EMIT_STATISTICS, NO_VJP, STATISTICS, VJPS
 from tests.cli_util import run_cli
 
 TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (3e-2, 3e-2), torch.bfloat16: (1e-1, 5e-2)}
@@ -25,6 +25,12 @@ def test_every_op_has_a_vjp_or_a_reason():
     assert set(VJPS).isdisjoint(NO_VJP)
     assert set(VJPS) | set(NO_VJP) == set(OPS)
     assert all(NO_VJP.values())
+
+
+def test_statistics_switches_name_real_attributes():
+    for op, (attr, value) in EMIT_STATISTICS.items():
+        assert op in STATISTICS and OPS[op].attr(attr) is not None
+        assert OPS[op].count_results({attr: value}) == len(OPS[op].outputs)
 
 
 def autograd_grads(graph, inst, inputs: dict, grads: dict) -> dict:
