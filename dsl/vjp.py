@@ -20,7 +20,7 @@ import attrs
 
 from dsl.diagnostics import RuleError
 from dsl.ir import Node
-from dsl.ops import norm_axes
+from dsl.ops import OPS, norm_axes
 from dsl.types import TensorType
 
 
@@ -344,6 +344,7 @@ NO_VJP: dict[str, str] = {
     "slice": "its gradient pads with zeros, which no registry op does",
     "conv_dgrad": _SECOND_ORDER,
     "conv_wgrad": _SECOND_ORDER,
+    **{op: _SECOND_ORDER for op in OPS if op.endswith(("_backward", "_bwd"))},  # the frontend's gradient ops
     "sdpa": f"it {_WAITS} (sdpa_backward, with the saved softmax stats)",
     "sdpa_fp8": f"it {_WAITS} (sdpa_fp8_backward)",
     "genstats": "its statistics feed a norm's backward, not derived yet",
