@@ -71,9 +71,10 @@ class Differentiable:
         the gradients of `wrt` wanted."""
         pair = self.pair(tensors, wrt)
         outs = Pair.run(pair.forward, tensors)
-        for v in self.graph.in_place:  # the reference computes it apart: written over its input, as on the GPU
-            if outs[v.name] is not tensors[v.into]:
-                outs[v.name] = tensors[v.into].copy_(outs[v.name])
+        for v in self.graph.in_place:  # the input object itself (autograd marks it dirty); the reference's copied in
+            if outs[v.name].data_ptr() != tensors[v.into].data_ptr():
+                tensors[v.into].copy_(outs[v.name])
+            outs[v.name] = tensors[v.into]
         values = {**tensors, **outs}
         keep = {of: values[of] for _, kind, of in pair.derived.bind if kind != "grad"}
         return pair, {o: outs[o] for o in self.outputs}, keep
