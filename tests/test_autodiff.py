@@ -348,3 +348,14 @@ def test_only_the_wanted_gradients_are_derived():
     ins["a"].requires_grad_()
     with pytest.raises(DslError, match="mod has no derived backward"):
         f(ins)
+
+
+def test_cli_emit_backward_with_target_plans_the_derived_graphs(tmp_path):
+    """Deviceless: the backward of conv + bias + relu runs split (dgrad and wgrad are graphs of their own)."""
+    src = tmp_path / "cbr.cdg"
+    text = open("examples/conv_bias_relu.cdg").read().replace("[32, 128, 56, 56]", "[8, 64, 16, 16]")
+    src.write_text(text.replace("[256, 128, 3, 3]", "[64, 64, 3, 3]").replace("[1, 256, 1, 1]", "[1, 64, 1, 1]"))
+    r = run_cli("check", "--emit", "backward", "--target", "h200", src)
+    assert r.returncode == 0, r.stderr
+    assert "graph conv_bias_relu_forward:" in r.stdout
+    assert "declines graph conv_bias_relu_backward whole" in r.stdout and "conv_dgrad (line" in r.stdout

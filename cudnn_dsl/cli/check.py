@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from cudnn_dsl.cli import common
 
 HELP = "parse and check .cdg files; print every inferred shape, or the errors"
@@ -54,8 +56,11 @@ def run(args) -> int:
         if args.emit == "ast":
             print(dump_ast(result.module.graphs))
             continue
+        planned = result.program
         if args.emit == "backward":
-            status = max(status, _backward(result.program))
+            derived, failed = _backward(result.program)
+            status = max(status, failed)
+            planned = attrs.evolve(result.program, graphs=derived)  # --target plans the derived graphs
         elif args.emit == "ir":
             print(dump_ir(result.program))
         elif args.json:
@@ -63,17 +68,18 @@ def run(args) -> int:
         else:
             print(summary(result.program))
         if target is not None:
-            status = max(status, _plan(result.program, target, entry["plans"], bool(args.json), args, pin))
+            status = max(status, _plan(planned, target, entry["plans"], bool(args.json), args, pin))
     common.write_json(args.json, {"files": files})
     return status
 
 
-def _backward(program) -> int:
-    """The derived graphs of every shape of every graph, as one .cdg text; an op with no VJP is reported at the op."""
+def _backward(program) -> tuple[tuple, int]:
+    """Prints the derived graphs of every shape of every graph, as one .cdg text; an op with no VJP is
+    reported at the op. Returns (the derived graphs, the exit status)."""
     from dsl.autodiff import derive
     from dsl.diagnostics import DslError
 
-    status = common.EXIT_OK
+    status, graphs = common.EXIT_OK, []
     for g in program.graphs:
         for inst in g.instances:
             try:
@@ -83,7 +89,8 @@ def _backward(program) -> int:
                 continue
             print(f"# {common.label(g, inst)}: the forward, saving what the backward reads; then the backward")
             print(d.forward_text + "\n" + d.backward_text)
-    return status
+            graphs += [d.forward, d.backward]
+    return tuple(graphs), status
 
 
 def _plan(program, target, records: list, quiet: bool, args, pin) -> int:
