@@ -395,7 +395,7 @@ def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | No
         raise DslError(
             Diagnostic(
                 "error",
-                f"graph '{graph.name}': no output depends on a float input; there is nothing to differentiate",
+                f"graph '{graph.name}': no gradient reaches {', '.join(wrt) or 'a float input'} from its outputs",
                 graph.loc,
             )
         )
