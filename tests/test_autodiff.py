@@ -136,6 +136,14 @@ def test_matmul_with_broadcast_batch_and_scalar():
     assert "input b_t : float[1, 6, 5] strides [30, 1, 6]" in d.backward_text
 
 
+def test_matmul_of_intermediates_reads_saved_values_transposed():
+    text = "graph g {\n  input a : float[2, 3, 4]\n  input b : float[2, 4, 5]\n  output y = matmul(relu(a) * 2, tanh(b))\n}\n"
+    f = check_grads(None, text=text)
+    d = next(iter(f._pairs.values())).derived
+    saved = {v.name for v in d.forward.outputs if v.name != "y"}  # the matmul's operands, relu's result
+    assert {of for _, kind, of in d.bind if kind == "transposed"} == saved - {"relu_0"} and len(saved) == 3
+
+
 def test_conv_bias_relu_example_half(tmp_path):
     """examples/conv_bias_relu.cdg, smaller: the same ops, layouts and dtypes."""
     src = open("examples/conv_bias_relu.cdg").read()
