@@ -232,6 +232,14 @@ def _batchnorm_inference(e, n):
     )
 
 
+def _rope(e, n):
+    """The rotation's transpose is the rotation by the negated angles (output_scale and the unrotated
+    leading dims as in the forward)."""
+    if n.need[1]:
+        raise RuleError("rope: the gradient in freqs (the angles) is not derived; only x's")
+    return (e.call("rope", n.dy, e.call("neg", e.fwd(n.inputs[1])), **n.attrs), None)
+
+
 def _concatenate(e, n):
     """Each input's gradient is its slice of dy along the axis."""
     axis, start, grads = n.attrs["axis"], 0, []
@@ -316,6 +324,7 @@ VJPS: dict[str, Rule] = {
     "reduction": _reduction,
     "transpose": _transpose,
     "concatenate": _concatenate,
+    "rope": _rope,
     "reshape": lambda e, n: (e.call("reshape", n.dy, shape=n.ins[0].shape),),
     "layernorm": _norm(centered=True),
     "rmsnorm": _norm(centered=False),
@@ -348,5 +357,4 @@ NO_VJP: dict[str, str] = {
     "sdpa": f"it {_WAITS} (sdpa_backward, with the saved softmax stats)",
     "sdpa_fp8": f"it {_WAITS} (sdpa_fp8_backward)",
     "genstats": "its statistics feed a norm's backward, not derived yet",
-    "rope": "its gradient rotates by the negated angles, not derived yet",
 }
