@@ -6,7 +6,8 @@
 
 The forward runs the augmented forward graph (dsl.autodiff: the graph, also outputting the values
 the backward reads), saves those values, and the backward runs the derived backward graph. Both
-are compiled with cudnn_dsl.compile from their derived .cdg text, one pair per shape of the graph.
+are compiled with cudnn_dsl.compile from their derived .cdg text, one pair per shape of the graph (a
+forward that saves nothing more than the graph's outputs is the graph as compiled, plans and all).
 Gradients are derived for the inputs that require grad; with none (or under no_grad) the graph runs as
 written. Without a GPU both run their PyTorch references (the same graphs, the same bindings).
 `forward_outputs` and `backward_grads` are the two halves, for torch.library.register_autograd.
@@ -29,11 +30,14 @@ from dsl.autodiff import Derived, derive
 class Pair:
     """The derived graphs of one shape, compiled."""
 
-    def __init__(self, derived: Derived, device, options: dict):
+    def __init__(self, derived: Derived, original: CompiledGraph, options: dict):
         self.derived = derived
+        device = original.device if original.device is not None else "cpu"
+        same = {v.name for v in derived.forward.outputs} == {v.name for v in original.graph.outputs}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", api.DslWarning)  # derived text: nothing for the user to fix
-            self.forward = api.compile(text=derived.forward_text, device=device, **options)
+            # nothing saved beyond the graph's own outputs: the graph as compiled already (its plans)
+            self.forward = original if same else api.compile(text=derived.forward_text, device=device, **options)
             self.backward = api.compile(text=derived.backward_text, device=device, **options)
 
     @staticmethod
@@ -61,7 +65,7 @@ class Differentiable:
         """The graphs derived for this shape and these inputs' gradients, compiled on first use."""
         inst = self.cg.instance_for(tensors)
         if (inst.binding, wrt) not in self._pairs:
-            self._pairs[inst.binding, wrt] = Pair(derive(self.graph, inst, wrt), self.device, self.options)
+            self._pairs[inst.binding, wrt] = Pair(derive(self.graph, inst, wrt), self.cg, self.options)
         return self._pairs[inst.binding, wrt]
 
     def forward_outputs(

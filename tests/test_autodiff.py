@@ -151,7 +151,9 @@ def test_conv_bias_relu_example_half(tmp_path):
     small = src.replace("[32, 128, 56, 56]", "[2, 8, 6, 6]").replace("[256, 128, 3, 3]", "[16, 8, 3, 3]")
     small = small.replace("[1, 256, 1, 1]", "[1, 16, 1, 1]").replace("stride=[1, 1]", "stride=[2, 2]")
     f = check_grads(None, text=small)
-    d = next(iter(f._pairs.values())).derived
+    pair = next(iter(f._pairs.values()))
+    assert pair.forward is f.cg  # nothing saved: the forward is the graph as compiled
+    d = pair.derived
     assert {w for w, _ in d.grads} == {"x", "w", "b"}
     assert "output_padding=[1, 1]" in d.backward_text  # stride 2 over 6: two input sizes give one dy
 
