@@ -21,7 +21,6 @@ import warnings
 import torch
 
 from cudnn_dsl import api
-from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.runtime import CompiledGraph
 from cudnn_dsl.tensors import empty
 from dsl.autodiff import Derived, derive
@@ -80,25 +79,25 @@ class Differentiable:
                 tensors[v.into].copy_(outs[v.name])
             outs[v.name] = tensors[v.into]
         values = {**tensors, **outs}
-        keep = {of: values[of] for _, kind, of in pair.derived.bind if kind != "grad"}
+        keep = {of: values[of] for _, kind, of in pair.derived.bind if kind in ("value", "transposed")}
         return pair, {o: outs[o] for o in self.outputs}, keep
 
     def backward_grads(self, pair: Pair, kept: dict, grads: dict, scalars: dict) -> dict[str, torch.Tensor | None]:
         """The gradient of every tensor input (None where none flows), from the outputs' gradients
         (None: zero), what forward_outputs kept, and the scalars the forward was given."""
         bwd = pair.backward
-        inst = bwd.graph.instances[0]
         device = self.device
         bound: dict = {}
         for name, kind, of in pair.derived.bind:
-            t = inst.type(name)
-            if kind == "grad":
+            if kind in ("grad", "grad_transposed"):
+                t = pair.derived.forward.instances[0].type(of)
                 g = grads.get(of)
-                value = torch.zeros(t.shape, dtype=torch_dtype(t.dtype), device=device) if g is None else g
+                if g is None or tuple(g.stride()) != t.strides:  # cuDNN reads the declared layout
+                    g = empty(t, device).copy_(g) if g is not None else empty(t, device).zero_()
+                grads[of] = g
+                value = g.transpose(-1, -2) if kind == "grad_transposed" else g
             else:
                 value = kept[of].transpose(-1, -2) if kind == "transposed" else kept[of]
-            if kind == "grad" and tuple(value.stride()) != t.strides:  # cuDNN reads the declared layout
-                value = empty(t, device).copy_(value)
             bound[name] = value
         for v in bwd.graph.of_kind("scalar"):
             if v.name in scalars:
@@ -129,7 +128,7 @@ class GraphFunction(torch.autograd.Function):
         pair, outs, kept = diff.forward_outputs(inputs, wrt)
         ctx.diff, ctx.pair, ctx.names, ctx.scalars, ctx.kept_names = diff, pair, names, scalars, tuple(kept)
         ctx.save_for_backward(*kept.values())
-        graded = {of for _, kind, of in pair.derived.bind if kind == "grad"}
+        graded = {of for _, kind, of in pair.derived.bind if kind in ("grad", "grad_transposed")}
         ctx.mark_dirty(*(inputs[v.into] for v in diff.graph.in_place))
         ctx.mark_non_differentiable(*(t for o, t in outs.items() if o not in graded))
         return tuple(outs.values())

@@ -31,7 +31,8 @@ class Derived:
     forward_text: str
     backward_text: str
     bind: tuple[tuple[str, str, str], ...]
-    """per backward input: (its name, what it is: 'value', 'transposed' or 'grad', the forward value)"""
+    """per backward input: (its name, what it is: 'value', 'transposed', 'grad' or 'grad_transposed', the
+    forward value)"""
     grads: tuple[tuple[str, str], ...]
     """(forward input, the backward output that is its gradient)"""
 
@@ -182,9 +183,10 @@ class Emit:
         for b, (kind, of) in self.bind.items():
             if kind == "transposed" and of == name:
                 return b
-        if self.graph.value(name).kind == "virtual":
+        known = name in {v.name for v in self.graph.values}  # else a statistic the derived forward gains
+        if known and self.graph.value(name).kind == "virtual":
             self.saved.add(name)
-        t = self.inst.type(name)
+        t = self.inst.type(name) if known else self.types[name]
         swap = lambda s: s[:-2] + (s[-1], s[-2])  # noqa: E731
         b = self.fresh(f"{name}_t")
         self.bind[b] = ("transposed", name)
@@ -207,6 +209,22 @@ class Emit:
                 self.types[name] = TensorType(out.dtype, out.shape, dense_strides(out.shape, out.order))
             self.trained[n.index] = names
         return self.trained[n.index][:k]
+
+    def transposed(self, g: str) -> str:
+        """A backward value with its last two axes swapped: a view where it is an output's gradient, else a
+        transpose op."""
+        kind, of = self.bind.get(g, (None, None))
+        if kind != "grad":
+            rank = len(self.types[g].shape)
+            return self.call("transpose", g, perm=(*range(rank - 2), rank - 1, rank - 2))
+        for b, (k, o) in self.bind.items():
+            if k == "grad_transposed" and o == of:
+                return b
+        t = self.types[g]
+        b = self.fresh(f"{g}_t")
+        self.bind[b] = ("grad_transposed", of)
+        self.types[b] = TensorType(t.dtype, t.shape[:-2] + t.shape[:-3:-1], t.strides[:-2] + t.strides[:-3:-1])
+        return b
 
     def grad_of_output(self, name: str) -> str:
         b = self.fresh(f"grad_{name}")

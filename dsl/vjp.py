@@ -240,6 +240,61 @@ def _rope(e, n):
     return (e.call("rope", n.dy, e.call("neg", e.fwd(n.inputs[1])), **n.attrs), None)
 
 
+def _sdpa_keep(e, n, s, transposed: bool):
+    """The diagonal band's mask over scores s ([S_q, S_kv], or [S_kv, S_q] transposed); None: no band."""
+    a = n.attrs
+    if a["left_bound"] is None and a["right_bound"] is None:
+        return None
+    i = e.call("gen_index", s, axis=3 if transposed else 2)  # the query
+    j = e.call("gen_index", s, axis=2 if transposed else 3)  # the key
+    diagonal = e.call("sub", j, i)
+    if a["diagonal_alignment"] == "bottom_right":
+        q, k = n.ins[0], n.ins[1]
+        diagonal = e.call("sub", diagonal, float(k.shape[2] - q.shape[2]))
+    keep = [e.call("cmp_le", diagonal, float(a["right_bound"]))] if a["right_bound"] is not None else []
+    keep += [e.call("cmp_gt", diagonal, float(-a["left_bound"]))] if a["left_bound"] is not None else []
+    return keep[0] if len(keep) == 1 else e.call("logical_and", *keep)
+
+
+def _sdpa(e, n):
+    """From the saved softmax statistics (log-sum-exp), with P = exp(q k^T * scale - stats):
+    dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = dS K scale, dK = dS^T Q scale. Each transposed
+    matrix is computed as such (P^T from k q^T, dS^T from v dO^T) so that every operand is a saved
+    value or a view of one. A composite until sdpa_backward is in the registry; it materializes the
+    score matrices."""
+    q, k, v = n.ins[:3]
+    if any(i is not None for i in n.inputs[3:]) or n.attrs["alibi"] or k.shape[1] != q.shape[1]:
+        raise RuleError(
+            "sdpa: with a bias, padding, dropout, pages, ALiBi or grouped heads, its gradient waits for sdpa_backward"
+        )
+    qs, ks, vs = (e.fwd(i) for i in n.inputs[:3])
+    (stats,) = e.stats(n, 1)
+    scale = n.attrs["scale"]
+
+    def probs(a, b, lse, transposed):
+        s = e.call("matmul", a, b)
+        x = e.call("sub", e.call("mul", s, scale), lse)
+        keep = _sdpa_keep(e, n, s, transposed)
+        return e.call("exp", x if keep is None else e.call("binary_select", x, -1e30, keep))
+
+    dy = e.cast(n.dy, v.dtype)
+    grads = [None, None, None]
+    pt = probs(ks, e.fwd_t(n.inputs[0]), e.fwd_t(stats), True) if n.need[1] or n.need[2] else None
+    if n.need[0]:
+        p = probs(qs, e.fwd_t(n.inputs[1]), stats, False)
+        rows = e.call("reduction", e.call("mul", n.dy, e.fwd(n.out)), mode="sum", axes=(3,))
+        ds = e.call("mul", p, e.call("sub", e.call("matmul", dy, e.fwd_t(n.inputs[2])), rows))
+        grads[0] = e.call("mul", e.call("matmul", e.cast(ds, k.dtype), ks), scale)
+    if n.need[1]:
+        dyt = e.transposed(n.dy)
+        rows_t = e.call("reduction", e.call("mul", dyt, e.fwd_t(n.out)), mode="sum", axes=(2,))
+        dst = e.call("mul", pt, e.call("sub", e.call("matmul", vs, e.cast(dyt, v.dtype)), rows_t))
+        grads[1] = e.call("mul", e.call("matmul", e.cast(dst, q.dtype), qs), scale)
+    if n.need[2]:
+        grads[2] = e.call("matmul", e.cast(pt, v.dtype), dy)
+    return (*grads, *(None,) * (len(n.inputs) - 3))
+
+
 def _concatenate(e, n):
     """Each input's gradient is its slice of dy along the axis."""
     axis, start, grads = n.attrs["axis"], 0, []
@@ -325,6 +380,7 @@ VJPS: dict[str, Rule] = {
     "transpose": _transpose,
     "concatenate": _concatenate,
     "rope": _rope,
+    "sdpa": _sdpa,
     "reshape": lambda e, n: (e.call("reshape", n.dy, shape=n.ins[0].shape),),
     "layernorm": _norm(centered=True),
     "rmsnorm": _norm(centered=False),
@@ -354,7 +410,6 @@ NO_VJP: dict[str, str] = {
     "conv_dgrad": _SECOND_ORDER,
     "conv_wgrad": _SECOND_ORDER,
     **{op: _SECOND_ORDER for op in OPS if op.endswith(("_backward", "_bwd"))},  # the frontend's gradient ops
-    "sdpa": f"it {_WAITS} (sdpa_backward, with the saved softmax stats)",
     "sdpa_fp8": f"it {_WAITS} (sdpa_fp8_backward)",
     "genstats": "its statistics feed a norm's backward, not derived yet",
 }

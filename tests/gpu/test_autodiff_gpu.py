@@ -104,3 +104,18 @@ def test_batchnorm_training_backward_and_running_stats(private_store):
     text = open("examples/batchnorm_training.cdg").read().replace("[16, 64, 32, 32]", "[8, 64, 8, 8]")
     f = _check(text, frozen=("running_mean", "running_var"))
     assert f.graph.in_place and torch.cuda.is_available()
+
+
+def test_sdpa_backward_composite_on_cudnn(private_store):
+    """The composite sdpa VJP (until sdpa_backward is in the registry): its matmuls read saved q, k, v,
+    o and the softmax statistics, and the incoming gradient, through transposed views."""
+    text = """graph attn {
+  io half
+  compute float
+  input q : half[2, 4, 128, 64]
+  input k : half[2, 4, 128, 64]
+  input v : half[2, 4, 128, 64]
+  output o = sdpa(q, k, v, causal=true)
+}
+"""
+    _check(text)
