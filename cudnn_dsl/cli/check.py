@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from cudnn_dsl.cli import common
 
 HELP = "parse and check .cdg files; print every inferred shape, or the errors"
@@ -10,7 +12,12 @@ HELP = "parse and check .cdg files; print every inferred shape, or the errors"
 def register(p) -> None:
     p.add_argument("files", nargs="+", metavar="FILE")
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--emit", choices=("ast", "ir"), help="print a stage instead of the summary")
+    out.add_argument(
+        "--emit",
+        choices=("ast", "ir", "backward"),
+        help="print a stage instead of the summary; backward: the derived forward (with the values the backward "
+        "reads as outputs) and backward graphs, as .cdg text",
+    )
     out.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
     common.add_target_flags(p, "also ask cuDNN for this GPU's plans, without a GPU")
     common.add_constraint_flags(p)
@@ -49,16 +56,41 @@ def run(args) -> int:
         if args.emit == "ast":
             print(dump_ast(result.module.graphs))
             continue
-        if args.emit == "ir":
+        planned = result.program
+        if args.emit == "backward":
+            derived, failed = _backward(result.program)
+            status = max(status, failed)
+            planned = attrs.evolve(result.program, graphs=derived)  # --target plans the derived graphs
+        elif args.emit == "ir":
             print(dump_ir(result.program))
         elif args.json:
             entry["graphs"] = to_json(result.program)["graphs"]
         else:
             print(summary(result.program))
         if target is not None:
-            status = max(status, _plan(result.program, target, entry, bool(args.json), args, pin))
+            status = max(status, _plan(planned, target, entry, bool(args.json), args, pin))
     common.write_json(args.json, {"files": files})
     return status
+
+
+def _backward(program) -> tuple[tuple, int]:
+    """Prints the derived graphs of every shape of every graph, as one .cdg text; an op with no VJP is
+    reported at the op. Returns (the derived graphs, the exit status)."""
+    from dsl.autodiff import derive
+    from dsl.diagnostics import DslError
+
+    status, graphs = common.EXIT_OK, []
+    for g in program.graphs:
+        for inst in g.instances:
+            try:
+                d = derive(g, inst, suffix="_" + "_".join(f"{k}{v}" for k, v in inst.binding) if inst.binding else "")
+            except DslError as e:
+                status = max(status, common.report(e))
+                continue
+            print(f"# {common.label(g, inst)}: the forward, saving what the backward reads; then the backward")
+            print(d.forward_text + "\n" + d.backward_text)
+            graphs += [d.forward, d.backward]
+    return tuple(graphs), status
 
 
 def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:

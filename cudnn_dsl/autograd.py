@@ -1,0 +1,152 @@
+"""API layer: a compiled graph with a derived backward, as a torch.autograd.Function.
+
+    f = cudnn_dsl.autograd.differentiable("examples/conv_bias_relu.cdg")
+    out = f(x=x, w=w, b=b)["out"]   # x, w, b may require grad
+    out.sum().backward()
+
+The forward runs the augmented forward graph (dsl.autodiff: the graph, also outputting the values
+the backward reads), saves those values, and the backward runs the derived backward graph. Both
+are compiled with cudnn_dsl.compile from their derived .cdg text, one pair per shape of the graph (a
+forward that saves nothing more than the graph's outputs is the graph as compiled, plans and all).
+Gradients are derived for the inputs that require grad; with none (or under no_grad) the graph runs as
+written. Without a GPU both run their PyTorch references (the same graphs, the same bindings).
+`forward_outputs` and `backward_grads` are the two halves, for torch.library.register_autograd.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from cudnn_dsl import api
+from cudnn_dsl.runtime import CompiledGraph
+from cudnn_dsl.tensors import empty
+from dsl.autodiff import Derived, derive
+
+
+class Pair:
+    """The derived graphs of one shape, compiled."""
+
+    def __init__(self, derived: Derived, original: CompiledGraph, options: dict):
+        self.derived = derived
+        device = original.device if original.device is not None else "cpu"
+        same = {v.name for v in derived.forward.outputs} == {v.name for v in original.graph.outputs}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", api.DslWarning)  # derived text: nothing for the user to fix
+            # nothing saved beyond the graph's own outputs: the graph as compiled already (its plans)
+            self.forward = original if same else api.compile(text=derived.forward_text, device=device, **options)
+            self.backward = api.compile(text=derived.backward_text, device=device, **options)
+
+    @staticmethod
+    def run(cg: CompiledGraph, tensors: dict) -> dict[str, torch.Tensor]:
+        """On the GPU the compiled graph; without one, its reference."""
+        return cg(tensors) if cg.device is not None else cg.reference(tensors)
+
+
+class Differentiable:
+    """A graph whose outputs torch autograd can differentiate, through a derived backward graph."""
+
+    def __init__(self, cg: CompiledGraph, options: dict | None = None):
+        self.cg = cg
+        self.graph = cg.graph
+        self.options = options or {}
+        self._pairs: dict[tuple, Pair] = {}
+        self.outputs = tuple(v.name for v in self.graph.outputs)
+        self.tensor_inputs = tuple(v.name for v in self.graph.device_inputs)
+
+    @property
+    def device(self) -> torch.device | str:
+        return self.cg.device if self.cg.device is not None else "cpu"
+
+    def pair(self, tensors: dict, wrt: tuple[str, ...]) -> Pair:
+        """The graphs derived for this shape and these inputs' gradients, compiled on first use."""
+        inst = self.cg.instance_for(tensors)
+        if (inst.binding, wrt) not in self._pairs:
+            self._pairs[inst.binding, wrt] = Pair(derive(self.graph, inst, wrt), self.cg, self.options)
+        return self._pairs[inst.binding, wrt]
+
+    def forward_outputs(
+        self, tensors: dict, wrt: tuple[str, ...]
+    ) -> tuple[Pair, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(the graphs of this shape, the graph's outputs, every tensor the backward reads) for these inputs,
+        the gradients of `wrt` wanted."""
+        pair = self.pair(tensors, wrt)
+        outs = Pair.run(pair.forward, tensors)
+        for v in self.graph.in_place:  # the input object itself (autograd marks it dirty); the reference's copied in
+            if outs[v.name].data_ptr() != tensors[v.into].data_ptr():
+                tensors[v.into].copy_(outs[v.name])
+            outs[v.name] = tensors[v.into]
+        values = {**tensors, **outs}
+        keep = {of: values[of] for _, kind, of in pair.derived.bind if kind in ("value", "transposed")}
+        return pair, {o: outs[o] for o in self.outputs}, keep
+
+    def backward_grads(self, pair: Pair, kept: dict, grads: dict, scalars: dict) -> dict[str, torch.Tensor | None]:
+        """The gradient of every tensor input (None where none flows), from the outputs' gradients
+        (None: zero), what forward_outputs kept, and the scalars the forward was given."""
+        bwd = pair.backward
+        device = self.device
+        bound: dict = {}
+        for name, kind, of in pair.derived.bind:
+            if kind in ("grad", "grad_transposed"):
+                t = pair.derived.forward.instances[0].type(of)
+                g = grads.get(of)
+                if g is None or tuple(g.stride()) != t.strides:  # cuDNN reads the declared layout
+                    g = empty(t, device).copy_(g) if g is not None else empty(t, device).zero_()
+                grads[of] = g
+                value = g.transpose(-1, -2) if kind == "grad_transposed" else g
+            else:
+                value = kept[of].transpose(-1, -2) if kind == "transposed" else kept[of]
+            bound[name] = value
+        for v in bwd.graph.of_kind("scalar"):
+            if v.name in scalars:
+                bound[v.name] = scalars[v.name]
+        out = Pair.run(bwd, bound)
+        named = dict(pair.derived.grads)
+        return {i: out[named[i]] if i in named else None for i in self.tensor_inputs}
+
+    def __call__(self, tensors: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
+        tensors = dict(tensors if tensors is not None else named)
+        names = tuple(k for k in tensors if isinstance(tensors[k], torch.Tensor))
+        scalars = {k: v for k, v in tensors.items() if k not in names}
+        wrt = tuple(k for k in names if tensors[k].requires_grad)
+        if not (wrt and torch.is_grad_enabled()):  # no gradient wanted: the graph as written
+            outs = Pair.run(self.cg, tensors)
+            return {o: outs[o] for o in self.outputs}
+        results = GraphFunction.apply(self, names, scalars, *(tensors[k] for k in names))
+        return dict(zip(self.outputs, results))
+
+
+class GraphFunction(torch.autograd.Function):
+    """forward: the augmented forward graph; backward: the derived backward graph."""
+
+    @staticmethod
+    def forward(ctx, diff: Differentiable, names: tuple, scalars: dict, *tensors):
+        inputs = {**dict(zip(names, tensors)), **scalars}
+        wrt = tuple(n for n, t in zip(names, tensors) if t.requires_grad)
+        pair, outs, kept = diff.forward_outputs(inputs, wrt)
+        ctx.diff, ctx.pair, ctx.names, ctx.scalars, ctx.kept_names = diff, pair, names, scalars, tuple(kept)
+        ctx.save_for_backward(*kept.values())
+        graded = {of for _, kind, of in pair.derived.bind if kind in ("grad", "grad_transposed")}
+        ctx.mark_dirty(*(inputs[v.into] for v in diff.graph.in_place))
+        ctx.mark_non_differentiable(*(t for o, t in outs.items() if o not in graded))
+        return tuple(outs.values())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        kept = dict(zip(ctx.kept_names, ctx.saved_tensors))
+        got = ctx.diff.backward_grads(ctx.pair, kept, dict(zip(ctx.diff.outputs, grads)), ctx.scalars)
+        return (None, None, None, *(got.get(n) for n in ctx.names))
+
+
+def differentiable(
+    source: str | os.PathLike | None = None,
+    graph: str | None = None,
+    device=None,
+    *,
+    text: str | None = None,
+    **options,
+) -> Differentiable:
+    """Like cudnn_dsl.compile, a graph whose outputs torch autograd differentiates (derived backward)."""
+    return Differentiable(api.compile(source, graph, device, text=text, **options), options)

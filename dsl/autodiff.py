@@ -1,0 +1,435 @@
+"""Semantic layer: backward graphs derived from a forward graph (reverse mode, one VJP per op, dsl.vjp).
+
+`derive(graph, inst)` walks one shape of a graph's nodes in reverse, asks each op's VJP for its
+inputs' gradients and adds the gradients of a value read by several ops. It returns two graphs, as
+canonical .cdg text and as checked IR: the forward, made to also output the intermediates the
+backward reads (saved values), and the backward, whose inputs are the forward values it reads and
+the gradients of the forward's outputs (`grad_<output>`), and whose outputs are the gradients of
+the forward's float inputs. Both are written with every type, stride and attribute explicit, so
+the text is the whole truth and re-checks to the same graph.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from dsl import ast
+from dsl.diagnostics import Diagnostic, DslError, RuleError
+from dsl.ir import Graph, Instance
+from dsl.ops import OPS, Ctx, canonical
+from dsl.options import OPTIONS, Options
+from dsl.printer import fmt_module
+from dsl.types import TensorType, dense_strides, is_float
+from dsl.values import from_python
+from dsl.vjp import EMIT_STATISTICS, NO_VJP, STATISTICS, VJPS, At
+
+
+@attrs.frozen
+class Derived:
+    forward: Graph
+    backward: Graph
+    forward_text: str
+    backward_text: str
+    bind: tuple[tuple[str, str, str], ...]
+    """per backward input: (its name, what it is: 'value', 'transposed', 'grad' or 'grad_transposed', the
+    forward value)"""
+    grads: tuple[tuple[str, str], ...]
+    """(forward input, the backward output that is its gradient)"""
+
+
+# ---- text: statements of a graph, written from types and canonical attributes -------------
+
+
+def _type(t: TensorType, shape: bool = True) -> ast.TypeSpec:
+    return ast.TypeSpec(t.dtype, tuple(ast.Dim(d) for d in t.shape) if shape else None)
+
+
+def _num(v: float | int) -> ast.Number:
+    return ast.Number(v, repr(v))
+
+
+def _call(op: str, args, attrs_: dict, uids: dict | None = None, compute: str | None = None) -> ast.Call:
+    sig = OPS[op]
+    kwargs = [
+        ast.Kwarg(k, from_python(sig.attr(k), v), uid=(uids or {}).get(k)) for k, v in attrs_.items() if v is not None
+    ]
+    if compute is not None:
+        kwargs.append(ast.Kwarg("compute", ast.Ident(compute)))
+    given = args[: len(sig.inputs)] if not sig.variadic else args
+    ins = tuple(ast.Ref(a) if isinstance(a, str) else _num(a) for a in given)
+    named = [ast.Kwarg(k, ast.Ident(a)) for k, a in zip(sig.optional, args[len(given) :]) if a is not None]
+    return ast.Call(op, ins, tuple(named + kwargs))
+
+
+def _header(graph: Graph) -> list:
+    out = [ast.TypesDecl("io", graph.io)] if graph.io else []
+    out += [ast.TypesDecl("intermediate", graph.intermediate), ast.TypesDecl("compute", graph.compute)]
+    default = Options()
+    for name, a in OPTIONS.items():
+        v = getattr(graph.options, name)
+        if v != getattr(default, name):
+            out.append(ast.OptionDecl(name, from_python(a, list(v) if isinstance(v, tuple) else v)))
+    return out
+
+
+def _input(name: str, t: TensorType, *specs) -> ast.InputDecl:
+    return ast.InputDecl(name, _type(t), (ast.Strides(t.strides), *specs))
+
+
+def _result(name: str, t: TensorType, expr, output: bool, into: str | None = None):
+    """`output NAME : T strides [...] [in INPUT] = expr`, or `NAME : dtype = expr` for a virtual value."""
+    if output:
+        specs = (ast.Place(into, None),) if into else (ast.Strides(t.strides),)  # in place: the input's layout
+        return ast.OutputDecl(name, _type(t), specs, expr)
+    return ast.Assign((name,), expr, type=_type(t, shape=False))
+
+
+def forward_stmts(
+    graph: Graph, inst: Instance, saved: set[str], trained: dict[int, tuple[str, ...]], types: dict
+) -> list:
+    """The statements of one shape of `graph`, with the virtual values in `saved` made outputs, and the ops
+    in `trained` (node index -> statistics' names, typed in `types`) made to return their statistics, as
+    outputs."""
+    consts = {v.name: v.scalar for v in graph.of_kind("const")}
+    into = {v.name: v.into for v in graph.in_place}
+    typed = {**dict(inst.types), **types}
+    out = _header(graph)
+    for v in graph.values:
+        if v.kind == "input":
+            init = (ast.InitSpec(v.init.dist, tuple(map(_num, v.init.args))),) if v.init else ()
+            out.append(_input(v.name, inst.type(v.name), *init))
+        elif v.kind == "scalar":
+            out.append(ast.ScalarDecl(v.name, v.dtype, _num(v.scalar), ()))
+    for index, n in enumerate(graph.nodes):
+        sig = OPS[n.op]
+        compute = n.compute if n.compute != (sig.compute or graph.compute) else None
+        args = [consts.get(i, i) for i in n.inputs]
+        stats = trained.get(index, ())
+        given = dict(inst.attrs(index))
+        if stats:
+            attr, value = EMIT_STATISTICS[n.op]
+            given[attr] = value
+        call = _call(n.op, args, given, dict(n.uids), compute)
+        outputs = [o for o in n.outputs if graph.value(o).kind == "output" or o in saved] + list(stats)
+        if len(n.outputs) == 1 and not stats:
+            out.append(_result(n.outputs[0], inst.type(n.outputs[0]), call, bool(outputs), into.get(n.outputs[0])))
+            continue
+        out.append(ast.Assign(tuple(n.outputs) + stats, call))
+        out += [_result(o, typed[o], None, True, into.get(o)) for o in outputs]
+    return out
+
+
+def check_text(name: str, text: str, at) -> Graph:
+    """The checked graph of a derived text; a derivation that does not check is reported at `at`."""
+    from dsl.pipeline import load
+
+    result = load(text=text, file=f"<{name}>")
+    if not result.ok:
+        why = "; ".join(d.message for d in result.errors)
+        raise DslError(Diagnostic("error", f"the derived graph '{name}' does not check: {why}", at))
+    return result.program.graphs[0]
+
+
+# ---- the backward graph, emitted by the VJPs --------------------------------------------------
+
+
+@attrs.define
+class _Stmt:
+    targets: tuple[str, ...]
+    call: tuple  # (op, args, attrs)
+    dtype: str | None = None
+    output: TensorType | None = None
+
+
+class Emit:
+    """Builds the backward graph: declares the forward values it reads, types every op it emits with
+    the registry's shape rules (as the checker will), and names values uniquely."""
+
+    def __init__(self, graph: Graph, inst: Instance):
+        self.graph, self.inst = graph, inst
+        self.taken = {v.name for v in graph.values} | {b.name for b in graph.buffers}
+        self.types: dict[str, TensorType] = {}
+        self.bind: dict[str, tuple[str, str]] = {}  # backward input -> (kind, forward value)
+        self.scalars: dict[str, tuple[str, float]] = {}  # backward scalar -> (dtype, value)
+        self.stmts: list[_Stmt] = []
+        self.made: dict[str, _Stmt] = {}
+        self.saved: set[str] = set()
+        self.casts: dict[tuple[str, str], str] = {}
+        self.trained: dict[int, tuple[str, ...]] = {}  # node index -> the statistics an op gains
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.taken:
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+    def fwd(self, name: str) -> str:
+        """A forward value as the backward reads it: an input, a scalar, or a saved result."""
+        v = self.graph.value(name)
+        if v.kind in ("scalar", "const"):
+            if name not in self.scalars:
+                self.scalars[name] = (v.dtype, v.scalar)
+            return name
+        if name not in self.bind:
+            self.bind[name] = ("value", name)
+            self.types[name] = self.inst.type(name)
+            if v.kind == "virtual":
+                self.saved.add(name)
+        return name
+
+    def fwd_t(self, name: str) -> str:
+        """A forward value with its last two axes swapped: a declared view of the same memory."""
+        for b, (kind, of) in self.bind.items():
+            if kind == "transposed" and of == name:
+                return b
+        known = name in {v.name for v in self.graph.values}  # else a statistic the derived forward gains
+        if known and self.graph.value(name).kind == "virtual":
+            self.saved.add(name)
+        t = self.inst.type(name) if known else self.types[name]
+        swap = lambda s: s[:-2] + (s[-1], s[-2])  # noqa: E731
+        b = self.fresh(f"{name}_t")
+        self.bind[b] = ("transposed", name)
+        self.types[b] = TensorType(t.dtype, swap(t.shape), swap(t.strides))
+        return b
+
+    def stats(self, n: At, k: int) -> tuple[str, ...]:
+        """An op's first k statistics, saved: its own results (a norm in training phase); else results the
+        forward gains by computing it with EMIT_STATISTICS's attribute set (the same y)."""
+        switch = EMIT_STATISTICS.get(n.node.op)
+        if switch is None or n.attrs[switch[0]] == switch[1]:
+            return tuple(self.fwd(o) for o in n.node.outputs[1 : 1 + k])
+        if n.index not in self.trained:
+            sig = OPS[n.node.op]
+            full = {**n.attrs, switch[0]: switch[1]}
+            outs = sig.infer(Ctx(n.node.op, n.ins, full))[1:]
+            names = tuple(self.fresh(f"{n.out}_{s}") for s in sig.outputs[1:])
+            for name, out in zip(names, outs):
+                self.bind[name] = ("value", name)
+                self.types[name] = TensorType(out.dtype, out.shape, dense_strides(out.shape, out.order))
+            self.trained[n.index] = names
+        return self.trained[n.index][:k]
+
+    def transposed(self, g: str) -> str:
+        """A backward value with its last two axes swapped: a view where it is an output's gradient, else a
+        transpose op."""
+        kind, of = self.bind.get(g, (None, None))
+        if kind != "grad":
+            rank = len(self.types[g].shape)
+            return self.call("transpose", g, perm=(*range(rank - 2), rank - 1, rank - 2))
+        for b, (k, o) in self.bind.items():
+            if k == "grad_transposed" and o == of:
+                return b
+        t = self.types[g]
+        b = self.fresh(f"{g}_t")
+        self.bind[b] = ("grad_transposed", of)
+        self.types[b] = TensorType(t.dtype, t.shape[:-2] + t.shape[:-3:-1], t.strides[:-2] + t.strides[:-3:-1])
+        return b
+
+    def grad_of_output(self, name: str) -> str:
+        b = self.fresh(f"grad_{name}")
+        self.bind[b] = ("grad", name)
+        self.types[b] = self.inst.type(name)
+        return b
+
+    def _arg_type(self, a, rank: int) -> TensorType:
+        if isinstance(a, str) and a not in self.scalars:
+            return self.types[a]
+        dtype = self.scalars[a][0] if isinstance(a, str) else "float"
+        return TensorType(dtype, (1,) * rank, (1,) * rank)
+
+    def call(self, op: str, *args, dtype: str | None = None, **given):
+        """Emits `op(args, attrs)`; returns its result's name (a tuple of names for several). A negative
+        number becomes a host scalar (a literal cannot be negative)."""
+        args = tuple(self._scalar(a) if not isinstance(a, str) and a < 0 else a for a in args)
+        sig = OPS[op]
+        rank = max(len(self.types[a].shape) for a in args if isinstance(a, str) and a not in self.scalars)
+        ins = tuple(self._arg_type(a, rank) for a in args)
+        full = canonical(sig, given, ins)
+        outs = sig.infer(Ctx(op, ins, full))[: sig.count_results(given)]
+        first = next(t for t, a in zip(ins, args) if isinstance(a, str) and a not in self.scalars)
+        names = tuple(self.fresh(op) for _ in outs)
+        for name, out in zip(names, outs):
+            d = dtype or out.dtype or sig.result_dtype or (first.dtype if sig.keeps_dtype else self.graph.intermediate)
+            self.types[name] = TensorType(d, out.shape, dense_strides(out.shape, out.order))
+        st = _Stmt(names, (op, args, {k: full[k] for k in given} if given else {}), dtype)
+        self.stmts.append(st)
+        self.made.update((n, st) for n in names)
+        return names[0] if len(names) == 1 else names
+
+    def _scalar(self, value: float) -> str:
+        name = self.fresh("c")
+        self.scalars[name] = ("float", float(value))
+        return name
+
+    def cast(self, g: str, dtype: str) -> str:
+        """g in `dtype` (written once, however many ops read it)."""
+        if self.types[g].dtype == dtype:
+            return g
+        st = self.made.get(g)
+        if st is not None and self._retypable(g, st):  # written in that dtype where computed: no copy
+            st.dtype = dtype
+            self.types[g] = attrs.evolve(self.types[g], dtype=dtype)
+            return g
+        if (g, dtype) not in self.casts:
+            self.casts[g, dtype] = self.call("identity", g, dtype=dtype)
+        return self.casts[g, dtype]
+
+    def _retypable(self, g: str, st: _Stmt) -> bool:
+        """A pointwise result not yet read where its dtype matters (pointwise ops and reductions compute in
+        their own dtype, whatever they read)."""
+        if len(st.targets) > 1 or st.dtype is not None or OPS[st.call[0]].family != "pointwise":
+            return False
+        readers = (OPS[r.call[0]].family for r in self.stmts if g in r.call[1])
+        return all(f in ("pointwise", "reduction") for f in readers)
+
+    def expand(self, g: str, like: str) -> str:
+        """g broadcast to the forward value `like`'s shape (by a mask of all ones; pointwise ops broadcast)."""
+        t = self.inst.type(like)
+        if self.types[g].shape == t.shape:
+            return g
+        ones = self.call("cmp_ge", self.call("gen_index", self.fwd(like), axis=0), 0.0)
+        return self.call("mul", g, ones)
+
+    def sum_to(self, g: str, like: str) -> str:
+        """A gradient summed over the axes where the forward value `like` was broadcast."""
+        want, have = self.inst.type(like).shape, self.types[g].shape
+        if any(h == 1 and w != 1 for h, w in zip(have, want)):
+            g = self.expand(g, like)
+            have = self.types[g].shape
+        axes = [i for i, (h, w) in enumerate(zip(have, want)) if w == 1 and h != 1]
+        return self.call("reduction", g, mode="sum", axes=axes) if axes else g
+
+    def stmts_ast(self) -> list:
+        out = _header(self.graph)
+        for name in self.bind:
+            out.append(_input(name, self.types[name]))
+        for name, (dtype, value) in self.scalars.items():
+            out.append(ast.ScalarDecl(name, dtype, _num(value), ()))
+        for st in self.stmts:
+            op, args, given = st.call
+            call = _call(op, args, given)
+            if len(st.targets) > 1:
+                out.append(ast.Assign(st.targets, call))
+            elif st.output is not None:
+                out.append(_result(st.targets[0], st.output, call, True))
+            else:
+                t = self.types[st.targets[0]]
+                out.append(
+                    ast.Assign(st.targets, call, type=_type(t, shape=False))
+                    if st.dtype
+                    else ast.Assign(st.targets, call)
+                )
+        return out
+
+    def output(self, g: str, t: TensorType, name: str) -> str:
+        """Makes g an output of type t (dtype, shape, strides), or writes an identity to one."""
+        st = self.made.get(g)
+        if st is None or st.output is not None or len(st.targets) > 1:
+            g = self.call("identity", g)
+            st = self.made[g]
+        st.output, st.dtype = t, t.dtype
+        new = self.fresh(name)
+        self._rename(g, new)
+        return new
+
+    def _rename(self, old: str, new: str) -> None:
+        for st in self.stmts:
+            op, args, given = st.call
+            st.call = (op, tuple(new if a == old else a for a in args), given)
+            st.targets = tuple(new if t == old else t for t in st.targets)
+        self.types[new] = self.types.pop(old)
+        self.made[new] = self.made.pop(old)
+
+
+def _reject(graph: Graph, active: set[str]) -> None:
+    """What a derived backward does not handle yet, located: views, and an output written in place that a
+    gradient flows from (a running statistic passes none)."""
+    for v in graph.values:
+        if v.view is not None or v.into is not None and v.name in active:
+            what = "reads a buffer through a view" if v.view else "is written in place and has a gradient"
+            raise DslError(Diagnostic("error", f"'{v.name}' {what}; a graph with one has no derived backward", v.loc))
+
+
+def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | None = None, suffix: str = "") -> Derived:
+    """The augmented forward and the backward of one shape of `graph` (the only one when inst is None),
+    with gradients for `wrt` (default: every float input), named `<graph>_forward<suffix>` and
+    `<graph>_backward<suffix>`. DslError, at the op, when a gradient must pass an op that has no VJP."""
+    inst = inst or graph.instance()
+    floats = {v.name for v in graph.values if v.kind not in ("scalar", "const") and is_float(inst.type(v.name).dtype)}
+    inputs = [v.name for v in graph.of_kind("input") if v.name in floats]
+    wrt = tuple(inputs) if wrt is None else wrt
+    for w in wrt:
+        if w not in inputs:
+            raise DslError(
+                Diagnostic(
+                    "error",
+                    f"graph '{graph.name}': '{w}' is not a float input (they are: {', '.join(inputs)})",
+                    graph.loc,
+                )
+            )
+    active = set(wrt)
+    for n in graph.nodes:
+        if any(i in active for i in n.inputs):
+            results = n.outputs[:1] if n.op in STATISTICS else n.outputs
+            active |= {o for o in results if o in floats}
+    _reject(graph, active)
+    e = Emit(graph, inst)
+    grads = {o.name: e.grad_of_output(o.name) for o in graph.outputs if o.name in active}
+    for index in reversed(range(len(graph.nodes))):
+        n = graph.nodes[index]
+        dys = tuple(grads.get(o) for o in n.outputs)
+        need = tuple(i is not None and i in active for i in n.inputs)
+        if not any(need) or all(d is None for d in dys):
+            continue
+        rule = VJPS.get(n.op)
+        if rule is None:
+            raise DslError(Diagnostic("error", f"{n.op} has no derived backward: {NO_VJP[n.op]}", n.loc))
+        at = At(
+            n,
+            index,
+            inst.attrs(index),
+            tuple(inst.type(i) if i else None for i in n.inputs),
+            tuple(inst.type(o) for o in n.outputs),
+            need,
+            dys,
+        )
+        try:
+            results = rule(e, at)
+        except RuleError as err:
+            raise DslError(Diagnostic("error", f"no derived backward: {err}", n.loc)) from None
+        for name, g, want in zip(n.inputs, results, need):
+            if g is None or not want:
+                continue
+            g = e.sum_to(g, name)
+            grads[name] = e.call("add", grads[name], g) if name in grads else g
+    outs = []
+    for w in (w for w in wrt if w in grads):
+        old = grads[w]
+        new = e.output(old, inst.type(w), f"grad_{w}")
+        grads = {k: new if g == old else g for k, g in grads.items()}
+        outs.append((w, new))
+    if not outs:
+        raise DslError(
+            Diagnostic(
+                "error",
+                f"graph '{graph.name}': no gradient reaches {', '.join(wrt) or 'a float input'} from its outputs",
+                graph.loc,
+            )
+        )
+    fwd_name, bwd_name = f"{graph.name}_forward{suffix}", f"{graph.name}_backward{suffix}"
+    fwd_text = fmt_module(
+        ast.Module(
+            graph.file, (ast.GraphDef(fwd_name, tuple(forward_stmts(graph, inst, e.saved, e.trained, e.types))),)
+        )
+    )
+    bwd_text = fmt_module(ast.Module(graph.file, (ast.GraphDef(bwd_name, tuple(e.stmts_ast())),)))
+    bind = tuple((b, kind, of) for b, (kind, of) in e.bind.items())
+    return Derived(
+        check_text(fwd_name, fwd_text, graph.loc),
+        check_text(bwd_name, bwd_text, graph.loc),
+        fwd_text,
+        bwd_text,
+        bind,
+        tuple(outs),
+    )

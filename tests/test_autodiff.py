@@ -1,0 +1,420 @@
+"""Derived backward graphs (dsl/autodiff.py, dsl/vjp.py, cudnn_dsl/autograd.py), on the CPU: the VJP
+table covers the registry, the derived text round-trips, and the gradients of the derived backward,
+run through its reference, match torch autograd on the forward's reference."""
+
+import pytest
+import torch
+
+from cudnn_dsl.autograd import differentiable
+from cudnn_dsl.ops import IMPLS
+from cudnn_dsl.tensors import generate_inputs
+from dsl.autodiff import derive
+from dsl.diagnostics import DslError
+from dsl.ops import OPS
+from dsl.parser import parse
+from dsl.pipeline import program
+from dsl.printer import fmt_module
+from dsl.vjp import EMIT_STATISTICS, NO_VJP, STATISTICS, VJPS
+from tests.cli_util import run_cli
+
+TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (3e-2, 3e-2), torch.bfloat16: (1e-1, 5e-2)}
+"""(atol, rtol) per dtype: the derived backward rounds where cuDNN would; autograd runs in float64"""
+
+
+def test_every_op_has_a_vjp_or_a_reason():
+    assert set(VJPS).isdisjoint(NO_VJP)
+    assert set(VJPS) | set(NO_VJP) == set(OPS)
+    assert all(NO_VJP.values())
+
+
+def test_statistics_switches_name_real_attributes():
+    for op, (attr, value) in EMIT_STATISTICS.items():
+        assert op in STATISTICS and OPS[op].attr(attr) is not None
+        assert OPS[op].count_results({attr: value}) == len(OPS[op].outputs)
+
+
+def autograd_grads(graph, inst, inputs: dict, grads: dict) -> dict:
+    """torch autograd through the registry's references, in float64."""
+    env = {}
+    for v in graph.values:
+        if v.kind == "input":
+            env[v.name] = inputs[v.name].detach().double().requires_grad_(inputs[v.name].is_floating_point())
+        elif v.kind in ("scalar", "const"):
+            env[v.name] = torch.tensor(v.scalar, dtype=torch.float64).reshape(inst.type(v.name).shape)
+    for index, n in enumerate(graph.nodes):
+        ins = [env[i] if i else None for i in n.inputs]
+        results = IMPLS[n.op].ref(ins, inst.attrs(index), [inst.type(o) for o in n.outputs])
+        env.update(zip(n.outputs, results))
+    outs = [o for o in grads if grads[o] is not None]
+    torch.autograd.backward([env[o] for o in outs], [grads[o].double() for o in outs])
+    return {k: env[k].grad for k in inputs if env[k].grad is not None}
+
+
+def check_grads(source, seed: int = 0, graph=None, frozen=(), **text):
+    """`frozen`: inputs that do not require grad (a running statistic the graph updates in place)."""
+    f = differentiable(source, graph, **text)
+    inst = f.graph.instances[0]
+    inputs = generate_inputs(f.graph, inst, "cpu", seed)
+    leaves = {k: v.requires_grad_(v.is_floating_point() and k not in frozen) for k, v in inputs.items()}
+    outs = f(leaves)
+    torch.manual_seed(seed + 1)
+    grads = {
+        k: torch.randn(o.shape, dtype=torch.float64).to(o.dtype) if o.requires_grad else None for k, o in outs.items()
+    }
+    torch.autograd.backward(
+        [outs[k] for k in grads if grads[k] is not None], [g for g in grads.values() if g is not None]
+    )
+    want = {k: w for k, w in autograd_grads(f.graph, inst, inputs, grads).items() if k not in frozen}
+    assert want, "nothing to compare"
+    for name, w in want.items():
+        got = leaves[name].grad
+        if got is None:  # no gradient flows there (floor): autograd's is zero
+            assert not w.any(), name
+            continue
+        assert got.shape == w.shape and got.dtype == leaves[name].dtype
+        atol, rtol = TOL[got.dtype]
+        torch.testing.assert_close(got.double(), w, atol=atol * max(1.0, w.abs().max().item()), rtol=rtol, msg=name)
+    return f
+
+
+POSITIVE = "init=uniform(0.5, 2)"
+UNARY = [op for op, s in OPS.items() if s.family == "pointwise" and s.inputs == ("x",) and op in VJPS]
+UNARY = [op for op in UNARY if op not in ("gen_index", "logical_not", "floor", "ceil")]
+BINARY = ["add", "sub", "mul", "div", "max", "min", "pow", "add_square"]
+
+
+def _graph(body: str, a: str = "float[2, 3, 4]", b: str = "float[2, 3, 4]", init: str = "") -> str:
+    return (
+        f"graph g {{\n  input a : {a} {init}\n  input b : {b} {init}\n  input c : float[2, 3, 4] {init}\n  {body}\n}}\n"
+    )
+
+
+@pytest.mark.parametrize("op", UNARY)
+def test_unary_vjp_matches_autograd(op):
+    init = POSITIVE if OPS[op].positive else ""
+    check_grads(None, text=_graph(f"output y = {op}(a) * b + c", init=init))
+
+
+@pytest.mark.parametrize("op", BINARY)
+def test_binary_vjp_matches_autograd_with_broadcast(op):
+    init = POSITIVE if OPS[op].positive else ""
+    check_grads(None, text=_graph(f"output y = {op}(a, b) * c", b="float[1, 3, 1]", init=init))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "output y = relu(a, negative_slope=0.1, lower_clip=-0.5, upper_clip=0.7) + b * c",
+        "output y = leaky_relu(a, slope=0.2) * b + c",
+        "output y = binary_select(a, b, cmp_gt(c, 0)) * c",
+        "output y = bias(a, reduction(b, mode=sum, axes=[0, 2])) * c",
+        "output y = scale(a, reduction(b, mode=avg, axes=[0, 2])) * c",
+        "r = reduction(a * b, mode=sum, axes=[1])\n  output y = r * reduction(c, mode=max, axes=[1])",
+        "output y = reduction(a * b + c, mode=amax)",
+        "output y = floor(a) * b + c",
+        "h : float = concatenate(a, b, c, axis=1)\n  output y = h * h",
+        "output y = transpose(a, perm=[2, 0, 1]) * transpose(b + c, perm=[2, 0, 1])",
+        "output y = reshape(a, shape=[6, 4]) * reshape(b * c, shape=[6, 4])",
+    ],
+)
+def test_rules_match_autograd(body):
+    check_grads(None, text=_graph(body))
+
+
+def test_matmul_with_broadcast_batch_and_scalar():
+    text = """graph mm {
+  input a : float[3, 4, 5]
+  input b : float[1, 5, 6]
+  input bias : float[1, 1, 6]
+  scalar alpha : float = 0.5
+  output y = gelu_tanh(matmul(a, b) * alpha + bias)
+}
+"""
+    f = check_grads(None, text=text)
+    d = next(iter(f._pairs.values())).derived
+    assert ("b_t", "transposed", "b") in d.bind and ("a_t", "transposed", "a") in d.bind
+    assert "input b_t : float[1, 6, 5] strides [30, 1, 6]" in d.backward_text
+
+
+def test_matmul_of_intermediates_reads_saved_values_transposed():
+    text = "graph g {\n  input a : float[2, 3, 4]\n  input b : float[2, 4, 5]\n"
+    text += "  output y = matmul(relu(a) * 2, tanh(b))\n}\n"
+    f = check_grads(None, text=text)
+    d = next(iter(f._pairs.values())).derived
+    saved = {v.name for v in d.forward.outputs if v.name != "y"}  # the matmul's operands, relu's result
+    assert {of for _, kind, of in d.bind if kind == "transposed"} == saved - {"relu_0"} and len(saved) == 3
+
+
+def test_conv_bias_relu_example_half(tmp_path):
+    """examples/conv_bias_relu.cdg, smaller: the same ops, layouts and dtypes."""
+    src = open("examples/conv_bias_relu.cdg").read()
+    small = src.replace("[32, 128, 56, 56]", "[2, 8, 6, 6]").replace("[256, 128, 3, 3]", "[16, 8, 3, 3]")
+    small = small.replace("[1, 256, 1, 1]", "[1, 16, 1, 1]").replace("stride=[1, 1]", "stride=[2, 2]")
+    f = check_grads(None, text=small)
+    pair = next(iter(f._pairs.values()))
+    assert pair.forward is f.cg  # nothing saved: the forward is the graph as compiled
+    d = pair.derived
+    assert {w for w, _ in d.grads} == {"x", "w", "b"}
+    assert "output_padding=[1, 1]" in d.backward_text  # stride 2 over 6: two input sizes give one dy
+
+
+def test_matmul_epilogue_example_bf16():
+    src = open("examples/matmul_epilogue.cdg").read()
+    small = src.replace("[16, 512, 1024]", "[2, 8, 16]").replace("[16, 1024, 512]", "[2, 16, 8]")
+    check_grads(None, text=small.replace("[1, 1, 512]", "[1, 1, 8]"))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "output y = layernorm(a, b, c, epsilon=1e-3) * a",
+        "y, m, v = layernorm(a, b, c, phase=training)\n  output y\n  output m\n  output v",
+        "output y = rmsnorm(a, b + 1, epsilon=1e-3) * c",
+        "output y = rmsnorm(a, b, c)",
+    ],
+)
+def test_norm_vjps_match_autograd(body):
+    """Over the last axis ([1, 1, D] scale) and over all but the first ([1, C, H] scale)."""
+    for scale in ("float[1, 1, 4]", "float[1, 3, 4]"):
+        text = f"graph g {{\n  input a : float[2, 3, 4]\n  input b : {scale}\n  input c : {scale}\n  {body}\n}}\n"
+        check_grads(None, text=text)
+
+
+@pytest.mark.parametrize(
+    "x, scale, body",
+    [
+        ("[2, 3, 4, 5]", "[1, 3, 1, 1]", "output y = instancenorm(a, b, c, epsilon=1e-3) * a"),
+        (
+            "[2, 3, 4, 5]",
+            "[1, 3, 1, 1]",
+            "y, m, v = instancenorm(a, b, c, phase=training)\n  output y\n  output m\n  output v",
+        ),
+        ("[2, 3, 4]", "[2, 1, 4]", "output y = adalayernorm(a, b, c) * a"),
+        (
+            "[2, 3, 4]",
+            "[2, 1, 4]",
+            "h, m, v = adalayernorm(a, b, phase=training)\n  output y = h * c\n  output m\n  output v",
+        ),
+    ],
+)
+def test_instance_and_ada_norm_vjps_match_autograd(x, scale, body):
+    text = f"graph g {{\n  input a : float{x}\n  input b : float{scale}\n  input c : float{scale}\n  {body}\n}}\n"
+    check_grads(None, text=text)
+
+
+def test_inference_norm_saves_statistics_by_computing_them():
+    text = "graph g {\n  input a : float[2, 3, 4]\n  input b : float[1, 1, 4]\n  input c : float[1, 1, 4]\n"
+    d = derive(program(text=text + "  output y = layernorm(a, b, c)\n}\n").graph())
+    [n] = d.forward.nodes
+    assert n.outputs == ("y", "y_mean", "y_inv_variance") and d.forward.instances[0].attrs(0)["phase"] == "training"
+    assert {v.name for v in d.forward.outputs} == {"y", "y_mean", "y_inv_variance"}
+
+
+def test_batchnorm_inference_vjp_matches_autograd():
+    text = """graph bn {
+  input x : float[2, 3, 4, 4]
+  input mean : float[1, 3, 1, 1]
+  input inv_variance : float[1, 3, 1, 1] init=uniform(0.5, 2)
+  input scale : float[1, 3, 1, 1]
+  input bias : float[1, 3, 1, 1]
+  output y = batchnorm_inference(x, mean, inv_variance, scale, bias)
+}
+"""
+    check_grads(None, text=text)
+
+
+def test_batchnorm_training_example_updates_running_stats_in_place():
+    src = open("examples/batchnorm_training.cdg").read().replace("[16, 64, 32, 32]", "[4, 8, 3, 3]")
+    src = src.replace("[1, 64, 1, 1]", "[1, 8, 1, 1]")
+    f = differentiable(text=src)
+    inputs = f.cg.allocate_inputs()
+    running = inputs["running_mean"]
+    before = running.clone()
+    x = inputs["x"].requires_grad_()
+    outs = f(inputs)
+    assert outs["next_mean"] is running and not torch.equal(running, before)  # written over its input
+    assert not outs["saved_mean"].requires_grad  # statistics pass no gradient
+    check_grads(None, text=src, frozen=("running_mean", "running_var"))
+    assert x.grad is None  # only the checked call's backward ran
+
+
+def test_layernorm_training_example_bf16():
+    src = open("examples/layernorm_training.cdg").read().replace("[4096, 1024, 1, 1]", "[8, 16, 1, 1]")
+    check_grads(None, text=src.replace("[1, 1024, 1, 1]", "[1, 16, 1, 1]"), graph="layernorm_training")
+    check_grads(None, text=src.replace("[1, 1024, 1, 1]", "[1, 16, 1, 1]"), graph="rmsnorm_training")
+
+
+@pytest.mark.parametrize(
+    "example",
+    ["conv_bias_relu", "matmul_epilogue", "residual_block", "dynamic_matmul", "layernorm", "layernorm_training"],
+)
+def test_derived_text_round_trips(example):
+    prog = program(f"examples/{example}.cdg")
+    for g in prog.graphs:
+        for inst in g.instances:
+            d = derive(g, inst)
+            for text, graph in ((d.forward_text, d.forward), (d.backward_text, d.backward)):
+                assert fmt_module(parse(text, "<t>")) == text  # canonical
+                again = program(text=text, file=graph.file).graphs[0]
+                assert again == graph
+            saved = {of for _, kind, of in d.bind if kind == "value"}
+            assert saved <= {v.name for v in d.forward.values if v.kind in ("input", "output")}
+            assert len(d.forward.nodes) == len(g.nodes)  # saving adds outputs, not ops
+
+
+def test_saved_values_are_forward_outputs():
+    d = derive(program("examples/matmul_epilogue.cdg").graph())
+    assert d.forward.value("add_2").kind == "output"  # gelu's input
+    assert d.backward.value("add_2").kind == "input"
+    assert [v.name for v in d.backward.outputs] == ["grad_bias", "grad_a", "grad_b"]
+
+
+def test_relu_reads_its_result_not_a_saved_input():
+    g = program("examples/conv_bias_relu.cdg").graph()
+    d = derive(g)
+    assert [v.name for v in d.forward.outputs] == ["out"]  # nothing saved: the mask reads `out`
+    assert {of for _, kind, of in d.bind if kind == "value"} == {"out", "w", "x"}
+    assert [v.name for v in d.backward.outputs] == ["grad_b", "grad_x", "grad_w"]
+
+
+def test_gradients_of_a_value_read_twice_add():
+    text = _graph("h = a * b\n  output y = h * h + sin(h) * c")
+    d = derive(program(text=text).graph())
+    assert "add(" in d.backward_text
+    check_grads(None, text=text)
+
+
+def test_op_without_vjp_is_reported_at_the_op():
+    text = _graph("h = mod(a, b)\n  output y = h * c", init=POSITIVE)
+    with pytest.raises(DslError) as e:
+        derive(program(text=text).graph())
+    [diag] = e.value.diagnostics
+    assert "mod has no derived backward" in diag.message and diag.loc.line == 5
+
+
+def test_rule_refusal_is_located():
+    text = "graph g {\n  input x : float[1, 4, 5, 5]\n  input w : float[4, 2, 3, 3]\n  output y = conv_fprop(x, w)\n}\n"
+    with pytest.raises(DslError, match="grouped convolution") as e:
+        derive(program(text=text).graph())
+    assert e.value.diagnostics[0].loc.line == 4
+
+
+def test_no_gradient_past_a_comparison():
+    """Only ops a gradient reaches need a VJP: mod of two masks' selection is never differentiated."""
+    text = _graph("m = cmp_gt(mod(a, b), 0)\n  output y = binary_select(a, c, m)", init=POSITIVE)
+    d = derive(program(text=text).graph())
+    assert {w for w, _ in d.grads} == {"a", "c"}
+
+
+def test_cli_emit_backward():
+    r = run_cli("check", "--emit", "backward", "examples/conv_bias_relu.cdg")
+    assert r.returncode == 0, r.stderr
+    prog = program(text=r.stdout)
+    assert [g.name for g in prog.graphs] == ["conv_bias_relu_forward", "conv_bias_relu_backward"]
+    r = run_cli("check", "--emit", "backward", "examples/sdpa_masked.cdg")
+    assert r.returncode == 1 and "examples/sdpa_masked.cdg:16:14: error: no derived backward: sdpa" in r.stderr
+    assert "^^^" in r.stderr
+
+
+def test_dynamic_shapes_derive_one_pair_per_shape():
+    text = """graph dyn {
+  dim B in {1, 3}
+  input a : float[B, 4, 5]
+  input b : float[1, 5, 6]
+  output y = sigmoid(matmul(a, b))
+}
+"""
+    f = differentiable(text=text)
+    for batch in (1, 3):
+        a = torch.randn(batch, 4, 5, requires_grad=True)
+        b = torch.randn(1, 5, 6, requires_grad=True)
+        f(a=a, b=b)["y"].sum().backward()
+        a0, b0 = a.detach().requires_grad_(), b.detach().requires_grad_()
+        torch.sigmoid(a0 @ b0).sum().backward()
+        torch.testing.assert_close(a.grad, a0.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b.grad, b0.grad, atol=1e-5, rtol=1e-5)
+    assert len(f._pairs) == 2
+    r = run_cli("check", "--emit", "backward", "examples/dynamic_matmul.cdg")
+    names = [g.name for g in program(text=r.stdout).graphs]
+    assert r.returncode == 0 and "dynamic_matmul_backward_B8" in names and len(names) % 2 == 0
+
+
+def test_a_value_read_plainly_and_transposed():
+    """a feeds a matmul (read as a_t) and a mul (read as a): the backward binds both."""
+    text = "graph g {\n  input a : float[2, 3, 3]\n  input b : float[2, 3, 3]\n  output y = matmul(a, b) * a\n}\n"
+    f = check_grads(None, text=text)
+    bind = next(iter(f._pairs.values())).derived.bind
+    assert ("a", "value", "a") in bind and ("a_t", "transposed", "a") in bind
+
+
+def test_only_the_wanted_gradients_are_derived():
+    text = _graph("output y = mod(a, b) + a * c", init=POSITIVE)
+    f = differentiable(text=text)
+    ins = f.cg.allocate_inputs()
+    out = f(ins)["y"]  # nothing requires grad: the graph as written, nothing derived
+    assert not out.requires_grad and not f._pairs
+    c = ins["c"].requires_grad_()
+    f(ins)["y"].sum().backward()  # only c's gradient: mod, which has no VJP, is never differentiated
+    torch.testing.assert_close(c.grad, ins["a"])
+    [(_, wrt)] = f._pairs
+    assert wrt == ("c",)
+    ins["a"].requires_grad_()
+    with pytest.raises(DslError, match="mod has no derived backward"):
+        f(ins)
+
+
+def test_cli_emit_backward_with_target_plans_the_derived_graphs(tmp_path):
+    """Deviceless: the backward of conv + bias + relu runs split (dgrad and wgrad are graphs of their own)."""
+    src = tmp_path / "cbr.cdg"
+    text = open("examples/conv_bias_relu.cdg").read().replace("[32, 128, 56, 56]", "[8, 64, 16, 16]")
+    src.write_text(text.replace("[256, 128, 3, 3]", "[64, 64, 3, 3]").replace("[1, 256, 1, 1]", "[1, 64, 1, 1]"))
+    r = run_cli("check", "--emit", "backward", "--target", "h200", src)
+    assert r.returncode == 0, r.stderr
+    assert "graph conv_bias_relu_forward:" in r.stdout
+    assert "declines graph conv_bias_relu_backward whole" in r.stdout and "conv_dgrad (line" in r.stdout
+
+
+@pytest.mark.parametrize("mask", ["", ", causal=true", ", left_bound=3, right_bound=1", ", causal_bottom_right=true"])
+def test_sdpa_vjp_matches_autograd(mask):
+    text = f"""graph a {{
+  input q : float[2, 2, 6, 8]
+  input k : float[2, 2, 7, 8]
+  input v : float[2, 2, 7, 8]
+  output o = sdpa(q, k, v{mask})
+}}
+"""
+    f = check_grads(None, text=text)
+    d = next(iter(f._pairs.values())).derived
+    assert {v.name for v in d.forward.outputs} == {"o", "o_stats"}  # the forward made to save its statistics
+    assert ("grad_o_t", "grad_transposed", "o") in d.bind  # dO^T: a view of the incoming gradient
+
+
+def test_sdpa_vjp_of_a_computed_gradient_and_saved_stats():
+    text = """graph a {
+  io half
+  compute float
+  input q : half[1, 2, 8, 16]
+  input k : half[1, 2, 8, 16]
+  input v : half[1, 2, 8, 16]
+  input c : half[1, 2, 8, 16]
+  o, st = sdpa(q, k, v, causal=true, stats=true)
+  output y = o * c
+  output st
+}
+"""
+    f = check_grads(None, text=text)
+    d = next(iter(f._pairs.values())).derived
+    assert "transpose(" in d.backward_text and ("st", "value", "st") in d.bind
+
+
+def test_rope_vjp_rotates_back():
+    text = """graph r {
+  input x : float[2, 2, 6, 8]
+  input freqs : float[8, 1, 1, 8]
+  input c : float[2, 2, 6, 8]
+  output y = rope(x, freqs, rope_dim=6, output_scale=0.5) * c
+}
+"""
+    check_grads(None, text=text, frozen=("freqs",))
+    with pytest.raises(DslError, match="gradient in freqs"):
+        derive(program(text=text).graph())
