@@ -21,7 +21,7 @@ from cudnn_dsl.dtypes import cudnn_name
 from cudnn_dsl.fe_json import Located, Source, f32_from_json, find_graphs, value_from_json
 from dsl.diagnostics import DslError
 from dsl.ir import Program
-from dsl.ops import OPS
+from dsl.ops import BACKWARD_OPS, OPS
 from dsl.types import DTYPES as LANGUAGE_DTYPES
 
 VERSIONS = ("1.0", "2.0")
@@ -584,6 +584,7 @@ IMPORTED = {
 NOT_IMPORTED = {
     "bias": "the frontend's bias is its pointwise ADD: it imports as add (the same frontend call)",
     "scale": "the frontend's scale is its pointwise MUL: it imports as mul (the same frontend call)",
+    **{op: "backward ops: the import tables map forward nodes only so far" for op in BACKWARD_OPS},
 }
 
 
