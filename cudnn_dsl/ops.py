@@ -68,7 +68,7 @@ _BINARY_REF = {
     "scale": torch.mul,
 }
 #: language name -> cuDNN Frontend builder name, where they differ
-CUDNN_NAME = {"gelu_tanh": "gelu_approx_tanh"}
+CUDNN_NAME = {"gelu_tanh": "gelu_approx_tanh", "gelu_tanh_backward": "gelu_approx_tanh_backward"}
 
 
 def _unary(op: str) -> OpImpl:
@@ -649,7 +649,7 @@ def _pointwise_backward(op: str) -> OpImpl:
     """dy * f'(x); cuDNN's modes take the gradient and the forward op's input (loss, input)."""
     forward = op.removesuffix("_backward")
     derivative = _DERIVATIVE[forward]
-    builder = CUDNN_NAME.get(forward, forward) + "_backward"
+    builder = CUDNN_NAME.get(op, op)
     extra = {
         "relu": lambda a: {k: v for k, v in a.items() if v != _RELU_DEFAULTS[k]},
         "leaky_relu": lambda a: {"negative_slope": a["slope"]},
