@@ -635,7 +635,9 @@ _DERIVATIVE = {
         torch.ones_like(x) if a["upper_clip"] is None else (x < a["upper_clip"]).to(x.dtype),
     ),
     "leaky_relu": lambda x, a: torch.where(x > 0, torch.ones_like(x), torch.full_like(x, a["slope"])),
-    "gelu": lambda x, a: 0.5 * (1 + torch.erf(x / math.sqrt(2.0))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi),
+    "gelu": lambda x, a: (
+        0.5 * (1 + torch.erf(x / math.sqrt(2.0))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    ),
     "gelu_tanh": lambda x, a: _gelu_tanh_grad(x),
     "sigmoid": lambda x, a: torch.sigmoid(x) * (1 - torch.sigmoid(x)),
     "tanh": lambda x, a: 1 - torch.tanh(x) ** 2,

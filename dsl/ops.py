@@ -1281,11 +1281,13 @@ def _same_shape(ctx: Ctx, i: int, want: tuple[int, ...], what: str) -> None:
 def _float_stats(ctx: Ctx, *idx: int) -> None:
     for i in idx:
         t = ctx.inputs[i]
-        if not is_float(t.dtype):
+        if t.dtype != "float":
             raise RuleError(f"{ctx.op}: {OPS[ctx.op].inputs[i]} is {t.dtype}; saved statistics are float", i)
 
 
-def _norm_backward(ctx: Ctx, axes_of: Callable[[TensorType, TensorType], tuple[int, ...]], scale_rule: str) -> list[Out]:
+def _norm_backward(
+    ctx: Ctx, axes_of: Callable[[TensorType, TensorType], tuple[int, ...]], scale_rule: str
+) -> list[Out]:
     """dy, x, scale, then the saved statistics: dy is x's shape, scale follows the forward norm's rule
     (`scale_rule` says it), the statistics are x with 1 on the normalized axes (`axes_of(x, scale)`).
     Results: dx like x, dscale and dbias like scale."""
@@ -1296,7 +1298,9 @@ def _norm_backward(ctx: Ctx, axes_of: Callable[[TensorType, TensorType], tuple[i
     _same_kind(ctx, 0, 1)
     _same_shape(ctx, 0, x.shape, "the gradient of y, which is x's shape")
     if len(scale.shape) != len(x.shape) or any(s not in (1, d) for s, d in zip(scale.shape, x.shape)):
-        raise RuleError(f"{ctx.op}: scale {fmt_shape(scale.shape)} must broadcast onto the input {fmt_shape(x.shape)}", 2)
+        raise RuleError(
+            f"{ctx.op}: scale {fmt_shape(scale.shape)} must broadcast onto the input {fmt_shape(x.shape)}", 2
+        )
     axes = axes_of(x, scale)
     if not axes:
         raise RuleError(f"{ctx.op}: scale {fmt_shape(scale.shape)} must be {scale_rule}", 2)
