@@ -706,8 +706,11 @@ def _lower_norm_backward(builder: str):
 def ref_sdpa_backward(ins, a, outs):
     """dq, dk, dv from P = exp(s - stats) (s the forward's masked scores, stats its log-sum-exp) as cuDNN
     recomputes it: dv = Pd^T do, dP = (do v^T) * dropout, dS = P * (dP - rowsum(do * o)), dq = dS k * scale,
-    dk = dS^T q * scale; grouped K/V heads sum their queries' gradients. A row with no key has P = 0."""
-    q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale = ins
+    dk = dS^T q * scale; grouped K/V heads sum their queries' gradients. A row with no key has P = 0. With
+    dropout, cuDNN's graph scales rowsum(do * o) by dropout_scale_inv (the frontend's sdpa_backward node), and
+    so does this: dS = P * (dP - rowsum(do * o) * scale * scale_inv), the usual gradient when scale_inv is
+    1 / scale."""
+    q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv = ins
     h, hk, hv = q.shape[1], k.shape[1], v.shape[1]
     kr, vr = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hv, 1)
     s = torch.matmul(q, kr.transpose(-1, -2)) * a["scale"]
@@ -718,9 +721,10 @@ def ref_sdpa_backward(ins, a, outs):
     s = s.masked_fill(~_sdpa_keep(a, q.shape[0], s, len_q, len_kv), float("-inf"))
     p = torch.exp(s - stats).masked_fill(stats.isneginf() | s.isneginf(), 0.0)
     keep = 1.0 if drop_mask is None else drop_mask * drop_scale
+    rescale = 1.0 if drop_mask is None else drop_scale * drop_scale_inv
     dv = torch.matmul((p * keep).transpose(-1, -2), do)
     dp = torch.matmul(do, vr.transpose(-1, -2)) * keep
-    ds = p * (dp - (do * o).sum(-1, keepdim=True))
+    ds = p * (dp - (do * o).sum(-1, keepdim=True) * rescale)
     dq = torch.matmul(ds, kr) * a["scale"]
     dk = torch.matmul(ds.transpose(-1, -2), q) * a["scale"]
     b, skv = q.shape[0], k.shape[2]
@@ -741,7 +745,7 @@ def undefined_sdpa_backward(ins, a, outs):
 
 
 def lower_sdpa_backward(ctx, ins, a):
-    q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale = ins
+    q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv = ins
     kw = {"attn_scale": a["scale"]}
     if bias is not None:
         kw["bias"] = bias
@@ -756,7 +760,7 @@ def lower_sdpa_backward(ctx, ins, a):
         if a["right_bound"] is not None:
             kw["diagonal_band_right_bound"] = a["right_bound"]
     if drop_mask is not None:
-        kw["dropout"] = (drop_mask, drop_scale)
+        kw["dropout"] = (drop_mask, drop_scale, drop_scale_inv)
     res = ctx.g.sdpa_backward(q, k, v, o, do, stats, **kw, **ctx.kw)
     return [res[0], res[1], res[2]]  # [dQ, dK, dV]
 

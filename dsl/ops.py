@@ -1369,8 +1369,10 @@ def infer_sdpa_backward(ctx: Ctx) -> list[Out]:
         if ctx.inputs[i] is not None and ctx.inputs[i].dtype != "int32":
             raise RuleError(f"{ctx.op}: {OPS[ctx.op].optional[i - 6]} must be int32, got {ctx.inputs[i].dtype}", i)
     _sdpa_pair(ctx, 9, 10)
+    _sdpa_pair(ctx, 9, 11)
     _sdpa_optional(ctx, 9, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
     _sdpa_optional(ctx, 10, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
+    _sdpa_optional(ctx, 11, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
     return [Out(t.shape, stride_order(t.strides)) for t in (q, k, v)]
 
 
@@ -1465,7 +1467,7 @@ BACKWARD_OPS: dict[str, OpSig] = {
         "attention",
         ("q", "k", "v", "o", "do", "stats"),
         infer_sdpa_backward,
-        optional=("bias", "seq_len_q", "seq_len_kv", "dropout_mask", "dropout_scale"),
+        optional=("bias", "seq_len_q", "seq_len_kv", "dropout_mask", "dropout_scale", "dropout_scale_inv"),
         flops=flops_sdpa_backward,
         derive=_derive_band,
         folded=("causal", "causal_bottom_right", "sliding_window_length"),
@@ -1477,7 +1479,8 @@ BACKWARD_OPS: dict[str, OpSig] = {
         outputs=("dq", "dk", "dv"),
         results=lambda a: 3,
         doc="the gradients of sdpa(q, k, v, ...) from do, its output o and its softmax stats (sdpa's `stats=true`), "
-        "with the forward's scale, masks, bias and dropout: dq, dk, dv like q, k, v",
+        "with the forward's scale, masks, bias and dropout (the frontend's backward also takes dropout_scale_inv, "
+        "1 / dropout_scale): dq, dk, dv like q, k, v",
     ),
 }
 OPS.update(BACKWARD_OPS)

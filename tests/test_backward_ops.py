@@ -37,9 +37,11 @@ def error(body: str, io: str = "half"):
     return d.message, d.loc.line, d.loc.col
 
 
-def reference(body: str, seed: int = 5):
+def reference(body: str, seed: int = 5, **given):
+    """The graph's reference on seeded inputs; `given` maps an input to a function of the inputs."""
     g, inst = compiled(body)
     ins = generate_inputs(g, inst, "cpu", seed=seed)
+    ins.update({name: f(ins) for name, f in given.items()})
     return g, inst, ins, run_reference(g, inst, ins, "cpu")
 
 
@@ -215,6 +217,7 @@ QKV = {
     "lkv": "int32[2, 1, 1, 1]",
     "dm": "float[2, 4, 6, 9]",
     "ds": "float[1, 1, 1, 1]",
+    "dsi": "float[1, 1, 1, 1]",
 }
 ATTENTION = {
     "plain": ("", ""),
@@ -229,15 +232,17 @@ ATTENTION = {
 def _attention(case: str):
     """A forward sdpa saving its stats, and sdpa_backward of it with the same attributes."""
     call = ATTENTION[case][0]
-    used = ["q", "k", "v", "do"] + [n for n in ("bias", "lq", "lkv", "dm", "ds") if f"={n}" in call]
     more = f", {call}" if call else ""
+    # the frontend's backward also takes 1 / dropout_scale
+    inverse = ", dropout_scale_inv=dsi" if "dropout" in call else ""
+    used = ["q", "k", "v", "do"] + [n for n in ("bias", "lq", "lkv", "dm", "ds", "dsi") if f"={n}" in call + inverse]
     body = (
         "".join(f"  input {n} : {QKV[n]}\n" for n in used)
         + f"  o, st = sdpa(q, k, v, stats=true{more})\n"
-        + f"  dq, dk, dv = sdpa_backward(q, k, v, o, do, st{more})\n"
+        + f"  dq, dk, dv = sdpa_backward(q, k, v, o, do, st{more}{inverse})\n"
         + "".join(f"  output {n}\n" for n in ("o", "dq", "dk", "dv"))
     )
-    return reference(body)
+    return reference(body, **({"dsi": lambda ins: 1 / ins["ds"]} if inverse else {}))
 
 
 @pytest.mark.parametrize("case", list(ATTENTION))
@@ -294,6 +299,10 @@ def test_sdpa_backward_padding_lengths_come_in_pairs():
     body = "".join(f"  input {n} : {t}\n" for n, t in decls.items())
     msg, _, _ = error(body + "  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, seq_len_q=lq)\n  output dq")
     assert msg == "sdpa_backward: seq_len_q needs seq_len_kv too"
+    body += "".join(f"  input {n} : {QKV[n]}\n" for n in ("dm", "ds"))
+    call = "sdpa_backward(q, k, v, o, do, st, dropout_mask=dm, dropout_scale=ds)"
+    msg, _, _ = error(body.replace("  input lq : int32[2, 1, 1, 1]\n", "") + f"  dq, dk, dv = {call}\n  output dq")
+    assert msg == "sdpa_backward: dropout_mask needs dropout_scale_inv too"
 
 
 # ---- what cuDNN 9.28 plans for an H200, without a GPU --------------------------------------------------

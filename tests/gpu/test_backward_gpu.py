@@ -189,6 +189,7 @@ SDPA_DECLS = {
     "lkv": "int32[2, 1, 1, 1]",
     "dm": "bf16[2, 4, 256, 256]",
     "ds": "float[1, 1, 1, 1]",
+    "dsi": "float[1, 1, 1, 1]",
 }
 #: bf16 tolerances; dq's is tighter than bf16's default (the frontend's own tests allow 2e-2 for dq and 7e-2
 #: for dk and dv, test/python/sdpa/fp16.py): here dq's largest values are about 0.06 (plain) to 0.4 (causal)
@@ -200,6 +201,9 @@ def _sdpa_texts(extra: str) -> tuple[str, str]:
     decls = "".join(f"  input {n} : {SDPA_DECLS[n]}\n" for n in used)
     more = f", {extra}" if extra else ""
     forward = decls + f"  o, st = sdpa(q, k, v, stats=true{more})\n  output o\n  output st"
+    if "dropout" in extra:  # the frontend's backward also takes 1 / dropout_scale
+        decls += f"  input dsi : {SDPA_DECLS['dsi']}\n"
+        more += ", dropout_scale_inv=dsi"
     backward = (
         decls
         + "  input o : bf16[2, 4, 256, 64]\n  input do : bf16[2, 4, 256, 64]\n  input st : float[2, 4, 256, 1]\n"
@@ -219,6 +223,7 @@ def _sdpa_given(extra: str) -> dict:
         g = torch.Generator(device="cuda").manual_seed(3)
         given["dm"] = (torch.rand(2, 4, 256, 256, device="cuda", generator=g) > 0.1).to(torch.bfloat16)
         given["ds"] = torch.full((1, 1, 1, 1), 1 / 0.9, device="cuda")
+        given["dsi"] = torch.full((1, 1, 1, 1), 0.9, device="cuda")
     return given
 
 
@@ -227,9 +232,10 @@ def _sdpa_backward(extra: str, known: bool) -> None:
 
     forward, backward = _sdpa_texts(extra)
     fwd = cudnn_dsl.compile(graph_text(forward, "bf16"))
-    inputs = {**fwd.allocate_inputs(seed=11), **_sdpa_given(extra)}
+    extra_inputs = _sdpa_given(extra)
+    inputs = {**fwd.allocate_inputs(seed=11), **{k: v for k, v in extra_inputs.items() if k != "dsi"}}
     out = fwd.reference(inputs)
-    given = {**inputs, "o": out["o"], "st": out["st"]}
+    given = {**inputs, **extra_inputs, "o": out["o"], "st": out["st"]}
     (run if known else run_or_refused)(graph_text(backward, "bf16"), given, SDPA_ATOL)
 
 
