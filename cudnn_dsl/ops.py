@@ -216,12 +216,12 @@ def _conv_backward(dy, x, w, a, which: int):
 
 def ref_conv_dgrad(ins, a, outs):
     dy, w = ins
-    return [_conv_backward(dy, torch.empty(outs[0].shape, dtype=dy.dtype, device=dy.device), w, a, 0)]
+    return [_conv_backward(dy, dy.new_empty(outs[0].shape), w, a, 0)]
 
 
 def ref_conv_wgrad(ins, a, outs):
     x, dy = ins
-    return [_conv_backward(dy, x, torch.empty(outs[0].shape, dtype=x.dtype, device=x.device), a, 1)]
+    return [_conv_backward(dy, x, x.new_empty(outs[0].shape), a, 1)]
 
 
 def _lower_conv(builder: str):
