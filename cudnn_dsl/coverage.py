@@ -90,7 +90,6 @@ LEFT_OUT_BACKWARD = {
     "sdpa_mxfp8_backward": _BLOCK_SCALED,
     "moe_grouped_matmul_bwd": LEFT_OUT["moe_grouped_matmul"],
     "sdpa_fp8_backward": "not yet (FP8 attention's gradients, with their descales and amaxes)",
-    "rope_backward": "not yet",
 }
 
 #: forward ops being added (issue 9) on other branches; the registry's entry wins once it lands

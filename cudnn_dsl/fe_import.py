@@ -587,7 +587,16 @@ def import_sdpa_backward(n: Node) -> Call:
     return Call("sdpa_backward", args, tuple(attrs_), ("dQ", "dK", "dV"))
 
 
+def import_rope_backward(n: Node) -> Call:
+    attrs_ = (
+        ("rope_dim", str(int(n.get("rope_dim")))),
+        ("output_scale", f32_text(f32_from_json(n.get("output_scale", 1.0)))),
+    )
+    return Call("rope_backward", (n.port("DY"), n.port("FREQS")), attrs_, ("DX",))
+
+
 BACKWARD_NODES: dict[str, Callable[[Node], Call]] = {
+    "ROPE_BWD": import_rope_backward,
     "LAYER_NORM_BPROP": _norm_backward("layernorm_backward", ("MEAN", "INV_VARIANCE")),
     "RMS_NORM_BPROP": _norm_backward("rmsnorm_backward", ("INV_VARIANCE",)),
     "DBN": _norm_backward("batchnorm_backward", ("MEAN", "INV_VARIANCE")),
@@ -604,6 +613,7 @@ BACKWARD_IMPORTED = {
     "instancenorm_backward": "INSTANCE_NORM_BPROP",
     "adalayernorm_backward": "ADA_LAYER_NORM_BPROP",
     "sdpa_backward": "SDPA_BWD",
+    "rope_backward": "ROPE_BWD",
 }
 
 

@@ -765,6 +765,16 @@ def lower_sdpa_backward(ctx, ins, a):
     return [res[0], res[1], res[2]]  # [dQ, dK, dV]
 
 
+def ref_rope_backward(ins, a, outs):
+    """rope is a rotation per pair of dims, times output_scale: its gradient rotates dy by the opposite angles."""
+    dy, freqs = ins
+    return ref_rope([dy, -freqs], a, outs)
+
+
+def lower_rope_backward(ctx, ins, a):
+    return [ctx.g.rope_backward(ins[0], ins[1], output_scale=a["output_scale"], rope_dim=a["rope_dim"], **ctx.kw)]
+
+
 def _layer_axes(x, scale) -> list[int]:
     return _norm_axes(x, scale)
 
@@ -779,6 +789,7 @@ def _spatial_axes(x, scale) -> list[int]:
 
 BACKWARD_IMPLS: dict[str, OpImpl] = {
     **{f"{op}_backward": _pointwise_backward(f"{op}_backward") for op in _DERIVATIVE},
+    "rope_backward": OpImpl(ref_rope_backward, lower_rope_backward),
     "layernorm_backward": OpImpl(_ref_norm_backward(_layer_axes), _lower_norm_backward("layernorm_backward")),
     "rmsnorm_backward": OpImpl(_ref_norm_backward(_layer_axes), _lower_norm_backward("rmsnorm_backward")),
     "batchnorm_backward": OpImpl(_ref_norm_backward(_batch_axes), _lower_norm_backward("batchnorm_backward")),

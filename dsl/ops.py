@@ -1406,6 +1406,16 @@ BACKWARD_OPS: dict[str, OpSig] = {
         for n in ("gelu", "gelu_tanh", "sigmoid", "tanh", "elu", "softplus")
     },
     "swish_backward": _pointwise_backward("swish_backward", "swish", *OPS["swish"].attrs),
+    "rope_backward": OpSig(
+        "rope_backward",
+        "attention",
+        ("dy", "freqs"),
+        infer_rope,
+        derive=derive_rope,
+        attrs=OPS["rope"].attrs,
+        flops=flops_norm(4),
+        doc="the gradient of rope(x, freqs) from dy: dy rotated back by the same angles (times output_scale)",
+    ),
     "layernorm_backward": OpSig(
         "layernorm_backward",
         "norm",

@@ -305,6 +305,17 @@ def test_sdpa_backward_padding_lengths_come_in_pairs():
     assert msg == "sdpa_backward: dropout_mask needs dropout_scale_inv too"
 
 
+@pytest.mark.parametrize("attrs_", ["", ", rope_dim=4, output_scale=0.5"])
+def test_rope_backward_matches_autograd(attrs_):
+    body = (
+        "  input q : float[2, 3, 16, 8]\n  input f : float[32, 1, 1, 8]\n  input dy : float[2, 3, 16, 8]\n"
+        f"  output y = rope(q, f{attrs_})\n  output dq = rope_backward(dy, f{attrs_})"
+    )
+    g, inst, ins, out = reference(body)
+    (want,) = autograd(g, inst, ins, 0, (0,), [ins["dy"]], ins)
+    torch.testing.assert_close(out["dq"].double(), want, rtol=1e-5, atol=1e-6)
+
+
 # ---- what cuDNN 9.28 plans for an H200, without a GPU --------------------------------------------------
 
 PLANNED = {
@@ -324,6 +335,11 @@ PLANNED = {
     "sdpa_causal": "  input q : half[2, 4, 128, 64]\n  input k : half[2, 4, 128, 64]\n  input v : half[2, 4, 128, 64]\n"
     "  input o : half[2, 4, 128, 64]\n  input do : half[2, 4, 128, 64]\n  input st : float[2, 4, 128, 1]\n"
     "  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, causal=true)\n  output dq\n  output dk\n  output dv",
+    "rope_after_sdpa": "  input q : half[2, 4, 128, 64]\n  input k : half[2, 4, 128, 64]\n"
+    "  input v : half[2, 4, 128, 64]\n"
+    "  input o : half[2, 4, 128, 64]\n  input do : half[2, 4, 128, 64]\n  input st : float[2, 4, 128, 1]\n"
+    "  input f : float[128, 1, 1, 64]\n  dqr, dk, dv = sdpa_backward(q, k, v, o, do, st, causal=true)\n"
+    "  output dq = rope_backward(dqr, f)\n  output dk\n  output dv",
 }
 
 

@@ -490,6 +490,15 @@ _BACKWARD_CASES = {
         _graph(_MM + _DX + "  output y : float = leaky_relu_backward(matmul(a, b), dx0, slope=0.2)")
     ],
     "swish_backward": [_graph(_MM + _DX + "  output y : float = swish_backward(matmul(a, b), dx0, beta=2)")],
+    "rope_backward": [
+        (
+            _graph(
+                "  input dy : half[2, 4, 128, 64]\n  input f : float[128, 1, 1, 32]\n"
+                "  output dx = rope_backward(dy, f, rope_dim=32, output_scale=2)"
+            ),
+            True,
+        )
+    ],
     "layernorm_backward": [
         _graph(
             _NORM_BWD + "  dx, dg, db = layernorm_backward(dy, x, gamma, m, iv)\n  output dx\n  output dg : float\n"

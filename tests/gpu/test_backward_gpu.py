@@ -90,6 +90,16 @@ def test_relu_backward_after_conv_dgrad():
     run_or_refused(graph_text(body))
 
 
+def test_rope_backward_alone():
+    # rope alone finds no engine with cuDNN 9.28 planning for an H200 (it is attention's prologue), nor its
+    # gradient; the fused form is test_rope_backward_after_sdpa_backward below
+    body = (
+        "  input dy : bf16[2, 4, 128, 64]\n  input f : float[128, 1, 1, 64]\n"
+        "  output dx = rope_backward(dy, f, rope_dim=32, output_scale=0.5)"
+    )
+    run_or_refused(graph_text(body, "bf16"))
+
+
 # ---- norms ------------------------------------------------------------------------------------------------
 
 NORMS = {
@@ -262,3 +272,19 @@ def test_sdpa_backward(extra):
 )
 def test_sdpa_backward_forms_that_may_be_refused(extra):
     _sdpa_backward(extra, known=False)
+
+
+def test_rope_backward_after_sdpa_backward():
+    # The gradient of sdpa(rope(q), ...) at the un-rotated q: rope_backward as dq's epilogue (planned by
+    # cuDNN 9.28 for an H200 without a GPU).
+    import cudnn_dsl
+
+    forward, backward = _sdpa_texts("causal=true")
+    fwd = cudnn_dsl.compile(graph_text(forward, "bf16"))
+    inputs = fwd.allocate_inputs(seed=11)
+    out = fwd.reference(inputs)
+    backward = backward.replace("dq, dk, dv = sdpa_backward", "dqr, dk, dv = sdpa_backward").replace(
+        "output dq\n", "output dq = rope_backward(dqr, f)\n"
+    )
+    text = graph_text("  input f : float[256, 1, 1, 64]\n" + backward, "bf16")
+    run_or_refused(text, {**inputs, "o": out["o"], "st": out["st"]}, SDPA_ATOL)
