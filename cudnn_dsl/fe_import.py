@@ -584,6 +584,8 @@ def import_sdpa_backward(n: Node) -> Call:
     attrs_ = [(k, v) for k, v in kwargs if v is not None] + [("scale", _sdpa_scale(n)), *_sdpa_band(n)]
     if n.get("alibi_mask", False):
         attrs_.append(("alibi", "true"))
+    if n.get("is_deterministic_algorithm", False):
+        attrs_.append(("deterministic", "true"))
     return Call("sdpa_backward", args, tuple(attrs_), ("dQ", "dK", "dV"))
 
 

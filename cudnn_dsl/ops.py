@@ -761,6 +761,8 @@ def lower_sdpa_backward(ctx, ins, a):
             kw["diagonal_band_right_bound"] = a["right_bound"]
     if drop_mask is not None:
         kw["dropout"] = (drop_mask, drop_scale, drop_scale_inv)
+    if a["deterministic"]:
+        kw["use_deterministic_algorithm"] = True
     res = ctx.g.sdpa_backward(q, k, v, o, do, stats, **kw, **ctx.kw)
     return [res[0], res[1], res[2]]  # [dQ, dK, dV]
 

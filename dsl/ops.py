@@ -1485,6 +1485,12 @@ BACKWARD_OPS: dict[str, OpSig] = {
         attrs=(
             *_BAND_ATTRS,
             Attr("alibi", "bool", False, doc="the ALiBi bias was added (use_alibi_mask)"),
+            Attr(
+                "deterministic",
+                "bool",
+                False,
+                doc="the same bits every run: no atomic accumulation of dq (use_deterministic_algorithm)",
+            ),
         ),
         outputs=("dq", "dk", "dv"),
         results=lambda a: 3,

@@ -272,6 +272,7 @@ def test_sdpa_backward_shapes_follow_q_k_v():
         "left_bound": None,
         "right_bound": 0,
         "alibi": False,
+        "deterministic": False,
     }  # the band in its one form, as sdpa's
 
 

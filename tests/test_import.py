@@ -550,7 +550,11 @@ _BACKWARD_CASES = {
             ),
             False,
         ),
-        _graph(_SDPA_BWD + "  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, causal=true, alibi=true)" + _SDPA_BWD_OUT),
+        _graph(
+            _SDPA_BWD
+            + "  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, causal=true, alibi=true, deterministic=true)"
+            + _SDPA_BWD_OUT
+        ),
         (
             _graph(
                 _SDPA_BWD + "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"

@@ -210,7 +210,10 @@ def _sdpa_texts(extra: str) -> tuple[str, str]:
     used = [n for n in SDPA_DECLS if n in "qkv" or f"={n}" in extra]
     decls = "".join(f"  input {n} : {SDPA_DECLS[n]}\n" for n in used)
     more = f", {extra}" if extra else ""
-    forward = decls + f"  o, st = sdpa(q, k, v, stats=true{more})\n  output o\n  output st"
+    forward = (
+        decls
+        + f"  o, st = sdpa(q, k, v, stats=true{more.replace(', deterministic=true', '')})\n  output o\n  output st"
+    )
     if "dropout" in extra:  # the frontend's backward also takes 1 / dropout_scale
         decls += f"  input dsi : {SDPA_DECLS['dsi']}\n"
         more += ", dropout_scale_inv=dsi"
@@ -267,8 +270,9 @@ def test_sdpa_backward(extra):
         "alibi=true, causal=true",
         "seq_len_q=lq, seq_len_kv=lkv",
         "dropout_mask=dm, dropout_scale=ds",
+        "causal=true, deterministic=true",
     ],
-    ids=["sliding_window", "bias", "alibi", "padding", "dropout"],
+    ids=["sliding_window", "bias", "alibi", "padding", "dropout", "deterministic"],
 )
 def test_sdpa_backward_forms_that_may_be_refused(extra):
     _sdpa_backward(extra, known=False)
