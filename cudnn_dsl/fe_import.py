@@ -586,6 +586,9 @@ def import_sdpa_backward(n: Node) -> Call:
         attrs_.append(("alibi", "true"))
     if n.get("is_deterministic_algorithm", False):
         attrs_.append(("deterministic", "true"))
+    if n.tensor("dBias", "outputs") is not None:
+        attrs_.append(("dbias", "true"))
+        return Call("sdpa_backward", args, tuple(attrs_), ("dQ", "dK", "dV", "dBias"))
     return Call("sdpa_backward", args, tuple(attrs_), ("dQ", "dK", "dV"))
 
 

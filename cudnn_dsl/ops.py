@@ -16,6 +16,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from cudnn_dsl.dtypes import cudnn_type
 from dsl.ops import norm_axes
 
 
@@ -730,7 +731,7 @@ def ref_sdpa_backward(ins, a, outs):
     b, skv = q.shape[0], k.shape[2]
     dk = dk.reshape(b, hk, h // hk, skv, k.shape[3]).sum(2)
     dv = dv.reshape(b, hv, h // hv, skv, v.shape[3]).sum(2)
-    return [dq, dk, dv]
+    return [dq, dk, dv, _sum_to(ds, bias.shape)] if a["dbias"] else [dq, dk, dv]
 
 
 def undefined_sdpa_backward(ins, a, outs):
@@ -738,10 +739,12 @@ def undefined_sdpa_backward(ins, a, outs):
     seq_len_q, dk's and dv's past seq_len_kv."""
     len_q, len_kv = ins[7], ins[8]
     if len_q is None:
-        return [None] * 3
+        return [None] * len(outs)
     rows_q = _positions(ins[0], 2) >= len_q.view(-1, 1, 1, 1)
     rows_k = _positions(ins[1], 2) >= len_kv.view(-1, 1, 1, 1)
-    return [rows_q.expand(outs[0].shape), rows_k.expand(outs[1].shape), rows_k.expand(outs[2].shape)]
+    return [rows_q.expand(outs[0].shape), rows_k.expand(outs[1].shape), rows_k.expand(outs[2].shape)] + [None] * (
+        len(outs) - 3
+    )
 
 
 def lower_sdpa_backward(ctx, ins, a):
@@ -763,8 +766,16 @@ def lower_sdpa_backward(ctx, ins, a):
         kw["dropout"] = (drop_mask, drop_scale, drop_scale_inv)
     if a["deterministic"]:
         kw["use_deterministic_algorithm"] = True
+    if a["dbias"]:  # the frontend takes dBias's descriptor from the caller; the lowering pass stamps it
+        t = ctx.in_types[6]  # rank 4, as cuDNN gets it
+        kw["dBias"] = ctx.g.tensor(
+            name=f"{ctx.name}_dbias",
+            dim=list(t.shape),
+            stride=list(t.strides),
+            data_type=cudnn_type(ctx.cudnn, t.dtype),
+        )
     res = ctx.g.sdpa_backward(q, k, v, o, do, stats, **kw, **ctx.kw)
-    return [res[0], res[1], res[2]]  # [dQ, dK, dV]
+    return [res[0], res[1], res[2]] + ([kw["dBias"]] if a["dbias"] else [])  # [dQ, dK, dV, dBias]
 
 
 def ref_rope_backward(ins, a, outs):

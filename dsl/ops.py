@@ -1373,7 +1373,13 @@ def infer_sdpa_backward(ctx: Ctx) -> list[Out]:
     _sdpa_optional(ctx, 9, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
     _sdpa_optional(ctx, 10, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
     _sdpa_optional(ctx, 11, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
-    return [Out(t.shape, stride_order(t.strides)) for t in (q, k, v)]
+    outs = [Out(t.shape, stride_order(t.strides)) for t in (q, k, v)]
+    if ctx.attrs["dbias"]:
+        bias = ctx.inputs[6]
+        if bias is None:
+            raise RuleError(f"{ctx.op}: dbias is the gradient of the bias: give the forward's bias (bias=...)", "dbias")
+        outs.append(Out(bias.shape, stride_order(bias.strides)))
+    return outs
 
 
 def domains_sdpa_backward(ctx: Ctx) -> dict[int, tuple[int, int]]:
@@ -1491,9 +1497,10 @@ BACKWARD_OPS: dict[str, OpSig] = {
                 False,
                 doc="the same bits every run: no atomic accumulation of dq (use_deterministic_algorithm)",
             ),
+            Attr("dbias", "bool", False, doc="also return the bias's gradient, bias's shape, fourth (dBias)"),
         ),
-        outputs=("dq", "dk", "dv"),
-        results=lambda a: 3,
+        outputs=("dq", "dk", "dv", "dbias"),
+        results=lambda a: 4 if a.get("dbias") else 3,
         doc="the gradients of sdpa(q, k, v, ...) from do, its output o and its softmax stats (sdpa's `stats=true`), "
         "with the forward's scale, masks, bias and dropout (the frontend's backward also takes dropout_scale_inv, "
         "1 / dropout_scale): dq, dk, dv like q, k, v",

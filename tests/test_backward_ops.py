@@ -255,6 +255,25 @@ def test_sdpa_backward_from_the_saved_stats_matches_autograd(case):
         torch.testing.assert_close(out[name].double(), w, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_sdpa_backward_bias_gradient_matches_autograd():
+    body = (
+        "".join(f"  input {n} : {QKV[n]}\n" for n in ("q", "k", "v", "do", "bias"))
+        + "  o, st = sdpa(q, k, v, bias=bias, causal=true, stats=true)\n"
+        + "  dq, dk, dv, db = sdpa_backward(q, k, v, o, do, st, bias=bias, causal=true, dbias=true)\n"
+        + "".join(f"  output {n}\n" for n in ("o", "dq", "db"))
+    )
+    g, inst, ins, out = reference(body)
+    (want,) = autograd(g, inst, ins, 0, (3,), [ins["do"]], dict(ins, o=out["o"]))
+    assert out["db"].shape == ins["bias"].shape == (1, 4, 6, 9) and want.abs().max() > 0.01
+    torch.testing.assert_close(out["db"].double(), want, rtol=1e-4, atol=1e-5)
+    msg, _, _ = error(
+        "".join(f"  input {n} : {QKV[n]}\n" for n in ("q", "k", "v", "do"))
+        + "  input o : float[2, 4, 6, 16]\n  input st : float[2, 4, 6, 1]\n"
+        "  dq, dk, dv, db = sdpa_backward(q, k, v, o, do, st, dbias=true)\n  output dq"
+    )
+    assert msg == "sdpa_backward: dbias is the gradient of the bias: give the forward's bias (bias=...)"
+
+
 def test_sdpa_backward_shapes_follow_q_k_v():
     body = "".join(f"  input {n} : {QKV[n].replace('float', 'half')}\n" for n in ("q", "k", "v", "do"))
     t = types(
@@ -273,6 +292,7 @@ def test_sdpa_backward_shapes_follow_q_k_v():
         "right_bound": 0,
         "alibi": False,
         "deterministic": False,
+        "dbias": False,
     }  # the band in its one form, as sdpa's
 
 

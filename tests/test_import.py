@@ -551,6 +551,12 @@ _BACKWARD_CASES = {
             False,
         ),
         _graph(
+            _SDPA_BWD + "  input bias : half[1, 4, 128, 128]\n"
+            "  dq, dk, dv, db = sdpa_backward(q, k, v, o, do, st, bias=bias, dbias=true)"
+            + _SDPA_BWD_OUT
+            + "\n  output db"
+        ),
+        _graph(
             _SDPA_BWD
             + "  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, causal=true, alibi=true, deterministic=true)"
             + _SDPA_BWD_OUT

@@ -203,24 +203,24 @@ SDPA_DECLS = {
 }
 #: bf16 tolerances; dq's is tighter than bf16's default (the frontend's own tests allow 2e-2 for dq and 7e-2
 #: for dk and dv, test/python/sdpa/fp16.py): here dq's largest values are about 0.06 (plain) to 0.4 (causal)
-SDPA_ATOL = {"dq": 1e-2, "dk": 3e-2, "dv": 3e-2}
+SDPA_ATOL = {"dq": 1e-2, "dk": 3e-2, "dv": 3e-2, "db": 3e-2}
 
 
 def _sdpa_texts(extra: str) -> tuple[str, str]:
     used = [n for n in SDPA_DECLS if n in "qkv" or f"={n}" in extra]
     decls = "".join(f"  input {n} : {SDPA_DECLS[n]}\n" for n in used)
     more = f", {extra}" if extra else ""
-    forward = (
-        decls
-        + f"  o, st = sdpa(q, k, v, stats=true{more.replace(', deterministic=true', '')})\n  output o\n  output st"
-    )
+    forward_more = more.replace(", deterministic=true", "").replace(", dbias=true", "")  # backward only
+    forward = decls + f"  o, st = sdpa(q, k, v, stats=true{forward_more})\n  output o\n  output st"
     if "dropout" in extra:  # the frontend's backward also takes 1 / dropout_scale
         decls += f"  input dsi : {SDPA_DECLS['dsi']}\n"
         more += ", dropout_scale_inv=dsi"
     backward = (
         decls
         + "  input o : bf16[2, 4, 256, 64]\n  input do : bf16[2, 4, 256, 64]\n  input st : float[2, 4, 256, 1]\n"
-        + f"  dq, dk, dv = sdpa_backward(q, k, v, o, do, st{more})\n  output dq\n  output dk\n  output dv"
+        + f"  dq, dk, dv{', db' * ('dbias' in extra)} = sdpa_backward(q, k, v, o, do, st{more})\n"
+        + "  output dq\n  output dk\n  output dv"
+        + "\n  output db" * ("dbias" in extra)
     )
     return forward, backward
 
@@ -271,8 +271,9 @@ def test_sdpa_backward(extra):
         "seq_len_q=lq, seq_len_kv=lkv",
         "dropout_mask=dm, dropout_scale=ds",
         "causal=true, deterministic=true",
+        "bias=b, dbias=true",
     ],
-    ids=["sliding_window", "bias", "alibi", "padding", "dropout", "deterministic"],
+    ids=["sliding_window", "bias", "alibi", "padding", "dropout", "deterministic", "dbias"],
 )
 def test_sdpa_backward_forms_that_may_be_refused(extra):
     _sdpa_backward(extra, known=False)
