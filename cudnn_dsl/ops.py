@@ -735,8 +735,8 @@ def ref_sdpa_backward(ins, a, outs):
 
 
 def undefined_sdpa_backward(ins, a, outs):
-    """With padding, cuDNN does not say what it writes past a sequence's length: dq's rows past
-    seq_len_q, dk's and dv's past seq_len_kv."""
+    """With padding, what cuDNN writes past a sequence's length is taken as unspecified, as for the forward's
+    O: dq's rows past seq_len_q, dk's and dv's past seq_len_kv."""
     len_q, len_kv = ins[7], ins[8]
     if len_q is None:
         return [None] * len(outs)
