@@ -83,6 +83,15 @@ LEFT_OUT = {
     "moe_grouped_matmul": "mixture-of-experts grouped GEMM over ragged per-expert token lists: not in this issue",
 }
 
+#: backward ops the language leaves out, and why
+LEFT_OUT_BACKWARD = {
+    **{f"{op}_bwd": _PYTHON_ENGINES for op in ("gdn", "gdn2", "gdp", "kda", "mamba2")},
+    **{f"{op}_summary_bwd": _PYTHON_ENGINES for op in ("gdn", "gdn2", "gdp", "kda", "mamba2")},
+    "sdpa_mxfp8_backward": _BLOCK_SCALED,
+    "moe_grouped_matmul_bwd": LEFT_OUT["moe_grouped_matmul"],
+    "sdpa_fp8_backward": "not yet (FP8 attention's gradients, with their descales and amaxes)",
+}
+
 #: forward ops being added (issue 9) on other branches; the registry's entry wins once it lands
 PENDING = {
     "adalayernorm": "not yet (training norms)",
@@ -112,25 +121,32 @@ def spellings() -> dict[str, list[str]]:
     return out
 
 
-def rows(pygraph) -> list[tuple[str, list[str], str | None]]:
-    """(pygraph op, its .cdg spellings, why it is left out); the reason is None for an op nothing
-    accounts for (the test fails on it)."""
+def rows(pygraph, backward: bool = False) -> list[tuple[str, list[str], str | None]]:
+    """(pygraph op, its .cdg spellings, why it is left out), for the forward ops or the backward ones; the
+    reason is None for an op nothing accounts for (the test fails on it)."""
     spelled = spellings()
-    forward, _ = pygraph_ops(pygraph)
-    return [(op, spelled.get(op, []), None if op in spelled else LEFT_OUT.get(op) or PENDING.get(op)) for op in forward]
+    forward, backward_ops = pygraph_ops(pygraph)
+    reasons = LEFT_OUT_BACKWARD if backward else {**PENDING, **LEFT_OUT}
+    return [
+        (op, spelled.get(op, []), None if op in spelled else reasons.get(op))
+        for op in (backward_ops if backward else forward)
+    ]
+
+
+def _table(rows_) -> list[str]:
+    out = ["| `cudnn.pygraph` op | `.cdg` | left out because |", "| --- | --- | --- |"]
+    for op, cdg, why in rows_:
+        out.append(f"| `{op}` | {', '.join(f'`{c}`' for c in cdg) or '–'} | {why or ('–' if cdg else '??')} |")
+    return out
 
 
 def table(pygraph) -> str:
-    """The coverage table of docs/language.md, and its one line of backward ops."""
-    out = ["| `cudnn.pygraph` op | `.cdg` | left out because |", "| --- | --- | --- |"]
-    for op, cdg, why in rows(pygraph):
-        out.append(f"| `{op}` | {', '.join(f'`{c}`' for c in cdg) or '–'} | {why or ('–' if cdg else '??')} |")
-    _, backward = pygraph_ops(pygraph)
-    out += ["", f"Backward ops: the next issue ({', '.join(f'`{b}`' for b in backward)})."]
+    """The coverage tables of docs/language.md: the forward ops, then the backward ones."""
+    out = [*_table(rows(pygraph)), "", "Backward ops (gradients):", "", *_table(rows(pygraph, backward=True))]
     return "\n".join(out) + "\n"
 
 
-def count(pygraph) -> tuple[int, int]:
-    """(forward ops the language spells, forward ops of pygraph)."""
-    r = rows(pygraph)
+def count(pygraph, backward: bool = False) -> tuple[int, int]:
+    """(ops the language spells, ops of pygraph), forward or backward."""
+    r = rows(pygraph, backward)
     return sum(1 for _, cdg, _ in r if cdg), len(r)

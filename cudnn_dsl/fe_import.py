@@ -226,6 +226,15 @@ POINTWISE = {
     "LOGICAL_NOT": "logical_not",
     "BINARY_SELECT": "binary_select",
     "GEN_INDEX": "gen_index",
+    # backward modes (dy, the forward input)
+    "RELU_BWD": "relu_backward",
+    "GELU_BWD": "gelu_backward",
+    "GELU_APPROX_TANH_BWD": "gelu_tanh_backward",
+    "SIGMOID_BWD": "sigmoid_backward",
+    "TANH_BWD": "tanh_backward",
+    "ELU_BWD": "elu_backward",
+    "SOFTPLUS_BWD": "softplus_backward",
+    "SWISH_BWD": "swish_backward",
 }
 #: reduction mode -> the language's reduction mode
 REDUCTION = {
@@ -266,9 +275,10 @@ def import_pointwise(n: Node) -> Call:
     if ins[2] is not None and op != "binary_select":
         raise n.fail("takes a third input (IN_2), which only binary_select of the language's pointwise ops has")
     attrs_: list[tuple[str, str]] = []
-    if op == "relu":
-        op, attrs_ = _relu(n)
-    if op == "swish":
+    if op in ("relu", "relu_backward"):
+        kind, attrs_ = _relu(n)
+        op = kind if op == "relu" else f"{kind}_backward"
+    if op in ("swish", "swish_backward"):
         attrs_.append(("beta", f32_text(f32_from_json(n.get("swish_beta", 1.0)))))
     if op == "gen_index":
         attrs_.append(("axis", str(int(n.get("axis")))))
@@ -561,6 +571,86 @@ def import_slice(n: Node) -> Call:
     return Call("slice", (n.port("X"),), attrs_, ("Y",))
 
 
+# ---- backward nodes (issue 10) ----
+
+
+def _norm_backward(op: str, stats: tuple[str, ...]) -> Callable[[Node], Call]:
+    """A norm's gradient: (DY, X, SCALE, the saved statistics) -> DX, DSCALE, DBIAS (rmsnorm: DBIAS only
+    with a bias, `dbias=true`)."""
+
+    def convert(n: Node) -> Call:
+        if n.get("peer_stats"):
+            raise n.fail(f"peer_stats (statistics across GPUs): the language's {op} has none", "peer_stats")
+        args = tuple(n.port(p) for p in ("DY", "X", "SCALE", *stats))
+        dbias = n.tensor("DBIAS", "outputs") is not None
+        attrs_ = (("dbias", "true"),) if op == "rmsnorm_backward" and dbias else ()
+        outs = ("DX", "DSCALE", "DBIAS") if dbias or op != "rmsnorm_backward" else ("DX", "DSCALE")
+        return Call(op, args, attrs_, outs)
+
+    return convert
+
+
+#: sdpa_backward's optional input ports, in the language's argument order (after q, k, v, o, do, stats)
+_SDPA_BWD_OPTIONAL = {k: v for k, v in _SDPA_OPTIONAL.items() if not k.startswith("page_table")} | {
+    "dropout_scale_inv": "Dropout_scale_inv"
+}
+
+
+def import_sdpa_backward(n: Node) -> Call:
+    _unsupported(n, ("Q", "K", "V", "O", "dO", "Stats", "Attn_scale", *_SDPA_BWD_OPTIONAL.values()))
+    if n.get("dropout_probability") is not None:
+        raise n.fail(
+            "a random dropout (dropout_probability): the language's sdpa_backward takes a dropout mask",
+            "dropout_probability",
+        )
+    if bool(n.get("padding_mask", False)) != (n.tensor("SEQ_LEN_Q") is not None):
+        raise n.fail("padding_mask and the SEQ_LEN inputs disagree", "padding_mask")
+    for field in ("max_total_seq_len_q", "max_total_seq_len_kv"):
+        if n.get(field) is not None:
+            raise n.fail(f"{field} (ragged Q/K/V): the language's sdpa_backward has no ragged offsets", field)
+    args = tuple(n.port(p) for p in ("Q", "K", "V", "O", "dO", "Stats"))
+    kwargs = [(k, n.port(p, optional=True)) for k, p in _SDPA_BWD_OPTIONAL.items()]
+    attrs_ = [(k, v) for k, v in kwargs if v is not None] + [("scale", _sdpa_scale(n)), *_sdpa_band(n)]
+    if n.get("alibi_mask", False):
+        attrs_.append(("alibi", "true"))
+    if n.get("is_deterministic_algorithm", False):
+        attrs_.append(("deterministic", "true"))
+    if n.tensor("dBias", "outputs") is not None:
+        attrs_.append(("dbias", "true"))
+        return Call("sdpa_backward", args, tuple(attrs_), ("dQ", "dK", "dV", "dBias"))
+    return Call("sdpa_backward", args, tuple(attrs_), ("dQ", "dK", "dV"))
+
+
+def import_rope_backward(n: Node) -> Call:
+    attrs_ = (
+        ("rope_dim", str(int(n.get("rope_dim")))),
+        ("output_scale", f32_text(f32_from_json(n.get("output_scale", 1.0)))),
+    )
+    return Call("rope_backward", (n.port("DY"), n.port("FREQS")), attrs_, ("DX",))
+
+
+BACKWARD_NODES: dict[str, Callable[[Node], Call]] = {
+    "ROPE_BWD": import_rope_backward,
+    "LAYER_NORM_BPROP": _norm_backward("layernorm_backward", ("MEAN", "INV_VARIANCE")),
+    "RMS_NORM_BPROP": _norm_backward("rmsnorm_backward", ("INV_VARIANCE",)),
+    "DBN": _norm_backward("batchnorm_backward", ("MEAN", "INV_VARIANCE")),
+    "INSTANCE_NORM_BPROP": _norm_backward("instancenorm_backward", ("MEAN", "INV_VARIANCE")),
+    "ADA_LAYER_NORM_BPROP": _norm_backward("adalayernorm_backward", ("MEAN", "INV_VARIANCE")),
+    "SDPA_BWD": import_sdpa_backward,
+}
+#: the backward ops those rows and the backward pointwise modes produce
+BACKWARD_IMPORTED = {
+    "leaky_relu_backward": "POINTWISE mode RELU_BWD with relu_lower_clip_slope",
+    "layernorm_backward": "LAYER_NORM_BPROP",
+    "rmsnorm_backward": "RMS_NORM_BPROP",
+    "batchnorm_backward": "DBN",
+    "instancenorm_backward": "INSTANCE_NORM_BPROP",
+    "adalayernorm_backward": "ADA_LAYER_NORM_BPROP",
+    "sdpa_backward": "SDPA_BWD",
+    "rope_backward": "ROPE_BWD",
+}
+
+
 #: node tag -> how it becomes a language op
 NODES: dict[str, Callable[[Node], Call]] = {
     "POINTWISE": import_pointwise,
@@ -583,6 +673,7 @@ NODES: dict[str, Callable[[Node], Call]] = {
     "TRANSPOSE": import_transpose,
     "RESHAPE": import_reshape,
     "SLICE": import_slice,
+    **BACKWARD_NODES,
 }
 #: language ops the tables above produce, by the row that produces each
 IMPORTED = {
@@ -608,6 +699,7 @@ IMPORTED = {
     "transpose": "TRANSPOSE",
     "reshape": "RESHAPE",
     "slice": "SLICE",
+    **BACKWARD_IMPORTED,
 }
 #: registry ops no frontend node becomes, and why
 NOT_IMPORTED = {
@@ -757,10 +849,15 @@ def _tensor_problem(t) -> str | None:
 
 def _composite_k(nodes: list, tensors: dict[str, Tensor]) -> None:
     """The frontend's composite sdpa (chosen for a dropout mask, among others) transposes K in place to [B, H, D, S]
-    and its JSON shows that K: put it back as the language (and the frontend's caller) gave it."""
+    and its JSON shows that K; its sdpa_backward does so to K and V. Put them back as the language (and the
+    frontend's caller) gave them."""
     for nj in nodes:
-        ref = (nj.get("inputs") or {}).get("K")
-        if nj["tag"] == "SDPA" and nj.get("implementation") == "COMPOSITE" and ref is not None:
+        composite = nj["tag"] == "SDPA" and nj.get("implementation") == "COMPOSITE"
+        ports = ("K",) if composite else ("K", "V") if nj["tag"] == "SDPA_BWD" else ()
+        for port in ports:
+            ref = (nj.get("inputs") or {}).get(port)
+            if ref is None:
+                continue
             t = tensors[str(ref)]
             for field in ("dim", "stride"):
                 v = list(t.json.get(field) or [])
@@ -775,6 +872,7 @@ def _absorbed(nodes: list, tensors: dict[str, Tensor]) -> set[str]:
         "BATCHNORM": ("EPSILON", "MOMENTUM"),
         "SDPA": ("Attn_scale",),
         "SDPA_FP8_FWD": ("Attn_scale",),
+        "SDPA_BWD": ("Attn_scale",),
     }
     out = set()
     for nj in nodes:

@@ -16,6 +16,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from cudnn_dsl.dtypes import cudnn_type
 from dsl.ops import BSHD, norm_axes
 from dsl.types import dense_strides, storage_elements
 
@@ -73,7 +74,7 @@ _BINARY_REF = {
     "scale": torch.mul,
 }
 #: language name -> cuDNN Frontend builder name, where they differ
-CUDNN_NAME = {"gelu_tanh": "gelu_approx_tanh"}
+CUDNN_NAME = {"gelu_tanh": "gelu_approx_tanh", "gelu_tanh_backward": "gelu_approx_tanh_backward"}
 
 
 def _unary(op: str) -> OpImpl:
@@ -221,12 +222,12 @@ def _conv_backward(dy, x, w, a, which: int):
 
 def ref_conv_dgrad(ins, a, outs):
     dy, w = ins
-    return [_conv_backward(dy, torch.empty(outs[0].shape, dtype=dy.dtype, device=dy.device), w, a, 0)]
+    return [_conv_backward(dy, dy.new_empty(outs[0].shape), w, a, 0)]
 
 
 def ref_conv_wgrad(ins, a, outs):
     x, dy = ins
-    return [_conv_backward(dy, x, torch.empty(outs[0].shape, dtype=x.dtype, device=x.device), a, 1)]
+    return [_conv_backward(dy, x, x.new_empty(outs[0].shape), a, 1)]
 
 
 def _lower_conv(builder: str):
@@ -667,3 +668,199 @@ IMPLS: dict[str, OpImpl] = {
     "reshape": OpImpl(ref_reshape, lower_reshape),
     "slice": OpImpl(ref_slice, lower_slice),
 }
+
+
+# ---- backward ops (issue 10): the frontend's gradient ops ---------------------------------------------------
+# Closed forms (the reference runs under no_grad, and `emit --format torch` traces it); the CPU tests
+# hold each against torch autograd of the forward op's reference.
+
+
+def _gelu_tanh_grad(x):
+    k = math.sqrt(2.0 / math.pi)
+    t = torch.tanh(k * (x + 0.044715 * x**3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x)
+
+
+#: forward op -> its derivative at x, given the canonical attributes
+_DERIVATIVE = {
+    "relu": lambda x, a: torch.where(
+        x <= a["lower_clip"],
+        torch.full_like(x, a["negative_slope"]),
+        torch.ones_like(x) if a["upper_clip"] is None else (x < a["upper_clip"]).to(x.dtype),
+    ),
+    "leaky_relu": lambda x, a: torch.where(x > 0, torch.ones_like(x), torch.full_like(x, a["slope"])),
+    "gelu": lambda x, a: (
+        0.5 * (1 + torch.erf(x / math.sqrt(2.0))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    ),
+    "gelu_tanh": lambda x, a: _gelu_tanh_grad(x),
+    "sigmoid": lambda x, a: torch.sigmoid(x) * (1 - torch.sigmoid(x)),
+    "tanh": lambda x, a: 1 - torch.tanh(x) ** 2,
+    "elu": lambda x, a: torch.where(x > 0, torch.ones_like(x), torch.exp(x)),
+    "softplus": lambda x, a: torch.sigmoid(x),
+    "swish": lambda x, a: torch.sigmoid(a["beta"] * x) * (1 + a["beta"] * x * (1 - torch.sigmoid(a["beta"] * x))),
+}
+
+
+def _pointwise_backward(op: str) -> OpImpl:
+    """dy * f'(x); cuDNN's modes take the gradient and the forward op's input (loss, input)."""
+    forward = op.removesuffix("_backward")
+    derivative = _DERIVATIVE[forward]
+    builder = CUDNN_NAME.get(op, op)
+    extra = {
+        "relu": lambda a: {k: v for k, v in a.items() if v != _RELU_DEFAULTS[k]},
+        "leaky_relu": lambda a: {"negative_slope": a["slope"]},
+        "swish": lambda a: {"swish_beta": a["beta"]},
+    }.get(forward, lambda a: {})
+
+    def ref(ins, a, outs):
+        dy, x = _as_tensors(ins)
+        return [dy * derivative(x, a)]
+
+    def lower(ctx, ins, a):
+        return [getattr(ctx.g, builder)(ins[0], ins[1], **extra(a), **ctx.kw)]
+
+    return OpImpl(ref, lower)
+
+
+def _sum_to(t: torch.Tensor, shape) -> torch.Tensor:
+    """t summed over the axes where `shape` is 1 and t is not (a broadcast's gradient)."""
+    axes = [i for i, (d, s) in enumerate(zip(t.shape, shape)) if s == 1 and d != 1]
+    return t.sum(axes, keepdim=True) if axes else t
+
+
+def _norm_grads(dy, x, scale, mean, inv_var, axes):
+    """dx, dscale, dbias of y = (x - mean) * inv_var * scale + bias, with mean and inv_var the statistics
+    of x over `axes` (mean None: an RMS norm): dx = inv_var * (g - mean(g) - xhat * mean(g * xhat)),
+    g = dy * scale, the means over `axes`."""
+    xhat = (x if mean is None else x - mean) * inv_var
+    g = dy * scale
+    centred = g - g.mean(axes, keepdim=True) if mean is not None else g
+    dx = inv_var * (centred - xhat * (g * xhat).mean(axes, keepdim=True))
+    return [dx, _sum_to(dy * xhat, scale.shape), _sum_to(dy, scale.shape)]
+
+
+def _ref_norm_backward(axes_of):
+    def ref(ins, a, outs):
+        dy, x, scale, *stats = ins
+        mean, inv_var = stats if len(stats) == 2 else (None, stats[0])
+        return _norm_grads(dy, x, scale, mean, inv_var, axes_of(x, scale))[: len(outs)]
+
+    return ref
+
+
+def _lower_norm_backward(builder: str):
+    def lower(ctx, ins, a):
+        more = {"has_dbias": a["dbias"]} if "dbias" in a else {}
+        res = getattr(ctx.g, builder)(*ins, **more, **ctx.kw)
+        return [res[i] for i in range(2 + bool(a.get("dbias", True)))]  # [DX, DScale, DBias]
+
+    return lower
+
+
+def ref_sdpa_backward(ins, a, outs):
+    """dq, dk, dv from P = exp(s - stats) (s the forward's masked scores, stats its log-sum-exp) as cuDNN
+    recomputes it: dv = Pd^T do, dP = (do v^T) * dropout, dS = P * (dP - rowsum(do * o)), dq = dS k * scale,
+    dk = dS^T q * scale; grouped K/V heads sum their queries' gradients. A row with no key has P = 0. With
+    dropout, cuDNN's graph scales rowsum(do * o) by dropout_scale_inv (the frontend's sdpa_backward node), and
+    so does this: dS = P * (dP - rowsum(do * o) * scale * scale_inv), the usual gradient when scale_inv is
+    1 / scale."""
+    q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv = ins
+    h, hk, hv = q.shape[1], k.shape[1], v.shape[1]
+    kr, vr = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hv, 1)
+    s = torch.matmul(q, kr.transpose(-1, -2)) * a["scale"]
+    if bias is not None:
+        s = s + bias
+    if a["alibi"]:
+        s = s + _alibi(s)
+    s = s.masked_fill(~_sdpa_keep(a, q.shape[0], s, len_q, len_kv), float("-inf"))
+    p = torch.exp(s - stats).masked_fill(stats.isneginf() | s.isneginf(), 0.0)
+    keep = 1.0 if drop_mask is None else drop_mask * drop_scale
+    rescale = 1.0 if drop_mask is None else drop_scale * drop_scale_inv
+    dv = torch.matmul((p * keep).transpose(-1, -2), do)
+    dp = torch.matmul(do, vr.transpose(-1, -2)) * keep
+    ds = p * (dp - (do * o).sum(-1, keepdim=True) * rescale)
+    dq = torch.matmul(ds, kr) * a["scale"]
+    dk = torch.matmul(ds.transpose(-1, -2), q) * a["scale"]
+    b, skv = q.shape[0], k.shape[2]
+    dk = dk.reshape(b, hk, h // hk, skv, k.shape[3]).sum(2)
+    dv = dv.reshape(b, hv, h // hv, skv, v.shape[3]).sum(2)
+    return [dq, dk, dv, _sum_to(ds, bias.shape)] if a["dbias"] else [dq, dk, dv]
+
+
+def undefined_sdpa_backward(ins, a, outs):
+    """With padding, what cuDNN writes past a sequence's length is taken as unspecified, as for the forward's
+    O: dq's rows past seq_len_q, dk's and dv's past seq_len_kv."""
+    len_q, len_kv = ins[7], ins[8]
+    if len_q is None:
+        return [None] * len(outs)
+    rows_q = _positions(ins[0], 2) >= len_q.view(-1, 1, 1, 1)
+    rows_k = _positions(ins[1], 2) >= len_kv.view(-1, 1, 1, 1)
+    return [rows_q.expand(outs[0].shape), rows_k.expand(outs[1].shape), rows_k.expand(outs[2].shape)] + [None] * (
+        len(outs) - 3
+    )
+
+
+def lower_sdpa_backward(ctx, ins, a):
+    q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv = ins
+    kw = {"attn_scale": a["scale"]}
+    if bias is not None:
+        kw["bias"] = bias
+    if a["alibi"]:
+        kw["use_alibi_mask"] = True
+    if len_q is not None:
+        kw.update(use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_kv)
+    if a["left_bound"] is not None or a["right_bound"] is not None:
+        kw["diagonal_alignment"] = getattr(ctx.cudnn.diagonal_alignment, a["diagonal_alignment"].upper())
+        if a["left_bound"] is not None:
+            kw["diagonal_band_left_bound"] = a["left_bound"]
+        if a["right_bound"] is not None:
+            kw["diagonal_band_right_bound"] = a["right_bound"]
+    if drop_mask is not None:
+        kw["dropout"] = (drop_mask, drop_scale, drop_scale_inv)
+    if a["deterministic"]:
+        kw["use_deterministic_algorithm"] = True
+    if a["dbias"]:  # the frontend takes dBias's descriptor from the caller; the lowering pass stamps it
+        t = ctx.in_types[6]  # rank 4, as cuDNN gets it
+        kw["dBias"] = ctx.g.tensor(
+            name=f"{ctx.name}_dbias",
+            dim=list(t.shape),
+            stride=list(t.strides),
+            data_type=cudnn_type(ctx.cudnn, t.dtype),
+        )
+    res = ctx.g.sdpa_backward(q, k, v, o, do, stats, **kw, **ctx.kw)
+    return [res[0], res[1], res[2]] + ([kw["dBias"]] if a["dbias"] else [])  # [dQ, dK, dV, dBias]
+
+
+def ref_rope_backward(ins, a, outs):
+    """rope is a rotation per pair of dims, times output_scale: its gradient rotates dy by the opposite angles."""
+    dy, freqs = ins
+    return ref_rope([dy, -freqs], a, outs)
+
+
+def lower_rope_backward(ctx, ins, a):
+    return [ctx.g.rope_backward(ins[0], ins[1], output_scale=a["output_scale"], rope_dim=a["rope_dim"], **ctx.kw)]
+
+
+def _layer_axes(x, scale) -> list[int]:
+    return _norm_axes(x, scale)
+
+
+def _batch_axes(x, scale) -> list[int]:
+    return [d for d in range(x.dim()) if d != 1]
+
+
+def _spatial_axes(x, scale) -> list[int]:
+    return list(range(2, x.dim()))
+
+
+BACKWARD_IMPLS: dict[str, OpImpl] = {
+    **{f"{op}_backward": _pointwise_backward(f"{op}_backward") for op in _DERIVATIVE},
+    "rope_backward": OpImpl(ref_rope_backward, lower_rope_backward),
+    "layernorm_backward": OpImpl(_ref_norm_backward(_layer_axes), _lower_norm_backward("layernorm_backward")),
+    "rmsnorm_backward": OpImpl(_ref_norm_backward(_layer_axes), _lower_norm_backward("rmsnorm_backward")),
+    "batchnorm_backward": OpImpl(_ref_norm_backward(_batch_axes), _lower_norm_backward("batchnorm_backward")),
+    "instancenorm_backward": OpImpl(_ref_norm_backward(_spatial_axes), _lower_norm_backward("instancenorm_backward")),
+    "adalayernorm_backward": OpImpl(_ref_norm_backward(_layer_axes), _lower_norm_backward("adalayernorm_backward")),
+    "sdpa_backward": OpImpl(ref_sdpa_backward, lower_sdpa_backward, undefined_sdpa_backward),
+}
+IMPLS.update(BACKWARD_IMPLS)

@@ -1310,5 +1310,252 @@ OPS: dict[str, OpSig] = {
     ),
 }
 
+# ---- backward ops (issue 10): the frontend's gradient ops, for derived backward graphs ----------------------
+# Every op here takes the loss gradient dy of a forward op and what that op saved (its input, its
+# statistics); none of them is differentiated itself.
+
+
+def infer_pointwise_backward(ctx: Ctx) -> list[Out]:
+    """dy and the forward input x broadcast as a binary op's inputs do; dx takes their shape."""
+    return infer_binary(ctx)
+
+
+def _same_shape(ctx: Ctx, i: int, want: tuple[int, ...], what: str) -> None:
+    t = ctx.inputs[i]
+    if t is not None and t.shape != want:
+        name = (OPS[ctx.op].inputs + OPS[ctx.op].optional)[i]
+        raise RuleError(f"{ctx.op}: {name} {fmt_shape(t.shape)} must be {fmt_shape(want)} ({what})", i)
+
+
+def _float_stats(ctx: Ctx, *idx: int) -> None:
+    for i in idx:
+        t = ctx.inputs[i]
+        if t.dtype != "float":
+            raise RuleError(f"{ctx.op}: {OPS[ctx.op].inputs[i]} is {t.dtype}; saved statistics are float", i)
+
+
+def _norm_backward(
+    ctx: Ctx, axes_of: Callable[[TensorType, TensorType], tuple[int, ...]], scale_rule: str
+) -> list[Out]:
+    """dy, x, scale, then the saved statistics: dy is x's shape, scale follows the forward norm's rule
+    (`scale_rule` says it), the statistics are x with 1 on the normalized axes (`axes_of(x, scale)`).
+    Results: dx like x, dscale and dbias like scale."""
+    x, scale = ctx.inputs[1], ctx.inputs[2]
+    least = 3 if ctx.op == "instancenorm_backward" else 2
+    if len(x.shape) < least:
+        raise RuleError(f"{ctx.op}: input needs rank >= {least}, got {fmt_shape(x.shape)}", 1)
+    _same_kind(ctx, 0, 1)
+    _same_shape(ctx, 0, x.shape, "the gradient of y, which is x's shape")
+    if len(scale.shape) != len(x.shape) or any(s not in (1, d) for s, d in zip(scale.shape, x.shape)):
+        raise RuleError(
+            f"{ctx.op}: scale {fmt_shape(scale.shape)} must broadcast onto the input {fmt_shape(x.shape)}", 2
+        )
+    axes = axes_of(x, scale)
+    if not axes:
+        raise RuleError(f"{ctx.op}: scale {fmt_shape(scale.shape)} must be {scale_rule}", 2)
+    stats = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    for i in range(3, len(ctx.inputs)):
+        _same_shape(ctx, i, stats, "x with 1 on the normalized axes, as the forward norm saved it")
+    _float_stats(ctx, *range(3, len(ctx.inputs)))
+    grads = [Out(scale.shape, stride_order(scale.strides))] * (len(OPS[ctx.op].outputs) - 1)
+    return [Out(x.shape, stride_order(x.strides)), *grads][: OPS[ctx.op].count_results(ctx.attrs)]
+
+
+def _layer_axes(x: TensorType, scale: TensorType) -> tuple[int, ...]:
+    return norm_axes(x.shape, scale.shape) if scale.shape[0] == 1 else ()
+
+
+def _ada_axes(x: TensorType, scale: TensorType) -> tuple[int, ...]:
+    return norm_axes(x.shape, scale.shape) if scale.shape[0] == x.shape[0] else ()
+
+
+def _channel_axes(spatial_only: bool) -> Callable[[TensorType, TensorType], tuple[int, ...]]:
+    """batchnorm: every axis but the channel; instancenorm: the spatial axes. scale is [1, C, 1, ...]."""
+
+    def axes(x: TensorType, scale: TensorType) -> tuple[int, ...]:
+        if scale.shape != tuple(d if i == 1 else 1 for i, d in enumerate(x.shape)):
+            return ()
+        return tuple(range(2, len(x.shape))) if spatial_only else tuple(i for i in range(len(x.shape)) if i != 1)
+
+    return axes
+
+
+def infer_layernorm_backward(ctx: Ctx) -> list[Out]:
+    return _norm_backward(ctx, _layer_axes, "1 on the batch axis and not 1 on some axis after it")
+
+
+def infer_adalayernorm_backward(ctx: Ctx) -> list[Out]:
+    return _norm_backward(ctx, _ada_axes, "one scale per sample ([N, 1, D] for x [N, S, D])")
+
+
+def infer_batchnorm_backward(ctx: Ctx) -> list[Out]:
+    return _norm_backward(ctx, _channel_axes(False), "[1, C, 1, ...] (one value per channel)")
+
+
+def infer_instancenorm_backward(ctx: Ctx) -> list[Out]:
+    return _norm_backward(ctx, _channel_axes(True), "[1, C, 1, ...] (one value per channel)")
+
+
+def infer_sdpa_backward(ctx: Ctx) -> list[Out]:
+    """q, k, v as sdpa takes them; o and do [B, H, S_q, D_v]; stats [B, H, S_q, 1] float; the optional
+    inputs as sdpa's. Results: dq, dk, dv like q, k, v."""
+    q, k, v = _sdpa_qkv(ctx)
+    b, h, s, _ = q.shape
+    o_shape = (b, h, s, v.shape[3])
+    for i in (3, 4):
+        _sdpa_rank4(ctx, i, ("o", "do")[i - 3])
+        _same_shape(ctx, i, o_shape, "attention's output: [B, H, S_q, D_v]")
+        if ctx.inputs[i].dtype != q.dtype:
+            raise RuleError(f"{ctx.op}: dtype conflict: q {q.dtype}, {('o', 'do')[i - 3]} {ctx.inputs[i].dtype}", i)
+    _same_shape(ctx, 5, (b, h, s, 1), "the forward's softmax stats: [B, H, S_q, 1]")
+    if ctx.inputs[5].dtype != "float":
+        raise RuleError(f"{ctx.op}: stats is {ctx.inputs[5].dtype}; the forward's softmax stats are float", 5)
+    scores = (b, h, s, k.shape[2])
+    _sdpa_optional(ctx, 6, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
+    _sdpa_pair(ctx, 7, 8)
+    for i in (7, 8):
+        _same_shape(ctx, i, (b, 1, 1, 1), "one length per batch")
+        if ctx.inputs[i] is not None and ctx.inputs[i].dtype != "int32":
+            raise RuleError(f"{ctx.op}: {OPS[ctx.op].optional[i - 6]} must be int32, got {ctx.inputs[i].dtype}", i)
+    _sdpa_pair(ctx, 9, 10)
+    _sdpa_pair(ctx, 9, 11)
+    _sdpa_optional(ctx, 9, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
+    _sdpa_optional(ctx, 10, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
+    _sdpa_optional(ctx, 11, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
+    outs = [Out(t.shape, stride_order(t.strides)) for t in (q, k, v)]
+    if ctx.attrs["dbias"]:
+        bias = ctx.inputs[6]
+        if bias is None:
+            raise RuleError(f"{ctx.op}: dbias is the gradient of the bias: give the forward's bias (bias=...)", "dbias")
+        outs.append(Out(bias.shape, stride_order(bias.strides)))
+    return outs
+
+
+def domains_sdpa_backward(ctx: Ctx) -> dict[int, tuple[int, int]]:
+    return {7: (1, ctx.inputs[0].shape[2]), 8: (1, ctx.inputs[1].shape[2])}
+
+
+def flops_sdpa_backward(ctx: Ctx, outs) -> int:
+    """Two and a half times the forward's: P recomputed, then dV, dP, dQ and dK, one matmul each."""
+    return 5 * flops_sdpa(ctx, outs) // 2
+
+
+def _pointwise_backward(name: str, of: str, *attrs_: Attr) -> OpSig:
+    return OpSig(
+        name,
+        "pointwise",
+        ("dy", "x"),
+        infer_pointwise_backward,
+        attrs=attrs_,
+        doc=f"dy * {of}'(x): the gradient of `{of}` at its input x, given the gradient dy of its result",
+    )
+
+
+_NORM_BWD_OUTPUTS = ("dx", "dscale", "dbias")
+
+BACKWARD_OPS: dict[str, OpSig] = {
+    "relu_backward": _pointwise_backward("relu_backward", "relu", *OPS["relu"].attrs),
+    "leaky_relu_backward": _pointwise_backward("leaky_relu_backward", "leaky_relu", *OPS["leaky_relu"].attrs),
+    **{
+        f"{n}_backward": _pointwise_backward(f"{n}_backward", n)
+        for n in ("gelu", "gelu_tanh", "sigmoid", "tanh", "elu", "softplus")
+    },
+    "swish_backward": _pointwise_backward("swish_backward", "swish", *OPS["swish"].attrs),
+    "rope_backward": OpSig(
+        "rope_backward",
+        "attention",
+        ("dy", "freqs"),
+        infer_rope,
+        derive=derive_rope,
+        attrs=OPS["rope"].attrs,
+        flops=flops_norm(4),
+        doc="the gradient of rope(x, freqs) from dy: dy rotated back by the same angles (times output_scale)",
+    ),
+    "layernorm_backward": OpSig(
+        "layernorm_backward",
+        "norm",
+        ("dy", "x", "scale", "mean", "inv_variance"),
+        infer_layernorm_backward,
+        outputs=_NORM_BWD_OUTPUTS,
+        results=lambda a: 3,
+        flops=flops_norm(9),
+        doc="the gradients of layernorm(x, scale, bias) from dy and its saved mean and inv_variance: dx like x, "
+        "dscale and dbias like scale",
+    ),
+    "rmsnorm_backward": OpSig(
+        "rmsnorm_backward",
+        "norm",
+        ("dy", "x", "scale", "inv_variance"),
+        infer_layernorm_backward,
+        attrs=(Attr("dbias", "bool", False, doc="also return dbias, for an rmsnorm with a bias (has_dbias)"),),
+        outputs=_NORM_BWD_OUTPUTS,
+        results=lambda a: 3 if a.get("dbias") else 2,
+        flops=flops_norm(7),
+        doc="the gradients of rmsnorm(x, scale[, bias]) from dy and its saved inv_variance: dx like x, dscale "
+        "(and dbias) like scale",
+    ),
+    "batchnorm_backward": OpSig(
+        "batchnorm_backward",
+        "norm",
+        ("dy", "x", "scale", "mean", "inv_variance"),
+        infer_batchnorm_backward,
+        outputs=_NORM_BWD_OUTPUTS,
+        results=lambda a: 3,
+        flops=flops_norm(9),
+        doc="the gradients of batchnorm (training) from dy and its saved mean and inv_variance [1, C, 1, ...]: "
+        "dx like x, dscale and dbias per channel",
+    ),
+    "instancenorm_backward": OpSig(
+        "instancenorm_backward",
+        "norm",
+        ("dy", "x", "scale", "mean", "inv_variance"),
+        infer_instancenorm_backward,
+        outputs=_NORM_BWD_OUTPUTS,
+        results=lambda a: 3,
+        flops=flops_norm(9),
+        doc="the gradients of instancenorm from dy and its saved mean and inv_variance [N, C, 1, ...]: dx like "
+        "x, dscale and dbias per channel",
+    ),
+    "adalayernorm_backward": OpSig(
+        "adalayernorm_backward",
+        "norm",
+        ("dy", "x", "scale", "mean", "inv_variance"),
+        infer_adalayernorm_backward,
+        outputs=_NORM_BWD_OUTPUTS,
+        results=lambda a: 3,
+        flops=flops_norm(9),
+        doc="the gradients of adalayernorm from dy and its saved mean and inv_variance: dx like x, dscale and "
+        "dbias per sample, like scale",
+    ),
+    "sdpa_backward": OpSig(
+        "sdpa_backward",
+        "attention",
+        ("q", "k", "v", "o", "do", "stats"),
+        infer_sdpa_backward,
+        optional=("bias", "seq_len_q", "seq_len_kv", "dropout_mask", "dropout_scale", "dropout_scale_inv"),
+        flops=flops_sdpa_backward,
+        derive=_derive_band,
+        folded=("causal", "causal_bottom_right", "sliding_window_length"),
+        domains=domains_sdpa_backward,
+        attrs=(
+            *_BAND_ATTRS,
+            Attr("alibi", "bool", False, doc="the ALiBi bias was added (use_alibi_mask)"),
+            Attr(
+                "deterministic",
+                "bool",
+                False,
+                doc="the same bits every run: no atomic accumulation of dq (use_deterministic_algorithm)",
+            ),
+            Attr("dbias", "bool", False, doc="also return the bias's gradient, bias's shape, fourth (dBias)"),
+        ),
+        outputs=("dq", "dk", "dv", "dbias"),
+        results=lambda a: 4 if a.get("dbias") else 3,
+        doc="the gradients of sdpa(q, k, v, ...) from do, its output o and its softmax stats (sdpa's `stats=true`), "
+        "with the forward's scale, masks, bias and dropout (the frontend's backward also takes dropout_scale_inv, "
+        "1 / dropout_scale): dq, dk, dv like q, k, v",
+    ),
+}
+OPS.update(BACKWARD_OPS)
+
 #: infix operators -> pointwise op
 INFIX = {"+": "add", "-": "sub", "*": "mul", "/": "div"}

@@ -14,37 +14,42 @@ def pygraph():
     return load_cudnn().pygraph
 
 
-def test_every_forward_op_of_the_frontend_is_spelled_or_has_a_reason(pygraph):
-    unaccounted = [op for op, cdg, why in coverage.rows(pygraph) if not cdg and not why]
-    assert not unaccounted, f"cudnn.pygraph has forward ops the coverage table does not account for: {unaccounted}"
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_every_op_of_the_frontend_is_spelled_or_has_a_reason(pygraph, backward):
+    unaccounted = [op for op, cdg, why in coverage.rows(pygraph, backward) if not cdg and not why]
+    assert not unaccounted, f"cudnn.pygraph has ops the coverage tables do not account for: {unaccounted}"
 
 
 def test_the_table_claims_only_registry_ops_and_each_lowers_to_a_frontend_op(pygraph):
-    forward, _ = coverage.pygraph_ops(pygraph)
-    for op, cdg, _ in coverage.rows(pygraph):
+    forward, backward = coverage.pygraph_ops(pygraph)
+    for op, cdg, _ in coverage.rows(pygraph) + coverage.rows(pygraph, backward=True):
         assert all(c in OPS for c in cdg), (op, cdg)
-    missing = {p: ops for p, ops in coverage.spellings().items() if p not in forward}
-    assert not missing, f"registry ops that lower to no forward op of cudnn.pygraph: {missing}"
+    missing = {p: ops for p, ops in coverage.spellings().items() if p not in forward + backward}
+    assert not missing, f"registry ops that lower to no op of cudnn.pygraph: {missing}"
 
 
 def test_a_reason_is_given_only_for_an_op_the_registry_lacks(pygraph):
-    forward, _ = coverage.pygraph_ops(pygraph)
     spelled = coverage.spellings()
-    assert not set(coverage.LEFT_OUT) & set(spelled), "an op in the registry still has a 'left out' reason"
-    stale = set(coverage.LEFT_OUT) | set(coverage.PENDING) | coverage.GRAPH_METHODS
+    left_out = set(coverage.LEFT_OUT) | set(coverage.LEFT_OUT_BACKWARD)
+    assert not left_out & set(spelled), "an op in the registry still has a 'left out' reason"
+    stale = left_out | set(coverage.PENDING) | coverage.GRAPH_METHODS
     assert stale <= set(dir(pygraph)), f"reasons for names cudnn.pygraph no longer has: {stale - set(dir(pygraph))}"
     assert not set(coverage.LEFT_OUT) & set(coverage.PENDING)
 
 
-def test_backward_ops_are_listed_on_one_line_not_in_the_table(pygraph):
+def test_backward_ops_have_a_table_of_their_own(pygraph):
     text = coverage.table(pygraph)
     _, backward = coverage.pygraph_ops(pygraph)
     assert "sdpa_backward" in backward and "conv_fprop" not in backward
-    rows = [line for line in text.splitlines() if line.startswith("| `")]
-    assert not any(coverage.is_backward(r.split("`")[1]) for r in rows)
-    assert text.splitlines()[-1].startswith("Backward ops: the next issue")
+    forward_part, backward_part = text.split("Backward ops (gradients):")
+    rows = [line.split("`")[1] for line in forward_part.splitlines() if line.startswith("| `")]
+    assert rows and not any(coverage.is_backward(r) for r in rows)
+    rows = [line.split("`")[1] for line in backward_part.splitlines()[4:] if line.startswith("| `")]
+    assert rows == backward
+    assert "| `sdpa_backward` | `sdpa_backward` | – |" in backward_part
 
 
-def test_the_count_is_of_the_table(pygraph):
-    n, m = coverage.count(pygraph)
-    assert m == len(coverage.rows(pygraph)) and 0 < n <= m
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_the_count_is_of_the_table(pygraph, backward):
+    n, m = coverage.count(pygraph, backward)
+    assert m == len(coverage.rows(pygraph, backward)) and 0 < n <= m

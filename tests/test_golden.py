@@ -82,8 +82,11 @@ def _coverage(what: str) -> str:
     pygraph = load_cudnn().pygraph
     if what == "table":
         return coverage.table(pygraph)
-    n, m = coverage.count(pygraph)
-    return f"The language spells **{n} of the {m} forward ops** of cuDNN Frontend 1.32's `pygraph`.\n"
+    (n, m), (bn, bm) = coverage.count(pygraph), coverage.count(pygraph, backward=True)
+    return (
+        f"The language spells **{n} of the {m} forward ops** of cuDNN Frontend 1.32's `pygraph`, and "
+        f"**{bn} of its {bm} backward ops**.\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -346,8 +346,8 @@ def test_unknown_node_is_named_and_located(tmp_path, mm_json):
 
 
 def test_unknown_pointwise_mode_is_an_error(tmp_path, mm_json):
-    err = _import_error(tmp_path, _edit(mm_json, lambda j: _node(j, "y").update(mode="RELU_BWD")))
-    assert "node 'y' (POINTWISE, nodes[3]): pointwise mode RELU_BWD has no op in the language" in err
+    err = _import_error(tmp_path, _edit(mm_json, lambda j: _node(j, "y").update(mode="ATAN2")))
+    assert "node 'y' (POINTWISE, nodes[3]): pointwise mode ATAN2 has no op in the language" in err
 
 
 def test_a_setting_the_language_lacks_is_an_error(tmp_path, mm_json):
@@ -460,6 +460,119 @@ _SDPA = "".join(f"  input {n} : half[2, 4, 128, 64]\n" for n in "qkv")
 _NORM = "  input x : bf16[512, 256, 1, 1]\n  input gamma : float[1, 256, 1, 1]\n  input beta : float[1, 256, 1, 1]\n"
 _IN = "  input x : half[8, 64, 16, 16] nhwc\n  input gamma : float[1, 64, 1, 1]\n  input beta : float[1, 64, 1, 1]\n"
 _BN = "".join(f"  input {n} : float[1, 64, 1, 1] nhwc\n" for n in ("mean", "inv_var", "gamma", "beta"))
+_DX = "  input dx0 : half[4, 64, 32]\n"
+_NORM_BWD = (
+    "  input dy : bf16[512, 256, 1, 1]\n  input x : bf16[512, 256, 1, 1]\n  input gamma : float[1, 256, 1, 1]\n"
+    "  input m : float[512, 1, 1, 1]\n  input iv : float[512, 1, 1, 1]\n"
+)
+_RMS_BWD = _NORM_BWD.replace("  input m : float[512, 1, 1, 1]\n", "")
+_CHANNEL_BWD = (
+    "  input dy : half[8, 64, 16, 16] nhwc\n  input x : half[8, 64, 16, 16] nhwc\n"
+    "  input gamma : float[1, 64, 1, 1] nhwc\n  input m : float[%s, 64, 1, 1] nhwc\n"
+    "  input iv : float[%s, 64, 1, 1] nhwc\n"
+)
+_SDPA_BWD = (
+    _SDPA
+    + "".join(f"  input {n} : half[2, 4, 128, 64]\n" for n in ("o", "do"))
+    + ("  input st : float[2, 4, 128, 1]\n")
+)
+_SDPA_BWD_OUT = "\n  output dq\n  output dk\n  output dv"
+#: the backward ops (issue 10), as CASES below
+_BACKWARD_CASES = {
+    "relu_backward": [
+        _graph(
+            _MM + _DX + "  output y : float = relu_backward(matmul(a, b), dx0, lower_clip=0.5, upper_clip=2, "
+            "negative_slope=0.1)"
+        ),
+        _graph(_MM + _DX + "  output y : float = relu_backward(matmul(a, b), dx0, upper_clip=6)"),
+    ],
+    "leaky_relu_backward": [
+        _graph(_MM + _DX + "  output y : float = leaky_relu_backward(matmul(a, b), dx0, slope=0.2)")
+    ],
+    "swish_backward": [_graph(_MM + _DX + "  output y : float = swish_backward(matmul(a, b), dx0, beta=2)")],
+    "rope_backward": [
+        (
+            _graph(
+                "  input dy : half[2, 4, 128, 64]\n  input f : float[128, 1, 1, 32]\n"
+                "  output dx = rope_backward(dy, f, rope_dim=32, output_scale=2)"
+            ),
+            True,
+        )
+    ],
+    "layernorm_backward": [
+        _graph(
+            _NORM_BWD + "  dx, dg, db = layernorm_backward(dy, x, gamma, m, iv)\n  output dx\n  output dg : float\n"
+            "  output db : float",
+            "bf16",
+        )
+    ],
+    "rmsnorm_backward": [
+        _graph(_RMS_BWD + "  dx, dg = rmsnorm_backward(dy, x, gamma, iv)\n  output dx\n  output dg : float", "bf16"),
+        _graph(
+            _RMS_BWD + "  dx, dg, db = rmsnorm_backward(dy, x, gamma, iv, dbias=true)\n  output dx\n"
+            "  output dg : float\n  output db : float",
+            "bf16",
+        ),
+    ],
+    "batchnorm_backward": [
+        _graph(
+            _CHANNEL_BWD % (1, 1) + "  dx, dg, db = batchnorm_backward(dy, x, gamma, m, iv)\n  output dx\n"
+            "  output dg : float\n  output db : float"
+        )
+    ],
+    "instancenorm_backward": [
+        _graph(
+            _CHANNEL_BWD % (8, 8) + "  dx, dg, db = instancenorm_backward(dy, x, gamma, m, iv)\n  output dx\n"
+            "  output dg : float\n  output db : float"
+        )
+    ],
+    "adalayernorm_backward": [
+        _graph(
+            "  input dy : half[8, 128, 256]\n  input x : half[8, 128, 256]\n  input gamma : float[8, 1, 256]\n"
+            "  input m : float[8, 128, 1]\n  input iv : float[8, 128, 1]\n"
+            "  dx, dg, db = adalayernorm_backward(dy, x, gamma, m, iv)\n  output dx\n  output dg : float\n"
+            "  output db : float"
+        )
+    ],
+    "sdpa_backward": [
+        _graph(_SDPA_BWD + "  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, causal=true)" + _SDPA_BWD_OUT),
+        (
+            _graph(
+                _SDPA_BWD + "  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, diagonal_alignment=bottom_right, "
+                "left_bound=32, right_bound=16, scale=0.125)" + _SDPA_BWD_OUT
+            ),
+            False,
+        ),
+        (
+            _graph(
+                _SDPA_BWD + "  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, causal_bottom_right=true, "
+                "sliding_window_length=64)" + _SDPA_BWD_OUT
+            ),
+            False,
+        ),
+        _graph(
+            _SDPA_BWD + "  input bias : half[1, 4, 128, 128]\n"
+            "  dq, dk, dv, db = sdpa_backward(q, k, v, o, do, st, bias=bias, dbias=true)"
+            + _SDPA_BWD_OUT
+            + "\n  output db"
+        ),
+        _graph(
+            _SDPA_BWD
+            + "  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, causal=true, alibi=true, deterministic=true)"
+            + _SDPA_BWD_OUT
+        ),
+        (
+            _graph(
+                _SDPA_BWD + "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
+                "  input bias : half[1, 4, 128, 128]\n  input dm : half[2, 4, 128, 128]\n"
+                "  input ds : float[1, 1, 1, 1]\n  input dsi : float[1, 1, 1, 1]\n"
+                "  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, bias=bias, seq_len_q=lq, seq_len_kv=lkv, "
+                "dropout_mask=dm, dropout_scale=ds, dropout_scale_inv=dsi)" + _SDPA_BWD_OUT
+            ),
+            False,
+        ),
+    ],
+}
 #: op -> graphs that use it, with attributes away from their defaults where the op has any; True: the frontend
 #: finds no engine for it here, so its JSON is taken before planning
 CASES = {
@@ -651,6 +764,7 @@ CASES = {
             )
         ),
     ],
+    **_BACKWARD_CASES,
 }
 
 

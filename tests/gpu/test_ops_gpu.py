@@ -2,12 +2,13 @@
 
 import pytest
 
-from dsl.ops import OPS
+from dsl.ops import BACKWARD_OPS, OPS
 
 pytestmark = pytest.mark.gpu
 
-# ops with a domain, a result dtype or a required attribute of their own: tests/gpu/test_logic_gpu.py
-_OWN_TESTS = {"tan", "mod", "gen_index"}
+# ops with a domain, a result dtype or a required attribute of their own: tests/gpu/test_logic_gpu.py;
+# the backward ops: tests/gpu/test_backward_gpu.py
+_OWN_TESTS = {"tan", "mod", "gen_index", *BACKWARD_OPS}
 UNARY = [
     n
     for n, s in OPS.items()
