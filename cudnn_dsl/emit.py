@@ -492,7 +492,11 @@ def _torch_function(graph: Graph, inst: Instance, fname: str, taken: set[str]) -
     assert len(placeholders) == len(names), (placeholders, names)
     # Every name the new globals and parameters take is fresh: none hides one the body uses.
     taken |= {n.id for n in ast.walk(func) if isinstance(n, ast.Name)} - {"self"} | {"torch", fname, "inf", "nan"}
-    consts = _lift_constants(func, taken)
+    tensors = [p for p, v in zip(placeholders, graph.inputs) if v.kind != "scalar"]
+    device = _ident("device", taken) if tensors else None
+    consts = _lift_constants(func, taken, device)
+    if consts and device:  # read first: fx frees a parameter (`x = None`) after its last use
+        func.body.insert(0, ast.parse(f"{device} = {tensors[0]}.device").body[0])
     params = [_ident(n, taken) for n in names]
     rename = dict(zip(placeholders, params))
     for n in ast.walk(func):
@@ -522,9 +526,10 @@ def {fname}({", ".join(params)}):
     return text, params
 
 
-def _lift_constants(func: ast.FunctionDef, taken: set[str]) -> dict[str, str]:
-    """Rewrites make_fx's `self._tensor_constantN` (number literals of the graph) as module globals;
-    returns {attribute: global name}."""
+def _lift_constants(func: ast.FunctionDef, taken: set[str], device: str | None) -> dict[str, str]:
+    """Rewrites make_fx's `self._tensor_constantN` (number literals of the graph) as module globals, each
+    read on the inputs' device, the variable `device` (a constant reshaped to the inputs' rank is no longer
+    a 0-dim tensor that torch moves by itself); returns {attribute: global name}."""
     consts: dict[str, str] = {}
 
     class Unself(ast.NodeTransformer):
@@ -532,7 +537,10 @@ def _lift_constants(func: ast.FunctionDef, taken: set[str]) -> dict[str, str]:
             if isinstance(node.value, ast.Name) and node.value.id == "self":
                 if node.attr not in consts:
                     consts[node.attr] = _ident(node.attr.lstrip("_"), taken)
-                return ast.Name(consts[node.attr], ast.Load())
+                const = ast.Name(consts[node.attr], ast.Load())
+                if device is None:
+                    return const
+                return ast.Call(ast.Attribute(const, "to", ast.Load()), [ast.Name(device, ast.Load())], [])
             return self.generic_visit(node)
 
     Unself().visit(func)

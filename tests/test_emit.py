@@ -98,6 +98,15 @@ def test_torch_script_with_number_literals_matches_reference():
     torch_matches_reference(g, g.instances[0])
 
 
+def test_torch_scripts_number_literals_follow_the_inputs_device():
+    # A literal broadcast to the inputs' rank is no 0-dim tensor that torch moves by itself: on the GPU
+    # it met CUDA inputs from the CPU. Meta tensors show the same without a GPU.
+    [g] = graphs("graph t {\n  input x : float[4, 8, 1, 1]\n  output y = x * 2.0\n}\n")
+    fn = run_module(emit_torch(g, g.instances[0]))["reference"]
+    (y,) = fn(torch.empty(4, 8, 1, 1, device="meta"))
+    assert y.device.type == "meta" and y.shape == (4, 8, 1, 1)
+
+
 # D4: names that Python, torch.fx or the scripts themselves use.
 
 # fmt: off
