@@ -25,7 +25,7 @@ from cudnn_dsl.bits import logical
 from cudnn_dsl.emit import emit_cudnn
 from cudnn_dsl.reference import run_reference
 from cudnn_dsl.runtime import CompiledGraph
-from cudnn_dsl.tensors import compare, defined_only, loosest_read_dtype, restore, snapshot, with_views
+from cudnn_dsl.tensors import compare, defined_only, empty, loosest_read_dtype, restore, snapshot, with_views
 from cudnn_dsl.timing import cold_time_us, gpu_time_us, host_time_us, l2_flush_buffer
 from cudnn_dsl.tune import work
 from dsl.ir import Graph, Instance, shape_label
@@ -79,6 +79,8 @@ def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict, option
     g = mod.build(handle)
     outs = {n: torch.empty_like(t) for n, t in like.items()}
     buffers = {**with_views(graph, inst, {k: v for k, v in tensors.items() if k in mod.INPUTS}), **outs}
+    for name in set(mod.UIDS) - set(buffers):  # scratch statistics (written, read by no one): memory of their own
+        buffers[name] = empty(inst.type(name), "cuda")
     ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device="cuda")
     scalars = mod.host_scalars()
 

@@ -183,7 +183,7 @@ def _views(graph: Graph, inst: Instance, into: str, only=None) -> str:
 def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
     """`make_buffers`: every input drawn as `run` draws it (portable.draw_values: same seed, same values),
     outputs and `extra` (a split graph's intermediates) empty, a bool tensor as cuDNN's packed bytes."""
-    from cudnn_dsl.tensors import input_inits
+    from cudnn_dsl.tensors import input_inits, packed_ragged
 
     own = [b.name for b in graph.buffers]  # memory of its own: buffers, the rest but views and outputs in place
     own += [v.name for v in graph.values if v.kind in ("input", "output") and v.view is None and v.into is None]
@@ -205,6 +205,11 @@ def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
 
     allocs = "\n".join(f"        {_lit(n)}: {alloc(inst.type(n))}," for n in own)
     fills = "".join(fill(n, init) for n, init in input_inits(graph, inst, inits).items())
+    fills += "".join(  # ragged offsets as run draws them: the sequences packed back to back, inside the buffers
+        f"\n    buffers[{_lit(n)}].copy_(packed_offsets(buffers[{_lit(lengths)}].cpu(), {_lit(list(t.shape))}, "
+        f"{_lit(list(t.strides))}).view({_lit(list(inst.type(n).shape))}))"
+        for n, (t, lengths) in packed_ragged(graph, inst, inits).items()
+    )
     in_place = "".join(f"\n    buffers[{_lit(v.name)}] = buffers[{_lit(v.into)}]" for v in graph.in_place)
     return f'''def make_buffers(device="cuda", seed={_lit(o.seed)}):
     """Inputs drawn as `cudnn-dsl run --seed SEED` draws them (the file's init=, else its dtype's default; on the
@@ -308,6 +313,7 @@ _SCRIPT_GLOBALS = frozenset(
     {"hashlib", "math", "cudnn", "torch", "UIDS", "INPUTS", "OUTPUTS", "BOOLS", "INTERMEDIATES", "TORCH_PARTS"}
     | {"host_scalars", "build", "make_buffers", "execute", "handle", "graphs", "buffers", "workspace", "size", "name"}
     | {"CHUNK", "stream_seed", "draw", "draw_values", "pack_bool", "unpack_bool", "inf", "nan", "t"}
+    | {"ragged_span", "packed_offsets"}
 )
 
 

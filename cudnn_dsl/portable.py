@@ -64,6 +64,20 @@ def draw_values(dist, args, shape, dtype, seed, name, clamp=None, chunks=map):
     return out.reshape(shape)
 
 
+def ragged_span(shape, strides):
+    """(a, b): a sequence of L rows of a batch-outermost [B, H, S, D] tensor of these strides spans
+    L * a + b elements."""
+    return strides[2], 1 - strides[2] + sum((shape[i] - 1) * strides[i] for i in (1, 3))
+
+
+def packed_offsets(lengths, shape, strides):
+    """Ragged offsets [B+1] that pack sequences of these lengths back to back in a buffer of this shape and
+    strides: what `run` draws for offsets no init= names (random offsets would reach outside the buffers)."""
+    row, rest = ragged_span(shape, strides)
+    spans = lengths.flatten().long() * row + rest
+    return torch.cat((spans.new_zeros(1), spans.cumsum(0)))
+
+
 def pack_bool(values, shape, strides, storage):
     """Logical bools of `shape` -> cuDNN's bytes: eight elements a byte, in memory order (`strides` over
     `storage` elements), the element at the lowest address in the lowest bit."""

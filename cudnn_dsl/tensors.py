@@ -150,15 +150,23 @@ def _ragged(graph: Graph, instance: Instance) -> dict[str, tuple[TensorType, str
 
 
 def _spans(t: TensorType) -> tuple[int, int]:
-    """A sequence of L rows of t spans L * first + second elements (t batch-outermost [B, H, S, D])."""
-    return t.strides[2], 1 - t.strides[2] + sum((t.shape[i] - 1) * t.strides[i] for i in (1, 3))
+    return portable.ragged_span(t.shape, t.strides)
 
 
 def packed_offsets(t: TensorType, lengths: torch.Tensor) -> torch.Tensor:
-    """Offsets [B+1] that pack sequences of these lengths back to back in a buffer of type t (_spans)."""
-    row, rest = _spans(t)
-    spans = lengths.flatten().long() * row + rest
-    return torch.cat((spans.new_zeros(1), spans.cumsum(0)))
+    """Offsets [B+1] that pack sequences of these lengths back to back in a buffer of type t."""
+    return portable.packed_offsets(lengths, t.shape, t.strides)
+
+
+def packed_ragged(graph: Graph, instance: Instance, inits: dict[str, Init] | None = None) -> dict[str, tuple]:
+    """The ragged offset inputs whose generated values pack their sequences (no init names them): name ->
+    (the type of the tensor they place, the name of its lengths). The ejected scripts draw them alike."""
+    drawn = input_inits(graph, instance, inits)
+    return {
+        name: (placed, lengths)
+        for name, (placed, lengths) in _ragged(graph, instance).items()
+        if not (inits or {}).get(name) and getattr(graph.value(name), "init", None) is None and name in drawn
+    }
 
 
 def generate_inputs(
@@ -173,9 +181,8 @@ def generate_inputs(
         buf = empty(t, device)
         buf.copy_(stored(draw_input(init, t, seed, name), t))
         out[name] = buf
-    for name, (placed, lengths) in _ragged(graph, instance).items():
-        if not (inits or {}).get(name) and getattr(graph.value(name), "init", None) is None and name in out:
-            out[name].copy_(packed_offsets(placed, out[lengths].cpu()).view(out[name].shape))
+    for name, (placed, lengths) in packed_ragged(graph, instance, inits).items():
+        out[name].copy_(packed_offsets(placed, out[lengths].cpu()).view(out[name].shape))
     return out
 
 

@@ -417,7 +417,9 @@ class _Launch:
         )
         exe = self.exe
         self.cudnn.set_stream(exe.handle, torch.cuda.current_stream(device).cuda_stream)
-        exe.low.g.execute(buffers, exe.workspace, handle=exe.handle, tensor_uids=self.uids)
+        # an override-shape plan (built at the largest shape) runs this shape only given its dims: without them
+        # cuDNN would run the built shape on these smaller buffers
+        exe.low.g.execute(buffers, exe.workspace, handle=exe.handle, tensor_uids=self.uids, **exe.overrides)
         return _returned(outs)
 
 

@@ -270,6 +270,31 @@ def test_the_ejected_script_draws_the_inputs_run_draws(seed):
     assert torch.equal(got["x"], generate_inputs(g, inst, "cpu", seed, over)["x"])
 
 
+RAGGED = (
+    "graph rag {\n  io bf16\n  compute float\n"
+    "  input q : bf16[3, 2, 16, 8] strides [256, 8, 16, 1]\n  input k : bf16[3, 2, 16, 8] strides [256, 8, 16, 1]\n"
+    "  input v : bf16[3, 2, 16, 8] strides [256, 8, 16, 1]\n"
+    "  input seq_q : int32[3, 1, 1, 1]\n  input seq_kv : int32[3, 1, 1, 1]\n"
+    "  input offset_q : int64[4, 1, 1, 1]\n  input offset_kv : int64[4, 1, 1, 1]\n"
+    "  o = sdpa(q, k, v, seq_len_q=seq_q, seq_len_kv=seq_kv, causal=true, ragged_q=offset_q, ragged_k=offset_kv, "
+    "ragged_v=offset_kv, ragged_o=offset_q)\n  output o\n}\n"
+)
+
+
+def test_the_ejected_script_packs_ragged_offsets_as_run_does():
+    """A script's ragged offsets pack the drawn lengths back to back, as run's do: drawn like any int64 input
+    they were random (negative, too), and cuDNN would read outside the buffers."""
+    [g] = graphs(RAGGED)
+    inst = g.instances[0]
+    got = run_module(emit_cudnn(g, inst))["make_buffers"](device="cpu", seed=5)
+    want = generate_inputs(g, inst, "cpu", 5)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    q_spans = got["seq_q"].flatten().long() * 16 + 1 - 16 + 8 + 7  # rows of 16 elements, 2 heads of 8
+    assert got["offset_q"].flatten().tolist() == [0, *q_spans.cumsum(0).tolist()]
+    assert got["offset_kv"].flatten()[-1] <= got["k"].untyped_storage().nbytes() // 2
+
+
 # A graph cuDNN declines whole (deviceless planning for an H200) is ejected as its parts.
 
 LN_GELU = (

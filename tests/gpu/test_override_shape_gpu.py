@@ -85,6 +85,26 @@ def test_from_9_21_one_override_plan_serves_every_value_of_the_range():
         cg(tensors, {"y": torch.empty(1, 32, 1024, dtype=torch.bfloat16, device=got.device)})
 
 
+def test_from_9_21_the_torch_op_runs_the_override_plan_at_the_values_shape():
+    """The torch op's own launch passes the shape overrides too (it launched the plan at T=4096 on buffers of
+    T=64). Skipped on the H200 of this project (cuDNN 9.19)."""
+    import torch
+
+    import cudnn_dsl
+
+    if cudnn_version() < 92100:
+        pytest.skip(f"cuDNN {cudnn_version()} has no override-shape mode (needs 9.21): not executed here")
+    cg = cudnn_dsl.compile(EXAMPLE, shape_mode="override")
+    op = cg.as_torch_op()
+    for binding in ({"T": 64}, {"T": 4096}, {"T": 16}):
+        tensors = cg.allocate_inputs(binding)
+        assert cg.executable(cg.graph.instance(binding)).overrides
+        got = op(**tensors)
+        got = got[0] if isinstance(got, (tuple, list)) else got
+        want = cg.reference(tensors)["y"]
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_from_9_21_run_says_the_override_plan_serves_the_value(tmp_path):
     """Skipped on the H200 of this project (cuDNN 9.19)."""
     if cudnn_version() < 92100:
