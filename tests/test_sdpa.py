@@ -643,12 +643,13 @@ def test_the_seeded_reference_is_the_mask_form_with_cudnn_s_mask():
 
     p = 0.25
     call = f"sdpa(q, k, v, dropout_probability={p}, {SEEDED}, stats=true)"
-    g = graph(call, stats=True)
+    g = graph(call, dtype="float", stats=True)
     inst = g.instances[0]
     ins = generate_inputs(g, inst, "cpu", seed=0)
     with pytest.raises(NeedsDevice, match="seeded dropout: the reference needs cuDNN's mask") as e:
         run_reference(g, inst, ins, "cpu")
     assert e.value.diagnostics[0].loc.line == text(call, stats=True).splitlines().index(f"  o, st = {call}") + 1
+    assert "drawn on the GPU from the seed and offset" in str(e.value)
     mask = (torch.rand(2, 4, 5, 7, generator=torch.Generator().manual_seed(1)) > p).float()
     out = run_reference(g, inst, ins, "cpu", drawn={drawn_values(g, inst)[0]: mask})
     close(out, by_hand(ins, inst.attrs(0)["scale"], drop=(mask, 1 / (1 - p))))
