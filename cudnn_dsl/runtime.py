@@ -421,9 +421,7 @@ class CompiledGraph:
             found.update((n, exe.host[u]) for n, u in exe.low.scratch.items() if n in names and n not in found)
         return found
 
-    def reference(
-        self, tensors: dict | None = None, drawn: dict | None = None, /, **named
-    ) -> dict[str, torch.Tensor]:
+    def reference(self, tensors: dict | None = None, drawn: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
         """The PyTorch reference on the inputs' own device (checked like a binding: names, shapes, dtypes);
         `drawn`: what a launch drew on the device (`drawn`), for the graphs whose reference needs it."""
         tensors = _named(tensors, named)

@@ -595,10 +595,14 @@ def _sdpa_seeded(ctx: Ctx) -> bool:
     given = [i for i in (15, 16) if ctx.inputs[i] is not None]
     if p is None:
         if given:
-            raise RuleError(f"{ctx.op}: {names[given[0] - 3]} is for seeded dropout: give dropout_probability", given[0])
+            raise RuleError(
+                f"{ctx.op}: {names[given[0] - 3]} is for seeded dropout: give dropout_probability", given[0]
+            )
         return False
     if p >= 1:
-        raise RuleError(f"{ctx.op}: dropout_probability must be below 1 (it drops every value), got {p}", "dropout_probability")
+        raise RuleError(
+            f"{ctx.op}: dropout_probability must be below 1 (it drops every value), got {p}", "dropout_probability"
+        )
     if ctx.inputs[6] is not None:
         raise RuleError(
             f"{ctx.op}: dropout_mask and dropout_probability are two forms of dropout; give one", "dropout_probability"
@@ -606,7 +610,9 @@ def _sdpa_seeded(ctx: Ctx) -> bool:
     for i in (15, 16):
         t = ctx.inputs[i]
         if t is None:
-            raise RuleError(f"{ctx.op}: dropout_probability needs dropout_seed and dropout_offset", "dropout_probability")
+            raise RuleError(
+                f"{ctx.op}: dropout_probability needs dropout_seed and dropout_offset", "dropout_probability"
+            )
         if t.dtype != "int64" or t.shape != (1, 1, 1, 1):
             raise RuleError(f"{ctx.op}: {names[i - 3]} must be int64[1, 1, 1, 1], got {t.dtype}{fmt_shape(t.shape)}", i)
     return True
