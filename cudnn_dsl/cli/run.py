@@ -362,7 +362,7 @@ class _GpuRunner:
         _print_compared(s, comps)
         for line in pinned + s.repro(inst, first, "outputs"):
             print(f"  repro      {line}")
-        isolated = _isolate(s, inst, tensors, cg.device)
+        isolated = _isolate(s, inst, tensors, cg.device, cg.drawn(inst, outputs))
         saved = s.save(inst, first)
         if s.args.dump:
             from cudnn_dsl.build import frontend_json
@@ -587,13 +587,13 @@ class _CpuRunner:
         return rep
 
 
-def _isolate(s: _Setup, inst, tensors: dict, device) -> list[dict]:
+def _isolate(s: _Setup, inst, tensors: dict, device, drawn: dict) -> list[dict]:
     """--isolate: each op alone against its reference, one line each, and the first that diverges."""
     if not s.args.isolate:
         return []
     from cudnn_dsl.isolate import isolate, report
 
-    results = isolate(s.graph, inst, tensors, s.opts, device)
+    results = isolate(s.graph, inst, tensors, s.opts, device, drawn)
     for line in report(results):
         print(f"  isolate    {line}")
     return [{"op": r.node.op, "outputs": list(r.node.outputs), "status": r.status, "detail": r.detail} for r in results]
