@@ -1196,7 +1196,7 @@ OPS: dict[str, OpSig] = {
                 "1 - p) and returns it last, float [B,H,S_q,S_kv] (dropout=(p, seed, offset), rng_dump)",
             ),
         ),
-        outputs=("o", "stats", "dropout_mask"),
+        outputs=("o", "stats"),  # the results a stats switch gives (autodiff); seeded dropout's mask comes last
         # the given attributes: stats defaults to false; seeded dropout adds the mask cuDNN drew
         results=lambda a: 1 + bool(a.get("stats")) + (a.get("dropout_probability") is not None),
         doc="scaled dot-product attention: softmax(q k^T * scale + bias + masks) v. seq_len_q/seq_len_kv "
