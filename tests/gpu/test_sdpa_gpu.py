@@ -305,3 +305,21 @@ def test_run_compares_seeded_dropout_on_the_mask_and_isolates_it(tmp_path):
         return
     assert "compare    o: ok" in p.stdout and "compare    st: ok" in p.stdout, p.stdout
     assert re.search(r"isolate    8:\d+ o, st, m = sdpa: (ok|cuDNN-declined-alone)", p.stdout), p.stdout
+
+
+def test_bench_checks_seeded_dropout_on_the_mask_and_says_torch_cannot_run_it(tmp_path):
+    import json
+
+    from tests.cli_util import run_cli
+
+    f, report = tmp_path / "seeded.cdg", tmp_path / "bench.json"
+    f.write_text(SEEDED.format(mask="m", more=""))
+    p = run_cli("bench", f, "--no-peak", "--rounds", "1", "--samples", "2", "--against", "torch", "--json", report)
+    if p.returncode != 0:  # cuDNN 9.19 has no engine for it: refused at the sdpa's line
+        assert "seeded.cdg:8:" in p.stderr and "sdpa" in p.stderr, p.stderr
+        warnings.warn(f"cuDNN refused seeded dropout: {p.stderr}", stacklevel=1)
+        return
+    [res] = json.loads(report.read_text())["results"]
+    rows = {r["name"]: r for r in res["rows"]}
+    assert rows["cudnn-dsl"]["check"] == "ok", rows["cudnn-dsl"]
+    assert "seeded dropout: the reference needs cuDNN's mask" in (rows["torch"]["error"] or ""), rows["torch"]
