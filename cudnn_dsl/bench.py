@@ -159,7 +159,7 @@ def bench_graph(
         except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
             c.error = c.error or " ".join(str(e).split())[:200]
     torch.cuda.synchronize()
-    want = run_reference(graph, inst, before)
+    want = run_reference(graph, inst, before, drawn=cg.drawn(inst, bound.outputs))  # seeded dropout: cuDNN's mask
     for c in contenders:
         if c.outputs is None:
             continue

@@ -440,11 +440,7 @@ def _sdpa_ragged(n: Node) -> list[tuple[str, str]]:
 
 
 def import_sdpa(n: Node) -> Call:
-    _unsupported(n, ("Q", "K", "V", "Attn_scale", *_SDPA_OPTIONAL.values()))
-    if n.get("dropout_probability") is not None:
-        raise n.fail(
-            "a random dropout (dropout_probability): the language's sdpa takes a dropout mask", "dropout_probability"
-        )
+    _unsupported(n, ("Q", "K", "V", "Attn_scale", "Seed", "Offset", *_SDPA_OPTIONAL.values()))
     args = [n.port("Q"), n.port("K"), n.port("V")]
     kwargs = [(k, n.port(p, optional=True)) for k, p in _SDPA_OPTIONAL.items()]
     if bool(n.get("padding_mask", False)) != (n.tensor("SEQ_LEN_Q") is not None):
@@ -461,7 +457,12 @@ def import_sdpa(n: Node) -> Call:
     for field in ("max_total_seq_len_q", "max_total_seq_len_kv"):
         if n.get(field) is not None:
             raise n.fail(f"{field} (the packed rows' bound, a backward field): the language's sdpa lacks it", field)
-    return Call("sdpa", tuple(args), tuple(attrs_), ("O", "Stats") if stats else ("O",))
+    outs = ("O", "Stats") if stats else ("O",)
+    if n.get("dropout_probability") is not None:  # seeded dropout: the mask cuDNN draws is the last result
+        p = f32_text(f32_from_json(n.get("dropout_probability")))
+        attrs_ += [("dropout_seed", n.port("Seed")), ("dropout_offset", n.port("Offset")), ("dropout_probability", p)]
+        outs += ("RNG_DUMP",) if n.tensor("RNG_DUMP", "outputs") is not None else ()
+    return Call("sdpa", tuple(args), tuple(attrs_), outs)
 
 
 def import_sdpa_fp8(n: Node) -> Call:

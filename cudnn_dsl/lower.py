@@ -155,12 +155,15 @@ def lower(
         for name, t in zip(node.outputs, outs):
             _stamp(cudnn, t, graph.value(name), instance.type(name))
             tensors[name] = t
-        stats, rule = node.outputs[1:], IMPLS[node.op].stats
-        if rule == "always" or rule == "together" and any(graph.value(n).kind == "output" for n in stats):
-            for name in stats:
-                if graph.value(name).kind != "output":
-                    tensors[name].set_output(True)
-                    scratch[name] = graph.value(name).uid
+        impl, stats = IMPLS[node.op], node.outputs[1:]
+        asked = any(graph.value(n).kind == "output" for n in stats)
+        written = list(stats) if impl.stats == "always" or impl.stats == "together" and asked else []
+        if impl.drawn is not None:  # cuDNN's own random draws: the reference reads them (seeded dropout)
+            written += [node.outputs[i] for i in impl.drawn(instance.attrs(index))]
+        for name in written:
+            if graph.value(name).kind != "output":
+                tensors[name].set_output(True)
+                scratch[name] = graph.value(name).uid
     return Lowered(graph, instance, g, host, scratch=scratch)
 
 

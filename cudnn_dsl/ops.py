@@ -34,6 +34,10 @@ class OpImpl:
     """which of the results after the first cuDNN must write: "as_asked" (the outputs), "together"
     (all or none: layernorm's mean and inv_variance), "always" (batchnorm's); what no output asks for
     goes to scratch memory"""
+    drawn: Callable[[dict], tuple[int, ...]] | None = None
+    """(attributes) -> the results the device draws and the reference cannot compute (sdpa's seeded
+    dropout mask): cuDNN always writes them (to scratch memory when no output asks), and the reference
+    takes them as they were after the launch, passed to `ref` after the inputs"""
 
 
 # ---- pointwise ---------------------------------------------------------------------
@@ -362,7 +366,10 @@ def ref_sdpa(ins, a, outs):
     and stats = -inf, which is what cuDNN writes for padded queries since 9.14. Ragged (packed)
     tensors are unpacked to padded ones, and O and the stats packed back (_pack)."""
     q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins[:10]
-    ragged_q, ragged_k, ragged_v, ragged_o, ragged_stats = ins[10:]
+    ragged_q, ragged_k, ragged_v, ragged_o, ragged_stats = ins[10:15]
+    drawn = ins[17:]  # seeded dropout: the mask cuDNN drew (OpImpl.drawn)
+    if drawn:
+        drop_mask, drop_scale = drawn[0], 1.0 / (1.0 - a["dropout_probability"])
     q, k, v = (x if r is None else _unpack(x, r) for x, r in ((q, ragged_q), (k, ragged_k), (v, ragged_v)))
     h = q.shape[1]
     causal = a["right_bound"] == 0 and a["left_bound"] is None and a["diagonal_alignment"] == "top_left"
@@ -387,7 +394,8 @@ def ref_sdpa(ins, a, outs):
         p = p * drop_mask * drop_scale
     o = torch.matmul(p, v)
     results = [o, stats] if a["stats"] else [o]
-    return [r if off is None else _pack(r, t, off, len_q)[0] for r, t, off in zip(results, outs, ins[13:])]
+    packed = [r if off is None else _pack(r, t, off, len_q)[0] for r, t, off in zip(results, outs, ins[13:15])]
+    return packed + list(drawn)
 
 
 def undefined_sdpa(ins, a, outs):
@@ -399,11 +407,16 @@ def undefined_sdpa(ins, a, outs):
         return [None] * len(outs)
     rows = _positions(ins[0], 2) >= len_q.view(-1, 1, 1, 1)
     masks = [rows.expand(outs[0].shape)] + [None] * (len(outs) - 1)
-    for i, (t, off) in enumerate(zip(outs, ins[13:])):
+    for i, (t, off) in enumerate(zip(outs, ins[13:15])):
         if off is not None:
             values = torch.zeros_like(ins[0][..., :1]).expand(*t.shape[:3], t.shape[3])
             masks[i] = _pack(values, t, off, len_q)[1]
     return masks
+
+
+def drawn_sdpa(a) -> tuple[int, ...]:
+    """Seeded dropout's mask, the last result: what cuDNN's Philox generator drew."""
+    return (1 + a["stats"],) if a["dropout_probability"] is not None else ()
 
 
 def ref_sdpa_fp8(ins, a, outs):
@@ -458,6 +471,12 @@ def lower_sdpa(ctx, ins, a):
             kw["diagonal_band_right_bound"] = a["right_bound"]
     if drop_mask is not None:
         kw["dropout"] = (drop_mask, drop_scale)
+    mask = None
+    if a["dropout_probability"] is not None:
+        # cuDNN draws the mask with Philox from the seed and offset; rng_dump writes it out, always: the
+        # reference cannot compute it, it reads it (OpImpl.drawn). Dims and dtype: lower._stamp's.
+        mask = ctx.g.tensor(name=f"{ctx.name}_mask", dim=[1] * 4, stride=[1] * 4, data_type=ctx.cudnn.data_type.FLOAT)
+        kw.update(dropout=(a["dropout_probability"], ins[15], ins[16]), rng_dump=mask)
     if table_k is not None:
         kw.update(
             paged_attention_k_table=table_k,
@@ -466,10 +485,10 @@ def lower_sdpa(ctx, ins, a):
         )
     res = ctx.g.sdpa(q, k, v, **kw, **ctx.kw)
     outs = [res[0], res[1]] if a["stats"] else [res[0]]
-    for t, off in zip(outs, ins[13:]):
+    for t, off in zip(outs, ins[13:15]):
         if off is not None:
             t.set_ragged_offset(off)
-    return outs
+    return outs + ([mask] if mask is not None else [])
 
 
 # ---- norms ----------------------------------------------------------------------------
@@ -654,7 +673,7 @@ IMPLS: dict[str, OpImpl] = {
     "conv_wgrad": OpImpl(ref_conv_wgrad, _lower_conv("conv_wgrad")),
     "matmul": OpImpl(ref_matmul, lower_matmul),
     "reduction": OpImpl(ref_reduction, lower_reduction),
-    "sdpa": OpImpl(ref_sdpa, lower_sdpa, undefined_sdpa),
+    "sdpa": OpImpl(ref_sdpa, lower_sdpa, undefined_sdpa, drawn=drawn_sdpa),
     "sdpa_fp8": OpImpl(ref_sdpa_fp8, lower_sdpa_fp8),
     "layernorm": OpImpl(ref_layernorm, _lower_norm("layernorm", 3), stats="together"),
     "rmsnorm": OpImpl(ref_rmsnorm, _lower_norm("rmsnorm", 2)),

@@ -38,6 +38,33 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
 
 
+class NeedsDevice(DslError):
+    """The reference needs what only a launch on the GPU gives (seeded dropout's mask, OpImpl.drawn)."""
+
+
+def drawn_values(graph: Graph, instance: Instance) -> list[str]:
+    """The values the reference cannot compute and takes from the device after a launch (OpImpl.drawn)."""
+    names = []
+    for index, node in enumerate(graph.nodes):
+        drawn = IMPLS[node.op].drawn
+        names += [node.outputs[i] for i in drawn(instance.attrs(index))] if drawn is not None else []
+    return names
+
+
+def _drawn(node, i: int, drawn: dict | None, device) -> torch.Tensor:
+    name = node.outputs[i]
+    if drawn is None or drawn.get(name) is None:
+        raise NeedsDevice(
+            Diagnostic(
+                "error",
+                f"seeded dropout: the reference needs cuDNN's mask ('{name}', drawn on the GPU from the seed and "
+                "offset), which only a launch gives",
+                node.loc,
+            )
+        )
+    return _wide(drawn[name].to(device))
+
+
 class Outputs(dict):
     """The reference's outputs by name, and `undefined`: per output, a bool mask of the elements
     cuDNN leaves unspecified (the compare skips them), for outputs whose op says so."""
@@ -53,13 +80,15 @@ def run_reference(
     native: bool = False,
     every: bool = False,
     rounded: frozenset[str] | None = None,
+    drawn: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Evaluates the graph with torch; returns every output, in its dtype, by name (with `every`, every tensor
     value: inputs, intermediates and outputs, each rounded to its declared dtype). A view input is read
     with as_strided on its bound buffer, as cuDNN reads it; `inputs` are the values before any launch (an
     output in place is compared, after the launch, with what the reference computed from them).
     ``rounded``: the values rounded to their dtype where computed (default: `rounded_values`; a test
-    compares other models)."""
+    compares other models). ``drawn``: the values the device drew (`drawn_values`), as a launch left them;
+    NeedsDevice when one is missing."""
     device = torch.device(device) if device is not None else next(iter(inputs.values())).device
     widen = (lambda t: t) if native else _wide
     env: dict[str, torch.Tensor] = {}
@@ -80,6 +109,8 @@ def run_reference(
             ins = [env[i] if i else None for i in node.inputs]
             outs = [instance.type(o) for o in node.outputs]
             impl = IMPLS[node.op]
+            if impl.drawn is not None:
+                ins += [_drawn(node, i, drawn, device) for i in impl.drawn(instance.attrs(index))]
             try:
                 results = impl.ref(ins, instance.attrs(index), outs)
                 if impl.undefined is not None:

@@ -16,7 +16,7 @@ from cudnn_dsl.backend import DEFAULT_TARGET, BackendUnavailable, Target, load_c
 from cudnn_dsl.build import Executable, NotAllowed, Planner, plan_deviceless
 from cudnn_dsl.lower import Lowered
 from cudnn_dsl.partition import short, tuned_why
-from cudnn_dsl.reference import run_reference
+from cudnn_dsl.reference import drawn_values, run_reference
 from cudnn_dsl.staged import Staged, StagedBound, stage
 from cudnn_dsl.store import PartitionChoice, PlanStore, StoreProblem
 from cudnn_dsl.tensors import (
@@ -406,8 +406,24 @@ class CompiledGraph:
 
         return as_torch_op(self)
 
-    def reference(self, tensors: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
-        """The PyTorch reference on the inputs' own device (checked like a binding: names, shapes, dtypes)."""
+    def drawn(self, inst: Instance, outputs: dict) -> dict[str, torch.Tensor]:
+        """What the last launch of this shape drew on the device and the reference reads (seeded dropout's
+        mask, reference.drawn_values): from `outputs` when the graph outputs it, else from the scratch
+        memory of the executable (of each part, for a split graph)."""
+        names = drawn_values(self.graph, inst)
+        found = {n: outputs[n] for n in names if n in outputs}
+        if len(found) == len(names):
+            return found
+        staged = self._staged.get(inst.binding)
+        parts = [(self, inst)] if staged is None else [(c, c.graph.instances[0]) for c in staged.compiled if c]
+        for cg, at in parts:
+            exe = cg.executable(at)
+            found.update((n, exe.host[u]) for n, u in exe.low.scratch.items() if n in names and n not in found)
+        return found
+
+    def reference(self, tensors: dict | None = None, drawn: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
+        """The PyTorch reference on the inputs' own device (checked like a binding: names, shapes, dtypes);
+        `drawn`: what a launch drew on the device (`drawn`), for the graphs whose reference needs it."""
         tensors = _named(tensors, named)
         inst = self.instance_for(tensors)
         check_inputs(self.graph, inst, tensors, None)
@@ -416,7 +432,7 @@ class CompiledGraph:
             raise BindingError(
                 f"graph '{self.graph.name}': inputs are on several devices ({sorted(map(str, devices))})"
             )
-        return run_reference(self.graph, inst, tensors, devices.pop() if devices else "cpu")
+        return run_reference(self.graph, inst, tensors, devices.pop() if devices else "cpu", drawn=drawn)
 
     def check(
         self,
@@ -430,5 +446,5 @@ class CompiledGraph:
         tensors = _named(tensors, named)
         before = snapshot(self.graph, tensors)  # what an in-place output overwrites, as the reference reads it
         got = self(tensors)
-        want = self.reference(before)
+        want = self.reference(before, self.drawn(self.instance_for(tensors), got))
         return compare_outputs(self.graph, self.instance_for(tensors), got, want, self.options, atol, rtol)

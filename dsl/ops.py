@@ -577,12 +577,45 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
     _sdpa_pair(ctx, 6, 7)
     _sdpa_optional(ctx, 6, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
     _sdpa_optional(ctx, 7, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
+    seeded = _sdpa_seeded(ctx)
     _sdpa_ragged(ctx)
     o_order = BSHD if ctx.inputs[13] is not None else stride_order(q.strides)
     outs = [Out((*scores[:3], v.shape[3]), o_order)]
     if ctx.attrs["stats"]:
         outs.append(Out((*scores[:3], 1), BSHD if ctx.inputs[14] is not None else _row_major(4), "float"))
+    if seeded:
+        outs.append(Out(scores, _row_major(4), "float"))
     return outs
+
+
+def _sdpa_seeded(ctx: Ctx) -> bool:
+    """Seeded dropout: dropout_probability in [0, 1) with dropout_seed and dropout_offset, int64 [1, 1, 1, 1]
+    (the frontend's dropout=(p, seed, offset)); not with the mask form. cuDNN draws the mask."""
+    p, names = ctx.attrs["dropout_probability"], OPS[ctx.op].optional
+    given = [i for i in (15, 16) if ctx.inputs[i] is not None]
+    if p is None:
+        if given:
+            raise RuleError(
+                f"{ctx.op}: {names[given[0] - 3]} is for seeded dropout: give dropout_probability", given[0]
+            )
+        return False
+    if p >= 1:
+        raise RuleError(
+            f"{ctx.op}: dropout_probability must be below 1 (it drops every value), got {p}", "dropout_probability"
+        )
+    if ctx.inputs[6] is not None:
+        raise RuleError(
+            f"{ctx.op}: dropout_mask and dropout_probability are two forms of dropout; give one", "dropout_probability"
+        )
+    for i in (15, 16):
+        t = ctx.inputs[i]
+        if t is None:
+            raise RuleError(
+                f"{ctx.op}: dropout_probability needs dropout_seed and dropout_offset", "dropout_probability"
+            )
+        if t.dtype != "int64" or t.shape != (1, 1, 1, 1):
+            raise RuleError(f"{ctx.op}: {names[i - 3]} must be int64[1, 1, 1, 1], got {t.dtype}{fmt_shape(t.shape)}", i)
+    return True
 
 
 BSHD = (0, 2, 1, 3)
@@ -1127,6 +1160,8 @@ OPS: dict[str, OpSig] = {
             "ragged_v",
             "ragged_o",
             "ragged_stats",
+            "dropout_seed",
+            "dropout_offset",
         ),
         ragged=((10, 0, 4), (11, 1, 5), (12, 2, 5), (13, -1, 4), (14, -2, 4)),
         flops=flops_sdpa,
@@ -1150,12 +1185,24 @@ OPS: dict[str, OpSig] = {
                 False,
                 doc="also return the softmax stats (log-sum-exp) [B,H,S,1] float (generate_stats)",
             ),
+            Attr(
+                "dropout_probability",
+                "float",
+                None,
+                lo=0,
+                hi=None,
+                optional=True,
+                doc="seeded dropout, with dropout_seed and dropout_offset: cuDNN draws the mask (keep with "
+                "1 - p) and returns it last, float [B,H,S_q,S_kv] (dropout=(p, seed, offset), rng_dump)",
+            ),
         ),
-        outputs=("o", "stats"),
-        results=lambda a: 2 if a.get("stats") else 1,  # the given attributes: stats defaults to false
+        outputs=("o", "stats"),  # the results a stats switch gives (autodiff); seeded dropout's mask comes last
+        # the given attributes: stats defaults to false; seeded dropout adds the mask cuDNN drew
+        results=lambda a: 1 + bool(a.get("stats")) + (a.get("dropout_probability") is not None),
         doc="scaled dot-product attention: softmax(q k^T * scale + bias + masks) v. seq_len_q/seq_len_kv "
         "(int32 [B,1,1,1], both or neither) mask padding; dropout_mask and dropout_scale ([1,1,1,1] float) "
-        "multiply the probabilities; page_table_k/page_table_v (int32 [B,1,pages,1]) make k and v "
+        "multiply the probabilities, or dropout_seed and dropout_offset (int64 [1,1,1,1]) with "
+        "dropout_probability draw the mask on the GPU; page_table_k/page_table_v (int32 [B,1,pages,1]) make k and v "
         "caches of blocks [N,H,block,D]; ragged_q/k/v/o/stats (int32 or int64 [B+1,1,1,1], with the lengths) "
         "place each sequence of a packed (THD) tensor",
     ),

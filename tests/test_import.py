@@ -363,11 +363,6 @@ def test_a_setting_the_language_lacks_is_an_error(tmp_path, mm_json):
     [
         (
             "sdpa-0",
-            {"dropout_probability": 0.1},
-            "a random dropout (dropout_probability): the language's sdpa takes a dropout mask",
-        ),
-        (
-            "sdpa-0",
             {"max_total_seq_len_q": 256},
             "max_total_seq_len_q (the packed rows' bound, a backward field): the language's sdpa lacks it",
         ),
@@ -614,6 +609,11 @@ CASES = {
         _graph(
             _SDPA + "  input dm : half[2, 4, 128, 128]\n  input ds : float[1, 1, 1, 1]\n"
             "  o, st = sdpa(q, k, v, dropout_mask=dm, dropout_scale=ds, stats=true)\n  output o\n  output st"
+        ),
+        _graph(
+            _SDPA + "  input seed : int64[1, 1, 1, 1]\n  input offset : int64[1, 1, 1, 1]\n"
+            "  o, st, m = sdpa(q, k, v, dropout_seed=seed, dropout_offset=offset, dropout_probability=0.125, "
+            "stats=true)\n  output o\n  output st\n  output m"
         ),
         _graph(
             "  input q : half[2, 4, 128, 64]\n  input kc : half[32, 4, 64, 64]\n  input vc : half[32, 4, 64, 64]\n"

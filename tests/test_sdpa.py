@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudnn_dsl.reference import run_reference
+from cudnn_dsl.reference import drawn_values, run_reference
 from cudnn_dsl.store import graph_digest
 from cudnn_dsl.tensors import generate_inputs
 from dsl.diagnostics import DslError
@@ -24,7 +24,12 @@ DECLS = {
     "lkv": "int32[2, 1, 1, 1]",
     "dm": "half[2, 4, 5, 7]",
     "ds": "float[1, 1, 1, 1]",
+    "sd": "int64[1, 1, 1, 1]",
+    "so": "int64[1, 1, 1, 1]",
 }
+
+
+SEEDED = "dropout_seed=sd, dropout_offset=so"
 
 
 def text(call: str, dtype: str = "half", stats: bool = False) -> str:
@@ -80,7 +85,7 @@ def test_optional_inputs_by_position_or_by_name_are_one_graph():
     a = program(text=text("sdpa(q, k, v, b, lq, lkv)"), file="s.cdg")
     b = program(text=text("sdpa(q, k, v, seq_len_kv=lkv, bias=b, seq_len_q=lq)"), file="s.cdg")
     assert dump_ir(a) == dump_ir(b)
-    assert "sdpa(%q, %k, %v, %b, %lq, %lkv, _, _, _, _, _, _, _, _, _)" in dump_ir(a)
+    assert "sdpa(%q, %k, %v, %b, %lq, %lkv, _, _, _, _, _, _, _, _, _, _, _)" in dump_ir(a)
 
 
 # ---- shape and dtype rules, located --------------------------------------------------------------
@@ -104,6 +109,24 @@ def test_optional_inputs_by_position_or_by_name_are_one_graph():
         ("sdpa(q, k, v, dropout_mask=dm)", "dropout_mask needs dropout_scale too", "dm"),
         ("sdpa(q, k, v, dropout_mask=dm, dropout_scale=dm)", "dropout_scale [2, 4, 5, 7] must be [1, 1, 1, 1]", "dm)"),
         ("sdpa(q, k, v, dropout_mask=lq, dropout_scale=ds)", "dropout_mask is int32; it must be a float type", "lq"),
+        ("sdpa(q, k, v, dropout_seed=sd, dropout_offset=so)", "dropout_seed is for seeded dropout", "sd,"),
+        (
+            "sdpa(q, k, v, dropout_probability=0.1, dropout_seed=sd)",
+            "needs dropout_seed and dropout_offset",
+            "dropout_p",
+        ),
+        (f"sdpa(q, k, v, dropout_probability=1, {SEEDED})", "dropout_probability must be below 1", "dropout_p"),
+        (f"sdpa(q, k, v, dropout_probability=-0.5, {SEEDED})", "must be >= 0", "-0.5"),
+        (
+            "sdpa(q, k, v, dropout_probability=0.1, dropout_seed=sd, dropout_offset=lq)",
+            "int64[1, 1, 1, 1], got int32",
+            "lq",
+        ),
+        (
+            f"sdpa(q, k, v, dropout_mask=dm, dropout_scale=ds, dropout_probability=0.1, {SEEDED})",
+            "two forms",
+            "dropout_p",
+        ),
         ("sdpa(q, k, v, b, bias=b)", "input 'bias' given twice", "bias=b"),
         ("sdpa(q, k, v, seq_len_q=3, seq_len_kv=lkv)", "input 'seq_len_q' takes a tensor's name", "3"),
         ("sdpa(q, dm, v)", "head dim differs: q has D=8, k has D=7", "dm"),
@@ -610,3 +633,73 @@ def test_h200_refuses_fp8_attention_with_a_bf16_o_at_the_op():
     with pytest.raises(DslError, match="HALF/BFLOAT16 output is only supported on Blackwell") as e:
         plan_deviceless(g, g.instances[0], g.options, Target.named("h200"))
     assert str(e.value).startswith("f.cdg:12:17: error: cuDNN create_execution_plans failed for sdpa_fp8")
+
+
+# ---- seeded dropout: cuDNN draws the mask, the reference reads it --------------------------------
+
+
+def test_seeded_dropout_returns_the_mask_cuDNN_draws_last():
+    g = graph(f"sdpa(q, k, v, dropout_probability=0.25, {SEEDED}, stats=true)", stats=True)
+    inst = g.instances[0]
+    (mask,) = drawn_values(g, inst)
+    assert g.nodes[0].outputs == ("o", "st", mask) and g.value(mask).kind == "virtual"
+    assert inst.type(mask).shape == (2, 4, 5, 7) and inst.type(mask).dtype == "float"
+    assert inst.attrs(0)["dropout_probability"] == 0.25
+    named = program(text=text(f"sdpa(q, k, v, dropout_probability=0.25, {SEEDED})"), file="s.cdg")
+    assert drawn_values(named.graphs[0], named.graphs[0].instances[0]) == ["sdpa_0"]
+    assert drawn_values(graph("sdpa(q, k, v)"), graph("sdpa(q, k, v)").instances[0]) == []
+
+
+def test_the_seeded_reference_is_the_mask_form_with_cudnn_s_mask():
+    from cudnn_dsl.reference import NeedsDevice
+
+    p = 0.25
+    call = f"sdpa(q, k, v, dropout_probability={p}, {SEEDED}, stats=true)"
+    g = graph(call, dtype="float", stats=True)
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", seed=0)
+    with pytest.raises(NeedsDevice, match="seeded dropout: the reference needs cuDNN's mask") as e:
+        run_reference(g, inst, ins, "cpu")
+    assert e.value.diagnostics[0].loc.line == text(call, stats=True).splitlines().index(f"  o, st = {call}") + 1
+    assert "drawn on the GPU from the seed and offset" in str(e.value)
+    mask = (torch.rand(2, 4, 5, 7, generator=torch.Generator().manual_seed(1)) > p).float()
+    out = run_reference(g, inst, ins, "cpu", drawn={drawn_values(g, inst)[0]: mask})
+    close(out, by_hand(ins, inst.attrs(0)["scale"], drop=(mask, 1 / (1 - p))))
+
+
+@pytest.fixture(scope="module")
+def h200():
+    from cudnn_dsl.backend import Target, load_cudnn
+
+    load_cudnn()
+    return Target.named("h200")
+
+
+@pytest.mark.parametrize("stats", [False, True])
+def test_cudnn_9_28_plans_seeded_dropout_for_an_h200_with_the_mask_in_scratch_memory(stats, h200):
+    from cudnn_dsl.build import plan_deviceless
+
+    extra = ", stats=true" if stats else ""
+    g = graph(f"sdpa(q, k, v, dropout_probability=0.1, {SEEDED}{extra})", dtype="bf16", stats=stats)
+    low = plan_deviceless(g, g.instances[0], g.options, h200)
+    mask = drawn_values(g, g.instances[0])[0]
+    assert low.plan_count > 0 and low.scratch == {mask: g.value(mask).uid}
+
+
+def test_a_mask_the_graph_outputs_is_no_scratch(h200):
+    from cudnn_dsl.build import plan_deviceless
+
+    src = text(f"sdpa(q, k, v, dropout_probability=0.1, {SEEDED})", dtype="bf16")
+    src = src.replace("  output o = sdpa", "  o, m = sdpa").replace("}\n", "  output o\n  output m\n}\n")
+    g = program(text=src, file="s.cdg").graphs[0]
+    assert plan_deviceless(g, g.instances[0], g.options, h200).scratch == {}
+
+
+def test_run_without_a_gpu_says_the_seeded_reference_is_skipped(tmp_path):
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "s.cdg"
+    f.write_text(text(f"sdpa(q, k, v, dropout_probability=0.1, {SEEDED})", dtype="bf16"))
+    p = run_cli("run", f)
+    assert p.returncode == 0, p.stderr
+    assert "skipped    the PyTorch reference: seeded dropout: the reference needs cuDNN's mask" in p.stdout

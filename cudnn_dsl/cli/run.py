@@ -362,7 +362,7 @@ class _GpuRunner:
         _print_compared(s, comps)
         for line in pinned + s.repro(inst, first, "outputs"):
             print(f"  repro      {line}")
-        isolated = _isolate(s, inst, tensors, cg.device)
+        isolated = _isolate(s, inst, tensors, cg.device, cg.drawn(inst, outputs))
         saved = s.save(inst, first)
         if s.args.dump:
             from cudnn_dsl.build import frontend_json
@@ -474,7 +474,7 @@ def _compared(s: _Setup, cg, inst, got: dict, before: dict) -> tuple[list, dict 
 
     if s.args.no_reference:
         return [], None
-    want = cg.reference(before)
+    want = cg.reference(before, cg.drawn(inst, got))
     return compare_outputs(s.graph, inst, got, want, s.opts, s.atol, s.rtol, s.no_compare), want
 
 
@@ -499,7 +499,7 @@ class _CpuRunner:
         from cudnn_dsl.backend import BackendUnavailable
         from cudnn_dsl.build import timings_text
         from cudnn_dsl.partition import plan_for_target
-        from cudnn_dsl.reference import run_reference
+        from cudnn_dsl.reference import drawn_values, run_reference
         from cudnn_dsl.tensors import reference_bytes
         from dsl.diagnostics import DslError
 
@@ -543,6 +543,8 @@ class _CpuRunner:
         need, have = reference_bytes(s.graph, inst), _available_memory()
         if s.args.no_reference:
             why = "--no-reference"
+        elif drawn_values(s.graph, inst):
+            why = "seeded dropout: the reference needs cuDNN's mask, drawn on the GPU from the seed and offset"
         elif have is not None and need > have // 2:
             why = f"it would hold about {need / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB of memory is free"
         else:
@@ -585,13 +587,13 @@ class _CpuRunner:
         return rep
 
 
-def _isolate(s: _Setup, inst, tensors: dict, device) -> list[dict]:
+def _isolate(s: _Setup, inst, tensors: dict, device, drawn: dict) -> list[dict]:
     """--isolate: each op alone against its reference, one line each, and the first that diverges."""
     if not s.args.isolate:
         return []
     from cudnn_dsl.isolate import isolate, report
 
-    results = isolate(s.graph, inst, tensors, s.opts, device)
+    results = isolate(s.graph, inst, tensors, s.opts, device, drawn)
     for line in report(results):
         print(f"  isolate    {line}")
     return [{"op": r.node.op, "outputs": list(r.node.outputs), "status": r.status, "detail": r.detail} for r in results]

@@ -6,6 +6,7 @@ refused by cuDNN at the sdpa's line; a refusal is reported as a warning naming t
 test log says which way each went.
 """
 
+import re
 import warnings
 from pathlib import Path
 
@@ -245,3 +246,80 @@ def test_ragged_offsets_with_gaps_between_sequences():
         "rk": torch.tensor([0, 65536, 131072], device="cuda").view(3, 1, 1, 1),
     }
     run_or_refused(text, "ragged offsets with gaps", **given)
+
+
+SEEDED = (
+    "graph t {{\n  io bf16\n  input q : bf16[2, 8, 512, 128]\n  input k : bf16[2, 2, 512, 128]\n"
+    "  input v : bf16[2, 2, 512, 128]\n  input seed : int64[1, 1, 1, 1]\n  input offset : int64[1, 1, 1, 1]\n"
+    "  o, st, {mask} = sdpa(q, k, v, dropout_probability=0.2, dropout_seed=seed, dropout_offset=offset, stats=true)\n"
+    "  output o\n  output st\n{more}}}\n"
+)
+
+
+@pytest.mark.parametrize("mask_output", [False, True])
+def test_seeded_dropout_matches_the_reference_on_the_mask_cudnn_drew(mask_output):
+    # cuDNN draws the mask (Philox, from the seed and offset); rng_dump writes it, to scratch memory
+    # unless the graph outputs it, and the reference multiplies the probabilities by it / (1 - p).
+    import torch
+
+    import cudnn_dsl
+
+    text = SEEDED.format(mask="m", more="  output m\n" if mask_output else "")
+    line = next(i for i, src in enumerate(text.splitlines(), 1) if " sdpa" in src)
+    cg = cudnn_dsl.compile(text)
+    tensors = cg.allocate_inputs()
+    inst = cg.graph.instances[0]
+
+    def seeded(seed: int) -> torch.Tensor:
+        tensors["seed"] = torch.full((1, 1, 1, 1), seed, dtype=torch.int64, device="cuda")
+        tensors["offset"] = torch.full((1, 1, 1, 1), 789, dtype=torch.int64, device="cuda")
+        for r in cg.check(**tensors):
+            assert r.ok, f"seed {seed}: {r}"
+        return cg.drawn(inst, {})["m"].clone() if not mask_output else cg(**tensors)["m"].clone()
+
+    try:
+        first = seeded(123456)
+    except cudnn_dsl.DslError as e:  # cuDNN 9.19 has no engine for it: refused at the sdpa's line
+        assert e.diagnostics[0].loc.line == line, str(e)
+        assert "sdpa" in str(e)
+        warnings.warn(f"cuDNN refused seeded dropout: {e}", stacklevel=1)
+        return
+    assert set(first.unique().tolist()) <= {0.0, 1.0}
+    assert abs(first.mean().item() - 0.8) < 0.01  # 4 M draws kept with 1 - p
+    second = seeded(123457)
+    assert abs(second.mean().item() - 0.8) < 0.01
+    assert (first != second).float().mean() > 0.2  # another seed, another mask
+    assert torch.equal(seeded(123456), first)  # the same seed and offset, the same mask
+
+
+def test_run_compares_seeded_dropout_on_the_mask_and_isolates_it(tmp_path):
+    # `run` and `run --isolate` take the mask from the launch (the whole graph's, then the sdpa's alone)
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "seeded.cdg"
+    f.write_text(SEEDED.format(mask="m", more=""))
+    p = run_cli("run", f, "--isolate", "--iterations", "2", "--warmup", "1")
+    if p.returncode != 0:  # cuDNN 9.19 has no engine for it: refused at the sdpa's line
+        assert "seeded.cdg:8:" in p.stderr and "sdpa" in p.stderr, p.stderr
+        warnings.warn(f"cuDNN refused seeded dropout: {p.stderr}", stacklevel=1)
+        return
+    assert "compare    o: ok" in p.stdout and "compare    st: ok" in p.stdout, p.stdout
+    assert re.search(r"isolate    8:\d+ o, st, m = sdpa: (ok|cuDNN-declined-alone)", p.stdout), p.stdout
+
+
+def test_bench_checks_seeded_dropout_on_the_mask_and_says_torch_cannot_run_it(tmp_path):
+    import json
+
+    from tests.cli_util import run_cli
+
+    f, report = tmp_path / "seeded.cdg", tmp_path / "bench.json"
+    f.write_text(SEEDED.format(mask="m", more=""))
+    p = run_cli("bench", f, "--no-peak", "--rounds", "1", "--samples", "2", "--against", "torch", "--json", report)
+    if p.returncode != 0:  # cuDNN 9.19 has no engine for it: refused at the sdpa's line
+        assert "seeded.cdg:8:" in p.stderr and "sdpa" in p.stderr, p.stderr
+        warnings.warn(f"cuDNN refused seeded dropout: {p.stderr}", stacklevel=1)
+        return
+    [res] = json.loads(report.read_text())["results"]
+    rows = {r["name"]: r for r in res["rows"]}
+    assert rows["cudnn-dsl"]["check"] == "ok", rows["cudnn-dsl"]
+    assert "seeded dropout: the reference needs cuDNN's mask" in (rows["torch"]["error"] or ""), rows["torch"]
