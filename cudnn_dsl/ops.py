@@ -451,12 +451,9 @@ def lower_sdpa_fp8(ctx, ins, a):
     return [res[0], res[3], res[1]] if a["stats"] else [res[0], res[3]]
 
 
-def lower_sdpa(ctx, ins, a):
-    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins[:10]
-    for t, off in zip((q, k, v), ins[10:13]):
-        if off is not None:
-            t.set_ragged_offset(off)
-    kw = {"attn_scale": a["scale"], "generate_stats": a["stats"]}
+def _masks(ctx, a, bias, len_q, len_kv) -> dict:
+    """The frontend's arguments for what sdpa and sdpa_backward both take: bias, ALiBi, padding, band."""
+    kw = {}
     if bias is not None:
         kw["bias"] = bias
     if a["alibi"]:
@@ -469,6 +466,15 @@ def lower_sdpa(ctx, ins, a):
             kw["diagonal_band_left_bound"] = a["left_bound"]
         if a["right_bound"] is not None:
             kw["diagonal_band_right_bound"] = a["right_bound"]
+    return kw
+
+
+def lower_sdpa(ctx, ins, a):
+    q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins[:10]
+    for t, off in zip((q, k, v), ins[10:13]):
+        if off is not None:
+            t.set_ragged_offset(off)
+    kw = {"attn_scale": a["scale"], "generate_stats": a["stats"], **_masks(ctx, a, bias, len_q, len_kv)}
     if drop_mask is not None:
         kw["dropout"] = (drop_mask, drop_scale)
     mask = None
@@ -821,19 +827,7 @@ def undefined_sdpa_backward(ins, a, outs):
 
 def lower_sdpa_backward(ctx, ins, a):
     q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv = ins
-    kw = {"attn_scale": a["scale"]}
-    if bias is not None:
-        kw["bias"] = bias
-    if a["alibi"]:
-        kw["use_alibi_mask"] = True
-    if len_q is not None:
-        kw.update(use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_kv)
-    if a["left_bound"] is not None or a["right_bound"] is not None:
-        kw["diagonal_alignment"] = getattr(ctx.cudnn.diagonal_alignment, a["diagonal_alignment"].upper())
-        if a["left_bound"] is not None:
-            kw["diagonal_band_left_bound"] = a["left_bound"]
-        if a["right_bound"] is not None:
-            kw["diagonal_band_right_bound"] = a["right_bound"]
+    kw = {"attn_scale": a["scale"], **_masks(ctx, a, bias, len_q, len_kv)}
     if drop_mask is not None:
         kw["dropout"] = (drop_mask, drop_scale, drop_scale_inv)
     if a["deterministic"]:
