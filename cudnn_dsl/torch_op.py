@@ -148,7 +148,8 @@ class TorchOp:
     (`cudnn_dsl.unpack_bits` reads it), exactly what the launch writes.
 
     `op.overload` is the OpOverload itself (`torch.ops.cudnn_dsl.<name>.default`), `op.schema` its schema.
-    No backward yet: see `_register` for where it goes.
+    Called on inputs that require grad, it runs the graph's augmented forward op instead, whose backward
+    is the derived backward graph (cudnn_dsl.autograd.GradOps); its outputs then carry gradients.
     """
 
     def __init__(self, name: str, cg):
@@ -185,12 +186,16 @@ class TorchOp:
     def _schema(self) -> str:
         alias = {n: f"a{i}" for i, n in enumerate(self.mutated)}
         args = [f"Tensor({alias[n]}!) {_arg(n)}" if n in alias else f"Tensor {_arg(n)}" for n in self.tensor_names]
-        inst = self.graph.instances[0]
-        for v in self.scalars:
-            dtype = inst.type(v.name).dtype
-            args.append(f"{_scalar_type(dtype)} {_arg(v.name)}={_literal(v.scalar, dtype)}")
         returns = "Tensor" if len(self.fresh) == 1 else "(" + ", ".join("Tensor" for _ in self.fresh) + ")"
-        return f"({', '.join(args)}) -> {returns}"
+        return f"({', '.join(args + self.scalar_args())}) -> {returns}"
+
+    def scalar_args(self) -> list[str]:
+        """The schema's scalar arguments, each with its declared value as default."""
+        inst = self.graph.instances[0]
+        return [
+            f"{_scalar_type(t.dtype)} {_arg(v.name)}={_literal(v.scalar, t.dtype)}"
+            for v, t in ((v, inst.type(v.name)) for v in self.scalars)
+        ]
 
     def _register(self) -> None:
         lib = _library()
@@ -198,11 +203,10 @@ class TorchOp:
         lib.impl(self.name, self.cuda_kernel, "CUDA")
         lib.impl(self.name, self.cpu_kernel, "CPU")
         torch.library.register_fake(self.qualname, self.fake_kernel, lib=lib)
-        # Autograd: none yet. A fallthrough on the Autograd key makes the op non-differentiable (its outputs
-        # do not require grad) rather than leaving torch's default, which warns and passes gradients on
-        # wrongly; __call__ refuses inputs that want a gradient. The derived backward (cudnn_dsl/autograd.py)
-        # goes here instead: torch.library.register_autograd(self.qualname, backward, setup_context=..., lib=lib)
-        # (it costs ~25 µs per call on the dispatcher: register it only for graphs that have a backward).
+        # A fallthrough on the Autograd key: this op is the no-grad path, and register_autograd's kernel
+        # would cost it ~25 µs per call. A call whose inputs want a gradient goes to the graph's augmented
+        # forward instead (cudnn_dsl.autograd.GradOps, chosen by __call__), an op of its own with the
+        # derived backward registered.
         lib.impl(self.name, torch.library.fallthrough_kernel, "Autograd")
 
     # ---- calling ---------------------------------------------------------------------------
@@ -211,10 +215,9 @@ class TorchOp:
         if kwargs or len(args) < len(self.tensor_names):
             args = self._positional(args, kwargs)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
-            raise NotImplementedError(
-                f"graph '{self.graph.name}' has no backward yet; call it under torch.no_grad() or on tensors "
-                f"that do not require grad"
-            )
+            wrt = tuple(n for n, t in zip(self.tensor_names, args) if t.requires_grad)
+            result = getattr(getattr(torch.ops, NAMESPACE), _grad_op(self, wrt)).default(*args)
+            return result if isinstance(result, torch.Tensor) else _returned(list(result[: len(self.fresh)]))
         result = self.overload(*args)
         if not self.in_place:
             return result
@@ -419,6 +422,14 @@ class _Launch:
         self.cudnn.set_stream(exe.handle, torch.cuda.current_stream(device).cuda_stream)
         exe.low.g.execute(buffers, exe.workspace, handle=exe.handle, tensor_uids=self.uids)
         return _returned(outs)
+
+
+@torch._dynamo.assume_constant_result  # derived and registered once, while tracing too: no graph break
+def _grad_op(op: TorchOp, wrt: tuple[str, ...]) -> str:
+    """The name of the op that runs `op`'s graph with the gradients of `wrt` derived (cudnn_dsl.autograd)."""
+    from cudnn_dsl.autograd import grad_ops
+
+    return grad_ops(op, wrt).name
 
 
 def as_torch_op(cg) -> TorchOp:
