@@ -184,3 +184,28 @@ def test_a_dim_of_a_set_stays_symbolic_and_each_value_runs_its_plan(private_stor
         got = f(x, 0.25)
         assert got.shape == (n, 64, 64)
         close(got, cg.reference(x=x, w=w, alpha=0.25)["y"], "half")
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_training_step_through_the_op_matches_torch_autograd(private_store, compiled):
+    """The augmented forward and the derived backward as torch ops, on cuDNN: eagerly and under
+    torch.compile(fullgraph=True) with inductor, loss and gradients as the same model in plain torch."""
+    import torch
+
+    import cudnn_dsl
+    from tests.test_torch_op import BLOCK, Block, block_in_torch, block_params
+
+    op = cudnn_dsl.compile(text=BLOCK).as_torch_op()
+    params = {k: v.cuda() for k, v in block_params(3).items()}
+    model, plain = Block(op, params), Block(block_in_torch, params)
+    run = torch.compile(model, fullgraph=True) if compiled else model
+    launched = op.launches
+    for n in (2, 4):
+        x = torch.randn(n, 8, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(n))
+        loss, want = run(x), plain(x)
+        loss.backward()
+        want.backward()
+        torch.testing.assert_close(loss, want, atol=1e-2, rtol=1e-2)  # cuDNN may round float matmuls as TF32
+    assert op.launches == launched  # the training path ran the augmented forward op, not the plain one
+    for k, p in model.p.items():
+        torch.testing.assert_close(p.grad, plain.p[k].grad, atol=1e-2, rtol=1e-2, msg=k)
