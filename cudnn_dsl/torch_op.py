@@ -32,6 +32,7 @@ import torch
 from cudnn_dsl.backend import load_cudnn
 from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.tensors import BindingError, empty, host_scalar, stored, view, written
+from dsl.autodiff import Derived, derive
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, NotFound, Program
 from dsl.printer import dump_ir
@@ -149,7 +150,7 @@ class TorchOp:
 
     `op.overload` is the OpOverload itself (`torch.ops.cudnn_dsl.<name>.default`), `op.schema` its schema.
     Called on inputs that require grad, it runs the graph's augmented forward op instead, whose backward
-    is the derived backward graph (cudnn_dsl.autograd.GradOps); its outputs then carry gradients.
+    is the derived backward graph (GradOps); its outputs then carry gradients.
     """
 
     def __init__(self, name: str, cg):
@@ -159,7 +160,9 @@ class TorchOp:
         self.compiled = {}
         """device -> the CompiledGraph serving it: the latest one as_torch_op was given for its device, else
         one made from the same graph and options"""
-        self._make = lambda device: type(cg)(self.graph, self.options, device)
+        self.kind = type(cg)
+        """CompiledGraph (not imported: the runtime imports this module)"""
+        self._make = lambda device: self.kind(self.graph, self.options, device)
         g = self.graph
         self.tensor_names = [v.name for v in g.device_inputs]
         self.scalars = list(g.of_kind("scalar"))
@@ -205,7 +208,7 @@ class TorchOp:
         torch.library.register_fake(self.qualname, self.fake_kernel, lib=lib)
         # A fallthrough on the Autograd key: this op is the no-grad path, and register_autograd's kernel
         # would cost it ~25 µs per call. A call whose inputs want a gradient goes to the graph's augmented
-        # forward instead (cudnn_dsl.autograd.GradOps, chosen by __call__), an op of its own with the
+        # forward instead (GradOps, chosen by __call__), an op of its own with the
         # derived backward registered.
         lib.impl(self.name, torch.library.fallthrough_kernel, "Autograd")
 
@@ -213,7 +216,7 @@ class TorchOp:
 
     def __call__(self, /, *args, **kwargs):
         if kwargs or len(args) < len(self.tensor_names):
-            args = self._positional(args, kwargs)
+            args = self.positional(args, kwargs)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
             wrt = tuple(n for n, t in zip(self.tensor_names, args) if t.requires_grad)
             result = getattr(getattr(torch.ops, NAMESPACE), _grad_op(self, wrt)).default(*args)
@@ -222,14 +225,14 @@ class TorchOp:
         if not self.in_place:
             return result
         fresh = dict(zip(self.fresh, (result,) if len(self.fresh) == 1 else result or ()))
-        names, inst = self._named(args), self.graph.instances[0]
+        names, inst = self.named(args), self.graph.instances[0]
         outs = [
             fresh[v.name] if v.name in fresh else view(self.graph.value(self.in_place[v.name]), inst, names)
             for v in self.graph.outputs
         ]
         return _returned(outs)
 
-    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+    def positional(self, args: tuple, kwargs: dict) -> tuple:
         """Arguments given by name as the schema orders them; a scalar left out takes its declared value."""
         names = dict(zip(self.arg_names, args))
         twice = set(names) & set(kwargs)
@@ -247,7 +250,7 @@ class TorchOp:
             names.get(v.name, d) for v, d in zip(self.scalars, self.defaults)
         )
 
-    def _named(self, args: tuple) -> dict:
+    def named(self, args: tuple) -> dict:
         """The kernel's arguments by graph name; scalars left out take their declared values."""
         return dict(zip(self.arg_names, args + tuple(self.defaults[len(args) - len(self.tensor_names) :])))
 
@@ -261,7 +264,7 @@ class TorchOp:
 
     def fake_kernel(self, *args):
         """The outputs' shapes, dtypes and strides, from the checker's types, for fake and meta tensors."""
-        tensors = self._named(args)
+        tensors = self.named(args)
         device = tensors[self.tensor_names[0]].device
         binding = self.graph.binding_of({k: tuple(tensors[k].shape) for k in self.tensor_names})
         self._check_fake(tensors, binding)
@@ -307,7 +310,7 @@ class TorchOp:
 
     def cpu_kernel(self, *args):
         """The PyTorch reference on the CPU, laid out as the CUDA kernel lays its outputs out: not cuDNN."""
-        tensors = self._named(args)
+        tensors = self.named(args)
         cg = self._serving(torch.device("cpu"))
         inst = cg.instance_for(tensors)
         values = cg.reference(tensors)
@@ -330,7 +333,7 @@ class TorchOp:
         key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
         launch = self._launches.get(key)
         if launch is None or any(t.data_ptr() % ALIGNMENT for t in tensors):
-            launch = self._launches[key] = self._first(self._named(args))
+            launch = self._launches[key] = self._first(self.named(args))
         if torch.cuda.current_device() != tensors[0].device.index:
             with torch.cuda.device(tensors[0].device):
                 return launch(args)
@@ -342,7 +345,7 @@ class TorchOp:
         inst = cg.instance_for(named)
         cg.bind_outputs(inst, named)
         if cg.staged(inst) is not None:  # run as several graphs: the compiled graph's own call runs them
-            return lambda args: self._outputs(cg(self._named(args)))
+            return lambda args: self._outputs(cg(self.named(args)))
         return _Launch(self, inst, cg.executable(inst))
 
     def forget(self, device: torch.device) -> None:
@@ -424,11 +427,9 @@ class _Launch:
         return _returned(outs)
 
 
-@torch._dynamo.assume_constant_result  # derived and registered once, while tracing too: no graph break
+@torch.compiler.assume_constant_result  # derived and registered once, while tracing too: no graph break
 def _grad_op(op: TorchOp, wrt: tuple[str, ...]) -> str:
-    """The name of the op that runs `op`'s graph with the gradients of `wrt` derived (cudnn_dsl.autograd)."""
-    from cudnn_dsl.autograd import grad_ops
-
+    """The name of the op that runs `op`'s graph with the gradients of `wrt` derived (GradOps)."""
     return grad_ops(op, wrt).name
 
 
@@ -443,6 +444,151 @@ def as_torch_op(cg) -> TorchOp:
         op.compiled[cg.device] = cg
         op.forget(cg.device)
     return op
+
+
+# ---- the training path: the augmented forward and the backward as torch ops ---------------------
+
+
+class GradOps:
+    """A graph op's (TorchOp) training path, for the gradients of `wrt`: two torch ops.
+
+    - `<op>_ad<mask>`: the augmented forward. Its arguments are the graph op's; it returns the graph's
+      outputs, then the values the backward reads that are no output (saved intermediates, a norm's or
+      sdpa's statistics), as torch's own ops return theirs (native_layer_norm's mean and rstd). Its
+      autograd is the derived backward, through torch.library.register_autograd.
+    - `<op>_bw<mask>`: the backward, `(Tensor[] kept, Tensor?[] grads, SymInt[] dims, scalars) ->
+      Tensor[]`: the kept values, the outputs' gradients (None: zero), the symbolic dims' values.
+
+    Both are shape-generic ops whose kernels run the graphs derived for the shape at hand (derived and
+    compiled on first use of a shape, each as a graph op of its own: plans from the store, the reference on
+    the CPU); their fake kernels specialize on the sizes (the derived graphs are per shape).
+    """
+
+    def __init__(self, op: TorchOp, wrt: tuple[str, ...]):
+
+        if op.mutated:
+            raise NotImplementedError(
+                f"graph '{op.graph.name}' writes an input in place; its torch op has no backward "
+                f"(cudnn_dsl.autograd.differentiable runs it with one)"
+            )
+        self.op, self.wrt = op, wrt
+        self._shapes: dict[tuple, tuple[Derived, object, object]] = {}
+        self.symbols = tuple(dict(op.graph.instances[0].binding))
+        first = self.shape(op.graph.instances[0].binding)[0]
+        self.outputs = tuple(op.fresh)
+        self.saved, self.kept = self._values(first)
+        self.grads = tuple(w for w, _ in first.grads)
+        mask = "".join("1" if n in wrt else "0" for n in op.tensor_names)
+        self.name, self.backward_name = f"{op.name}_ad{mask}", f"{op.name}_bw{mask}"
+        args = op.schema.split(" -> ")[0][1:-1]
+        returns = ", ".join("Tensor" for _ in self.outputs + self.saved)  # one: `(Tensor)` is `Tensor`
+        lib = _library()
+        lib.define(f"{self.name}({args}) -> ({returns})")
+        lib.impl(self.name, lambda *a: self.forward_kernel("cpu_kernel", a), "CPU")
+        lib.impl(self.name, lambda *a: self.forward_kernel("cuda_kernel", a), "CUDA")
+        torch.library.register_fake(
+            f"{NAMESPACE}::{self.name}", lambda *a: self.forward_kernel("fake_kernel", a), lib=lib
+        )
+        scalars = "".join(", " + s for s in op.scalar_args())
+        lib.define(f"{self.backward_name}(Tensor[] kept, Tensor?[] grads, SymInt[] dims{scalars}) -> Tensor[]")
+        lib.impl(self.backward_name, lambda *a: self.backward_kernel("cpu_kernel", a), "CPU")
+        lib.impl(self.backward_name, lambda *a: self.backward_kernel("cuda_kernel", a), "CUDA")
+        torch.library.register_fake(
+            f"{NAMESPACE}::{self.backward_name}", lambda *a: self.backward_kernel("fake_kernel", a), lib=lib
+        )
+        lib.impl(self.backward_name, torch.library.fallthrough_kernel, "Autograd")  # no second derivatives
+        self.backward_op = getattr(getattr(torch.ops, NAMESPACE), self.backward_name).default
+        torch.library.register_autograd(
+            f"{NAMESPACE}::{self.name}", self.backward, setup_context=self.setup_context, lib=lib
+        )
+
+    def shape(self, binding) -> tuple[Derived, object, object]:
+        """(the derivation, the augmented forward's op, the backward's op) of one shape."""
+        key = tuple(sorted(dict(binding).items()))
+        if key not in self._shapes:
+            g = self.op.graph
+            d = derive(g, g.instance(dict(key)) if key else g.instances[0], self.wrt)
+            if self._shapes and self._values(d) != self._values(next(iter(self._shapes.values()))[0]):
+                raise NotImplementedError(
+                    f"graph '{g.name}': its derived backward reads other values at {dict(key)} (the op's "
+                    f"schema is the first shape's)"
+                )
+            fwd, bwd = (as_torch_op(self.op.kind(part, self.op.options)) for part in (d.forward, d.backward))
+            self._shapes[key] = (d, fwd, bwd)
+        return self._shapes[key]
+
+    def _values(self, d: Derived) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the values the augmented forward returns beyond the graph's outputs, the values the backward reads)"""
+        outputs = {v.name for v in self.op.graph.outputs}
+        saved = tuple(v.name for v in d.forward.outputs if v.name not in outputs)
+        return saved, tuple(dict.fromkeys(of for _, kind, of in d.bind if kind in ("value", "transposed")))
+
+    def _binding(self, tensors: dict) -> dict:
+        shapes = {k: tuple(tensors[k].shape) for k in self.op.tensor_names}
+        return self.op.graph.binding_of(shapes)
+
+    def forward_kernel(self, kernel: str, args: tuple):
+        named = self.op.named(args)
+        binding = {k: int(v) for k, v in self._binding(named).items()}
+        _, fwd, _ = self.shape(binding)
+        result = getattr(fwd, kernel)(*fwd.positional((), named))
+        got = dict(zip(fwd.fresh, _results(result)))
+        return _returned([got[n] for n in self.outputs + self.saved])
+
+    def backward_kernel(self, kernel: str, args: tuple):
+        kept, grads, dims = args[:3]
+        d, _, bwd = self.shape(dict(zip(self.symbols, map(int, dims))))
+        values = dict(zip(self.kept, kept))
+        given = dict(zip(self.outputs, grads))
+        real = kernel != "fake_kernel"
+        device = kept[0].device if kept else next(g for g in grads if g is not None).device
+        bound: dict = {}
+        for name, kind, of in d.bind:
+            if kind in ("grad", "grad_transposed"):
+                t = d.forward.instances[0].type(of)
+                g = given.get(of)
+                if g is None:
+                    g = empty(t, device).zero_()
+                elif real and tuple(g.stride()) != t.strides:  # cuDNN reads the declared layout
+                    g = empty(t, device).copy_(g)
+                value = g.transpose(-1, -2) if kind == "grad_transposed" else g
+            else:
+                value = values[of].transpose(-1, -2) if kind == "transposed" else values[of]
+            bound[name] = value
+        scalars = dict(zip((v.name for v in self.op.scalars), args[3:]))
+        bound.update((v.name, scalars[v.name]) for v in bwd.scalars if v.name in scalars)  # the forward's, as given
+        result = getattr(bwd, kernel)(*bwd.positional((), bound))
+        got = dict(zip(bwd.fresh, _results(result)))
+        return [got[name] for _, name in d.grads]
+
+    def setup_context(self, ctx, inputs, output):
+        named = self.op.named(tuple(inputs))
+        values = {**named, **dict(zip(self.outputs + self.saved, _results(output)))}
+        ctx.save_for_backward(*(values[k] for k in self.kept))
+        binding = self._binding(named)
+        ctx.dims = [binding[s] for s in self.symbols]
+        ctx.scalars = tuple(named[v.name] for v in self.op.scalars)
+
+    def backward(self, ctx, *grads):
+        got = self.backward_op(list(ctx.saved_tensors), list(grads[: len(self.outputs)]), ctx.dims, *ctx.scalars)
+        by_input = dict(zip(self.grads, got))
+        return tuple(by_input.get(n) for n in self.op.tensor_names) + (None,) * len(ctx.scalars)
+
+
+def _results(result) -> tuple:
+    """A kernel's result as a tuple (one tensor, or several)."""
+    return (result,) if isinstance(result, torch.Tensor) else tuple(result)
+
+
+_GRAD_OPS: dict[tuple[str, tuple[str, ...]], GradOps] = {}
+
+
+def grad_ops(op: TorchOp, wrt: tuple[str, ...]) -> GradOps:
+    """The training path of a graph op for the gradients of `wrt`, made once per process."""
+    key = (op.name, wrt)
+    if key not in _GRAD_OPS:
+        _GRAD_OPS[key] = GradOps(op, wrt)
+    return _GRAD_OPS[key]
 
 
 class GraphModule(torch.nn.Module):
