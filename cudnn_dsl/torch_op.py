@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import keyword
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -333,7 +334,8 @@ class TorchOp:
         key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
         launch = self._launches.get(key)
         if launch is None or any(t.data_ptr() % ALIGNMENT for t in tensors):
-            launch = self._launches[key] = self._first(self.named(args))
+            named = self.named(args)
+            launch = self._launches[key] = _off_graph_pools(lambda: self._first(named), tensors[0].device)
         if torch.cuda.current_device() != tensors[0].device.index:
             with torch.cuda.device(tensors[0].device):
                 return launch(args)
@@ -344,7 +346,11 @@ class TorchOp:
         cg = self._serving(named[self.tensor_names[0]].device)
         inst = cg.instance_for(named)
         cg.bind_outputs(inst, named)
-        if cg.staged(inst) is not None:  # run as several graphs: the compiled graph's own call runs them
+        staged = cg.staged(inst)
+        if staged is not None:  # run as several graphs: the compiled graph's own call runs them
+            for part in staged.compiled:  # their plans and workspaces made here, off the graph pools
+                if part is not None:
+                    part.executable(part.graph.instances[0])
             return lambda args: self._outputs(cg(self.named(args)))
         return _Launch(self, inst, cg.executable(inst))
 
@@ -354,6 +360,24 @@ class TorchOp:
 
     def _outputs(self, outputs: dict):
         return _returned([outputs[n] for n in self.fresh])
+
+
+def _off_graph_pools(make, device: torch.device):
+    """make() on a thread of its own, on `device`. A launch's first call builds or loads its plan and
+    allocates what the plan keeps for every later call (its workspace, scratch memory). torch.compile's
+    CUDA-graph trees (mode="reduce-overhead") run a compiled function's first calls (warm-up) with every
+    allocation of the calling thread sent to their private pool (_use_cuda_memory_pool_manager:
+    `_cuda_beginAllocateCurrentThreadToPool`), and then require each live block of that pool to be one of
+    the graph's outputs (check_memory_pool: "tensor(s) in the cudagraph pool not tracked as outputs"). Made
+    on another thread, those allocations come from the ordinary caching allocator, as they do outside
+    torch.compile. A thread per first call (none is kept): it costs microseconds beside a plan's load."""
+
+    def on_device():
+        with torch.cuda.device(device):
+            return make()
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudnn_dsl_first_call") as pool:
+        return pool.submit(on_device).result()
 
 
 def _window(v, inst) -> tuple:
