@@ -155,7 +155,7 @@ def _transpose(e, n):
 def _layer_fits(x, scale, axes) -> bool:
     """layernorm_backward and rmsnorm_backward run on cuDNN 9.19 over [N, C, H, W] normalized per sample
     (statistics [N, 1, 1, 1]); over tokens ([B, S, D], statistics [B, S, 1]) no engine takes them."""
-    return len(x.shape) == 4 and axes == (1, 2, 3)
+    return len(x.shape) == 4 and 0 not in axes and all(i in axes or x.shape[i] == 1 for i in (1, 2, 3))
 
 
 def _norm(

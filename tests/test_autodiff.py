@@ -295,6 +295,7 @@ def _norm_graph(x: str, scale: str, body: str) -> str:
         ("[4, 3, 2, 2]", "[1, 3, 2, 2]", "output y = layernorm(a, b, c)", "layernorm_backward"),
         ("[4, 3, 2, 2]", "[1, 3, 2, 2]", "output y = rmsnorm(a, b)", "rmsnorm_backward"),
         ("[4, 3, 2, 2]", "[1, 3, 2, 2]", "output y = rmsnorm(a, b, c)", "rmsnorm_backward"),
+        ("[4, 8, 1, 1]", "[1, 8, 1, 1]", "output y = layernorm(a, b, c)", "layernorm_backward"),  # the examples'
         ("[4, 3, 2, 2]", "[1, 3, 1, 1]", "output y = batchnorm(a, b, c, c, c)", "batchnorm_backward"),
         ("[4, 3, 2, 2]", "[1, 3, 1, 1]", "output y = instancenorm(a, b, c)", "instancenorm_backward"),
         ("[2, 3, 4]", "[1, 1, 4]", "output y = layernorm(a, b, c)", None),  # tokens: no engine on 9.19
