@@ -197,7 +197,7 @@ def test_a_training_step_through_the_op_matches_torch_autograd(private_store, co
     import cudnn_dsl
     from tests.test_torch_op import BLOCK, Block, block_in_torch, block_params
 
-    op = cudnn_dsl.compile(text=BLOCK).as_torch_op()
+    op = cudnn_dsl.compile(text=BLOCK, split=True).as_torch_op()  # the norm and its backward's sums: parts
     params = {k: v.cuda() for k, v in block_params(3).items()}
     model, plain = Block(op, params), Block(block_in_torch, params)
     run = torch.compile(model, fullgraph=True) if compiled else model
@@ -211,3 +211,41 @@ def test_a_training_step_through_the_op_matches_torch_autograd(private_store, co
     assert op.launches == launched  # the training path ran the augmented forward op, not the plain one
     for k, p in model.p.items():
         torch.testing.assert_close(p.grad, plain.p[k].grad, atol=1e-2, rtol=1e-2, msg=k)
+
+
+ATTENTION = """
+graph attention {
+  io half
+  compute float
+  input q : half[2, 4, 128, 64]
+  input k : half[2, 4, 128, 64]
+  input v : half[2, 4, 128, 64]
+  output o = sdpa(q, k, v, causal=true)
+}
+"""
+
+
+def test_attention_through_the_op_trains_with_sdpa_backward(private_store):
+    """The op of a whole graph (sdpa) under torch.compile(fullgraph=True): its backward op runs
+    sdpa_backward from the saved statistics; gradients as torch's own attention's."""
+    import torch
+    import torch.nn.functional as F
+
+    import cudnn_dsl
+    from cudnn_dsl.torch_op import grad_ops
+
+    op = cudnn_dsl.compile(text=ATTENTION).as_torch_op()
+    g = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", generator=g, dtype=torch.half) for _ in range(3))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    do = torch.randn(2, 4, 128, 64, device="cuda", generator=g, dtype=torch.half)
+    o = torch.compile(lambda q, k, v: op(q, k, v), fullgraph=True)(*leaves)
+    o.backward(do)
+    want = F.scaled_dot_product_attention(*want_leaves, is_causal=True)
+    want.backward(do)
+    torch.testing.assert_close(o, want, atol=2e-2, rtol=2e-2)
+    for name, got, w in zip("qkv", leaves, want_leaves):
+        torch.testing.assert_close(got.grad, w.grad, atol=2e-2, rtol=2e-2, msg=name)
+    d, _, _ = grad_ops(op, ("q", "k", "v")).shape({})
+    assert [n.op for n in d.backward.nodes] == ["sdpa_backward"]
