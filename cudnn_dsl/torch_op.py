@@ -489,14 +489,13 @@ class GradOps:
     """
 
     def __init__(self, op: TorchOp, wrt: tuple[str, ...]):
-
         if op.mutated:
             raise NotImplementedError(
                 f"graph '{op.graph.name}' writes an input in place; its torch op has no backward "
                 f"(cudnn_dsl.autograd.differentiable runs it with one)"
             )
         self.op, self.wrt = op, wrt
-        self._shapes: dict[tuple, tuple[Derived, object, object]] = {}
+        self._shapes: dict[tuple, tuple[Derived, TorchOp, TorchOp]] = {}
         self.symbols = tuple(dict(op.graph.instances[0].binding))
         first = self.shape(op.graph.instances[0].binding)[0]
         self.outputs = tuple(op.fresh)
@@ -526,7 +525,7 @@ class GradOps:
             f"{NAMESPACE}::{self.name}", self.backward, setup_context=self.setup_context, lib=lib
         )
 
-    def shape(self, binding) -> tuple[Derived, object, object]:
+    def shape(self, binding) -> tuple[Derived, TorchOp, TorchOp]:
         """(the derivation, the augmented forward's op, the backward's op) of one shape."""
         key = tuple(sorted(dict(binding).items()))
         if key not in self._shapes:
