@@ -10,7 +10,10 @@ are compiled with cudnn_dsl.compile from their derived .cdg text, one pair per s
 forward that saves nothing more than the graph's outputs is the graph as compiled, plans and all).
 Gradients are derived for the inputs that require grad; with none (or under no_grad) the graph runs as
 written. Without a GPU both run their PyTorch references (the same graphs, the same bindings).
-`forward_outputs` and `backward_grads` are the two halves, for torch.library.register_autograd.
+A graph's torch op (cudnn_dsl.torch_op) derives the same graphs for inputs that require grad, as torch
+ops of their own with torch.library.register_autograd (torch_op.GradOps), so that torch.compile traces
+them; this Function is the path for a graph written in place (running statistics), which has no torch-op
+backward.
 """
 
 from __future__ import annotations

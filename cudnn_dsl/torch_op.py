@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import keyword
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ import torch
 from cudnn_dsl.backend import load_cudnn
 from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.tensors import BindingError, empty, host_scalar, stored, view, written
+from dsl.autodiff import Derived, derive
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, NotFound, Program
 from dsl.printer import dump_ir
@@ -148,7 +150,8 @@ class TorchOp:
     (`cudnn_dsl.unpack_bits` reads it), exactly what the launch writes.
 
     `op.overload` is the OpOverload itself (`torch.ops.cudnn_dsl.<name>.default`), `op.schema` its schema.
-    No backward yet: see `_register` for where it goes.
+    Called on inputs that require grad, it runs the graph's augmented forward op instead, whose backward
+    is the derived backward graph (GradOps); its outputs then carry gradients.
     """
 
     def __init__(self, name: str, cg):
@@ -158,7 +161,9 @@ class TorchOp:
         self.compiled = {}
         """device -> the CompiledGraph serving it: the latest one as_torch_op was given for its device, else
         one made from the same graph and options"""
-        self._make = lambda device: type(cg)(self.graph, self.options, device)
+        self.kind = type(cg)
+        """CompiledGraph (not imported: the runtime imports this module)"""
+        self._make = lambda device: self.kind(self.graph, self.options, device)
         g = self.graph
         self.tensor_names = [v.name for v in g.device_inputs]
         self.scalars = list(g.of_kind("scalar"))
@@ -185,12 +190,16 @@ class TorchOp:
     def _schema(self) -> str:
         alias = {n: f"a{i}" for i, n in enumerate(self.mutated)}
         args = [f"Tensor({alias[n]}!) {_arg(n)}" if n in alias else f"Tensor {_arg(n)}" for n in self.tensor_names]
-        inst = self.graph.instances[0]
-        for v in self.scalars:
-            dtype = inst.type(v.name).dtype
-            args.append(f"{_scalar_type(dtype)} {_arg(v.name)}={_literal(v.scalar, dtype)}")
         returns = "Tensor" if len(self.fresh) == 1 else "(" + ", ".join("Tensor" for _ in self.fresh) + ")"
-        return f"({', '.join(args)}) -> {returns}"
+        return f"({', '.join(args + self.scalar_args())}) -> {returns}"
+
+    def scalar_args(self) -> list[str]:
+        """The schema's scalar arguments, each with its declared value as default."""
+        inst = self.graph.instances[0]
+        return [
+            f"{_scalar_type(t.dtype)} {_arg(v.name)}={_literal(v.scalar, t.dtype)}"
+            for v, t in ((v, inst.type(v.name)) for v in self.scalars)
+        ]
 
     def _register(self) -> None:
         lib = _library()
@@ -198,35 +207,33 @@ class TorchOp:
         lib.impl(self.name, self.cuda_kernel, "CUDA")
         lib.impl(self.name, self.cpu_kernel, "CPU")
         torch.library.register_fake(self.qualname, self.fake_kernel, lib=lib)
-        # Autograd: none yet. A fallthrough on the Autograd key makes the op non-differentiable (its outputs
-        # do not require grad) rather than leaving torch's default, which warns and passes gradients on
-        # wrongly; __call__ refuses inputs that want a gradient. The derived backward (cudnn_dsl/autograd.py)
-        # goes here instead: torch.library.register_autograd(self.qualname, backward, setup_context=..., lib=lib)
-        # (it costs ~25 µs per call on the dispatcher: register it only for graphs that have a backward).
+        # A fallthrough on the Autograd key: this op is the no-grad path, and register_autograd's kernel
+        # would cost it ~25 µs per call. A call whose inputs want a gradient goes to the graph's augmented
+        # forward instead (GradOps, chosen by __call__), an op of its own with the
+        # derived backward registered.
         lib.impl(self.name, torch.library.fallthrough_kernel, "Autograd")
 
     # ---- calling ---------------------------------------------------------------------------
 
     def __call__(self, /, *args, **kwargs):
         if kwargs or len(args) < len(self.tensor_names):
-            args = self._positional(args, kwargs)
+            args = self.positional(args, kwargs)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
-            raise NotImplementedError(
-                f"graph '{self.graph.name}' has no backward yet; call it under torch.no_grad() or on tensors "
-                f"that do not require grad"
-            )
+            wrt = tuple(n for n, t in zip(self.tensor_names, args) if t.requires_grad)
+            result = getattr(getattr(torch.ops, NAMESPACE), _grad_op(self, wrt)).default(*args)
+            return result if isinstance(result, torch.Tensor) else _returned(list(result[: len(self.fresh)]))
         result = self.overload(*args)
         if not self.in_place:
             return result
         fresh = dict(zip(self.fresh, (result,) if len(self.fresh) == 1 else result or ()))
-        names, inst = self._named(args), self.graph.instances[0]
+        names, inst = self.named(args), self.graph.instances[0]
         outs = [
             fresh[v.name] if v.name in fresh else view(self.graph.value(self.in_place[v.name]), inst, names)
             for v in self.graph.outputs
         ]
         return _returned(outs)
 
-    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+    def positional(self, args: tuple, kwargs: dict) -> tuple:
         """Arguments given by name as the schema orders them; a scalar left out takes its declared value."""
         names = dict(zip(self.arg_names, args))
         twice = set(names) & set(kwargs)
@@ -244,7 +251,7 @@ class TorchOp:
             names.get(v.name, d) for v, d in zip(self.scalars, self.defaults)
         )
 
-    def _named(self, args: tuple) -> dict:
+    def named(self, args: tuple) -> dict:
         """The kernel's arguments by graph name; scalars left out take their declared values."""
         return dict(zip(self.arg_names, args + tuple(self.defaults[len(args) - len(self.tensor_names) :])))
 
@@ -258,7 +265,7 @@ class TorchOp:
 
     def fake_kernel(self, *args):
         """The outputs' shapes, dtypes and strides, from the checker's types, for fake and meta tensors."""
-        tensors = self._named(args)
+        tensors = self.named(args)
         device = tensors[self.tensor_names[0]].device
         binding = self.graph.binding_of({k: tuple(tensors[k].shape) for k in self.tensor_names})
         self._check_fake(tensors, binding)
@@ -304,7 +311,7 @@ class TorchOp:
 
     def cpu_kernel(self, *args):
         """The PyTorch reference on the CPU, laid out as the CUDA kernel lays its outputs out: not cuDNN."""
-        tensors = self._named(args)
+        tensors = self.named(args)
         cg = self._serving(torch.device("cpu"))
         inst = cg.instance_for(tensors)
         values = cg.reference(tensors)
@@ -327,7 +334,8 @@ class TorchOp:
         key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
         launch = self._launches.get(key)
         if launch is None or any(t.data_ptr() % ALIGNMENT for t in tensors):
-            launch = self._launches[key] = self._first(self._named(args))
+            named = self.named(args)
+            launch = self._launches[key] = _off_graph_pools(lambda: self._first(named), tensors[0].device)
         if torch.cuda.current_device() != tensors[0].device.index:
             with torch.cuda.device(tensors[0].device):
                 return launch(args)
@@ -338,8 +346,12 @@ class TorchOp:
         cg = self._serving(named[self.tensor_names[0]].device)
         inst = cg.instance_for(named)
         cg.bind_outputs(inst, named)
-        if cg.staged(inst) is not None:  # run as several graphs: the compiled graph's own call runs them
-            return lambda args: self._outputs(cg(self._named(args)))
+        staged = cg.staged(inst)
+        if staged is not None:  # run as several graphs: the compiled graph's own call runs them
+            for part in staged.compiled:  # their plans and workspaces made here, off the graph pools
+                if part is not None:
+                    part.executable(part.graph.instances[0])
+            return lambda args: self._outputs(cg(self.named(args)))
         return _Launch(self, inst, cg.executable(inst))
 
     def forget(self, device: torch.device) -> None:
@@ -348,6 +360,24 @@ class TorchOp:
 
     def _outputs(self, outputs: dict):
         return _returned([outputs[n] for n in self.fresh])
+
+
+def _off_graph_pools(make, device: torch.device):
+    """make() on a thread of its own, on `device`. A launch's first call builds or loads its plan and
+    allocates what the plan keeps for every later call (its workspace, scratch memory). torch.compile's
+    CUDA-graph trees (mode="reduce-overhead") run a compiled function's first calls (warm-up) with every
+    allocation of the calling thread sent to their private pool (_use_cuda_memory_pool_manager:
+    `_cuda_beginAllocateCurrentThreadToPool`), and then require each live block of that pool to be one of
+    the graph's outputs (check_memory_pool: "tensor(s) in the cudagraph pool not tracked as outputs"). Made
+    on another thread, those allocations come from the ordinary caching allocator, as they do outside
+    torch.compile. A thread per first call (none is kept): it costs microseconds beside a plan's load."""
+
+    def on_device():
+        with torch.cuda.device(device):
+            return make()
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudnn_dsl_first_call") as pool:
+        return pool.submit(on_device).result()
 
 
 def _window(v, inst) -> tuple:
@@ -423,6 +453,12 @@ class _Launch:
         return _returned(outs)
 
 
+@torch.compiler.assume_constant_result  # derived and registered once, while tracing too: no graph break
+def _grad_op(op: TorchOp, wrt: tuple[str, ...]) -> str:
+    """The name of the op that runs `op`'s graph with the gradients of `wrt` derived (GradOps)."""
+    return grad_ops(op, wrt).name
+
+
 def as_torch_op(cg) -> TorchOp:
     """A compiled graph (cudnn_dsl.compile) as a torch operator; the same graph and options give the same
     op in a process. The op runs cuDNN on CUDA tensors and the PyTorch reference on CPU tensors."""
@@ -434,6 +470,150 @@ def as_torch_op(cg) -> TorchOp:
         op.compiled[cg.device] = cg
         op.forget(cg.device)
     return op
+
+
+# ---- the training path: the augmented forward and the backward as torch ops ---------------------
+
+
+class GradOps:
+    """A graph op's (TorchOp) training path, for the gradients of `wrt`: two torch ops.
+
+    - `<op>_ad<mask>`: the augmented forward. Its arguments are the graph op's; it returns the graph's
+      outputs, then the values the backward reads that are no output (saved intermediates, a norm's or
+      sdpa's statistics), as torch's own ops return theirs (native_layer_norm's mean and rstd). Its
+      autograd is the derived backward, through torch.library.register_autograd.
+    - `<op>_bw<mask>`: the backward, `(Tensor[] kept, Tensor?[] grads, SymInt[] dims, scalars) ->
+      Tensor[]`: the kept values, the outputs' gradients (None: zero), the symbolic dims' values.
+
+    Both are shape-generic ops whose kernels run the graphs derived for the shape at hand (derived and
+    compiled on first use of a shape, each as a graph op of its own: plans from the store, the reference on
+    the CPU); their fake kernels specialize on the sizes (the derived graphs are per shape).
+    """
+
+    def __init__(self, op: TorchOp, wrt: tuple[str, ...]):
+        if op.mutated:
+            raise NotImplementedError(
+                f"graph '{op.graph.name}' writes an input in place; its torch op has no backward "
+                f"(cudnn_dsl.autograd.differentiable runs it with one)"
+            )
+        self.op, self.wrt = op, wrt
+        self._shapes: dict[tuple, tuple[Derived, TorchOp, TorchOp]] = {}
+        self.symbols = tuple(dict(op.graph.instances[0].binding))
+        first = self.shape(op.graph.instances[0].binding)[0]
+        self.outputs = tuple(op.fresh)
+        self.saved, self.kept = self._values(first)
+        self.grads = tuple(w for w, _ in first.grads)
+        mask = "".join("1" if n in wrt else "0" for n in op.tensor_names)
+        self.name, self.backward_name = f"{op.name}_ad{mask}", f"{op.name}_bw{mask}"
+        args = op.schema.split(" -> ")[0][1:-1]
+        returns = ", ".join("Tensor" for _ in self.outputs + self.saved)  # one: `(Tensor)` is `Tensor`
+        lib = _library()
+        lib.define(f"{self.name}({args}) -> ({returns})")
+        lib.impl(self.name, lambda *a: self.forward_kernel("cpu_kernel", a), "CPU")
+        lib.impl(self.name, lambda *a: self.forward_kernel("cuda_kernel", a), "CUDA")
+        torch.library.register_fake(
+            f"{NAMESPACE}::{self.name}", lambda *a: self.forward_kernel("fake_kernel", a), lib=lib
+        )
+        scalars = "".join(", " + s for s in op.scalar_args())
+        lib.define(f"{self.backward_name}(Tensor[] kept, Tensor?[] grads, SymInt[] dims{scalars}) -> Tensor[]")
+        lib.impl(self.backward_name, lambda *a: self.backward_kernel("cpu_kernel", a), "CPU")
+        lib.impl(self.backward_name, lambda *a: self.backward_kernel("cuda_kernel", a), "CUDA")
+        torch.library.register_fake(
+            f"{NAMESPACE}::{self.backward_name}", lambda *a: self.backward_kernel("fake_kernel", a), lib=lib
+        )
+        lib.impl(self.backward_name, torch.library.fallthrough_kernel, "Autograd")  # no second derivatives
+        self.backward_op = getattr(getattr(torch.ops, NAMESPACE), self.backward_name).default
+        torch.library.register_autograd(
+            f"{NAMESPACE}::{self.name}", self.backward, setup_context=self.setup_context, lib=lib
+        )
+
+    def shape(self, binding) -> tuple[Derived, TorchOp, TorchOp]:
+        """(the derivation, the augmented forward's op, the backward's op) of one shape."""
+        key = tuple(sorted(dict(binding).items()))
+        if key not in self._shapes:
+            g = self.op.graph
+            d = derive(g, g.instance(dict(key)) if key else g.instances[0], self.wrt)
+            if self._shapes and self._values(d) != self._values(next(iter(self._shapes.values()))[0]):
+                raise NotImplementedError(
+                    f"graph '{g.name}': its derived backward reads other values at {dict(key)} (the op's "
+                    f"schema is the first shape's)"
+                )
+            fwd, bwd = (as_torch_op(self.op.kind(part, self.op.options)) for part in (d.forward, d.backward))
+            self._shapes[key] = (d, fwd, bwd)
+        return self._shapes[key]
+
+    def _values(self, d: Derived) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the values the augmented forward returns beyond the graph's outputs, the values the backward reads)"""
+        outputs = {v.name for v in self.op.graph.outputs}
+        saved = tuple(v.name for v in d.forward.outputs if v.name not in outputs)
+        return saved, tuple(dict.fromkeys(of for _, kind, of in d.bind if kind in ("value", "transposed")))
+
+    def _binding(self, tensors: dict) -> dict:
+        shapes = {k: tuple(tensors[k].shape) for k in self.op.tensor_names}
+        return self.op.graph.binding_of(shapes)
+
+    def forward_kernel(self, kernel: str, args: tuple):
+        named = self.op.named(args)
+        binding = {k: int(v) for k, v in self._binding(named).items()}
+        _, fwd, _ = self.shape(binding)
+        result = getattr(fwd, kernel)(*fwd.positional((), named))
+        got = dict(zip(fwd.fresh, _results(result)))
+        return _returned([got[n] for n in self.outputs + self.saved])
+
+    def backward_kernel(self, kernel: str, args: tuple):
+        kept, grads, dims = args[:3]
+        d, _, bwd = self.shape(dict(zip(self.symbols, map(int, dims))))
+        values = dict(zip(self.kept, kept))
+        given = dict(zip(self.outputs, grads))
+        real = kernel != "fake_kernel"
+        device = kept[0].device if kept else next(g for g in grads if g is not None).device
+        bound: dict = {}
+        for name, kind, of in d.bind:
+            if kind in ("grad", "grad_transposed"):
+                t = d.forward.instances[0].type(of)
+                g = given.get(of)
+                if g is None:
+                    g = empty(t, device).zero_()
+                elif real and tuple(g.stride()) != t.strides:  # cuDNN reads the declared layout
+                    g = empty(t, device).copy_(g)
+                value = g.transpose(-1, -2) if kind == "grad_transposed" else g
+            else:
+                value = values[of].transpose(-1, -2) if kind == "transposed" else values[of]
+            bound[name] = value
+        scalars = dict(zip((v.name for v in self.op.scalars), args[3:]))
+        bound.update((v.name, scalars[v.name]) for v in bwd.scalars if v.name in scalars)  # the forward's, as given
+        result = getattr(bwd, kernel)(*bwd.positional((), bound))
+        got = dict(zip(bwd.fresh, _results(result)))
+        return [got[name] for _, name in d.grads]
+
+    def setup_context(self, ctx, inputs, output):
+        named = self.op.named(tuple(inputs))
+        values = {**named, **dict(zip(self.outputs + self.saved, _results(output)))}
+        ctx.save_for_backward(*(values[k] for k in self.kept))
+        binding = self._binding(named)
+        ctx.dims = [binding[s] for s in self.symbols]
+        ctx.scalars = tuple(named[v.name] for v in self.op.scalars)
+
+    def backward(self, ctx, *grads):
+        got = self.backward_op(list(ctx.saved_tensors), list(grads[: len(self.outputs)]), ctx.dims, *ctx.scalars)
+        by_input = dict(zip(self.grads, got))
+        return tuple(by_input.get(n) for n in self.op.tensor_names) + (None,) * len(ctx.scalars)
+
+
+def _results(result) -> tuple:
+    """A kernel's result as a tuple (one tensor, or several)."""
+    return (result,) if isinstance(result, torch.Tensor) else tuple(result)
+
+
+_GRAD_OPS: dict[tuple[str, tuple[str, ...]], GradOps] = {}
+
+
+def grad_ops(op: TorchOp, wrt: tuple[str, ...]) -> GradOps:
+    """The training path of a graph op for the gradients of `wrt`, made once per process."""
+    key = (op.name, wrt)
+    if key not in _GRAD_OPS:
+        _GRAD_OPS[key] = GradOps(op, wrt)
+    return _GRAD_OPS[key]
 
 
 class GraphModule(torch.nn.Module):

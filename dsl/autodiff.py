@@ -139,6 +139,8 @@ class _Stmt:
     call: tuple  # (op, args, attrs)
     dtype: str | None = None
     output: TensorType | None = None
+    outputs: dict[str, TensorType] = attrs.field(factory=dict)
+    """the targets of a statement of several made outputs (a backward op's gradients), with their types"""
 
 
 class Emit:
@@ -240,11 +242,13 @@ class Emit:
 
     def call(self, op: str, *args, dtype: str | None = None, **given):
         """Emits `op(args, attrs)`; returns its result's name (a tuple of names for several). A negative
-        number becomes a host scalar (a literal cannot be negative)."""
-        args = tuple(self._scalar(a) if not isinstance(a, str) and a < 0 else a for a in args)
+        number becomes a host scalar (a literal cannot be negative); None is an optional input not given."""
+        args = tuple(self._scalar(a) if isinstance(a, (int, float)) and a < 0 else a for a in args)
         sig = OPS[op]
         rank = max(len(self.types[a].shape) for a in args if isinstance(a, str) and a not in self.scalars)
-        ins = tuple(self._arg_type(a, rank) for a in args)
+        ins = tuple(None if a is None else self._arg_type(a, rank) for a in args)
+        if sig.optional:  # every port, as the checker gives them
+            ins += (None,) * (len(sig.inputs) + len(sig.optional) - len(ins))
         full = canonical(sig, given, ins)
         outs = sig.infer(Ctx(op, ins, full))[: sig.count_results(given)]
         first = next(t for t, a in zip(ins, args) if isinstance(a, str) and a not in self.scalars)
@@ -311,6 +315,7 @@ class Emit:
             call = _call(op, args, given)
             if len(st.targets) > 1:
                 out.append(ast.Assign(st.targets, call))
+                out += [_result(name, t, None, True) for name, t in st.outputs.items()]
             elif st.output is not None:
                 out.append(_result(st.targets[0], st.output, call, True))
             else:
@@ -323,8 +328,15 @@ class Emit:
         return out
 
     def output(self, g: str, t: TensorType, name: str) -> str:
-        """Makes g an output of type t (dtype, shape, strides), or writes an identity to one."""
+        """Makes g an output of type t (dtype, shape, strides), or writes an identity to one. A result of an
+        op of several (a backward op's) is made an output as it is: an identity after a fused op such as
+        sdpa_backward would not fuse."""
         st = self.made.get(g)
+        if st is not None and len(st.targets) > 1 and g not in st.outputs and self.types[g].shape == t.shape:
+            new = self.fresh(name)
+            self._rename(g, new)
+            st.outputs[new] = self.types[new] = t
+            return new
         if st is None or st.output is not None or len(st.targets) > 1:
             g = self.call("identity", g)
             st = self.made[g]

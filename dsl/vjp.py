@@ -7,8 +7,10 @@ intermediate is saved by the forward), `e.fwd_t(name)` (its last two axes swappe
 of the same memory, no transpose op), `e.stats(n, k)`: a norm's first k statistics (the forward computes them
 in training phase and saves them). A gradient of a broadcast input is summed back to its shape
 by the caller. An op that has no VJP is in NO_VJP with the reason; every registry op is in exactly
-one of the two (a test proves it). A frontend backward op (relu_backward, layernorm_backward, ...)
-becomes a rule of one call: `lambda e, n: (e.call("relu_backward", n.dy, e.fwd(n.inputs[0])),)`.
+one of the two (a test proves it). Where cuDNN 9.19 runs the frontend's backward op (relu_backward and
+the other pointwise modes, layernorm_backward and rmsnorm_backward per sample over [N, C, H, W],
+batchnorm_backward, instancenorm_backward, sdpa_backward) the rule emits it; elsewhere (a form with no
+engine, a gradient of the fused op left unread) it falls back to a chain of registry ops.
 """
 
 from __future__ import annotations
@@ -85,57 +87,15 @@ def _y(e, n):
 
 
 def _relu(e, n):
-    """With a slope >= 0 the result is above lower_clip (below upper_clip) exactly where x is: the mask
-    reads the result, which the forward writes anyway, rather than a saved input."""
-    a = n.attrs
-    x = _y(e, n) if a["negative_slope"] >= 0 else _x(e, n)
-    above = e.call("cmp_gt", x, a["lower_clip"])
-    if a["negative_slope"] == 0:
-        g = e.call("mul", n.dy, above)
-    else:
-        g = e.call("binary_select", n.dy, e.call("mul", n.dy, a["negative_slope"]), above)
-    if a["upper_clip"] is not None:
-        g = e.call("mul", g, e.call("cmp_lt", x, a["upper_clip"]))
-    return (g,)
+    """relu_backward. With a slope >= 0 the result is above lower_clip (below upper_clip) exactly where x is:
+    the mode reads the result, which the forward writes anyway, rather than a saved input."""
+    x = _y(e, n) if n.attrs["negative_slope"] >= 0 else _x(e, n)
+    return (e.call("relu_backward", n.dy, x, **n.attrs),)
 
 
-def _gelu(e, n):
-    """Phi(x) + x phi(x)."""
-    x = _x(e, n)
-    phi = e.call("add", e.call("mul", e.call("erf", e.call("mul", x, 1 / math.sqrt(2))), 0.5), 0.5)
-    density = e.call(
-        "mul", e.call("exp", e.call("neg", e.call("mul", e.call("mul", x, x), 0.5))), 1 / math.sqrt(2 * math.pi)
-    )
-    return e.call("add", phi, e.call("mul", x, density))
-
-
-def _gelu_tanh(e, n):
-    """0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3k x^2), t = tanh(c (x + k x^3))."""
-    c, k = math.sqrt(2 / math.pi), 0.044715
-    x = _x(e, n)
-    x2 = e.call("mul", x, x)
-    t = e.call("tanh", e.call("mul", x, e.call("add", e.call("mul", x2, c * k), c)))
-    slope = e.call("add", e.call("mul", x2, 3 * c * k), c)
-    one_minus = e.call("sub", 1.0, e.call("mul", t, t))
-    left = e.call("mul", e.call("add", t, 1.0), 0.5)
-    return e.call("add", left, e.call("mul", e.call("mul", e.call("mul", x, 0.5), one_minus), slope))
-
-
-def _swish(e, n):
-    """s (1 + beta x (1 - s)), s = sigmoid(beta x)."""
-    bx = e.call("mul", _x(e, n), n.attrs["beta"])
-    s = e.call("sigmoid", bx)
-    return e.call("mul", s, e.call("add", e.call("mul", bx, e.call("sub", 1.0, s)), 1.0))
-
-
-def _negative_side(slope: Callable) -> Rule:
-    """dy where x > 0, else dy * slope(e, n, x)."""
-
-    def rule(e, n):
-        x = _x(e, n)
-        return (e.call("binary_select", n.dy, e.call("mul", n.dy, slope(e, n, x)), e.call("cmp_gt", x, 0.0)),)
-
-    return rule
+def _backward_mode(op: str) -> Rule:
+    """The frontend's backward mode of a pointwise op: dy * f'(x) in one op, read at the op's input."""
+    return lambda e, n: (e.call(f"{op}_backward", n.dy, _x(e, n), **n.attrs),)
 
 
 def _conv_fprop(e, n):
@@ -192,17 +152,36 @@ def _transpose(e, n):
     return (e.call("transpose", n.dy, perm=inverse),)
 
 
-def _norm(centered: bool, over: Callable = lambda x, scale: norm_axes(x.shape, scale.shape)) -> Rule:
+def _layer_fits(x, scale, axes) -> bool:
+    """layernorm_backward and rmsnorm_backward run on cuDNN 9.19 over [N, C, H, W] normalized per sample
+    (statistics [N, 1, 1, 1]); over tokens ([B, S, D], statistics [B, S, 1]) no engine takes them."""
+    return len(x.shape) == 4 and 0 not in axes and all(i in axes or x.shape[i] == 1 for i in (1, 2, 3))
+
+
+def _norm(
+    centered: bool,
+    over: Callable = lambda x, scale: norm_axes(x.shape, scale.shape),
+    dedicated: str | None = None,
+    fits: Callable = lambda x, scale, axes: len(x.shape) == 4,
+) -> Rule:
     """A norm (centered: layer, instance, batch; else RMS) from its statistics (the forward computes them
-    in training phase): xhat = (x - mean) * inv_variance, g = dy * scale, and over the normalized axes
+    in training phase). The frontend's `dedicated` backward op where it fits (`fits`: the forms cuDNN 9.19
+    runs) and every gradient it returns is wanted (an unread result of a fused op is not left dangling);
+    else the chain: xhat = (x - mean) * inv_variance, g = dy * scale, and over the normalized axes
     (`over`, N elements) dx = inv_variance * (g - sum(g) / N - xhat * sum(g * xhat) / N); dscale =
     dy * xhat, dbias = dy, summed over the axes scale broadcasts on."""
 
     def rule(e, n):
         x, scale = n.ins[0], n.ins[1]
         axes = over(x, scale)
-        count = math.prod(x.shape[a] for a in axes)
         stats = e.stats(n, 2 if centered else 1)
+        bias = len(n.inputs) > 2 and n.inputs[2] is not None
+        if dedicated and fits(x, scale, axes) and all(n.need[: 3 if bias else 2]) and (bias or not centered):
+            given = {"dbias": bias} if dedicated == "rmsnorm_backward" else {}
+            dy = e.cast(n.dy, x.dtype)
+            grads = e.call(dedicated, dy, e.fwd(n.inputs[0]), e.fwd(n.inputs[1]), *stats, **given)
+            return (*grads, *(None,) * (len(n.inputs) - len(grads)))
+        count = math.prod(x.shape[a] for a in axes)
         xs = e.fwd(n.inputs[0])
         xhat = e.call("mul", e.call("sub", xs, stats[0]) if centered else xs, stats[-1])
         dx = None
@@ -212,7 +191,7 @@ def _norm(centered: bool, over: Callable = lambda x, scale: norm_axes(x.shape, s
             t = e.call("sub", g, e.call("mul", xhat, mean(e.call("mul", g, xhat))))
             dx = e.call("mul", e.call("sub", t, mean(g)) if centered else t, stats[-1])
         dscale = e.call("mul", n.dy, xhat) if n.need[1] else None
-        dbias = n.dy if len(n.inputs) > 2 and n.need[2] else None
+        dbias = n.dy if bias and n.need[2] else None
         return (dx, dscale, dbias) + (None,) * (len(n.inputs) - 3)
 
     return rule
@@ -256,16 +235,44 @@ def _sdpa_keep(e, n, s, transposed: bool):
     return keep[0] if len(keep) == 1 else e.call("logical_and", *keep)
 
 
+_SDPA_BACKWARD_TAKES = ("bias", "seq_len_q", "seq_len_kv")
+"""sdpa's optional inputs that sdpa_backward is given as they are (dropout would need 1 / dropout_scale,
+pages and ragged offsets it does not take)"""
+
+
 def _sdpa(e, n):
+    """sdpa_backward from the saved output and softmax statistics, with the forward's scale, band, ALiBi,
+    bias (dbias where the bias wants a gradient), padding and grouped heads, when dq, dk and dv are all
+    wanted (an unread result of the fused op is not left dangling) and the output is in q's dtype (as the
+    op reads it); else the composite below."""
+    q = n.ins[0]
+    given = dict(zip(OPS["sdpa"].optional, n.inputs[3:]))
+    if (
+        not all(n.need[:3])
+        or n.outs[0].dtype != q.dtype
+        or any(a is not None for k, a in given.items() if k not in _SDPA_BACKWARD_TAKES)
+    ):
+        return _sdpa_composite(e, n)
+    (stats,) = e.stats(n, 1)
+    bwd = OPS["sdpa_backward"]
+    attrs = {a.name: n.attrs[a.name] for a in bwd.attrs if a.name in n.attrs and a.name not in bwd.folded}
+    dbias = given["bias"] is not None and n.need[3]
+    ins = [e.fwd(i) for i in n.inputs[:3]] + [e.fwd(n.out), e.cast(n.dy, q.dtype), stats]
+    ins += [given[k] and e.fwd(given[k]) for k in _SDPA_BACKWARD_TAKES]
+    grads = e.call("sdpa_backward", *ins, **attrs, dbias=dbias)
+    return (*grads[:3], grads[3] if dbias else None, *(None,) * (len(n.inputs) - 4))
+
+
+def _sdpa_composite(e, n):
     """From the saved softmax statistics (log-sum-exp), with P = exp(q k^T * scale - stats):
     dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = dS K scale, dK = dS^T Q scale. Each transposed
     matrix is computed as such (P^T from k q^T, dS^T from v dO^T) so that every operand is a saved
-    value or a view of one. A composite until sdpa_backward is in the registry; it materializes the
-    score matrices."""
+    value or a view of one. It materializes the score matrices; for some of q, k, v's gradients only."""
     q, k, v = n.ins[:3]
     if any(i is not None for i in n.inputs[3:]) or n.attrs["alibi"] or k.shape[1] != q.shape[1]:
         raise RuleError(
-            "sdpa: with a bias, padding, dropout, pages, ALiBi or grouped heads, its gradient waits for sdpa_backward"
+            "sdpa: dropout, pages and ragged offsets have no derived gradient; with a bias, padding, ALiBi or "
+            "grouped heads, q, k and v must all want theirs (sdpa_backward computes the three)"
         )
     qs, ks, vs = (e.fwd(i) for i in n.inputs[:3])
     (stats,) = e.stats(n, 1)
@@ -311,14 +318,10 @@ _WAITS = "waits for the frontend's dedicated backward op in the registry"
 
 VJPS: dict[str, Rule] = {
     "relu": _relu,
-    "leaky_relu": _negative_side(lambda e, n, x: n.attrs["slope"]),
-    "elu": _negative_side(lambda e, n, x: e.call("exp", x)),
-    "gelu": _unary(_gelu),
-    "gelu_tanh": _unary(_gelu_tanh),
-    "swish": _unary(_swish),
-    "sigmoid": _unary(lambda e, n: e.call("mul", _y(e, n), e.call("sub", 1.0, _y(e, n)))),
-    "tanh": _unary(lambda e, n: e.call("sub", 1.0, e.call("mul", _y(e, n), _y(e, n)))),
-    "softplus": _unary(lambda e, n: e.call("sigmoid", _x(e, n))),
+    **{
+        op: _backward_mode(op)
+        for op in ("leaky_relu", "elu", "gelu", "gelu_tanh", "swish", "sigmoid", "tanh", "softplus")
+    },
     "exp": _unary(_y),
     "log": lambda e, n: (e.call("div", n.dy, _x(e, n)),),
     "sqrt": lambda e, n: (e.call("div", e.call("mul", n.dy, 0.5), _y(e, n)),),
@@ -382,11 +385,15 @@ VJPS: dict[str, Rule] = {
     "rope": _rope,
     "sdpa": _sdpa,
     "reshape": lambda e, n: (e.call("reshape", n.dy, shape=n.ins[0].shape),),
-    "layernorm": _norm(centered=True),
-    "rmsnorm": _norm(centered=False),
-    "adalayernorm": _norm(centered=True),
-    "instancenorm": _norm(centered=True, over=lambda x, scale: tuple(range(2, len(x.shape)))),
-    "batchnorm": _norm(centered=True, over=lambda x, scale: (0, *range(2, len(x.shape)))),
+    "layernorm": _norm(centered=True, dedicated="layernorm_backward", fits=_layer_fits),
+    "rmsnorm": _norm(centered=False, dedicated="rmsnorm_backward", fits=_layer_fits),
+    "adalayernorm": _norm(centered=True),  # adalayernorm_backward: no engine on cuDNN 9.19
+    "instancenorm": _norm(
+        centered=True, over=lambda x, scale: tuple(range(2, len(x.shape))), dedicated="instancenorm_backward"
+    ),
+    "batchnorm": _norm(
+        centered=True, over=lambda x, scale: (0, *range(2, len(x.shape))), dedicated="batchnorm_backward"
+    ),
     "batchnorm_inference": _batchnorm_inference,
 }
 

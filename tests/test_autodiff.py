@@ -277,6 +277,52 @@ def test_relu_reads_its_result_not_a_saved_input():
     assert [v.name for v in d.backward.outputs] == ["grad_b", "grad_x", "grad_w"]
 
 
+def test_pointwise_ops_use_the_frontends_backward_modes():
+    d = derive(program("examples/conv_bias_relu.cdg").graph())
+    assert "= relu_backward(grad_out, out, " in d.backward_text  # the mode reads the result, as the mask did
+    d = derive(program("examples/matmul_epilogue.cdg").graph())
+    assert "gelu_backward(" in d.backward_text and "erf(" not in d.backward_text
+
+
+def _norm_graph(x: str, scale: str, body: str) -> str:
+    decls = "".join(f"  input {n} : float{scale}\n" for n in ("b", "c") if f", {n}" in body)
+    return f"graph g {{\n  input a : float{x}\n{decls}  {body}\n}}\n"
+
+
+@pytest.mark.parametrize(
+    "x, scale, body, op",
+    [
+        ("[4, 3, 2, 2]", "[1, 3, 2, 2]", "output y = layernorm(a, b, c)", "layernorm_backward"),
+        ("[4, 3, 2, 2]", "[1, 3, 2, 2]", "output y = rmsnorm(a, b)", "rmsnorm_backward"),
+        ("[4, 3, 2, 2]", "[1, 3, 2, 2]", "output y = rmsnorm(a, b, c)", "rmsnorm_backward"),
+        ("[4, 8, 1, 1]", "[1, 8, 1, 1]", "output y = layernorm(a, b, c)", "layernorm_backward"),  # the examples'
+        ("[4, 3, 2, 2]", "[1, 3, 1, 1]", "output y = batchnorm(a, b, c, c, c)", "batchnorm_backward"),
+        ("[4, 3, 2, 2]", "[1, 3, 1, 1]", "output y = instancenorm(a, b, c)", "instancenorm_backward"),
+        ("[2, 3, 4]", "[1, 1, 4]", "output y = layernorm(a, b, c)", None),  # tokens: no engine on 9.19
+        ("[4, 3, 2, 2]", "[1, 1, 1, 2]", "output y = layernorm(a, b, c)", None),  # not per sample
+    ],
+)
+def test_norms_use_their_backward_op_where_cudnn_runs_it(x, scale, body, op):
+    text = _norm_graph(x, scale, body)
+    g = program(text=text).graph()
+    if op is not None and "batchnorm" in op:  # the running statistics want no gradient
+        d = derive(g, wrt=("a", "b", "c"))
+        assert [n.op for n in d.backward.nodes if n.op.endswith("_backward")] == [op]
+        return
+    d = derive(g)
+    ops = [n.op for n in d.backward.nodes]
+    if op is None:
+        assert not any(o.endswith("_backward") for o in ops)
+    else:
+        assert ops == [op]  # the gradients are its results, no copy after it
+        assert "float(" not in d.backward_text
+    check_grads(None, text=text)
+    if op is not None:  # the scale frozen: dscale would be left unread, so the chain
+        d = derive(g, wrt=("a",) + (("c",) if body.count(",") > 1 else ()))
+        assert op not in d.backward_text
+        check_grads(None, text=text, frozen=("b",))
+
+
 def test_gradients_of_a_value_read_twice_add():
     text = _graph("h = a * b\n  output y = h * h + sin(h) * c")
     d = derive(program(text=text).graph())
@@ -311,9 +357,11 @@ def test_cli_emit_backward():
     assert r.returncode == 0, r.stderr
     prog = program(text=r.stdout)
     assert [g.name for g in prog.graphs] == ["conv_bias_relu_forward", "conv_bias_relu_backward"]
-    r = run_cli("check", "--emit", "backward", "examples/sdpa_masked.cdg")
-    assert r.returncode == 1 and "examples/sdpa_masked.cdg:16:14: error: no derived backward: sdpa" in r.stderr
-    assert "^^^" in r.stderr
+    r = run_cli("check", "--emit", "backward", "examples/sdpa_masked.cdg")  # padding and grouped heads
+    assert r.returncode == 0 and "= sdpa_backward(q, k, v, o, grad_o, stats, seq_len_q=seq_q" in r.stdout
+    r = run_cli("check", "--emit", "backward", "examples/sdpa_ragged.cdg")
+    assert r.returncode == 1 and "examples/sdpa_ragged.cdg:19:7: error: no derived backward: sdpa" in r.stderr
+    assert "ragged offsets have no derived gradient" in r.stderr and "^^^" in r.stderr
 
 
 def test_dynamic_shapes_derive_one_pair_per_shape():
@@ -386,7 +434,35 @@ def test_sdpa_vjp_matches_autograd(mask):
     f = check_grads(None, text=text)
     d = next(iter(f._pairs.values())).derived
     assert {v.name for v in d.forward.outputs} == {"o", "o_stats"}  # the forward made to save its statistics
+    assert [n.op for n in d.backward.nodes] == ["sdpa_backward"]
+    f = check_grads(None, text=text, frozen=("q",))  # dk and dv only: the composite
+    d = next(iter(f._pairs.values())).derived
+    assert "sdpa_backward" not in d.backward_text
     assert ("grad_o_t", "grad_transposed", "o") in d.bind  # dO^T: a view of the incoming gradient
+
+
+@pytest.mark.parametrize(
+    "extra, decls",
+    [
+        (", bias=b, causal=true", "  input b : float[1, 4, 6, 7]\n"),
+        (", alibi=true, causal=true", ""),
+        (", seq_len_q=lq, seq_len_kv=lkv", "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"),
+    ],
+    ids=["bias", "alibi", "padding"],
+)
+def test_sdpa_backward_op_with_grouped_heads_bias_alibi_padding(extra, decls):
+    """sdpa_backward takes what the composite refuses: the bias (and its gradient), ALiBi, padding, and K/V
+    with fewer heads than Q."""
+    text = f"""graph a {{
+  input q : float[2, 4, 6, 8]
+  input k : float[2, 2, 7, 8]
+  input v : float[2, 2, 7, 8]
+{decls}  output o = sdpa(q, k, v{extra})
+}}
+"""
+    f = check_grads(None, text=text)
+    d = next(iter(f._pairs.values())).derived
+    assert [n.op for n in d.backward.nodes] == ["sdpa_backward"]
 
 
 def test_sdpa_vjp_of_a_computed_gradient_and_saved_stats():

@@ -11,6 +11,7 @@ import torch
 
 import cudnn_dsl
 from cudnn_dsl.tensors import BindingError
+from dsl.diagnostics import DslError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,14 +215,144 @@ def test_a_wrong_input_is_a_located_error_while_tracing():
         op(x, w[..., :512], b)
 
 
-def test_no_backward_yet_is_said_not_computed_wrongly():
+BLOCK = """
+graph block {
+  compute float
+  dim N in {2, 4}
+  input x : float[N, 8, 16]
+  input w : float[1, 16, 32]
+  input b : float[1, 1, 32]
+  input gamma : float[1, 1, 32]
+  input beta : float[1, 1, 32]
+  scalar alpha : float = 0.5
+  h = gelu(bias(matmul(x, w) * alpha, b))
+  output y = layernorm(h, gamma, beta, epsilon=1e-5)
+}
+"""
+
+
+def block_in_torch(x, w, b, gamma, beta, alpha=0.5):
+    h = torch.nn.functional.gelu(torch.matmul(x, w) * alpha + b)
+    return torch.nn.functional.layer_norm(h, (32,), gamma.reshape(32), beta.reshape(32), eps=1e-5)
+
+
+class Block(torch.nn.Module):
+    """A model calling a graph op twice, with a residual and a loss in torch around it."""
+
+    def __init__(self, call, params: dict):
+        super().__init__()
+        self.call = call
+        self.p = torch.nn.ParameterDict({k: torch.nn.Parameter(v.clone()) for k, v in params.items()})
+
+    def forward(self, x):
+        y = self.call(x, self.p["w"], self.p["b"], self.p["gamma"], self.p["beta"])
+        z = self.call(x + 0.1, self.p["w"], self.p["b"], self.p["gamma"], self.p["beta"], alpha=0.25)
+        return ((y - z) ** 2).mean() + y.mean()
+
+
+def block_params(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w": torch.randn(1, 16, 32, generator=g) * 0.3,
+        "b": torch.randn(1, 1, 32, generator=g),
+        "gamma": torch.rand(1, 1, 32, generator=g) + 0.5,
+        "beta": torch.randn(1, 1, 32, generator=g),
+    }
+
+
+def test_inputs_that_require_grad_get_the_derived_backward():
+    op = cudnn_dsl.compile(text=BLOCK).as_torch_op()
+    params = {k: v.requires_grad_() for k, v in block_params().items()}
+    x = torch.randn(4, 8, 16, requires_grad=True)
+    y = op(x, **params, alpha=0.75)
+    assert y.requires_grad
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, *params.values()), g)
+    ref = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+    x2 = x.detach().clone().requires_grad_()
+    want_y = block_in_torch(x2, **ref, alpha=0.75)
+    want = torch.autograd.grad(want_y, (x2, *ref.values()), g)
+    torch.testing.assert_close(y, want_y)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_only_the_inputs_that_require_grad_are_differentiated():
+    op = cudnn_dsl.compile(text=BLOCK).as_torch_op()
+    params = block_params()
+    w = params["w"].requires_grad_()
+    x = torch.randn(2, 8, 16)
+    op(x, **params).sum().backward()
+    assert w.grad is not None and all(t.grad is None for t in (x, params["b"], params["gamma"]))
+    names = dir(torch.ops.cudnn_dsl)
+    assert op.name + "_ad01000" in names and op.name + "_bw01000" in names  # a pair per set of inputs
+
+
+def test_fullgraph_training_step_has_no_graph_break_and_autograds_gradients():
+    """torch.compile(fullgraph=True) raises on a graph break; the counting backend sees one forward graph
+    and AOT autograd's backward calls the derived backward op."""
+    op = cudnn_dsl.compile(text=BLOCK).as_torch_op()
+    params = block_params(1)
+    model = Block(op, params)
+    plain = Block(block_in_torch, params)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    for step in range(2):  # gradients accumulate over the steps in both
+        x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(step))
+        loss, want = compiled(x), plain(x)
+        loss.backward()
+        want.backward()
+        torch.testing.assert_close(loss, want)
+    assert len(graphs) == 1
+    calls = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function" and "cudnn_dsl" in str(n.target)]
+    assert calls == [f"cudnn_dsl.{op.name}_ad01111.default"] * 2  # x wants no gradient
+    for k, p in model.p.items():
+        torch.testing.assert_close(p.grad, plain.p[k].grad, atol=1e-4, rtol=1e-4, msg=k)
+
+
+def test_dynamic_sizes_retrace_the_training_path_per_size_and_opcheck_passes():
+    """The derived graphs are per shape: the fake kernels specialize on the sizes, and a new size retraces."""
+    op = cudnn_dsl.compile(text=BLOCK).as_torch_op()
+    params = block_params(2)
+    model, plain = Block(op, params), Block(block_in_torch, params)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+    for n in (2, 4, 2):
+        x = torch.randn(n, 8, 16)
+        loss, want = compiled(x), plain(x)
+        loss.backward()
+        want.backward()
+        torch.testing.assert_close(loss, want)
+    for k, p in model.p.items():
+        torch.testing.assert_close(p.grad, plain.p[k].grad, atol=1e-4, rtol=1e-4, msg=k)
+    from cudnn_dsl.torch_op import grad_ops
+
+    forward = getattr(torch.ops.cudnn_dsl, grad_ops(op, ("x", "w", "b", "gamma", "beta")).name).default
+    args = [torch.randn(2, 8, 16)] + list(block_params().values())
+    torch.library.opcheck(forward, tuple(t.requires_grad_() for t in args) + (0.5,))
+
+
+def test_the_no_grad_path_is_the_plain_op():
     x, w, b = serve_inputs(16)
     op = cudnn_dsl.compile(SERVE).as_torch_op()
-    with pytest.raises(NotImplementedError, match="has no backward yet"):
-        op(x, w.requires_grad_(), b)
-    assert not op.overload(x, w, b).requires_grad  # called directly, the op is not differentiable
+    assert not op.overload(x, w.requires_grad_(), b).requires_grad  # the plain op is not differentiable
     with torch.no_grad():
-        op(x, w, b)
+        assert not op(x, w, b).requires_grad
+    assert op(x, w, b).requires_grad
+
+
+def test_a_graph_written_in_place_or_without_a_vjp_says_so():
+    op = cudnn_dsl.compile(EMA).as_torch_op()
+    with pytest.raises(NotImplementedError, match="writes an input in place; its torch op has no backward"):
+        op(torch.zeros(1, 1024, 1024), torch.ones(1, 1024, 1024, requires_grad=True))
+    text = "graph m {\n  input a : float[1, 4, 8]\n  input b : float[1, 4, 8]\n  output y = mod(a, b)\n}\n"
+    op = cudnn_dsl.compile(text=text).as_torch_op()
+    with pytest.raises(DslError, match="mod has no derived backward"):
+        op(torch.ones(1, 4, 8), torch.ones(1, 4, 8, requires_grad=True))
 
 
 def test_graph_module_holds_state_and_refuses_a_name_the_graph_lacks():

@@ -89,9 +89,13 @@ def test_matmul_epilogue_backward_on_cudnn(private_store):
     _check(text)
 
 
+def _backward_ops(f) -> list[str]:
+    return [n.op for p in f._pairs.values() for n in p.derived.backward.nodes]
+
+
 def test_layernorm_backward_from_computed_statistics(private_store):
-    """An inference-phase layernorm: the derived forward runs it in training phase for its statistics.
-    The backward's sums over the normalized axes run as split parts (no engine takes them alone)."""
+    """An inference-phase layernorm: the derived forward runs it in training phase for its statistics, the
+    backward is layernorm_backward (per sample over [N, C, H, W], the form cuDNN 9.19 runs)."""
     text = """graph ln {
   io bf16
   compute float
@@ -101,7 +105,42 @@ def test_layernorm_backward_from_computed_statistics(private_store):
   output y = layernorm(x, gamma, beta, epsilon=1e-5)
 }
 """
-    _check(text)
+    assert _backward_ops(_check(text)) == ["layernorm_backward"]
+
+
+@pytest.mark.parametrize(
+    "body, op",
+    [
+        ("output y = rmsnorm(x, gamma, epsilon=1e-5)", "rmsnorm_backward"),
+        ("output y = rmsnorm(x, gamma, beta)", "rmsnorm_backward"),
+        ("output y = instancenorm(x, gamma, beta)", "instancenorm_backward"),
+    ],
+)
+def test_norm_backward_ops_derived(private_store, body, op):
+    scale = "[1, 64, 1, 1]" if "instance" in body else "[1, 64, 4, 4]"
+    text = f"""graph norm {{
+  io half
+  compute float
+  input x : half[16, 64, 4, 4]
+  input gamma : float{scale}
+{"  input beta : float" + scale if "beta" in body else ""}
+  {body}
+}}
+"""
+    assert _backward_ops(_check(text)) == [op]
+
+
+@pytest.mark.parametrize("act", ["gelu", "tanh", "sigmoid", "swish", "elu", "softplus", "leaky_relu"])
+def test_pointwise_backward_modes_derived(private_store, act):
+    text = f"""graph act {{
+  io half
+  compute float
+  input x : half[8, 64, 128]
+  input c : half[8, 64, 128]
+  output y = {act}(x * c)
+}}
+"""
+    assert f"{act}_backward" in _backward_ops(_check(text))
 
 
 def test_batchnorm_training_backward_and_running_stats(private_store):
@@ -113,8 +152,8 @@ def test_batchnorm_training_backward_and_running_stats(private_store):
 
 
 def test_sdpa_backward_composite_on_cudnn(private_store):
-    """The composite sdpa VJP (until sdpa_backward is in the registry): its matmuls read saved q, k, v,
-    o and the softmax statistics, and the incoming gradient, through transposed views."""
+    """The composite sdpa VJP, for dk and dv only (q frozen): its matmuls read saved q, k, v, o and the
+    softmax statistics, and the incoming gradient, through transposed views."""
     text = """graph attn {
   io half
   compute float
@@ -124,4 +163,23 @@ def test_sdpa_backward_composite_on_cudnn(private_store):
   output o = sdpa(q, k, v, causal=true)
 }
 """
-    _check(text)
+    assert "sdpa_backward" not in _backward_ops(_check(text, frozen=("q",)))
+
+
+@pytest.mark.parametrize(
+    "extra, decl",
+    [("causal=true", ""), ("bias=b", "  input b : half[1, 4, 128, 128]\n")],
+    ids=["causal", "bias_dbias"],
+)
+def test_sdpa_backward_op_derived(private_store, extra, decl):
+    """dq, dk and dv all wanted: sdpa_backward, with K/V of fewer heads than Q (and the bias's gradient)."""
+    text = f"""graph attn {{
+  io half
+  compute float
+  input q : half[2, 4, 128, 64]
+  input k : half[2, 2, 128, 64]
+  input v : half[2, 2, 128, 64]
+{decl}  output o = sdpa(q, k, v, {extra})
+}}
+"""
+    assert _backward_ops(_check(text)) == ["sdpa_backward"]
