@@ -370,6 +370,12 @@ class CompiledGraph:
             )
         return self._staged[inst.binding]
 
+    def forget_partition(self, inst: Instance) -> None:
+        """Drops this shape's parts: its next run finds them afresh (tune's stored choice, else whole, else the
+        fewest parts)."""
+        self._staged.pop(inst.binding, None)
+        self.why.pop(inst.binding, None)
+
     def _tuned(self, inst: Instance) -> PartitionChoice | None:
         """The partition tune kept for this shape (in the plan store); None when it timed none, or the store,
         or splitting, is off, or a plan is pinned."""

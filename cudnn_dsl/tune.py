@@ -273,7 +273,8 @@ def tune_partitions(
         except Exception as e:  # noqa: BLE001 - a partition that fails to build or run is skipped, with why
             a.error = excluded_or(e)
     timed = sorted((a for a in result.alternatives if a.times_us), key=lambda a: a.median_us)
-    if not timed:
+    if not timed:  # none ran right: the shape runs as it would have, not as the last partition tried
+        cg.forget_partition(inst)
         return result
     result.kept = timed[0]
     choice = PartitionChoice(result.kept.cuts, {PartitionChoice.name(a.cuts): a.median_us for a in timed})

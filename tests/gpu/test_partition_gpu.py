@@ -155,6 +155,22 @@ def test_tune_times_the_whole_graph_against_the_anchor_alone_and_run_reuses_the_
     assert all(c.ok for c in again.check(again.allocate_inputs()))
 
 
+def test_partitions_that_all_run_wrong_leave_the_shape_running_as_before(private_store):
+    """No tolerance: every partition tune tries mismatches the reference. The last one tried (the anchor alone)
+    stayed the shape's parts, so later calls ran a partition known to be wrong."""
+    import cudnn_dsl
+    from cudnn_dsl.store import PlanStore
+    from cudnn_dsl.tune import partition_report, tune_partitions
+
+    cg = cudnn_dsl.compile("examples/residual_block.cdg", split=True, iterations=2, warmup=1, atol=0.0, rtol=0.0)
+    inst = cg.graph.instances[0]
+    r = tune_partitions(cg, inst, None)  # the whole graph's plans as if none ran right
+    assert r.kept is None and not any(a.times_us for a in r.alternatives), partition_report(r)
+    assert any("do not match" in a.error for a in r.alternatives if a.cuts), partition_report(r)
+    assert cg.staged(inst) is None  # whole again, as cuDNN takes it
+    assert PlanStore().get_partition(cg.planner.key(inst)) is None
+
+
 def test_tune_and_run_commands_report_the_partitions(private_store):
     from tests.cli_util import run_cli
 
