@@ -242,7 +242,8 @@ def tune_partitions(
         try:  # the cut points of each way (finding them builds each part once)
             cuts = way if way == () else cg.use_partition(inst, None, declined=declined, first=way).partition.cuts
         except DslError as e:
-            result.alternatives.append(Alternative((), "anchor op alone", error=short(e.diagnostics[0].message)))
+            label = "anchor op alone" if way else "fewest parts"
+            result.alternatives.append(Alternative((), label, error=short(e.diagnostics[0].message)))
             continue
         if cuts in seen:
             continue

@@ -171,6 +171,24 @@ def test_partitions_that_all_run_wrong_leave_the_shape_running_as_before(private
     assert PlanStore().get_partition(cg.planner.key(inst)) is None
 
 
+def test_a_split_that_cannot_be_found_is_labelled_as_the_fewest_parts(private_store):
+    """genstats alone runs on no engine and fallback is off: tune's fewest-parts alternative fails, and says it
+    is that one (it was labelled 'anchor op alone', a partition tune never tried here)."""
+    import cudnn_dsl
+    from cudnn_dsl.tune import partition_report, tune_partitions
+
+    cg = cudnn_dsl.compile(text=GENSTATS, split=True, fallback=False, iterations=2, warmup=1)
+    inst = cg.graph.instances[0]
+    try:
+        cg.executable(inst)
+        pytest.skip("this cuDNN runs genstats alone")
+    except cudnn_dsl.DslError as e:
+        declined = str(e.diagnostics[0].message)
+    r = tune_partitions(cg, inst, None, declined)
+    assert [a.label for a in r.alternatives] == ["whole", "fewest parts"], partition_report(r)
+    assert "even alone" in r.alternatives[1].error and r.kept is None
+
+
 def test_tune_and_run_commands_report_the_partitions(private_store):
     from tests.cli_util import run_cli
 
