@@ -353,6 +353,7 @@ class CompiledGraph:
             except DslError as e:
                 if not self.options.split or self._planner().plan_spec is not None or isinstance(e, NotAllowed):
                     raise
+                self.why.pop(inst.binding, None)  # a stored 'whole' that no longer builds: not why it runs in parts
                 self.use_partition(inst, None, declined=short(e.diagnostics[0].message))
         return self._staged[inst.binding]
 

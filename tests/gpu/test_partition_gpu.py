@@ -189,6 +189,21 @@ def test_a_split_that_cannot_be_found_is_labelled_as_the_fewest_parts(private_st
     assert "even alone" in r.alternatives[1].error and r.kept is None
 
 
+def test_a_stored_whole_choice_that_no_longer_builds_is_not_given_as_the_reason(private_store):
+    """A partition record saying 'whole' for a graph cuDNN declines whole (another library, say): it runs in
+    parts, and its reason is cuDNN's refusal, not 'tuned: whole'."""
+    import cudnn_dsl
+    from cudnn_dsl.store import PartitionChoice
+
+    cg = cudnn_dsl.compile(text=LN_GELU, split=True)
+    inst = cg.graph.instances[0]
+    cg.planner.store.put_partition(cg.planner.key(inst), cg.graph.name, PartitionChoice((), {"whole": 1.0}))
+    staged = cg.staged(inst)
+    assert staged is not None and staged.partition.reason.startswith("cuDNN declines it whole")
+    assert inst.binding not in cg.why, cg.why
+    assert all(r.ok for r in cg.check(cg.allocate_inputs()))
+
+
 def test_tune_and_run_commands_report_the_partitions(private_store):
     from tests.cli_util import run_cli
 
