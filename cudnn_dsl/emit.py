@@ -435,8 +435,10 @@ def _torch_part(k: int, sub: Graph, ops: str, why: str, taken: set[str]) -> str:
     # its torch reference did not trace to plain torch calls: {_doc(reason)}
     raise NotImplementedError({_lit(message)})
 '''
+    # a scalar on the tensors' device: reshaped to their rank, a CPU one no longer meets CUDA tensors
+    on = next((f", device=buffers[{_lit(v.name)}].device" for v in sub.inputs if v.kind != "scalar"), "")
     args = [
-        f"torch.tensor({_lit(float(v.scalar))})" if v.kind == "scalar" else f"buffers[{_lit(v.name)}]"
+        f"torch.tensor({_lit(float(v.scalar))}{on})" if v.kind == "scalar" else f"buffers[{_lit(v.name)}]"
         for v in sub.inputs
     ]
     stores = []

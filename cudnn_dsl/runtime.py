@@ -353,6 +353,7 @@ class CompiledGraph:
             except DslError as e:
                 if not self.options.split or self._planner().plan_spec is not None or isinstance(e, NotAllowed):
                     raise
+                self.why.pop(inst.binding, None)  # a stored 'whole' that no longer builds: not why it runs in parts
                 self.use_partition(inst, None, declined=short(e.diagnostics[0].message))
         return self._staged[inst.binding]
 
@@ -369,6 +370,12 @@ class CompiledGraph:
                 self.graph, inst, self.options, declined, self._part, cuts, chosen, first
             )
         return self._staged[inst.binding]
+
+    def forget_partition(self, inst: Instance) -> None:
+        """Drops this shape's parts: its next run finds them afresh (tune's stored choice, else whole, else the
+        fewest parts)."""
+        self._staged.pop(inst.binding, None)
+        self.why.pop(inst.binding, None)
 
     def _tuned(self, inst: Instance) -> PartitionChoice | None:
         """The partition tune kept for this shape (in the plan store); None when it timed none, or the store,

@@ -170,19 +170,27 @@ def packed_ragged(graph: Graph, instance: Instance, inits: dict[str, Init] | Non
 
 
 def generate_inputs(
-    graph: Graph, instance: Instance, device, seed: int = 0, inits: dict[str, Init] | None = None
+    graph: Graph,
+    instance: Instance,
+    device,
+    seed: int = 0,
+    inits: dict[str, Init] | None = None,
+    given: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Seeded inputs in their declared layout, each drawn as `input_inits` says. Drawn on the CPU, so
     a seed gives the same inputs on every device. Ragged offsets no init names pack their sequences
-    (packed_offsets of the generated lengths)."""
+    (packed_offsets of the lengths: generated, or `given`, the tensors taken in place of drawn ones)."""
     out = {}
     for name, init in input_inits(graph, instance, inits).items():
         t = instance.type(name)
         buf = empty(t, device)
         buf.copy_(stored(draw_input(init, t, seed, name), t))
         out[name] = buf
+    given = given or {}
+    out.update(given)
     for name, (placed, lengths) in packed_ragged(graph, instance, inits).items():
-        out[name].copy_(packed_offsets(placed, out[lengths].cpu()).view(out[name].shape))
+        if name not in given:
+            out[name].copy_(packed_offsets(placed, out[lengths].cpu()).view(out[name].shape))
     return out
 
 

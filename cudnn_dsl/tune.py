@@ -242,7 +242,8 @@ def tune_partitions(
         try:  # the cut points of each way (finding them builds each part once)
             cuts = way if way == () else cg.use_partition(inst, None, declined=declined, first=way).partition.cuts
         except DslError as e:
-            result.alternatives.append(Alternative((), "anchor op alone", error=short(e.diagnostics[0].message)))
+            label = "anchor op alone" if way else "fewest parts"
+            result.alternatives.append(Alternative((), label, error=short(e.diagnostics[0].message)))
             continue
         if cuts in seen:
             continue
@@ -273,7 +274,8 @@ def tune_partitions(
         except Exception as e:  # noqa: BLE001 - a partition that fails to build or run is skipped, with why
             a.error = excluded_or(e)
     timed = sorted((a for a in result.alternatives if a.times_us), key=lambda a: a.median_us)
-    if not timed:
+    if not timed:  # none ran right: the shape runs as it would have, not as the last partition tried
+        cg.forget_partition(inst)
         return result
     result.kept = timed[0]
     choice = PartitionChoice(result.kept.cuts, {PartitionChoice.name(a.cuts): a.median_us for a in timed})

@@ -295,6 +295,27 @@ def test_the_ejected_script_packs_ragged_offsets_as_run_does():
     assert got["offset_kv"].flatten()[-1] <= got["k"].untyped_storage().nbytes() // 2
 
 
+def test_a_torch_parts_scalar_is_made_on_the_buffers_device():
+    """A declared scalar read by a part left to torch: its reference reshapes it to the tensors' rank, and a CPU
+    tensor of rank 4 does not meet tensors of another device (CUDA on a GPU; here, meta ones say the same)."""
+    from cudnn_dsl.partition import find_partition
+
+    [g] = graphs(
+        "graph s {\n  io float\n  input x : float[2, 3, 4, 5]\n  input z : float[2, 3, 4, 5]\n"
+        "  scalar alpha : float = 0.5\n  output y = relu(x * alpha + z)\n}\n"
+    )
+    inst = g.instances[0]
+    # every op alone left to torch, as when cuDNN runs none of them (acceptance decided here, not by cuDNN)
+    p = find_partition(g, inst, lambda part: "not taken here", "not taken here", True)
+    env = run_module(emit_cudnn(g, inst, None, p))
+    want = env["make_buffers"](device="cpu")
+    got = {k: v.to("meta") for k, v in want.items()}
+    env["execute"]([None] * 3, None, got, None, [None] * 3)
+    assert got["y"].device.type == "meta"
+    env["execute"]([None] * 3, None, want, None, [None] * 3)
+    assert torch.equal(want["y"], torch.relu(want["x"] * 0.5 + want["z"]))
+
+
 # A graph cuDNN declines whole (deviceless planning for an H200) is ejected as its parts.
 
 LN_GELU = (

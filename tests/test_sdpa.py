@@ -451,6 +451,26 @@ def test_generated_ragged_offsets_pack_the_sequences_back_to_back():
         assert ins[name].flatten().tolist() == want.tolist(), name
 
 
+def test_run_packs_the_offsets_of_lengths_given_by_input(tmp_path):
+    """`run --input lq=FILE`: the offsets pack the given lengths, not the drawn ones the file replaced (longer
+    given sequences overran the packed room, the last one past the end of the buffers)."""
+    from cudnn_dsl import dump
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "r.cdg"
+    f.write_text(RAGGED.format(dt="float", extra=", causal=true"))
+    lengths = tmp_path / "lq.pt"
+    torch.save(torch.tensor([5, 4], dtype=torch.int32).view(2, 1, 1, 1), lengths)
+    p = run_cli("run", str(f), "--input", f"lq={lengths}", "--dump", str(tmp_path / "d"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    g = program(text=f.read_text(), file=str(f)).graphs[0]
+    ins = dump.read_tensors(tmp_path / "d", g, g.instances[0], "inputs")
+    assert ins["lq"].flatten().tolist() == [5, 4]
+    assert ins["rq"].flatten().tolist() == [0, 80, 144] and ins["ro"].flatten().tolist() == [0, 40, 72]
+    want = generate_inputs(g, g.instances[0], "cpu", 0)  # what is not given is as drawn
+    assert torch.equal(ins["lkv"], want["lkv"]) and torch.equal(ins["rk"], want["rk"])
+
+
 def test_one_offset_input_packs_only_tensors_of_equal_rows():
     from cudnn_dsl.tensors import BindingError
 

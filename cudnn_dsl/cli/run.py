@@ -237,8 +237,10 @@ class _Setup:
                     else relayout(converted(t, inst.type(v.name)), inst.type(v.name), device)
                 )
             return tensors
-        tensors = generate_inputs(self.graph, inst, device, self.opts.seed, self.inits)
-        tensors.update((name, relayout(t, inst.type(name), device)) for name, t in files.items())
+        given = {name: relayout(t, inst.type(name), device) for name, t in files.items()}
+        tensors = generate_inputs(
+            self.graph, inst, device, self.opts.seed, self.inits, given
+        )  # offsets: of given lengths
         return {**tensors, **self.scalars}
 
     def repro(self, inst, got: dict, what: str) -> list[str]:

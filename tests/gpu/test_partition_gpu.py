@@ -155,6 +155,55 @@ def test_tune_times_the_whole_graph_against_the_anchor_alone_and_run_reuses_the_
     assert all(c.ok for c in again.check(again.allocate_inputs()))
 
 
+def test_partitions_that_all_run_wrong_leave_the_shape_running_as_before(private_store):
+    """No tolerance: every partition tune tries mismatches the reference. The last one tried (the anchor alone)
+    stayed the shape's parts, so later calls ran a partition known to be wrong."""
+    import cudnn_dsl
+    from cudnn_dsl.store import PlanStore
+    from cudnn_dsl.tune import partition_report, tune_partitions
+
+    cg = cudnn_dsl.compile("examples/residual_block.cdg", split=True, iterations=2, warmup=1, atol=0.0, rtol=0.0)
+    inst = cg.graph.instances[0]
+    r = tune_partitions(cg, inst, None)  # the whole graph's plans as if none ran right
+    assert r.kept is None and not any(a.times_us for a in r.alternatives), partition_report(r)
+    assert any("do not match" in a.error for a in r.alternatives if a.cuts), partition_report(r)
+    assert cg.staged(inst) is None  # whole again, as cuDNN takes it
+    assert PlanStore().get_partition(cg.planner.key(inst)) is None
+
+
+def test_a_split_that_cannot_be_found_is_labelled_as_the_fewest_parts(private_store):
+    """genstats alone runs on no engine and fallback is off: tune's fewest-parts alternative fails, and says it
+    is that one (it was labelled 'anchor op alone', a partition tune never tried here)."""
+    import cudnn_dsl
+    from cudnn_dsl.tune import partition_report, tune_partitions
+
+    cg = cudnn_dsl.compile(text=GENSTATS, split=True, fallback=False, iterations=2, warmup=1)
+    inst = cg.graph.instances[0]
+    try:
+        cg.executable(inst)
+        pytest.skip("this cuDNN runs genstats alone")
+    except cudnn_dsl.DslError as e:
+        declined = str(e.diagnostics[0].message)
+    r = tune_partitions(cg, inst, None, declined)
+    assert [a.label for a in r.alternatives] == ["whole", "fewest parts"], partition_report(r)
+    assert "even alone" in r.alternatives[1].error and r.kept is None
+
+
+def test_a_stored_whole_choice_that_no_longer_builds_is_not_given_as_the_reason(private_store):
+    """A partition record saying 'whole' for a graph cuDNN declines whole (another library, say): it runs in
+    parts, and its reason is cuDNN's refusal, not 'tuned: whole'."""
+    import cudnn_dsl
+    from cudnn_dsl.store import PartitionChoice
+
+    cg = cudnn_dsl.compile(text=LN_GELU, split=True)
+    inst = cg.graph.instances[0]
+    cg.planner.store.put_partition(cg.planner.key(inst), cg.graph.name, PartitionChoice((), {"whole": 1.0}))
+    staged = cg.staged(inst)
+    assert staged is not None and staged.partition.reason.startswith("cuDNN declines it whole")
+    assert inst.binding not in cg.why, cg.why
+    assert all(r.ok for r in cg.check(cg.allocate_inputs()))
+
+
 def test_tune_and_run_commands_report_the_partitions(private_store):
     from tests.cli_util import run_cli
 
