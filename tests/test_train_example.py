@@ -1,0 +1,81 @@
+"""The training example (bench/train.py, examples/training/) on the CPU: a few SGD steps of each block
+through the graph's torch op against the same model in plain PyTorch, from the same weights.
+
+On CPU tensors the op's kernels are the graph's PyTorch reference and the derived backward's reference:
+this checks the derived backward graphs and the training plumbing (augmented forward op, backward op,
+register_autograd, master weights cast into the graph's dtypes), not cuDNN. The GPU twin is
+tests/gpu/test_train_example_gpu.py."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_train():
+    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train = load_train()
+
+
+@pytest.mark.parametrize("name", sorted(train.SPECS))
+def test_three_steps_match_plain_pytorch_and_the_weights_move(name):
+    setup = train.Setup(name, "cpu")
+    dsl, plain = setup.dsl(), setup.plain()
+    got = train.train(setup, dsl, 3, lr=0.05)
+    want = train.train(setup, plain, 3, lr=0.05)
+    # both round the same values to bf16/half; the graph's reference rounds once per fused op where
+    # PyTorch rounds per op, hence a tolerance above float32's
+    assert train.max_relative_difference(got, want) < 2e-3, (got, want)
+    assert all(torch.isfinite(torch.tensor(got)))
+    for k, p in dsl.w.items():  # every weight got a gradient from the derived backward and moved like torch's
+        start = setup.weights[k]
+        moved, want_moved = p.detach() - start, plain.w[k].detach() - start
+        if k == "bk":  # a key bias shifts every score of a row alike: softmax ignores it, its gradient is noise
+            assert moved.norm() < 1e-4 and want_moved.norm() < 1e-4
+            continue
+        assert not torch.equal(p.detach(), start), k
+        assert (moved - want_moved).norm() <= 0.03 * want_moved.norm(), k
+
+
+def test_the_op_runs_the_training_path():
+    """The cudnn-dsl twin calls the augmented forward op (not the plain op, and no Python autograd.Function)."""
+    setup = train.Setup("resnet", "cpu")
+    model = setup.dsl()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    setup.loss(compiled, 0).backward()
+    calls = [str(n.target) for g in graphs for n in g.graph.nodes if "cudnn_dsl" in str(n.target)]
+    assert len(graphs) == 1 and calls == [f"cudnn_dsl.{setup.op.name}_ad01111.default"]
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_the_script_reports_that_the_cpu_ran_the_reference(tmp_path):
+    out = tmp_path / "train.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "train.py"), "--steps", "2", "--device", "cpu", "--model", "resnet"]
+    done = subprocess.run(
+        [*cmd, "--no-compile", "--iterations", "1", "--json", str(out)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    import json
+
+    report = json.loads(out.read_text())
+    r = report["models"]["resnet"]
+    assert r["cudnn"] is False and "not cuDNN" in r["note"] and "not cuDNN" in done.stdout
+    assert len(r["losses_dsl"]) == len(r["losses_torch"]) == 2
+    assert set(r["step_time_us"]) == {"cudnn-dsl eager", "torch eager"}
+    assert "torch" in report["environment"]
