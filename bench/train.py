@@ -10,7 +10,8 @@ Per model, in one process:
   PyTorch model; the loss curves' largest relative difference;
 - step time of forward + backward (the optimizer step left out): cudnn-dsl eager and under
   torch.compile, plain PyTorch eager and torch.compile (`max-autotune` on the GPU, the default mode on
-  the CPU). GPU time from CUDA events; on the CPU, wall time.
+  the CPU). On CUDA, the time between CUDA events around each step (host gaps between its kernels
+  included: a step of a small model is launch-bound); on the CPU, wall time.
 
 Both models keep float32 master weights and cast them to the graph's dtypes in their forward, so the
 only difference between them is the function the block calls. On CUDA tensors the cudnn-dsl model runs
