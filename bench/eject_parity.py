@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
-from cudnn_dsl.bench import load_ejected  # noqa: E402
+from cudnn_dsl.bench import import_script, load_ejected  # noqa: E402
 from cudnn_dsl.runtime import make_pack  # noqa: E402
 from cudnn_dsl.timing import environment, gpu_time_us, host_time_us, replay_time_us  # noqa: E402
 
@@ -86,19 +86,11 @@ def bench(example: str, rounds: int, iters: int) -> dict:
 
 def bench_split(example: str, cg, inst, staged, rounds: int, iters: int) -> dict:
     """A graph run as parts: cudnn-dsl's staged run against the script ejected for the same partition."""
-    import importlib.util
-    import tempfile
-
     import cudnn
 
     from cudnn_dsl.emit import emit_cudnn
 
-    with tempfile.TemporaryDirectory(prefix="cudnn-dsl-eject-") as tmp:
-        path = Path(tmp) / f"{cg.graph.name}_ejected.py"
-        path.write_text(emit_cudnn(cg.graph, inst, cg.options, staged.partition))
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+    mod = import_script(emit_cudnn(cg.graph, inst, cg.options, staged.partition), cg.graph.name)
     handle = cudnn.create_handle()
     cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
     graphs = mod.build(handle)

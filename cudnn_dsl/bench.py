@@ -65,15 +65,21 @@ class Ejected:
     run: Callable[[], dict]
 
 
-def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict, options: Options | None = None) -> Ejected:
-    """Builds the ejected script on its own handle; it reads `tensors` and writes fresh outputs."""
-    cudnn = load_cudnn()
-    with tempfile.TemporaryDirectory(prefix="cudnn-dsl-bench-") as tmp:  # imported, the file is not needed
-        path = Path(tmp) / f"{graph.name}_ejected.py"
-        path.write_text(emit_cudnn(graph, inst, options))
+def import_script(script: str, name: str):
+    """An ejected script (emit's text, not the user's) imported as a module from a file, as a user runs it."""
+    with tempfile.TemporaryDirectory(prefix="cudnn-dsl-eject-") as tmp:  # imported, the file is not needed
+        path = Path(tmp) / f"{name}_ejected.py"
+        path.write_text(script)
         spec = importlib.util.spec_from_file_location(path.stem, path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
+    return mod
+
+
+def load_ejected(graph: Graph, inst: Instance, tensors: dict, like: dict, options: Options | None = None) -> Ejected:
+    """Builds the ejected script on its own handle; it reads `tensors` and writes fresh outputs."""
+    cudnn = load_cudnn()
+    mod = import_script(emit_cudnn(graph, inst, options), graph.name)
     handle = cudnn.create_handle()
     cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
     g = mod.build(handle)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cudnn_dsl.bench import percentile
+from cudnn_dsl.bench import import_script, percentile
 
 
 def test_percentiles_interpolate_between_ranks():
@@ -12,3 +12,14 @@ def test_percentiles_interpolate_between_ranks():
     assert percentile(xs, 99) == pytest.approx(9.91)
     assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 10.0
     assert percentile([3.0], 99) == 3.0
+
+
+def test_an_ejected_script_is_imported_as_a_module_from_its_file():
+    from cudnn_dsl.emit import emit_cudnn
+    from dsl.pipeline import program
+
+    g = program("examples/conv_bias_relu.cdg").graphs[0]
+    mod = import_script(emit_cudnn(g, g.instances[0]), g.name)
+    assert mod.__file__.endswith(f"{g.name}_ejected.py")
+    buffers = mod.make_buffers(device="cpu")
+    assert set(mod.INPUTS) <= set(buffers) and callable(mod.build)
