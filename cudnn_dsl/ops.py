@@ -440,13 +440,7 @@ def ref_sdpa_fp8(ins, a, outs):
 
 
 def lower_sdpa_fp8(ctx, ins, a):
-    kw = {"attn_scale": a["scale"], "generate_stats": a["stats"]}
-    if a["left_bound"] is not None or a["right_bound"] is not None:
-        kw["diagonal_alignment"] = getattr(ctx.cudnn.diagonal_alignment, a["diagonal_alignment"].upper())
-        if a["left_bound"] is not None:
-            kw["left_bound"] = a["left_bound"]
-        if a["right_bound"] is not None:
-            kw["right_bound"] = a["right_bound"]
+    kw = {"attn_scale": a["scale"], "generate_stats": a["stats"], **_band(ctx, a, "")}
     res = ctx.g.sdpa_fp8(*ins, **kw, **ctx.kw)  # O, Stats, Amax_S (left virtual, as the frontend advises), Amax_O
     return [res[0], res[3], res[1]] if a["stats"] else [res[0], res[3]]
 
@@ -460,12 +454,19 @@ def _masks(ctx, a, bias, len_q, len_kv) -> dict:
         kw["use_alibi_mask"] = True
     if len_q is not None:
         kw.update(use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_kv)
-    if a["left_bound"] is not None or a["right_bound"] is not None:
-        kw["diagonal_alignment"] = getattr(ctx.cudnn.diagonal_alignment, a["diagonal_alignment"].upper())
-        if a["left_bound"] is not None:
-            kw["diagonal_band_left_bound"] = a["left_bound"]
-        if a["right_bound"] is not None:
-            kw["diagonal_band_right_bound"] = a["right_bound"]
+    kw.update(_band(ctx, a, "diagonal_band_"))
+    return kw
+
+
+def _band(ctx, a, prefix: str) -> dict:
+    """A diagonal band's bounds and alignment, under the frontend's names for them (prefix: sdpa's
+    `diagonal_band_`, none for sdpa_fp8)."""
+    if a["left_bound"] is None and a["right_bound"] is None:
+        return {}
+    kw = {"diagonal_alignment": getattr(ctx.cudnn.diagonal_alignment, a["diagonal_alignment"].upper())}
+    for side in ("left", "right"):
+        if a[f"{side}_bound"] is not None:
+            kw[f"{prefix}{side}_bound"] = a[f"{side}_bound"]
     return kw
 
 
