@@ -122,11 +122,9 @@ def test_a_part_keeps_the_buffers_its_views_read_and_binds_an_output_in_place_as
         assert len(graph_digest(part, part.instances[0])) == 64
 
 
-def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_it():
-    import torch
-
+def _overwrite_then_read():
+    """A graph whose first part (on torch) writes y over input a, which the second part reads."""
     from cudnn_dsl.partition import Part, Partition
-    from cudnn_dsl.reference import run_reference
     from cudnn_dsl.staged import Staged
 
     text = (
@@ -135,7 +133,15 @@ def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_i
     )
     g = program(text=text, file="g.cdg").graphs[0]
     inst = g.instances[0]
-    staged = Staged(g, inst, Partition((Part(0, 1, None, "-"), Part(1, 2, None, "-")), "-"), [None, None])
+    return g, inst, Staged(g, inst, Partition((Part(0, 1, None, "-"), Part(1, 2, None, "-")), "-"), [None, None])
+
+
+def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_it():
+    import torch
+
+    from cudnn_dsl.reference import run_reference
+
+    g, inst, staged = _overwrite_then_read()
     a, b = torch.randn(1, 8, 8), torch.randn(1, 8, 8)
     want = run_reference(g, inst, {"a": a.clone(), "b": b})
     outputs = {"y": a, "z": torch.empty(1, 8, 8)}  # y is bound to a's memory, as bind_outputs does
@@ -204,17 +210,9 @@ def test_check_refuses_an_empty_target_and_two_targets(flags, words):
 def test_a_bound_split_graph_is_bound_once_and_each_run_reads_the_inputs_as_they_are_then():
     import torch
 
-    from cudnn_dsl.partition import Part, Partition
     from cudnn_dsl.reference import run_reference
-    from cudnn_dsl.staged import Staged
 
-    text = (
-        "graph g {\n  input a : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
-        "  output y in a = relu(b)\n  output z = a + b\n}\n"
-    )
-    g = program(text=text, file="g.cdg").graphs[0]
-    inst = g.instances[0]
-    staged = Staged(g, inst, Partition((Part(0, 1, None, "-"), Part(1, 2, None, "-")), "-"), [None, None])
+    g, inst, staged = _overwrite_then_read()
     a, b = torch.randn(1, 8, 8), torch.randn(1, 8, 8)
     bound = staged.bind({"a": a, "b": b}, {"y": a, "z": torch.empty(1, 8, 8)})
     for _ in range(2):  # the second run reads a as the first left it (y was written into it)
