@@ -195,16 +195,24 @@ def step_time_us(setup: Setup, model, iterations: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def compiled(model: Block, device: torch.device, plain: bool):
-    """torch.compile of a twin: max-autotune for plain PyTorch on the GPU, fullgraph for cudnn-dsl."""
-    mode = "max-autotune" if plain and device.type == "cuda" else None
-    return torch.compile(model, mode=mode, fullgraph=not plain), mode or "default"
+def compiled(model: Block, plain: bool, mode: str = "default"):
+    """torch.compile of a twin: `mode` for plain PyTorch, fullgraph for cudnn-dsl."""
+    return torch.compile(model, mode=mode if plain else None, fullgraph=not plain)
 
 
 def run_model(
-    name: str, device: str, steps: int, lr: float, iterations: int, compile_: bool, batch=None, **options
+    name: str,
+    device: str,
+    steps: int,
+    lr: float,
+    iterations: int,
+    compile_: bool,
+    batch=None,
+    autotune: bool = True,
+    **options,
 ) -> dict:
-    """One model's report: its loss curves and step times (options: cudnn_dsl.compile's)."""
+    """One model's report: its loss curves and step times (options: cudnn_dsl.compile's). Plain PyTorch's
+    torch.compile contender uses `max-autotune` on the GPU when `autotune` (minutes of Triton autotuning)."""
     setup = Setup(name, device, batch, **options)
     report: dict = {
         "graph": str(setup.spec.file.relative_to(ROOT)),
@@ -221,7 +229,7 @@ def run_model(
     dsl_model, how = setup.dsl(), "eager"
     if compile_:
         try:
-            candidate, _ = compiled(setup.dsl(), setup.device, plain=False)
+            candidate = compiled(setup.dsl(), plain=False)
             setup.loss(candidate, 0).backward()  # traces forward and backward, or raises
             dsl_model, how = candidate, "torch.compile(fullgraph=True)"
         except Exception as e:  # noqa: BLE001 - a model that does not trace trains eager, and the report says why
@@ -236,9 +244,9 @@ def run_model(
         "torch eager": lambda: setup.plain(),
     }
     if compile_:
-        times["cudnn-dsl torch.compile(fullgraph=True)"] = lambda: compiled(setup.dsl(), setup.device, False)[0]
-        mode = "max-autotune" if setup.device.type == "cuda" else "default"
-        times[f"torch.compile({mode})"] = lambda: compiled(setup.plain(), setup.device, True)[0]
+        times["cudnn-dsl torch.compile(fullgraph=True)"] = lambda: compiled(setup.dsl(), plain=False)
+        mode = "max-autotune" if autotune and setup.device.type == "cuda" else "default"
+        times[f"torch.compile({mode})"] = lambda: compiled(setup.plain(), plain=True, mode=mode)
     report["step_time_us"] = {}
     for label, make in times.items():
         try:

@@ -220,7 +220,7 @@ class TorchOp:
             args = self.positional(args, kwargs)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
             wrt = tuple(n for n, t in zip(self.tensor_names, args) if t.requires_grad)
-            result = getattr(getattr(torch.ops, NAMESPACE), _grad_op(self, wrt)).default(*args)
+            result = getattr(getattr(torch.ops, NAMESPACE), _grad_op(self.name, wrt)).default(*args)
             return result if isinstance(result, torch.Tensor) else _returned(list(result[: len(self.fresh)]))
         result = self.overload(*args)
         if not self.in_place:
@@ -453,10 +453,12 @@ class _Launch:
         return _returned(outs)
 
 
-@torch.compiler.assume_constant_result  # derived and registered once, while tracing too: no graph break
-def _grad_op(op: TorchOp, wrt: tuple[str, ...]) -> str:
-    """The name of the op that runs `op`'s graph with the gradients of `wrt` derived (GradOps)."""
-    return grad_ops(op, wrt).name
+# Derived and registered once, while tracing too, with no graph break: dynamo runs it and keeps its result
+# as a constant, given constant arguments (torch 2.11's dynamo takes no TorchOp object here: its name).
+@torch.compiler.assume_constant_result
+def _grad_op(name: str, wrt: tuple[str, ...]) -> str:
+    """The name of the op that runs the graph op `name`'s graph with the gradients of `wrt` derived (GradOps)."""
+    return grad_ops(_OPS[name], wrt).name
 
 
 def as_torch_op(cg) -> TorchOp:

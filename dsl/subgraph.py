@@ -11,6 +11,7 @@ from __future__ import annotations
 import attrs
 
 from dsl.ir import Graph, Instance
+from dsl.ops import OPS
 
 
 def subgraph(graph: Graph, inst: Instance, first: int, end: int, name: str) -> Graph:
@@ -44,3 +45,34 @@ def subgraph(graph: Graph, inst: Instance, first: int, end: int, name: str) -> G
         input_dims=(),
         typer=None,
     )
+
+
+def unconnected(graph: Graph) -> tuple[int, int] | None:
+    """(a node, a node of another computation) when the graph's nodes form more than one connected
+    computation; None when they form one. Nodes are joined by a value one makes and another reads, and
+    in a graph of pointwise ops only, also by an input they both read. What cuDNN 9.19 did on the H200:
+    two pointwise chains over the halves of one tensor (examples/rope_in_place.cdg) ran right as one
+    graph; two pointwise chains reading nothing in common, or a conv_wgrad beside a relu_backward that
+    shares its input, built and ran with one chain's output never written."""
+    parent = list(range(len(graph.nodes)))
+    if len(parent) < 2:
+        return None
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    pointwise = all(OPS[n.op].family == "pointwise" for n in graph.nodes)
+    joins: dict[str, int] = {o: k for k, n in enumerate(graph.nodes) for o in n.outputs}
+    for k, n in enumerate(graph.nodes):
+        for i in n.inputs:
+            if i is None:
+                continue
+            if i in joins:
+                parent[root(k)] = root(joins[i])
+            elif pointwise and graph.value(i).kind == "input":
+                joins[i] = k
+    other = next((k for k in range(len(parent)) if root(k) != root(0)), None)
+    return None if other is None else (0, other)

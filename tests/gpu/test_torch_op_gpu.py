@@ -51,14 +51,6 @@ def test_a_compiled_model_runs_cudnn_and_matches_the_reference_for_every_token_c
         close(y, torch.tanh(want), "bf16")
 
 
-@pytest.mark.xfail(
-    raises=RuntimeError,
-    strict=True,
-    reason="seen on the H200: torch.compile's CUDA-graph trees find an allocation of the op's first call alive in "
-    "their pool ('Detected 1 tensor(s) in the cudagraph pool not tracked as outputs'): the plan's workspace, made "
-    "during their warm-up; torch_op._off_graph_pools now makes it on another thread (not yet run on a GPU: an "
-    "XPASS here means the fix holds, and this mark goes)",
-)
 def test_reduce_overhead_replays_the_op_as_a_cuda_graph(private_store):
     import torch
 
