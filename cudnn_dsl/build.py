@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from cudnn_dsl.backend import BackendUnavailable, Target, load_cudnn, versions
+from cudnn_dsl.defects import runs_wrong
 from cudnn_dsl.fe_json import by_value_json
 from cudnn_dsl.lower import Lowered, clean, lower, override_args
 from cudnn_dsl.store import (
@@ -34,7 +35,6 @@ from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance, NotFound
 from dsl.ops import FAMILIES, OPS
 from dsl.options import Options
-from dsl.subgraph import unconnected
 
 STEPS = ("validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans")
 
@@ -60,9 +60,9 @@ def plan(
     and knobs, the only one. Deviceless, build_plans of a runtime-compiled engine compiles but cannot load
     the kernel without a GPU driver; that step is then recorded as skipped, with the reason.
     """
-    separate = unconnected(low.graph)
-    if separate is not None:
-        raise DslError(one_computation(low.graph, *separate))
+    wrong = runs_wrong(low.graph, low.instance)
+    if wrong is not None:
+        raise DslError(wrong)
     cudnn = load_cudnn()
     g = low.g
     modes = options.modes(tuning or pin is not None)
@@ -105,18 +105,6 @@ def plan(
             raise DslError(diagnose(low, step, e, modes, target_name, options.constraints)) from None
         low.timings[step] = time.perf_counter() - t0
     return low
-
-
-def one_computation(graph: Graph, a: int, b: int) -> Diagnostic:
-    """Why a graph of separate computations (dsl.subgraph.unconnected) is given to no engine: cuDNN 9.19 built
-    such graphs and ran them with one computation's outputs never written."""
-    na, nb = graph.nodes[a], graph.nodes[b]
-    return Diagnostic(
-        "error",
-        f"cuDNN runs one connected computation per graph, and {nb.op} (line {nb.loc.line}) shares no value made "
-        f"in this graph with {na.op} (line {na.loc.line}); `option split = true` runs each as a graph of its own",
-        nb.loc,
-    )
 
 
 def _build_first(low: Lowered, options: Options, all_: bool) -> None:

@@ -69,12 +69,6 @@ def test_strided_conv_backward_on_cudnn(private_store):
     _check(text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="seen on the H200 (cuDNN 9.19): the gradient of `a` does not match torch autograd; the cause "
-    "(the transposed-view matmul, or a standalone float + bf16 pointwise part) is not yet isolated",
-)
 def test_matmul_epilogue_backward_on_cudnn(private_store):
     """dA = dC B^T and dB = A^T dC read the saved operands through transposed views."""
     text = """graph matmul_epilogue {

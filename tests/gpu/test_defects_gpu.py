@@ -1,0 +1,22 @@
+"""The graphs cuDNN 9.19 ran wrong as one graph (cudnn_dsl/defects.py), run split on the H200: every
+output matches the reference; with splitting off, the located refusal."""
+
+import pytest
+
+from tests.test_defects import CASES, text_of
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_split_the_graph_runs_right(case, private_store):
+    import cudnn_dsl
+    from dsl.diagnostics import DslError
+
+    body, words = CASES[case]
+    text = text_of(body)
+    cg = cudnn_dsl.compile(text=text, split=True)
+    results = cg.check(cg.allocate_inputs(seed=3))
+    assert results and all(c.mismatches == 0 for c in results), results
+    with pytest.raises(DslError, match=words):
+        cudnn_dsl.compile(text=text, split=False)(cg.allocate_inputs(seed=3))

@@ -1,0 +1,85 @@
+"""Graphs cuDNN 9.19 built and ran wrong on the H200 (cudnn_dsl/defects.py): declined before cuDNN sees
+them, located at the op; split, they run as graphs that run right (tests/gpu/test_defects_gpu.py)."""
+
+import pytest
+
+from cudnn_dsl.defects import runs_wrong
+from dsl.pipeline import program
+
+
+def text_of(body: str) -> str:
+    return (
+        "graph g {\n  compute float\n  input r : float[2, 8, 1]\n  input s : float[1, 1, 32]\n"
+        f"  input m : float[2, 8, 32]\n  input m0 : float[2, 8, 32]\n  {body}\n}}\n"
+    )
+
+
+def graph(body: str):
+    return program(text=text_of(body), file="g.cdg").graphs[0]
+
+
+CASES = {
+    # seen on the H200: NaN where the made value is broadcast
+    "made_then_broadcast": ("t = mul(r, 0.03125)\n  output o = sub(m0, mul(m, t))", "broadcasts 't', a value made"),
+    # seen on the H200: half the output wrong
+    "two_ways": ("output o = mul(sub(m, r), mul(m0, s))", "broadcast two ways"),
+    # seen on the H200: the conv_wgrad's output right, the relu_backward's never written
+    "unconnected": ("output o = relu(m)\n  output p = sigmoid(m0)", "shares no value made in this graph"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_graph_cudnn_runs_wrong_is_declined_at_the_op(case):
+    body, words = CASES[case]
+    g = graph(body)
+    d = runs_wrong(g, g.instances[0])
+    assert d is not None and words in d.message and "option split = true" in d.message
+    assert d.loc.line >= 6  # at an op of the body, not the graph
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "output o = sub(m0, mul(m, r))",  # one way of broadcasting, an input: ran right
+        "output o = mul(m, r) + mul(m0, r)",  # two chains joined by the add
+        "output o = relu(m * s)\n  output p = sigmoid(m0 * s)",  # pointwise chains sharing an input (as rope)
+    ],
+)
+def test_graphs_that_ran_right_are_left_to_cudnn(body):
+    g = graph(body)
+    assert runs_wrong(g, g.instances[0]) is None
+
+
+def test_the_in_place_rope_example_stays_one_graph():
+    g = program("examples/rope_in_place.cdg").graphs[0]
+    assert runs_wrong(g, g.instances[0]) is None
+
+
+def test_a_non_pointwise_graph_beside_an_unconnected_op_is_declined():
+    text = """graph g {
+  io half
+  compute float
+  input dy : half[4, 64, 8, 8] nhwc
+  input x : half[4, 64, 8, 8] nhwc
+  input h : half[4, 64, 8, 8] nhwc
+  input d : half[4, 64, 8, 8] nhwc
+  output dw : half[64, 64, 3, 3] nhwc = conv_wgrad(x, dy, padding=[1, 1], filter=[3, 3])
+  output dr = relu_backward(d, h)
+}
+"""
+    g = program(text=text, file="g.cdg").graphs[0]
+    d = runs_wrong(g, g.instances[0])
+    assert d is not None and "relu_backward (line 9) shares no value" in d.message
+
+
+def test_deviceless_planning_splits_a_declined_graph_into_parts_that_run_right():
+    """Through cuDNN 9.28 planning for the H200: the graph is split where the rule says."""
+    from cudnn_dsl.backend import Target
+    from cudnn_dsl.partition import plan_for_target
+
+    g = graph(CASES["made_then_broadcast"][0])
+    low, partition = plan_for_target(g, g.instances[0], g.options, Target.named("h200"))
+    assert low is None and "runs it wrong" in partition.declined
+    assert [(p.first, p.end) for p in partition.parts] == [(0, 1), (1, 3)]
+    for p in partition.parts:
+        assert p.graph is None or runs_wrong(p.graph, p.graph.instances[0]) is None
