@@ -29,12 +29,11 @@ def runs_wrong(graph: Graph, inst: Instance) -> Diagnostic | None:
 
 
 def _pointwise_broadcast(graph: Graph, inst: Instance) -> Diagnostic | None:
-    """A graph of pointwise ops alone, on cuDNN 9.19: a value made in the graph and broadcast by a later
-    op came out NaN; inputs broadcast two ways (a [B, S, 1] statistic and a [1, 1, D] scale in one graph)
-    left half the output wrong. One way (a [1, S, D] table over a batch, examples/rope_in_place.cdg) runs
-    right."""
+    """A graph of pointwise ops alone, on cuDNN 9.19: a value made in the graph and broadcast by a later op
+    came out NaN; an input broadcast over two dims or more ([1, 1, D] over [B, S, D]) left outputs wrong.
+    Over one dim, it ran right: a [1, S, D] table over a batch (examples/rope_in_place.cdg), a [B, S, 1]
+    statistic over D."""
     made = {o for n in graph.nodes for o in n.outputs}
-    ways: dict[tuple[int, ...], str] = {}
     for n in graph.nodes:
         shape = inst.type(n.outputs[0]).shape
         for i in n.inputs:
@@ -45,12 +44,9 @@ def _pointwise_broadcast(graph: Graph, inst: Instance) -> Diagnostic | None:
                 continue
             if i in made:
                 return _declined(n, f"{n.op} broadcasts '{i}', a value made in this graph ({list(t)} to {list(shape)})")
-            ways.setdefault(t, i)
-            if len(ways) > 1:
-                (s1, n1), (s2, n2) = list(ways.items())[:2]
-                return _declined(
-                    n, f"inputs are broadcast two ways in one graph ('{n1}' {list(s1)}, '{n2}' {list(s2)})"
-                )
+            over = [d for d, (a, b) in enumerate(zip(t, shape)) if a == 1 and b > 1]
+            if len(over) > 1:
+                return _declined(n, f"{n.op} broadcasts input '{i}' over {len(over)} dims ({list(t)} to {list(shape)})")
     return None
 
 

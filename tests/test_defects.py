@@ -21,8 +21,8 @@ def graph(body: str):
 CASES = {
     # seen on the H200: NaN where the made value is broadcast
     "made_then_broadcast": ("t = mul(r, 0.03125)\n  output o = sub(m0, mul(m, t))", "broadcasts 't', a value made"),
-    # seen on the H200: half the output wrong
-    "two_ways": ("output o = mul(sub(m, r), mul(m0, s))", "broadcast two ways"),
+    # seen on the H200: half the output wrong, split as well (the [1, 1, 32] scale over two dims)
+    "two_dims": ("output o = mul(sub(m, r), mul(m0, s))", "broadcasts input 's' over 2 dims"),
     # seen on the H200: the conv_wgrad's output right, the relu_backward's never written
     "unconnected": ("output o = relu(m)\n  output p = sigmoid(m0)", "shares no value made in this graph"),
 }
@@ -42,7 +42,7 @@ def test_a_graph_cudnn_runs_wrong_is_declined_at_the_op(case):
     [
         "output o = sub(m0, mul(m, r))",  # one way of broadcasting, an input: ran right
         "output o = mul(m, r) + mul(m0, r)",  # two chains joined by the add
-        "output o = relu(m * s)\n  output p = sigmoid(m0 * s)",  # pointwise chains sharing an input (as rope)
+        "output o = relu(m * r)\n  output p = sigmoid(m0 * r)",  # pointwise chains sharing an input (as rope)
     ],
 )
 def test_graphs_that_ran_right_are_left_to_cudnn(body):
