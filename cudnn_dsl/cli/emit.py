@@ -1,4 +1,5 @@
-"""`cudnn-dsl emit FILE`: a standalone script — the graph's cuDNN Frontend calls, or its torch reference."""
+"""`cudnn-dsl emit FILE`: a standalone script — the graph's cuDNN Frontend calls, or its torch reference (of the
+graph as written, or of its derived forward or backward: `--derived`)."""
 
 from __future__ import annotations
 
