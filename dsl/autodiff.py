@@ -445,3 +445,8 @@ def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | No
         bind,
         tuple(outs),
     )
+
+
+def float_inputs(graph: Graph, inst: Instance) -> tuple[str, ...]:
+    """The inputs `derive` can give gradients (all of them by default): the float tensor inputs."""
+    return tuple(v.name for v in graph.of_kind("input") if is_float(inst.type(v.name).dtype))

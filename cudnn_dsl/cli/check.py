@@ -76,14 +76,13 @@ def run(args) -> int:
 def _backward(program) -> tuple[tuple, int]:
     """Prints the derived graphs of every shape of every graph, as one .cdg text; an op with no VJP is
     reported at the op. Returns (the derived graphs, the exit status)."""
-    from dsl.autodiff import derive
     from dsl.diagnostics import DslError
 
     status, graphs = common.EXIT_OK, []
     for g in program.graphs:
         for inst in g.instances:
             try:
-                d = derive(g, inst, suffix="_" + "_".join(f"{k}{v}" for k, v in inst.binding) if inst.binding else "")
+                d = common.derive(g, inst)
             except DslError as e:
                 status = max(status, common.report(e))
                 continue

@@ -186,6 +186,15 @@ def label(graph: Graph, inst: Instance) -> str:
     return graph.name + (f" [{inst.label}]" if inst.binding else "")
 
 
+def derive(graph: Graph, inst: Instance, wrt: tuple[str, ...] | None = None):
+    """The derived forward and backward of one shape (dsl.autodiff.derive; by default the gradients of
+    every float input), named as `check --emit backward` and `emit --derived` name them: `<graph>_backward`,
+    `<graph>_backward_N4` for the shape N=4 of a graph with several."""
+    from dsl.autodiff import derive
+
+    return derive(graph, inst, wrt, suffix="_" + "_".join(f"{k}{v}" for k, v in inst.binding) if inst.binding else "")
+
+
 # ---- flags ------------------------------------------------------------------------------------
 
 OPTION_FLAGS = ("heuristics", "build_policy", "workspace_limit", "seed", "warmup", "iterations")

@@ -1,4 +1,5 @@
-"""`cudnn-dsl emit FILE`: a standalone script — the graph's cuDNN Frontend calls, or its torch reference."""
+"""`cudnn-dsl emit FILE`: a standalone script — the graph's cuDNN Frontend calls, or its torch reference (of the
+graph as written, or of its derived forward or backward: `--derived`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,20 @@ def register(p) -> None:
     )
     p.add_argument("--graph", help="the graph to emit (needed when the file has several)")
     p.add_argument("--shape", action="append", metavar="DIM=VALUE", help="the value of each symbolic dim")
+    p.add_argument(
+        "--derived",
+        choices=("forward", "backward"),
+        help="emit a graph derived from the chosen shape, as `check --emit backward` prints it, in any --format: "
+        "forward: the graph, also outputting the values its backward reads; backward: the backward graph, "
+        "from those values and the gradients of the outputs (grad_OUTPUT) to the inputs' gradients (grad_INPUT)",
+    )
+    p.add_argument(
+        "--wrt",
+        action="append",
+        metavar="INPUT",
+        help="with --derived: an input whose gradient the backward computes (repeatable; default: every "
+        "floating-point input)",
+    )
     common.add_target_flags(
         p,
         "plan for this GPU, without one (default h200): fe-json lowers for it; cudnn asks whether its cuDNN takes "
@@ -51,6 +66,8 @@ def run(args) -> int:
     for flag in _CUDNN_FLAGS:
         if args.format != "cudnn" and getattr(args, flag):
             raise common.UsageError(f"--{flag.replace('_', '-')} goes with --format cudnn")
+    if args.wrt and not args.derived:
+        raise common.UsageError("--wrt goes with --derived")
     target = common.target_from(args, default=DEFAULT_TARGET) if args.format != "torch" else None
     result = common.load_file(args.file)
     if not result.ok:
@@ -65,12 +82,32 @@ def run(args) -> int:
         raise common.UsageError(
             f"graph '{g.name}' has more than one shape ({g.declared_shapes}); choose one with --shape"
         )
+    inst = chosen[0]
+    if args.derived:  # an ordinary checked graph of one shape: emitted as any other
+        g = _derived(g, inst, args.derived, args.wrt)
+        inst = g.instances[0]
     if args.format == "fe-json":
-        return _fe_json(g, chosen[0], target)
+        return _fe_json(g, inst, target)
     if args.format == "cudnn":
-        return _cudnn(g, chosen[0], target, common.options_from(args, g.options), _inits(args, g))
-    print(emit_torch(g, chosen[0]), end="")
+        return _cudnn(g, inst, target, common.options_from(args, g.options), _inits(args, g))
+    print(emit_torch(g, inst), end="")
     return common.EXIT_OK
+
+
+def _derived(g, inst, which: str, wrt: list[str] | None):
+    """The derived forward or backward graph of this shape, with the gradients of `wrt` (default: every
+    float input); an op with no VJP is a DslError at the op."""
+    from dsl.autodiff import float_inputs
+
+    floats = float_inputs(g, inst)
+    for name in wrt or ():
+        if name not in floats:
+            what = "is not a float input" if name in {v.name for v in g.inputs} else "names no input"
+            raise common.UsageError(
+                f"--wrt {name}: {what} of graph '{g.name}' (the inputs with a gradient: {', '.join(floats) or 'none'})"
+            )
+    d = common.derive(g, inst, tuple(dict.fromkeys(wrt)) if wrt else None)
+    return d.forward if which == "forward" else d.backward
 
 
 def _inits(args, g) -> dict:
