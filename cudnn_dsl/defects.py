@@ -30,9 +30,10 @@ def runs_wrong(graph: Graph, inst: Instance) -> Diagnostic | None:
 
 def _pointwise_broadcast(graph: Graph, inst: Instance) -> Diagnostic | None:
     """A graph of pointwise ops alone, on cuDNN 9.19: a value made in the graph and broadcast by a later op
-    came out NaN; an input broadcast over two dims or more ([1, 1, D] over [B, S, D]) left outputs wrong.
-    Over one dim, it ran right: a [1, S, D] table over a batch (examples/rope_in_place.cdg), a [B, S, 1]
-    statistic over D."""
+    came out NaN; a rank-3 input broadcast over two dims ([1, 1, D], [1, S, 1] or [B, 1, 1] over [B, S, D])
+    left about half the outputs wrong. What ran right: a rank-3 input broadcast over one dim (a [1, S, D]
+    table over a batch, examples/rope_in_place.cdg; a [B, S, 1] statistic over D), and at rank 4 a
+    per-channel [1, C, 1, 1] over NHWC [N, C, H, W] (a conv's epilogue run alone, checked by `tune`)."""
     made = {o for n in graph.nodes for o in n.outputs}
     for n in graph.nodes:
         shape = inst.type(n.outputs[0]).shape
@@ -45,7 +46,7 @@ def _pointwise_broadcast(graph: Graph, inst: Instance) -> Diagnostic | None:
             if i in made:
                 return _declined(n, f"{n.op} broadcasts '{i}', a value made in this graph ({list(t)} to {list(shape)})")
             over = [d for d, (a, b) in enumerate(zip(t, shape)) if a == 1 and b > 1]
-            if len(over) > 1:
+            if len(over) > 1 and len(shape) <= 3:
                 return _declined(n, f"{n.op} broadcasts input '{i}' over {len(over)} dims ({list(t)} to {list(shape)})")
     return None
 

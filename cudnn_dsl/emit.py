@@ -423,7 +423,7 @@ def _torch_part(k: int, sub: Graph, ops: str, why: str, taken: set[str]) -> str:
     """`run_part{k}(buffers)`: a part no cuDNN engine runs, as its reference traced to torch calls, reading
     and writing `buffers`; when the reference does not trace, a function that raises, saying so."""
     inst = sub.instances[0]
-    doc = f"Part {k}: {_doc(ops)}, on torch: cuDNN runs it on no engine ({_doc(why)})."
+    doc = f"Part {k}: {_doc(ops)}, on torch: not cuDNN, even alone ({_doc(why)})."
     try:
         fname = _ident(f"part{k}_reference", taken)
         function, _ = _torch_function(sub, inst, fname, taken)

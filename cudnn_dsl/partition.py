@@ -65,7 +65,7 @@ class Partition:
             ops = ", ".join(f"{graph.nodes[i].op} (line {graph.nodes[i].loc.line})" for i in range(p.first, p.end))
             made = [o for o in (p.graph.outputs if p.graph else ()) if graph.value(o.name).kind != "output"]
             keep = f"; materializes {', '.join(v.name for v in made)}" if made else ""
-            where = "cuDNN graph" if p.graph is not None else f"torch fallback (cuDNN runs it on no engine: {p.why})"
+            where = "cuDNN graph" if p.graph is not None else f"torch fallback (not cuDNN, even alone: {p.why})"
             out.append(f"part {k}: {ops} — {where}{keep}")
         return out
 

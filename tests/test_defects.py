@@ -83,3 +83,13 @@ def test_deviceless_planning_splits_a_declined_graph_into_parts_that_run_right()
     assert [(p.first, p.end) for p in partition.parts] == [(0, 1), (1, 3)]
     for p in partition.parts:
         assert p.graph is None or runs_wrong(p.graph, p.graph.instances[0]) is None
+
+
+def test_a_per_channel_broadcast_at_rank_4_is_left_to_cudnn():
+    """[1, C, 1, 1] over NHWC [N, C, H, W]: a conv's epilogue run alone ran right on the H200 (tune checks it)."""
+    text = (
+        "graph g {\n  io half\n  compute float\n  input x : half[4, 64, 8, 8] nhwc\n"
+        "  input s : half[1, 64, 1, 1] nhwc\n  output o = relu(bias(x, s))\n}\n"
+    )
+    g = program(text=text, file="g.cdg").graphs[0]
+    assert runs_wrong(g, g.instances[0]) is None
