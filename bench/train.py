@@ -2,6 +2,7 @@
 (examples/training/), trained through the graph's torch op, side by side with the same model in plain
 PyTorch from the same initial weights.
 Usage: python bench/train.py [--steps N] [--device cuda|cpu] [--json FILE] [--model NAME] [--no-compile]
+[--no-autotune]
 
 Per model, in one process:
 - training: `--steps` SGD steps (momentum 0.9) on a fixed synthetic regression task (a few fixed batches,
@@ -267,12 +268,15 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--iterations", type=int, help="timed steps per contender (default 20 on CUDA, 3 on the CPU)")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out (training and timing)")
+    p.add_argument(
+        "--no-autotune", action="store_true", help="plain PyTorch's torch.compile in its default mode, not max-autotune"
+    )
     p.add_argument("--json", help="write the report here")
     a = p.parse_args(argv)
     iterations = a.iterations or (20 if a.device.startswith("cuda") else 3)
     result = {"environment": environment(), "models": {}}
     for name in a.model or sorted(SPECS):
-        r = run_model(name, a.device, a.steps, a.lr, iterations, not a.no_compile, a.batch)
+        r = run_model(name, a.device, a.steps, a.lr, iterations, not a.no_compile, a.batch, not a.no_autotune)
         result["models"][name] = r
         print(f"{name} ({r['graph']}, batch {r['batch']}, {r['device']}, {'cuDNN' if r['cudnn'] else r['note']})")
         print(
