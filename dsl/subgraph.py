@@ -8,6 +8,8 @@ read; its outputs are plain outputs (the runner binds an output in place to its 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from dsl.ir import Graph, Instance
@@ -76,3 +78,42 @@ def unconnected(graph: Graph) -> tuple[int, int] | None:
                 joins[i] = k
     other = next((k for k in range(len(parent)) if root(k) != root(0)), None)
     return None if other is None else (0, other)
+
+
+def fusion_order(nodes: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]], inputs: set[str]) -> list[int]:
+    """A topological order of `nodes` ((op, inputs, outputs), in a valid order) that keeps together what
+    cuDNN may fuse, for the partitioner, which splits a declined graph into runs of consecutive nodes. It
+    grows one run at a time. Next comes a pointwise op joined to the run (as `unconnected` joins nodes:
+    it reads a value the run made, or, in a run of pointwise ops, an input of the graph the run reads);
+    when none is ready, a reduction of a value the run made ends it (an epilogue of a matmul or conv);
+    then the other ready reductions (cuDNN runs a reduction after no pointwise op alone, so each is a
+    part of its own: placed first, they ready more ops for the next run); then a new run starts. Among
+    several, the op whose inputs were made last, then the one given first: deterministic."""
+    made_by = {o: k for k, (_, _, outs) in enumerate(nodes) for o in outs}
+    deps = [{made_by[i] for i in ins if i in made_by} for _, ins, _ in nodes]
+    family = [OPS[op].family for op, _, _ in nodes]
+    pos: dict[int, int] = {}
+    run: list[int] = []
+
+    def latest(k: int) -> tuple[int, int]:
+        return max((pos[d] for d in deps[k]), default=-1), -k
+
+    def joins(k: int) -> bool:
+        if deps[k] & set(run):
+            return True
+        pointwise = family[k] == "pointwise" and all(family[r] == "pointwise" for r in run)
+        return pointwise and any(i in inputs and i in nodes[r][1] for r in run for i in nodes[k][1])
+
+    while len(pos) < len(nodes):
+        ready = [k for k in range(len(nodes)) if k not in pos and deps[k] <= pos.keys()]
+        grow = [k for k in ready if family[k] == "pointwise" and joins(k)]
+        reductions = [k for k in ready if family[k] == "reduction"]
+        ends = [k for k in reductions if deps[k] & set(run)]
+        if grow:
+            k = max(grow, key=latest)
+            run.append(k)
+        else:
+            k = max(ends or reductions or ready, key=latest)
+            run = [] if family[k] == "reduction" else [k]
+        pos[k] = len(pos)
+    return sorted(pos, key=pos.get)
