@@ -19,6 +19,7 @@ from dsl.ir import Graph, Instance
 from dsl.ops import OPS, Ctx, canonical
 from dsl.options import OPTIONS, Options
 from dsl.printer import fmt_module
+from dsl.subgraph import fusion_order
 from dsl.types import TensorType, dense_strides, is_float
 from dsl.values import from_python
 from dsl.vjp import EMIT_STATISTICS, NO_VJP, STATISTICS, VJPS, At
@@ -310,7 +311,9 @@ class Emit:
             out.append(_input(name, self.types[name]))
         for name, (dtype, value) in self.scalars.items():
             out.append(ast.ScalarDecl(name, dtype, _num(value), ()))
-        for st in self.stmts:
+        nodes = [(st.call[0], tuple(a for a in st.call[1] if isinstance(a, str)), st.targets) for st in self.stmts]
+        for k in fusion_order(nodes, set(self.bind)):  # the VJPs' order, rearranged for the partitioner
+            st = self.stmts[k]
             op, args, given = st.call
             call = _call(op, args, given)
             if len(st.targets) > 1:

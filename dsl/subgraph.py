@@ -8,6 +8,8 @@ read; its outputs are plain outputs (the runner binds an output in place to its 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from dsl.ir import Graph, Instance
@@ -76,3 +78,55 @@ def unconnected(graph: Graph) -> tuple[int, int] | None:
                 joins[i] = k
     other = next((k for k in range(len(parent)) if root(k) != root(0)), None)
     return None if other is None else (0, other)
+
+
+def fusion_order(nodes: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]], inputs: set[str]) -> list[int]:
+    """A topological order of `nodes` ((op, inputs, outputs), given in a valid order; `inputs`: the graph's
+    input names) that keeps together what cuDNN may fuse, for the partitioner, which splits a declined graph
+    into runs of consecutive nodes. It grows one run at a time:
+    - next, a pointwise op joined to the run as `unconnected` joins nodes (it reads a value the run made,
+      or, in a run of pointwise ops, an input the run reads); else one making another operand of a
+      pointwise op that reads the run;
+    - when none is ready, a reduction of a value the run made ends the run (a matmul's or conv's epilogue);
+    - then the other ready reductions: cuDNN runs a reduction after no pointwise op alone, so each is a part
+      of its own, and placed early it readies more ops for the next run;
+    - then a new run starts: at a matmul, conv or other op before a pointwise op (which may yet join a
+      run), and at an op that readies one of its readers before one that does not.
+    Among equals, the op whose inputs were made last, then the one given first: deterministic."""
+    made_by = {o: k for k, (_, _, outs) in enumerate(nodes) for o in outs}
+    deps = [{made_by[i] for i in ins if i in made_by} for _, ins, _ in nodes]
+    readers = [[c for c in range(len(nodes)) if k in deps[c]] for k in range(len(nodes))]
+    family = [OPS[op].family for op, _, _ in nodes]
+    pos: dict[int, int] = {}
+    run: set[int] = set()
+
+    def latest(k: int) -> tuple[int, int]:
+        return max((pos[d] for d in deps[k]), default=-1), -k
+
+    def joins(k: int) -> bool:
+        if deps[k] & run:
+            return True
+        pointwise = all(family[r] == "pointwise" for r in run)
+        return pointwise and any(i in inputs and i in nodes[r][1] for r in run for i in nodes[k][1])
+
+    def feeds(k: int) -> bool:
+        return any(family[c] == "pointwise" and deps[c] & run for c in readers[k])
+
+    def start(k: int) -> tuple:
+        readies = not readers[k] or any(deps[c] - {k} <= pos.keys() for c in readers[k])
+        return family[k] != "pointwise", readies, *latest(k)
+
+    while len(pos) < len(nodes):
+        ready = [k for k in range(len(nodes)) if k not in pos and deps[k] <= pos.keys()]
+        pointwise = [k for k in ready if family[k] == "pointwise"]
+        grow = [k for k in pointwise if joins(k)] or [k for k in pointwise if feeds(k)]
+        reductions = [k for k in ready if family[k] == "reduction"]
+        ends = [k for k in reductions if deps[k] & run]
+        if grow:
+            k = max(grow, key=latest)
+            run.add(k)
+        else:
+            k = max(ends or reductions or ready, key=start)
+            run = set() if family[k] == "reduction" else {k}
+        pos[k] = len(pos)
+    return sorted(pos, key=pos.get)

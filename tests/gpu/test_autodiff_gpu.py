@@ -178,3 +178,16 @@ def test_sdpa_backward_op_derived(private_store, extra, decl):
 }}
 """
     assert _backward_ops(_check(text)) == ["sdpa_backward"]
+
+
+def test_resnet_block_backward_fuses_each_dgrad_with_its_reader(private_store):
+    """examples/training/resnet_block.cdg at N=4: the derived backward is ordered so that each conv_dgrad is
+    followed by the op that reads it (dgrad + dReLU, dgrad + the shortcut's add), parts cuDNN 9.28 plans for an
+    H200; the GPU's own cuDNN decides at run time, and the gradients must match torch autograd either way."""
+    from pathlib import Path
+
+    f = _check(Path("examples/training/resnet_block.cdg").read_text())
+    (pair,) = f._pairs.values()
+    staged = pair.backward.staged(pair.backward.graph.instances[0])
+    assert staged is not None  # dgrad and wgrad are never one cuDNN graph
+    print("\n".join(staged.lines))  # which fusions this cuDNN ran, for the record
