@@ -372,7 +372,7 @@ def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | No
     `<graph>_backward<suffix>`. DslError, at the op, when a gradient must pass an op that has no VJP."""
     inst = inst or graph.instance()
     floats = {v.name for v in graph.values if v.kind not in ("scalar", "const") and is_float(inst.type(v.name).dtype)}
-    inputs = [v.name for v in graph.of_kind("input") if v.name in floats]
+    inputs = float_inputs(graph, inst)
     wrt = tuple(inputs) if wrt is None else wrt
     for w in wrt:
         if w not in inputs:

@@ -1445,7 +1445,8 @@ def infer_instancenorm_backward(ctx: Ctx) -> list[Out]:
 
 def infer_sdpa_backward(ctx: Ctx) -> list[Out]:
     """q, k, v as sdpa takes them; o and do [B, H, S_q, D_v]; stats [B, H, S_q, 1] float; the optional
-    inputs as sdpa's. Results: dq, dk, dv like q, k, v."""
+    inputs as sdpa's. Results: dq, dk, dv like q, k, v, in their dtypes (on the H200, cuDNN 9.19 wrote float
+    dq, dk and dv wrong: a derived backward whose gradients went on to a reshape materialized them float)."""
     q, k, v = _sdpa_qkv(ctx)
     b, h, s, _ = q.shape
     o_shape = (b, h, s, v.shape[3])
@@ -1469,7 +1470,7 @@ def infer_sdpa_backward(ctx: Ctx) -> list[Out]:
     _sdpa_optional(ctx, 9, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
     _sdpa_optional(ctx, 10, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
     _sdpa_optional(ctx, 11, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
-    outs = [Out(t.shape, stride_order(t.strides)) for t in (q, k, v)]
+    outs = [Out(t.shape, stride_order(t.strides), t.dtype) for t in (q, k, v)]
     if ctx.attrs["dbias"]:
         bias = ctx.inputs[6]
         if bias is None:
