@@ -360,6 +360,17 @@ def _pack(values: torch.Tensor, out, offsets: torch.Tensor, lengths: torch.Tenso
     return buf[:n].as_strided(out.shape, out.strides), ~seen[:n].as_strided(out.shape, out.strides)
 
 
+def _scores(q, k, bias, a, len_q, len_kv):
+    """sdpa's scaled scores with its bias, ALiBi and masks (-inf where masked), as the forward computes them
+    and its backward recomputes them; k has q's heads."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
+    if bias is not None:
+        s = s + bias
+    if a["alibi"]:
+        s = s + _alibi(s)
+    return s.masked_fill(~_sdpa_keep(a, q.shape[0], s, len_q, len_kv), float("-inf"))
+
+
 def ref_sdpa(ins, a, outs):
     """softmax(q k^T * scale + bias + ALiBi, masked) [* dropout mask * scale] v, as the cuDNN Frontend's
     own test reference computes it. Rows with no key left (padded queries, an empty band) give O = 0
@@ -382,12 +393,7 @@ def ref_sdpa(ins, a, outs):
         k, v = _unpage(k, table_k, a["max_seq_len_kv"]), _unpage(v, table_v, a["max_seq_len_kv"])
     k = k.repeat_interleave(h // k.shape[1], 1)
     v = v.repeat_interleave(h // v.shape[1], 1)
-    s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
-    if bias is not None:
-        s = s + bias
-    if a["alibi"]:
-        s = s + _alibi(s)
-    s = s.masked_fill(~_sdpa_keep(a, q.shape[0], s, len_q, len_kv), float("-inf"))
+    s = _scores(q, k, bias, a, len_q, len_kv)
     stats = torch.logsumexp(s, -1, keepdim=True)
     p = torch.exp(s - stats).masked_fill(stats.isneginf(), 0.0)  # an empty row: -inf - -inf
     if drop_mask is not None:
@@ -793,12 +799,7 @@ def ref_sdpa_backward(ins, a, outs):
     q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv = ins
     h, hk, hv = q.shape[1], k.shape[1], v.shape[1]
     kr, vr = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hv, 1)
-    s = torch.matmul(q, kr.transpose(-1, -2)) * a["scale"]
-    if bias is not None:
-        s = s + bias
-    if a["alibi"]:
-        s = s + _alibi(s)
-    s = s.masked_fill(~_sdpa_keep(a, q.shape[0], s, len_q, len_kv), float("-inf"))
+    s = _scores(q, kr, bias, a, len_q, len_kv)
     p = torch.exp(s - stats).masked_fill(stats.isneginf() | s.isneginf(), 0.0)
     keep = 1.0 if drop_mask is None else drop_mask * drop_scale
     rescale = 1.0 if drop_mask is None else drop_scale * drop_scale_inv

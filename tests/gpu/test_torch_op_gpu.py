@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu.test_memory_gpu import PACKED
+
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -12,18 +14,6 @@ SERVE = ROOT / "examples" / "serve_matmul.cdg"
 EMA = ROOT / "examples" / "in_place_update.cdg"
 EPILOGUE = ROOT / "examples" / "matmul_epilogue.cdg"
 SELECT = ROOT / "examples" / "compare_select.cdg"
-
-PACKED = """
-graph packed_op {
-  io half
-  compute float
-  buffer qkv : half[2, 128, 3, 4, 64]
-  input q : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 0
-  input k : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 256
-  input v : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 512
-  output o = sdpa(q, k, v, causal=true)
-}
-"""
 
 
 def close(got, want, dtype):
