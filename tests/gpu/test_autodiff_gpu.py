@@ -155,16 +155,9 @@ def test_batchnorm_training_backward_and_running_stats(private_store):
 def test_sdpa_backward_composite_on_cudnn(private_store):
     """The composite sdpa VJP, for dk and dv only (q frozen): its matmuls read saved q, k, v, o and the
     softmax statistics, and the incoming gradient, through transposed views."""
-    text = """graph attn {
-  io half
-  compute float
-  input q : half[2, 4, 128, 64]
-  input k : half[2, 4, 128, 64]
-  input v : half[2, 4, 128, 64]
-  output o = sdpa(q, k, v, causal=true)
-}
-"""
-    assert "sdpa_backward" not in _backward_ops(_check(text, frozen=("q",)))
+    from tests.gpu.test_torch_op_gpu import ATTENTION
+
+    assert "sdpa_backward" not in _backward_ops(_check(ATTENTION, frozen=("q",)))
 
 
 @pytest.mark.parametrize(

@@ -9,19 +9,13 @@ from pathlib import Path
 
 import pytest
 
+# MM_RESHAPE's part 2 (the reshape) runs on no engine: the script computes it with torch
+from tests.test_emit import LN_GELU, MM_RESHAPE
+
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("private_store")]
 
 ROOT = Path(__file__).resolve().parents[2]
 
-LN_GELU = (
-    "graph ln_gelu {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"
-    "  input b : float[1, 1024, 1, 1] nhwc\n  output y = gelu(layernorm(x, s, b))\n}\n"
-)
-# part 2 (the reshape) runs on no engine: the script computes it with torch
-MM_RESHAPE = (
-    "graph mm_reshape {\n  io half\n  input a : half[4, 64, 128]\n  input b : half[4, 128, 32]\n"
-    "  output y : float[4, 2048] = reshape(matmul(a, b), shape=[4, 2048])\n}\n"
-)
 # x is overwritten by part 2 and read by part 3: the script reads it as it was
 READ_AFTER_OVERWRITE = (
     "graph rao {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"

@@ -2,21 +2,11 @@
 cuDNN running the graph and its derived backward (split where cuDNN declines them whole), under
 torch.compile(fullgraph=True), against the same model in plain PyTorch from the same weights."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from tests.test_train_example import load_train
+
 pytestmark = pytest.mark.gpu
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_train():
-    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("name", ["resnet", "transformer"])
