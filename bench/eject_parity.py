@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
-from cudnn_dsl.bench import import_script, load_ejected  # noqa: E402
-from cudnn_dsl.runtime import make_pack  # noqa: E402
-from cudnn_dsl.timing import environment, gpu_time_us, host_time_us, replay_time_us  # noqa: E402
+from cudnn_dsl.run.compiled import make_pack  # noqa: E402
+from cudnn_dsl.run.timing import environment, gpu_time_us, host_time_us, replay_time_us  # noqa: E402
+from cudnn_dsl.tune.bench import import_script, load_ejected  # noqa: E402
 
 
 def _path(example: str) -> str:
@@ -88,7 +88,7 @@ def bench_split(example: str, cg, inst, staged, rounds: int, iters: int) -> dict
     """A graph run as parts: cudnn-dsl's staged run against the script ejected for the same partition."""
     import cudnn
 
-    from cudnn_dsl.emit import emit_cudnn
+    from cudnn_dsl.interop.emit import emit_cudnn
 
     mod = import_script(emit_cudnn(cg.graph, inst, cg.options, staged.partition), cg.graph.name)
     handle = cudnn.create_handle()

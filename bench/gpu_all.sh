@@ -41,7 +41,7 @@ timeout 300 python3 bench/torch_op.py --json "$OUT/torch_op.json" 2>&1 | tee -a 
 section "bare bmm (the stretch goal's yardstick)"
 python3 - <<'PY' 2>&1 | tee -a "$LOG"
 import statistics, torch
-from cudnn_dsl.timing import gpu_time_us
+from cudnn_dsl.run.timing import gpu_time_us
 a = torch.rand(16, 512, 1024, device="cuda", dtype=torch.bfloat16)
 b = torch.rand(16, 1024, 512, device="cuda", dtype=torch.bfloat16)
 print(f"bare bmm 16x512x1024x512 bf16 (torch.bmm): {statistics.median(gpu_time_us(lambda: torch.bmm(a, b), 30, 3, 10)):.1f} µs")

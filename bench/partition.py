@@ -21,10 +21,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cudnn_dsl.partition import ANCHOR  # noqa: E402
-from cudnn_dsl.reference import run_reference  # noqa: E402
-from cudnn_dsl.runtime import CompiledGraph  # noqa: E402
-from cudnn_dsl.timing import environment, gpu_time_us  # noqa: E402
+from cudnn_dsl.run.compiled import CompiledGraph  # noqa: E402
+from cudnn_dsl.run.partition import ANCHOR  # noqa: E402
+from cudnn_dsl.run.reference import run_reference  # noqa: E402
+from cudnn_dsl.run.timing import environment, gpu_time_us  # noqa: E402
 from dsl.diagnostics import DslError  # noqa: E402
 from dsl.pipeline import program  # noqa: E402
 

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
-from cudnn_dsl.tensors import compare, restore, snapshot  # noqa: E402
-from cudnn_dsl.timing import environment, gpu_time_us, host_time_us  # noqa: E402
+from cudnn_dsl.run.buffers import compare, restore, snapshot  # noqa: E402
+from cudnn_dsl.run.timing import environment, gpu_time_us, host_time_us  # noqa: E402
 
 TINY = """
 graph tiny {
@@ -84,7 +84,7 @@ def checked(name: str, got, want, dtype: str) -> None:
 
 def one_graph(label: str, source: str, binding) -> dict:
     cg = cudnn_dsl.compile(source)
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     twin = custom_op_twin(op)
     ins = cg.allocate_inputs(binding)
     args = tuple(ins[n] for n in op.tensor_names)

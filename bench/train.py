@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
-from cudnn_dsl.dtypes import torch_dtype  # noqa: E402
-from cudnn_dsl.timing import environment, gpu_time_us  # noqa: E402
+from cudnn_dsl.run.timing import environment, gpu_time_us  # noqa: E402
+from cudnn_dsl.target.dtypes import torch_dtype  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "training"
 
@@ -111,7 +111,7 @@ class Setup:
             if self.batch not in sizes:
                 raise SystemExit(f"{name}: --batch must be one of {sizes} (the graph's dim {spec.dim})")
             inst = graph.instance({spec.dim: self.batch})
-        self.op = self.cg.as_torch_op()
+        self.op = cudnn_dsl.as_torch_op(self.cg)
         gen = torch.Generator().manual_seed(seed)
         self.types, weights, teacher = {}, {}, {}
         for v in self.cg.graph.device_inputs:

@@ -15,16 +15,16 @@ import importlib
 _EXPORTS = {
     "compile": "cudnn_dsl.api",
     "DslWarning": "cudnn_dsl.api",
-    "CompiledGraph": "cudnn_dsl.runtime",
-    "BindingError": "cudnn_dsl.tensors",
-    "BackendUnavailable": "cudnn_dsl.backend",
+    "CompiledGraph": "cudnn_dsl.run.compiled",
+    "BindingError": "cudnn_dsl.run.buffers",
+    "BackendUnavailable": "cudnn_dsl.target.library",
     "DslError": "dsl.diagnostics",
     "load": "dsl.pipeline",
-    "as_torch_op": "cudnn_dsl.torch_op",
-    "TorchOp": "cudnn_dsl.torch_op",
-    "GraphModule": "cudnn_dsl.torch_op",
-    "pack_bits": "cudnn_dsl.bits",
-    "unpack_bits": "cudnn_dsl.bits",
+    "as_torch_op": "cudnn_dsl.torch_op.op",
+    "TorchOp": "cudnn_dsl.torch_op.op",
+    "GraphModule": "cudnn_dsl.torch_op.op",
+    "pack_bits": "cudnn_dsl.target.bits",
+    "unpack_bits": "cudnn_dsl.target.bits",
 }
 
 __all__ = list(_EXPORTS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from cudnn_dsl.runtime import CompiledGraph
+from cudnn_dsl.run.compiled import CompiledGraph
 from dsl.diagnostics import RuleError
 from dsl.pipeline import SourceUnreadable, load
 

@@ -16,7 +16,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from cudnn_dsl.dtypes import cudnn_type
+from cudnn_dsl.target.dtypes import cudnn_type
 from dsl.ops import BSHD, norm_axes
 from dsl.types import dense_strides, storage_elements
 

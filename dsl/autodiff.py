@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import attrs
 
-from dsl import ast
 from dsl.diagnostics import Diagnostic, DslError, RuleError
 from dsl.ir import Graph, Instance
 from dsl.ops import OPS, Ctx, canonical
 from dsl.options import OPTIONS, Options
-from dsl.printer import fmt_module
 from dsl.subgraph import fusion_order
+from dsl.syntax import ast
+from dsl.syntax.printer import fmt_module
 from dsl.types import TensorType, dense_strides, is_float
 from dsl.values import from_python
 from dsl.vjp import EMIT_STATISTICS, NO_VJP, STATISTICS, VJPS, At

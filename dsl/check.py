@@ -8,7 +8,6 @@ from typing import Any
 
 import attrs
 
-from dsl import ast
 from dsl.diagnostics import DslError, Loc, RuleError, Sink
 from dsl.infer import Typer
 from dsl.inits import DISTS, check_dtype, make
@@ -16,6 +15,7 @@ from dsl.ir import Buffer, Graph, Instance, Node, Program, Symbol, Value
 from dsl.ops import INFIX, OPS, OpSig
 from dsl.options import OPTIONS, Options
 from dsl.resolved import BufferDecl, Decl, OutDecl, PNode, Resolved
+from dsl.syntax import ast
 from dsl.types import (
     DEFAULT_MATH,
     DTYPE_ALIASES,

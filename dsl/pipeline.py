@@ -12,9 +12,9 @@ from pathlib import Path
 
 import attrs
 
-from dsl import ast
 from dsl.diagnostics import Diagnostic, DslError, Loc, Sink
 from dsl.ir import Program
+from dsl.syntax import ast
 
 STAGES = ("ast", "ir")
 
@@ -51,7 +51,7 @@ class Result:
 def read_source(path: str | os.PathLike) -> tuple[str, Diagnostic | None]:
     """The text of a .cdg file, or a located error when it is not UTF-8 text (a BOM is allowed);
     SourceUnreadable when there is no file to read."""
-    from dsl.parser import MAX_SOURCE_BYTES
+    from dsl.syntax.parser import MAX_SOURCE_BYTES
 
     p = Path(path)
     if p.is_dir():
@@ -82,7 +82,7 @@ def load(
 ) -> Result:
     """Parses (and, unless stop="ast", checks) a file or a text. `file` names a text in messages."""
     from dsl.check import check
-    from dsl.parser import parse
+    from dsl.syntax.parser import parse
 
     if stop not in STAGES:
         raise ValueError(f"stop must be one of {STAGES}")

@@ -13,8 +13,8 @@ from typing import Any
 
 import attrs
 
-from dsl import ast
 from dsl.diagnostics import RuleError, did_you_mean
+from dsl.syntax import ast
 from dsl.types import DTYPE_ALIASES, DTYPES, INT64_MAX, canonical_dtype
 
 REQUIRED = object()

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import cudnn_dsl
-from cudnn_dsl.backend import BackendUnavailable
-from cudnn_dsl.tensors import BindingError
+from cudnn_dsl.run.buffers import BindingError
+from cudnn_dsl.target.library import BackendUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 MM = ROOT / "examples" / "plan_serialization.cdg"

@@ -1,19 +1,19 @@
-"""Derived backward graphs (dsl/autodiff.py, dsl/vjp.py, cudnn_dsl/autograd.py), on the CPU: the VJP
+"""Derived backward graphs (dsl/autodiff.py, dsl/vjp.py, cudnn_dsl/torch_op/autograd.py), on the CPU: the VJP
 table covers the registry, the derived text round-trips, and the gradients of the derived backward,
 run through its reference, match torch autograd on the forward's reference."""
 
 import pytest
 import torch
 
-from cudnn_dsl.autograd import differentiable
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.tensors import generate_inputs
+from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.torch_op.autograd import differentiable
 from dsl.autodiff import derive
 from dsl.diagnostics import DslError
 from dsl.ops import OPS
-from dsl.parser import parse
 from dsl.pipeline import program
-from dsl.printer import fmt_module
+from dsl.syntax.parser import parse
+from dsl.syntax.printer import fmt_module
 from dsl.vjp import EMIT_STATISTICS, NO_VJP, STATISTICS, VJPS
 from tests.cli_util import run_cli
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cudnn_dsl.backend import BackendUnavailable, Target
+from cudnn_dsl.target.library import BackendUnavailable, Target
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = '#include <stdlib.h>\n__attribute__((constructor)) static void planted(void) {{ system("touch {}"); }}\n'
@@ -37,7 +37,7 @@ def _check(env, python=sys.executable, **kw) -> subprocess.CompletedProcess:
 def _load(env, code="") -> subprocess.CompletedProcess:
     """load_cudnn() and the H200 descriptor in a fresh process, then `code`; lighter than a whole `check`."""
     prelude = (
-        "from cudnn_dsl.backend import BackendUnavailable, Target, device_properties, load_cudnn\n"
+        "from cudnn_dsl.target.library import BackendUnavailable, Target, device_properties, load_cudnn\n"
         "try:\n    device_properties(Target.named('h200'))\n    print('loaded')\n"
         "except BackendUnavailable as e:\n    print('unavailable:', e)\n"
     )
@@ -220,7 +220,7 @@ def test_an_unwritable_home_as_an_unprivileged_user_falls_back(tmp_path):
     ],
 )
 def test_a_descriptor_file_that_cannot_be_read_as_one_is_a_usage_error(tmp_path, content):
-    from cudnn_dsl.backend import DescriptorFileError
+    from cudnn_dsl.target.library import DescriptorFileError
 
     path = tmp_path / "dp.json"
     if content == "a directory":
@@ -237,7 +237,7 @@ def test_a_descriptor_file_that_cannot_be_read_as_one_is_a_usage_error(tmp_path,
 
 
 def test_a_descriptor_cudnn_rejects_is_reported_with_the_file_and_cudnns_words(tmp_path):
-    from cudnn_dsl.backend import device_properties, load_cudnn
+    from cudnn_dsl.target.library import device_properties, load_cudnn
 
     load_cudnn()
     path = tmp_path / "dp.json"
@@ -249,7 +249,7 @@ def test_a_descriptor_cudnn_rejects_is_reported_with_the_file_and_cudnns_words(t
 
 @pytest.mark.parametrize("name", ["nosuch", "../devices/h200", "", "h200.json"])
 def test_an_unknown_target_is_a_usage_error_naming_the_known_ones(name):
-    from cudnn_dsl.backend import UnknownTarget
+    from cudnn_dsl.target.library import UnknownTarget
 
     with pytest.raises(UnknownTarget, match="h200") as e:
         Target.named(name)
@@ -279,7 +279,7 @@ def test_a_damaged_library_is_reported_with_advice_and_nothing_is_loaded(tmp_pat
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"")
     code = """
-        from cudnn_dsl.backend import BackendUnavailable, load_cudnn
+        from cudnn_dsl.target.library import BackendUnavailable, load_cudnn
         for attempt in range(2):
             try:
                 load_cudnn()

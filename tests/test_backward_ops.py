@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.reference import run_reference
-from cudnn_dsl.tensors import generate_inputs
+from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.run.reference import run_reference
 from dsl.diagnostics import DslError
 from dsl.ops import BACKWARD_OPS
 from dsl.pipeline import program
@@ -366,7 +366,7 @@ PLANNED = {
 
 @pytest.fixture(scope="module")
 def h200():
-    from cudnn_dsl.backend import Target, load_cudnn
+    from cudnn_dsl.target.library import Target, load_cudnn
 
     load_cudnn()
     return Target.named("h200")
@@ -374,7 +374,7 @@ def h200():
 
 @pytest.mark.parametrize("case", list(PLANNED))
 def test_cudnn_9_28_plans_the_backward_ops_for_an_h200(case, h200):
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
 
     g, inst = compiled(PLANNED[case], "half")
     assert plan_deviceless(g, inst, g.options, h200).plan_count >= 1

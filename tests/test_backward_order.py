@@ -95,8 +95,8 @@ def test_random_graphs_get_a_topological_permutation(seed):
 def test_resnet_backward_splits_into_fewer_parts_for_h200():
     """Deviceless planning with the real cuDNN library: in the VJPs' order the backward split into 9
     parts (every dgrad alone); now each dgrad fuses the op that reads it."""
-    from cudnn_dsl.backend import Target
-    from cudnn_dsl.partition import plan_for_target
+    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.target.library import Target
 
     g = _backward(RESNET)
     low, partition = plan_for_target(g, g.instances[0], g.options, Target.named("h200"))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cudnn_dsl.bench import import_script, percentile
+from cudnn_dsl.tune.bench import import_script, percentile
 
 
 def test_percentiles_interpolate_between_ranks():
@@ -15,7 +15,7 @@ def test_percentiles_interpolate_between_ranks():
 
 
 def test_an_ejected_script_is_imported_as_a_module_from_its_file():
-    from cudnn_dsl.emit import emit_cudnn
+    from cudnn_dsl.interop.emit import emit_cudnn
     from dsl.pipeline import program
 
     g = program("examples/conv_bias_relu.cdg").graphs[0]

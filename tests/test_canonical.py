@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from cudnn_dsl.store import graph_digest
+from cudnn_dsl.store.plans import graph_digest
 from dsl.diagnostics import RuleError
 from dsl.options import Options
 from dsl.pipeline import load, program
-from dsl.printer import dump_ir
+from dsl.syntax.printer import dump_ir
 
 CONV = (
     "graph g {\n  io half\n  input x : half[8, 16, 9, 9] nhwc\n  input w : half[32, 16, 3, 3] nhwc\n"

@@ -3,13 +3,13 @@ the registry has."""
 
 import pytest
 
-from cudnn_dsl import coverage
+from cudnn_dsl.interop import coverage
 from dsl.ops import OPS
 
 
 @pytest.fixture(scope="module")
 def pygraph():
-    from cudnn_dsl.backend import load_cudnn
+    from cudnn_dsl.target.library import load_cudnn
 
     return load_cudnn().pygraph
 

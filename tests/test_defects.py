@@ -1,9 +1,9 @@
-"""Graphs cuDNN 9.19 built and ran wrong on the H200 (cudnn_dsl/defects.py): declined before cuDNN sees
+"""Graphs cuDNN 9.19 built and ran wrong on the H200 (cudnn_dsl/target/quirks.py): declined before cuDNN sees
 them, located at the op; split, they run as graphs that run right (tests/gpu/test_defects_gpu.py)."""
 
 import pytest
 
-from cudnn_dsl.defects import runs_wrong
+from cudnn_dsl.target.quirks import runs_wrong
 from dsl.pipeline import program
 
 
@@ -74,8 +74,8 @@ def test_a_non_pointwise_graph_beside_an_unconnected_op_is_declined():
 
 def test_deviceless_planning_splits_a_declined_graph_into_parts_that_run_right():
     """Through cuDNN 9.28 planning for the H200: the graph is split where the rule says."""
-    from cudnn_dsl.backend import Target
-    from cudnn_dsl.partition import plan_for_target
+    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.target.library import Target
 
     g = graph(CASES["made_then_broadcast"][0])
     low, partition = plan_for_target(g, g.instances[0], g.options, Target.named("h200"))

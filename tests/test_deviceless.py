@@ -22,7 +22,7 @@ def _cases():
 
 @pytest.fixture(scope="module")
 def h200():
-    from cudnn_dsl.backend import BackendUnavailable, Target, load_cudnn
+    from cudnn_dsl.target.library import BackendUnavailable, Target, load_cudnn
 
     try:
         load_cudnn()
@@ -33,7 +33,7 @@ def h200():
 
 @pytest.mark.parametrize("graph,inst", list(_cases()))
 def test_example_gets_h200_plans_from_cudnn(graph, inst, h200):
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
 
     low = plan_deviceless(graph, inst, graph.options, h200)
     assert low.plan_count >= 1
@@ -48,7 +48,7 @@ def test_example_gets_h200_plans_from_cudnn(graph, inst, h200):
 
 
 def test_a_fusion_cudnn_rejects_is_reported_at_the_graph_with_advice(h200):
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
     from dsl.diagnostics import DslError
 
     text = (
@@ -66,7 +66,7 @@ def test_a_fusion_cudnn_rejects_is_reported_at_the_graph_with_advice(h200):
 
 
 def test_explicit_uids_reach_cudnn(h200):
-    from cudnn_dsl.lower import lower
+    from cudnn_dsl.build.lower import lower
 
     text = "graph g {\n  input a : half[4, 8] uid=7\n  input b : half[4, 8]\n  output y = a + b\n}\n"
     g = program(text=text, file="u.cdg").graphs[0]
@@ -95,8 +95,8 @@ def test_emit_fe_json_is_the_frontends_own_graph(path, h200):
     """`emit --format fe-json`: the JSON the frontend serializes, with every input and output of the IR."""
     import json
 
-    from cudnn_dsl.build import frontend_json
-    from cudnn_dsl.dtypes import cudnn_name
+    from cudnn_dsl.interop.fe_export import frontend_json
+    from cudnn_dsl.target.dtypes import cudnn_name
 
     for g in program(path).graphs:
         inst = g.instances[0]

@@ -14,9 +14,9 @@ import attrs
 import pytest
 import torch
 
-from cudnn_dsl.emit import emit_cudnn, emit_torch
-from cudnn_dsl.reference import run_reference
-from cudnn_dsl.tensors import generate_inputs
+from cudnn_dsl.interop.emit import emit_cudnn, emit_torch
+from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.run.reference import run_reference
 from dsl.ops import OPS
 from dsl.pipeline import program
 
@@ -160,7 +160,7 @@ def test_non_finite_numbers_are_written_as_floats():
 
 
 def test_load_ejected_removes_its_temporary_directory(tmp_path, monkeypatch):
-    from cudnn_dsl.bench import load_ejected
+    from cudnn_dsl.tune.bench import load_ejected
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     [g] = graphs((CASES / "literals.cdg").read_text())
@@ -298,7 +298,7 @@ def test_the_ejected_script_packs_ragged_offsets_as_run_does():
 def test_a_torch_parts_scalar_is_made_on_the_buffers_device():
     """A declared scalar read by a part left to torch: its reference reshapes it to the tensors' rank, and a CPU
     tensor of rank 4 does not meet tensors of another device (CUDA on a GPU; here, meta ones say the same)."""
-    from cudnn_dsl.partition import find_partition
+    from cudnn_dsl.run.partition import find_partition
 
     [g] = graphs(
         "graph s {\n  io float\n  input x : float[2, 3, 4, 5]\n  input z : float[2, 3, 4, 5]\n"
@@ -330,13 +330,13 @@ MM_RESHAPE = (
 
 @pytest.fixture(scope="module")
 def h200():
-    from cudnn_dsl.backend import Target
+    from cudnn_dsl.target.library import Target
 
     return Target.named("h200")
 
 
 def _split(text: str, target):
-    from cudnn_dsl.partition import plan_for_target
+    from cudnn_dsl.run.partition import plan_for_target
 
     [g] = graphs(text)
     inst = g.instances[0]
@@ -378,7 +378,7 @@ def test_a_part_left_to_torch_is_its_traced_reference_and_runs_without_a_gpu(h20
 
 
 def test_a_script_of_torch_parts_computes_the_reference_and_reads_an_input_before_it_is_overwritten():
-    from cudnn_dsl.partition import Part, Partition
+    from cudnn_dsl.run.partition import Part, Partition
 
     text = (
         "graph g {\n  input a : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
@@ -439,7 +439,7 @@ def test_emit_takes_runs_seed_init_and_constraint_flags(tmp_path):
 
 @pytest.mark.parametrize("name", ["buffers", "made", "env", "torch", "draw_values", "TORCH_PARTS", "part1_reference"])
 def test_a_split_script_with_names_it_uses_itself_computes_the_reference(name):
-    from cudnn_dsl.partition import Part, Partition
+    from cudnn_dsl.run.partition import Part, Partition
 
     text = (
         f"graph g {{\n  input {name} : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"

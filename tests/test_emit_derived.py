@@ -1,5 +1,5 @@
 """`cudnn-dsl emit --derived forward|backward`: the graphs `check --emit backward` prints, ejected in every
-format emit writes. The torch scripts, run on the CPU, give the gradients cudnn_dsl.autograd gives; the
+format emit writes. The torch scripts, run on the CPU, give the gradients cudnn_dsl.torch_op.autograd gives; the
 cuDNN scripts are compiled and their module bodies run (building them needs a GPU: tests/gpu)."""
 
 import ast
@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudnn_dsl.autograd import differentiable
-from cudnn_dsl.bench import import_script
 from cudnn_dsl.cli.common import derive
-from cudnn_dsl.tensors import empty, generate_inputs
+from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.target.memory import empty
+from cudnn_dsl.torch_op.autograd import differentiable
+from cudnn_dsl.tune.bench import import_script
 from dsl.pipeline import program
 from tests.cli_util import run_cli
 
@@ -85,7 +86,7 @@ def test_the_ejected_torch_forward_and_backward_give_autograds_gradients(case, t
     inputs = generate_inputs(g, inst, "cpu", 3)
     torch.manual_seed(4)
     grads = {v.name: empty(inst.type(v.name), "cpu").copy_(torch.randn(inst.type(v.name).shape)) for v in g.outputs}
-    # cudnn_dsl.autograd without a GPU: the derived graphs' references, under torch.autograd
+    # cudnn_dsl.torch_op.autograd without a GPU: the derived graphs' references, under torch.autograd
     f = differentiable(str(source))
     leaves = {k: t.clone().requires_grad_(True) for k, t in inputs.items()}
     outs = f(leaves)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dsl.parser import MAX_SOURCE_BYTES, MAX_STATEMENT_TOKENS
 from dsl.pipeline import load
+from dsl.syntax.parser import MAX_SOURCE_BYTES, MAX_STATEMENT_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from dsl.pipeline import load, program
-from dsl.printer import dump_ir
+from dsl.syntax.printer import dump_ir
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -47,7 +47,7 @@ def test_example_ir_dump(path, update_goldens):
 def test_example_lowering(path, update_goldens):
     """What is sent to cuDNN, as the ejected script shows it (no cuDNN needed: emit lowers against a
     recorder); a change to any frontend call shows in review. Dynamic graphs: their first shape."""
-    from cudnn_dsl.emit import emit_cudnn
+    from cudnn_dsl.interop.emit import emit_cudnn
 
     graphs = program(path, file=_rel(path)).graphs
     text = "".join(emit_cudnn(g, g.instances[0]) for g in graphs)
@@ -67,7 +67,7 @@ def test_there_are_at_least_40_bad_inputs():
 
 
 def test_the_parser_tables_are_generated_from_the_grammar():
-    """dsl/grammar_tables.json must match dsl/grammar.lark (regenerate: python -m dsl.parser)."""
+    """dsl/grammar_tables.json must match dsl/grammar.lark (regenerate: python -m dsl.syntax.parser)."""
     import hashlib
     import json
 
@@ -76,8 +76,8 @@ def test_the_parser_tables_are_generated_from_the_grammar():
 
 
 def _coverage(what: str) -> str:
-    from cudnn_dsl import coverage
-    from cudnn_dsl.backend import load_cudnn
+    from cudnn_dsl.interop import coverage
+    from cudnn_dsl.target.library import load_cudnn
 
     pygraph = load_cudnn().pygraph
     if what == "table":
@@ -104,7 +104,7 @@ def test_the_language_reference_tables_come_from_the_registries(doc_name, block,
     own text (one place per fact)."""
     import re
 
-    from dsl.printer import inits_table, ops_tables, options_table
+    from dsl.syntax.printer import inits_table, ops_tables, options_table
 
     doc = ROOT / doc_name
     text = doc.read_text()

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from cli_util import run_cli
 
-from cudnn_dsl.fe_import import IMPORTED, NOT_CARRIED, NOT_IMPORTED, to_cdg, verify
+from cudnn_dsl.interop.fe_import import IMPORTED, NOT_CARRIED, NOT_IMPORTED, to_cdg, verify
 from dsl.ops import OPS
-from dsl.parser import parse
 from dsl.pipeline import program
-from dsl.printer import fmt_module
+from dsl.syntax.parser import parse
+from dsl.syntax.printer import fmt_module
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.cdg"))
@@ -29,10 +29,10 @@ SAME_KIND = {"const": "scalar"}
 
 
 def test_every_registry_op_is_imported_or_says_why_not():
-    """Whoever adds an op to dsl/ops.py adds the frontend node it comes from to cudnn_dsl/fe_import.py
+    """Whoever adds an op to dsl/ops.py adds the frontend node it comes from to cudnn_dsl/interop/fe_import.py
     (NODES, POINTWISE, REDUCTION and IMPORTED), or says in NOT_IMPORTED why none does."""
     missing = sorted(set(OPS) - set(IMPORTED) - set(NOT_IMPORTED))
-    assert not missing, f"no import mapping (cudnn_dsl/fe_import.py) for {missing}"
+    assert not missing, f"no import mapping (cudnn_dsl/interop/fe_import.py) for {missing}"
     assert not set(IMPORTED) & set(NOT_IMPORTED)
     assert set(IMPORTED) | set(NOT_IMPORTED) <= set(OPS), "a mapping names an op the registry does not have"
     assert all(why for why in NOT_IMPORTED.values())
@@ -66,14 +66,14 @@ def test_every_attribute_and_optional_input_is_in_a_case():
 
 
 def test_every_reduction_mode_is_imported():
-    from cudnn_dsl.fe_import import REDUCTION
+    from cudnn_dsl.interop.fe_import import REDUCTION
     from dsl.ops import REDUCTION_MODES
 
     assert sorted(REDUCTION.values()) == sorted(REDUCTION_MODES)
 
 
 def test_frontend_names_become_names_the_grammar_takes():
-    from cudnn_dsl.fe_import import ident
+    from cudnn_dsl.interop.fe_import import ident
 
     grammar = (ROOT / "dsl" / "grammar.lark").read_text()
     keywords = set(re.findall(r'"([a-z]+)"', grammar)) | {"io", "intermediate", "compute"}
@@ -97,7 +97,7 @@ def _cases():
 
 @pytest.fixture(scope="module")
 def h200():
-    from cudnn_dsl.backend import Target, load_cudnn
+    from cudnn_dsl.target.library import Target, load_cudnn
 
     load_cudnn()
     return Target.named("h200")
@@ -158,8 +158,8 @@ def test_emit_fe_json_then_import_is_the_same_graph(path, graph_name, binding, h
     op with its canonical attributes and compute type, the frontend calls, and the JSON itself. What it does not
     (NOT_CARRIED: buffers and views, in-place outputs, range dims, init=, options) is dropped: the imported graph
     has none, and is the original at this one shape with views as plain inputs."""
-    from cudnn_dsl.build import frontend_json
-    from cudnn_dsl.emit import emit_cudnn
+    from cudnn_dsl.interop.emit import emit_cudnn
+    from cudnn_dsl.interop.fe_export import frontend_json
 
     g = program(path).graph(graph_name)
     inst = g.instance(dict(binding))
@@ -283,7 +283,7 @@ def test_version_1_json_keys_tensors_by_name():
 
 @pytest.fixture(scope="module")
 def mm_json(h200):
-    from cudnn_dsl.build import frontend_json
+    from cudnn_dsl.interop.fe_export import frontend_json
 
     g = program(ROOT / "examples" / "matmul_epilogue.cdg").graphs[0]
     return frontend_json(g, g.instances[0], h200)
@@ -373,7 +373,7 @@ def test_a_setting_the_language_lacks_is_an_error(tmp_path, mm_json):
     ],
 )
 def test_a_setting_of_a_new_node_the_language_lacks_is_an_error(tmp_path, h200, case, edit, words):
-    from cudnn_dsl.build import frontend_json
+    from cudnn_dsl.interop.fe_export import frontend_json
 
     op, i = case.split("-")
     text, unplanned = (CASES[op][int(i)], False) if isinstance(CASES[op][int(i)], str) else CASES[op][int(i)]
@@ -402,7 +402,7 @@ def test_a_scalar_without_its_value_asks_for_it(tmp_path, mm_json):
 
 
 def test_an_epsilon_bound_at_launch_is_asked_for(tmp_path, h200):
-    from cudnn_dsl.build import frontend_json
+    from cudnn_dsl.interop.fe_export import frontend_json
 
     g = program(ROOT / "examples" / "layernorm.cdg").graph("rmsnorm")
     j = json.loads(frontend_json(g, g.instances[0], h200))
@@ -787,7 +787,7 @@ def _op_cases():
 
 @pytest.mark.parametrize("op,text,unplanned", list(_op_cases()))
 def test_every_imported_op_round_trips_through_the_frontend(op, text, unplanned, h200):
-    from cudnn_dsl.build import frontend_json
+    from cudnn_dsl.interop.fe_export import frontend_json
 
     assert text is not None, f"add a graph using {op} to CASES in tests/test_import.py"
     g = program(text=text, file=f"{op}.cdg").graphs[0]
@@ -803,7 +803,7 @@ def test_every_imported_op_round_trips_through_the_frontend(op, text, unplanned,
 def test_a_rank_2_graph_comes_back_rank_3(h200):
     """cuDNN gets unit dims in front of rank 1 and 2 tensors (lower.py MIN_RANK), so its JSON and the import are
     rank 3, axes counted in rank 3; the imported graph is the same cuDNN graph."""
-    from cudnn_dsl.build import frontend_json
+    from cudnn_dsl.interop.fe_export import frontend_json
 
     text = _graph("  input a : half[64, 32]\n  output y : float = reduction(relu(a), mode=sum, axes=[1])")
     g = program(text=text, file="r2.cdg").graphs[0]

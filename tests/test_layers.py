@@ -9,7 +9,7 @@ from dsl.ops import OPS
 
 def test_dsl_imports_neither_torch_nor_cudnn():
     code = (
-        "import sys; import dsl.parser, dsl.check, dsl.printer, dsl.ops, dsl.ir, dsl.types, dsl.pipeline; "
+        "import sys; import dsl.syntax.parser, dsl.check, dsl.syntax.printer, dsl.ops, dsl.ir, dsl.pipeline; "
         "from dsl.pipeline import program; "
         "program(text='graph g {\\n input x : half[2]\\n output y = relu(x)\\n}\\n'); "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'cudnn', 'cudnn_dsl', 'numpy')]; "
@@ -67,7 +67,7 @@ FRONTEND_INTERNALS = {
     "_plans",
     "_execute_with_raw_ptrs",
 }
-#: Lark's loader of serialized tables (what its own standalone parsers call): dsl.parser._lark
+#: Lark's loader of serialized tables (what its own standalone parsers call): dsl.syntax.parser._lark
 LARK_INTERNALS = {"_load_from_dict"}
 
 
@@ -126,11 +126,54 @@ def test_no_module_reads_another_modules_private_names():
                 assert owner in ("self", "cls") or node.attr in allowed, f"{m}: .{node.attr}"
 
 
-def test_only_the_build_module_drives_cudnns_build_steps():
+def test_only_the_build_package_drives_cudnns_build_steps():
     for m, tree in _trees().items():
         calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
-        if m != "cudnn_dsl.build":
+        if _package(m) != "cudnn_dsl.build":
             assert not calls & BUILD_STEPS, f"{m} calls {calls & BUILD_STEPS}"
+
+
+#: the packages of cudnn_dsl, ground floor first: a module imports only from its own package and the floors
+#: below (at module level or inside a function alike). The language is the ground under all of them.
+FLOORS = (
+    ("dsl",),
+    ("cudnn_dsl.store",),
+    ("cudnn_dsl.target",),
+    ("cudnn_dsl.ops",),
+    ("cudnn_dsl.build",),
+    ("cudnn_dsl.run",),
+    ("cudnn_dsl.interop",),
+    ("cudnn_dsl.tune", "cudnn_dsl.debug"),
+    ("cudnn_dsl.api",),
+    ("cudnn_dsl.torch_op",),
+    ("cudnn_dsl",),
+    ("cudnn_dsl.cli",),
+    ("cudnn_dsl.__main__",),
+)
+def _package(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "dsl":
+        return "dsl"
+    return ".".join(parts[:2])
+
+
+def _floor(package: str) -> int:
+    return next(i for i, floor in enumerate(FLOORS) if package in floor)
+
+
+def test_every_module_is_in_a_package_of_a_floor():
+    assert {_package(m) for m in MODULES} == {p for floor in FLOORS for p in floor}
+
+
+def test_packages_import_only_their_own_and_the_floors_below():
+    up = []
+    for m, tree in _trees().items():
+        here = _package(m)
+        for d in _imports(m, tree):
+            there = _package(d)
+            if there != here and _floor(there) >= _floor(here):
+                up.append(f"{m} -> {d}")
+    assert not up, "imports that reach up or sideways: " + ", ".join(up)
 
 
 def test_only_the_cli_entry_point_turns_exceptions_into_exit_codes():

@@ -4,14 +4,14 @@ the checker's proofs, the binding checks, the reference, the store digest and th
 import pytest
 import torch
 
-from cudnn_dsl.emit import emit_cudnn, emit_torch
-from cudnn_dsl.reference import run_reference
-from cudnn_dsl.store import graph_digest
-from cudnn_dsl.tensors import BindingError, check_inputs, generate_inputs, snapshot, with_views
+from cudnn_dsl.interop.emit import emit_cudnn, emit_torch
+from cudnn_dsl.run.buffers import BindingError, check_inputs, generate_inputs, snapshot, with_views
+from cudnn_dsl.run.reference import run_reference
+from cudnn_dsl.store.plans import graph_digest
 from dsl.diagnostics import DslError
-from dsl.parser import parse
 from dsl.pipeline import load, program
-from dsl.printer import fmt_module
+from dsl.syntax.parser import parse
+from dsl.syntax.printer import fmt_module
 
 # [B, S, 3, H, D] = [2, 8, 3, 2, 16]: Q, K, V as [B, H, S, D] views at 0, H*D and 2*H*D
 PACKED = """graph p {
@@ -236,7 +236,7 @@ def test_the_ejected_scripts_bind_the_views_as_run_does():
 
 
 def test_a_dump_holds_the_buffer_and_reruns_on_it(tmp_path):
-    from cudnn_dsl import dump
+    from cudnn_dsl.debug import dump
 
     src = tmp_path / "p.cdg"
     src.write_text(PACKED)
@@ -252,7 +252,8 @@ def test_a_dump_holds_the_buffer_and_reruns_on_it(tmp_path):
 
 
 def test_a_dump_that_cannot_eject_its_scripts_writes_nothing(tmp_path, monkeypatch):
-    from cudnn_dsl import dump, emit
+    from cudnn_dsl.debug import dump
+    from cudnn_dsl.interop import emit
 
     src = tmp_path / "p.cdg"
     src.write_text(PACKED)

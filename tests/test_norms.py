@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cudnn_dsl.reference import run_reference
-from cudnn_dsl.tensors import generate_inputs
+from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.run.reference import run_reference
 from dsl.diagnostics import DslError
 from dsl.pipeline import program
 
@@ -317,14 +317,14 @@ PLANNED = {
 
 @pytest.fixture(scope="module")
 def h200():
-    from cudnn_dsl.backend import Target, load_cudnn
+    from cudnn_dsl.target.library import Target, load_cudnn
 
     load_cudnn()
     return Target.named("h200")
 
 
 def _plan(body: str, h200):
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
 
     g = program(text=graph_text(body), file="n.cdg").graphs[0]
     return plan_deviceless(g, g.instances[0], g.options, h200)

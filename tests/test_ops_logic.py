@@ -4,10 +4,10 @@ reference against torch written out by hand, and what the lowering sends to cuDN
 import pytest
 import torch
 
-from cudnn_dsl.bits import unpack_bits
-from cudnn_dsl.emit import emit_cudnn
-from cudnn_dsl.reference import run_reference
-from cudnn_dsl.tensors import compare, generate_inputs
+from cudnn_dsl.interop.emit import emit_cudnn
+from cudnn_dsl.run.buffers import compare, generate_inputs
+from cudnn_dsl.run.reference import run_reference
+from cudnn_dsl.target.bits import unpack_bits
 from dsl.pipeline import load, program
 
 
@@ -213,7 +213,7 @@ def test_lowering_passes_what_the_frontend_takes():
 
 
 def test_a_bool_input_bound_a_byte_per_element_is_refused_with_the_fix():
-    from cudnn_dsl.tensors import BindingError, check_inputs
+    from cudnn_dsl.run.buffers import BindingError, check_inputs
 
     g = program(
         text=graph("  input x : float[3, 16]\n  input m : bool[3, 16]\n  output s = binary_select(x, x, m)")
@@ -225,8 +225,8 @@ def test_a_bool_input_bound_a_byte_per_element_is_refused_with_the_fix():
 
 
 def test_a_bool_input_file_is_read_by_its_size_one_byte_per_element_or_packed():
-    from cudnn_dsl.bits import pack_bits
-    from cudnn_dsl.tensors import BindingError, converted
+    from cudnn_dsl.run.buffers import BindingError, converted
+    from cudnn_dsl.target.bits import pack_bits
     from dsl.types import TensorType
 
     want = TensorType("bool", (3, 16), (16, 1))

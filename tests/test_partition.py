@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from cudnn_dsl.backend import Target
-from cudnn_dsl.partition import plan_for_target
+from cudnn_dsl.run.partition import plan_for_target
+from cudnn_dsl.target.library import Target
 from dsl.diagnostics import DslError
 from dsl.pipeline import program
 from dsl.subgraph import subgraph
@@ -111,7 +111,7 @@ VIEWED = (
 
 
 def test_a_part_keeps_the_buffers_its_views_read_and_binds_an_output_in_place_as_a_plain_output():
-    from cudnn_dsl.store import graph_digest
+    from cudnn_dsl.store.plans import graph_digest
 
     g = program(text=VIEWED, file="v.cdg").graphs[0]
     inst = g.instances[0]
@@ -124,8 +124,8 @@ def test_a_part_keeps_the_buffers_its_views_read_and_binds_an_output_in_place_as
 
 def _overwrite_then_read():
     """A graph whose first part (on torch) writes y over input a, which the second part reads."""
-    from cudnn_dsl.partition import Part, Partition
-    from cudnn_dsl.staged import Staged
+    from cudnn_dsl.run.partition import Part, Partition
+    from cudnn_dsl.run.parts import Staged
 
     text = (
         "graph g {\n  input a : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
@@ -139,7 +139,7 @@ def _overwrite_then_read():
 def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_it():
     import torch
 
-    from cudnn_dsl.reference import run_reference
+    from cudnn_dsl.run.reference import run_reference
 
     g, inst, staged = _overwrite_then_read()
     a, b = torch.randn(1, 8, 8), torch.randn(1, 8, 8)
@@ -166,17 +166,18 @@ def test_a_part_materializes_all_of_an_ops_statistics_when_a_later_part_reads_on
     assert [v.name for v in first.outputs] == ["y", "mean", "inv_variance"]  # cuDNN wants the two alike
     _, partition = plan_for_target(g, g.instances[0], g.options, h200)
     assert partition.parts[0].graph is not None  # the norm was a torch fallback
-    # gelu(y) and mean * 2.0 share no value made in the graph: a part each (cudnn_dsl/defects.py)
+    # gelu(y) and mean * 2.0 share no value made in the graph: a part each (cudnn_dsl/target/quirks.py)
     assert [(p.first, p.end) for p in partition.parts] == [(0, 1), (1, 2), (2, 3)]
 
 
 def test_a_torch_fallback_reads_a_view_off_its_buffer():
     import torch
 
-    from cudnn_dsl.partition import Part, Partition
-    from cudnn_dsl.reference import run_reference
-    from cudnn_dsl.staged import Staged
-    from cudnn_dsl.tensors import empty, generate_inputs
+    from cudnn_dsl.run.buffers import generate_inputs
+    from cudnn_dsl.run.partition import Part, Partition
+    from cudnn_dsl.run.parts import Staged
+    from cudnn_dsl.run.reference import run_reference
+    from cudnn_dsl.target.memory import empty
 
     text = (
         "graph v {\n  buffer buf : float[2, 4, 8]\n  input x : float[1, 4, 8] in buf at 32\n  output y = relu(x)\n}\n"
@@ -212,7 +213,7 @@ def test_check_refuses_an_empty_target_and_two_targets(flags, words):
 def test_a_bound_split_graph_is_bound_once_and_each_run_reads_the_inputs_as_they_are_then():
     import torch
 
-    from cudnn_dsl.reference import run_reference
+    from cudnn_dsl.run.reference import run_reference
 
     g, inst, staged = _overwrite_then_read()
     a, b = torch.randn(1, 8, 8), torch.randn(1, 8, 8)
@@ -225,7 +226,7 @@ def test_a_bound_split_graph_is_bound_once_and_each_run_reads_the_inputs_as_they
 
 
 def test_forced_cut_points_make_the_parts_and_bad_ones_are_refused(h200):
-    from cudnn_dsl.partition import cut_label, deviceless_accepts, split_at
+    from cudnn_dsl.run.partition import cut_label, deviceless_accepts, split_at
 
     g = program("examples/residual_block.cdg").graphs[0]
     inst = g.instances[0]
@@ -241,7 +242,7 @@ def test_forced_cut_points_make_the_parts_and_bad_ones_are_refused(h200):
 
 
 def test_the_anchor_alone_then_the_fewest_parts_of_the_epilogue(h200):
-    from cudnn_dsl.partition import ANCHOR, deviceless_accepts, find_partition
+    from cudnn_dsl.run.partition import ANCHOR, deviceless_accepts, find_partition
 
     g = program("examples/matmul_epilogue.cdg").graphs[0]
     p = find_partition(g, g.instances[0], deviceless_accepts(g.options, h200), "", True, first=ANCHOR)
@@ -250,8 +251,8 @@ def test_the_anchor_alone_then_the_fewest_parts_of_the_epilogue(h200):
 
 
 def test_the_reason_a_tuned_partition_gives():
-    from cudnn_dsl.partition import tuned_why
-    from cudnn_dsl.store import PartitionChoice
+    from cudnn_dsl.run.partition import tuned_why
+    from cudnn_dsl.store.plans import PartitionChoice
 
     g = program("examples/residual_block.cdg").graphs[0]
     why = tuned_why(g, PartitionChoice((1,), {"whole": 24.3, "1": 18.1, "9": 1.0}))  # 9: not in this graph

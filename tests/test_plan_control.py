@@ -15,7 +15,7 @@ MATMUL = ROOT / "examples" / "plan_serialization.cdg"
 
 @pytest.fixture(scope="module")
 def h200():
-    from cudnn_dsl.backend import Target
+    from cudnn_dsl.target.library import Target
 
     return Target.named("h200")
 
@@ -27,7 +27,7 @@ def mm():
 
 
 def _engines(low) -> set[int]:
-    from cudnn_dsl.build import engine_of
+    from cudnn_dsl.build.planner import engine_of
 
     return {engine_of(low, i) for i in (low.allowed if low.allowed is not None else range(low.plan_count))}
 
@@ -71,7 +71,7 @@ def test_a_bad_constraint_in_the_file_is_located():
 
 
 def test_the_plan_store_key_reflects_the_constraints():
-    from cudnn_dsl.store import Entry, PlanKey
+    from cudnn_dsl.store.plans import Entry, PlanKey
 
     plain = PlanKey("0" * 64, "NVIDIA H200", "9.0", 92800, "1.32.0")
     det = PlanKey("0" * 64, "NVIDIA H200", "9.0", 92800, "1.32.0", "deterministic")
@@ -85,7 +85,7 @@ def test_the_plan_store_key_reflects_the_constraints():
 
 
 def test_excluded_engines_leave_the_others(mm, h200):
-    from cudnn_dsl.build import engine_of, first_plan_name, plan_deviceless
+    from cudnn_dsl.build.planner import engine_of, first_plan_name, plan_deviceless
 
     g, inst = mm
     free = plan_deviceless(g, inst, g.options, h200)
@@ -96,7 +96,7 @@ def test_excluded_engines_leave_the_others(mm, h200):
 
 
 def test_constraints_that_leave_no_plan_are_a_located_error(mm, h200):
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
     from dsl.diagnostics import DslError
 
     g, inst = mm
@@ -118,7 +118,7 @@ def test_constraints_that_leave_no_plan_are_a_located_error(mm, h200):
 
 def test_no_runtime_compilation_filters_by_cudnns_behaviour_notes(mm, h200):
     """Every plan cuDNN offers this matmul on an H200 compiles at run time (its notes say so): none is left."""
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
     from dsl.diagnostics import DslError
 
     g, inst = mm
@@ -138,7 +138,7 @@ def test_no_runtime_compilation_filters_by_cudnns_behaviour_notes(mm, h200):
 
 
 def test_deterministic_keeps_plans_cudnn_does_not_mark_nondeterministic(mm, h200):
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
 
     g, inst = mm
     low = plan_deviceless(g, inst, g.options.with_values({"deterministic": True}), h200)
@@ -149,7 +149,7 @@ def test_deterministic_keeps_plans_cudnn_does_not_mark_nondeterministic(mm, h200
 
 
 def test_plan_names_parse_as_cudnn_prints_them():
-    from cudnn_dsl.build import PlanSpec
+    from cudnn_dsl.build.planner import PlanSpec
 
     s = PlanSpec.parse("eng4_k17=2_k24=43")
     assert (s.engine, s.knobs, s.named) == (4, {"SPLIT_K_SLC": 2, "KERNEL_CFG": 43}, True)
@@ -167,7 +167,7 @@ def test_knob_numbers_are_the_ones_cudnn_names_plans_by(mm, h200):
     """The table from knob names to the numbers in plan names, checked against cuDNN's own names."""
     import cudnn
 
-    from cudnn_dsl.build import KNOB_NUMBERS, PlanSpec, plan_deviceless
+    from cudnn_dsl.build.planner import KNOB_NUMBERS, PlanSpec, plan_deviceless
 
     assert set(KNOB_NUMBERS) <= set(cudnn.knob_type.__members__)
     g, inst = mm
@@ -183,7 +183,7 @@ def test_knob_numbers_are_the_ones_cudnn_names_plans_by(mm, h200):
 
 
 def test_a_pinned_plan_is_built_whether_the_heuristics_offer_it_or_not(mm, h200):
-    from cudnn_dsl.build import PlanSpec, first_plan_name, plan_deviceless
+    from cudnn_dsl.build.planner import PlanSpec, first_plan_name, plan_deviceless
 
     g, inst = mm
     free = plan_deviceless(g, inst, g.options, h200)
@@ -200,7 +200,7 @@ def test_a_pinned_plan_is_built_whether_the_heuristics_offer_it_or_not(mm, h200)
 
 
 def test_a_plan_cudnn_does_not_offer_is_refused_with_the_names_it_does(mm, h200):
-    from cudnn_dsl.build import PlanSpec, plan_deviceless
+    from cudnn_dsl.build.planner import PlanSpec, plan_deviceless
     from dsl.diagnostics import DslError
 
     g, inst = mm
@@ -233,8 +233,8 @@ def test_check_target_takes_the_constraint_and_plan_flags():
 
 @pytest.mark.parametrize("name", ["matmul_epilogue", "conv_bias_relu", "layernorm"])
 def test_each_op_alone_is_a_graph_cudnn_plans_or_declines_at_that_op(name, h200):
-    from cudnn_dsl.build import plan_deviceless
-    from cudnn_dsl.isolate import single_op_graphs
+    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.debug.isolate import single_op_graphs
     from dsl.diagnostics import DslError
 
     g = program(ROOT / "examples" / f"{name}.cdg").graphs[0]
@@ -257,9 +257,9 @@ def test_an_op_alone_on_the_reference_inputs_gives_the_references_output():
     """On the CPU: each single-op graph's reference, fed the whole reference's values, is the whole reference's."""
     import torch
 
-    from cudnn_dsl.isolate import single_op_graphs
-    from cudnn_dsl.reference import run_reference
-    from cudnn_dsl.tensors import generate_inputs
+    from cudnn_dsl.debug.isolate import single_op_graphs
+    from cudnn_dsl.run.buffers import generate_inputs
+    from cudnn_dsl.run.reference import run_reference
 
     g = program(ROOT / "examples" / "layernorm.cdg").graphs[0]
     inst = g.instances[0]
@@ -273,7 +273,7 @@ def test_an_op_alone_on_the_reference_inputs_gives_the_references_output():
 
 
 def test_the_ejected_cudnn_script_applies_the_constraints_as_run_does():
-    from cudnn_dsl.emit import emit_cudnn
+    from cudnn_dsl.interop.emit import emit_cudnn
 
     g = program(MATMUL).graphs[0]
     plain = emit_cudnn(g, g.instances[0])

@@ -4,14 +4,15 @@ import pytest
 import torch
 from cli_util import run_cli
 
-from cudnn_dsl import portable, tensors
-from cudnn_dsl.reference import run_reference
-from cudnn_dsl.tensors import compare_outputs, draw_input, generate_inputs, input_inits, rounded_values
+from cudnn_dsl.run import buffers as tensors
+from cudnn_dsl.run.buffers import compare_outputs, draw_input, generate_inputs, input_inits, rounded_values
+from cudnn_dsl.run.reference import run_reference
+from cudnn_dsl.target import portable
 from dsl.inits import parse
 from dsl.options import Options
-from dsl.parser import parse as parse_cdg
 from dsl.pipeline import load, program
-from dsl.printer import fmt_module
+from dsl.syntax.parser import parse as parse_cdg
+from dsl.syntax.printer import fmt_module
 from dsl.types import TensorType
 
 ADD_LN = """graph add_layernorm {
@@ -40,7 +41,7 @@ def _errors(text: str) -> str:
 
 
 def test_a_named_intermediate_takes_its_declared_dtype_and_the_lowering_stamps_it():
-    from cudnn_dsl.emit import emit_cudnn
+    from cudnn_dsl.interop.emit import emit_cudnn
 
     g, inst = _graph(ADD_LN.replace("  output h\n", ""))
     assert g.value("h").kind == "virtual" and inst.type("h").dtype == "bf16"

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from dsl.check import check
 from dsl.diagnostics import DslError, Sink
-from dsl.parser import parse
-from dsl.printer import fmt_module
+from dsl.syntax.parser import parse
+from dsl.syntax.printer import fmt_module
 
 EXAMPLES = {p.name: p.read_text() for p in sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.cdg"))}
 TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+\.?\d*(?:[eE][+-]?\d+)?|#[^\n]*|\n|\S")

@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 
 import cudnn_dsl
-from cudnn_dsl.tensors import BindingError
+from cudnn_dsl.run.buffers import BindingError
 from dsl.diagnostics import DslError
 from dsl.ir import NotFound
 from dsl.pipeline import program
-from dsl.printer import summary
+from dsl.syntax.printer import summary
 from tests.cli_util import run_cli
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "serve_matmul.cdg"

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from cudnn_dsl.reference import run_reference
-from cudnn_dsl.tensors import BindingError, check_binding, compare, generate_inputs
+from cudnn_dsl.run.buffers import BindingError, check_binding, compare, generate_inputs
+from cudnn_dsl.run.reference import run_reference
 from dsl.diagnostics import DslError
 from dsl.pipeline import program
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudnn_dsl.reference import drawn_values, run_reference
-from cudnn_dsl.store import graph_digest
-from cudnn_dsl.tensors import generate_inputs
+from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.run.reference import drawn_values, run_reference
+from cudnn_dsl.store.plans import graph_digest
 from dsl.diagnostics import DslError
 from dsl.pipeline import program
-from dsl.printer import dump_ir
+from dsl.syntax.printer import dump_ir
 
 DECLS = {
     "q": "half[2, 4, 5, 8]",
@@ -280,7 +280,7 @@ def test_dropout_mask_and_scale_by_hand():
 
 
 def test_the_compare_skips_only_the_padded_query_rows_of_o():
-    from cudnn_dsl.tensors import compare_outputs
+    from cudnn_dsl.run.buffers import compare_outputs
 
     g = graph("sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, stats=true)", stats=True)
     inst = g.instances[0]
@@ -311,8 +311,8 @@ PLANNED = {
 
 
 def planned(call: str):
-    from cudnn_dsl.backend import Target
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.target.library import Target
 
     used = [n for n in PLANNED if n in "qkv" or f"={n}" in call or f" {n}," in call]
     decls = "".join(f"  input {n} : {PLANNED[n]}\n" for n in used)
@@ -408,8 +408,8 @@ def test_a_bad_paged_sdpa_is_refused(text_, words):
 
 
 def test_h200_plans_paged_caches():
-    from cudnn_dsl.backend import Target
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.target.library import Target
 
     text_ = PAGED.format(n=64, block=64, pages=8, extra=", causal=true, stats=true").replace("float[", "bf16[")
     text_ = text_.replace("8]", "128]").replace("16]", "128]").replace("[2, 4, 5,", "[2, 8, 256,")
@@ -454,7 +454,7 @@ def test_generated_ragged_offsets_pack_the_sequences_back_to_back():
 def test_run_packs_the_offsets_of_lengths_given_by_input(tmp_path):
     """`run --input lq=FILE`: the offsets pack the given lengths, not the drawn ones the file replaced (longer
     given sequences overran the packed room, the last one past the end of the buffers)."""
-    from cudnn_dsl import dump
+    from cudnn_dsl.debug import dump
     from tests.cli_util import run_cli
 
     f = tmp_path / "r.cdg"
@@ -472,7 +472,7 @@ def test_run_packs_the_offsets_of_lengths_given_by_input(tmp_path):
 
 
 def test_one_offset_input_packs_only_tensors_of_equal_rows():
-    from cudnn_dsl.tensors import BindingError
+    from cudnn_dsl.run.buffers import BindingError
 
     text_ = RAGGED.format(dt="float", extra="").replace("ragged_o=ro", "ragged_o=rv").replace("  input ro", "#")
     g = program(text=text_, file="r.cdg").graphs[0]  # v's rows hold 4 elements, o's 2 heads of 4
@@ -571,8 +571,8 @@ def test_ragged_paged_keys_are_refused():
 
 @pytest.mark.parametrize("stats", [False, True])
 def test_h200_plans_ragged_attention(stats):
-    from cudnn_dsl.backend import Target
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.target.library import Target
 
     path = Path(__file__).parent.parent / "examples" / "sdpa_ragged.cdg"
     text_ = path.read_text()
@@ -634,8 +634,8 @@ def test_a_bad_fp8_attention_is_refused(dt, sc, words):
 
 
 def test_h200_plans_fp8_attention():
-    from cudnn_dsl.backend import Target
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.target.library import Target
 
     text_ = FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra=", causal=true")
     text_ = text_.replace("[1, 2, 6, 16]", "[2, 8, 256, 128]").replace("[1, 1, 9, 16]", "[2, 8, 256, 128]")
@@ -645,8 +645,8 @@ def test_h200_plans_fp8_attention():
 
 
 def test_h200_refuses_fp8_attention_with_a_bf16_o_at_the_op():
-    from cudnn_dsl.backend import Target
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.target.library import Target
 
     text_ = FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra="").replace("output o : float", "output o : bf16")
     g = program(text=text_.replace("[1, 1, 9, 8]", "[1, 1, 9, 16]"), file="f.cdg").graphs[0]
@@ -671,7 +671,7 @@ def test_seeded_dropout_returns_the_mask_cuDNN_draws_last():
 
 
 def test_the_seeded_reference_is_the_mask_form_with_cudnn_s_mask():
-    from cudnn_dsl.reference import NeedsDevice
+    from cudnn_dsl.run.reference import NeedsDevice
 
     p = 0.25
     call = f"sdpa(q, k, v, dropout_probability={p}, {SEEDED}, stats=true)"
@@ -689,7 +689,7 @@ def test_the_seeded_reference_is_the_mask_form_with_cudnn_s_mask():
 
 @pytest.fixture(scope="module")
 def h200():
-    from cudnn_dsl.backend import Target, load_cudnn
+    from cudnn_dsl.target.library import Target, load_cudnn
 
     load_cudnn()
     return Target.named("h200")
@@ -697,7 +697,7 @@ def h200():
 
 @pytest.mark.parametrize("stats", [False, True])
 def test_cudnn_9_28_plans_seeded_dropout_for_an_h200_with_the_mask_in_scratch_memory(stats, h200):
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
 
     extra = ", stats=true" if stats else ""
     g = graph(f"sdpa(q, k, v, dropout_probability=0.1, {SEEDED}{extra})", dtype="bf16", stats=stats)
@@ -707,7 +707,7 @@ def test_cudnn_9_28_plans_seeded_dropout_for_an_h200_with_the_mask_in_scratch_me
 
 
 def test_a_mask_the_graph_outputs_is_no_scratch(h200):
-    from cudnn_dsl.build import plan_deviceless
+    from cudnn_dsl.build.planner import plan_deviceless
 
     src = text(f"sdpa(q, k, v, dropout_probability=0.1, {SEEDED})", dtype="bf16")
     src = src.replace("  output o = sdpa", "  o, m = sdpa").replace("}\n", "  output o\n  output m\n}\n")

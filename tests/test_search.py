@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudnn_dsl.build import KnobRange
-from cudnn_dsl.search import configurations, space_size
+from cudnn_dsl.build.planner import KnobRange
+from cudnn_dsl.tune.exhaustive import configurations, space_size
 from dsl.pipeline import program
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,22 +31,22 @@ def test_the_order_is_engines_in_turn_nearest_the_least_values_first():
 
 @pytest.fixture(scope="module")
 def h200():
-    from cudnn_dsl.backend import Target
+    from cudnn_dsl.target.library import Target
 
     return Target.named("h200")
 
 
 @pytest.fixture(scope="module")
 def explored(h200):
-    from cudnn_dsl.search import search_deviceless
+    from cudnn_dsl.tune.exhaustive import search_deviceless
 
     g = program(MATMUL).graphs[0]
     return g, search_deviceless(g, g.instances[0], g.options, h200, cap=60)
 
 
 def test_the_space_is_what_cudnn_enumerates(explored):
-    from cudnn_dsl.backend import Target
-    from cudnn_dsl.build import candidates_deviceless, engine_space
+    from cudnn_dsl.build.planner import candidates_deviceless, engine_space
+    from cudnn_dsl.target.library import Target
 
     g, r = explored
     low = candidates_deviceless(g, g.instances[0], g.options, Target.named("h200"))
@@ -61,7 +61,7 @@ def test_the_space_is_what_cudnn_enumerates(explored):
 
 
 def test_a_capped_search_counts_what_cudnn_supports_and_says_it_stopped(explored):
-    from cudnn_dsl.search import report
+    from cudnn_dsl.tune.exhaustive import report
 
     g, r = explored
     assert len(r.tried) == 60 and "cap of 60" in r.stopped
@@ -80,9 +80,9 @@ def test_a_capped_search_counts_what_cudnn_supports_and_says_it_stopped(explored
 
 def test_a_search_goes_on_from_the_record_of_earlier_ones(explored, h200, tmp_path):
     """What one search tried, through the store's record, is skipped by the next, which goes on in order."""
-    from cudnn_dsl.build import Candidates, candidates_deviceless
-    from cudnn_dsl.search import Tried, configurations, search
-    from cudnn_dsl.store import PlanKey, PlanStore, StoreProblem
+    from cudnn_dsl.build.planner import Candidates, candidates_deviceless
+    from cudnn_dsl.store.plans import PlanKey, PlanStore, StoreProblem
+    from cudnn_dsl.tune.exhaustive import Tried, configurations, search
 
     g, first = explored
     store = PlanStore(tmp_path / "plans")
@@ -107,7 +107,7 @@ def test_a_search_goes_on_from_the_record_of_earlier_ones(explored, h200, tmp_pa
 
 
 def test_excluded_engines_are_not_searched(h200):
-    from cudnn_dsl.search import search_deviceless
+    from cudnn_dsl.tune.exhaustive import search_deviceless
 
     g = program(MATMUL).graphs[0]
     opts = g.options.with_values({"exclude_engines": [0, 1, 2, 3]})
@@ -132,7 +132,7 @@ def test_tune_exhaustive_without_a_gpu_asks_cudnn_for_the_target():
 def test_a_search_record_is_checked_like_a_plan_entry_and_cleared_with_the_store(tmp_path):
     import json
 
-    from cudnn_dsl.store import PlanKey, PlanStore, StoreProblem
+    from cudnn_dsl.store.plans import PlanKey, PlanStore, StoreProblem
 
     store = PlanStore(tmp_path / "plans")
     key = PlanKey("0" * 64, "NVIDIA H200", "9.0", 92800, "1.32.0", "deterministic")

@@ -15,8 +15,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-import cudnn_dsl.store as store_mod
-from cudnn_dsl.store import (
+import cudnn_dsl.store.plans as store_mod
+from cudnn_dsl.store.plans import (
     Entry,
     PlanKey,
     PlanStore,
@@ -814,7 +814,7 @@ def test_cli_ls_strips_terminal_escapes_of_imported_entries(tmp_path):
 
 
 def test_a_partition_choice_round_trips_beside_its_key_and_damage_is_a_store_problem(tmp_path):
-    from cudnn_dsl.store import PartitionChoice
+    from cudnn_dsl.store.plans import PartitionChoice
 
     store, k = PlanStore(tmp_path / "plans"), key()
     assert store.get_partition(k) is None

@@ -1,7 +1,7 @@
 """A compiled graph as a torch op, on the CPU: its schema and aliasing, its fake kernel under torch.compile
 (fullgraph=True raises on any graph break) and torch.export, symbolic sizes, and opcheck.
 
-On CPU tensors the op's kernel is the graph's PyTorch reference (cudnn_dsl/torch_op.py says so); these
+On CPU tensors the op's kernel is the graph's PyTorch reference (cudnn_dsl/torch_op/op.py says so); these
 tests check the op's plumbing, not cuDNN: tests/gpu/test_torch_op_gpu.py runs cuDNN."""
 
 from pathlib import Path
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cudnn_dsl
-from cudnn_dsl.tensors import BindingError
+from cudnn_dsl.run.buffers import BindingError
 from dsl.diagnostics import DslError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ class Counting:
 
 
 def test_the_schema_is_the_graphs_inputs_scalars_and_outputs():
-    op = cudnn_dsl.compile(text=SMALL).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=SMALL))
     assert op.schema == "(Tensor x, Tensor w, float alpha=0.5) -> (Tensor, Tensor)"
     assert op.qualname.startswith("cudnn_dsl::small_")
     assert str(op.overload._schema) == f"{op.qualname}{op.schema}"
@@ -86,7 +86,7 @@ def test_the_schema_is_the_graphs_inputs_scalars_and_outputs():
 
 
 def test_an_output_in_place_is_a_mutated_argument_and_the_wrapper_returns_its_memory():
-    op = cudnn_dsl.compile(EMA).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(EMA))
     assert op.schema == "(Tensor(a0!) avg, Tensor w, float rate=0.001) -> ()"
     avg_arg = op.overload._schema.arguments[0]
     assert avg_arg.alias_info.is_write and not op.overload._schema.arguments[1].alias_info
@@ -97,7 +97,7 @@ def test_an_output_in_place_is_a_mutated_argument_and_the_wrapper_returns_its_me
 
 
 def test_a_view_written_in_place_makes_its_buffer_the_mutated_argument():
-    op = cudnn_dsl.compile(text=VIEWS).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=VIEWS))
     assert op.schema == "(Tensor(a0!) table, Tensor s) -> Tensor"
     table, s = torch.arange(64.0).reshape(4, 16), torch.full((1, 4, 8), 2.0)
     before = table.clone()
@@ -110,17 +110,17 @@ def test_a_view_written_in_place_makes_its_buffer_the_mutated_argument():
 
 
 def test_one_graph_compiled_twice_is_one_op_and_another_graph_of_its_name_is_another():
-    a = cudnn_dsl.compile(text=SMALL).as_torch_op()
-    assert cudnn_dsl.compile(text=SMALL).as_torch_op() is a
-    other = cudnn_dsl.compile(text=SMALL.replace("0.25", "0.5")).as_torch_op()
+    a = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=SMALL))
+    assert cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=SMALL)) is a
+    other = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=SMALL.replace("0.25", "0.5")))
     assert other is not a and other.name.startswith("small_")
-    assert cudnn_dsl.compile(text=SMALL, deterministic=True).as_torch_op() is not a
+    assert cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=SMALL, deterministic=True)) is not a
 
 
 def test_bool_outputs_are_the_packed_bytes_the_launch_writes():
     cg = cudnn_dsl.compile(text=SMALL)
     ins = cpu_inputs(cg, {"N": 4})
-    y, m = cg.as_torch_op()(ins["x"], ins["w"])
+    y, m = cudnn_dsl.as_torch_op(cg)(ins["x"], ins["w"])
     want = cg.reference(**ins)
     assert m.dtype == torch.uint8 and m.shape == ((4 * 8 * 32 + 7) // 8,)
     assert torch.equal(cudnn_dsl.unpack_bits(m, (4, 8, 32)), want["m"])
@@ -129,7 +129,7 @@ def test_bool_outputs_are_the_packed_bytes_the_launch_writes():
 
 def test_torch_compile_traces_the_op_whole_without_specializing_a_range_dim():
     x, w, b = serve_inputs(16)
-    module = cudnn_dsl.GraphModule(cudnn_dsl.compile(SERVE).as_torch_op(), w=w, b=b)
+    module = cudnn_dsl.GraphModule(cudnn_dsl.as_torch_op(cudnn_dsl.compile(SERVE)), w=w, b=b)
     model = torch.nn.Sequential(module, torch.nn.GELU())
     backend = Counting()
     compiled = torch.compile(model, fullgraph=True, backend=backend, dynamic=True)
@@ -145,7 +145,7 @@ def test_torch_compile_traces_the_op_whole_without_specializing_a_range_dim():
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_fullgraph_compiles_with_the_stock_backends(backend):
     cg = cudnn_dsl.compile(text=SMALL)
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
 
     def f(x, w):
         y, m = op(x, w, alpha=0.75)
@@ -162,7 +162,7 @@ def test_aot_eager_keeps_an_in_place_write_to_a_module_buffer():
     w = torch.randn(1, 1024, 1024)
     avg = torch.randn(1, 1024, 1024)
     want = avg + (w - avg) * 0.001
-    module = cudnn_dsl.GraphModule(cudnn_dsl.compile(EMA).as_torch_op(), avg=avg.clone())
+    module = cudnn_dsl.GraphModule(cudnn_dsl.as_torch_op(cudnn_dsl.compile(EMA)), avg=avg.clone())
     out = torch.compile(module, fullgraph=True, backend="aot_eager")(w)
     torch.testing.assert_close(module.avg, want)
     torch.testing.assert_close(out, want)
@@ -170,7 +170,7 @@ def test_aot_eager_keeps_an_in_place_write_to_a_module_buffer():
 
 def test_torch_export_exports_the_op_with_a_symbolic_token_count():
     x, w, b = serve_inputs(32)
-    module = cudnn_dsl.GraphModule(cudnn_dsl.compile(SERVE).as_torch_op(), w=w, b=b)
+    module = cudnn_dsl.GraphModule(cudnn_dsl.as_torch_op(cudnn_dsl.compile(SERVE)), w=w, b=b)
     ep = torch.export.export(module, (x,), dynamic_shapes=(({1: torch.export.Dim("T", min=16, max=4096)},),))
     calls = [n for n in ep.graph.nodes if n.op == "call_function" and "cudnn_dsl" in str(n.target)]
     assert len(calls) == 1
@@ -181,7 +181,7 @@ def test_torch_export_exports_the_op_with_a_symbolic_token_count():
 
 def test_a_graph_whose_outputs_follow_no_affine_rule_specializes_and_still_traces_whole():
     cg = cudnn_dsl.compile(text=STRIDED)
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     assert op.rules is None  # H -> (H - 1) // 2 + 1
     backend = Counting()
     f = torch.compile(lambda x, w: op(x, w), fullgraph=True, backend=backend, dynamic=True)
@@ -199,14 +199,14 @@ def test_opcheck_passes(source):
         "ema": lambda: cudnn_dsl.compile(EMA),
         "strided": lambda: cudnn_dsl.compile(text=STRIDED),
     }[source]()
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     ins = cpu_inputs(cg, dict(cg.graph.instances[-1].binding))
     args = tuple(ins[n] for n in op.tensor_names) + tuple(0.5 for _ in op.scalars)
     torch.library.opcheck(op.overload, args)
 
 
 def test_a_wrong_input_is_a_located_error_while_tracing():
-    op = cudnn_dsl.compile(SERVE).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(SERVE))
     x, w, b = serve_inputs(16)
     f = torch.compile(lambda x: op(x, w, b), fullgraph=True, backend="eager")
     with pytest.raises(Exception, match=r"'x': expected dtype torch.bfloat16, given torch.float32"):
@@ -261,7 +261,7 @@ def block_params(seed: int = 0) -> dict:
 
 
 def test_inputs_that_require_grad_get_the_derived_backward():
-    op = cudnn_dsl.compile(text=BLOCK).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=BLOCK))
     params = {k: v.requires_grad_() for k, v in block_params().items()}
     x = torch.randn(4, 8, 16, requires_grad=True)
     y = op(x, **params, alpha=0.75)
@@ -278,7 +278,7 @@ def test_inputs_that_require_grad_get_the_derived_backward():
 
 
 def test_only_the_inputs_that_require_grad_are_differentiated():
-    op = cudnn_dsl.compile(text=BLOCK).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=BLOCK))
     params = block_params()
     w = params["w"].requires_grad_()
     x = torch.randn(2, 8, 16)
@@ -291,7 +291,7 @@ def test_only_the_inputs_that_require_grad_are_differentiated():
 def test_fullgraph_training_step_has_no_graph_break_and_autograds_gradients():
     """torch.compile(fullgraph=True) raises on a graph break; the counting backend sees one forward graph
     and AOT autograd's backward calls the derived backward op."""
-    op = cudnn_dsl.compile(text=BLOCK).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=BLOCK))
     params = block_params(1)
     model = Block(op, params)
     plain = Block(block_in_torch, params)
@@ -317,7 +317,7 @@ def test_fullgraph_training_step_has_no_graph_break_and_autograds_gradients():
 
 def test_dynamic_sizes_retrace_the_training_path_per_size_and_opcheck_passes():
     """The derived graphs are per shape: the fake kernels specialize on the sizes, and a new size retraces."""
-    op = cudnn_dsl.compile(text=BLOCK).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=BLOCK))
     params = block_params(2)
     model, plain = Block(op, params), Block(block_in_torch, params)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
@@ -329,7 +329,7 @@ def test_dynamic_sizes_retrace_the_training_path_per_size_and_opcheck_passes():
         torch.testing.assert_close(loss, want)
     for k, p in model.p.items():
         torch.testing.assert_close(p.grad, plain.p[k].grad, atol=1e-4, rtol=1e-4, msg=k)
-    from cudnn_dsl.torch_op import grad_ops
+    from cudnn_dsl.torch_op.op import grad_ops
 
     forward = getattr(torch.ops.cudnn_dsl, grad_ops(op, ("x", "w", "b", "gamma", "beta")).name).default
     args = [torch.randn(2, 8, 16)] + list(block_params().values())
@@ -338,7 +338,7 @@ def test_dynamic_sizes_retrace_the_training_path_per_size_and_opcheck_passes():
 
 def test_the_no_grad_path_is_the_plain_op():
     x, w, b = serve_inputs(16)
-    op = cudnn_dsl.compile(SERVE).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(SERVE))
     assert not op.overload(x, w.requires_grad_(), b).requires_grad  # the plain op is not differentiable
     with torch.no_grad():
         assert not op(x, w, b).requires_grad
@@ -346,17 +346,17 @@ def test_the_no_grad_path_is_the_plain_op():
 
 
 def test_a_graph_written_in_place_or_without_a_vjp_says_so():
-    op = cudnn_dsl.compile(EMA).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(EMA))
     with pytest.raises(NotImplementedError, match="writes an input in place; its torch op has no backward"):
         op(torch.zeros(1, 1024, 1024), torch.ones(1, 1024, 1024, requires_grad=True))
     text = "graph m {\n  input a : float[1, 4, 8]\n  input b : float[1, 4, 8]\n  output y = mod(a, b)\n}\n"
-    op = cudnn_dsl.compile(text=text).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=text))
     with pytest.raises(DslError, match="mod has no derived backward"):
         op(torch.ones(1, 4, 8), torch.ones(1, 4, 8, requires_grad=True))
 
 
 def test_graph_module_holds_state_and_refuses_a_name_the_graph_lacks():
-    op = cudnn_dsl.compile(SERVE).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(SERVE))
     x, w, b = serve_inputs(16)
     m = cudnn_dsl.GraphModule(op, w=torch.nn.Parameter(w, requires_grad=False), b=b)
     assert [n for n, _ in m.named_parameters()] == ["w"] and [n for n, _ in m.named_buffers()] == ["b"]
@@ -369,7 +369,7 @@ def test_the_benchs_custom_op_twin_has_the_ops_schema_and_kernels():
     from bench.torch_op import custom_op_twin
 
     cg = cudnn_dsl.compile(EMA)
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     twin = custom_op_twin(op, "cudnn_dsl_test_twin", kernel=op.cpu_kernel)
     avg, w = torch.zeros(1, 1024, 1024), torch.ones(1, 1024, 1024)
     assert twin(avg, w, 0.5) is None
@@ -380,7 +380,7 @@ def test_the_benchs_custom_op_twin_has_the_ops_schema_and_kernels():
 def test_a_name_python_reserves_is_an_argument_with_an_underscore():
     text = "graph kw {\n  input self : float[1, 4, 8]\n  input lambda : float[1, 4, 8]\n"
     cg = cudnn_dsl.compile(text=text + "  output out = self + lambda\n}\n")
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     assert op.schema == "(Tensor self_, Tensor lambda_) -> Tensor"
     a, b = torch.ones(1, 4, 8), torch.full((1, 4, 8), 2.0)
     torch.testing.assert_close(op(self=a, **{"lambda": b}), a + b)

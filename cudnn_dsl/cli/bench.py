@@ -41,7 +41,7 @@ def register(p) -> None:
 
 
 def run(args) -> int:
-    from cudnn_dsl.bench import BASELINES
+    from cudnn_dsl.tune.bench import BASELINES
 
     common.start_logging(args)
     against = tuple(x.strip() for x in args.against.split(",") if x.strip()) if args.against else BASELINES
@@ -52,8 +52,8 @@ def run(args) -> int:
         raise common.UsageError("--rounds and --samples must be at least 1")
     common.check_reports(args)
     common.require_gpu("bench measures on a GPU")
-    from cudnn_dsl.bench import bench_graph, peak_tflops_bf16, plot, table
-    from cudnn_dsl.timing import environment
+    from cudnn_dsl.run.timing import environment
+    from cudnn_dsl.tune.bench import bench_graph, peak_tflops_bf16, plot, table
 
     results, work = [], []
     files, status = common.clean_files(args.files)

@@ -24,7 +24,7 @@ def register(p) -> None:
 
 
 def run(args) -> int:
-    from cudnn_dsl import store
+    from cudnn_dsl.store import plans as store
 
     if args.arg is not None and args.action not in ("show", "export", "import"):
         raise common.UsageError(f"cache {args.action} takes no argument (got {args.arg!r})")

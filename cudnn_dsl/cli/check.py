@@ -27,7 +27,7 @@ def register(p) -> None:
 
 
 def run(args) -> int:
-    from dsl.printer import dump_ast, dump_ir, summary, to_json
+    from dsl.syntax.printer import dump_ast, dump_ir, summary, to_json
 
     common.start_logging(args)
     common.check_writable(args.json, "--json")
@@ -95,9 +95,9 @@ def _backward(program) -> tuple[tuple, int]:
 def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
     """Asks the real cuDNN library for the target's plans for every shape of every graph (into entry's
     "plans"), and says the shape mode of each graph with symbolic dims (into its "shape_modes")."""
-    from cudnn_dsl.backend import BackendUnavailable
-    from cudnn_dsl.build import timings_text
-    from cudnn_dsl.partition import plan_for_target
+    from cudnn_dsl.build.planner import timings_text
+    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
 
     status, records = common.EXIT_OK, entry["plans"]
@@ -136,8 +136,8 @@ def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
 
 def _shape_mode(g, target, records: list, quiet: bool, args) -> int:
     """The shape mode a run of this graph would use; in override-shape mode, its one plan, planned deviceless."""
-    from cudnn_dsl.backend import BackendUnavailable
-    from cudnn_dsl.build import shape_mode_line
+    from cudnn_dsl.build.planner import shape_mode_line
+    from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
 
     options = common.options_from(args, g.options)

@@ -40,8 +40,8 @@ def warn(message: str) -> None:
 
 def report(e: BaseException) -> int:
     """Prints what went wrong, in the user's terms; returns the exit code it deserves."""
-    from cudnn_dsl.backend import BackendUnavailable, DescriptorFileError, UnknownTarget
-    from cudnn_dsl.store import StoreProblem
+    from cudnn_dsl.store.plans import StoreProblem
+    from cudnn_dsl.target.library import BackendUnavailable, DescriptorFileError, UnknownTarget
     from dsl.diagnostics import Diagnostic, DslError
     from dsl.ir import NotFound
     from dsl.pipeline import SourceUnreadable
@@ -76,7 +76,7 @@ def report(e: BaseException) -> int:
 
 
 def _is_binding_error(e: BaseException) -> bool:
-    mod = sys.modules.get("cudnn_dsl.tensors")  # never imported just to answer no
+    mod = sys.modules.get("cudnn_dsl.run.buffers")  # never imported just to answer no
     return mod is not None and isinstance(e, mod.BindingError)
 
 
@@ -168,7 +168,7 @@ def select_instances(graph: Graph, items) -> list[Instance]:
 
 def plan_record(graph: Graph, inst: Instance, target, low) -> dict:
     """One deviceless planning, as `check --json` and `run --json` both report it."""
-    from cudnn_dsl.build import first_plan_name
+    from cudnn_dsl.build.planner import first_plan_name
 
     return {
         "graph": graph.name,
@@ -276,7 +276,7 @@ def plan_spec(args):
     """--plan NAME as a build.PlanSpec (None without it); a usage error when it names no plan."""
     if not getattr(args, "plan", None):
         return None
-    from cudnn_dsl.build import PlanSpec
+    from cudnn_dsl.build.planner import PlanSpec
 
     try:
         return PlanSpec.parse(args.plan)
@@ -337,7 +337,7 @@ def target_from(args, default: str | None = None):
     name = args.target or default
     if not (args.device_properties or name):
         return None
-    from cudnn_dsl.backend import Target
+    from cudnn_dsl.target.library import Target
 
     return Target.from_file(args.device_properties) if args.device_properties else Target.named(name)
 
@@ -430,7 +430,7 @@ def write_json(path: str | None, data: Any) -> None:
     if path == "-":
         print(text, file=_json_out[-1] if _json_out else sys.stdout)
         return
-    from cudnn_dsl.store import atomic_write
+    from cudnn_dsl.store.plans import atomic_write
 
     atomic_write(Path(path), text + "\n")
 
@@ -448,7 +448,7 @@ def check_reports(args) -> None:
 
 
 def require_gpu(what: str) -> None:
-    from cudnn_dsl.backend import BackendUnavailable, gpu_available
+    from cudnn_dsl.target.library import BackendUnavailable, gpu_available
 
     if not gpu_available():
         raise BackendUnavailable(

@@ -12,7 +12,7 @@ def register(p) -> None:
 
 
 def run(args) -> int:
-    from cudnn_dsl.backend import local_device_info
+    from cudnn_dsl.target.library import local_device_info
 
     print(local_device_info())
     return common.EXIT_OK

@@ -57,8 +57,8 @@ _CUDNN_FLAGS = ("init", "seed", "exclude_engine", "deterministic", "no_runtime_c
 
 
 def run(args) -> int:
-    from cudnn_dsl.backend import DEFAULT_TARGET
-    from cudnn_dsl.emit import emit_torch
+    from cudnn_dsl.interop.emit import emit_torch
+    from cudnn_dsl.target.library import DEFAULT_TARGET
 
     common.start_logging(args)
     if args.format == "torch" and (args.target or args.device_properties):
@@ -128,9 +128,9 @@ def _cudnn(g, inst, target, options, inits) -> int:
     """The frontend script: of the graph whole when the target's cuDNN takes it (or the options say
     `split = false`), else of the parts deviceless planning splits it into. When cuDNN declines even
     that, still the whole graph's script, with the refusal on stderr and exit 1."""
-    from cudnn_dsl.backend import BackendUnavailable
-    from cudnn_dsl.emit import emit_cudnn
-    from cudnn_dsl.partition import plan_for_target
+    from cudnn_dsl.interop.emit import emit_cudnn
+    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
 
     partition, status = None, common.EXIT_OK
@@ -149,7 +149,7 @@ def _cudnn(g, inst, target, options, inits) -> int:
 def _fe_json(g, inst, target) -> int:
     """The frontend's JSON; when cuDNN finds no plan, still the graph's JSON (taken before planning), which is
     what a bug report about that refusal needs, with the refusal on stderr and exit 1."""
-    from cudnn_dsl.build import frontend_json
+    from cudnn_dsl.interop.fe_export import frontend_json
     from dsl.diagnostics import DslError
 
     try:

@@ -19,7 +19,7 @@ def register(p) -> None:
 
 
 def run(args) -> int:
-    from dsl.printer import fmt_module
+    from dsl.syntax.printer import fmt_module
 
     status = common.EXIT_OK
     for path in args.files:
@@ -39,7 +39,7 @@ def run(args) -> int:
             print(f"{path}: would reformat", file=sys.stderr)
             status = max(status, common.EXIT_FAIL)
         else:
-            from cudnn_dsl.store import atomic_write
+            from cudnn_dsl.store.plans import atomic_write
 
             try:
                 atomic_write(Path(path), new)

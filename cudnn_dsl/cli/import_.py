@@ -84,7 +84,7 @@ def _text(data: bytes, what: str) -> str:
 
 
 def run(args) -> int:
-    from cudnn_dsl.fe_import import to_cdg, verify
+    from cudnn_dsl.interop.fe_import import to_cdg, verify
     from dsl.pipeline import load
 
     if args.force and not args.output:
@@ -115,7 +115,7 @@ def run(args) -> int:
     if out is None:
         sys.stdout.write(cdg)
         return common.EXIT_OK
-    from cudnn_dsl.store import atomic_write
+    from cudnn_dsl.store.plans import atomic_write
 
     atomic_write(out, cdg)
     print(f"{out}: {len(graphs)} graph{'s' if len(graphs) != 1 else ''} imported from {args.file}", file=sys.stderr)

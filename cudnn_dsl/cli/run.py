@@ -75,7 +75,7 @@ def register(p) -> None:
 
 
 def run(args) -> int:
-    from cudnn_dsl.backend import DEFAULT_TARGET, gpu_available
+    from cudnn_dsl.target.library import DEFAULT_TARGET, gpu_available
 
     common.start_logging(args)
     common.check_writable(args.json, "--json")
@@ -117,7 +117,7 @@ def run(args) -> int:
             entry["graphs"].append(rep)
             if not rep.get("ok", True):
                 status = max(status, common.EXIT_FAIL)
-    from cudnn_dsl.timing import environment
+    from cudnn_dsl.run.timing import environment
 
     common.write_json(args.json, {"files": [entry], "environment": environment() if gpu else {}})
     return status
@@ -137,7 +137,7 @@ def _say_ignored(args, gpu: bool) -> None:
 
 
 def _load(name: str, path: str):
-    from cudnn_dsl.tensors import BindingError, load_tensor
+    from cudnn_dsl.run.buffers import BindingError, load_tensor
 
     if not Path(path).is_file():
         raise common.UsageError(f"--input {name}={path}: no such file")
@@ -176,7 +176,7 @@ class _Setup:
     """One graph's share of the flags, converted and checked once: options, shapes, tolerances, inits, scalars."""
 
     def __init__(self, graph, args, loaded: dict, names: _Names):
-        from cudnn_dsl.tensors import BindingError, scalar_value
+        from cudnn_dsl.run.buffers import BindingError, scalar_value
         from dsl.diagnostics import RuleError
         from dsl.inits import check_dtype
 
@@ -207,7 +207,7 @@ class _Setup:
 
     def files(self, inst) -> dict:
         """The --input files in this shape's dtype; refused (before any planning) when they do not fit."""
-        from cudnn_dsl.tensors import BindingError, converted
+        from cudnn_dsl.run.buffers import BindingError, converted
 
         out = {}
         for name, t in self.loaded.items():
@@ -219,8 +219,8 @@ class _Setup:
 
     def inputs(self, inst, device, files: dict) -> dict:
         """Generated inputs, the --input files in their place, and the --scalar values; or a dump's inputs."""
-        from cudnn_dsl import dump
-        from cudnn_dsl.tensors import BindingError, converted, generate_inputs, relayout
+        from cudnn_dsl.debug import dump
+        from cudnn_dsl.run.buffers import BindingError, converted, generate_inputs, relayout
 
         if self.from_dump is not None:
             dumped = dump.read_tensors(self.from_dump, self.graph, inst, "inputs")
@@ -245,7 +245,7 @@ class _Setup:
 
     def repro(self, inst, got: dict, what: str) -> list[str]:
         """With --inputs-from: whether these outputs are the dump's, bit for bit."""
-        from cudnn_dsl import dump
+        from cudnn_dsl.debug import dump
 
         if self.from_dump is None:
             return []
@@ -262,7 +262,7 @@ class _Setup:
     def dump(
         self, inst, inputs: dict, reference, outputs=None, plan=None, fe_json=None, env=None, partition=None
     ) -> None:
-        from cudnn_dsl import dump
+        from cudnn_dsl.debug import dump
 
         if self.args.dump:
             written = dump.write(
@@ -285,7 +285,7 @@ class _Setup:
     def save(self, inst, outputs: dict, suffix: str = "") -> list[str]:
         import torch
 
-        from cudnn_dsl.dump import stem
+        from cudnn_dsl.debug.dump import stem
 
         if not self.args.save_outputs:
             return []
@@ -301,7 +301,7 @@ class _Setup:
 
 class _GpuRunner:
     def __init__(self, setup: _Setup):
-        from cudnn_dsl.runtime import CompiledGraph
+        from cudnn_dsl.run.compiled import CompiledGraph
 
         self.s = setup
         a = setup.args
@@ -312,9 +312,9 @@ class _GpuRunner:
         import attrs
         import torch
 
-        from cudnn_dsl.build import timings_text
-        from cudnn_dsl.tensors import restore, snapshot
-        from cudnn_dsl.timing import gpu_time_us
+        from cudnn_dsl.build.planner import timings_text
+        from cudnn_dsl.run.buffers import restore, snapshot
+        from cudnn_dsl.run.timing import gpu_time_us
 
         cg, s, opts = self.cg, self.s, self.s.opts
         name = common.label(s.graph, inst)
@@ -367,8 +367,8 @@ class _GpuRunner:
         isolated = _isolate(s, inst, tensors, cg.device, cg.drawn(inst, outputs))
         saved = s.save(inst, first)
         if s.args.dump:
-            from cudnn_dsl.build import frontend_json
-            from cudnn_dsl.timing import environment
+            from cudnn_dsl.interop.fe_export import frontend_json
+            from cudnn_dsl.run.timing import environment
 
             engine_id, knobs, blob = cg.planner.plan_of(exe)
             plan = {
@@ -409,14 +409,14 @@ class _GpuRunner:
         }
 
     def _run_staged(self, inst, tensors: dict, before: dict, staged) -> dict:
-        """A shape cuDNN declines whole, run as its parts (cudnn_dsl.partition): said, timed, compared."""
+        """A shape cuDNN declines whole, run as its parts (cudnn_dsl.run.partition): said, timed, compared."""
         import statistics
 
         import attrs
         import torch
 
-        from cudnn_dsl.tensors import restore
-        from cudnn_dsl.timing import gpu_time_us
+        from cudnn_dsl.run.buffers import restore
+        from cudnn_dsl.run.timing import gpu_time_us
 
         cg, s, opts = self.cg, self.s, self.s.opts
         graph_mode = s.args.cuda_graph or opts.cuda_graph
@@ -455,7 +455,7 @@ class _GpuRunner:
     def _pin(self, inst) -> list[str]:
         """With --inputs-from on the GPU the dump was made on: the dump's plan, so the outputs can be compared
         bit for bit."""
-        from cudnn_dsl import dump
+        from cudnn_dsl.debug import dump
 
         if self.s.from_dump is None or self.s.pin is not None:  # --plan wins over the dump's
             return []
@@ -472,7 +472,7 @@ class _GpuRunner:
 def _compared(s: _Setup, cg, inst, got: dict, before: dict) -> tuple[list, dict | None]:
     """The outputs against the reference computed from the inputs as they were before the launch (none
     with --no-reference); and the reference."""
-    from cudnn_dsl.tensors import compare_outputs
+    from cudnn_dsl.run.buffers import compare_outputs
 
     if s.args.no_reference:
         return [], None
@@ -498,11 +498,11 @@ class _CpuRunner:
         self.s, self.target = setup, target
 
     def run(self, inst) -> dict:
-        from cudnn_dsl.backend import BackendUnavailable
-        from cudnn_dsl.build import timings_text
-        from cudnn_dsl.partition import plan_for_target
-        from cudnn_dsl.reference import drawn_values, run_reference
-        from cudnn_dsl.tensors import reference_bytes
+        from cudnn_dsl.build.planner import timings_text
+        from cudnn_dsl.run.buffers import reference_bytes
+        from cudnn_dsl.run.partition import plan_for_target
+        from cudnn_dsl.run.reference import drawn_values, run_reference
+        from cudnn_dsl.target.library import BackendUnavailable
         from dsl.diagnostics import DslError
 
         s, target = self.s, self.target
@@ -574,8 +574,8 @@ class _CpuRunner:
             for line in s.repro(inst, outs, "reference"):
                 print(f"  repro      {line}")
             if s.args.dump:
-                from cudnn_dsl.backend import versions
-                from cudnn_dsl.build import frontend_json
+                from cudnn_dsl.interop.fe_export import frontend_json
+                from cudnn_dsl.target.library import versions
 
                 try:
                     fe_json = frontend_json(s.graph, inst, target)
@@ -593,7 +593,7 @@ def _isolate(s: _Setup, inst, tensors: dict, device, drawn: dict) -> list[dict]:
     """--isolate: each op alone against its reference, one line each, and the first that diverges."""
     if not s.args.isolate:
         return []
-    from cudnn_dsl.isolate import isolate, report
+    from cudnn_dsl.debug.isolate import isolate, report
 
     results = isolate(s.graph, inst, tensors, s.opts, device, drawn)
     for line in report(results):

@@ -26,7 +26,7 @@ def register(p) -> None:
 
 
 def _targets(args) -> list:
-    from cudnn_dsl.backend import DEVICES_DIR, Target
+    from cudnn_dsl.target.library import DEVICES_DIR, Target
 
     if args.device_properties:
         if args.target:
@@ -39,7 +39,7 @@ def _targets(args) -> list:
 
 
 def run(args) -> int:
-    from cudnn_dsl.partition import plan_for_target
+    from cudnn_dsl.run.partition import plan_for_target
     from dsl.diagnostics import DslError
 
     common.start_logging(args)

@@ -34,7 +34,7 @@ def run(args) -> int:
     common.start_logging(args)
     common.check_reports(args)
     _check_search_flags(args)
-    from cudnn_dsl.backend import DEFAULT_TARGET, gpu_available
+    from cudnn_dsl.target.library import DEFAULT_TARGET, gpu_available
 
     if not gpu_available():
         if args.exhaustive:
@@ -45,10 +45,10 @@ def run(args) -> int:
         common.warn("note: --target and --device-properties ignored: this machine has a GPU, and tune times on it")
     import attrs
 
-    from cudnn_dsl.runtime import CompiledGraph
-    from cudnn_dsl.search import report as search_report
-    from cudnn_dsl.timing import environment
-    from cudnn_dsl.tune import exhaustive, partition_report, plot, report
+    from cudnn_dsl.run.compiled import CompiledGraph
+    from cudnn_dsl.run.timing import environment
+    from cudnn_dsl.tune.exhaustive import report as search_report
+    from cudnn_dsl.tune.heuristics import exhaustive, partition_report, plot, report
 
     results, files, status, work = [], [], common.EXIT_OK, []
     for path in args.files:  # every file, graph, option and shape checked before anything is timed
@@ -103,9 +103,9 @@ def run(args) -> int:
 def _tune(cg, inst, progress):
     """The whole graph's plans tuned (unless cuDNN declines it whole), then its partitions where it has several:
     (TuneResult or None, PartitionTune or None)."""
-    from cudnn_dsl.build import NotAllowed
-    from cudnn_dsl.partition import short
-    from cudnn_dsl.tune import tune, tune_partitions
+    from cudnn_dsl.build.planner import NotAllowed
+    from cudnn_dsl.run.partition import short
+    from cudnn_dsl.tune.heuristics import tune, tune_partitions
     from dsl.diagnostics import DslError
 
     whole, declined = None, ""
@@ -122,7 +122,7 @@ def _tune(cg, inst, progress):
 
 def _alternatives(args, target) -> None:
     """Without a GPU: the partitions tune would time, as the target's cuDNN plans them (nothing is timed)."""
-    from cudnn_dsl.partition import deviceless_alternatives
+    from cudnn_dsl.run.partition import deviceless_alternatives
 
     common.warn(f"note: no CUDA GPU here: the partitions tune would time, as cuDNN plans them for {target.name}")
     clean, _ = common.clean_files(args.files)
@@ -154,7 +154,7 @@ def _check_search_flags(args) -> None:
 
 
 def _limits(args) -> dict:
-    from cudnn_dsl.search import MAX_CONFIGS
+    from cudnn_dsl.tune.exhaustive import MAX_CONFIGS
 
     return {"cap": args.max_configs or MAX_CONFIGS, "budget_s": args.budget}
 
@@ -163,7 +163,7 @@ def _explore(args, target) -> int:
     """--exhaustive without a GPU: which configurations cuDNN supports for the target (nothing built or timed)."""
     import attrs
 
-    from cudnn_dsl.search import report, search_deviceless
+    from cudnn_dsl.tune.exhaustive import report, search_deviceless
 
     common.warn(
         f"note: no CUDA GPU here: asking cuDNN which configurations it supports for {target.name}; none is timed"

@@ -1,4 +1,4 @@
-"""Derived backward graphs run by cuDNN (cudnn_dsl/autograd.py), checked against torch autograd on the
+"""Derived backward graphs run by cuDNN (cudnn_dsl/torch_op/autograd.py), checked against torch autograd on the
 forward's reference (float64) with per-dtype tolerances. The backward of a conv or matmul holds
 several ops cuDNN does not fuse into one graph (dgrad, wgrad, a bias's reduction), so it runs split
 (`split=True`), each part a cuDNN graph."""
@@ -15,8 +15,8 @@ def _check(text: str, seed: int = 0, frozen=(), flips: float = 0.0):
     autograd's (a pre-activation within a half's rounding of zero passes the whole gradient or none)."""
     import torch
 
-    from cudnn_dsl.autograd import differentiable
-    from cudnn_dsl.tensors import generate_inputs
+    from cudnn_dsl.run.buffers import generate_inputs
+    from cudnn_dsl.torch_op.autograd import differentiable
 
     f = differentiable(text=text, split=True)
     inst = f.graph.instances[0]

@@ -33,7 +33,7 @@ def run(text: str, given: dict | None = None, atol=None, rtol=None) -> None:
 def run_or_refused(text: str, given: dict | None = None, atol=None, rtol=None) -> None:
     """Runs and matches, or cuDNN declines the graph on this GPU and says so at the graph or at an op."""
     import cudnn_dsl
-    from cudnn_dsl.backend import load_cudnn
+    from cudnn_dsl.target.library import load_cudnn
 
     try:
         run(text, given, atol, rtol)

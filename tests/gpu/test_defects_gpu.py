@@ -1,4 +1,4 @@
-"""The graphs cuDNN 9.19 ran wrong as one graph (cudnn_dsl/defects.py), run split on the H200: every
+"""The graphs cuDNN 9.19 ran wrong as one graph (cudnn_dsl/target/quirks.py), run split on the H200: every
 output matches the reference; with splitting off, the located refusal."""
 
 import pytest

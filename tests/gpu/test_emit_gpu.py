@@ -64,8 +64,8 @@ def _check_script(cdg: Path, script: Path, graph: str | None = None) -> dict:
     import cudnn
     import torch
 
-    from cudnn_dsl.reference import run_reference
-    from cudnn_dsl.tensors import compare_outputs, generate_inputs
+    from cudnn_dsl.run.buffers import compare_outputs, generate_inputs
+    from cudnn_dsl.run.reference import run_reference
     from dsl.pipeline import program
 
     g = next(g for g in program(str(cdg)).graphs if graph in (None, g.name))

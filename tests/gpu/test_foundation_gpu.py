@@ -35,7 +35,7 @@ def test_a_stored_plan_over_the_workspace_limit_is_not_reused(private_store):
 
 def test_an_imported_plan_is_rebuilt_here_from_its_engine_and_knobs(private_store, tmp_path):
     import cudnn_dsl
-    from cudnn_dsl.store import PlanStore
+    from cudnn_dsl.store.plans import PlanStore
 
     first = cudnn_dsl.compile(MM)
     first.executable(first.graph.instances[0])
@@ -55,7 +55,7 @@ def test_tune_saves_the_shared_kernel_cache_and_builds_on_the_planners_device(pr
     import torch
 
     import cudnn_dsl
-    from cudnn_dsl.tune import tune
+    from cudnn_dsl.tune.heuristics import tune
 
     cg = cudnn_dsl.compile(str(ROOT / "examples" / "dynamic_matmul.cdg"), iterations=3, warmup=1)
     r = tune(cg, cg.graph.instances[0])
@@ -66,7 +66,7 @@ def test_tune_saves_the_shared_kernel_cache_and_builds_on_the_planners_device(pr
 
 def test_a_merged_kernel_cache_loads(private_store, tmp_path, monkeypatch):
     import cudnn_dsl
-    from cudnn_dsl.store import load_kernel_cache_text, save_kernel_cache_text
+    from cudnn_dsl.store.plans import load_kernel_cache_text, save_kernel_cache_text
 
     dyn = str(ROOT / "examples" / "dynamic_matmul.cdg")
     texts = []

@@ -10,7 +10,7 @@ LOG = Path(__file__).resolve().parents[1] / "fixtures" / "frontend_log.txt"
 
 
 def _imported():
-    from cudnn_dsl.fe_import import to_cdg, verify
+    from cudnn_dsl.interop.fe_import import to_cdg, verify
     from dsl.pipeline import program
 
     cdg, graphs = to_cdg(LOG.read_text(), str(LOG), name="from_log")

@@ -46,7 +46,7 @@ def test_a_packed_buffer_that_breaks_the_views_assumptions_is_refused(private_st
     import torch
 
     import cudnn_dsl
-    from cudnn_dsl.tensors import BindingError
+    from cudnn_dsl.run.buffers import BindingError
 
     cg = cudnn_dsl.compile(PACKED)
     flat = torch.zeros(2 * 128 * 3 * 4 * 64 + 1, device="cuda", dtype=torch.float16)
@@ -119,7 +119,7 @@ def test_the_ejected_script_of_a_packed_graph_runs_on_its_own(tmp_path, private_
     import subprocess
     import sys
 
-    from cudnn_dsl.emit import emit_cudnn
+    from cudnn_dsl.interop.emit import emit_cudnn
     from dsl.pipeline import program
 
     g = program(text=PACKED, file="packed.cdg").graphs[0]
@@ -132,7 +132,7 @@ def test_the_ejected_script_of_a_packed_graph_runs_on_its_own(tmp_path, private_
 
 def test_tune_checks_its_winner_on_the_inputs_before_the_candidates_overwrote_them(private_store):
     import cudnn_dsl
-    from cudnn_dsl.tune import tune
+    from cudnn_dsl.tune.heuristics import tune
 
     cg = cudnn_dsl.compile(IN_PLACE, iterations=3, warmup=1)
     r = tune(cg, cg.graph.instances[0])

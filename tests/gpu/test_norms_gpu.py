@@ -27,7 +27,7 @@ def run(text: str, atol=None, rtol=None, **options):
 def run_or_refused(text: str, atol=None, rtol=None) -> None:
     """Runs and matches, or cuDNN declines the graph on this GPU, and says so at the graph or at an op."""
     import cudnn_dsl
-    from cudnn_dsl.backend import load_cudnn
+    from cudnn_dsl.target.library import load_cudnn
 
     try:
         run(text, atol, rtol)
@@ -138,7 +138,7 @@ def test_rope_before_sdpa(body):
     # RoPE is a cuDNN operation from 9.23 and fuses with SDPA from 9.24 (the frontend's release notes);
     # cuDNN 9.28 plans both graphs for an H200. An older library must refuse them, located.
     import cudnn_dsl
-    from cudnn_dsl.backend import load_cudnn
+    from cudnn_dsl.target.library import load_cudnn
 
     text = graph_text(ROPE + body, "bf16")
     if load_cudnn().backend_version() >= 92400:

@@ -158,7 +158,7 @@ def test_batchnorm_inference():
 
 
 def _backend_version() -> int:
-    from cudnn_dsl.backend import load_cudnn
+    from cudnn_dsl.target.library import load_cudnn
 
     return load_cudnn().backend_version()
 

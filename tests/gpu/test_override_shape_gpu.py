@@ -17,7 +17,7 @@ NO_OVERRIDE = "has no override-shape mode (it needs 9.21.0 or later)"
 
 
 def cudnn_version() -> int:
-    from cudnn_dsl.backend import load_cudnn
+    from cudnn_dsl.target.library import load_cudnn
 
     return load_cudnn().backend_version()
 
@@ -63,7 +63,7 @@ def test_from_9_21_one_override_plan_serves_every_value_of_the_range():
     import torch
 
     import cudnn_dsl
-    from cudnn_dsl.tensors import BindingError
+    from cudnn_dsl.run.buffers import BindingError
 
     if cudnn_version() < 92100:
         pytest.skip(f"cuDNN {cudnn_version()} has no override-shape mode (needs 9.21): not executed here")
@@ -95,7 +95,7 @@ def test_from_9_21_the_torch_op_runs_the_override_plan_at_the_values_shape():
     if cudnn_version() < 92100:
         pytest.skip(f"cuDNN {cudnn_version()} has no override-shape mode (needs 9.21): not executed here")
     cg = cudnn_dsl.compile(EXAMPLE, shape_mode="override")
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     for binding in ({"T": 64}, {"T": 4096}, {"T": 16}):
         tensors = cg.allocate_inputs(binding)
         assert cg.executable(cg.graph.instance(binding)).overrides

@@ -70,7 +70,7 @@ def test_layernorm_then_gelu_is_two_cudnn_graphs():
 def _bound_matches(cg, bound, before):
     import torch
 
-    from cudnn_dsl.tensors import compare_outputs
+    from cudnn_dsl.run.buffers import compare_outputs
 
     torch.cuda.synchronize()
     inst = cg.graph.instances[0]
@@ -87,8 +87,8 @@ SPLIT_IDS = ["ln_gelu", "mm_reshape", "genstats", "viewed_in_place", "read_after
 @pytest.mark.parametrize("text", SPLIT, ids=SPLIT_IDS)
 def test_a_split_graph_bound_once_runs_every_part_and_matches_on_every_run(text):
     import cudnn_dsl
-    from cudnn_dsl.staged import StagedBound
-    from cudnn_dsl.tensors import snapshot
+    from cudnn_dsl.run.buffers import snapshot
+    from cudnn_dsl.run.parts import StagedBound
 
     cg = cudnn_dsl.compile(text=text, split=True)
     ins = cg.allocate_inputs()
@@ -107,7 +107,7 @@ def test_a_split_graph_bound_once_runs_every_part_and_matches_on_every_run(text)
 )
 def test_a_split_graph_is_captured_into_one_cuda_graph_and_replays_right(text):
     import cudnn_dsl
-    from cudnn_dsl.tensors import restore, snapshot
+    from cudnn_dsl.run.buffers import restore, snapshot
 
     cg = cudnn_dsl.compile(text=text, split=True)
     ins = cg.allocate_inputs()
@@ -134,8 +134,8 @@ def test_forced_cut_points_split_a_graph_cudnn_fuses_and_it_still_matches():
 
 def test_tune_times_the_whole_graph_against_the_anchor_alone_and_run_reuses_the_choice(private_store):
     import cudnn_dsl
-    from cudnn_dsl.store import PlanStore
-    from cudnn_dsl.tune import partition_report, tune, tune_partitions
+    from cudnn_dsl.store.plans import PlanStore
+    from cudnn_dsl.tune.heuristics import partition_report, tune, tune_partitions
 
     cg = cudnn_dsl.compile("examples/matmul_epilogue.cdg", split=True, iterations=5, warmup=1)
     inst = cg.graph.instances[0]
@@ -159,8 +159,8 @@ def test_partitions_that_all_run_wrong_leave_the_shape_running_as_before(private
     """No tolerance: every partition tune tries mismatches the reference. The last one tried (the anchor alone)
     stayed the shape's parts, so later calls ran a partition known to be wrong."""
     import cudnn_dsl
-    from cudnn_dsl.store import PlanStore
-    from cudnn_dsl.tune import partition_report, tune_partitions
+    from cudnn_dsl.store.plans import PlanStore
+    from cudnn_dsl.tune.heuristics import partition_report, tune_partitions
 
     cg = cudnn_dsl.compile("examples/residual_block.cdg", split=True, iterations=2, warmup=1, atol=0.0, rtol=0.0)
     inst = cg.graph.instances[0]
@@ -175,7 +175,7 @@ def test_a_split_that_cannot_be_found_is_labelled_as_the_fewest_parts(private_st
     """genstats alone runs on no engine and fallback is off: tune's fewest-parts alternative fails, and says it
     is that one (it was labelled 'anchor op alone', a partition tune never tried here)."""
     import cudnn_dsl
-    from cudnn_dsl.tune import partition_report, tune_partitions
+    from cudnn_dsl.tune.heuristics import partition_report, tune_partitions
 
     cg = cudnn_dsl.compile(text=GENSTATS, split=True, fallback=False, iterations=2, warmup=1)
     inst = cg.graph.instances[0]
@@ -193,7 +193,7 @@ def test_a_stored_whole_choice_that_no_longer_builds_is_not_given_as_the_reason(
     """A partition record saying 'whole' for a graph cuDNN declines whole (another library, say): it runs in
     parts, and its reason is cuDNN's refusal, not 'tuned: whole'."""
     import cudnn_dsl
-    from cudnn_dsl.store import PartitionChoice
+    from cudnn_dsl.store.plans import PartitionChoice
 
     cg = cudnn_dsl.compile(text=LN_GELU, split=True)
     inst = cg.graph.instances[0]
@@ -225,7 +225,7 @@ def test_with_splitting_off_cudnns_refusal_is_the_error():
 
 
 def test_bench_runs_a_split_graph_bound_and_names_each_parts_plan():
-    from cudnn_dsl.bench import bench_graph
+    from cudnn_dsl.tune.bench import bench_graph
     from dsl.pipeline import program
 
     g = program(text=LN_GELU, file="ln.cdg").graphs[0]

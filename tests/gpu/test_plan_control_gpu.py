@@ -141,7 +141,7 @@ def test_run_isolate_checks_each_op_alone():
 def test_isolate_names_the_first_op_past_a_zero_tolerance():
     """With no tolerance at all, the first op whose cuDNN result differs from the reference in any bit is named."""
     import cudnn_dsl
-    from cudnn_dsl.isolate import isolate, report
+    from cudnn_dsl.debug.isolate import isolate, report
 
     cg = cudnn_dsl.compile(EPILOGUE)
     inst = cg.graph.instances[0]

@@ -18,7 +18,7 @@ def _check(cg, **kw):
 
 def test_tune_stores_the_winner_and_a_new_process_reuses_it(private_store):
     import cudnn_dsl
-    from cudnn_dsl.tune import tune
+    from cudnn_dsl.tune.heuristics import tune
 
     cg = cudnn_dsl.compile(MM, iterations=3, warmup=1)
     result = tune(cg, cg.graph.instances[0])
@@ -130,7 +130,7 @@ def test_capture_and_replay_match_the_reference():
     import torch
 
     import cudnn_dsl
-    from cudnn_dsl.tensors import compare
+    from cudnn_dsl.run.buffers import compare
 
     cg = cudnn_dsl.compile(str(ROOT / "examples" / "cuda_graph_conv.cdg"))
     ins = cg.allocate_inputs()

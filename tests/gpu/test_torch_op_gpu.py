@@ -17,7 +17,7 @@ SELECT = ROOT / "examples" / "compare_select.cdg"
 
 
 def close(got, want, dtype):
-    from cudnn_dsl.tensors import compare
+    from cudnn_dsl.run.buffers import compare
 
     c = compare("out", got, want, dtype)
     assert c.ok, str(c)
@@ -31,7 +31,7 @@ def test_a_compiled_model_runs_cudnn_and_matches_the_reference_for_every_token_c
     cg = cudnn_dsl.compile(SERVE)
     base = cg.allocate_inputs({"T": 16})
     w, b = base["w"], base["b"]
-    model = torch.nn.Sequential(cudnn_dsl.GraphModule(cg.as_torch_op(), w=w, b=b), torch.nn.Tanh())
+    model = torch.nn.Sequential(cudnn_dsl.GraphModule(cudnn_dsl.as_torch_op(cg), w=w, b=b), torch.nn.Tanh())
     compiled = torch.compile(model, fullgraph=True, dynamic=True)
     for t in (16, 48, 256):
         x = cg.allocate_inputs({"T": t}, seed=t)["x"]
@@ -47,7 +47,7 @@ def test_reduce_overhead_replays_the_op_as_a_cuda_graph(private_store):
     import cudnn_dsl
 
     cg = cudnn_dsl.compile(EPILOGUE)
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     ins = cg.allocate_inputs()
     held = {k: v for k, v in ins.items() if k != "a"}
     module = cudnn_dsl.GraphModule(op, **held)
@@ -74,7 +74,7 @@ def test_an_output_in_place_writes_its_input_eagerly_and_compiled(private_store)
     import cudnn_dsl
 
     cg = cudnn_dsl.compile(EMA)
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     ins = cg.allocate_inputs()
     before = ins["avg"].clone()
     want = cg.reference(avg=before, w=ins["w"], rate=0.25)["next_avg"]
@@ -94,7 +94,7 @@ def test_bool_outputs_are_the_bytes_the_plain_call_writes(private_store):
 
     cg = cudnn_dsl.compile(SELECT)
     ins = cg.allocate_inputs()
-    out, clamped = cg.as_torch_op()(ins["a"], ins["b"])
+    out, clamped = cudnn_dsl.as_torch_op(cg)(ins["a"], ins["b"])
     plain = cg(**ins)
     assert torch.equal(out, plain["out"]) and torch.equal(clamped, plain["clamped"])
     assert torch.equal(cudnn_dsl.unpack_bits(clamped, (8, 64, 64)), cg.reference(**ins)["clamped"])
@@ -107,7 +107,7 @@ def test_views_of_one_buffer_through_the_op(private_store):
 
     cg = cudnn_dsl.compile(PACKED)
     qkv = torch.rand(2, 128, 3, 4, 64, device="cuda", dtype=torch.float16) * 2 - 1
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     got = torch.compile(lambda qkv: op(qkv), fullgraph=True)(qkv)
     assert torch.equal(got, cg(qkv=qkv)["o"])
     close(got, cg.reference(qkv=qkv)["o"], "half")
@@ -117,10 +117,10 @@ def test_the_checks_hold_on_every_call(private_store):
     import torch
 
     import cudnn_dsl
-    from cudnn_dsl.tensors import BindingError
+    from cudnn_dsl.run.buffers import BindingError
 
     cg = cudnn_dsl.compile(SERVE)
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     ins = cg.allocate_inputs({"T": 32})
     close(op(ins["x"], ins["w"], ins["b"]), cg.reference(**ins)["y"], "bf16")
     flat = torch.zeros(32 * 1024 + 1, device="cuda", dtype=torch.bfloat16)
@@ -136,7 +136,7 @@ def test_opcheck_with_the_cuda_kernel(private_store, source):
     import cudnn_dsl
 
     cg = cudnn_dsl.compile(source)
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     ins = cg.allocate_inputs(dict(cg.graph.instances[0].binding))
     torch.library.opcheck(op.overload, tuple(ins[n] for n in op.tensor_names))
 
@@ -160,7 +160,7 @@ def test_a_dim_of_a_set_stays_symbolic_and_each_value_runs_its_plan(private_stor
     import cudnn_dsl
 
     cg = cudnn_dsl.compile(text=SET_DIM)
-    op = cg.as_torch_op()
+    op = cudnn_dsl.as_torch_op(cg)
     w = cg.allocate_inputs({"N": 2})["w"]
     f = torch.compile(lambda x, alpha: op(x, w, alpha=alpha), fullgraph=True, dynamic=True)
     for n in (2, 4, 8):
@@ -179,7 +179,7 @@ def test_a_training_step_through_the_op_matches_torch_autograd(private_store, co
     import cudnn_dsl
     from tests.test_torch_op import BLOCK, Block, block_in_torch, block_params
 
-    op = cudnn_dsl.compile(text=BLOCK, split=True).as_torch_op()  # the norm and its backward's sums: parts
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=BLOCK, split=True))  # the norm and its backward's sums: parts
     params = {k: v.cuda() for k, v in block_params(3).items()}
     model, plain = Block(op, params), Block(block_in_torch, params)
     run = torch.compile(model, fullgraph=True) if compiled else model
@@ -214,9 +214,9 @@ def test_attention_through_the_op_trains_with_sdpa_backward(private_store):
     import torch.nn.functional as F
 
     import cudnn_dsl
-    from cudnn_dsl.torch_op import grad_ops
+    from cudnn_dsl.torch_op.op import grad_ops
 
-    op = cudnn_dsl.compile(text=ATTENTION).as_torch_op()
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=ATTENTION))
     g = torch.Generator("cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", generator=g, dtype=torch.half) for _ in range(3))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]

@@ -20,14 +20,15 @@ from typing import Any
 import attrs
 import torch
 
-from cudnn_dsl.backend import load_cudnn
-from cudnn_dsl.bits import logical
-from cudnn_dsl.emit import emit_cudnn
-from cudnn_dsl.reference import run_reference
-from cudnn_dsl.runtime import CompiledGraph
-from cudnn_dsl.tensors import compare, defined_only, empty, loosest_read_dtype, restore, snapshot, with_views
-from cudnn_dsl.timing import cold_time_us, gpu_time_us, host_time_us, l2_flush_buffer
-from cudnn_dsl.tune import work
+from cudnn_dsl.interop.emit import emit_cudnn
+from cudnn_dsl.run.buffers import compare, defined_only, loosest_read_dtype, restore, snapshot, with_views
+from cudnn_dsl.run.compiled import CompiledGraph
+from cudnn_dsl.run.reference import run_reference
+from cudnn_dsl.run.timing import cold_time_us, gpu_time_us, host_time_us, l2_flush_buffer
+from cudnn_dsl.target.bits import logical
+from cudnn_dsl.target.library import load_cudnn
+from cudnn_dsl.target.memory import empty
+from cudnn_dsl.tune.heuristics import work
 from dsl.ir import Graph, Instance, shape_label
 from dsl.options import Options
 

@@ -158,7 +158,7 @@ def _driver_symbols(lib_dir: Path) -> list[str]:
     The list is data, never code: a cached list is used only when every entry is a plain cu* identifier and its
     checksum matches. A damaged list is scanned again, and a cache that cannot be written is skipped; either is
     said in one line on stderr."""
-    from cudnn_dsl.store import atomic_write, cache_dir
+    from cudnn_dsl.store.plans import atomic_write, cache_dir
 
     libs = sorted(lib_dir.glob("libcudnn*.so*"))
     signature = [_SYMBOLS_FORMAT, str(lib_dir), [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in libs]]

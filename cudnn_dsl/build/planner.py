@@ -10,7 +10,6 @@ winner; planning without a device goes through `plan_deviceless`.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -18,11 +17,8 @@ from typing import Any
 
 import attrs
 
-from cudnn_dsl.backend import BackendUnavailable, Target, load_cudnn, versions
-from cudnn_dsl.defects import runs_wrong
-from cudnn_dsl.fe_json import by_value_json
-from cudnn_dsl.lower import Lowered, clean, lower, override_args
-from cudnn_dsl.store import (
+from cudnn_dsl.build.lower import Lowered, clean, lower, override_args
+from cudnn_dsl.store.plans import (
     Entry,
     PlanKey,
     PlanStore,
@@ -31,6 +27,8 @@ from cudnn_dsl.store import (
     load_kernel_cache_text,
     save_kernel_cache_text,
 )
+from cudnn_dsl.target.library import BackendUnavailable, Target, load_cudnn, versions
+from cudnn_dsl.target.quirks import runs_wrong
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance, NotFound
 from dsl.ops import FAMILIES, OPS
@@ -367,24 +365,6 @@ def plan_deviceless(
     return plan(lower(graph, inst, target=target), options, target.name, progress, deviceless=True, pin=pin)
 
 
-def frontend_json(graph: Graph, inst: Instance, target: Target | None = None, handle=None, plans: bool = True) -> str:
-    """The graph as the cuDNN Frontend itself serializes it (the JSON it writes to its log, json_version 2.0),
-    lowered for the target without a device, or on the GPU of `handle`, with the value of every pass-by-value
-    tensor. Through create_execution_plans: some ops (sdpa) reach the frontend's C++ graph, whose JSON this is,
-    only when plans are asked for; `plans=False` stops before, for a graph that no engine takes (sdpa aside)."""
-    low = lower(graph, inst, target=target, handle=handle)
-    steps = STEPS[:3] if plans else STEPS[:2]
-    plan(low, graph.options, target.name if target else "this GPU", steps=steps, deviceless=target is not None)
-    j = json.loads(repr(low.g))
-    tensors = j.get("tensors") or []
-    for t in tensors.values() if isinstance(tensors, dict) else tensors:
-        # The frontend leaves out a value bound at launch; the file gives each one, so the JSON holds it, in
-        # the frontend's own encoding (as when the value is part of the graph): scalars and epsilons travel.
-        if t.get("is_pass_by_value") and t.get("pass_by_value") is None and t.get("uid") in low.host_values:
-            t["pass_by_value"] = by_value_json(*low.host_values[t["uid"]])
-    return json.dumps(j, indent=1) + "\n"
-
-
 def candidates_deviceless(graph: Graph, inst: Instance, options: Options, target: Target) -> Lowered:
     """Every heuristic mode's plans for the target, planned through check_support with no GPU (tune --exhaustive
     --target): the graph then takes more plans by engine and knobs (add_plan)."""
@@ -616,7 +596,7 @@ class Executable:
 def host_tensors(low: Lowered, device) -> dict[int, Any]:
     """uid -> what the graph gets besides the caller's buffers: a CPU tensor of every pass-by-value
     tensor the lowering made, at its declared value, and scratch memory on `device` (Lowered.scratch)."""
-    from cudnn_dsl.tensors import empty, host_scalar
+    from cudnn_dsl.target.memory import empty, host_scalar
 
     host = {uid: host_scalar(v, dt) for uid, (v, dt) in low.host_values.items()}
     host.update({uid: empty(low.instance.type(name), device) for name, uid in low.scratch.items()})

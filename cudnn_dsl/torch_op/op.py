@@ -30,13 +30,15 @@ from typing import Any
 
 import torch
 
-from cudnn_dsl.backend import load_cudnn
-from cudnn_dsl.dtypes import torch_dtype
-from cudnn_dsl.tensors import BindingError, empty, host_scalar, stored, view, written
+from cudnn_dsl.run.compiled import CompiledGraph
+from cudnn_dsl.run.buffers import BindingError, view, written
+from cudnn_dsl.target.dtypes import torch_dtype
+from cudnn_dsl.target.library import load_cudnn
+from cudnn_dsl.target.memory import empty, host_scalar, stored
 from dsl.autodiff import Derived, derive
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, NotFound, Program
-from dsl.printer import dump_ir
+from dsl.syntax.printer import dump_ir
 from dsl.types import ALIGNMENT, is_float, stride_order
 
 NAMESPACE = "cudnn_dsl"
@@ -161,9 +163,7 @@ class TorchOp:
         self.compiled = {}
         """device -> the CompiledGraph serving it: the latest one as_torch_op was given for its device, else
         one made from the same graph and options"""
-        self.kind = type(cg)
-        """CompiledGraph (not imported: the runtime imports this module)"""
-        self._make = lambda device: self.kind(self.graph, self.options, device)
+        self._make = lambda device: CompiledGraph(self.graph, self.options, device)
         g = self.graph
         self.tensor_names = [v.name for v in g.device_inputs]
         self.scalars = list(g.of_kind("scalar"))
@@ -496,7 +496,7 @@ class GradOps:
         if op.mutated:
             raise NotImplementedError(
                 f"graph '{op.graph.name}' writes an input in place; its torch op has no backward "
-                f"(cudnn_dsl.autograd.differentiable runs it with one)"
+                f"(cudnn_dsl.torch_op.autograd.differentiable runs it with one)"
             )
         self.op, self.wrt = op, wrt
         self._shapes: dict[tuple, tuple[Derived, TorchOp, TorchOp]] = {}
@@ -540,7 +540,7 @@ class GradOps:
                     f"graph '{g.name}': its derived backward reads other values at {dict(key)} (the op's "
                     f"schema is the first shape's)"
                 )
-            fwd, bwd = (as_torch_op(self.op.kind(part, self.op.options)) for part in (d.forward, d.backward))
+            fwd, bwd = (as_torch_op(CompiledGraph(part, self.op.options)) for part in (d.forward, d.backward))
             self._shapes[key] = (d, fwd, bwd)
         return self._shapes[key]
 

@@ -12,25 +12,24 @@ from typing import Any
 import attrs
 import torch
 
-from cudnn_dsl.backend import DEFAULT_TARGET, BackendUnavailable, Target, load_cudnn
-from cudnn_dsl.build import Executable, NotAllowed, Planner, plan_deviceless
-from cudnn_dsl.lower import Lowered
-from cudnn_dsl.partition import short, tuned_why
-from cudnn_dsl.reference import drawn_values, run_reference
-from cudnn_dsl.staged import Staged, StagedBound, stage
-from cudnn_dsl.store import PartitionChoice, PlanStore, StoreProblem
-from cudnn_dsl.tensors import (
+from cudnn_dsl.build.lower import Lowered
+from cudnn_dsl.build.planner import Executable, NotAllowed, Planner, plan_deviceless
+from cudnn_dsl.run.buffers import (
     BindingError,
     Comparison,
     check_binding,
     check_inputs,
     compare_outputs,
-    empty,
     generate_inputs,
-    host_scalar,
     snapshot,
     with_views,
 )
+from cudnn_dsl.run.partition import short, tuned_why
+from cudnn_dsl.run.parts import Staged, StagedBound, stage
+from cudnn_dsl.run.reference import drawn_values, run_reference
+from cudnn_dsl.store.plans import PartitionChoice, PlanStore, StoreProblem
+from cudnn_dsl.target.library import DEFAULT_TARGET, BackendUnavailable, Target, load_cudnn
+from cudnn_dsl.target.memory import empty, host_scalar
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, NotFound
 from dsl.options import Options
@@ -405,13 +404,6 @@ class CompiledGraph:
         exe = self.executable(inst)
         exe.launch(make_pack(exe.low, exe.host, tensors, outputs))
         return outputs
-
-    def as_torch_op(self):
-        """This graph as a torch operator (cudnn_dsl.torch_op): torch.compile traces it whole, torch.export
-        exports it, CUDA-graph capture replays it."""
-        from cudnn_dsl.torch_op import as_torch_op
-
-        return as_torch_op(self)
 
     def drawn(self, inst: Instance, outputs: dict) -> dict[str, torch.Tensor]:
         """What the last launch of this shape drew on the device and the reference reads (seeded dropout's

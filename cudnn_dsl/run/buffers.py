@@ -10,8 +10,9 @@ from pathlib import Path
 import attrs
 import torch
 
-from cudnn_dsl import bits, portable
-from cudnn_dsl.dtypes import from_torch, tolerance, torch_dtype
+from cudnn_dsl.target import bits, portable
+from cudnn_dsl.target.dtypes import from_torch, tolerance, torch_dtype
+from cudnn_dsl.target.memory import empty, stored
 from dsl.diagnostics import Loc, RuleError
 from dsl.inits import Init, make
 from dsl.inits import default as default_init
@@ -28,23 +29,6 @@ class BindingError(Exception):
     def __init__(self, message: str, loc: Loc | None = None):
         super().__init__(message)
         self.loc = loc
-
-
-def empty(t: TensorType, device) -> torch.Tensor:
-    """A buffer cuDNN can read or write as t: in its layout, or for a bool tensor, its packed bytes."""
-    if t.dtype == "bool":
-        return torch.zeros(bits.nbytes(t), dtype=torch.uint8, device=device)
-    return torch.empty_strided(t.shape, t.strides, dtype=torch_dtype(t.dtype), device=device)
-
-
-def stored(values: torch.Tensor, t: TensorType) -> torch.Tensor:
-    """Values of t's shape as cuDNN's memory holds them (packed, for bool), on their device."""
-    return bits.pack(values, t) if t.dtype == "bool" and values.dtype == torch.bool else values
-
-
-def host_scalar(value, dtype: str) -> torch.Tensor:
-    """The one-element CPU tensor cuDNN reads a pass-by-value scalar from."""
-    return torch.full((1,), float(value), dtype=torch_dtype(dtype))
 
 
 def _positive_inputs(graph: Graph) -> set[str]:

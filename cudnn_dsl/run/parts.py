@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
-from cudnn_dsl.bits import logical
-from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.partition import Partition, find_partition, short, split_at
-from cudnn_dsl.tensors import empty, snapshot, stored, view
+from cudnn_dsl.run.buffers import snapshot, view
+from cudnn_dsl.run.partition import Partition, find_partition, short, split_at
+from cudnn_dsl.target.bits import logical
+from cudnn_dsl.target.dtypes import torch_dtype
+from cudnn_dsl.target.memory import empty, stored
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance
 
@@ -116,7 +117,7 @@ class StagedBound:
         return self.staged.partition.reason
 
     def set_stream(self, stream) -> None:
-        from cudnn_dsl.backend import load_cudnn
+        from cudnn_dsl.target.library import load_cudnn
 
         for h in self.handles:
             load_cudnn().set_stream(h, stream)

@@ -12,8 +12,8 @@ import keyword
 import math
 import re
 
-from cudnn_dsl.dtypes import torch_dtype_name
-from cudnn_dsl.lower import lower
+from cudnn_dsl.build.lower import lower
+from cudnn_dsl.target.dtypes import torch_dtype_name
 from dsl.ir import Graph, Instance
 from dsl.types import DTYPE_RANGE, is_float
 
@@ -183,7 +183,7 @@ def _views(graph: Graph, inst: Instance, into: str, only=None) -> str:
 def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
     """`make_buffers`: every input drawn as `run` draws it (portable.draw_values: same seed, same values),
     outputs and `extra` (a split graph's intermediates) empty, a bool tensor as cuDNN's packed bytes."""
-    from cudnn_dsl.tensors import input_inits, packed_ragged
+    from cudnn_dsl.run.buffers import input_inits, packed_ragged
 
     own = [b.name for b in graph.buffers]  # memory of its own: buffers, the rest but views and outputs in place
     own += [v.name for v in graph.values if v.kind in ("input", "output") and v.view is None and v.into is None]
@@ -246,11 +246,11 @@ import torch
 
 
 def portable_source() -> str:
-    """The constants and functions of cudnn_dsl.portable as written there: what a script draws its inputs
+    """The constants and functions of cudnn_dsl.target.portable as written there: what a script draws its inputs
     and packs bool tensors with."""
     import inspect
 
-    from cudnn_dsl import portable
+    from cudnn_dsl.target import portable
 
     text = inspect.getsource(portable)
     nodes = [n for n in ast.parse(text).body if isinstance(n, (ast.FunctionDef, ast.Assign))]
@@ -320,7 +320,7 @@ _SCRIPT_GLOBALS = frozenset(
 def _emit_parts(graph: Graph, inst: Instance, o, partition, inits) -> str:
     """The script of a graph cuDNN declines whole: one frontend graph per part, a part left to torch as its
     traced reference, the tensors between parts allocated in their inferred dtype, the parts run in order."""
-    from cudnn_dsl.tensors import written
+    from cudnn_dsl.run.buffers import written
     from dsl.subgraph import subgraph
 
     taken = set(_SCRIPT_GLOBALS)
@@ -478,8 +478,8 @@ def _torch_function(graph: Graph, inst: Instance, fname: str, taken: set[str]) -
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from cudnn_dsl.reference import run_reference
-    from cudnn_dsl.tensors import empty
+    from cudnn_dsl.run.reference import run_reference
+    from cudnn_dsl.target.memory import empty
 
     names = [v.name for v in graph.inputs]
 

@@ -63,9 +63,9 @@ def single_op_graphs(graph: Graph, inst: Instance) -> list[tuple[Node, Graph]]:
 def isolate(graph: Graph, inst: Instance, tensors: dict, options, device, drawn: dict | None = None) -> list[Alone]:
     """Runs every op alone on `device`, on the whole graph's reference values of its inputs (`drawn`: what
     the whole graph's launch drew, for its reference; an op alone draws it again from the same inputs)."""
-    from cudnn_dsl.reference import run_reference
-    from cudnn_dsl.runtime import CompiledGraph
-    from cudnn_dsl.tensors import relayout
+    from cudnn_dsl.run.buffers import relayout
+    from cudnn_dsl.run.compiled import CompiledGraph
+    from cudnn_dsl.run.reference import run_reference
     from dsl.diagnostics import DslError
 
     values = run_reference(graph, inst, tensors, device, every=True, drawn=drawn)

@@ -12,9 +12,9 @@ from typing import Any
 
 import attrs
 
-from cudnn_dsl.backend import Target, device_properties, load_cudnn
-from cudnn_dsl.dtypes import cudnn_type
 from cudnn_dsl.ops import IMPLS
+from cudnn_dsl.target.dtypes import cudnn_type
+from cudnn_dsl.target.library import Target, device_properties, load_cudnn
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance, Node
 from dsl.types import TensorType

@@ -14,10 +14,10 @@ import contextlib
 
 import torch
 
-from cudnn_dsl.bits import logical
-from cudnn_dsl.dtypes import torch_dtype
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.tensors import rounded_values, view
+from cudnn_dsl.run.buffers import rounded_values, view
+from cudnn_dsl.target.bits import logical
+from cudnn_dsl.target.dtypes import torch_dtype
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
 

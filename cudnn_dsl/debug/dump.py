@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from cudnn_dsl.store import atomic_write, graph_digest
-from cudnn_dsl.tensors import BindingError
+from cudnn_dsl.run.buffers import BindingError
+from cudnn_dsl.store.plans import atomic_write, graph_digest
 from dsl.ir import Graph, Instance
 
 FORMAT = 1
@@ -52,7 +52,7 @@ def write(
     """Writes one shape's dump into `directory` (made when missing); returns the files written. The ejected
     cuDNN script follows `options`, draws its inputs as `inits` say and, given the `partition` of a graph
     cuDNN declines whole, builds its parts."""
-    from cudnn_dsl.emit import emit_cudnn, emit_torch
+    from cudnn_dsl.interop.emit import emit_cudnn, emit_torch
 
     s = stem(graph, inst)
     texts = {  # first: may raise

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from cudnn_dsl.portable import pack_bool, unpack_bool
+from cudnn_dsl.target.portable import pack_bool, unpack_bool
 from dsl.types import TensorType
 
 

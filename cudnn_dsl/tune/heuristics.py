@@ -14,13 +14,13 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from cudnn_dsl.build import excluded_or, host_tensors
-from cudnn_dsl.partition import ANCHOR, cut_label, short, tuned_why
-from cudnn_dsl.runtime import CompiledGraph, capture, make_pack
-from cudnn_dsl.search import MAX_CONFIGS, SearchResult, Tried, search
-from cudnn_dsl.store import PartitionChoice, StoreProblem
-from cudnn_dsl.tensors import compare_outputs, restore, snapshot
-from cudnn_dsl.timing import gpu_time_us, replay_time_us
+from cudnn_dsl.build.planner import excluded_or, host_tensors
+from cudnn_dsl.run.buffers import compare_outputs, restore, snapshot
+from cudnn_dsl.run.compiled import CompiledGraph, capture, make_pack
+from cudnn_dsl.run.partition import ANCHOR, cut_label, short, tuned_why
+from cudnn_dsl.run.timing import gpu_time_us, replay_time_us
+from cudnn_dsl.store.plans import PartitionChoice, StoreProblem
+from cudnn_dsl.tune.exhaustive import MAX_CONFIGS, SearchResult, Tried, search
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, shape_label
 from dsl.ops import OPS, Ctx
@@ -142,7 +142,7 @@ def exhaustive(
     progress: Callable[[str], None] | None = None,
 ) -> SearchResult:
     """tune --exhaustive: times the heuristics' plans and every engine and knob combination after them (see
-    cudnn_dsl.search), going on from what earlier searches of this plan key tried unless `restart`; selects and
+    cudnn_dsl.tune.exhaustive), going on from what earlier searches of this plan key tried unless `restart`; selects and
     stores the fastest, once its outputs match the reference."""
     planner, o = cg.planner, cg.options
     cands = planner.candidates(inst)

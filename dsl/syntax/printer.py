@@ -6,9 +6,9 @@ import math
 
 import attrs
 
-from dsl import ast
 from dsl.ir import Graph, Program
 from dsl.options import Options
+from dsl.syntax import ast
 
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 

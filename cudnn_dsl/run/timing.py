@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from cudnn_dsl.backend import load_cudnn
+from cudnn_dsl.target.library import load_cudnn
 
 
 def replay_time_us(fn, handle, device, iterations: int, warmup: int, inner: int = 10) -> list[float]:
@@ -79,7 +79,7 @@ def environment(device=None) -> dict:
     """What a measurement ran on: GPU, driver, cuDNN backend and frontend, torch (for every JSON report)."""
     import subprocess
 
-    from cudnn_dsl.backend import versions
+    from cudnn_dsl.target.library import versions
 
     env = {"torch": torch.__version__, **versions()}
     if torch.cuda.is_available():

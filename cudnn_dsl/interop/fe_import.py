@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import attrs
 
-from cudnn_dsl.dtypes import cudnn_name
-from cudnn_dsl.fe_json import Located, Source, f32_from_json, find_graphs, value_from_json
+from cudnn_dsl.interop.fe_json import Located, Source, f32_from_json, find_graphs, value_from_json
+from cudnn_dsl.target.dtypes import cudnn_name
 from dsl.diagnostics import DslError
 from dsl.ir import Program
 from dsl.ops import OPS
@@ -974,8 +974,8 @@ def to_cdg(
 ) -> tuple[str, list[Imported]]:
     """The canonical .cdg text for every graph in a frontend JSON file or log; DslError (located in the
     input) for what the language cannot express."""
-    from dsl.parser import parse
-    from dsl.printer import fmt_module
+    from dsl.syntax.parser import parse
+    from dsl.syntax.printer import fmt_module
 
     src = Source(file, text.removeprefix("\ufeff"))
     graphs = find_graphs(src)

@@ -1,6 +1,6 @@
 """API layer: a compiled graph with a derived backward, as a torch.autograd.Function.
 
-    f = cudnn_dsl.autograd.differentiable("examples/conv_bias_relu.cdg")
+    f = cudnn_dsl.torch_op.autograd.differentiable("examples/conv_bias_relu.cdg")
     out = f(x=x, w=w, b=b)["out"]   # x, w, b may require grad
     out.sum().backward()
 
@@ -10,7 +10,7 @@ are compiled with cudnn_dsl.compile from their derived .cdg text, one pair per s
 forward that saves nothing more than the graph's outputs is the graph as compiled, plans and all).
 Gradients are derived for the inputs that require grad; with none (or under no_grad) the graph runs as
 written. Without a GPU both run their PyTorch references (the same graphs, the same bindings).
-A graph's torch op (cudnn_dsl.torch_op) derives the same graphs for inputs that require grad, as torch
+A graph's torch op (cudnn_dsl.torch_op.op) derives the same graphs for inputs that require grad, as torch
 ops of their own with torch.library.register_autograd (torch_op.GradOps), so that torch.compile traces
 them; this Function is the path for a graph written in place (running statistics), which has no torch-op
 backward.
@@ -24,8 +24,8 @@ import warnings
 import torch
 
 from cudnn_dsl import api
-from cudnn_dsl.runtime import CompiledGraph
-from cudnn_dsl.tensors import empty
+from cudnn_dsl.run.compiled import CompiledGraph
+from cudnn_dsl.target.memory import empty
 from dsl.autodiff import Derived, derive
 
 

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-from cudnn_dsl.backend import Target
-from cudnn_dsl.build import Candidates, KnobRange, candidates_deviceless, engine_space, excluded_or
-from cudnn_dsl.lower import clean
+from cudnn_dsl.build.lower import clean
+from cudnn_dsl.build.planner import Candidates, KnobRange, candidates_deviceless, engine_space, excluded_or
+from cudnn_dsl.target.library import Target
 from dsl.ir import Graph, Instance, shape_label
 from dsl.options import Options
 

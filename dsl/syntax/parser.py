@@ -13,8 +13,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from lark.lark import PostLex
 from lark.visitors import Transformer_NonRecursive
 
-from dsl import ast
 from dsl.diagnostics import Diagnostic, DslError, Loc
+from dsl.syntax import ast
 
 _BRACKETS = {"LPAR": 1, "LSQB": 1, "RPAR": -1, "RSQB": -1}
 
@@ -105,7 +105,7 @@ def _lark() -> Lark:
 
 
 def write_tables() -> None:
-    """Regenerates grammar_tables.json from grammar.lark (`python -m dsl.parser`)."""
+    """Regenerates grammar_tables.json from grammar.lark (`python -m dsl.syntax.parser`)."""
     from lark.grammar import Rule
     from lark.lexer import TerminalDef
 

@@ -1,0 +1,29 @@
+"""The graph as the cuDNN Frontend itself serializes it: lowered and planned up to the frontend's C++ graph."""
+
+from __future__ import annotations
+
+import json
+
+from cudnn_dsl.build.lower import lower
+from cudnn_dsl.build.planner import STEPS, plan
+from cudnn_dsl.interop.fe_json import by_value_json
+from cudnn_dsl.target.library import Target
+from dsl.ir import Graph, Instance
+
+
+def frontend_json(graph: Graph, inst: Instance, target: Target | None = None, handle=None, plans: bool = True) -> str:
+    """The graph as the cuDNN Frontend itself serializes it (the JSON it writes to its log, json_version 2.0),
+    lowered for the target without a device, or on the GPU of `handle`, with the value of every pass-by-value
+    tensor. Through create_execution_plans: some ops (sdpa) reach the frontend's C++ graph, whose JSON this is,
+    only when plans are asked for; `plans=False` stops before, for a graph that no engine takes (sdpa aside)."""
+    low = lower(graph, inst, target=target, handle=handle)
+    steps = STEPS[:3] if plans else STEPS[:2]
+    plan(low, graph.options, target.name if target else "this GPU", steps=steps, deviceless=target is not None)
+    j = json.loads(repr(low.g))
+    tensors = j.get("tensors") or []
+    for t in tensors.values() if isinstance(tensors, dict) else tensors:
+        # The frontend leaves out a value bound at launch; the file gives each one, so the JSON holds it, in
+        # the frontend's own encoding (as when the value is part of the graph): scalars and epsilons travel.
+        if t.get("is_pass_by_value") and t.get("pass_by_value") is None and t.get("uid") in low.host_values:
+            t["pass_by_value"] = by_value_json(*low.host_values[t["uid"]])
+    return json.dumps(j, indent=1) + "\n"

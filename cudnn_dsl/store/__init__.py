@@ -1,0 +1,1 @@
+"""Storing: the versioned plan store and the shared kernel caches."""

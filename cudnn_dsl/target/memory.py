@@ -1,0 +1,27 @@
+"""How the language's tensors lie in device memory: buffers at their declared strides, bool tensors
+packed, pass-by-value scalars as the one-element CPU tensors cuDNN reads."""
+
+from __future__ import annotations
+
+import torch
+
+from cudnn_dsl.target import bits
+from cudnn_dsl.target.dtypes import torch_dtype
+from dsl.types import TensorType
+
+
+def empty(t: TensorType, device) -> torch.Tensor:
+    """A buffer cuDNN can read or write as t: in its layout, or for a bool tensor, its packed bytes."""
+    if t.dtype == "bool":
+        return torch.zeros(bits.nbytes(t), dtype=torch.uint8, device=device)
+    return torch.empty_strided(t.shape, t.strides, dtype=torch_dtype(t.dtype), device=device)
+
+
+def stored(values: torch.Tensor, t: TensorType) -> torch.Tensor:
+    """Values of t's shape as cuDNN's memory holds them (packed, for bool), on their device."""
+    return bits.pack(values, t) if t.dtype == "bool" and values.dtype == torch.bool else values
+
+
+def host_scalar(value, dtype: str) -> torch.Tensor:
+    """The one-element CPU tensor cuDNN reads a pass-by-value scalar from."""
+    return torch.full((1,), float(value), dtype=torch_dtype(dtype))

@@ -1,0 +1,1 @@
+"""Tuning: heuristic candidates and exhaustive search timed on the GPU, and benchmarks against peers."""

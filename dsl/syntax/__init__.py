@@ -1,0 +1,1 @@
+"""Syntax: the grammar, the parser to an AST, and the canonical printer."""
