@@ -28,7 +28,7 @@ def _env(cache, **extra) -> dict:
     return env
 
 
-def _check(env, python=sys.executable, **kw) -> subprocess.CompletedProcess:
+def check_fields(env, python=sys.executable, **kw) -> subprocess.CompletedProcess:
     """`cudnn-dsl check --target h200` on the SDPA example: cuDNN plans it with its runtime-compiled engine."""
     cmd = [str(python), "-m", "cudnn_dsl", "check", "--target", "h200", "examples/sdpa.cdg"]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False, **kw)
@@ -66,7 +66,7 @@ def _notes(proc) -> list[str]:
 def warm_cache(tmp_path_factory):
     """A cache directory after one deviceless run, to copy and tamper with."""
     cache = tmp_path_factory.mktemp("warm") / "cache"
-    _planned(_check(_env(cache)))
+    _planned(check_fields(_env(cache)))
     return cache
 
 
@@ -92,7 +92,7 @@ def test_a_library_planted_in_the_cache_is_never_run(warm_cache, tmp_path):
         shutil.copy(lib, spot)
     tmp = tmp_path / "tmp"
     tmp.mkdir(mode=0o700)
-    proc = _check(_env(cache, TMPDIR=str(tmp)))
+    proc = check_fields(_env(cache, TMPDIR=str(tmp)))
     assert not marker.exists(), "the planted library ran"
     _planned(proc)
     assert list(tmp.iterdir()) == [], "the private build directory was left behind"
@@ -104,10 +104,10 @@ def test_damaged_cache_files_are_rebuilt_and_said_once(warm_cache, tmp_path):
     assert damaged
     for p in damaged:
         p.write_bytes(b"")
-    proc = _check(_env(cache))
+    proc = check_fields(_env(cache))
     _planned(proc)
     assert len(_notes(proc)) == 1 and "damaged" in _notes(proc)[0], proc.stderr
-    again = _check(_env(cache))
+    again = check_fields(_env(cache))
     _planned(again)
     assert _notes(again) == [], again.stderr
 
@@ -148,7 +148,7 @@ def test_a_cache_path_that_cannot_be_a_directory_falls_back_with_one_note(tmp_pa
     f = tmp_path / "file"
     f.write_text("x")
     cache = f if where == "a regular file" else f / "cudnn-dsl"
-    proc = _check(_env(cache))
+    proc = check_fields(_env(cache))
     _planned(proc)
     assert len(_notes(proc)) == 1 and str(cache) in _notes(proc)[0], proc.stderr
 
@@ -166,7 +166,7 @@ def test_a_read_only_cache_dir_falls_back_with_one_note(tmp_path):
             pass
         else:
             pytest.skip("chattr +i does not stop writes here")
-        proc = _check(_env(cache))
+        proc = check_fields(_env(cache))
     finally:
         subprocess.run(["chattr", "-i", str(cache)], check=True)
     _planned(proc)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from cudnn_dsl.store.plans import graph_digest
+from cudnn_dsl.store.keys import graph_digest
 from dsl.diagnostics import RuleError
 from dsl.options import Options
 from dsl.pipeline import load, program

@@ -33,7 +33,7 @@ def h200():
 
 @pytest.mark.parametrize("graph,inst", list(_cases()))
 def test_example_gets_h200_plans_from_cudnn(graph, inst, h200):
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
 
     low = plan_deviceless(graph, inst, graph.options, h200)
     assert low.plan_count >= 1
@@ -48,7 +48,7 @@ def test_example_gets_h200_plans_from_cudnn(graph, inst, h200):
 
 
 def test_a_fusion_cudnn_rejects_is_reported_at_the_graph_with_advice(h200):
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
     from dsl.diagnostics import DslError
 
     text = (

@@ -56,8 +56,8 @@ BUILD_STEPS = {
     "build_plan_at_index",
     "deserialize",
 }
-#: the cuDNN Frontend internals the pinned-version fast launch uses (runtime._raw_launcher), and the
-#: plan index the frontend keeps (build._selected_index): theirs, not another module of ours
+#: the cuDNN Frontend internals the pinned-version fast launch uses (run.compiled._raw_launcher), and the
+#: plan index the frontend keeps (build.planner.selected_index): theirs, not another module of ours
 FRONTEND_INTERNALS = {
     "_normalize",
     "_uid_to_data",
@@ -150,6 +150,8 @@ FLOORS = (
     ("cudnn_dsl.cli",),
     ("cudnn_dsl.__main__",),
 )
+
+
 def _package(module: str) -> str:
     parts = module.split(".")
     if parts[0] == "dsl":

@@ -7,7 +7,7 @@ import torch
 from cudnn_dsl.interop.emit import emit_cudnn, emit_torch
 from cudnn_dsl.run.buffers import BindingError, check_inputs, generate_inputs, snapshot, with_views
 from cudnn_dsl.run.reference import run_reference
-from cudnn_dsl.store.plans import graph_digest
+from cudnn_dsl.store.keys import graph_digest
 from dsl.diagnostics import DslError
 from dsl.pipeline import load, program
 from dsl.syntax.parser import parse

@@ -324,7 +324,7 @@ def h200():
 
 
 def _plan(body: str, h200):
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
 
     g = program(text=graph_text(body), file="n.cdg").graphs[0]
     return plan_deviceless(g, g.instances[0], g.options, h200)

@@ -37,7 +37,7 @@ def cudnn_version():
 
 @pytest.fixture
 def override_cudnn(cudnn_version):
-    from cudnn_dsl.build.planner import OVERRIDE_MIN_CUDNN, version_text
+    from cudnn_dsl.build.override import OVERRIDE_MIN_CUDNN, version_text
 
     if cudnn_version < OVERRIDE_MIN_CUDNN:
         pytest.skip(f"cuDNN {version_text(cudnn_version)} here has no override-shape mode (needs 9.21)")
@@ -51,7 +51,7 @@ def test_the_option_takes_override_and_says_what_else_it_takes():
 
 
 def test_the_version_check_names_both_versions():
-    from cudnn_dsl.build.planner import override_unavailable, version_text
+    from cudnn_dsl.build.override import override_unavailable, version_text
 
     assert version_text(92801) == "9.28.1"
     assert override_unavailable(91900) == "cuDNN 9.19.0 has no override-shape mode (it needs 9.21.0 or later)"
@@ -60,7 +60,7 @@ def test_the_version_check_names_both_versions():
 
 
 def test_the_graph_is_built_at_every_dims_largest_value():
-    from cudnn_dsl.build.planner import representative
+    from cudnn_dsl.build.override import representative
 
     assert dict(representative(graph_of(MATMUL)).binding) == {"T": 4096}
     two = (
@@ -86,7 +86,7 @@ def test_the_overrides_are_the_values_own_dims_and_strides_as_cudnn_sees_them():
 
 
 def test_cudnn_plans_the_graph_in_override_shape_mode_for_an_h200(override_cudnn):
-    from cudnn_dsl.build.planner import plan_override
+    from cudnn_dsl.build.override import plan_override
     from cudnn_dsl.target.library import Target
 
     g = graph_of(MATMUL)
@@ -100,7 +100,8 @@ def test_cudnn_plans_the_graph_in_override_shape_mode_for_an_h200(override_cudnn
 
 
 def test_a_graph_no_engine_takes_in_override_shape_mode_is_declined_with_cudnns_reason(override_cudnn):
-    from cudnn_dsl.build.planner import OverrideDeclined, plan_deviceless, plan_override
+    from cudnn_dsl.build.override import OverrideDeclined, plan_override
+    from cudnn_dsl.build.steps import plan_deviceless
     from cudnn_dsl.target.library import Target
 
     g = graph_of(CONV)

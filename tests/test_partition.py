@@ -111,7 +111,7 @@ VIEWED = (
 
 
 def test_a_part_keeps_the_buffers_its_views_read_and_binds_an_output_in_place_as_a_plain_output():
-    from cudnn_dsl.store.plans import graph_digest
+    from cudnn_dsl.store.keys import graph_digest
 
     g = program(text=VIEWED, file="v.cdg").graphs[0]
     inst = g.instances[0]

@@ -27,7 +27,7 @@ def mm():
 
 
 def _engines(low) -> set[int]:
-    from cudnn_dsl.build.planner import engine_of
+    from cudnn_dsl.build.constraints import engine_of
 
     return {engine_of(low, i) for i in (low.allowed if low.allowed is not None else range(low.plan_count))}
 
@@ -71,7 +71,8 @@ def test_a_bad_constraint_in_the_file_is_located():
 
 
 def test_the_plan_store_key_reflects_the_constraints():
-    from cudnn_dsl.store.plans import Entry, PlanKey
+    from cudnn_dsl.store.keys import PlanKey
+    from cudnn_dsl.store.plans import Entry
 
     plain = PlanKey("0" * 64, "NVIDIA H200", "9.0", 92800, "1.32.0")
     det = PlanKey("0" * 64, "NVIDIA H200", "9.0", 92800, "1.32.0", "deterministic")
@@ -85,7 +86,8 @@ def test_the_plan_store_key_reflects_the_constraints():
 
 
 def test_excluded_engines_leave_the_others(mm, h200):
-    from cudnn_dsl.build.planner import engine_of, first_plan_name, plan_deviceless
+    from cudnn_dsl.build.constraints import engine_of
+    from cudnn_dsl.build.steps import first_plan_name, plan_deviceless
 
     g, inst = mm
     free = plan_deviceless(g, inst, g.options, h200)
@@ -96,7 +98,7 @@ def test_excluded_engines_leave_the_others(mm, h200):
 
 
 def test_constraints_that_leave_no_plan_are_a_located_error(mm, h200):
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
     from dsl.diagnostics import DslError
 
     g, inst = mm
@@ -118,7 +120,7 @@ def test_constraints_that_leave_no_plan_are_a_located_error(mm, h200):
 
 def test_no_runtime_compilation_filters_by_cudnns_behaviour_notes(mm, h200):
     """Every plan cuDNN offers this matmul on an H200 compiles at run time (its notes say so): none is left."""
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
     from dsl.diagnostics import DslError
 
     g, inst = mm
@@ -138,7 +140,7 @@ def test_no_runtime_compilation_filters_by_cudnns_behaviour_notes(mm, h200):
 
 
 def test_deterministic_keeps_plans_cudnn_does_not_mark_nondeterministic(mm, h200):
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
 
     g, inst = mm
     low = plan_deviceless(g, inst, g.options.with_values({"deterministic": True}), h200)
@@ -149,7 +151,7 @@ def test_deterministic_keeps_plans_cudnn_does_not_mark_nondeterministic(mm, h200
 
 
 def test_plan_names_parse_as_cudnn_prints_them():
-    from cudnn_dsl.build.planner import PlanSpec
+    from cudnn_dsl.build.constraints import PlanSpec
 
     s = PlanSpec.parse("eng4_k17=2_k24=43")
     assert (s.engine, s.knobs, s.named) == (4, {"SPLIT_K_SLC": 2, "KERNEL_CFG": 43}, True)
@@ -167,7 +169,8 @@ def test_knob_numbers_are_the_ones_cudnn_names_plans_by(mm, h200):
     """The table from knob names to the numbers in plan names, checked against cuDNN's own names."""
     import cudnn
 
-    from cudnn_dsl.build.planner import KNOB_NUMBERS, PlanSpec, plan_deviceless
+    from cudnn_dsl.build.constraints import KNOB_NUMBERS, PlanSpec
+    from cudnn_dsl.build.steps import plan_deviceless
 
     assert set(KNOB_NUMBERS) <= set(cudnn.knob_type.__members__)
     g, inst = mm
@@ -183,7 +186,8 @@ def test_knob_numbers_are_the_ones_cudnn_names_plans_by(mm, h200):
 
 
 def test_a_pinned_plan_is_built_whether_the_heuristics_offer_it_or_not(mm, h200):
-    from cudnn_dsl.build.planner import PlanSpec, first_plan_name, plan_deviceless
+    from cudnn_dsl.build.constraints import PlanSpec
+    from cudnn_dsl.build.steps import first_plan_name, plan_deviceless
 
     g, inst = mm
     free = plan_deviceless(g, inst, g.options, h200)
@@ -200,7 +204,8 @@ def test_a_pinned_plan_is_built_whether_the_heuristics_offer_it_or_not(mm, h200)
 
 
 def test_a_plan_cudnn_does_not_offer_is_refused_with_the_names_it_does(mm, h200):
-    from cudnn_dsl.build.planner import PlanSpec, plan_deviceless
+    from cudnn_dsl.build.constraints import PlanSpec
+    from cudnn_dsl.build.steps import plan_deviceless
     from dsl.diagnostics import DslError
 
     g, inst = mm
@@ -233,7 +238,7 @@ def test_check_target_takes_the_constraint_and_plan_flags():
 
 @pytest.mark.parametrize("name", ["matmul_epilogue", "conv_bias_relu", "layernorm"])
 def test_each_op_alone_is_a_graph_cudnn_plans_or_declines_at_that_op(name, h200):
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
     from cudnn_dsl.debug.isolate import single_op_graphs
     from dsl.diagnostics import DslError
 

@@ -10,7 +10,7 @@ import torch
 
 from cudnn_dsl.run.buffers import generate_inputs
 from cudnn_dsl.run.reference import drawn_values, run_reference
-from cudnn_dsl.store.plans import graph_digest
+from cudnn_dsl.store.keys import graph_digest
 from dsl.diagnostics import DslError
 from dsl.pipeline import program
 from dsl.syntax.printer import dump_ir
@@ -311,7 +311,7 @@ PLANNED = {
 
 
 def planned(call: str):
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
     from cudnn_dsl.target.library import Target
 
     used = [n for n in PLANNED if n in "qkv" or f"={n}" in call or f" {n}," in call]
@@ -408,7 +408,7 @@ def test_a_bad_paged_sdpa_is_refused(text_, words):
 
 
 def test_h200_plans_paged_caches():
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
     from cudnn_dsl.target.library import Target
 
     text_ = PAGED.format(n=64, block=64, pages=8, extra=", causal=true, stats=true").replace("float[", "bf16[")
@@ -571,7 +571,7 @@ def test_ragged_paged_keys_are_refused():
 
 @pytest.mark.parametrize("stats", [False, True])
 def test_h200_plans_ragged_attention(stats):
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
     from cudnn_dsl.target.library import Target
 
     path = Path(__file__).parent.parent / "examples" / "sdpa_ragged.cdg"
@@ -634,7 +634,7 @@ def test_a_bad_fp8_attention_is_refused(dt, sc, words):
 
 
 def test_h200_plans_fp8_attention():
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
     from cudnn_dsl.target.library import Target
 
     text_ = FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra=", causal=true")
@@ -645,7 +645,7 @@ def test_h200_plans_fp8_attention():
 
 
 def test_h200_refuses_fp8_attention_with_a_bf16_o_at_the_op():
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
     from cudnn_dsl.target.library import Target
 
     text_ = FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra="").replace("output o : float", "output o : bf16")
@@ -697,7 +697,7 @@ def h200():
 
 @pytest.mark.parametrize("stats", [False, True])
 def test_cudnn_9_28_plans_seeded_dropout_for_an_h200_with_the_mask_in_scratch_memory(stats, h200):
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
 
     extra = ", stats=true" if stats else ""
     g = graph(f"sdpa(q, k, v, dropout_probability=0.1, {SEEDED}{extra})", dtype="bf16", stats=stats)
@@ -707,7 +707,7 @@ def test_cudnn_9_28_plans_seeded_dropout_for_an_h200_with_the_mask_in_scratch_me
 
 
 def test_a_mask_the_graph_outputs_is_no_scratch(h200):
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
 
     src = text(f"sdpa(q, k, v, dropout_probability=0.1, {SEEDED})", dtype="bf16")
     src = src.replace("  output o = sdpa", "  o, m = sdpa").replace("}\n", "  output o\n  output m\n}\n")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudnn_dsl.build.planner import KnobRange
+from cudnn_dsl.build.space import KnobRange
 from cudnn_dsl.tune.exhaustive import configurations, space_size
 from dsl.pipeline import program
 
@@ -45,7 +45,8 @@ def explored(h200):
 
 
 def test_the_space_is_what_cudnn_enumerates(explored):
-    from cudnn_dsl.build.planner import candidates_deviceless, engine_space
+    from cudnn_dsl.build.space import engine_space
+    from cudnn_dsl.build.steps import candidates_deviceless
     from cudnn_dsl.target.library import Target
 
     g, r = explored
@@ -80,8 +81,11 @@ def test_a_capped_search_counts_what_cudnn_supports_and_says_it_stopped(explored
 
 def test_a_search_goes_on_from_the_record_of_earlier_ones(explored, h200, tmp_path):
     """What one search tried, through the store's record, is skipped by the next, which goes on in order."""
-    from cudnn_dsl.build.planner import Candidates, candidates_deviceless
-    from cudnn_dsl.store.plans import PlanKey, PlanStore, StoreProblem
+    from cudnn_dsl.build.planner import Candidates
+    from cudnn_dsl.build.steps import candidates_deviceless
+    from cudnn_dsl.store.files import StoreProblem
+    from cudnn_dsl.store.keys import PlanKey
+    from cudnn_dsl.store.plans import PlanStore
     from cudnn_dsl.tune.exhaustive import Tried, configurations, search
 
     g, first = explored
@@ -132,7 +136,9 @@ def test_tune_exhaustive_without_a_gpu_asks_cudnn_for_the_target():
 def test_a_search_record_is_checked_like_a_plan_entry_and_cleared_with_the_store(tmp_path):
     import json
 
-    from cudnn_dsl.store.plans import PlanKey, PlanStore, StoreProblem
+    from cudnn_dsl.store.files import StoreProblem
+    from cudnn_dsl.store.keys import PlanKey
+    from cudnn_dsl.store.plans import PlanStore
 
     store = PlanStore(tmp_path / "plans")
     key = PlanKey("0" * 64, "NVIDIA H200", "9.0", 92800, "1.32.0", "deterministic")

@@ -15,19 +15,12 @@ from pathlib import Path
 import attrs
 import pytest
 
+import cudnn_dsl.store.kernels as kernels_mod
 import cudnn_dsl.store.plans as store_mod
-from cudnn_dsl.store.plans import (
-    Entry,
-    PlanKey,
-    PlanStore,
-    StoreProblem,
-    atomic_write,
-    graph_digest,
-    is_entry_id,
-    load_kernel_cache_text,
-    merge_kernel_caches,
-    save_kernel_cache_text,
-)
+from cudnn_dsl.store.files import StoreProblem, atomic_write
+from cudnn_dsl.store.kernels import load_kernel_cache_text, merge_kernel_caches, save_kernel_cache_text
+from cudnn_dsl.store.keys import PlanKey, graph_digest, is_entry_id
+from cudnn_dsl.store.plans import Entry, PlanStore
 from dsl.pipeline import program
 
 TEXT = """graph g {
@@ -628,7 +621,7 @@ def test_load_kernel_cache_refuses_special_and_oversized_files(tmp_path, monkeyp
         load_kernel_cache_text(p)
     p.unlink()
     p.write_text(KC(1))
-    monkeypatch.setattr(store_mod, "KERNEL_CACHE_LIMIT", 10)
+    monkeypatch.setattr(kernels_mod, "KERNEL_CACHE_LIMIT", 10)
     with pytest.raises(StoreProblem, match="limit"):
         load_kernel_cache_text(p)
 

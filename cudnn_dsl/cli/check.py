@@ -95,7 +95,7 @@ def _backward(program) -> tuple[tuple, int]:
 def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
     """Asks the real cuDNN library for the target's plans for every shape of every graph (into entry's
     "plans"), and says the shape mode of each graph with symbolic dims (into its "shape_modes")."""
-    from cudnn_dsl.build.planner import timings_text
+    from cudnn_dsl.build.steps import timings_text
     from cudnn_dsl.run.partition import plan_for_target
     from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
@@ -136,7 +136,7 @@ def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
 
 def _shape_mode(g, target, records: list, quiet: bool, args) -> int:
     """The shape mode a run of this graph would use; in override-shape mode, its one plan, planned deviceless."""
-    from cudnn_dsl.build.planner import shape_mode_line
+    from cudnn_dsl.build.override import shape_mode_line
     from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
 

@@ -40,7 +40,7 @@ def warn(message: str) -> None:
 
 def report(e: BaseException) -> int:
     """Prints what went wrong, in the user's terms; returns the exit code it deserves."""
-    from cudnn_dsl.store.plans import StoreProblem
+    from cudnn_dsl.store.files import StoreProblem
     from cudnn_dsl.target.library import BackendUnavailable, DescriptorFileError, UnknownTarget
     from dsl.diagnostics import Diagnostic, DslError
     from dsl.ir import NotFound
@@ -168,7 +168,7 @@ def select_instances(graph: Graph, items) -> list[Instance]:
 
 def plan_record(graph: Graph, inst: Instance, target, low) -> dict:
     """One deviceless planning, as `check --json` and `run --json` both report it."""
-    from cudnn_dsl.build.planner import first_plan_name
+    from cudnn_dsl.build.steps import first_plan_name
 
     return {
         "graph": graph.name,
@@ -276,7 +276,7 @@ def plan_spec(args):
     """--plan NAME as a build.PlanSpec (None without it); a usage error when it names no plan."""
     if not getattr(args, "plan", None):
         return None
-    from cudnn_dsl.build.planner import PlanSpec
+    from cudnn_dsl.build.constraints import PlanSpec
 
     try:
         return PlanSpec.parse(args.plan)
@@ -430,7 +430,7 @@ def write_json(path: str | None, data: Any) -> None:
     if path == "-":
         print(text, file=_json_out[-1] if _json_out else sys.stdout)
         return
-    from cudnn_dsl.store.plans import atomic_write
+    from cudnn_dsl.store.files import atomic_write
 
     atomic_write(Path(path), text + "\n")
 

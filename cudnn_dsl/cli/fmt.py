@@ -39,7 +39,7 @@ def run(args) -> int:
             print(f"{path}: would reformat", file=sys.stderr)
             status = max(status, common.EXIT_FAIL)
         else:
-            from cudnn_dsl.store.plans import atomic_write
+            from cudnn_dsl.store.files import atomic_write
 
             try:
                 atomic_write(Path(path), new)

@@ -115,7 +115,7 @@ def run(args) -> int:
     if out is None:
         sys.stdout.write(cdg)
         return common.EXIT_OK
-    from cudnn_dsl.store.plans import atomic_write
+    from cudnn_dsl.store.files import atomic_write
 
     atomic_write(out, cdg)
     print(f"{out}: {len(graphs)} graph{'s' if len(graphs) != 1 else ''} imported from {args.file}", file=sys.stderr)

@@ -312,7 +312,7 @@ class _GpuRunner:
         import attrs
         import torch
 
-        from cudnn_dsl.build.planner import timings_text
+        from cudnn_dsl.build.steps import timings_text
         from cudnn_dsl.run.buffers import restore, snapshot
         from cudnn_dsl.run.timing import gpu_time_us
 
@@ -498,7 +498,7 @@ class _CpuRunner:
         self.s, self.target = setup, target
 
     def run(self, inst) -> dict:
-        from cudnn_dsl.build.planner import timings_text
+        from cudnn_dsl.build.steps import timings_text
         from cudnn_dsl.run.buffers import reference_bytes
         from cudnn_dsl.run.partition import plan_for_target
         from cudnn_dsl.run.reference import drawn_values, run_reference

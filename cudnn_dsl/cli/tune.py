@@ -103,7 +103,7 @@ def run(args) -> int:
 def _tune(cg, inst, progress):
     """The whole graph's plans tuned (unless cuDNN declines it whole), then its partitions where it has several:
     (TuneResult or None, PartitionTune or None)."""
-    from cudnn_dsl.build.planner import NotAllowed
+    from cudnn_dsl.build.constraints import NotAllowed
     from cudnn_dsl.run.partition import short
     from cudnn_dsl.tune.heuristics import tune, tune_partitions
     from dsl.diagnostics import DslError

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from cudnn_dsl.run.buffers import BindingError
-from cudnn_dsl.store.plans import atomic_write, graph_digest
+from cudnn_dsl.store.files import atomic_write
+from cudnn_dsl.store.keys import graph_digest
 from dsl.ir import Graph, Instance
 
 FORMAT = 1

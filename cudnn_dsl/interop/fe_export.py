@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from cudnn_dsl.build.lower import lower
-from cudnn_dsl.build.planner import STEPS, plan
+from cudnn_dsl.build.steps import STEPS, plan
 from cudnn_dsl.interop.fe_json import by_value_json
 from cudnn_dsl.target.library import Target
 from dsl.ir import Graph, Instance

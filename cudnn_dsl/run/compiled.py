@@ -12,8 +12,10 @@ from typing import Any
 import attrs
 import torch
 
+from cudnn_dsl.build.constraints import NotAllowed
 from cudnn_dsl.build.lower import Lowered
-from cudnn_dsl.build.planner import Executable, NotAllowed, Planner, plan_deviceless
+from cudnn_dsl.build.planner import Executable, Planner
+from cudnn_dsl.build.steps import plan_deviceless
 from cudnn_dsl.run.buffers import (
     BindingError,
     Comparison,
@@ -27,7 +29,8 @@ from cudnn_dsl.run.buffers import (
 from cudnn_dsl.run.partition import short, tuned_why
 from cudnn_dsl.run.parts import Staged, StagedBound, stage
 from cudnn_dsl.run.reference import drawn_values, run_reference
-from cudnn_dsl.store.plans import PartitionChoice, PlanStore, StoreProblem
+from cudnn_dsl.store.files import StoreProblem
+from cudnn_dsl.store.plans import PartitionChoice, PlanStore
 from cudnn_dsl.target.library import DEFAULT_TARGET, BackendUnavailable, Target, load_cudnn
 from cudnn_dsl.target.memory import empty, host_scalar
 from dsl.diagnostics import DslError

@@ -181,7 +181,8 @@ def short(message: str) -> str:
 def plan_for_target(graph: Graph, inst: Instance, options, target, progress=None, pin=None):
     """(plans, None) when the target's cuDNN takes the graph whole, else (None, the partition); the
     refusal itself (a DslError) when splitting is off or a plan is pinned (a pin names a whole-graph plan)."""
-    from cudnn_dsl.build.planner import NotAllowed, plan_deviceless
+    from cudnn_dsl.build.constraints import NotAllowed
+    from cudnn_dsl.build.steps import plan_deviceless
 
     try:
         return plan_deviceless(graph, inst, options, target, progress, pin), None
@@ -194,7 +195,7 @@ def plan_for_target(graph: Graph, inst: Instance, options, target, progress=None
 
 def deviceless_accepts(options, target) -> Accepts:
     """Acceptance by the real cuDNN library, planning for `target` without a device."""
-    from cudnn_dsl.build.planner import plan_deviceless
+    from cudnn_dsl.build.steps import plan_deviceless
 
     def accepts(part: Graph) -> str | None:
         try:

@@ -1,4 +1,4 @@
-"""Reuse layer: the versioned plan store and the shared kernel caches.
+"""The versioned plan store: entries, searches and partition choices on disk, export and import of bundles.
 
 An entry is keyed by the graph's canonical content (no names of files, no locations, no scalar
 values), the GPU (name and compute capability), and the cuDNN backend and frontend versions. It
@@ -18,240 +18,47 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import math
 import os
-import re
-import secrets
-import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
 
-from dsl.ir import Graph, Instance
+from cudnn_dsl.store.files import (
+    READ_CHUNK,
+    StoreProblem,
+    atomic_write,
+    clean,
+    cleaned,
+    loads,
+    open_regular,
+    read_regular,
+    scan_dir,
+)
+from cudnn_dsl.store.kernels import KERNEL_CACHE_NAME, load_kernel_cache_text, save_kernel_cache_text
+from cudnn_dsl.store.keys import FORMAT, PlanKey, cache_dir, is_entry_id
+from cudnn_dsl.store.schema import (
+    BUNDLE_FIELDS,
+    KERNEL_CACHE_FIELDS,
+    PARTITION_FIELDS,
+    SEARCH_FIELDS,
+    brief,
+    check_entry,
+    check_fields,
+)
 
-FORMAT = 1
-"""of an entry, and of an export bundle (whose kernel_caches list is optional)"""
 ENTRY_LIMIT = 64 << 20
 """bytes; a serialized plan is a few MB at most"""
 BUNDLE_LIMIT = 512 << 20
-KERNEL_CACHE_LIMIT = 64 << 20
 SEARCH_LIMIT = 64 << 20
 """bytes of one search record (tune --exhaustive): some 200 bytes per configuration tried"""
-MAX_WORKSPACE = 1 << 40
-"""bytes; the runtime allocates a stored plan's workspace on every load, so an absurd one is damage"""
-_MAX_CREATED = 1e11
-"""seconds since 1970 (the year 5138): beyond it, time.localtime fails"""
-_STR_LIMIT = 1024
-_CHUNK = 256 << 10
 
-_ENTRY_ID = re.compile(r"[0-9a-f]{32}")
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-_KERNEL_CACHE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}-[0-9a-f]{24}\.cache")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_PARTITION_NAME = re.compile(r"whole|[1-9][0-9]{0,6}(,[1-9][0-9]{0,6}){0,255}")
 _BLOB_MARK = b'\n "blob": "'
 """how to_json's indent=1 layout starts the blob: a newline cannot occur inside a JSON string"""
 
 
-def clean(text: str) -> str:
-    """text without C0, DEL and C1 control characters, so that a stored field cannot drive the terminal."""
-    return _CONTROL.sub("", text)
-
-
-def is_entry_id(text: str) -> bool:
-    """Whether text is an entry id (32 lowercase hex digits): the only names `cache show` accepts."""
-    return bool(_ENTRY_ID.fullmatch(text))
-
-
-class StoreProblem(Exception):
-    """The store, an entry or a bundle cannot be used as it is; the message says why (an entry is then rebuilt)."""
-
-    def __init__(self, message: str):
-        super().__init__(clean(str(message)))
-
-
-def cache_dir() -> Path:
-    """$CUDNN_DSL_CACHE_DIR, else $XDG_CACHE_HOME/cudnn-dsl, else ~/.cache/cudnn-dsl."""
-    env = os.environ.get("CUDNN_DSL_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cudnn-dsl"
-
-
-def graph_digest(graph: Graph, inst: Instance) -> str:
-    """A hash of what the plan depends on: ops, canonical attributes, tensor types, by uid. Names and the values
-    of scalars and constants are left out (cuDNN reads those at launch), so two spellings of one graph share it.
-    Where tensors share memory (views of a buffer, outputs in place) that is part of it too."""
-    uid = {v.name: v.uid for v in graph.values}
-    canon = {
-        "types": [graph.io, graph.intermediate, graph.compute],
-        "values": [[v.kind, v.uid, v.dtype] for v in graph.values],
-        "nodes": [
-            [
-                n.op,
-                [uid.get(i) for i in n.inputs],
-                [uid[o] for o in n.outputs],
-                [list(a) for a in inst.node_attrs[k]],
-                n.compute,
-            ]
-            for k, n in enumerate(graph.nodes)
-        ],
-        "instance": sorted([uid[k], t.dtype, list(t.shape), list(t.strides)] for k, t in inst.types if k in uid),
-    }
-    if graph.buffers or graph.in_place or any(n.uids for n in graph.nodes):  # absent otherwise: older keys hold
-        canon["memory"] = {
-            "buffers": [[inst.type(b.name).dtype, list(inst.type(b.name).shape)] for b in graph.buffers],
-            "views": sorted([v.uid, [b.name for b in graph.buffers].index(v.view[0]), v.view[1]] for v in graph.views),
-            "in_place": sorted([v.uid, uid[v.into]] for v in graph.in_place),
-            "attr_uids": [list(n.uids) for n in graph.nodes],
-        }
-    return hashlib.sha256(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()
-
-
-@attrs.frozen
-class PlanKey:
-    digest: str
-    gpu: str
-    compute_capability: str
-    cudnn_backend: int
-    cudnn_frontend: str
-    constraints: str = ""
-    """the plan constraints the plan was chosen under ('' for none: such keys keep the ids they had before)"""
-
-    def to_json(self) -> dict:
-        return attrs.asdict(self, filter=lambda a, v: a.name != "constraints" or bool(v))
-
-    @property
-    def id(self) -> str:
-        raw = json.dumps(self.to_json(), sort_keys=True).encode()
-        return hashlib.sha256(raw).hexdigest()[:32]
-
-
-# ---- field checks: exact types (no bool for int, no float for int), bounded ranges and lengths ----
-
-
-_Fields = dict[str, tuple[Callable[[object], bool], str]]
-"""field name -> (check of its value, what the value should be)"""
-
-
-def _int(lo: int, hi: int) -> Callable[[object], bool]:
-    return lambda v: type(v) is int and lo <= v <= hi
-
-
-def _str(v: object) -> bool:
-    return type(v) is str and len(v) <= _STR_LIMIT
-
-
-def _number(v: object) -> bool:
-    return (type(v) is int and abs(v) < 2**63) or (type(v) is float and math.isfinite(v))
-
-
-def _dict_of(check: Callable[[object], bool]) -> Callable[[object], bool]:
-    return lambda v: type(v) is dict and len(v) <= 256 and all(_str(k) and check(x) for k, x in v.items())
-
-
-_KEY_FIELDS: _Fields = {
-    "digest": (lambda v: type(v) is str and bool(_DIGEST.fullmatch(v)), "64 hex digits"),
-    "gpu": (_str, "a string"),
-    "compute_capability": (_str, "a string"),
-    "cudnn_backend": (_int(0, 2**31 - 1), "a cuDNN version number"),
-    "cudnn_frontend": (_str, "a string"),
-}
-_ENTRY_FIELDS: _Fields = {
-    "format": (lambda v: type(v) is int and v == FORMAT, f"format {FORMAT}"),
-    "key": (
-        lambda v: _check(v, _KEY_FIELDS, "key", {"constraints": (_str, "a string")}) is None,
-        "a plan key",
-    ),  # raises naming the bad key field
-    "graph": (_str, "a string"),
-    "plan_name": (_str, "a string"),
-    "engine_id": (_int(0, 2**31 - 1), "an engine id"),
-    "knobs": (_dict_of(_int(-(2**63), 2**63 - 1)), "a map of knob names to integers"),
-    "blob": (lambda v: type(v) is str, "base64 text"),
-    "blob_sha256": (lambda v: type(v) is str and bool(_DIGEST.fullmatch(v)), "a sha256"),
-    "workspace": (_int(0, MAX_WORKSPACE), f"a byte count up to {MAX_WORKSPACE}"),
-    "tuned": (lambda v: type(v) is bool, "true or false"),
-}
-_OPTIONAL_FIELDS: _Fields = {
-    "timing": (_dict_of(_number), "a map of names to numbers"),
-    "created": (lambda v: _number(v) and 0 <= v <= _MAX_CREATED, "a time"),
-    "imported": (lambda v: type(v) is bool, "true or false"),
-}
-_TRIED_FIELDS: _Fields = {
-    "engine": (_int(0, 2**31 - 1), "an engine id"),
-    "knobs": (_dict_of(_int(-(2**63), 2**63 - 1)), "a map of knob names to integers"),
-    "source": (lambda v: v in ("heuristics", "search"), "heuristics or search"),
-    "status": (lambda v: v in ("timed", "unsupported", "failed", "excluded"), "timed, unsupported, failed or excluded"),
-}
-_TRIED_OPTIONAL: _Fields = {
-    "name": (_str, "a string"),
-    "median_us": (lambda v: _number(v) and v >= 0, "a time in µs"),
-    "workspace": (_int(0, MAX_WORKSPACE), "a byte count"),
-    "error": (_str, "a string"),
-}
-_SEARCH_FIELDS: _Fields = {
-    "format": (lambda v: type(v) is int and v == FORMAT, f"format {FORMAT}"),
-    "key": (lambda v: _check(v, _KEY_FIELDS, "key", {"constraints": (_str, "a string")}) is None, "a plan key"),
-    "graph": (_str, "a string"),
-    "tried": (
-        lambda v: type(v) is list and all(_check(t, _TRIED_FIELDS, "tried", _TRIED_OPTIONAL) is None for t in v),
-        "a list",
-    ),
-}
-_PARTITION_FIELDS: _Fields = {
-    "format": (lambda v: type(v) is int and v == FORMAT, f"format {FORMAT}"),
-    "key": (lambda v: _check(v, _KEY_FIELDS, "key", {"constraints": (_str, "a string")}) is None, "a plan key"),
-    "graph": (_str, "a string"),
-    "cuts": (
-        lambda v: type(v) is list and all(type(c) is int and 0 < c < 1 << 20 for c in v) and v == sorted(set(v)),
-        "increasing node indices",
-    ),
-    "times_us": (
-        lambda v: _dict_of(lambda t: _number(t) and t >= 0)(v) and all(_PARTITION_NAME.fullmatch(k) for k in v),
-        "a map of partitions ('whole', '1,3') to times in µs",
-    ),
-}
-_BUNDLE_FIELDS: _Fields = {
-    "format": (lambda v: type(v) is int, "a number"),
-    "entries": (lambda v: type(v) is list, "a list"),
-}
-_KERNEL_CACHE_FIELDS: _Fields = {
-    "name": (lambda v: type(v) is str and bool(_KERNEL_CACHE_NAME.fullmatch(v)), "a kernel cache file name"),
-    "text": (lambda v: type(v) is str and len(v) <= KERNEL_CACHE_LIMIT, "text within the size limit"),
-}
-
-
-def _brief(v: object) -> str:
-    if isinstance(v, (dict, list)):
-        return f"a JSON {'object' if isinstance(v, dict) else 'array'}"
-    return repr(v[:40] if isinstance(v, str) else v)[:60]
-
-
-def _check(d: object, fields: _Fields, what: str, optional: _Fields | None = None) -> None:
-    """ValueError naming the first missing, unknown or wrong field of d."""
-    if type(d) is not dict:
-        raise ValueError(f"{what} is {_brief(d)}, not a JSON object")
-    optional = optional or {}
-    for name, (ok, want) in {**fields, **optional}.items():
-        if name not in d:
-            if name in optional:
-                continue
-            raise ValueError(f"{what} has no field '{name}'")
-        if not ok(d[name]):
-            raise ValueError(f"{what} field '{name}' is {_brief(d[name])}, not {want}")
-    extra = sorted(set(d) - set(fields) - set(optional))
-    if extra:
-        raise ValueError(f"{what} has an unknown field {extra[0]!r:.60}")
-
-
-def _check_entry(d: object) -> None:
-    """Every field but the blob's content; the format first, so that a newer entry says so."""
-    if type(d) is dict and "format" in d and not _ENTRY_FIELDS["format"][0](d["format"]):
-        raise ValueError(f"entry format {_brief(d['format'])} is not {FORMAT}")
-    _check(d, _ENTRY_FIELDS, "entry", _OPTIONAL_FIELDS)
+# ---- entries ----
 
 
 @attrs.frozen
@@ -290,7 +97,7 @@ class Entry:
     @classmethod
     def from_json(cls, d: object) -> Entry:
         """The entry of a parsed JSON document; ValueError naming the first thing wrong with it."""
-        _check_entry(d)
+        check_entry(d)
         blob = base64.b64decode(d["blob"], validate=True)
         if hashlib.sha256(blob).hexdigest() != d["blob_sha256"]:
             raise ValueError("plan blob checksum mismatch")
@@ -411,7 +218,7 @@ class PlanStore:
     def kernel_cache_path(self, graph_name: str, digest: str) -> Path:
         """The kernel cache file of a graph (digest: graph_digest of its first shape); StoreProblem for odd names."""
         name = f"{graph_name}-{digest[:24]}.cache"
-        if not _KERNEL_CACHE_NAME.fullmatch(name):
+        if not KERNEL_CACHE_NAME.fullmatch(name):
             raise StoreProblem(f"no kernel cache file name for graph {graph_name!r:.60} and digest {digest[:24]!r}")
         return self.kernels / name
 
@@ -432,11 +239,11 @@ class PlanStore:
 
     def _read(self, p: Path) -> Entry | None:
         # No exists() first: a file removed by `clear` since anyone looked is simply not there (D30).
-        data = _read_regular(p, ENTRY_LIMIT, "plan entry")
+        data = read_regular(p, ENTRY_LIMIT, "plan entry")
         if data is None:
             return None
         try:
-            return Entry.from_json(_loads(data))
+            return Entry.from_json(loads(data))
         except ValueError as e:
             raise StoreProblem(f"corrupt plan entry {p.name}: {e}") from None
 
@@ -482,17 +289,17 @@ class PlanStore:
         """The configurations tried for key so far ([] when none): each {"engine", "knobs", "source", "status",
         and "name", "median_us", "workspace", "error" where known}; StoreProblem when the record is unusable."""
         p = self.search_path(key)
-        data = _read_regular(p, SEARCH_LIMIT, "search record")
+        data = read_regular(p, SEARCH_LIMIT, "search record")
         if data is None:
             return []
         try:
-            d = _loads(data)
-            _check(d, _SEARCH_FIELDS, "search record")
+            d = loads(data)
+            check_fields(d, SEARCH_FIELDS, "search record")
             if PlanKey(**d["key"]) != key:
                 raise ValueError("it was made for another key")
         except (ValueError, TypeError) as e:
             raise StoreProblem(f"search record {p.name}: {e}") from None
-        return [_cleaned(t) for t in d["tried"]]
+        return [cleaned(t) for t in d["tried"]]
 
     def put_search(self, key: PlanKey, graph: str, tried: list[dict]) -> None:
         """Saves the configurations tried for key (replacing the record); StoreProblem when it cannot."""
@@ -512,14 +319,14 @@ class PlanStore:
     def get_partition(self, key: PlanKey) -> PartitionChoice | None:
         """The partition tune kept for key (None when it has timed none); StoreProblem when the record is unusable."""
         p = self.partition_path(key)
-        data = _read_regular(p, ENTRY_LIMIT, "partition record")
+        data = read_regular(p, ENTRY_LIMIT, "partition record")
         if data is None:
             return None
         try:
-            d = _loads(data)
-            if type(d) is dict and "format" in d and not _PARTITION_FIELDS["format"][0](d["format"]):
-                raise ValueError(f"format {_brief(d['format'])} is not {FORMAT} (made by another version)")
-            _check(d, _PARTITION_FIELDS, "partition record")
+            d = loads(data)
+            if type(d) is dict and "format" in d and not PARTITION_FIELDS["format"][0](d["format"]):
+                raise ValueError(f"format {brief(d['format'])} is not {FORMAT} (made by another version)")
+            check_fields(d, PARTITION_FIELDS, "partition record")
             if PlanKey(**d["key"]) != key:
                 raise ValueError("it was made for another key")
         except (ValueError, TypeError) as e:
@@ -547,7 +354,7 @@ class PlanStore:
     def listing(self) -> list[Row]:
         """One row per *.json name in the store, without decoding any blob (D27); damage is a row's problem."""
         rows = []
-        for e in _scan(self.root):
+        for e in scan_dir(self.root):
             if not e.name.endswith(".json"):
                 continue
             entry_id = e.name[: -len(".json")]
@@ -583,7 +390,7 @@ class PlanStore:
         shown = {"id": entry_id, "status": status}
         shown.update((k, v) for k, v in {**d, "blob": f"<{blob_bytes} bytes>"}.items() if k not in shown)
         try:
-            return _cleaned(shown)
+            return cleaned(shown)
         except RecursionError:
             raise StoreProblem(f"entry {entry_id} is unreadable: nested too deeply") from None
 
@@ -598,7 +405,7 @@ class PlanStore:
             (self.root.parent / "searches", ".json", "searches"),
             (self.root.parent / "partitions", ".json", "partitions"),
         ):
-            for e in _scan(folder):
+            for e in scan_dir(folder):
                 what = "temp_files" if e.name.startswith(".") and e.name.endswith(".tmp") else kind
                 if not e.name.endswith(suffix) and what != "temp_files":
                     continue
@@ -619,7 +426,7 @@ class PlanStore:
         "kernel_caches": [{"name", "text"}...]}. Damaged or special files are skipped and named.
         StoreProblem when the bundle cannot be written or would be over BUNDLE_LIMIT."""
         entries, caches, skipped = [], [], []
-        for e in _scan(self.root):
+        for e in scan_dir(self.root):
             if e.name.endswith(".json"):
                 try:
                     entry = self._read(Path(e.path))
@@ -630,10 +437,10 @@ class PlanStore:
                     continue
                 if entry is not None:
                     entries.append(entry.to_json())
-        for e in _scan(self.kernels):
+        for e in scan_dir(self.kernels):
             if e.name.endswith(".cache"):
                 try:
-                    if not _KERNEL_CACHE_NAME.fullmatch(e.name):
+                    if not KERNEL_CACHE_NAME.fullmatch(e.name):
                         raise StoreProblem("not a kernel cache name")
                     text = load_kernel_cache_text(Path(e.path))
                 except StoreProblem as x:
@@ -672,7 +479,7 @@ class PlanStore:
 
 
 def _read_bundle(src: Path) -> tuple[list[Entry], list[tuple[str, str]]]:
-    data = _read_regular(src, BUNDLE_LIMIT, "bundle", follow_symlinks=True)
+    data = read_regular(src, BUNDLE_LIMIT, "bundle", follow_symlinks=True)
     if data is None:
         raise StoreProblem(f"{src}: no such file")
 
@@ -680,8 +487,8 @@ def _read_bundle(src: Path) -> tuple[list[Entry], list[tuple[str, str]]]:
         return StoreProblem(f"{src}: {why}; nothing was imported")
 
     try:
-        bundle = _loads(data)
-        _check(bundle, _BUNDLE_FIELDS, "the bundle", {"kernel_caches": (lambda v: type(v) is list, "a list")})
+        bundle = loads(data)
+        check_fields(bundle, BUNDLE_FIELDS, "the bundle", {"kernel_caches": (lambda v: type(v) is list, "a list")})
     except ValueError as e:
         raise bad(str(e)) from None
     if bundle["format"] != FORMAT:
@@ -699,7 +506,7 @@ def _read_bundle(src: Path) -> tuple[list[Entry], list[tuple[str, str]]]:
     caches, names = [], set()
     for i, c in enumerate(bundle.get("kernel_caches", [])):
         try:
-            _check(c, _KERNEL_CACHE_FIELDS, "kernel cache")
+            check_fields(c, KERNEL_CACHE_FIELDS, "kernel cache")
         except ValueError as e:
             raise bad(f"kernel cache {i}: {e}") from None
         if c["name"] in names:
@@ -709,219 +516,43 @@ def _read_bundle(src: Path) -> tuple[list[Entry], list[tuple[str, str]]]:
     return entries, caches
 
 
-# ---- kernel caches: one per dynamic-shape graph, shared by every process that builds its shapes ----
-
-
-def load_kernel_cache_text(path: Path) -> str | None:
-    """The serialized kernel cache at path; None when there is none; StoreProblem when it cannot be read."""
-    data = _read_regular(Path(path), KERNEL_CACHE_LIMIT, "kernel cache")
-    if data is None:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise StoreProblem(f"kernel cache {path} is not text") from None
-
-
-def save_kernel_cache_text(path: Path, text: str) -> None:
-    """Saves a serialized kernel cache, merged with what another process saved there since we loaded it (under a
-    lock on a sibling .lock file), atomically. StoreProblem when it cannot be written."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                disk = load_kernel_cache_text(path)
-            except StoreProblem:
-                disk = None  # unreadable: replaced
-            atomic_write(path, merge_kernel_caches(text, disk), follow_symlinks=False)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise StoreProblem(f"cannot save kernel cache {path}: {e.strerror or e}") from None
-
-
-_KC_SAME = ("cudnnVersion", "schemaVersion", "operationGraph")
-
-
-def merge_kernel_caches(ours: str, theirs: str | None) -> str:
-    """ours plus the kernels of theirs that ours lacks, when both are cuDNN kernel caches ({"cudnnVersion",
-    "schemaVersion", "operationGraph", "kernel_cache": [...]}) of one version and operation graph; else ours."""
-
-    def doc(text: str | None) -> dict | None:
-        try:
-            d = _loads(text) if text is not None else None
-        except ValueError:
-            return None
-        ok = type(d) is dict and all(k in d for k in _KC_SAME) and type(d.get("kernel_cache")) is list
-        return d if ok else None
-
-    a, b = doc(ours), doc(theirs)
-    if a is None or b is None or any(a[k] != b[k] for k in _KC_SAME):
-        return ours
-    seen = {json.dumps(e, sort_keys=True) for e in a["kernel_cache"]}
-    extra = []
-    for e in b["kernel_cache"]:
-        canon = json.dumps(e, sort_keys=True)
-        if canon not in seen:
-            seen.add(canon)
-            extra.append(e)
-    return json.dumps({**a, "kernel_cache": a["kernel_cache"] + extra}) if extra else ours
-
-
-# ---- files ----
-
-
-def _scan(folder: Path) -> list[os.DirEntry]:
-    """The directory's entries by name; none when it does not exist; StoreProblem when it cannot be read."""
-    try:
-        with os.scandir(folder) as it:
-            return sorted(it, key=lambda e: e.name)
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise StoreProblem(f"cannot read {folder}: {e.strerror or e}") from None
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISLNK, "a symbolic link")):
-        if test(mode):
-            return name
-    return "a special file"
-
-
-@contextlib.contextmanager
-def _open_regular(path: Path, limit: int, what: str, follow_symlinks: bool = False) -> Iterator[object | None]:
-    """The open file (binary), or None when there is none. Never opens anything but a regular file: a FIFO would
-    block the reader. StoreProblem when it is something else, or over limit bytes, or cannot be read."""
-    try:
-        st = os.stat(path) if follow_symlinks else os.lstat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreProblem(f"{what} {path} is not a regular file ({_kind(st.st_mode)})")
-        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
-        fd = os.open(path, flags)  # O_NONBLOCK: it may have been swapped for a FIFO since the stat
-    except FileNotFoundError:
-        fd = None
-    except OSError as e:
-        raise StoreProblem(f"cannot read {what} {path}: {e.strerror or e}") from None
-    if fd is None:
-        yield None
-        return
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreProblem(f"{what} {path} is not a regular file ({_kind(st.st_mode)})")
-        if st.st_size > limit:
-            raise StoreProblem(f"{what} {path} is {st.st_size} bytes, over the {limit} byte limit")
-        yield f
-
-
-def _read_regular(path: Path, limit: int, what: str, follow_symlinks: bool = False) -> bytes | None:
-    with _open_regular(path, limit, what, follow_symlinks) as f:
-        if f is None:
-            return None
-        try:
-            data = f.read(limit + 1)
-        except OSError as e:
-            raise StoreProblem(f"cannot read {what} {path}: {e.strerror or e}") from None
-    if len(data) > limit:
-        raise StoreProblem(f"{what} {path} grew over the {limit} byte limit")
-    return data
+# ---- entry files ----
 
 
 def _summary(path: Path, check: bool = True) -> tuple[dict, int]:
     """An entry's JSON object with its blob left out (read past, never held or decoded: D27), and the blob's size
     in bytes. check: validate the other fields. FileNotFoundError, or ValueError / StoreProblem saying why not."""
-    with _open_regular(path, ENTRY_LIMIT, "plan entry") as f:
+    with open_regular(path, ENTRY_LIMIT, "plan entry") as f:
         if f is None:
             raise FileNotFoundError(path)
         head = b""
         while (at := head.find(_BLOB_MARK)) < 0:
-            chunk = f.read(_CHUNK)
+            chunk = f.read(READ_CHUNK)
             if not chunk:  # a small file in another layout: parse it whole
-                d = _loads(head)
+                d = loads(head)
                 blob = d.get("blob") if type(d) is dict else None
                 text = blob.encode() if type(blob) is str else b""
                 return _summary_of(d, check), len(text) * 3 // 4 - text[-2:].count(b"=")
-            if len(head) > 4 * _CHUNK:
+            if len(head) > 4 * READ_CHUNK:
                 raise ValueError("no blob field in the first MiB")
             head += chunk
         rest, head = head[at + len(_BLOB_MARK) :], head[: at + len(_BLOB_MARK)]
         chars, last = 0, b""
         while (end := rest.find(b'"')) < 0:
             chars, last = chars + len(rest), (last + rest)[-2:]
-            rest = f.read(_CHUNK)
+            rest = f.read(READ_CHUNK)
             if not rest:
                 raise ValueError("the blob is cut short")
         chars, last = chars + end, (last + rest[:end])[-2:]
-        tail = rest[end:] + f.read(4 * _CHUNK)
+        tail = rest[end:] + f.read(4 * READ_CHUNK)
         if f.read(1):
             raise ValueError("more than a MiB after the blob")
-    return _summary_of(_loads(head + tail), check), chars * 3 // 4 - last.count(b"=")
+    return _summary_of(loads(head + tail), check), chars * 3 // 4 - last.count(b"=")
 
 
 def _summary_of(d: object, check: bool) -> dict:
     if check:
-        _check_entry(d)
+        check_entry(d)
     elif type(d) is not dict:
-        raise ValueError(f"the entry is {_brief(d)}, not a JSON object")
+        raise ValueError(f"the entry is {brief(d)}, not a JSON object")
     return d
-
-
-def _loads(data: bytes | str) -> object:
-    """json.loads with every failure a ValueError (deep nesting is a RecursionError, bad UTF-8 a UnicodeError)."""
-    try:
-        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
-    except UnicodeDecodeError:
-        raise ValueError("not UTF-8 text") from None
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    except ValueError as e:
-        raise ValueError(f"not JSON ({e})") from None
-
-
-def _cleaned(v: object) -> object:
-    if isinstance(v, str):
-        return clean(v)
-    if isinstance(v, list):
-        return [_cleaned(x) for x in v]
-    if isinstance(v, dict):
-        return {clean(k): _cleaned(x) for k, x in v.items()}
-    return v
-
-
-def atomic_write(path: Path, text: str, *, follow_symlinks: bool = True) -> None:
-    """Writes text so that a reader sees the old file or the new one, never a part.
-
-    The file keeps its permission mode; a new file gets 0o666 less the umask, as open() gives. Through a symbolic
-    link, the link's target is rewritten and the link stays; follow_symlinks=False replaces the link itself (the
-    plan store never writes outside itself). The text goes to a new inode that replaces the name, so other hard
-    links to the file keep the old text: writing in place would let a reader, or a crash, see half a file.
-    """
-    path = Path(os.path.realpath(path)) if follow_symlinks else Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        st = os.lstat(path)
-        mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
-    except FileNotFoundError:
-        mode = None
-    while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666 if mode is None else 0o600)
-            break
-        except FileExistsError:
-            continue
-    try:
-        if mode is not None:
-            os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

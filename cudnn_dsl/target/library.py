@@ -143,7 +143,7 @@ def _digest(names: list[str]) -> str:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()
 
 
-def _read_regular(path: Path, limit: int = 1 << 22) -> bytes:
+def read_regular(path: Path, limit: int = 1 << 22) -> bytes:
     # O_NONBLOCK and the type check: a FIFO planted at this path must not hang us; O_NOFOLLOW: nor a link lead away.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
@@ -158,14 +158,15 @@ def _driver_symbols(lib_dir: Path) -> list[str]:
     The list is data, never code: a cached list is used only when every entry is a plain cu* identifier and its
     checksum matches. A damaged list is scanned again, and a cache that cannot be written is skipped; either is
     said in one line on stderr."""
-    from cudnn_dsl.store.plans import atomic_write, cache_dir
+    from cudnn_dsl.store.files import atomic_write
+    from cudnn_dsl.store.keys import cache_dir
 
     libs = sorted(lib_dir.glob("libcudnn*.so*"))
     signature = [_SYMBOLS_FORMAT, str(lib_dir), [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in libs]]
     path = cache_dir() / "no-device-driver" / f"{hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]}.json"
     damaged = None
     try:
-        d = json.loads(_read_regular(path))
+        d = json.loads(read_regular(path))
         names = d["names"]
         if (
             isinstance(names, list)

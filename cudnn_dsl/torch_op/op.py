@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from cudnn_dsl.run.compiled import CompiledGraph
 from cudnn_dsl.run.buffers import BindingError, view, written
+from cudnn_dsl.run.compiled import CompiledGraph
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.library import load_cudnn
 from cudnn_dsl.target.memory import empty, host_scalar, stored

@@ -16,8 +16,11 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
+from cudnn_dsl.build.constraints import excluded_or
 from cudnn_dsl.build.lower import clean
-from cudnn_dsl.build.planner import Candidates, KnobRange, candidates_deviceless, engine_space, excluded_or
+from cudnn_dsl.build.planner import Candidates
+from cudnn_dsl.build.space import KnobRange, engine_space
+from cudnn_dsl.build.steps import candidates_deviceless
 from cudnn_dsl.target.library import Target
 from dsl.ir import Graph, Instance, shape_label
 from dsl.options import Options

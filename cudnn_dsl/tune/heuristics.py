@@ -14,12 +14,14 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from cudnn_dsl.build.planner import excluded_or, host_tensors
+from cudnn_dsl.build.constraints import excluded_or
+from cudnn_dsl.build.planner import host_tensors
 from cudnn_dsl.run.buffers import compare_outputs, restore, snapshot
 from cudnn_dsl.run.compiled import CompiledGraph, capture, make_pack
 from cudnn_dsl.run.partition import ANCHOR, cut_label, short, tuned_why
 from cudnn_dsl.run.timing import gpu_time_us, replay_time_us
-from cudnn_dsl.store.plans import PartitionChoice, StoreProblem
+from cudnn_dsl.store.files import StoreProblem
+from cudnn_dsl.store.plans import PartitionChoice
 from cudnn_dsl.tune.exhaustive import MAX_CONFIGS, SearchResult, Tried, search
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, shape_label

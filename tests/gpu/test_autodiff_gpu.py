@@ -10,7 +10,7 @@ from tests.test_autodiff import TOL, autograd_grads
 pytestmark = pytest.mark.gpu
 
 
-def _check(text: str, seed: int = 0, frozen=(), flips: float = 0.0):
+def check_fields(text: str, seed: int = 0, frozen=(), flips: float = 0.0):
     """`flips`: the share of elements allowed past the tolerance, where a ReLU's mask can differ from
     autograd's (a pre-activation within a half's rounding of zero passes the whole gradient or none)."""
     import torch
@@ -59,7 +59,7 @@ def test_conv_bias_relu_backward_on_cudnn(private_store):
   output out = relu(bias(y, b))
 }
 """
-    f = _check(text)
+    f = check_fields(text)
     assert f._pairs, "the derived graphs were compiled"
 
 
@@ -72,7 +72,7 @@ def test_strided_conv_backward_on_cudnn(private_store):
   output out = tanh(conv_fprop(x, w, padding=[1, 1], stride=[2, 2]))
 }
 """
-    _check(text)
+    check_fields(text)
 
 
 def test_matmul_epilogue_backward_on_cudnn(private_store):
@@ -87,7 +87,7 @@ def test_matmul_epilogue_backward_on_cudnn(private_store):
   output y = gelu(matmul(a, b) * alpha + bias)
 }
 """
-    _check(text)
+    check_fields(text)
 
 
 def _backward_ops(f) -> list[str]:
@@ -106,7 +106,7 @@ def test_layernorm_backward_from_computed_statistics(private_store):
   output y = layernorm(x, gamma, beta, epsilon=1e-5)
 }
 """
-    assert _backward_ops(_check(text)) == ["layernorm_backward"]
+    assert _backward_ops(check_fields(text)) == ["layernorm_backward"]
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_norm_backward_ops_derived(private_store, body, op):
   {body}
 }}
 """
-    assert _backward_ops(_check(text)) == [op]
+    assert _backward_ops(check_fields(text)) == [op]
 
 
 @pytest.mark.parametrize("act", ["gelu", "tanh", "sigmoid", "swish", "elu", "softplus", "leaky_relu"])
@@ -141,14 +141,14 @@ def test_pointwise_backward_modes_derived(private_store, act):
   output y = {act}(x * c)
 }}
 """
-    assert f"{act}_backward" in _backward_ops(_check(text))
+    assert f"{act}_backward" in _backward_ops(check_fields(text))
 
 
 def test_batchnorm_training_backward_and_running_stats(private_store):
     import torch
 
     text = open("examples/batchnorm_training.cdg").read().replace("[16, 64, 32, 32]", "[8, 64, 8, 8]")
-    f = _check(text, frozen=("running_mean", "running_var"))
+    f = check_fields(text, frozen=("running_mean", "running_var"))
     assert f.graph.in_place and torch.cuda.is_available()
 
 
@@ -157,7 +157,7 @@ def test_sdpa_backward_composite_on_cudnn(private_store):
     softmax statistics, and the incoming gradient, through transposed views."""
     from tests.gpu.test_torch_op_gpu import ATTENTION
 
-    assert "sdpa_backward" not in _backward_ops(_check(ATTENTION, frozen=("q",)))
+    assert "sdpa_backward" not in _backward_ops(check_fields(ATTENTION, frozen=("q",)))
 
 
 @pytest.mark.parametrize(
@@ -176,7 +176,7 @@ def test_sdpa_backward_op_derived(private_store, extra, decl):
 {decl}  output o = sdpa(q, k, v, {extra})
 }}
 """
-    assert _backward_ops(_check(text)) == ["sdpa_backward"]
+    assert _backward_ops(check_fields(text)) == ["sdpa_backward"]
 
 
 def test_resnet_block_backward_fuses_each_dgrad_with_its_reader(private_store):
@@ -187,7 +187,7 @@ def test_resnet_block_backward_fuses_each_dgrad_with_its_reader(private_store):
 
     # seen on the H200: 47 of x's 262,144 elements past the tolerance (ReLU masks at half's rounding of zero),
     # every gradient within 1e-2 of autograd's in norm
-    f = _check(Path("examples/training/resnet_block.cdg").read_text(), flips=1e-3)
+    f = check_fields(Path("examples/training/resnet_block.cdg").read_text(), flips=1e-3)
     (pair,) = f._pairs.values()
     staged = pair.backward.staged(pair.backward.graph.instances[0])
     assert staged is not None  # dgrad and wgrad are never one cuDNN graph

@@ -66,7 +66,7 @@ def test_tune_saves_the_shared_kernel_cache_and_builds_on_the_planners_device(pr
 
 def test_a_merged_kernel_cache_loads(private_store, tmp_path, monkeypatch):
     import cudnn_dsl
-    from cudnn_dsl.store.plans import load_kernel_cache_text, save_kernel_cache_text
+    from cudnn_dsl.store.kernels import load_kernel_cache_text, save_kernel_cache_text
 
     dyn = str(ROOT / "examples" / "dynamic_matmul.cdg")
     texts = []

@@ -16,7 +16,7 @@ def _ints(shape, lo, hi, seed):
     return torch.randint(lo, hi + 1, shape, generator=gen).to("cuda", torch.float16)
 
 
-def _check(text: str, **given):
+def check_fields(text: str, **given):
     """Runs the graph on its generated inputs, with `given` ones in their place; every output must match."""
     import cudnn_dsl
 
@@ -42,7 +42,7 @@ def test_comparison_epilogue_gives_an_exact_bool_mask(op):
     import cudnn_dsl
 
     text = HEAD + f"  input c : half[1, 1, 32]\n  output m = {op}(matmul(a, b), c)\n}}\n"
-    cg, inputs = _check(text, c=_ints((1, 1, 32), -4, 4, 3), **_exact_ab())
+    cg, inputs = check_fields(text, c=_ints((1, 1, 32), -4, 4, 3), **_exact_ab())
     m = cg(**inputs)["m"]  # as cuDNN writes it: eight elements a byte
     assert m.dtype == torch.uint8 and m.numel() == 4 * 64 * 32 // 8
     mask = cudnn_dsl.unpack_bits(m, (4, 64, 32))
@@ -54,7 +54,7 @@ def test_logic_ops_on_masks():
         "  input c : half[1, 1, 32]\n  input k : bool[4, 64, 32]\n  y = matmul(a, b)\n"
         "  p = cmp_gt(y, c)\n  output both = logical_and(p, k)\n  output either = logical_or(p, logical_not(k))\n}\n"
     )
-    _check(text, c=_ints((1, 1, 32), -4, 4, 3), **_exact_ab())
+    check_fields(text, c=_ints((1, 1, 32), -4, 4, 3), **_exact_ab())
 
 
 def test_binary_select_and_a_masked_clamp():
@@ -63,7 +63,7 @@ def test_binary_select_and_a_masked_clamp():
         "  output s : float = binary_select(y, c, cmp_lt(y, c))\n"
         "  output z : float = y * cmp_ge(y, 0)\n}\n"  # a bool mask multiplies, as in cuDNN's bitmask samples
     )
-    _check(text, c=_ints((1, 1, 32), -4, 4, 3), **_exact_ab())
+    check_fields(text, c=_ints((1, 1, 32), -4, 4, 3), **_exact_ab())
 
 
 def test_gen_index_masks_columns_and_is_an_output():
@@ -72,7 +72,7 @@ def test_gen_index_masks_columns_and_is_an_output():
         "  y = matmul(a, b)\n"
         "  output z : float = binary_select(y, 0, cmp_lt(gen_index(y, axis=2), 16))\n}\n"  # int32 against a float
     )
-    cg, inputs = _check(text)
+    cg, inputs = check_fields(text)
     out = cg(**inputs)
     assert float(out["z"][..., 16:].abs().max()) == 0.0 and float(out["z"][..., :16].abs().max()) > 0
 
@@ -85,7 +85,7 @@ def test_gen_index_masks_columns_and_is_an_output():
 def test_gen_index_as_an_output():
     import torch
 
-    cg, inputs = _check(HEAD + "  y = matmul(a, b)\n  output i = gen_index(y, axis=1)\n}\n")
+    cg, inputs = check_fields(HEAD + "  y = matmul(a, b)\n  output i = gen_index(y, axis=1)\n}\n")
     out = cg(**inputs)
     assert out["i"].dtype == torch.int32 and int(out["i"].max()) == 63
 
@@ -100,7 +100,7 @@ def test_gen_index_against_an_int32_host_scalar():
         "  scalar t : int32 = 8\n  y = matmul(a, b)\n"
         "  output w : float = binary_select(y, 0, cmp_ge(gen_index(y, axis=1), t))\n}\n"
     )
-    _check(text)
+    check_fields(text)
 
 
 def test_mod_tan_add_square():
@@ -110,7 +110,7 @@ def test_mod_tan_add_square():
         "  output t : float = tan(y * 0.01)\n}\n"
     )
     # a positive divisor and exact, partly negative y: exact remainders, with the sign of y (C's fmod)
-    _check(text, c=_ints((1, 1, 32), 1, 5, 3), **_exact_ab())
+    check_fields(text, c=_ints((1, 1, 32), 1, 5, 3), **_exact_ab())
 
 
 @pytest.mark.parametrize(
@@ -119,7 +119,7 @@ def test_mod_tan_add_square():
 )
 def test_relu_clips_are_one_node(attrs):
     text = HEAD + f"  output y : float = relu(matmul(a, b) * 0.125, {attrs})\n}}\n"
-    _check(text)
+    check_fields(text)
 
 
 def _run_or_refused(text: str, line: int, **given):
@@ -128,7 +128,7 @@ def _run_or_refused(text: str, line: int, **given):
     import cudnn_dsl
 
     try:
-        _check(text, **given)
+        check_fields(text, **given)
     except cudnn_dsl.DslError as e:
         d = e.diagnostics[0]
         assert "cuDNN" in d.message and d.loc.line in (1, line), d

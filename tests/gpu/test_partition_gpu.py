@@ -39,7 +39,7 @@ NORM_STATS = (
 )
 
 
-def _check(text: str, **options):
+def check_fields(text: str, **options):
     import cudnn_dsl
 
     cg = cudnn_dsl.compile(text=text, split=True, **options)
@@ -55,7 +55,7 @@ def _check(text: str, **options):
     ids=["ln_gelu", "mm_reshape", "genstats", "viewed_in_place", "read_after_overwrite", "norm_stats"],
 )
 def test_a_graph_cudnn_declines_whole_runs_in_parts_and_matches(text):
-    cg, staged = _check(text)
+    cg, staged = check_fields(text)
     if staged is None:  # this cuDNN fuses it after all: nothing to split, and it matched above
         pytest.skip(f"cuDNN {cg.graph.name}: fused whole here")
     assert len(staged.partition.parts) >= 2 or staged.partition.fallbacks
@@ -63,7 +63,7 @@ def test_a_graph_cudnn_declines_whole_runs_in_parts_and_matches(text):
 
 
 def test_layernorm_then_gelu_is_two_cudnn_graphs():
-    _, staged = _check(LN_GELU)
+    _, staged = check_fields(LN_GELU)
     assert staged is not None and [p.graph is not None for p in staged.partition.parts] == [True, True]
 
 

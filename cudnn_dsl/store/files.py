@@ -1,0 +1,144 @@
+"""Safe file I/O for everything the tool reads from or writes to a shared directory: regular files only,
+bounded reads, no link followed where a file is written, atomic replacement, control characters cleaned."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+READ_CHUNK = 256 << 10
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def clean(text: str) -> str:
+    """text without C0, DEL and C1 control characters, so that a stored field cannot drive the terminal."""
+    return _CONTROL.sub("", text)
+
+
+def scan_dir(folder: Path) -> list[os.DirEntry]:
+    """The directory's entries by name; none when it does not exist; StoreProblem when it cannot be read."""
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise StoreProblem(f"cannot read {folder}: {e.strerror or e}") from None
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+@contextlib.contextmanager
+def open_regular(path: Path, limit: int, what: str, follow_symlinks: bool = False) -> Iterator[object | None]:
+    """The open file (binary), or None when there is none. Never opens anything but a regular file: a FIFO would
+    block the reader. StoreProblem when it is something else, or over limit bytes, or cannot be read."""
+    try:
+        st = os.stat(path) if follow_symlinks else os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreProblem(f"{what} {path} is not a regular file ({_kind(st.st_mode)})")
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+        fd = os.open(path, flags)  # O_NONBLOCK: it may have been swapped for a FIFO since the stat
+    except FileNotFoundError:
+        fd = None
+    except OSError as e:
+        raise StoreProblem(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if fd is None:
+        yield None
+        return
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreProblem(f"{what} {path} is not a regular file ({_kind(st.st_mode)})")
+        if st.st_size > limit:
+            raise StoreProblem(f"{what} {path} is {st.st_size} bytes, over the {limit} byte limit")
+        yield f
+
+
+def read_regular(path: Path, limit: int, what: str, follow_symlinks: bool = False) -> bytes | None:
+    with open_regular(path, limit, what, follow_symlinks) as f:
+        if f is None:
+            return None
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise StoreProblem(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise StoreProblem(f"{what} {path} grew over the {limit} byte limit")
+    return data
+
+
+def loads(data: bytes | str) -> object:
+    """json.loads with every failure a ValueError (deep nesting is a RecursionError, bad UTF-8 a UnicodeError)."""
+    try:
+        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except ValueError as e:
+        raise ValueError(f"not JSON ({e})") from None
+
+
+def cleaned(v: object) -> object:
+    if isinstance(v, str):
+        return clean(v)
+    if isinstance(v, list):
+        return [cleaned(x) for x in v]
+    if isinstance(v, dict):
+        return {clean(k): cleaned(x) for k, x in v.items()}
+    return v
+
+
+def atomic_write(path: Path, text: str, *, follow_symlinks: bool = True) -> None:
+    """Writes text so that a reader sees the old file or the new one, never a part.
+
+    The file keeps its permission mode; a new file gets 0o666 less the umask, as open() gives. Through a symbolic
+    link, the link's target is rewritten and the link stays; follow_symlinks=False replaces the link itself (the
+    plan store never writes outside itself). The text goes to a new inode that replaces the name, so other hard
+    links to the file keep the old text: writing in place would let a reader, or a crash, see half a file.
+    """
+    path = Path(os.path.realpath(path)) if follow_symlinks else Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        st = os.lstat(path)
+        mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
+    except FileNotFoundError:
+        mode = None
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666 if mode is None else 0o600)
+            break
+        except FileExistsError:
+            continue
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class StoreProblem(Exception):
+    """The store, an entry or a bundle cannot be used as it is; the message says why (an entry is then rebuilt)."""
+
+    def __init__(self, message: str):
+        super().__init__(clean(str(message)))
