@@ -67,12 +67,14 @@ def test_there_are_at_least_40_bad_inputs():
 
 
 def test_the_parser_tables_are_generated_from_the_grammar():
-    """dsl/grammar_tables.json must match dsl/grammar.lark (regenerate: python -m dsl.syntax.parser)."""
+    """dsl/syntax/grammar_tables.json must match dsl/syntax/grammar.lark (regenerate: python -m dsl.syntax.parser)."""
     import hashlib
     import json
 
-    tables = json.loads((ROOT / "dsl" / "grammar_tables.json").read_text())
-    assert tables["grammar_sha256"] == hashlib.sha256((ROOT / "dsl" / "grammar.lark").read_bytes()).hexdigest()
+    tables = json.loads((ROOT / "dsl" / "syntax" / "grammar_tables.json").read_text())
+    assert (
+        tables["grammar_sha256"] == hashlib.sha256((ROOT / "dsl" / "syntax" / "grammar.lark").read_bytes()).hexdigest()
+    )
 
 
 def _coverage(what: str) -> str:

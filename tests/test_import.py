@@ -75,7 +75,7 @@ def test_every_reduction_mode_is_imported():
 def test_frontend_names_become_names_the_grammar_takes():
     from cudnn_dsl.interop.fe_import import ident
 
-    grammar = (ROOT / "dsl" / "grammar.lark").read_text()
+    grammar = (ROOT / "dsl" / "syntax" / "grammar.lark").read_text()
     keywords = set(re.findall(r'"([a-z]+)"', grammar)) | {"io", "intermediate", "compute"}
     used = set()
     names = [ident(n, used) for n in [*sorted(keywords), "conv_fprop.0::Y", "::Y", "0", "", "x", "x", "a b"]]
