@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
-from cudnn_dsl.run.buffers import compare, restore, snapshot  # noqa: E402
+from cudnn_dsl.run.buffers import restore, snapshot  # noqa: E402
+from cudnn_dsl.run.compare import compare  # noqa: E402
 from cudnn_dsl.run.timing import environment, gpu_time_us, host_time_us  # noqa: E402
 
 TINY = """

@@ -20,7 +20,7 @@ class Dist:
     doc: str
 
 
-#: every distribution an input can be drawn from; `cudnn_dsl.run.buffers.draw` implements them
+#: every distribution an input can be drawn from; `cudnn_dsl.target.portable.draw` implements them
 DISTS = {
     d.name: d
     for d in (

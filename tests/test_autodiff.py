@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.torch_op.autograd import differentiable
 from dsl.autodiff import derive
 from dsl.diagnostics import DslError

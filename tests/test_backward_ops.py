@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from dsl.diagnostics import DslError
 from dsl.ops import BACKWARD_OPS

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cudnn_dsl.interop.emit import emit_cudnn, emit_torch
-from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from dsl.ops import OPS
 from dsl.pipeline import program

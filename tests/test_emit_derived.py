@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cudnn_dsl.cli.common import derive
-from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.target.memory import empty
 from cudnn_dsl.torch_op.autograd import differentiable
 from cudnn_dsl.tune.bench import import_script

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from cudnn_dsl.interop.emit import emit_cudnn, emit_torch
-from cudnn_dsl.run.buffers import BindingError, check_inputs, generate_inputs, snapshot, with_views
+from cudnn_dsl.run.buffers import BindingError, check_inputs, snapshot, with_views
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.store.keys import graph_digest
 from dsl.diagnostics import DslError

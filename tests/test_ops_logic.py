@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from cudnn_dsl.interop.emit import emit_cudnn
-from cudnn_dsl.run.buffers import compare, generate_inputs
+from cudnn_dsl.run.compare import compare
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.target.bits import unpack_bits
 from dsl.pipeline import load, program

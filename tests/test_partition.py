@@ -173,7 +173,7 @@ def test_a_part_materializes_all_of_an_ops_statistics_when_a_later_part_reads_on
 def test_a_torch_fallback_reads_a_view_off_its_buffer():
     import torch
 
-    from cudnn_dsl.run.buffers import generate_inputs
+    from cudnn_dsl.run.inputs import generate_inputs
     from cudnn_dsl.run.partition import Part, Partition
     from cudnn_dsl.run.parts import Staged
     from cudnn_dsl.run.reference import run_reference

@@ -263,7 +263,7 @@ def test_an_op_alone_on_the_reference_inputs_gives_the_references_output():
     import torch
 
     from cudnn_dsl.debug.isolate import single_op_graphs
-    from cudnn_dsl.run.buffers import generate_inputs
+    from cudnn_dsl.run.inputs import generate_inputs
     from cudnn_dsl.run.reference import run_reference
 
     g = program(ROOT / "examples" / "layernorm.cdg").graphs[0]

@@ -4,8 +4,9 @@ import pytest
 import torch
 from cli_util import run_cli
 
-from cudnn_dsl.run import buffers as tensors
-from cudnn_dsl.run.buffers import compare_outputs, draw_input, generate_inputs, input_inits, rounded_values
+from cudnn_dsl.run import compare, inputs
+from cudnn_dsl.run.compare import compare_outputs, rounded_values
+from cudnn_dsl.run.inputs import draw_input, generate_inputs, input_inits
 from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.target import portable
 from dsl.inits import parse
@@ -123,11 +124,11 @@ def test_in_a_double_graph_a_float_output_read_later_is_rounded_to_float():
 
 def test_the_tolerance_floor_follows_the_rounded_values_ops_read():
     g, inst = _graph(ADD_LN)
-    assert tensors.loosest_read_dtype(g, inst) == "bf16"  # inputs are float; layernorm reads the bf16 h
+    assert compare.loosest_read_dtype(g, inst) == "bf16"  # inputs are float; layernorm reads the bf16 h
     g2, inst2 = _graph(ADD_LN.replace("  output h\n", ""))
-    assert tensors.loosest_read_dtype(g2, inst2) == "bf16"  # a virtual bf16 h is rounded too (seen on the H200)
+    assert compare.loosest_read_dtype(g2, inst2) == "bf16"  # a virtual bf16 h is rounded too (seen on the H200)
     g3, inst3 = _graph(ADD_LN.replace("  output h\n", "").replace("h : bf16 = ", "h = "))
-    assert tensors.loosest_read_dtype(g3, inst3) == "float"
+    assert compare.loosest_read_dtype(g3, inst3) == "float"
 
 
 def test_no_compare_leaves_an_output_out():
@@ -156,7 +157,7 @@ def test_big_inputs_are_drawn_in_chunks_that_do_not_depend_on_the_cores(monkeypa
     t = TensorType("half", (8, 1000), (1000, 1))
     monkeypatch.setattr(portable, "CHUNK", 1024)
     threaded = draw_input(parse("randn"), t, 0, "x")
-    monkeypatch.setattr(tensors.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(inputs.os, "cpu_count", lambda: 1)
     assert torch.equal(draw_input(parse("randn"), t, 0, "x"), threaded)
     flat = threaded.view(-1)
     assert not torch.equal(flat[:1024], flat[1024:2048])  # each chunk has its own stream

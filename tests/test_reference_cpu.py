@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from cudnn_dsl.run.buffers import BindingError, check_binding, compare, generate_inputs
+from cudnn_dsl.run.buffers import BindingError, check_binding
+from cudnn_dsl.run.compare import compare
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from dsl.diagnostics import DslError
 from dsl.pipeline import program

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudnn_dsl.run.buffers import generate_inputs
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import drawn_values, run_reference
 from cudnn_dsl.store.keys import graph_digest
 from dsl.diagnostics import DslError
@@ -280,7 +280,7 @@ def test_dropout_mask_and_scale_by_hand():
 
 
 def test_the_compare_skips_only_the_padded_query_rows_of_o():
-    from cudnn_dsl.run.buffers import compare_outputs
+    from cudnn_dsl.run.compare import compare_outputs
 
     g = graph("sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, stats=true)", stats=True)
     inst = g.instances[0]

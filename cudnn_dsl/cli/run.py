@@ -137,7 +137,8 @@ def _say_ignored(args, gpu: bool) -> None:
 
 
 def _load(name: str, path: str):
-    from cudnn_dsl.run.buffers import BindingError, load_tensor
+    from cudnn_dsl.run.buffers import BindingError
+    from cudnn_dsl.run.inputs import load_tensor
 
     if not Path(path).is_file():
         raise common.UsageError(f"--input {name}={path}: no such file")
@@ -220,7 +221,8 @@ class _Setup:
     def inputs(self, inst, device, files: dict) -> dict:
         """Generated inputs, the --input files in their place, and the --scalar values; or a dump's inputs."""
         from cudnn_dsl.debug import dump
-        from cudnn_dsl.run.buffers import BindingError, converted, generate_inputs, relayout
+        from cudnn_dsl.run.buffers import BindingError, converted, relayout
+        from cudnn_dsl.run.inputs import generate_inputs
 
         if self.from_dump is not None:
             dumped = dump.read_tensors(self.from_dump, self.graph, inst, "inputs")
@@ -472,7 +474,7 @@ class _GpuRunner:
 def _compared(s: _Setup, cg, inst, got: dict, before: dict) -> tuple[list, dict | None]:
     """The outputs against the reference computed from the inputs as they were before the launch (none
     with --no-reference); and the reference."""
-    from cudnn_dsl.run.buffers import compare_outputs
+    from cudnn_dsl.run.compare import compare_outputs
 
     if s.args.no_reference:
         return [], None
@@ -499,7 +501,7 @@ class _CpuRunner:
 
     def run(self, inst) -> dict:
         from cudnn_dsl.build.steps import timings_text
-        from cudnn_dsl.run.buffers import reference_bytes
+        from cudnn_dsl.run.compare import reference_bytes
         from cudnn_dsl.run.partition import plan_for_target
         from cudnn_dsl.run.reference import drawn_values, run_reference
         from cudnn_dsl.target.library import BackendUnavailable

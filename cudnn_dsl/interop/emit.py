@@ -183,7 +183,7 @@ def _views(graph: Graph, inst: Instance, into: str, only=None) -> str:
 def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
     """`make_buffers`: every input drawn as `run` draws it (portable.draw_values: same seed, same values),
     outputs and `extra` (a split graph's intermediates) empty, a bool tensor as cuDNN's packed bytes."""
-    from cudnn_dsl.run.buffers import input_inits, packed_ragged
+    from cudnn_dsl.run.inputs import input_inits, packed_ragged
 
     own = [b.name for b in graph.buffers]  # memory of its own: buffers, the rest but views and outputs in place
     own += [v.name for v in graph.values if v.kind in ("input", "output") and v.view is None and v.into is None]

@@ -16,16 +16,9 @@ from cudnn_dsl.build.constraints import NotAllowed
 from cudnn_dsl.build.lower import Lowered
 from cudnn_dsl.build.planner import Executable, Planner
 from cudnn_dsl.build.steps import plan_deviceless
-from cudnn_dsl.run.buffers import (
-    BindingError,
-    Comparison,
-    check_binding,
-    check_inputs,
-    compare_outputs,
-    generate_inputs,
-    snapshot,
-    with_views,
-)
+from cudnn_dsl.run.buffers import BindingError, check_binding, check_inputs, snapshot, with_views
+from cudnn_dsl.run.compare import Comparison, compare_outputs
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.partition import short, tuned_why
 from cudnn_dsl.run.parts import Staged, StagedBound, stage
 from cudnn_dsl.run.reference import drawn_values, run_reference

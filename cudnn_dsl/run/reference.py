@@ -15,7 +15,8 @@ import contextlib
 import torch
 
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.run.buffers import rounded_values, view
+from cudnn_dsl.run.buffers import view
+from cudnn_dsl.run.compare import rounded_values
 from cudnn_dsl.target.bits import logical
 from cudnn_dsl.target.dtypes import torch_dtype
 from dsl.diagnostics import Diagnostic, DslError

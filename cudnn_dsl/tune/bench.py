@@ -21,7 +21,8 @@ import attrs
 import torch
 
 from cudnn_dsl.interop.emit import emit_cudnn
-from cudnn_dsl.run.buffers import compare, defined_only, loosest_read_dtype, restore, snapshot, with_views
+from cudnn_dsl.run.buffers import restore, snapshot, with_views
+from cudnn_dsl.run.compare import compare, defined_only, loosest_read_dtype
 from cudnn_dsl.run.compiled import CompiledGraph
 from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.run.timing import cold_time_us, gpu_time_us, host_time_us, l2_flush_buffer

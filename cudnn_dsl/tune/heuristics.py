@@ -16,7 +16,8 @@ import torch
 
 from cudnn_dsl.build.constraints import excluded_or
 from cudnn_dsl.build.planner import host_tensors
-from cudnn_dsl.run.buffers import compare_outputs, restore, snapshot
+from cudnn_dsl.run.buffers import restore, snapshot
+from cudnn_dsl.run.compare import compare_outputs
 from cudnn_dsl.run.compiled import CompiledGraph, capture, make_pack
 from cudnn_dsl.run.partition import ANCHOR, cut_label, short, tuned_why
 from cudnn_dsl.run.timing import gpu_time_us, replay_time_us

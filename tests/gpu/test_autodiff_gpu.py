@@ -15,7 +15,7 @@ def check_fields(text: str, seed: int = 0, frozen=(), flips: float = 0.0):
     autograd's (a pre-activation within a half's rounding of zero passes the whole gradient or none)."""
     import torch
 
-    from cudnn_dsl.run.buffers import generate_inputs
+    from cudnn_dsl.run.inputs import generate_inputs
     from cudnn_dsl.torch_op.autograd import differentiable
 
     f = differentiable(text=text, split=True)

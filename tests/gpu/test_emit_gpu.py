@@ -64,7 +64,8 @@ def _check_script(cdg: Path, script: Path, graph: str | None = None) -> dict:
     import cudnn
     import torch
 
-    from cudnn_dsl.run.buffers import compare_outputs, generate_inputs
+    from cudnn_dsl.run.compare import compare_outputs
+    from cudnn_dsl.run.inputs import generate_inputs
     from cudnn_dsl.run.reference import run_reference
     from dsl.pipeline import program
 

@@ -70,7 +70,7 @@ def test_layernorm_then_gelu_is_two_cudnn_graphs():
 def _bound_matches(cg, bound, before):
     import torch
 
-    from cudnn_dsl.run.buffers import compare_outputs
+    from cudnn_dsl.run.compare import compare_outputs
 
     torch.cuda.synchronize()
     inst = cg.graph.instances[0]

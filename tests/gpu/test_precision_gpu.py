@@ -47,7 +47,7 @@ OPERAND = """graph virtual_half_operand {
 
 def _run(text: str):
     import cudnn_dsl
-    from cudnn_dsl.run.buffers import rounded_values
+    from cudnn_dsl.run.compare import rounded_values
     from cudnn_dsl.run.reference import run_reference
 
     cg = cudnn_dsl.compile(text)
@@ -72,7 +72,7 @@ def _closest(got, refs, name: str) -> str:
 def test_an_intermediate_output_feeds_the_next_op_rounded(private_store):
     """Issue 9: on the H200 layernorm reads the bf16 sum it writes (600 of 3.1 M elements were off against
     the unrounded reference); the reference now rounds there, and matches at float's tolerance."""
-    from cudnn_dsl.run.buffers import compare
+    from cudnn_dsl.run.compare import compare
 
     cg, inst, tensors, got, model, refs = _run(ADD_LN)
     assert "h" in model
@@ -130,7 +130,7 @@ def test_a_virtual_half_operand_of_a_matmul_is_rounded(private_store):
 def test_generated_inputs_are_the_same_on_the_gpu_and_the_cpu():
     import torch
 
-    from cudnn_dsl.run.buffers import generate_inputs
+    from cudnn_dsl.run.inputs import generate_inputs
     from dsl.pipeline import program
 
     g = program(text=ADD_LN, file="p.cdg").graphs[0]

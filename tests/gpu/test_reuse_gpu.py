@@ -130,7 +130,7 @@ def test_capture_and_replay_match_the_reference():
     import torch
 
     import cudnn_dsl
-    from cudnn_dsl.run.buffers import compare
+    from cudnn_dsl.run.compare import compare
 
     cg = cudnn_dsl.compile(str(ROOT / "examples" / "cuda_graph_conv.cdg"))
     ins = cg.allocate_inputs()

@@ -183,7 +183,7 @@ def test_fp8_attention(keys, extra):
 
 def _packed(cg, tensors, name: str, placed: str) -> None:
     """tensors[name] := the offsets that pack `placed`'s sequences back to back (their lengths given)."""
-    from cudnn_dsl.run.buffers import _ragged, packed_offsets
+    from cudnn_dsl.run.inputs import _ragged, packed_offsets
 
     inst = cg.graph.instances[0]
     t, lengths = _ragged(cg.graph, inst)[name]

@@ -17,7 +17,7 @@ SELECT = ROOT / "examples" / "compare_select.cdg"
 
 
 def close(got, want, dtype):
-    from cudnn_dsl.run.buffers import compare
+    from cudnn_dsl.run.compare import compare
 
     c = compare("out", got, want, dtype)
     assert c.ok, str(c)
