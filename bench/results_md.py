@@ -5,7 +5,7 @@ Usage: python bench/results_md.py [--check] [--plot]
   (no flag)  rewrite docs/results.md
   --check    change nothing; exit 1 if docs/results.md is not what the JSON gives
   --plot     also redraw each docs/results/bench-*.png from its bench-*.json with the project's own
-             cudnn_dsl.bench.plot (needs torch and matplotlib)
+             cudnn_dsl.tune.bench.plot (needs torch and matplotlib)
 
 `render(results_dir)` reads JSON with the standard library alone (no torch, no cuDNN), so that
 tests/test_results_doc.py can check the page against it quickly. Which section a file gets is chosen by
@@ -192,7 +192,7 @@ def bench(path: Path, data: dict) -> str:
     if png.exists():
         out.append(
             f"![GPU time per call: p50, with bars from the fastest sample to p90](results/{png.name})\n\n"
-            f"[{png.name}](results/{png.name}) is drawn from this JSON by `cudnn_dsl.bench.plot` "
+            f"[{png.name}](results/{png.name}) is drawn from this JSON by `cudnn_dsl.tune.bench.plot` "
             "(`python bench/results_md.py --plot`; `cudnn-dsl bench --plot` draws the same chart)."
         )
     return join(out)
@@ -622,7 +622,7 @@ def render(results_dir: Path | str = RESULTS) -> str:
 
 def plot_benches(results_dir: Path = RESULTS) -> list[Path]:
     """Redraws bench-*.png from each bench-*.json (not the cold-L2 ones) with the project's own plot."""
-    from cudnn_dsl.bench import plot  # imports torch, and matplotlib when it draws: only here, never in render()
+    from cudnn_dsl.tune.bench import plot  # imports torch, and matplotlib when it draws: only here, never in render()
 
     drawn = []
     for p in sorted(results_dir.glob("bench-*.json")):
