@@ -1,4 +1,4 @@
-"""API layer: `cudnn_dsl.compile`, the front door for Python users."""
+"""`cudnn_dsl.compile`, the front door for Python users."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Semantic layer: backward graphs derived from a forward graph (reverse mode, one VJP per op, dsl.vjp).
+"""Backward graphs derived from a forward graph (reverse mode, one VJP per op, dsl.vjp).
 
 `derive(graph, inst)` walks one shape of a graph's nodes in reverse, asks each op's VJP for its
 inputs' gradients and adds the gradients of a value read by several ops. It returns two graphs, as

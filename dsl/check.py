@@ -1,4 +1,4 @@
-"""Semantic layer: ast.Module -> ir.Program. Resolves names, declarations, options and attributes
+"""ast.Module -> ir.Program. Resolves names, declarations, options and attributes
 into a ``Resolved`` record, then types each binding of the symbolic dims (``dsl.infer``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Diagnostics layer: source locations, located errors and their rendering with a caret."""
+"""Source locations, located errors and their rendering with a caret."""
 
 from __future__ import annotations
 

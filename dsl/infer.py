@@ -1,4 +1,4 @@
-"""Semantic layer: shape, stride, dtype and attribute inference for one binding of a graph's symbolic dims.
+"""Shape, stride, dtype and attribute inference for one binding of a graph's symbolic dims.
 
 The checker resolves names once into a ``Resolved`` record; a Typer then gives every value a
 concrete TensorType and every node its canonical attributes for one binding, reporting into its

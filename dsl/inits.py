@@ -1,4 +1,4 @@
-"""Semantic layer: how a generated input is filled — the distributions of `init=` and `run --init`."""
+"""How a generated input is filled — the distributions of `init=` and `run --init`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Semantic layer: the checked, typed, immutable IR (one Graph per `graph` block).
+"""The checked, typed, immutable IR (one Graph per `graph` block).
 
 The IR is canonical: two spellings of the same graph give equal IR (and one plan-store key).
 Concrete facts live in one Instance per binding of the symbolic dims: the type of every value and

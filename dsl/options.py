@@ -1,4 +1,4 @@
-"""Semantic layer: the options of a graph — one table, whatever the source of a value.
+"""The options of a graph — one table, whatever the source of a value.
 
 A graph's `option NAME = VALUE` lines, the command line's flags and ``cudnn_dsl.compile(**options)``
 all name the same rows and convert through the same ``dsl.values.convert``, so a value is valid (or

@@ -1,4 +1,4 @@
-"""Semantic layer: a graph between name resolution (check.py) and typing (infer.py).
+"""A graph between name resolution (check.py) and typing (infer.py).
 
 The checker fills these records; the typer reads a frozen Resolved and never reaches into the checker.
 """

@@ -1,4 +1,4 @@
-"""Semantic layer: a run of a graph's nodes as a graph of its own (what partitioning builds on).
+"""A run of a graph's nodes as a graph of its own (what partitioning builds on).
 
 The nodes keep their UIDs and attributes. Values the run reads but does not make become its
 inputs (tensors an earlier part made are materialized there, in their inferred dtype); values it

@@ -1,4 +1,4 @@
-"""Semantic layer: data types, layouts and stride arithmetic of the language."""
+"""Data types, layouts and stride arithmetic of the language."""
 
 from __future__ import annotations
 

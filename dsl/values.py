@@ -1,4 +1,4 @@
-"""Semantic layer: attributes and options — their declared kinds, and the one converter of values.
+"""Attributes and options — their declared kinds, and the one converter of values.
 
 An op's attributes and a graph's options are rows of the same kind (``Attr``), and every value,
 whether it comes from a .cdg file, the command line or the Python API, goes through ``convert``:

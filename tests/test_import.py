@@ -472,7 +472,7 @@ _SDPA_BWD = (
     + ("  input st : float[2, 4, 128, 1]\n")
 )
 _SDPA_BWD_OUT = "\n  output dq\n  output dk\n  output dv"
-#: the backward ops (issue 10), as CASES below
+#: the backward ops, as CASES below
 _BACKWARD_CASES = {
     "relu_backward": [
         _graph(

@@ -35,7 +35,7 @@ def test_language_reference_names_every_op():
     assert not missing, f"docs/language.md does not mention {missing}"
 
 
-# ---- the rules the layout keeps (README, Layout) ---------------------------------------------
+# ---- the rules the layout keeps (docs/architecture.md) --------------------------------------
 
 import ast  # noqa: E402
 from pathlib import Path  # noqa: E402

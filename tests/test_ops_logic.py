@@ -1,4 +1,4 @@
-"""Comparisons, logic, selects and the other pointwise ops of issue 9: their checker rules, their
+"""Comparisons, logic, selects and the other pointwise ops: their checker rules, their
 reference against torch written out by hand, and what the lowering sends to cuDNN (no GPU needed)."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""CLI layer: `cudnn-dsl COMMAND ...`. One file per command (register + run); this module builds
+"""`cudnn-dsl COMMAND ...`. One file per command (register + run); this module builds
 the parser and is the only place where an exception becomes a message and an exit code."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="cudnn-dsl",
         description="Write fused cuDNN graphs as small .cdg files; check, compile, run, verify, tune and bench them.",
         epilog="Exit status: 0 clean, 1 errors or mismatches, 2 usage errors, 70 internal error (a bug), "
-        "130 interrupted. Docs: docs/language.md",
+        "130 interrupted. Docs: docs/cli.md",
     )
     p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")

@@ -1,4 +1,4 @@
-"""CLI layer: what the commands share — loading files, choosing graphs and shapes, options and
+"""What the commands share — loading files, choosing graphs and shapes, options and
 targets from flags, JSON reports, progress, and the one function that turns an exception into
 a message and an exit code.
 
@@ -319,7 +319,7 @@ def start_logging(args) -> None:
 
 
 def add_target_flags(p, what: str) -> None:
-    p.add_argument("--target", metavar="GPU", help=f"{what} (a name from cudnn_dsl/devices/, e.g. h200)")
+    p.add_argument("--target", metavar="GPU", help=f"{what} (a name from cudnn_dsl/target/devices/, e.g. h200)")
     p.add_argument(
         "--device-properties",
         metavar="JSON",

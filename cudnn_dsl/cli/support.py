@@ -15,7 +15,7 @@ def register(p) -> None:
     p.add_argument(
         "--target",
         metavar="GPU[,GPU...]",
-        help="the GPUs to ask about, from cudnn_dsl/devices/ (default: every bundled one; those made from "
+        help="the GPUs to ask about, from cudnn_dsl/target/devices/ (default: every bundled one; those made from "
         "published figures are marked unverified)",
     )
     p.add_argument("--device-properties", metavar="JSON", help="a descriptor `cudnn-dsl device-info` printed on a GPU")

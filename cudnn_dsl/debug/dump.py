@@ -1,4 +1,4 @@
-"""Repro layer: `run --dump DIR` writes what reproduces a run elsewhere; `run --inputs-from DIR` reads it back.
+"""`run --dump DIR` writes what reproduces a run elsewhere; `run --inputs-from DIR` reads it back.
 
 A dump holds, per shape of a graph: the .cdg file, the frontend's JSON of the graph, the plan (engine id,
 knobs, serialized plan), the inputs, the outputs (on a GPU), the reference outputs, the ejected cuDNN and

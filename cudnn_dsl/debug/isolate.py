@@ -1,4 +1,4 @@
-"""Runtime layer: `run --isolate` — each op of a graph run alone on the GPU, to find the first that diverges.
+"""`run --isolate` — each op of a graph run alone on the GPU, to find the first that diverges.
 
 Each node becomes a graph of its own (single_op_graphs): its tensor inputs are device inputs of the dtypes,
 shapes and strides they have in the whole graph (an intermediate keeps its intermediate dtype), its scalars and

@@ -1,4 +1,4 @@
-"""Backend layer: which forward ops of the cuDNN Frontend's `pygraph` the language spells, and why the
+"""Which forward ops of the cuDNN Frontend's `pygraph` the language spells, and why the
 rest are left out — the table docs/language.md holds (a test regenerates it and keeps it complete).
 
 The spelling of an op comes from the registry at generation time (dsl.ops.OPS, through the lowering's
@@ -80,7 +80,7 @@ LEFT_OUT = {
     "block_scale_quantize": _BLOCK_SCALED,
     "block_scale_dequantize": _BLOCK_SCALED,
     "sdpa_mxfp8": _BLOCK_SCALED,
-    "moe_grouped_matmul": "mixture-of-experts grouped GEMM over ragged per-expert token lists: not in this issue",
+    "moe_grouped_matmul": "mixture-of-experts grouped GEMM over ragged per-expert token lists: not yet",
 }
 
 #: backward ops the language leaves out, and why
@@ -91,17 +91,6 @@ LEFT_OUT_BACKWARD = {
     "moe_grouped_matmul_bwd": LEFT_OUT["moe_grouped_matmul"],
     "sdpa_fp8_backward": "not yet (FP8 attention's gradients, with their descales and amaxes)",
 }
-
-#: forward ops being added (issue 9) on other branches; the registry's entry wins once it lands
-PENDING = {
-    "adalayernorm": "not yet (training norms)",
-    "batchnorm": "not yet (training norms; `batchnorm_inference` is here)",
-    "instancenorm": "not yet (training norms)",
-    "genstats": "not yet (training norms)",
-    "rope": "not yet",
-    "sdpa_fp8": "not yet (FP8 attention)",
-}
-
 
 def is_backward(name: str) -> bool:
     return name.endswith(("_backward", "_bwd"))
@@ -126,7 +115,7 @@ def rows(pygraph, backward: bool = False) -> list[tuple[str, list[str], str | No
     reason is None for an op nothing accounts for (the test fails on it)."""
     spelled = spellings()
     forward, backward_ops = pygraph_ops(pygraph)
-    reasons = LEFT_OUT_BACKWARD if backward else {**PENDING, **LEFT_OUT}
+    reasons = LEFT_OUT_BACKWARD if backward else LEFT_OUT
     return [
         (op, spelled.get(op, []), None if op in spelled else reasons.get(op))
         for op in (backward_ops if backward else forward)

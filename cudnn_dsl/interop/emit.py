@@ -1,4 +1,4 @@
-"""Eject layer: standalone scripts — the cuDNN Frontend calls of a graph, and its torch reference.
+"""Standalone scripts — the cuDNN Frontend calls of a graph, and its torch reference.
 
 The cuDNN script is produced by running the real lowering pass against a recorder that writes
 each call it receives as a line of Python, so the script and `cudnn-dsl run` cannot drift apart.

@@ -1,4 +1,4 @@
-"""Backend layer: the PyTorch reference of a graph, generated from the IR by the op registry.
+"""The PyTorch reference of a graph, generated from the IR by the op registry.
 
 One loop over the nodes (torch.fx Interpreter style). As a reference, inputs are widened to
 float32 (float64 for double), every op runs in that precision without TF32, and a computed value is

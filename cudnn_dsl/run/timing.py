@@ -1,4 +1,4 @@
-"""Measure layer: GPU time per call (CUDA events, CUDA-graph replays) and host time per call.
+"""GPU time per call (CUDA events, CUDA-graph replays) and host time per call.
 
 Figures are measured, never asserted: these feed `run`, `tune`, `bench` and the benchmark scripts.
 """

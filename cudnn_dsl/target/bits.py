@@ -1,4 +1,4 @@
-"""Runtime layer: bool tensors as cuDNN keeps them in memory — bit-packed, eight elements a byte, the
+"""Bool tensors as cuDNN keeps them in memory — bit-packed, eight elements a byte, the
 element at the lowest address in the lowest bit.
 
 Measured on the H200 with cuDNN 9.19: a comparison in a matmul epilogue writes its bool output this

@@ -1,4 +1,4 @@
-"""Backend layer: the language's dtypes as torch and cuDNN types, and default tolerances.
+"""The language's dtypes as torch and cuDNN types, and default tolerances.
 
 Torch is imported only when a torch dtype is asked for, so lowering and deviceless planning
 (`check --target`) run without it.

@@ -1,4 +1,4 @@
-"""Backend layer: loading the real cuDNN Frontend, with or without a GPU, and device targets.
+"""Loading the real cuDNN Frontend, with or without a GPU, and device targets.
 
 Without a GPU, cuDNN can still plan for a described device ("deviceless"): the frontend gets a
 serialized device descriptor and an SM version. One cuDNN sublibrary links against the CUDA

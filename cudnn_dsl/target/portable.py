@@ -1,4 +1,4 @@
-"""Runtime layer, shared with the ejected scripts: seeded input draws and cuDNN's bool packing.
+"""Seeded input draws and cuDNN's bool packing.
 
 `run` calls these functions, and `emit --format cudnn` copies their source into the scripts it
 prints (emit.portable_source), so a script draws the inputs `run` draws for the same seed, bit for

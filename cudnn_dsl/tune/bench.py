@@ -1,4 +1,4 @@
-"""Bench layer: `cudnn-dsl bench` — the compiled graph against hand-written cuDNN, torch eager and
+"""`cudnn-dsl bench` — the compiled graph against hand-written cuDNN, torch eager and
 torch.compile, in one process, on the same input buffers, checked before timed.
 
 GPU time comes from CUDA events around back-to-back calls (the device queue kept full), taken in

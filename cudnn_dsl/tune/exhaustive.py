@@ -1,4 +1,4 @@
-"""Reuse layer: `tune --exhaustive` — every engine and knob combination cuDNN enumerates for a graph.
+"""`tune --exhaustive` — every engine and knob combination cuDNN enumerates for a graph.
 
 The space is every engine of get_engine_count with every combination of its knobs' values (each knob's least
 value to its greatest, by its stride, as get_knobs_for_engine gives them). It is searched in a fixed order:

@@ -1,4 +1,4 @@
-"""Reuse layer: autotuning — build every candidate plan, time each, keep the winner in the store.
+"""Autotuning — build every candidate plan, time each, keep the winner in the store.
 
 Each plan is timed as the GPU sees it: its launches are captured in a CUDA graph and replayed, so
 a short kernel is not ranked by the host time of launching it.

@@ -1,4 +1,4 @@
-"""Syntax layer: the untyped tree the parser builds, one frozen node per construct."""
+"""The untyped tree the parser builds, one frozen node per construct."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Syntax layer: .cdg text -> ast.Module, with Lark errors turned into located diagnostics."""
+""".cdg text -> ast.Module, with Lark errors turned into located diagnostics."""
 
 from __future__ import annotations
 

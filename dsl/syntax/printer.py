@@ -1,4 +1,4 @@
-"""Presentation layer: the canonical .cdg printer (fmt), the AST and IR dumps, and the check summary."""
+"""The canonical .cdg printer (fmt), the AST and IR dumps, and the check summary."""
 
 from __future__ import annotations
 
