@@ -92,6 +92,7 @@ LEFT_OUT_BACKWARD = {
     "sdpa_fp8_backward": "not yet (FP8 attention's gradients, with their descales and amaxes)",
 }
 
+
 def is_backward(name: str) -> bool:
     return name.endswith(("_backward", "_bwd"))
 
