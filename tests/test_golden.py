@@ -1,5 +1,6 @@
 """Golden tests: the IR dump of every example, and the exact diagnostics of every bad input."""
 
+import ast
 import difflib
 from pathlib import Path
 
@@ -91,6 +92,25 @@ def _coverage(what: str) -> str:
     )
 
 
+def _first_sentence(path: Path) -> str:
+    doc = " ".join((ast.get_docstring(ast.parse(path.read_text())) or "").split("\n\n")[0].split())
+    return doc.split(". ")[0].removesuffix(".")
+
+
+def _layout() -> str:
+    """Each package of the two halves and its modules, with their docstrings' first sentences: the layout
+    as the tree has it."""
+    lines = []
+    for half in ("dsl", "cudnn_dsl"):
+        for init in sorted((ROOT / half).rglob("__init__.py")):
+            pkg = init.parent
+            lines.append(f"- **`{pkg.relative_to(ROOT)}/`** — {_first_sentence(init)}")
+            for mod in sorted(pkg.glob("*.py")):
+                if mod.name != "__init__.py":
+                    lines.append(f"  - `{mod.name}` — {_first_sentence(mod)}")
+    return "\n".join(lines) + "\n"
+
+
 @pytest.mark.parametrize(
     "doc_name,block",
     [
@@ -99,6 +119,7 @@ def _coverage(what: str) -> str:
         ("docs/language.md", "coverage"),
         ("README.md", "coverage-count"),
         ("docs/language.md", "inits"),
+        ("docs/architecture.md", "layout"),
     ],
 )
 def test_the_language_reference_tables_come_from_the_registries(doc_name, block, update_goldens):
@@ -117,6 +138,7 @@ def test_the_language_reference_tables_come_from_the_registries(doc_name, block,
         "coverage": lambda: _coverage("table"),
         "coverage-count": lambda: _coverage("count"),
         "inits": inits_table,
+        "layout": _layout,
     }[block]()
     if update_goldens:
         doc.write_text(pattern.sub(lambda m: m.group(1) + want + m.group(3), text))
