@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from dsl.ir import Graph, Instance
+from dsl.ir import Graph, Instance, Node, Value
 from dsl.ops import OPS
 
 
@@ -130,3 +130,35 @@ def fusion_order(nodes: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]], 
             run = set() if family[k] == "reduction" else {k}
         pos[k] = len(pos)
     return sorted(pos, key=pos.get)
+
+
+def one_op_graphs(graph: Graph, inst: Instance) -> list[tuple[Node, Graph]]:
+    """One graph per node of `graph` at this shape: the node alone, with the types the whole graph gives it.
+    Its tensor operands are inputs (an intermediate keeps its dtype), its scalars and constants stay what
+    they were, its results are outputs; UIDs are numbered afresh."""
+    out = []
+    for index, node in enumerate(graph.nodes):
+        names = list(dict.fromkeys(i for i in node.inputs if i))
+        values = []
+        for uid, name in enumerate(names, 1):
+            v = graph.value(name)
+            kind = v.kind if v.kind in ("scalar", "const") else "input"
+            values.append(Value(name, kind, uid, v.scalar, v.dtype, v.loc))
+        values += [Value(o, "output", len(names) + k, loc=node.loc) for k, o in enumerate(node.outputs, 1)]
+        types = tuple((v.name, inst.type(v.name)) for v in values)
+        alone = Instance(inst.binding, types, (inst.node_attrs[index],))
+        one = Graph(
+            name=f"{graph.name}.{node.outputs[0]}",
+            file=graph.file,
+            io=graph.io,
+            intermediate=graph.intermediate,
+            compute=graph.compute,
+            options=graph.options,
+            symbols=(),
+            values=tuple(values),
+            nodes=(node,),
+            instances=(alone,),
+            loc=node.loc,
+        )
+        out.append((node, one))
+    return out

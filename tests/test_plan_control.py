@@ -239,12 +239,12 @@ def test_check_target_takes_the_constraint_and_plan_flags():
 @pytest.mark.parametrize("name", ["matmul_epilogue", "conv_bias_relu", "layernorm"])
 def test_each_op_alone_is_a_graph_cudnn_plans_or_declines_at_that_op(name, h200):
     from cudnn_dsl.build.steps import plan_deviceless
-    from cudnn_dsl.debug.isolate import single_op_graphs
     from dsl.diagnostics import DslError
+    from dsl.subgraph import one_op_graphs
 
     g = program(ROOT / "examples" / f"{name}.cdg").graphs[0]
     inst = g.instances[0]
-    alone = single_op_graphs(g, inst)
+    alone = one_op_graphs(g, inst)
     assert [node for node, _ in alone] == list(g.nodes)
     for node, one in alone:
         t = one.instances[0]
@@ -262,15 +262,15 @@ def test_an_op_alone_on_the_reference_inputs_gives_the_references_output():
     """On the CPU: each single-op graph's reference, fed the whole reference's values, is the whole reference's."""
     import torch
 
-    from cudnn_dsl.debug.isolate import single_op_graphs
     from cudnn_dsl.run.inputs import generate_inputs
     from cudnn_dsl.run.reference import run_reference
+    from dsl.subgraph import one_op_graphs
 
     g = program(ROOT / "examples" / "layernorm.cdg").graphs[0]
     inst = g.instances[0]
     inputs = generate_inputs(g, inst, "cpu")
     every = run_reference(g, inst, inputs, "cpu", every=True)
-    for node, one in single_op_graphs(g, inst):
+    for node, one in one_op_graphs(g, inst):
         feed = {v.name: every[v.name] for v in one.of_kind("input")}
         got = run_reference(one, one.instances[0], feed, "cpu")
         for out in node.outputs:

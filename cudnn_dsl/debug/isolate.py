@@ -1,6 +1,6 @@
 """`run --isolate` — each op of a graph run alone on the GPU, to find the first that diverges.
 
-Each node becomes a graph of its own (single_op_graphs): its tensor inputs are device inputs of the dtypes,
+Each node becomes a graph of its own (dsl.subgraph.one_op_graphs): its tensor inputs are device inputs of the dtypes,
 shapes and strides they have in the whole graph (an intermediate keeps its intermediate dtype), its scalars and
 constants stay what they were, and its results are outputs. Each is fed the whole graph's reference values of its
 inputs, rounded to their declared dtypes, and goes through the normal compile, run and compare path: cuDNN
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import attrs
 
-from dsl.ir import Graph, Instance, Node, Value
+from dsl.ir import Graph, Instance, Node
+from dsl.subgraph import one_op_graphs
 
 
 @attrs.frozen
@@ -25,41 +26,6 @@ class Alone:
     detail: str = ""
 
 
-def single_op_graphs(graph: Graph, inst: Instance) -> list[tuple[Node, Graph]]:
-    """One graph per node of `graph` at this shape: the node alone, with the types the whole graph gives it."""
-    out = []
-    for index, node in enumerate(graph.nodes):
-        names = list(dict.fromkeys(i for i in node.inputs if i))
-        values = []
-        for uid, name in enumerate(names, 1):
-            v = graph.value(name)
-            kind = v.kind if v.kind in ("scalar", "const") else "input"
-            values.append(Value(name, kind, uid, v.scalar, v.dtype, v.loc))
-        values += [Value(o, "output", len(names) + k, loc=node.loc) for k, o in enumerate(node.outputs, 1)]
-        types = tuple((v.name, inst.type(v.name)) for v in values)
-        alone = Instance(inst.binding, types, (inst.node_attrs[index],))
-        name = f"{graph.name}.{node.outputs[0]}"
-        out.append(
-            (
-                node,
-                Graph(
-                    name,
-                    graph.file,
-                    graph.io,
-                    graph.intermediate,
-                    graph.compute,
-                    graph.options,
-                    (),
-                    tuple(values),
-                    (node,),
-                    (alone,),
-                    node.loc,
-                ),
-            )
-        )
-    return out
-
-
 def isolate(graph: Graph, inst: Instance, tensors: dict, options, device, drawn: dict | None = None) -> list[Alone]:
     """Runs every op alone on `device`, on the whole graph's reference values of its inputs (`drawn`: what
     the whole graph's launch drew, for its reference; an op alone draws it again from the same inputs)."""
@@ -70,7 +36,7 @@ def isolate(graph: Graph, inst: Instance, tensors: dict, options, device, drawn:
 
     values = run_reference(graph, inst, tensors, device, every=True, drawn=drawn)
     results = []
-    for node, g in single_op_graphs(graph, inst):
+    for node, g in one_op_graphs(graph, inst):
         alone = g.instances[0]
         feed = {v.name: relayout(values[v.name], alone.type(v.name), device) for v in g.of_kind("input")}
         feed.update((v.name, tensors[v.name]) for v in g.of_kind("scalar") if v.name in tensors)
