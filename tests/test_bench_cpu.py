@@ -23,3 +23,24 @@ def test_an_ejected_script_is_imported_as_a_module_from_its_file():
     assert mod.__file__.endswith(f"{g.name}_ejected.py")
     buffers = mod.make_buffers(device="cpu")
     assert set(mod.INPUTS) <= set(buffers) and callable(mod.build)
+
+
+def test_the_published_bench_figures_plot_one_panel_per_graph_with_a_bar_per_contender(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import json
+    from pathlib import Path
+
+    import cudnn_dsl.tune.bench as bench
+    from cudnn_dsl.tune import plots
+
+    results = json.loads((Path(__file__).parents[1] / "docs/results/bench-h200.json").read_text())["results"]
+    drawn = []
+    monkeypatch.setattr(
+        bench, "draw", lambda panels, path, **kw: (drawn.extend(panels), plots.draw(panels, path, **kw))
+    )
+    bench.plot(results, str(tmp_path / "b.png"))
+    assert [p.title for p in drawn] == [r["graph"] for r in results]
+    for panel, res in zip(drawn, results):
+        eager = next(r for r in res["rows"] if r["label"] == "torch eager")
+        assert panel.medians[panel.labels.index("torch eager")] == eager["gpu_us_median"]
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -30,6 +30,7 @@ from cudnn_dsl.target.bits import logical
 from cudnn_dsl.target.library import load_cudnn
 from cudnn_dsl.target.memory import empty
 from cudnn_dsl.tune.heuristics import work
+from cudnn_dsl.tune.plots import Panel, draw
 from dsl.ir import Graph, Instance, shape_label
 from dsl.options import Options
 
@@ -250,25 +251,19 @@ def table(result: dict, peak: float | None) -> str:
 
 
 def plot(results: list[dict], path: str) -> None:
-    import matplotlib  # the CLI checks that it is installed before any work
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.6), squeeze=False)
-    for ax, res in zip(axes[0], results):
+    """Each graph's contenders side by side: GPU µs per call, p50 with min to p90, cudnn-dsl in green."""
+    panels = []
+    for res in results:
         rows = [r for r in res["rows"] if "gpu_us_median" in r]
-        ax.bar(
-            [r["label"] for r in rows],
-            [r["gpu_us_median"] for r in rows],
-            yerr=[
+        panels.append(
+            Panel(
+                res["graph"],
+                [r["label"] for r in rows],
+                [r["gpu_us_median"] for r in rows],
                 [r["gpu_us_median"] - r["gpu_us_min"] for r in rows],
                 [r["gpu_us_p90"] - r["gpu_us_median"] for r in rows],
-            ],
-            color=["#76b900" if r["name"] == "cudnn-dsl" else "#888888" for r in rows],
+                "GPU µs per call (p50, min-p90)",
+                colors=["#76b900" if r["name"] == "cudnn-dsl" else "#888888" for r in rows],
+            )
         )
-        ax.set_title(res["graph"])
-        ax.set_ylabel("GPU µs per call (p50, min-p90)")
-        ax.tick_params(axis="x", rotation=30, labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    draw(panels, path, side_by_side=True, size=(4.5, 3.6))

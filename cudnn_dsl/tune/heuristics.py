@@ -24,6 +24,7 @@ from cudnn_dsl.run.timing import gpu_time_us, replay_time_us
 from cudnn_dsl.store.files import StoreProblem
 from cudnn_dsl.store.plans import PartitionChoice
 from cudnn_dsl.tune.exhaustive import MAX_CONFIGS, SearchResult, Tried, search
+from cudnn_dsl.tune.plots import Panel, draw
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, shape_label
 from dsl.ops import OPS, Ctx
@@ -357,24 +358,19 @@ def report(result: TuneResult) -> str:
 
 
 def plot(results: list[TuneResult], path: str) -> None:
-    import matplotlib  # the CLI checks that it is installed before any work
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(results), 1, figsize=(10, 3.2 * len(results)), squeeze=False)
-    for ax, r in zip(axes[:, 0], results):
-        ranked = r.ranked
-        ax.bar(
-            range(len(ranked)),
-            [c.median_us for c in ranked],
-            yerr=[[c.median_us - min(c.times_us) for c in ranked], [max(c.times_us) - c.median_us for c in ranked]],
+    """Each graph's plans by median GPU time, with the spread of their samples."""
+    panels = [
+        Panel(
+            f"{r.graph} {r.binding or ''}: plans by median GPU time",
+            [c.name.split("_")[0] + f"#{c.index}" for c in r.ranked],
+            [c.median_us for c in r.ranked],
+            [c.median_us - min(c.times_us) for c in r.ranked],
+            [max(c.times_us) - c.median_us for c in r.ranked],
+            "µs",
+            log=bool(r.ranked) and r.ranked[-1].median_us > 20 * r.ranked[0].median_us,
+            tick_size=6,
+            tick_rotation=90,
         )
-        ax.set_title(f"{r.graph} {r.binding or ''}: plans by median GPU time")
-        ax.set_ylabel("µs")
-        if ranked and ranked[-1].median_us > 20 * ranked[0].median_us:
-            ax.set_yscale("log")  # one pathological plan would flatten the rest
-        ax.set_xticks(range(len(ranked)))
-        ax.set_xticklabels([c.name.split("_")[0] + f"#{c.index}" for c in ranked], rotation=90, fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        for r in results
+    ]
+    draw(panels, path, side_by_side=False, size=(10, 3.2))
