@@ -1,4 +1,4 @@
-"""Backward graphs derived from a forward graph (reverse mode, one VJP per op, dsl.vjp).
+"""Backward graphs derived from a forward graph (reverse mode, one VJP per op, dsl.ops.VJPS).
 
 `derive(graph, inst)` walks one shape of a graph's nodes in reverse, asks each op's VJP for its
 inputs' gradients and adds the gradients of a value read by several ops. It returns two graphs, as
@@ -15,14 +15,13 @@ import attrs
 
 from dsl.diagnostics import Diagnostic, DslError, RuleError
 from dsl.ir import Graph, Instance
-from dsl.ops import OPS, Ctx, canonical
+from dsl.ops import EMIT_STATISTICS, NO_VJP, OPS, STATISTICS, VJPS, At, Ctx, canonical
 from dsl.options import OPTIONS, Options
 from dsl.subgraph import fusion_order
 from dsl.syntax import ast
 from dsl.syntax.printer import fmt_module
 from dsl.types import TensorType, dense_strides, is_float
 from dsl.values import from_python
-from dsl.vjp import EMIT_STATISTICS, NO_VJP, STATISTICS, VJPS, At
 
 
 @attrs.frozen

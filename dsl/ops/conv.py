@@ -1,0 +1,226 @@
+"""Convolution ops: signatures, shape rules, flop counts, the channels-last lint and VJP rules of
+conv_fprop and its gradients conv_dgrad and conv_wgrad."""
+
+from __future__ import annotations
+
+import math
+
+from dsl.diagnostics import RuleError
+from dsl.ops.base import SECOND_ORDER, Ctx, Family, OpSig, Out, Rule, by_name
+from dsl.types import TensorType, fmt_shape, stride_order
+from dsl.values import DERIVED, Attr
+
+FAMILY = Family(
+    "conv",
+    ("conv", "convolution"),
+    "NHWC layouts for conv tensors, half/bf16 data with float compute, and channel counts that are multiples of 8",
+)
+
+
+# ---- shape rules -------------------------------------------------------------------
+
+
+def _conv_params(ctx: Ctx):
+    return ctx.attrs["padding"], ctx.attrs["stride"], ctx.attrs["dilation"]
+
+
+def _conv_rank(ctx: Ctx, t: TensorType, i: int, what: str) -> None:
+    if len(t.shape) not in (3, 4, 5):
+        raise RuleError(f"{ctx.op}: {what} must have rank 3, 4 or 5 (N, C, spatial...), got {fmt_shape(t.shape)}", i)
+
+
+def infer_conv_fprop(ctx: Ctx) -> list[Out]:
+    x, w = ctx.inputs
+    _conv_rank(ctx, x, 0, "image")
+    if len(w.shape) != len(x.shape):
+        raise RuleError(f"{ctx.op}: weight {fmt_shape(w.shape)} and image {fmt_shape(x.shape)} differ in rank", 1)
+    if x.dtype != w.dtype:
+        raise RuleError(f"{ctx.op}: dtype conflict: image is {x.dtype}, weight is {w.dtype}", 1)
+    c, wc, k = x.shape[1], w.shape[1], w.shape[0]
+    if wc == 0 or c % wc:
+        raise RuleError(
+            f"{ctx.op}: image has {c} channels, weight expects {wc} (channels must be a multiple of the "
+            f"weight's for a grouped convolution)",
+            1,
+        )
+    groups = c // wc
+    if k % groups:
+        raise RuleError(f"{ctx.op}: {k} output channels do not divide into {groups} groups", 1)
+    pad, stride, dil = _conv_params(ctx)
+    spatial = []
+    for i, (h, r) in enumerate(zip(x.shape[2:], w.shape[2:])):
+        o = (h + 2 * pad[i] - dil[i] * (r - 1) - 1) // stride[i] + 1
+        if o < 1:
+            raise RuleError(f"{ctx.op}: filter {r} (dilation {dil[i]}) is larger than the padded input {h}", 1)
+        spatial.append(o)
+    return [Out((x.shape[0], k, *spatial), stride_order(x.strides))]
+
+
+def infer_conv_dgrad(ctx: Ctx) -> list[Out]:
+    dy, w = ctx.inputs
+    _conv_rank(ctx, dy, 0, "gradient")
+    if len(w.shape) != len(dy.shape):
+        raise RuleError(f"{ctx.op}: filter {fmt_shape(w.shape)} and gradient {fmt_shape(dy.shape)} differ in rank", 1)
+    if dy.shape[1] != w.shape[0]:
+        raise RuleError(f"{ctx.op}: gradient has {dy.shape[1]} channels, filter has {w.shape[0]} outputs", 1)
+    pad, stride, dil = _conv_params(ctx)
+    extra = ctx.attrs["output_padding"]
+    for i, e in enumerate(extra):
+        if e >= stride[i]:
+            raise RuleError(
+                f"{ctx.op}: output_padding {list(extra)} must be below the stride {list(stride)} on each axis "
+                f"(any more and the forward convolution would not give this gradient's size)",
+                "output_padding",
+            )
+    spatial = [
+        (o - 1) * stride[i] - 2 * pad[i] + dil[i] * (r - 1) + 1 + extra[i]
+        for i, (o, r) in enumerate(zip(dy.shape[2:], w.shape[2:]))
+    ]
+    if any(s < 1 for s in spatial):
+        raise RuleError(f"{ctx.op}: no input size gives gradient {fmt_shape(dy.shape)}", 0)
+    return [Out((dy.shape[0], w.shape[1], *spatial), stride_order(dy.strides))]
+
+
+def _wgrad_filter(x: TensorType, dy: TensorType, pad, stride, dil) -> tuple[int, ...]:
+    """The filter size that maps x to dy (the largest, when stride leaves a choice)."""
+    return tuple(
+        (h + 2 * p - (o - 1) * s - 1) // d + 1 for h, o, p, s, d in zip(x.shape[2:], dy.shape[2:], pad, stride, dil)
+    )
+
+
+def derive_conv_wgrad(ctx: Ctx) -> dict:
+    x, dy = ctx.inputs
+    if ctx.attrs["filter"] is not DERIVED:
+        return {}
+    if len(x.shape) != len(dy.shape):
+        return {"filter": (1,) * (len(x.shape) - 2)}  # the shape rule reports the rank mismatch
+    return {"filter": _wgrad_filter(x, dy, *_conv_params(ctx))}
+
+
+def infer_conv_wgrad(ctx: Ctx) -> list[Out]:
+    x, dy = ctx.inputs
+    _conv_rank(ctx, x, 0, "image")
+    if len(x.shape) != len(dy.shape) or x.shape[0] != dy.shape[0]:
+        raise RuleError(f"{ctx.op}: image {fmt_shape(x.shape)} and gradient {fmt_shape(dy.shape)} do not match", 1)
+    pad, stride, dil = _conv_params(ctx)
+    filt = ctx.attrs["filter"]
+    if len(filt) != len(x.shape) - 2:
+        raise RuleError(
+            f"{ctx.op}: 'filter' has {len(filt)} values, the image has {len(x.shape) - 2} spatial dims", "filter"
+        )
+    fits = all(
+        r >= 1 and (h + 2 * p - d * (r - 1) - 1) // s + 1 == o
+        for r, h, o, p, s, d in zip(filt, x.shape[2:], dy.shape[2:], pad, stride, dil)
+    )
+    if not fits:
+        raise RuleError(
+            f"{ctx.op}: a filter of {list(filt)} does not map image {fmt_shape(x.shape)} to gradient "
+            f"{fmt_shape(dy.shape)} with this padding, stride and dilation",
+            "filter",
+        )
+    return [Out((dy.shape[1], x.shape[1], *filt), stride_order(x.strides))]
+
+
+def lint_channels_last(inputs: tuple) -> list[tuple[int, str]]:
+    """cuDNN's tensor-core convolution engines want channels-last tensors. `inputs` holds, per
+    input declared in the file, (name, rank, layout or None, explicit strides?); None otherwise."""
+    out = []
+    for i, d in enumerate(inputs):
+        if d is None:
+            continue
+        name, rank, layout, strided = d
+        if not strided and rank in (4, 5) and layout not in ("nhwc", "ndhwc", "channels_last"):
+            want = "nhwc" if rank == 4 else "ndhwc"
+            out.append(
+                (i, f"convolution input '{name}' is not channels-last; cuDNN's tensor-core engines want '{want}'")
+            )
+    return out
+
+
+def flops_conv(ctx: Ctx, outs) -> int:
+    """2 * (elements of the forward output) * (C/groups * filter volume), for fprop, dgrad and wgrad."""
+    y = {"conv_fprop": outs[0], "conv_dgrad": ctx.inputs[0], "conv_wgrad": ctx.inputs[1]}[ctx.op]
+    w = {"conv_fprop": ctx.inputs[1], "conv_dgrad": ctx.inputs[1], "conv_wgrad": outs[0]}[ctx.op]
+    return 2 * math.prod(y.shape) * math.prod(w.shape[1:])
+
+
+# ---- the rows ----------------------------------------------------------------------
+
+_SPATIAL_ATTRS = (
+    Attr("padding", "spatial", 0, doc="zero padding per spatial dim", lo=0),
+    Attr("stride", "spatial", 1, doc="stride per spatial dim", lo=1),
+    Attr("dilation", "spatial", 1, doc="dilation per spatial dim", lo=1),
+)
+
+OPS = by_name(
+    FAMILY.op(
+        "conv_fprop",
+        ("image", "weight"),
+        infer_conv_fprop,
+        attrs=_SPATIAL_ATTRS,
+        flops=flops_conv,
+        lint=lint_channels_last,
+        doc="convolution forward: image [N,C,H,W] * weight [K,C/groups,R,S] -> [N,K,P,Q]",
+    ),
+    FAMILY.op(
+        "conv_dgrad",
+        ("grad", "weight"),
+        infer_conv_dgrad,
+        attrs=_SPATIAL_ATTRS
+        + (
+            Attr(
+                "output_padding",
+                "spatial",
+                0,
+                doc="rows/columns added at the end of dx: with stride > 1 several input sizes give one dy",
+                lo=0,
+            ),
+        ),
+        flops=flops_conv,
+        lint=lint_channels_last,
+        doc="convolution data gradient: dy [N,K,P,Q], weight [K,C,R,S] -> dx [N,C,H,W]",
+    ),
+    FAMILY.op(
+        "conv_wgrad",
+        ("image", "grad"),
+        infer_conv_wgrad,
+        flops=flops_conv,
+        derive=derive_conv_wgrad,
+        lint=lint_channels_last,
+        attrs=_SPATIAL_ATTRS
+        + (Attr("filter", "ints", DERIVED, doc="filter spatial size (inferred from the shapes when omitted)", lo=1),),
+        doc="convolution weight gradient: x [N,C,H,W], dy [N,K,P,Q] -> dw [K,C,R,S]",
+    ),
+)
+BACKWARD_OPS: dict[str, OpSig] = {}
+
+
+# ---- VJP rules ---------------------------------------------------------------------
+
+
+def _conv_fprop(e, n):
+    x, w = n.ins
+    if x.shape[1] != w.shape[1]:
+        raise RuleError(
+            f"conv_fprop: a grouped convolution ({x.shape[1] // w.shape[1]} groups) has no derived backward"
+        )
+    pad, stride, dil = n.attrs["padding"], n.attrs["stride"], n.attrs["dilation"]
+    dx = dw = None
+    if n.need[0]:
+        size = [
+            (o - 1) * s - 2 * p + d * (r - 1) + 1
+            for o, r, p, s, d in zip(n.outs[0].shape[2:], w.shape[2:], pad, stride, dil)
+        ]
+        extra = [h - s for h, s in zip(x.shape[2:], size)]
+        dy = e.cast(n.dy, w.dtype)
+        dx = e.call(
+            "conv_dgrad", dy, e.fwd(n.inputs[1]), padding=pad, stride=stride, dilation=dil, output_padding=extra
+        )
+    if n.need[1]:
+        dy = e.cast(n.dy, x.dtype)
+        dw = e.call("conv_wgrad", e.fwd(n.inputs[0]), dy, padding=pad, stride=stride, dilation=dil, filter=w.shape[2:])
+    return dx, dw
+
+
+VJPS: dict[str, Rule] = {"conv_fprop": _conv_fprop}
+NO_VJP = {"conv_dgrad": SECOND_ORDER, "conv_wgrad": SECOND_ORDER}

@@ -1,0 +1,64 @@
+"""Matmul: signature, shape rule, flop count and VJP rule of the batched matrix product."""
+
+from __future__ import annotations
+
+import math
+
+from dsl.diagnostics import RuleError
+from dsl.ops.base import Ctx, Family, OpSig, Out, Rule, by_name, row_major
+from dsl.types import broadcast, fmt_shape
+
+FAMILY = Family("matmul", ("matmul",), "half/bf16 data with float compute, and inner dims that are multiples of 8")
+
+
+def infer_matmul(ctx: Ctx) -> list[Out]:
+    a, b = ctx.inputs
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise RuleError(f"{ctx.op}: inputs need rank >= 2, got {fmt_shape(a.shape)} and {fmt_shape(b.shape)}", 0)
+    if len(a.shape) != len(b.shape):
+        raise RuleError(
+            f"{ctx.op}: inputs have ranks {len(a.shape)} and {len(b.shape)}; use 1 for broadcast batch dims", 1
+        )
+    if a.dtype != b.dtype:
+        raise RuleError(f"{ctx.op}: dtype conflict: A is {a.dtype}, B is {b.dtype}", 1)
+    if a.shape[-1] != b.shape[-2]:
+        raise RuleError(
+            f"{ctx.op}: inner dimensions differ: A {fmt_shape(a.shape)} has K={a.shape[-1]}, "
+            f"B {fmt_shape(b.shape)} has K={b.shape[-2]}",
+            1,
+        )
+    batch = broadcast(a.shape[:-2], b.shape[:-2])
+    if batch is None:
+        raise RuleError(
+            f"{ctx.op}: batch dims {fmt_shape(a.shape[:-2])} and {fmt_shape(b.shape[:-2])} do not broadcast", 1
+        )
+    shape = (*batch, a.shape[-2], b.shape[-1])
+    return [Out(shape, row_major(len(shape)))]
+
+
+def flops_matmul(ctx: Ctx, outs) -> int:
+    return 2 * math.prod(outs[0].shape) * ctx.inputs[0].shape[-1]
+
+
+OPS = by_name(
+    FAMILY.op(
+        "matmul",
+        ("a", "b"),
+        infer_matmul,
+        flops=flops_matmul,
+        doc="batched [..., M, K] @ [..., K, N] -> [..., M, N]",
+    ),
+)
+BACKWARD_OPS: dict[str, OpSig] = {}
+
+
+def _matmul(e, n):
+    """dA = dC B^T, dB = A^T dC; the transposes are views of the saved operands."""
+    a, b = n.ins
+    da = e.call("matmul", e.cast(n.dy, b.dtype), e.fwd_t(n.inputs[1])) if n.need[0] else None
+    db = e.call("matmul", e.fwd_t(n.inputs[0]), e.cast(n.dy, a.dtype)) if n.need[1] else None
+    return da, db
+
+
+VJPS: dict[str, Rule] = {"matmul": _matmul}
+NO_VJP: dict[str, str] = {}
