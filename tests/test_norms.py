@@ -300,7 +300,7 @@ PLANNED = {
     "conv_genstats": "  input x : half[4, 32, 16, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
     "  y = conv_fprop(x, w, padding=1)\n  s, sq = genstats(y)\n  output y\n  output s\n  output sq",
     # cuDNN writes a layernorm's statistics together and a batchnorm's always: the ones no output asks
-    # for go to scratch memory (OpImpl.stats), else it declines the graph.
+    # for go to scratch memory (OpSig.statistics), else it declines the graph.
     "layernorm_mean_only": "  input x : half[512, 256, 1, 1]\n  input g : float[1, 256, 1, 1]\n"
     "  input b : float[1, 256, 1, 1]\n  y, m, iv = layernorm(x, g, b, phase=training)\n  output y\n  output m",
     "batchnorm_y_only": "  input x : half[8, 32, 16, 16] nhwc\n"

@@ -265,7 +265,7 @@ def test_alibi_bias_and_grouped_heads_by_hand():
 
 
 def test_alibi_slopes_for_heads_not_a_power_of_two():
-    from cudnn_dsl.ops import _alibi
+    from cudnn_dsl.ops.attention import _alibi
 
     slopes = [2 ** (-8 * i / 4) for i in (1, 2, 3, 4)] + [2 ** (-4 * i / 4) for i in (1, 3)]
     want = torch.tensor(slopes).view(1, 6, 1, 1) * (torch.arange(3).view(1, 3) - torch.arange(2).view(2, 1))

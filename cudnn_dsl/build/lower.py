@@ -17,6 +17,7 @@ from cudnn_dsl.target.dtypes import cudnn_type
 from cudnn_dsl.target.library import Target, device_properties, load_cudnn
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance, Node
+from dsl.ops import OPS
 from dsl.types import TensorType
 
 
@@ -73,7 +74,7 @@ class Lowered:
     skipped: dict[str, str] = attrs.Factory(dict)
     """step -> why it could not run here (deviceless planning of runtime-compiled engines)"""
     scratch: dict[str, int] = attrs.Factory(dict)
-    """name -> uid of each value cuDNN must write that no output asks for (OpImpl.stats): the runtime
+    """name -> uid of each value cuDNN must write that no output asks for (OpSig.statistics): the runtime
     binds memory of its own to it"""
 
 
@@ -155,9 +156,9 @@ def lower(
         for name, t in zip(node.outputs, outs):
             _stamp(cudnn, t, graph.value(name), instance.type(name))
             tensors[name] = t
-        impl, stats = IMPLS[node.op], node.outputs[1:]
+        impl, declared, stats = IMPLS[node.op], OPS[node.op].statistics, node.outputs[1:]
         asked = any(graph.value(n).kind == "output" for n in stats)
-        written = list(stats) if impl.stats == "always" or impl.stats == "together" and asked else []
+        written = list(stats) if declared is not None and declared.all_written(asked) else []
         if impl.drawn is not None:  # cuDNN's own random draws: the reference reads them (seeded dropout)
             written += [node.outputs[i] for i in impl.drawn(instance.attrs(index))]
         for name in written:
