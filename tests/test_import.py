@@ -29,8 +29,8 @@ SAME_KIND = {"const": "scalar"}
 
 
 def test_every_registry_op_is_imported_or_says_why_not():
-    """Whoever adds an op to dsl/ops.py adds the frontend node it comes from to cudnn_dsl/interop/fe_import.py
-    (NODES, POINTWISE, REDUCTION and IMPORTED), or says in NOT_IMPORTED why none does."""
+    """Whoever adds an op to dsl/ops/ adds the frontend node it comes from to cudnn_dsl/interop/fe_import.py
+    (a NODES row naming the op, or a POINTWISE mode), or says in NOT_IMPORTED why none does."""
     missing = sorted(set(OPS) - set(IMPORTED) - set(NOT_IMPORTED))
     assert not missing, f"no import mapping (cudnn_dsl/interop/fe_import.py) for {missing}"
     assert not set(IMPORTED) & set(NOT_IMPORTED)

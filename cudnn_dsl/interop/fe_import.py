@@ -1,7 +1,8 @@
 """Import layer: a cuDNN Frontend graph (its JSON, version 1.0 or 2.0, or a frontend log holding it) -> .cdg text.
 
-What a frontend node becomes is table-driven: NODES (by node tag), POINTWISE and REDUCTION (by mode). A
-registry op that no table produces is in NOT_IMPORTED with the reason; a test keeps the two complete. What a .cdg
+What a frontend node becomes is table-driven: NODES (by node tag, each row naming the ops it produces),
+POINTWISE and REDUCTION (by mode). A registry op that no row produces is in NOT_IMPORTED with the reason; a test
+keeps the two complete. What a .cdg
 file says that the JSON does not carry (buffers, in-place outputs, range dims, ...) is in NOT_CARRIED. Every
 field of a node is either read by its row or must hold its neutral value (NEUTRAL), so a setting the
 language cannot express is an error naming the node, never silently dropped. Pure Python and the language
@@ -21,7 +22,7 @@ from cudnn_dsl.interop.fe_json import Located, Source, f32_from_json, find_graph
 from cudnn_dsl.target.dtypes import cudnn_name
 from dsl.diagnostics import DslError
 from dsl.ir import Program
-from dsl.ops import OPS
+from dsl.ops import INFIX, OPS
 from dsl.types import DTYPES as LANGUAGE_DTYPES
 
 VERSIONS = ("1.0", "2.0")
@@ -162,6 +163,14 @@ class Call:
     """output ports the language does not give: each must be virtual and read by no node"""
 
 
+@attrs.frozen
+class NodeRow:
+    """How one frontend node type becomes a language op, and the ops it can become."""
+
+    convert: Callable[[Node], Call]
+    ops: tuple[str, ...]
+
+
 #: what a field of the wrong type raises on its way to text: a malformed JSON, reported at its place
 _MALFORMED = (TypeError, ValueError, KeyError, IndexError, AttributeError)
 
@@ -263,7 +272,7 @@ NEUTRAL = {
     "RESHAPE": {"reshape_mode": ("VIEW_ONLY",), "dim": "*", "stride": "*"},
     "SLICE": {},
 }
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_INFIX = {op: symbol for symbol, op in INFIX.items()}
 
 
 def import_pointwise(n: Node) -> Call:
@@ -304,7 +313,7 @@ def _relu(n: Node) -> tuple[str, list[tuple[str, str]]]:
     return "relu", list(given.items())
 
 
-def _conv(op: str, ports: tuple[str, str], out: str) -> Callable[[Node], Call]:
+def _conv(op: str, ports: tuple[str, str], out: str) -> NodeRow:
     def convert(n: Node) -> Call:
         pre, post = n.get("pre_padding", []), n.get("post_padding", [])
         if list(pre) != list(post):
@@ -326,7 +335,7 @@ def _conv(op: str, ports: tuple[str, str], out: str) -> Callable[[Node], Call]:
             attrs_ += _filter(n, pre)
         return Call(op, tuple(n.port(p) for p in ports), attrs_, (out,))
 
-    return convert
+    return NodeRow(convert, (op,))
 
 
 def _output_padding(n: Node, pad: list) -> tuple[tuple[str, str], ...]:
@@ -496,8 +505,14 @@ def _sdpa_band(n: Node) -> list[tuple[str, str]]:
     return out
 
 
-def _norm(op: str, with_bias: bool, stats: tuple[str, ...]) -> Callable[[Node], Call]:
-    """A norm with a forward phase: y alone in inference, y and `stats` (output ports) in training."""
+def _ports(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The frontend's ports of a norm's statistics: the language's names of them, in capitals (MEAN)."""
+    return tuple(name.upper() for name in names)
+
+
+def _norm(op: str, with_bias: bool) -> NodeRow:
+    """A norm with a forward phase: y alone in inference, y and its statistics in training."""
+    stats = _ports(OPS[op].outputs[1:])
 
     def convert(n: Node) -> Call:
         phase = n.get("forward_phase", "INFERENCE")
@@ -511,7 +526,7 @@ def _norm(op: str, with_bias: bool, stats: tuple[str, ...]) -> Callable[[Node], 
             outs += stats
         return Call(op, tuple(a for a in args if a is not None), tuple(attrs_), outs)
 
-    return convert
+    return NodeRow(convert, (op,))
 
 
 def import_batchnorm(n: Node) -> Call:
@@ -519,7 +534,7 @@ def import_batchnorm(n: Node) -> Call:
         raise n.fail("peer_stats (statistics across GPUs): the language's batchnorm has none", "peer_stats")
     ports = ("X", "SCALE", "BIAS", "PREV_RUNNING_MEAN", "PREV_RUNNING_VAR")
     attrs_ = (("epsilon", f32_text(n.value_of("EPSILON"))), ("momentum", f32_text(n.value_of("MOMENTUM"))))
-    outs = ("Y", "MEAN", "INV_VARIANCE", "NEXT_RUNNING_MEAN", "NEXT_RUNNING_VAR")
+    outs = ("Y", *_ports(OPS["batchnorm"].outputs[1:]))
     return Call("batchnorm", tuple(n.port(p) for p in ports), attrs_, outs)
 
 
@@ -572,12 +587,13 @@ def import_slice(n: Node) -> Call:
     return Call("slice", (n.port("X"),), attrs_, ("Y",))
 
 
-# ---- backward nodes (issue 10) ----
+# ---- backward nodes ----
 
 
-def _norm_backward(op: str, stats: tuple[str, ...]) -> Callable[[Node], Call]:
+def _norm_backward(op: str) -> NodeRow:
     """A norm's gradient: (DY, X, SCALE, the saved statistics) -> DX, DSCALE, DBIAS (rmsnorm: DBIAS only
     with a bias, `dbias=true`)."""
+    stats = _ports(OPS[op].inputs[3:])
 
     def convert(n: Node) -> Call:
         if n.get("peer_stats"):
@@ -588,7 +604,7 @@ def _norm_backward(op: str, stats: tuple[str, ...]) -> Callable[[Node], Call]:
         outs = ("DX", "DSCALE", "DBIAS") if dbias or op != "rmsnorm_backward" else ("DX", "DSCALE")
         return Call(op, args, attrs_, outs)
 
-    return convert
+    return NodeRow(convert, (op,))
 
 
 #: sdpa_backward's optional input ports, in the language's argument order (after q, k, v, o, do, stats)
@@ -630,78 +646,44 @@ def import_rope_backward(n: Node) -> Call:
     return Call("rope_backward", (n.port("DY"), n.port("FREQS")), attrs_, ("DX",))
 
 
-BACKWARD_NODES: dict[str, Callable[[Node], Call]] = {
-    "ROPE_BWD": import_rope_backward,
-    "LAYER_NORM_BPROP": _norm_backward("layernorm_backward", ("MEAN", "INV_VARIANCE")),
-    "RMS_NORM_BPROP": _norm_backward("rmsnorm_backward", ("INV_VARIANCE",)),
-    "DBN": _norm_backward("batchnorm_backward", ("MEAN", "INV_VARIANCE")),
-    "INSTANCE_NORM_BPROP": _norm_backward("instancenorm_backward", ("MEAN", "INV_VARIANCE")),
-    "ADA_LAYER_NORM_BPROP": _norm_backward("adalayernorm_backward", ("MEAN", "INV_VARIANCE")),
-    "SDPA_BWD": import_sdpa_backward,
-}
-#: the backward ops those rows and the backward pointwise modes produce
-BACKWARD_IMPORTED = {
-    "leaky_relu_backward": "POINTWISE mode RELU_BWD with relu_lower_clip_slope",
-    "layernorm_backward": "LAYER_NORM_BPROP",
-    "rmsnorm_backward": "RMS_NORM_BPROP",
-    "batchnorm_backward": "DBN",
-    "instancenorm_backward": "INSTANCE_NORM_BPROP",
-    "adalayernorm_backward": "ADA_LAYER_NORM_BPROP",
-    "sdpa_backward": "SDPA_BWD",
-    "rope_backward": "ROPE_BWD",
+BACKWARD_NODES: dict[str, NodeRow] = {
+    "ROPE_BWD": NodeRow(import_rope_backward, ("rope_backward",)),
+    "LAYER_NORM_BPROP": _norm_backward("layernorm_backward"),
+    "RMS_NORM_BPROP": _norm_backward("rmsnorm_backward"),
+    "DBN": _norm_backward("batchnorm_backward"),
+    "INSTANCE_NORM_BPROP": _norm_backward("instancenorm_backward"),
+    "ADA_LAYER_NORM_BPROP": _norm_backward("adalayernorm_backward"),
+    "SDPA_BWD": NodeRow(import_sdpa_backward, ("sdpa_backward",)),
 }
 
 
 #: node tag -> how it becomes a language op
-NODES: dict[str, Callable[[Node], Call]] = {
-    "POINTWISE": import_pointwise,
+NODES: dict[str, NodeRow] = {
+    # RELU_FWD and RELU_BWD with only a slope set are leaky_relu and leaky_relu_backward (_relu)
+    "POINTWISE": NodeRow(import_pointwise, (*POINTWISE.values(), "leaky_relu", "leaky_relu_backward")),
     "CONV_FPROP": _conv("conv_fprop", ("X", "W"), "Y"),
     "CONV_DGRAD": _conv("conv_dgrad", ("DY", "W"), "DX"),
     "CONV_WGRAD": _conv("conv_wgrad", ("X", "DY"), "DW"),
-    "MATMUL": import_matmul,
-    "REDUCTION": import_reduction,
-    "SDPA": import_sdpa,
-    "SDPA_FP8_FWD": import_sdpa_fp8,
-    "LAYER_NORM": _norm("layernorm", True, ("MEAN", "INV_VARIANCE")),
-    "RMS_NORM": _norm("rmsnorm", False, ("INV_VARIANCE",)),
-    "INSTANCE_NORM": _norm("instancenorm", True, ("MEAN", "INV_VARIANCE")),
-    "ADA_LAYER_NORM": _norm("adalayernorm", False, ("MEAN", "INV_VARIANCE")),
-    "BATCHNORM": import_batchnorm,
-    "GENSTATS": import_genstats,
-    "ROPE": import_rope,
-    "CONCATENATE": import_concatenate,
-    "BATCHNORM_INFERENCE": import_batchnorm_inference,
-    "TRANSPOSE": import_transpose,
-    "RESHAPE": import_reshape,
-    "SLICE": import_slice,
+    "MATMUL": NodeRow(import_matmul, ("matmul",)),
+    "REDUCTION": NodeRow(import_reduction, ("reduction",)),
+    "SDPA": NodeRow(import_sdpa, ("sdpa",)),
+    "SDPA_FP8_FWD": NodeRow(import_sdpa_fp8, ("sdpa_fp8",)),
+    "LAYER_NORM": _norm("layernorm", True),
+    "RMS_NORM": _norm("rmsnorm", False),
+    "INSTANCE_NORM": _norm("instancenorm", True),
+    "ADA_LAYER_NORM": _norm("adalayernorm", False),
+    "BATCHNORM": NodeRow(import_batchnorm, ("batchnorm",)),
+    "GENSTATS": NodeRow(import_genstats, ("genstats",)),
+    "ROPE": NodeRow(import_rope, ("rope",)),
+    "CONCATENATE": NodeRow(import_concatenate, ("concatenate",)),
+    "BATCHNORM_INFERENCE": NodeRow(import_batchnorm_inference, ("batchnorm_inference",)),
+    "TRANSPOSE": NodeRow(import_transpose, ("transpose",)),
+    "RESHAPE": NodeRow(import_reshape, ("reshape",)),
+    "SLICE": NodeRow(import_slice, ("slice",)),
     **BACKWARD_NODES,
 }
-#: language ops the tables above produce, by the row that produces each
-IMPORTED = {
-    **{op: f"POINTWISE mode {mode}" for mode, op in POINTWISE.items()},
-    "leaky_relu": "POINTWISE mode RELU_FWD with relu_lower_clip_slope",
-    "conv_fprop": "CONV_FPROP",
-    "conv_dgrad": "CONV_DGRAD",
-    "conv_wgrad": "CONV_WGRAD",
-    "matmul": "MATMUL",
-    "reduction": "REDUCTION",
-    "relu": "POINTWISE mode RELU_FWD (with its clips, or none)",
-    "sdpa": "SDPA",
-    "sdpa_fp8": "SDPA_FP8_FWD",
-    "layernorm": "LAYER_NORM",
-    "rmsnorm": "RMS_NORM",
-    "instancenorm": "INSTANCE_NORM",
-    "adalayernorm": "ADA_LAYER_NORM",
-    "batchnorm": "BATCHNORM",
-    "genstats": "GENSTATS",
-    "rope": "ROPE",
-    "concatenate": "CONCATENATE",
-    "batchnorm_inference": "BATCHNORM_INFERENCE",
-    "transpose": "TRANSPOSE",
-    "reshape": "RESHAPE",
-    "slice": "SLICE",
-    **BACKWARD_IMPORTED,
-}
+#: language op -> the node tag it comes from
+IMPORTED = {op: tag for tag, row in NODES.items() for op in row.ops}
 #: registry ops no frontend node becomes, and why
 NOT_IMPORTED = {
     "bias": "the frontend's bias is its pointwise ADD: it imports as add (the same frontend call)",
@@ -908,10 +890,10 @@ def _declare(src: Source, j: Located, t: Tensor, scalars: dict[str, str]) -> str
 
 
 def _statements(n: Node, compute: str, intermediate: str) -> list[str]:
-    convert = NODES.get(n.tag)
-    if convert is None:
+    row = NODES.get(n.tag)
+    if row is None:
         raise n.fail(f"the language has no op for frontend nodes of type {n.tag}", "tag")
-    call = convert(n)
+    call = row.convert(n)
     _check_neutral(n)
     node_compute = _dtype(n.get("compute_data_type"))
     default = OPS[call.op].compute or compute  # logic ops compute in bool unless told
