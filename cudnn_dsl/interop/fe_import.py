@@ -1,12 +1,11 @@
-"""Import layer: a cuDNN Frontend graph (its JSON, version 1.0 or 2.0, or a frontend log holding it) -> .cdg text.
+"""A cuDNN Frontend graph (its JSON, version 1.0 or 2.0, or a frontend log holding it) -> .cdg text.
 
 What a frontend node becomes is table-driven: NODES (by node tag, each row naming the ops it produces),
-POINTWISE and REDUCTION (by mode). A registry op that no row produces is in NOT_IMPORTED with the reason; a test
-keeps the two complete. What a .cdg
-file says that the JSON does not carry (buffers, in-place outputs, range dims, ...) is in NOT_CARRIED. Every
-field of a node is either read by its row or must hold its neutral value (NEUTRAL), so a setting the
-language cannot express is an error naming the node, never silently dropped. Pure Python and the language
-only (no torch, no cuDNN): `cudnn-dsl import` starts fast.
+POINTWISE and REDUCTION (by mode). A registry op that no row produces is in NOT_IMPORTED with the reason; a
+test keeps the two complete. What a .cdg file says that the JSON does not carry (buffers, in-place outputs,
+range dims, ...) is in NOT_CARRIED. Every field of a node is either read by its row or must hold its neutral
+value (NEUTRAL), so a setting the language cannot express is an error naming the node, never silently
+dropped. Pure Python and the language only (no torch, no cuDNN): `cudnn-dsl import` starts fast.
 """
 
 from __future__ import annotations

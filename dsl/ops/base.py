@@ -74,6 +74,7 @@ class OpSig:
     """how many of `outputs` a call returns, given its attributes (default: all of them where the call
     returns its statistics, else one)"""
     statistics: Statistics | None = None
+    """set when the results after the first are statistics of the inputs"""
     derive: Callable[[Ctx], dict] | None = None
     """fills the attributes whose default is DERIVED, from the input types"""
     lint: Callable[[tuple], list[tuple[int, str]]] | None = None
