@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from cli_util import run_cli
 
-from cudnn_dsl.interop.fe_import import IMPORTED, NOT_CARRIED, NOT_IMPORTED, to_cdg, verify
+from cudnn_dsl.interop.fe_import import to_cdg, verify
+from cudnn_dsl.interop.fe_nodes import IMPORTED, NOT_CARRIED, NOT_IMPORTED
 from dsl.ops import OPS
 from dsl.pipeline import program
 from dsl.syntax.parser import parse
@@ -29,10 +30,10 @@ SAME_KIND = {"const": "scalar"}
 
 
 def test_every_registry_op_is_imported_or_says_why_not():
-    """Whoever adds an op to dsl/ops/ adds the frontend node it comes from to cudnn_dsl/interop/fe_import.py
+    """Whoever adds an op to dsl/ops/ adds the frontend node it comes from to cudnn_dsl/interop/fe_nodes.py
     (a NODES row naming the op, or a POINTWISE mode), or says in NOT_IMPORTED why none does."""
     missing = sorted(set(OPS) - set(IMPORTED) - set(NOT_IMPORTED))
-    assert not missing, f"no import mapping (cudnn_dsl/interop/fe_import.py) for {missing}"
+    assert not missing, f"no import mapping (cudnn_dsl/interop/fe_nodes.py) for {missing}"
     assert not set(IMPORTED) & set(NOT_IMPORTED)
     assert set(IMPORTED) | set(NOT_IMPORTED) <= set(OPS), "a mapping names an op the registry does not have"
     assert all(why for why in NOT_IMPORTED.values())
@@ -66,7 +67,7 @@ def test_every_attribute_and_optional_input_is_in_a_case():
 
 
 def test_every_reduction_mode_is_imported():
-    from cudnn_dsl.interop.fe_import import REDUCTION
+    from cudnn_dsl.interop.fe_nodes import REDUCTION
     from dsl.ops import REDUCTION_MODES
 
     assert sorted(REDUCTION.values()) == sorted(REDUCTION_MODES)
@@ -143,7 +144,7 @@ def _graph_calls(script: str) -> list[str]:
 
 
 def _not_carried(graph) -> dict:
-    """What a graph says that its frontend JSON does not carry (fe_import.NOT_CARRIED): a round trip drops it."""
+    """What a graph says that its frontend JSON does not carry (fe_nodes.NOT_CARRIED): a round trip drops it."""
     return {
         "buffer": [b.name for b in graph.buffers],
         "in-place output": [v.name for v in graph.in_place],

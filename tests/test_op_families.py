@@ -9,7 +9,7 @@ import pytest
 
 import cudnn_dsl.ops
 import dsl.ops
-from cudnn_dsl.interop import fe_import
+from cudnn_dsl.interop import fe_nodes
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = list(dsl.ops.FAMILIES)
@@ -67,5 +67,5 @@ def test_the_side_tables_say_what_the_rows_say():
     assert dsl.ops.VJPS == {op: rule for m in dsl.ops.FAMILY_MODULES for op, rule in m.VJPS.items()}
     assert dsl.ops.NO_VJP == {op: why for m in dsl.ops.FAMILY_MODULES for op, why in m.NO_VJP.items()}
     assert cudnn_dsl.ops.BACKWARD_IMPLS == {op: cudnn_dsl.ops.IMPLS[op] for op in dsl.ops.BACKWARD_OPS}
-    assert fe_import.IMPORTED == {op: tag for tag, row in fe_import.NODES.items() for op in row.ops}
-    assert {symbol: op for op, symbol in fe_import._INFIX.items()} == dsl.ops.INFIX
+    assert fe_nodes.IMPORTED == {op: tag for tag, row in fe_nodes.NODES.items() for op in row.ops}
+    assert {symbol: op for op, symbol in fe_nodes.INFIX_SYMBOL.items()} == dsl.ops.INFIX

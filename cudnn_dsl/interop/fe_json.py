@@ -1,7 +1,7 @@
 """The cuDNN Frontend's graph JSON as text — where each object starts (for located
 errors), the graph lines of a frontend log, and how the frontend encodes a pass-by-value value.
 
-Pure Python: read by `cudnn-dsl import` (fe_import.py) and written by `emit --format fe-json` (build.py).
+Pure Python: read by `cudnn-dsl import` (fe_import) and written by `emit --format fe-json` (fe_export).
 """
 
 from __future__ import annotations
