@@ -4,7 +4,8 @@ The graph is read by fe_graph; what each frontend node becomes is the table-driv
 that no row produces is in NOT_IMPORTED with the reason; what a .cdg file says that the JSON does not carry is
 in NOT_CARRIED; every field of a node is either read by its row or must hold its neutral value, so a setting
 the language cannot express is an error naming the node, never silently dropped). This module writes the
-graph as .cdg text and checks the result against the JSON. Pure Python and the language only (no torch, no cuDNN): `cudnn-dsl import` starts fast.
+graph as .cdg text and checks the result against the JSON. Pure Python and the language only (no torch, no
+cuDNN): `cudnn-dsl import` starts fast.
 """
 
 from __future__ import annotations
