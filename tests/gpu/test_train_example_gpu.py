@@ -4,7 +4,7 @@ torch.compile(fullgraph=True), against the same model in plain PyTorch from the 
 
 import pytest
 
-from tests.test_train_example import load_train
+from tests.helpers import load_train
 
 pytestmark = pytest.mark.gpu
 
