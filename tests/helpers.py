@@ -1,11 +1,13 @@
-"""Checking helpers the CPU and GPU tests share, one of each, the device a parameter (tinygrad's
-`helper_test_op`): `check` runs a graph and holds its outputs to the reference, `check_grads` holds a derived
-backward's gradients to torch autograd, and `reference` runs a graph's reference on seeded CPU inputs."""
+"""Checking helpers the CPU and GPU tests share, one of each, the device a parameter where both have one
+(tinygrad's `helper_test_op`): `check` runs a graph and holds its outputs to the reference, `check_grads`
+holds a derived backward's gradients to torch autograd, `reference` runs a graph's reference on seeded CPU
+inputs, and `as_recorded` holds what cuDNN does with a form to the outcome last seen."""
 
 import importlib.util
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,6 +148,68 @@ def check_grads(
         else:
             torch.testing.assert_close(got.cpu().double(), w, atol=atol, rtol=rtol, msg=name)
     return f
+
+
+# ---- what cuDNN accepts -----------------------------------------------------------------------------------
+
+ACCEPTED, DECLINED = "accepted", "declined"
+SEEN_ON = "cuDNN 9.19 on the H200 (docs/results/pytest-gpu-h200.txt)"
+"""where the outcomes the GPU tests record (their RECORDED tables) were last seen"""
+
+
+def where_refused(text: str, op: str | None = None) -> set[int]:
+    """The lines a refusal of the graph may be located at: the graph's and each op's; or `op`'s alone."""
+    lines = text.splitlines()
+    if op is not None:
+        return {i for i, line in enumerate(lines, 1) if op in line and "(" in line}
+    return {i for i, line in enumerate(lines, 1) if "(" in line or line.lstrip().startswith("graph ")}
+
+
+def outcome(attempt: Callable[[], object], refused_at: Collection[int]) -> tuple[str, str]:
+    """What cuDNN did with a form: (ACCEPTED, "") when `attempt`, a run that checks its outputs, returns;
+    (DECLINED, cuDNN's message) when it raises cuDNN's refusal located at one of the lines `refused_at`. Any
+    other error is raised: a wrong result, a refusal located elsewhere, an error that is not cuDNN's."""
+    from dsl.diagnostics import DslError
+
+    try:
+        attempt()
+    except DslError as e:
+        d = e.diagnostics[0]
+        if "cuDNN" not in d.message or d.loc.line not in refused_at:
+            raise
+        return DECLINED, d.message
+    return ACCEPTED, ""
+
+
+def _this_cudnn() -> str:
+    from cudnn_dsl.target.library import BackendUnavailable, load_cudnn
+
+    try:
+        return f"cuDNN {load_cudnn().backend_version()} here"
+    except BackendUnavailable:
+        return "no cuDNN here"
+
+
+def as_recorded(
+    recorded: dict[str, str], form: str, attempt: Callable[[], object], refused_at: Collection[int]
+) -> None:
+    """Holds what cuDNN does with `form` to `recorded[form]`, the outcome SEEN_ON: a form recorded as accepted
+    must run and match, one recorded as declined must be refused, located (`outcome`). Either change fails,
+    and so does a form with no outcome recorded; the message says what to record."""
+    seen, why = outcome(attempt, refused_at)
+    if form not in recorded:
+        pytest.fail(f"{form}: no outcome recorded; {_this_cudnn()} {seen} it ({why or 'it ran and matched'})")
+    if seen != recorded[form]:
+        pytest.fail(
+            f"{form}: {SEEN_ON} {recorded[form]} it, {_this_cudnn()} {seen} it ({why or 'it ran and matched'}); "
+            f"if the change is cuDNN's, not this project's, record {seen!r} for it in RECORDED"
+        )
+
+
+def check_as_recorded(recorded: dict[str, str], form: str, text: str, op: str | None = None, **check_args) -> None:
+    """`check` of the graph on the GPU, whole (split=False: with splitting on, a graph cuDNN declines would run in
+    parts), held to the outcome recorded for `form`; a refusal located at the graph or an op (or at `op`)."""
+    as_recorded(recorded, form, lambda: check(text, "cuda", split=False, **check_args), where_refused(text, op))
 
 
 # ---- the training example ------------------------------------------------------------------------------
