@@ -1,7 +1,7 @@
 """Derived backward graphs run by cuDNN (cudnn_dsl/torch_op/autograd.py), checked against torch autograd on the
 forward's reference (float64) with per-dtype tolerances. The backward of a conv or matmul holds
-several ops cuDNN does not fuse into one graph (dgrad, wgrad, a bias's reduction), so it runs split
-(`split=True`), each part a cuDNN graph."""
+several ops cuDNN does not fuse into one graph (dgrad, wgrad, a bias's reduction), so it runs split (the
+default, `split=True`), each part a cuDNN graph."""
 
 import pytest
 
@@ -22,7 +22,7 @@ def test_conv_bias_relu_backward_on_cudnn(private_store):
   output out = relu(bias(y, b))
 }
 """
-    f = check_grads(text, "cuda", split=True)
+    f = check_grads(text, "cuda")
     assert f._pairs, "the derived graphs were compiled"
 
 
@@ -35,7 +35,7 @@ def test_strided_conv_backward_on_cudnn(private_store):
   output out = tanh(conv_fprop(x, w, padding=[1, 1], stride=[2, 2]))
 }
 """
-    check_grads(text, "cuda", split=True)
+    check_grads(text, "cuda")
 
 
 def test_matmul_epilogue_backward_on_cudnn(private_store):
@@ -50,7 +50,7 @@ def test_matmul_epilogue_backward_on_cudnn(private_store):
   output y = gelu(matmul(a, b) * alpha + bias)
 }
 """
-    check_grads(text, "cuda", split=True)
+    check_grads(text, "cuda")
 
 
 def _backward_ops(f) -> list[str]:
@@ -69,7 +69,7 @@ def test_layernorm_backward_from_computed_statistics(private_store):
   output y = layernorm(x, gamma, beta, epsilon=1e-5)
 }
 """
-    assert _backward_ops(check_grads(text, "cuda", split=True)) == ["layernorm_backward"]
+    assert _backward_ops(check_grads(text, "cuda")) == ["layernorm_backward"]
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_norm_backward_ops_derived(private_store, body, op):
   {body}
 }}
 """
-    assert _backward_ops(check_grads(text, "cuda", split=True)) == [op]
+    assert _backward_ops(check_grads(text, "cuda")) == [op]
 
 
 @pytest.mark.parametrize("act", ["gelu", "tanh", "sigmoid", "swish", "elu", "softplus", "leaky_relu"])
@@ -104,21 +104,21 @@ def test_pointwise_backward_modes_derived(private_store, act):
   output y = {act}(x * c)
 }}
 """
-    assert f"{act}_backward" in _backward_ops(check_grads(text, "cuda", split=True))
+    assert f"{act}_backward" in _backward_ops(check_grads(text, "cuda"))
 
 
 def test_batchnorm_training_backward_and_running_stats(private_store):
     import torch
 
     text = open("examples/batchnorm_training.cdg").read().replace("[16, 64, 32, 32]", "[8, 64, 8, 8]")
-    f = check_grads(text, "cuda", split=True, frozen=("running_mean", "running_var"))
+    f = check_grads(text, "cuda", frozen=("running_mean", "running_var"))
     assert f.graph.in_place and torch.cuda.is_available()
 
 
 def test_sdpa_backward_composite_on_cudnn(private_store):
     """The composite sdpa VJP, for dk and dv only (q frozen): its matmuls read saved q, k, v, o and the
     softmax statistics, and the incoming gradient, through transposed views."""
-    assert "sdpa_backward" not in _backward_ops(check_grads(ATTENTION, "cuda", split=True, frozen=("q",)))
+    assert "sdpa_backward" not in _backward_ops(check_grads(ATTENTION, "cuda", frozen=("q",)))
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,7 @@ def test_sdpa_backward_op_derived(private_store, extra, decl):
 {decl}  output o = sdpa(q, k, v, {extra})
 }}
 """
-    assert _backward_ops(check_grads(text, "cuda", split=True)) == ["sdpa_backward"]
+    assert _backward_ops(check_grads(text, "cuda")) == ["sdpa_backward"]
 
 
 def test_resnet_block_backward_fuses_each_dgrad_with_its_reader(private_store):
@@ -148,7 +148,7 @@ def test_resnet_block_backward_fuses_each_dgrad_with_its_reader(private_store):
 
     # seen on the H200: 47 of x's 262,144 elements past the tolerance (ReLU masks at half's rounding of zero),
     # every gradient within 1e-2 of autograd's in norm
-    f = check_grads(Path("examples/training/resnet_block.cdg").read_text(), "cuda", split=True, flips=1e-3)
+    f = check_grads(Path("examples/training/resnet_block.cdg").read_text(), "cuda", flips=1e-3)
     (pair,) = f._pairs.values()
     staged = pair.backward.staged(pair.backward.graph.instances[0])
     assert staged is not None  # dgrad and wgrad are never one cuDNN graph
