@@ -5,8 +5,6 @@ torch autograd on the forward's reference."""
 import pytest
 import torch
 
-from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.torch_op.autograd import differentiable
 from dsl.autodiff import derive
 from dsl.diagnostics import DslError
@@ -15,59 +13,13 @@ from dsl.pipeline import program
 from dsl.syntax.parser import parse
 from dsl.syntax.printer import fmt_module
 from tests.cli_util import run_cli
-
-TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (3e-2, 3e-2), torch.bfloat16: (1e-1, 5e-2)}
-"""(atol, rtol) per dtype: the derived backward rounds where cuDNN would; autograd runs in float64"""
+from tests.helpers import check_grads
 
 
 def test_statistics_switches_name_real_attributes():
     for op, (attr, value) in EMIT_STATISTICS.items():
         assert OPS[op].attr(attr) is not None
         assert OPS[op].count_results({attr: value}) == len(OPS[op].outputs)
-
-
-def autograd_grads(graph, inst, inputs: dict, grads: dict) -> dict:
-    """torch autograd through the registry's references, in float64."""
-    env = {}
-    for v in graph.values:
-        if v.kind == "input":
-            env[v.name] = inputs[v.name].detach().double().requires_grad_(inputs[v.name].is_floating_point())
-        elif v.kind in ("scalar", "const"):
-            env[v.name] = torch.tensor(v.scalar, dtype=torch.float64).reshape(inst.type(v.name).shape)
-    for index, n in enumerate(graph.nodes):
-        ins = [env[i] if i else None for i in n.inputs]
-        results = IMPLS[n.op].ref(ins, inst.attrs(index), [inst.type(o) for o in n.outputs])
-        env.update(zip(n.outputs, results))
-    outs = [o for o in grads if grads[o] is not None]
-    torch.autograd.backward([env[o] for o in outs], [grads[o].double() for o in outs])
-    return {k: env[k].grad for k in inputs if env[k].grad is not None}
-
-
-def check_grads(source, seed: int = 0, graph=None, frozen=(), **text):
-    """`frozen`: inputs that do not require grad (a running statistic the graph updates in place)."""
-    f = differentiable(source, graph, **text)
-    inst = f.graph.instances[0]
-    inputs = generate_inputs(f.graph, inst, "cpu", seed)
-    leaves = {k: v.requires_grad_(v.is_floating_point() and k not in frozen) for k, v in inputs.items()}
-    outs = f(leaves)
-    torch.manual_seed(seed + 1)
-    grads = {
-        k: torch.randn(o.shape, dtype=torch.float64).to(o.dtype) if o.requires_grad else None for k, o in outs.items()
-    }
-    torch.autograd.backward(
-        [outs[k] for k in grads if grads[k] is not None], [g for g in grads.values() if g is not None]
-    )
-    want = {k: w for k, w in autograd_grads(f.graph, inst, inputs, grads).items() if k not in frozen}
-    assert want, "nothing to compare"
-    for name, w in want.items():
-        got = leaves[name].grad
-        if got is None:  # no gradient flows there (floor): autograd's is zero
-            assert not w.any(), name
-            continue
-        assert got.shape == w.shape and got.dtype == leaves[name].dtype
-        atol, rtol = TOL[got.dtype]
-        torch.testing.assert_close(got.double(), w, atol=atol * max(1.0, w.abs().max().item()), rtol=rtol, msg=name)
-    return f
 
 
 POSITIVE = "init=uniform(0.5, 2)"
@@ -85,13 +37,13 @@ def _graph(body: str, a: str = "float[2, 3, 4]", b: str = "float[2, 3, 4]", init
 @pytest.mark.parametrize("op", UNARY)
 def test_unary_vjp_matches_autograd(op):
     init = POSITIVE if OPS[op].positive else ""
-    check_grads(None, text=_graph(f"output y = {op}(a) * b + c", init=init))
+    check_grads(_graph(f"output y = {op}(a) * b + c", init=init), "cpu")
 
 
 @pytest.mark.parametrize("op", BINARY)
 def test_binary_vjp_matches_autograd_with_broadcast(op):
     init = POSITIVE if OPS[op].positive else ""
-    check_grads(None, text=_graph(f"output y = {op}(a, b) * c", b="float[1, 3, 1]", init=init))
+    check_grads(_graph(f"output y = {op}(a, b) * c", b="float[1, 3, 1]", init=init), "cpu")
 
 
 @pytest.mark.parametrize(
@@ -111,7 +63,7 @@ def test_binary_vjp_matches_autograd_with_broadcast(op):
     ],
 )
 def test_rules_match_autograd(body):
-    check_grads(None, text=_graph(body))
+    check_grads(_graph(body), "cpu")
 
 
 def test_matmul_with_broadcast_batch_and_scalar():
@@ -123,7 +75,7 @@ def test_matmul_with_broadcast_batch_and_scalar():
   output y = gelu_tanh(matmul(a, b) * alpha + bias)
 }
 """
-    f = check_grads(None, text=text)
+    f = check_grads(text, "cpu")
     d = next(iter(f._pairs.values())).derived
     assert ("b_t", "transposed", "b") in d.bind and ("a_t", "transposed", "a") in d.bind
     assert "input b_t : float[1, 6, 5] strides [30, 1, 6]" in d.backward_text
@@ -132,7 +84,7 @@ def test_matmul_with_broadcast_batch_and_scalar():
 def test_matmul_of_intermediates_reads_saved_values_transposed():
     text = "graph g {\n  input a : float[2, 3, 4]\n  input b : float[2, 4, 5]\n"
     text += "  output y = matmul(relu(a) * 2, tanh(b))\n}\n"
-    f = check_grads(None, text=text)
+    f = check_grads(text, "cpu")
     d = next(iter(f._pairs.values())).derived
     saved = {v.name for v in d.forward.outputs if v.name != "y"}  # the matmul's operands, relu's result
     assert {of for _, kind, of in d.bind if kind == "transposed"} == saved - {"relu_0"} and len(saved) == 3
@@ -143,7 +95,7 @@ def test_conv_bias_relu_example_half(tmp_path):
     src = open("examples/conv_bias_relu.cdg").read()
     small = src.replace("[32, 128, 56, 56]", "[2, 8, 6, 6]").replace("[256, 128, 3, 3]", "[16, 8, 3, 3]")
     small = small.replace("[1, 256, 1, 1]", "[1, 16, 1, 1]").replace("stride=[1, 1]", "stride=[2, 2]")
-    f = check_grads(None, text=small)
+    f = check_grads(small, "cpu")
     pair = next(iter(f._pairs.values()))
     assert pair.forward is f.cg  # nothing saved: the forward is the graph as compiled
     d = pair.derived
@@ -154,7 +106,7 @@ def test_conv_bias_relu_example_half(tmp_path):
 def test_matmul_epilogue_example_bf16():
     src = open("examples/matmul_epilogue.cdg").read()
     small = src.replace("[16, 512, 1024]", "[2, 8, 16]").replace("[16, 1024, 512]", "[2, 16, 8]")
-    check_grads(None, text=small.replace("[1, 1, 512]", "[1, 1, 8]"))
+    check_grads(small.replace("[1, 1, 512]", "[1, 1, 8]"), "cpu")
 
 
 @pytest.mark.parametrize(
@@ -170,7 +122,7 @@ def test_norm_vjps_match_autograd(body):
     """Over the last axis ([1, 1, D] scale) and over all but the first ([1, C, H] scale)."""
     for scale in ("float[1, 1, 4]", "float[1, 3, 4]"):
         text = f"graph g {{\n  input a : float[2, 3, 4]\n  input b : {scale}\n  input c : {scale}\n  {body}\n}}\n"
-        check_grads(None, text=text)
+        check_grads(text, "cpu")
 
 
 @pytest.mark.parametrize(
@@ -192,7 +144,7 @@ def test_norm_vjps_match_autograd(body):
 )
 def test_instance_and_ada_norm_vjps_match_autograd(x, scale, body):
     text = f"graph g {{\n  input a : float{x}\n  input b : float{scale}\n  input c : float{scale}\n  {body}\n}}\n"
-    check_grads(None, text=text)
+    check_grads(text, "cpu")
 
 
 def test_inference_norm_saves_statistics_by_computing_them():
@@ -213,7 +165,7 @@ def test_batchnorm_inference_vjp_matches_autograd():
   output y = batchnorm_inference(x, mean, inv_variance, scale, bias)
 }
 """
-    check_grads(None, text=text)
+    check_grads(text, "cpu")
 
 
 def test_batchnorm_training_example_updates_running_stats_in_place():
@@ -227,14 +179,14 @@ def test_batchnorm_training_example_updates_running_stats_in_place():
     outs = f(inputs)
     assert outs["next_mean"] is running and not torch.equal(running, before)  # written over its input
     assert not outs["saved_mean"].requires_grad  # statistics pass no gradient
-    check_grads(None, text=src, frozen=("running_mean", "running_var"))
+    check_grads(src, "cpu", frozen=("running_mean", "running_var"))
     assert x.grad is None  # only the checked call's backward ran
 
 
 def test_layernorm_training_example_bf16():
     src = open("examples/layernorm_training.cdg").read().replace("[4096, 1024, 1, 1]", "[8, 16, 1, 1]")
-    check_grads(None, text=src.replace("[1, 1024, 1, 1]", "[1, 16, 1, 1]"), graph="layernorm_training")
-    check_grads(None, text=src.replace("[1, 1024, 1, 1]", "[1, 16, 1, 1]"), graph="rmsnorm_training")
+    check_grads(src.replace("[1, 1024, 1, 1]", "[1, 16, 1, 1]"), "cpu", graph="layernorm_training")
+    check_grads(src.replace("[1, 1024, 1, 1]", "[1, 16, 1, 1]"), "cpu", graph="rmsnorm_training")
 
 
 @pytest.mark.parametrize(
@@ -309,18 +261,18 @@ def test_norms_use_their_backward_op_where_cudnn_runs_it(x, scale, body, op):
     else:
         assert ops == [op]  # the gradients are its results, no copy after it
         assert "float(" not in d.backward_text
-    check_grads(None, text=text)
+    check_grads(text, "cpu")
     if op is not None:  # the scale frozen: dscale would be left unread, so the chain
         d = derive(g, wrt=("a",) + (("c",) if body.count(",") > 1 else ()))
         assert op not in d.backward_text
-        check_grads(None, text=text, frozen=("b",))
+        check_grads(text, "cpu", frozen=("b",))
 
 
 def test_gradients_of_a_value_read_twice_add():
     text = _graph("h = a * b\n  output y = h * h + sin(h) * c")
     d = derive(program(text=text).graph())
     assert "add(" in d.backward_text
-    check_grads(None, text=text)
+    check_grads(text, "cpu")
 
 
 def test_op_without_vjp_is_reported_at_the_op():
@@ -383,7 +335,7 @@ def test_dynamic_shapes_derive_one_pair_per_shape():
 def test_a_value_read_plainly_and_transposed():
     """a feeds a matmul (read as a_t) and a mul (read as a): the backward binds both."""
     text = "graph g {\n  input a : float[2, 3, 3]\n  input b : float[2, 3, 3]\n  output y = matmul(a, b) * a\n}\n"
-    f = check_grads(None, text=text)
+    f = check_grads(text, "cpu")
     bind = next(iter(f._pairs.values())).derived.bind
     assert ("a", "value", "a") in bind and ("a_t", "transposed", "a") in bind
 
@@ -424,11 +376,11 @@ def test_sdpa_vjp_matches_autograd(mask):
   output o = sdpa(q, k, v{mask})
 }}
 """
-    f = check_grads(None, text=text)
+    f = check_grads(text, "cpu")
     d = next(iter(f._pairs.values())).derived
     assert {v.name for v in d.forward.outputs} == {"o", "o_stats"}  # the forward made to save its statistics
     assert [n.op for n in d.backward.nodes] == ["sdpa_backward"]
-    f = check_grads(None, text=text, frozen=("q",))  # dk and dv only: the composite
+    f = check_grads(text, "cpu", frozen=("q",))  # dk and dv only: the composite
     d = next(iter(f._pairs.values())).derived
     assert "sdpa_backward" not in d.backward_text
     assert ("grad_o_t", "grad_transposed", "o") in d.bind  # dO^T: a view of the incoming gradient
@@ -453,7 +405,7 @@ def test_sdpa_backward_op_with_grouped_heads_bias_alibi_padding(extra, decls):
 {decls}  output o = sdpa(q, k, v{extra})
 }}
 """
-    f = check_grads(None, text=text)
+    f = check_grads(text, "cpu")
     d = next(iter(f._pairs.values())).derived
     assert [n.op for n in d.backward.nodes] == ["sdpa_backward"]
 
@@ -471,7 +423,7 @@ def test_sdpa_vjp_of_a_computed_gradient_and_saved_stats():
   output st
 }
 """
-    f = check_grads(None, text=text)
+    f = check_grads(text, "cpu")
     d = next(iter(f._pairs.values())).derived
     assert "transpose(" in d.backward_text and ("st", "value", "st") in d.bind
 
@@ -484,6 +436,6 @@ def test_rope_vjp_rotates_back():
   output y = rope(x, freqs, rope_dim=6, output_scale=0.5) * c
 }
 """
-    check_grads(None, text=text, frozen=("freqs",))
+    check_grads(text, "cpu", frozen=("freqs",))
     with pytest.raises(DslError, match="gradient in freqs"):
         derive(program(text=text).graph())

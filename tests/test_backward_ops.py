@@ -13,10 +13,7 @@ from cudnn_dsl.run.reference import run_reference
 from dsl.diagnostics import DslError
 from dsl.ops import BACKWARD_OPS
 from dsl.pipeline import program
-
-
-def graph_text(body: str, io: str = "float") -> str:
-    return f"graph t {{\n  io {io}\n  compute float\n{body}\n}}\n"
+from tests.graphs import graph_text
 
 
 def compiled(body: str, io: str = "float"):

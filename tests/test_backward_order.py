@@ -11,7 +11,7 @@ from dsl.autodiff import derive
 from dsl.ops import OPS
 from dsl.pipeline import program
 from dsl.subgraph import fusion_order
-from tests.test_torch_op import BLOCK
+from tests.graphs import BLOCK
 
 RESNET = "examples/training/resnet_block.cdg"
 

@@ -1,4 +1,6 @@
-"""The command line on the CPU: check, fmt, emit, exit codes, JSON."""
+"""The command line on the CPU: check, fmt, emit, exit codes, JSON. The commands run in-process
+(tests/cli_util.py); the exit codes are also checked where a shell sees them, from a `python -m cudnn_dsl`
+process."""
 
 import json
 import subprocess
@@ -7,12 +9,36 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_util import run_cli as cli
+
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
 
 
-def cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "cudnn_dsl", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+def process(*args):
+    """The command line as a shell runs it: a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "cudnn_dsl", *map(str, args)], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+# ---- at the process boundary ---------------------------------------------------------------------
+
+
+def test_check_reports_errors_with_exit_1_and_no_traceback():
+    p = process("check", ROOT / "tests" / "golden" / "errors" / "conv_channels.cdg")
+    assert p.returncode == 1
+    assert "conv_channels.cdg:5:28: error: conv_fprop: image has 64 channels, weight expects 48" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_usage_errors_exit_2():
+    assert process("check", "no/such/file.cdg").returncode == 2
+    assert process("frobnicate").returncode == 2
+    assert process().returncode == 2
+
+
+# ---- in-process -----------------------------------------------------------------------------------------
 
 
 def test_check_summary_lists_every_inferred_type():
@@ -20,19 +46,6 @@ def test_check_summary_lists_every_inferred_type():
     assert p.returncode == 0, p.stderr
     assert "half[N, 256, 56, 56]" in p.stdout
     assert "dim      N in {8, 16, 24, 32}" in p.stdout
-
-
-def test_check_reports_errors_with_exit_1_and_no_traceback():
-    p = cli("check", ROOT / "tests" / "golden" / "errors" / "conv_channels.cdg")
-    assert p.returncode == 1
-    assert "conv_channels.cdg:5:28: error: conv_fprop: image has 64 channels, weight expects 48" in p.stderr
-    assert "Traceback" not in p.stderr
-
-
-def test_usage_errors_exit_2():
-    assert cli("check", "no/such/file.cdg").returncode == 2
-    assert cli("frobnicate").returncode == 2
-    assert cli().returncode == 2
 
 
 def test_check_json_and_emit_stages():

@@ -5,32 +5,16 @@ import pytest
 
 from cudnn_dsl.target.quirks import runs_wrong
 from dsl.pipeline import program
-
-
-def text_of(body: str) -> str:
-    return (
-        "graph g {\n  compute float\n  input r : float[2, 8, 1]\n  input s : float[1, 1, 32]\n"
-        f"  input m : float[2, 8, 32]\n  input m0 : float[2, 8, 32]\n  {body}\n}}\n"
-    )
+from tests.graphs import DEFECTS, defect_text
 
 
 def graph(body: str):
-    return program(text=text_of(body), file="g.cdg").graphs[0]
+    return program(text=defect_text(body), file="g.cdg").graphs[0]
 
 
-CASES = {
-    # seen on the H200: NaN where the made value is broadcast
-    "made_then_broadcast": ("t = mul(r, 0.03125)\n  output o = sub(m0, mul(m, t))", "broadcasts 't', a value made"),
-    # seen on the H200: half the output wrong, split as well (the [1, 1, 32] scale over two dims)
-    "two_dims": ("output o = mul(sub(m, r), mul(m0, s))", "broadcasts input 's' over 2 dims"),
-    # seen on the H200: the conv_wgrad's output right, the relu_backward's never written
-    "unconnected": ("output o = relu(m)\n  output p = sigmoid(m0)", "shares no value made in this graph"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(DEFECTS))
 def test_a_graph_cudnn_runs_wrong_is_declined_at_the_op(case):
-    body, words = CASES[case]
+    body, words = DEFECTS[case]
     g = graph(body)
     d = runs_wrong(g, g.instances[0])
     assert d is not None and words in d.message and "option split = true" in d.message
@@ -77,7 +61,7 @@ def test_deviceless_planning_splits_a_declined_graph_into_parts_that_run_right()
     from cudnn_dsl.run.partition import plan_for_target
     from cudnn_dsl.target.library import Target
 
-    g = graph(CASES["made_then_broadcast"][0])
+    g = graph(DEFECTS["made_then_broadcast"][0])
     low, partition = plan_for_target(g, g.instances[0], g.options, Target.named("h200"))
     assert low is None and "runs it wrong" in partition.declined
     assert [(p.first, p.end) for p in partition.parts] == [(0, 1), (1, 3)]

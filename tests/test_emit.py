@@ -19,6 +19,7 @@ from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from dsl.ops import OPS
 from dsl.pipeline import program
+from tests.graphs import LN_GELU, MM_RESHAPE
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = Path(__file__).parent / "emit_cases"
@@ -317,15 +318,6 @@ def test_a_torch_parts_scalar_is_made_on_the_buffers_device():
 
 
 # A graph cuDNN declines whole (deviceless planning for an H200) is ejected as its parts.
-
-LN_GELU = (
-    "graph ln_gelu {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"
-    "  input b : float[1, 1024, 1, 1] nhwc\n  output y = gelu(layernorm(x, s, b))\n}\n"
-)
-MM_RESHAPE = (
-    "graph mm_reshape {\n  io half\n  input a : half[4, 64, 128]\n  input b : half[4, 128, 32]\n"
-    "  output y : float[4, 2048] = reshape(matmul(a, b), shape=[4, 2048])\n}\n"
-)
 
 
 @pytest.fixture(scope="module")

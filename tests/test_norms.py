@@ -6,14 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cudnn_dsl.run.inputs import generate_inputs
-from cudnn_dsl.run.reference import run_reference
 from dsl.diagnostics import DslError
 from dsl.pipeline import program
-
-
-def graph_text(body: str, io: str = "half") -> str:
-    return f"graph t {{\n  io {io}\n  compute float\n{body}\n}}\n"
+from tests.graphs import graph_text
+from tests.helpers import reference
 
 
 def types(body: str) -> dict:
@@ -28,14 +24,6 @@ def error(body: str):
         program(text=graph_text(body), file="n.cdg")
     d = next(d for d in e.value.diagnostics if d.severity == "error")
     return d.message, d.loc.line, d.loc.col
-
-
-def reference(body: str, **given):
-    g = program(text=graph_text(body, "float"), file="n.cdg").graphs[0]
-    inst = g.instances[0]
-    ins = generate_inputs(g, inst, "cpu", seed=3)
-    ins.update(given)
-    return ins, run_reference(g, inst, ins, "cpu")
 
 
 LN = "  input x : bf16[64, 256, 1, 1]\n  input g : float[1, 256, 1, 1]\n  input b : float[1, 256, 1, 1]\n"
@@ -165,7 +153,7 @@ def test_layernorm_and_rmsnorm_statistics_match_torch():
         "  y, m, iv = layernorm(x, g, b, epsilon=0.01, phase=training)\n  z, riv = rmsnorm(x, g, b, phase=training)\n"
         + "".join(f"  output {n}\n" for n in ("y", "m", "iv", "z", "riv"))
     )
-    ins, out = reference(body)
+    ins, out = reference(graph_text(body, "float"), seed=3)
     x, g, b = ins["x"], ins["g"], ins["b"]
     torch.testing.assert_close(out["y"], F.layer_norm(x, (8, 2, 2), g[0], b[0], 0.01))
     torch.testing.assert_close(out["m"], x.mean((1, 2, 3), keepdim=True))
@@ -179,7 +167,7 @@ def test_norms_over_the_last_axis_match_torch():
         "  y, m, iv = layernorm(x, g, b, phase=training)\n  z, ziv = rmsnorm(x, g, phase=training)\n"
         "  output w = layernorm(x, g, b)\n" + "".join(f"  output {n}\n" for n in ("y", "m", "iv", "z", "ziv"))
     )
-    ins, out = reference(body)
+    ins, out = reference(graph_text(body, "float"), seed=3)
     x, g, b = ins["x"], ins["g"].flatten(), ins["b"].flatten()
     torch.testing.assert_close(out["y"], F.layer_norm(x, (64,), g, b))
     torch.testing.assert_close(out["w"], out["y"])  # torch's one kernel (inference) and the training formula
@@ -195,7 +183,7 @@ def test_batchnorm_matches_torch_training_step():
         "  y, m, iv, rm2, rv2 = batchnorm(x, g, b, rm, rv, epsilon=0.001, momentum=0.25)\n"
         + "".join(f"  output {n}\n" for n in ("y", "m", "iv", "rm2", "rv2"))
     )
-    ins, out = reference(body)
+    ins, out = reference(graph_text(body, "float"), seed=3)
     assert ins["rv"].min() >= 0.5  # a variance is drawn positive
     x, g, b = ins["x"], ins["g"].flatten(), ins["b"].flatten()
     rm, rv = ins["rm"].flatten().clone(), ins["rv"].flatten().clone()
@@ -212,7 +200,7 @@ def test_instancenorm_matches_torch():
     body = NCHW.replace("half", "float") + (
         "  y, m, iv = instancenorm(x, g, b, epsilon=0.001, phase=training)\n  output y\n  output m\n  output iv"
     )
-    ins, out = reference(body)
+    ins, out = reference(graph_text(body, "float"), seed=3)
     x = ins["x"]
     want = F.instance_norm(x, weight=ins["g"].flatten(), bias=ins["b"].flatten(), eps=0.001)
     torch.testing.assert_close(out["y"], want)
@@ -222,14 +210,15 @@ def test_instancenorm_matches_torch():
 
 def test_adalayernorm_matches_layer_norm_with_per_sample_scale():
     body = ADA.replace("half", "float") + "  y, m, iv = adalayernorm(x, g, b, phase=training)\n  output y\n  output m"
-    ins, out = reference(body + "\n  output iv")
+    ins, out = reference(graph_text(body + "\n  output iv", "float"), seed=3)
     x = ins["x"]
     torch.testing.assert_close(out["y"], F.layer_norm(x, (64,)) * ins["g"] + ins["b"])
     torch.testing.assert_close(out["m"], x.mean(2, keepdim=True))
 
 
 def test_genstats_sums_per_channel():
-    ins, out = reference("  input x : float[4, 8, 5, 5] nhwc\n  s, sq = genstats(x)\n  output s\n  output sq")
+    body = "  input x : float[4, 8, 5, 5] nhwc\n  s, sq = genstats(x)\n  output s\n  output sq"
+    ins, out = reference(graph_text(body, "float"), seed=3)
     x = ins["x"]
     torch.testing.assert_close(out["s"], x.sum((0, 2, 3), keepdim=True))
     torch.testing.assert_close(out["sq"], (x * x).sum((0, 2, 3), keepdim=True))
@@ -238,7 +227,7 @@ def test_genstats_sums_per_channel():
 def test_zero_centered_gamma_is_scale_plus_one():
     """The frontend has no flag for it: its sample adds one to the scale in the graph, as the language does."""
     body = LN.replace("bf16", "float") + "  output y = layernorm(x, g + 1, b)\n  output z = layernorm(x, g, b)"
-    ins, out = reference(body, g=torch.zeros(1, 256, 1, 1))
+    ins, out = reference(graph_text(body, "float"), seed=3, g=torch.zeros(1, 256, 1, 1))
     x = ins["x"]
     torch.testing.assert_close(out["y"], F.layer_norm(x, (256, 1, 1), None, ins["b"][0]))
     torch.testing.assert_close(out["z"], ins["b"].expand_as(x))
@@ -255,7 +244,8 @@ ROPE = "  input q : float[2, 3, 16, 8]\n  input f : float[32, 1, 1, 8]\n"
 
 
 def test_rope_rotates_halves_by_the_raw_angles():
-    ins, out = reference(ROPE + "  output y = rope(q, f)\n  output z = rope(q, f, rope_dim=4, output_scale=0.5)")
+    body = ROPE + "  output y = rope(q, f)\n  output z = rope(q, f, rope_dim=4, output_scale=0.5)"
+    ins, out = reference(graph_text(body, "float"), seed=3)
     q, theta = ins["q"], ins["f"][:16, 0, 0, :4]  # the first 16 positions, the first D/2 angles
     torch.testing.assert_close(out["y"], _rotate_half_reference(q, theta))
     # rope_dim=4: the leading 4 dims pass through, the trailing 4 rotate by the first 2 angles; all scaled

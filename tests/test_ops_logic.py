@@ -6,10 +6,9 @@ import torch
 
 from cudnn_dsl.interop.emit import emit_cudnn
 from cudnn_dsl.run.compare import compare
-from cudnn_dsl.run.inputs import generate_inputs
-from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.target.bits import unpack_bits
 from dsl.pipeline import load, program
+from tests.helpers import reference
 
 
 def graph(body: str, io: str = "") -> str:
@@ -23,14 +22,6 @@ def types(text: str) -> dict:
 
 def errors(text: str) -> list:
     return [(d.loc.line, d.loc.col, d.message) for d in load(None, text=text, file="t.cdg").errors]
-
-
-def ref(text: str, **given):
-    g = program(text=text, file="t.cdg").graphs[0]
-    inst = g.instances[0]
-    ins = generate_inputs(g, inst, "cpu", seed=3)
-    ins.update(given)
-    return ins, run_reference(g, inst, ins, "cpu")
 
 
 # ---- types ---------------------------------------------------------------------------------
@@ -139,7 +130,7 @@ def test_comparisons_logic_and_select_by_hand():
     )
     x = torch.tensor([-1.0, 0.0, 2.0, 0.5] * 12).reshape(3, 16)
     y = torch.tensor([0.0, 0.0, 1.0, 0.75] * 12).reshape(3, 16)
-    ins, out = ref(text, x=x, y=y)
+    ins, out = reference(text, seed=3, x=x, y=y)
     m = unpack_bits(ins["m"], (3, 16))  # bound as cuDNN keeps bools: eight a byte
     assert ins["m"].dtype == torch.uint8 and ins["m"].numel() == 6
     assert 0 < int(m.sum()) < m.numel()  # random bits from the seed
@@ -156,7 +147,7 @@ def test_relu_clips_and_slope_by_hand():
         "  output r = relu(x)"
     )
     x = torch.tensor([-3.0, -1.0, -0.5, 0.0, 1.0, 2.0, 2.5, 7.0])
-    _, out = ref(text, x=x)
+    _, out = reference(text, seed=3, x=x)
     # at or below lower_clip: lower_clip + slope * (x - lower_clip); at or above upper_clip: upper_clip
     assert out["y"].tolist() == [-1.5, -1.0, -0.5, 0.0, 1.0, 2.0, 2.0, 2.0]
     assert torch.equal(out["r"], torch.relu(x))
@@ -169,7 +160,7 @@ def test_mod_tan_add_square_gen_index_and_concatenate_by_hand():
     )
     a = torch.tensor([[-7.0, 7.5, 3.0], [0.25, -0.5, 9.0]])
     b = torch.tensor([[3.0, 2.0, 1.5], [0.5, 0.75, 4.0]])
-    _, out = ref(text, a=a, b=b)
+    _, out = reference(text, seed=3, a=a, b=b)
     assert out["m"].tolist() == [[-1.0, 1.5, 0.0], [0.25, -0.5, 1.0]]  # the sign of a, as C's fmod
     torch.testing.assert_close(out["t"], torch.tan(a))
     assert torch.equal(out["q"], a + b * b)

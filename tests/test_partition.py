@@ -11,14 +11,7 @@ from dsl.diagnostics import DslError
 from dsl.pipeline import program
 from dsl.subgraph import subgraph
 from tests.cli_util import run_cli
-
-LN_GELU = (
-    "graph ln_gelu {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"
-    "  input b : float[1, 1024, 1, 1] nhwc\n  output y = gelu(layernorm(x, s, b))\n}\n"
-)
-GENSTATS = (
-    "graph gs {\n  io half\n  input x : half[8, 64, 16, 16] nhwc\n  s, sq = genstats(x)\n  output s\n  output sq\n}\n"
-)
+from tests.graphs import GENSTATS, LN_GELU, VIEWED_IN_PLACE
 
 
 @pytest.fixture(scope="module")
@@ -102,18 +95,10 @@ def test_check_target_reports_the_partition_instead_of_failing(tmp_path):
     assert "declines graph ln_gelu whole" in p.stdout and "part 2: gelu (line 6) — cuDNN graph" in p.stdout
 
 
-VIEWED = (
-    "graph viewed {\n  io bf16\n  buffer buf : bf16[2, 8, 1024, 1, 1]\n"
-    "  input x : bf16[8, 1024, 1, 1] strides [1024, 1, 1024, 1024] in buf at 8192\n"
-    "  input s : float[1, 1024, 1, 1] nhwc\n  input b : float[1, 1024, 1, 1] nhwc\n"
-    "  input acc : bf16[8, 1024, 1, 1] nhwc\n  output y in acc = gelu(layernorm(x, s, b))\n}\n"
-)
-
-
 def test_a_part_keeps_the_buffers_its_views_read_and_binds_an_output_in_place_as_a_plain_output():
     from cudnn_dsl.store.keys import graph_digest
 
-    g = program(text=VIEWED, file="v.cdg").graphs[0]
+    g = program(text=VIEWED_IN_PLACE, file="v.cdg").graphs[0]
     inst = g.instances[0]
     first, second = subgraph(g, inst, 0, 1, "p1"), subgraph(g, inst, 1, 2, "p2")
     assert [b.name for b in first.buffers] == ["buf"] and first.instances[0].type("buf") == inst.type("buf")

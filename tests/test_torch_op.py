@@ -12,6 +12,7 @@ import torch
 import cudnn_dsl
 from cudnn_dsl.run.buffers import BindingError
 from dsl.diagnostics import DslError
+from tests.graphs import BLOCK, Block, block_in_torch, block_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,51 +214,6 @@ def test_a_wrong_input_is_a_located_error_while_tracing():
         f(x.float())
     with pytest.raises(BindingError, match=r"'w': expected shape \[1, 1024, 1024\], given \[1, 1024, 512\]"):
         op(x, w[..., :512], b)
-
-
-BLOCK = """
-graph block {
-  compute float
-  dim N in {2, 4}
-  input x : float[N, 8, 16]
-  input w : float[1, 16, 32]
-  input b : float[1, 1, 32]
-  input gamma : float[1, 1, 32]
-  input beta : float[1, 1, 32]
-  scalar alpha : float = 0.5
-  h = gelu(bias(matmul(x, w) * alpha, b))
-  output y = layernorm(h, gamma, beta, epsilon=1e-5)
-}
-"""
-
-
-def block_in_torch(x, w, b, gamma, beta, alpha=0.5):
-    h = torch.nn.functional.gelu(torch.matmul(x, w) * alpha + b)
-    return torch.nn.functional.layer_norm(h, (32,), gamma.reshape(32), beta.reshape(32), eps=1e-5)
-
-
-class Block(torch.nn.Module):
-    """A model calling a graph op twice, with a residual and a loss in torch around it."""
-
-    def __init__(self, call, params: dict):
-        super().__init__()
-        self.call = call
-        self.p = torch.nn.ParameterDict({k: torch.nn.Parameter(v.clone()) for k, v in params.items()})
-
-    def forward(self, x):
-        y = self.call(x, self.p["w"], self.p["b"], self.p["gamma"], self.p["beta"])
-        z = self.call(x + 0.1, self.p["w"], self.p["b"], self.p["gamma"], self.p["beta"], alpha=0.25)
-        return ((y - z) ** 2).mean() + y.mean()
-
-
-def block_params(seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "w": torch.randn(1, 16, 32, generator=g) * 0.3,
-        "b": torch.randn(1, 1, 32, generator=g),
-        "gamma": torch.rand(1, 1, 32, generator=g) + 0.5,
-        "beta": torch.randn(1, 1, 32, generator=g),
-    }
 
 
 def test_inputs_that_require_grad_get_the_derived_backward():

@@ -6,7 +6,6 @@ this checks the derived backward graphs and the training plumbing (augmented for
 register_autograd, master weights cast into the graph's dtypes), not cuDNN. The GPU twin is
 tests/gpu/test_train_example_gpu.py."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import load_train
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_train():
-    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 train = load_train()

@@ -1,51 +1,14 @@
 """Derived backward graphs run by cuDNN (cudnn_dsl/torch_op/autograd.py), checked against torch autograd on the
 forward's reference (float64) with per-dtype tolerances. The backward of a conv or matmul holds
-several ops cuDNN does not fuse into one graph (dgrad, wgrad, a bias's reduction), so it runs split
-(`split=True`), each part a cuDNN graph."""
+several ops cuDNN does not fuse into one graph (dgrad, wgrad, a bias's reduction), so it runs split (the
+default, `split=True`), each part a cuDNN graph."""
 
 import pytest
 
-from tests.test_autodiff import TOL, autograd_grads
+from tests.graphs import ATTENTION
+from tests.helpers import check_grads
 
 pytestmark = pytest.mark.gpu
-
-
-def check_fields(text: str, seed: int = 0, frozen=(), flips: float = 0.0):
-    """`flips`: the share of elements allowed past the tolerance, where a ReLU's mask can differ from
-    autograd's (a pre-activation within a half's rounding of zero passes the whole gradient or none)."""
-    import torch
-
-    from cudnn_dsl.run.inputs import generate_inputs
-    from cudnn_dsl.torch_op.autograd import differentiable
-
-    f = differentiable(text=text, split=True)
-    inst = f.graph.instances[0]
-    inputs = generate_inputs(f.graph, inst, "cuda", seed)
-    leaves = {k: v.requires_grad_(v.is_floating_point() and k not in frozen) for k, v in inputs.items()}
-    before = {k: v.detach().cpu().clone() for k, v in inputs.items()}
-    outs = f(leaves)
-    gen = torch.Generator().manual_seed(seed + 1)
-    grads = {
-        k: torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype).cuda()
-        for k, o in outs.items()
-        if o.requires_grad
-    }
-    torch.autograd.backward([outs[k] for k in grads], list(grads.values()))
-    want = autograd_grads(f.graph, inst, before, {k: g.cpu() for k, g in grads.items()})
-    want = {k: w for k, w in want.items() if k not in frozen}
-    assert want
-    for name, w in want.items():
-        got = leaves[name].grad
-        assert got is not None and got.is_cuda and got.dtype == leaves[name].dtype, name
-        atol, rtol = TOL[got.dtype]
-        atol *= max(1.0, w.abs().max().item())
-        if flips:
-            d = got.cpu().double() - w
-            past = int((d.abs() > atol + rtol * w.abs()).sum())
-            assert past <= flips * w.numel() and d.norm() <= rtol * w.norm(), (name, past, (d.norm() / w.norm()).item())
-        else:
-            torch.testing.assert_close(got.cpu().double(), w, atol=atol, rtol=rtol, msg=name)
-    return f
 
 
 def test_conv_bias_relu_backward_on_cudnn(private_store):
@@ -59,7 +22,7 @@ def test_conv_bias_relu_backward_on_cudnn(private_store):
   output out = relu(bias(y, b))
 }
 """
-    f = check_fields(text)
+    f = check_grads(text, "cuda")
     assert f._pairs, "the derived graphs were compiled"
 
 
@@ -72,7 +35,7 @@ def test_strided_conv_backward_on_cudnn(private_store):
   output out = tanh(conv_fprop(x, w, padding=[1, 1], stride=[2, 2]))
 }
 """
-    check_fields(text)
+    check_grads(text, "cuda")
 
 
 def test_matmul_epilogue_backward_on_cudnn(private_store):
@@ -87,7 +50,7 @@ def test_matmul_epilogue_backward_on_cudnn(private_store):
   output y = gelu(matmul(a, b) * alpha + bias)
 }
 """
-    check_fields(text)
+    check_grads(text, "cuda")
 
 
 def _backward_ops(f) -> list[str]:
@@ -106,7 +69,7 @@ def test_layernorm_backward_from_computed_statistics(private_store):
   output y = layernorm(x, gamma, beta, epsilon=1e-5)
 }
 """
-    assert _backward_ops(check_fields(text)) == ["layernorm_backward"]
+    assert _backward_ops(check_grads(text, "cuda")) == ["layernorm_backward"]
 
 
 @pytest.mark.parametrize(
@@ -128,7 +91,7 @@ def test_norm_backward_ops_derived(private_store, body, op):
   {body}
 }}
 """
-    assert _backward_ops(check_fields(text)) == [op]
+    assert _backward_ops(check_grads(text, "cuda")) == [op]
 
 
 @pytest.mark.parametrize("act", ["gelu", "tanh", "sigmoid", "swish", "elu", "softplus", "leaky_relu"])
@@ -141,23 +104,21 @@ def test_pointwise_backward_modes_derived(private_store, act):
   output y = {act}(x * c)
 }}
 """
-    assert f"{act}_backward" in _backward_ops(check_fields(text))
+    assert f"{act}_backward" in _backward_ops(check_grads(text, "cuda"))
 
 
 def test_batchnorm_training_backward_and_running_stats(private_store):
     import torch
 
     text = open("examples/batchnorm_training.cdg").read().replace("[16, 64, 32, 32]", "[8, 64, 8, 8]")
-    f = check_fields(text, frozen=("running_mean", "running_var"))
+    f = check_grads(text, "cuda", frozen=("running_mean", "running_var"))
     assert f.graph.in_place and torch.cuda.is_available()
 
 
 def test_sdpa_backward_composite_on_cudnn(private_store):
     """The composite sdpa VJP, for dk and dv only (q frozen): its matmuls read saved q, k, v, o and the
     softmax statistics, and the incoming gradient, through transposed views."""
-    from tests.gpu.test_torch_op_gpu import ATTENTION
-
-    assert "sdpa_backward" not in _backward_ops(check_fields(ATTENTION, frozen=("q",)))
+    assert "sdpa_backward" not in _backward_ops(check_grads(ATTENTION, "cuda", frozen=("q",)))
 
 
 @pytest.mark.parametrize(
@@ -176,7 +137,7 @@ def test_sdpa_backward_op_derived(private_store, extra, decl):
 {decl}  output o = sdpa(q, k, v, {extra})
 }}
 """
-    assert _backward_ops(check_fields(text)) == ["sdpa_backward"]
+    assert _backward_ops(check_grads(text, "cuda")) == ["sdpa_backward"]
 
 
 def test_resnet_block_backward_fuses_each_dgrad_with_its_reader(private_store):
@@ -187,7 +148,7 @@ def test_resnet_block_backward_fuses_each_dgrad_with_its_reader(private_store):
 
     # seen on the H200: 47 of x's 262,144 elements past the tolerance (ReLU masks at half's rounding of zero),
     # every gradient within 1e-2 of autograd's in norm
-    f = check_fields(Path("examples/training/resnet_block.cdg").read_text(), flips=1e-3)
+    f = check_grads(Path("examples/training/resnet_block.cdg").read_text(), "cuda", flips=1e-3)
     (pair,) = f._pairs.values()
     staged = pair.backward.staged(pair.backward.graph.instances[0])
     assert staged is not None  # dgrad and wgrad are never one cuDNN graph

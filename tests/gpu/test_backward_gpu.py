@@ -3,45 +3,19 @@ tests hold against torch autograd).
 
 The saved values a backward op reads (a norm's mean and inv_variance, attention's o and stats) come from
 the forward op's reference on the same inputs, as a training step would hand them over: cuDNN's backward
-kernels may assume the statistics are x's own. Where no one could know before running whether cuDNN 9.19
-has an engine for a graph on the H200, the test accepts a run that matches or cuDNN's refusal located at
-the graph or the op, and marks the refusal as an expected failure naming the version.
+kernels may assume the statistics are x's own. Every graph is compiled whole (split=False): the test is
+what cuDNN computes for it. Where no one could know before running whether cuDNN 9.19 has an engine for a
+graph on the H200, RECORDED holds what it did: ran the graph and matched, or refused it at the graph or an
+op. A change either way fails.
 """
 
 import pytest
 
 from dsl.ops import BACKWARD_OPS
+from tests.graphs import graph_text
+from tests.helpers import ACCEPTED, DECLINED, check, check_as_recorded
 
 pytestmark = pytest.mark.gpu
-
-
-def graph_text(body: str, io: str = "half") -> str:
-    return f"graph t {{\n  io {io}\n  compute float\n{body}\n}}\n"
-
-
-def run(text: str, given: dict | None = None, atol=None, rtol=None) -> None:
-    import cudnn_dsl
-
-    cg = cudnn_dsl.compile(text)
-    tensors = {**cg.allocate_inputs(), **(given or {})}
-    results = cg.check(tensors, atol, rtol)
-    assert {r.name for r in results} == {v.name for v in cg.graph.outputs}
-    for r in results:
-        assert r.ok, str(r)
-
-
-def run_or_refused(text: str, given: dict | None = None, atol=None, rtol=None) -> None:
-    """Runs and matches, or cuDNN declines the graph on this GPU and says so at the graph or at an op."""
-    import cudnn_dsl
-    from cudnn_dsl.target.library import load_cudnn
-
-    try:
-        run(text, given, atol, rtol)
-    except cudnn_dsl.DslError as e:
-        d = e.diagnostics[0]
-        op_lines = {i for i, line in enumerate(text.splitlines(), 1) if "(" in line}
-        assert "cuDNN" in d.message and d.loc.line in {1} | op_lines, d.message
-        pytest.xfail(f"cuDNN {load_cudnn().backend_version()} declines it here: {d.message[:200]}")
 
 
 def saved(forward: str, io: str, names: tuple[str, ...]) -> dict:
@@ -64,6 +38,26 @@ POINTWISE = {
     if s.family == "pointwise"
 }
 
+#: what cuDNN did with each graph whose support no one knew before running it (where: helpers.SEEN_ON)
+RECORDED = {
+    **{f"{op} after a matmul": ACCEPTED for op in POINTWISE},
+    **{f"{op} alone": ACCEPTED for op in POINTWISE},
+    "relu_backward after conv_dgrad": ACCEPTED,
+    "rope_backward alone": DECLINED,  # the ROPE_BWD operation is cuDNN 9.24's
+    "rmsnorm_dbias backward": ACCEPTED,
+    "instancenorm backward": ACCEPTED,
+    "layernorm_tokens backward": DECLINED,  # no engine for layernorm_backward over [B, S, D]
+    "adalayernorm backward": DECLINED,  # no engine for adalayernorm_backward
+    "sdpa_backward sliding_window": ACCEPTED,
+    "sdpa_backward bias": ACCEPTED,
+    "sdpa_backward alibi": ACCEPTED,
+    "sdpa_backward padding": ACCEPTED,
+    "sdpa_backward dropout": ACCEPTED,
+    "sdpa_backward deterministic": ACCEPTED,
+    "sdpa_backward dbias": ACCEPTED,
+    "rope_backward after sdpa_backward": DECLINED,  # the ROPE_BWD operation is cuDNN 9.24's
+}
+
 
 @pytest.mark.parametrize("op", list(POINTWISE))
 def test_pointwise_backward_after_matmul(op):
@@ -72,13 +66,13 @@ def test_pointwise_backward_after_matmul(op):
         "  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  input x : half[4, 64, 32]\n"
         f"  output dx : float = {op}(matmul(a, b) * 0.125, x{POINTWISE[op]})"
     )
-    run_or_refused(graph_text(body))
+    check_as_recorded(RECORDED, f"{op} after a matmul", graph_text(body))
 
 
 @pytest.mark.parametrize("op", list(POINTWISE))
 def test_pointwise_backward_alone(op):
     body = f"  input dy : half[8, 64, 128]\n  input x : half[8, 64, 128]\n  output dx = {op}(dy, x{POINTWISE[op]})"
-    run_or_refused(graph_text(body))
+    check_as_recorded(RECORDED, f"{op} alone", graph_text(body))
 
 
 def test_relu_backward_after_conv_dgrad():
@@ -87,7 +81,7 @@ def test_relu_backward_after_conv_dgrad():
         "  input dy : half[8, 64, 16, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
         "  input x : half[8, 32, 16, 16] nhwc\n  output dx = relu_backward(conv_dgrad(dy, w, padding=1), x)"
     )
-    run_or_refused(graph_text(body))
+    check_as_recorded(RECORDED, "relu_backward after conv_dgrad", graph_text(body))
 
 
 def test_rope_backward_alone():
@@ -97,7 +91,7 @@ def test_rope_backward_alone():
         "  input dy : bf16[2, 4, 128, 64]\n  input f : float[128, 1, 1, 64]\n"
         "  output dx = rope_backward(dy, f, rope_dim=32, output_scale=0.5)"
     )
-    run_or_refused(graph_text(body, "bf16"))
+    check_as_recorded(RECORDED, "rope_backward alone", graph_text(body, "bf16"))
 
 
 # ---- norms ------------------------------------------------------------------------------------------------
@@ -183,9 +177,9 @@ def test_norm_backward_from_the_forward_statistics(case):
     given = {k: v for k, v in given.items() if k in {"x", "g", *stats}}
     text = graph_text(backward, io)
     if case in ("layernorm", "rmsnorm", "batchnorm"):
-        run(text, given, NORM_ATOL)  # the frontend's own tests run these
+        check(text, "cuda", given=given, atol=NORM_ATOL, split=False)  # the frontend's own tests run these
     else:
-        run_or_refused(text, given, NORM_ATOL)
+        check_as_recorded(RECORDED, f"{case} backward", text, given=given, atol=NORM_ATOL)
 
 
 # ---- attention ----------------------------------------------------------------------------------------
@@ -240,7 +234,8 @@ def _sdpa_given(extra: str) -> dict:
     return given
 
 
-def _sdpa_backward(extra: str, known: bool) -> None:
+def _sdpa_backward(extra: str, form: str | None) -> None:
+    """`form`: the graph's row in RECORDED; None for a form the frontend's own tests run."""
     import cudnn_dsl
 
     forward, backward = _sdpa_texts(extra)
@@ -249,7 +244,10 @@ def _sdpa_backward(extra: str, known: bool) -> None:
     inputs = {**fwd.allocate_inputs(seed=11), **{k: v for k, v in extra_inputs.items() if k != "dsi"}}
     out = fwd.reference(inputs)
     given = {**inputs, **extra_inputs, "o": out["o"], "st": out["st"]}
-    (run if known else run_or_refused)(graph_text(backward, "bf16"), given, SDPA_ATOL)
+    if form is None:
+        check(graph_text(backward, "bf16"), "cuda", given=given, atol=SDPA_ATOL, split=False)
+    else:
+        check_as_recorded(RECORDED, form, graph_text(backward, "bf16"), given=given, atol=SDPA_ATOL)
 
 
 @pytest.mark.parametrize(
@@ -259,24 +257,23 @@ def _sdpa_backward(extra: str, known: bool) -> None:
 )
 def test_sdpa_backward(extra):
     # The frontend's own training tests run these forms on Hopper.
-    _sdpa_backward(extra, known=True)
+    _sdpa_backward(extra, None)
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [
-        "causal=true, left_bound=64",
-        "bias=b",
-        "alibi=true, causal=true",
-        "seq_len_q=lq, seq_len_kv=lkv",
-        "dropout_mask=dm, dropout_scale=ds",
-        "causal=true, deterministic=true",
-        "bias=b, dbias=true",
-    ],
-    ids=["sliding_window", "bias", "alibi", "padding", "dropout", "deterministic", "dbias"],
-)
-def test_sdpa_backward_forms_that_may_be_refused(extra):
-    _sdpa_backward(extra, known=False)
+SDPA_FORMS = {
+    "sliding_window": "causal=true, left_bound=64",
+    "bias": "bias=b",
+    "alibi": "alibi=true, causal=true",
+    "padding": "seq_len_q=lq, seq_len_kv=lkv",
+    "dropout": "dropout_mask=dm, dropout_scale=ds",
+    "deterministic": "causal=true, deterministic=true",
+    "dbias": "bias=b, dbias=true",
+}
+
+
+@pytest.mark.parametrize("form", list(SDPA_FORMS))
+def test_sdpa_backward_forms_whose_support_was_not_known(form):
+    _sdpa_backward(SDPA_FORMS[form], f"sdpa_backward {form}")
 
 
 def test_rope_backward_after_sdpa_backward():
@@ -292,4 +289,5 @@ def test_rope_backward_after_sdpa_backward():
         "output dq\n", "output dq = rope_backward(dqr, f)\n"
     )
     text = graph_text("  input f : float[256, 1, 1, 64]\n" + backward, "bf16")
-    run_or_refused(text, {**inputs, "o": out["o"], "st": out["st"]}, SDPA_ATOL)
+    given = {**inputs, "o": out["o"], "st": out["st"]}
+    check_as_recorded(RECORDED, "rope_backward after sdpa_backward", text, given=given, atol=SDPA_ATOL)

@@ -3,18 +3,18 @@ output matches the reference; with splitting off, the located refusal."""
 
 import pytest
 
-from tests.test_defects import CASES, text_of
+from tests.graphs import DEFECTS, defect_text
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(DEFECTS))
 def test_split_the_graph_runs_right(case, private_store):
     import cudnn_dsl
     from dsl.diagnostics import DslError
 
-    body, words = CASES[case]
-    text = text_of(body)
+    body, words = DEFECTS[case]
+    text = defect_text(body)
     cg = cudnn_dsl.compile(text=text, split=True)
     results = cg.check(cg.allocate_inputs(seed=3))
     assert results and all(c.mismatches == 0 for c in results), results

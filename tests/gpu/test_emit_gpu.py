@@ -10,18 +10,12 @@ from pathlib import Path
 import pytest
 
 # MM_RESHAPE's part 2 (the reshape) runs on no engine: the script computes it with torch
-from tests.test_emit import LN_GELU, MM_RESHAPE
+from tests.graphs import LN_GELU, MM_RESHAPE, READ_AFTER_OVERWRITE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("private_store")]
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# x is overwritten by part 2 and read by part 3: the script reads it as it was
-READ_AFTER_OVERWRITE = (
-    "graph rao {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"
-    "  input b : float[1, 1024, 1, 1] nhwc\n  output y in x = gelu(layernorm(x, s, b))\n"
-    "  output z = layernorm(x, s, b)\n}\n"
-)
 VIEWED_IN_PLACE = (
     "graph viewed {\n  io bf16\n  buffer buf : bf16[2, 8, 1024, 1, 1]\n"
     "  input x : bf16[8, 1024, 1, 1] strides [1024, 1, 1024, 1024] in buf at 8192 init=randn(0, 2)\n"

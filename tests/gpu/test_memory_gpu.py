@@ -3,20 +3,9 @@ reference; uid 0 and attribute uids in a real plan."""
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+from tests.graphs import PACKED
 
-# [B, S, 3, H, D] = [2, 128, 3, 4, 64], as a fused QKV projection writes it; Q, K, V are [B, H, S, D] views
-PACKED = """
-graph packed {
-  io half
-  compute float
-  buffer qkv : half[2, 128, 3, 4, 64]
-  input q : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 0
-  input k : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 256
-  input v : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 512
-  output o = sdpa(q, k, v, causal=true)
-}
-"""
+pytestmark = pytest.mark.gpu
 
 IN_PLACE = """
 graph scale_shift {

@@ -1,41 +1,24 @@
-"""Training norms and their statistics on the GPU, each output against the reference.
+"""Training norms and their statistics on the GPU, each output against the reference, each graph compiled
+whole (split=False): the test is what cuDNN computes for it.
 
-Where no one can know before running whether the H200's cuDNN has an engine for a graph (adaptive
-layer norm, the statistics epilogue of a convolution), the test accepts either a run that matches or
-cuDNN's refusal located at the graph, and marks the refusal as an expected failure naming the version.
+Where no one could know before running whether the H200's cuDNN has an engine for a graph (adaptive layer
+norm, the statistics epilogue of a convolution), RECORDED holds what cuDNN 9.19 did: ran the graph and
+matched, or refused it at the graph or an op. A change either way fails.
 """
 
 import pytest
 
+from tests.graphs import graph_text
+from tests.helpers import ACCEPTED, check, check_as_recorded
+
 pytestmark = pytest.mark.gpu
 
-
-def graph_text(body: str, io: str = "half") -> str:
-    return f"graph t {{\n  io {io}\n  compute float\n{body}\n}}\n"
-
-
-def run(text: str, atol=None, rtol=None, **options):
-    import cudnn_dsl
-
-    cg = cudnn_dsl.compile(text, **options)
-    results = cg.check(cg.allocate_inputs(), atol, rtol)
-    assert {r.name for r in results} == {v.name for v in cg.graph.outputs}
-    for r in results:
-        assert r.ok, str(r)
-
-
-def run_or_refused(text: str, atol=None, rtol=None) -> None:
-    """Runs and matches, or cuDNN declines the graph on this GPU, and says so at the graph or at an op."""
-    import cudnn_dsl
-    from cudnn_dsl.target.library import load_cudnn
-
-    try:
-        run(text, atol, rtol)
-    except cudnn_dsl.DslError as e:
-        d = e.diagnostics[0]
-        op_lines = {i for i, line in enumerate(text.splitlines(), 1) if "(" in line}
-        assert "cuDNN" in d.message and d.loc.line in {1} | op_lines, d.message
-        pytest.xfail(f"cuDNN {load_cudnn().backend_version()} declines it here: {d.message[:200]}")
+#: what cuDNN did with each graph whose support no one knew before running it (where: helpers.SEEN_ON)
+RECORDED = {
+    "adalayernorm training": ACCEPTED,
+    "adalayernorm inference": ACCEPTED,
+    "conv_fprop + genstats": ACCEPTED,
+}
 
 
 LN = "  input x : bf16[512, 256, 1, 1]\n  input g : float[1, 256, 1, 1]\n  input b : float[1, 256, 1, 1]\n"
@@ -46,17 +29,27 @@ def _outputs(*names: str) -> str:
 
 
 def test_layernorm_training_statistics():
-    run(graph_text(LN + "  y, m, iv = layernorm(x, g, b, phase=training)\n" + _outputs("y", "m", "iv"), "bf16"))
+    check(
+        graph_text(LN + "  y, m, iv = layernorm(x, g, b, phase=training)\n" + _outputs("y", "m", "iv"), "bf16"),
+        "cuda",
+        split=False,
+    )
 
 
 @pytest.mark.parametrize("outputs", [("y", "m"), ("y", "iv")])
 def test_layernorm_with_one_statistic_out(outputs):
     # cuDNN writes mean and inv_variance together; the one no output asks for goes to scratch memory.
-    run(graph_text(LN + "  y, m, iv = layernorm(x, g, b, phase=training)\n" + _outputs(*outputs), "bf16"))
+    check(
+        graph_text(LN + "  y, m, iv = layernorm(x, g, b, phase=training)\n" + _outputs(*outputs), "bf16"),
+        "cuda",
+        split=False,
+    )
 
 
 def test_rmsnorm_training_statistics():
-    run(graph_text(LN + "  y, iv = rmsnorm(x, g, phase=training)\n" + _outputs("y", "iv"), "bf16"))
+    check(
+        graph_text(LN + "  y, iv = rmsnorm(x, g, phase=training)\n" + _outputs("y", "iv"), "bf16"), "cuda", split=False
+    )
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
@@ -67,12 +60,16 @@ def test_norms_over_the_hidden_dim_of_tokens(norm):
         body += "  y, m, iv = layernorm(x, g, b, phase=training)\n" + _outputs("y", "m", "iv")
     else:
         body += "  y, iv = rmsnorm(x, g, b, phase=training)\n" + _outputs("y", "iv")
-    run(graph_text(body, "bf16"))
+    check(graph_text(body, "bf16"), "cuda", split=False)
 
 
 def test_layernorm_zero_centered_gamma():
     # The frontend's zero-centred-gamma sample: one is added to the scale inside the graph.
-    run(graph_text(LN + "  y, m, iv = layernorm(x, g + 1, b, phase=training)\n" + _outputs("y", "m", "iv"), "bf16"))
+    check(
+        graph_text(LN + "  y, m, iv = layernorm(x, g + 1, b, phase=training)\n" + _outputs("y", "m", "iv"), "bf16"),
+        "cuda",
+        split=False,
+    )
 
 
 BN = "  input x : half[%s] nhwc\n" + "".join(f"  input {n} : float[1, 32, 1, 1] nhwc\n" for n in ("g", "b", "rm", "rv"))
@@ -80,25 +77,32 @@ BN_OUT = _outputs("y", "m", "iv", "rm2", "rv2")
 
 
 def test_batchnorm_training_with_running_statistics():
-    run(
-        graph_text(BN % "8, 32, 16, 16" + "  y, m, iv, rm2, rv2 = batchnorm(x, g, b, rm, rv, epsilon=0.001)\n" + BN_OUT)
-    )
+    body = BN % "8, 32, 16, 16" + "  y, m, iv, rm2, rv2 = batchnorm(x, g, b, rm, rv, epsilon=0.001)\n" + BN_OUT
+    check(graph_text(body), "cuda", split=False)
 
 
 def test_batchnorm_training_y_alone():
     # The statistics and the running ones are written to scratch memory: cuDNN declines the graph without them.
-    run(graph_text(BN % "8, 32, 16, 16" + "  y, m, iv, rm2, rv2 = batchnorm(x, g, b, rm, rv)\n  output y\n"))
+    check(
+        graph_text(BN % "8, 32, 16, 16" + "  y, m, iv, rm2, rv2 = batchnorm(x, g, b, rm, rv)\n  output y\n"),
+        "cuda",
+        split=False,
+    )
 
 
 def test_batchnorm_running_variance_is_the_unbiased_one():
     # 8 values per channel and momentum 1: the next running variance is the batch's variance times 8/7
     # (Bessel's correction), 14% above the biased one, far outside the tolerance.
-    run(graph_text(BN % "2, 32, 2, 2" + "  y, m, iv, rm2, rv2 = batchnorm(x, g, b, rm, rv, momentum=1)\n" + BN_OUT))
+    check(
+        graph_text(BN % "2, 32, 2, 2" + "  y, m, iv, rm2, rv2 = batchnorm(x, g, b, rm, rv, momentum=1)\n" + BN_OUT),
+        "cuda",
+        split=False,
+    )
 
 
 def test_instancenorm_training_statistics():
     body = BN % "8, 32, 16, 16" + "  y, m, iv = instancenorm(x, g, b, phase=training)\n" + _outputs("y", "m", "iv")
-    run(graph_text(body.replace("  input rm", "  # rm").replace("  input rv", "  # rv")))
+    check(graph_text(body.replace("  input rm", "  # rm").replace("  input rv", "  # rv")), "cuda", split=False)
 
 
 @pytest.mark.parametrize("phase", ["training", "inference"])
@@ -108,7 +112,7 @@ def test_adalayernorm(phase):
         body += "  y, m, iv = adalayernorm(x, g, b, phase=training)\n" + _outputs("y", "m", "iv")
     else:
         body += "  output y = adalayernorm(x, g, b)\n"
-    run_or_refused(graph_text(body))
+    check_as_recorded(RECORDED, f"adalayernorm {phase}", graph_text(body))
 
 
 def test_conv_genstats():
@@ -117,7 +121,7 @@ def test_conv_genstats():
         "  input x : half[4, 32, 16, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
         "  y = conv_fprop(x, w, padding=1)\n  s, sq = genstats(y)\n" + _outputs("y", "s", "sq")
     )
-    run_or_refused(graph_text(body), {"s": 0.5, "sq": 0.5})
+    check_as_recorded(RECORDED, "conv_fprop + genstats", graph_text(body), atol={"s": 0.5, "sq": 0.5})
 
 
 ROPE = (
@@ -142,10 +146,10 @@ def test_rope_before_sdpa(body):
 
     text = graph_text(ROPE + body, "bf16")
     if load_cudnn().backend_version() >= 92400:
-        run(text)
+        check(text, "cuda", split=False)
         return
     with pytest.raises(cudnn_dsl.DslError) as e:
-        run(text, split=False)
+        check(text, "cuda", split=False)
     d = e.value.diagnostics[0]
     assert "cuDNN" in d.message and d.loc.line in (1, 9, 10, 11), d.message
-    run(text, split=True)  # rope left to torch, attention in cuDNN, and the outputs still match
+    check(text, "cuda", split=True)  # rope left to torch, attention in cuDNN, and the outputs still match

@@ -1,8 +1,11 @@
-"""One small graph per registry op (or op family): lowered, run on the GPU, compared with torch."""
+"""One small graph per registry op (or op family): lowered, run on the GPU, compared with torch; compiled
+whole (split=False), so that an op cuDNN declines fails instead of running as its torch fallback."""
 
 import pytest
 
 from dsl.ops import BACKWARD_OPS, OPS
+from tests.graphs import graph_text
+from tests.helpers import check
 
 pytestmark = pytest.mark.gpu
 
@@ -21,27 +24,13 @@ BINARY = [
 ]
 
 
-def graph_text(body: str, io: str = "half") -> str:
-    return f"graph t {{\n  io {io}\n  compute float\n{body}\n}}\n"
-
-
-def run(text: str, **options):
-    import cudnn_dsl
-
-    cg = cudnn_dsl.compile(text, **options)
-    results = cg.check(**cg.allocate_inputs())
-    for r in results:
-        assert r.ok, str(r)
-    return results
-
-
 @pytest.mark.parametrize("op", UNARY)
 def test_unary_after_matmul(op):
     # A pointwise op as a matmul epilogue, the fusion cuDNN's runtime engines are built for.
     body = (
         f"  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  output y : float = {op}(matmul(a, b) * 0.125 + 2)"
     )
-    run(graph_text(body))
+    check(graph_text(body), "cuda", split=False)
 
 
 @pytest.mark.parametrize("op", BINARY)
@@ -50,7 +39,7 @@ def test_binary_after_matmul(op):
         "  input a : half[4, 64, 64]\n  input b : half[4, 64, 32]\n  input c : half[1, 1, 32]\n"
         f"  output y : float = {op}(matmul(a, b) * 0.125 + 2, c + 2)"
     )
-    run(graph_text(body))
+    check(graph_text(body), "cuda", split=False)
 
 
 def _reduction(mode: str) -> str:
@@ -62,7 +51,7 @@ def _reduction(mode: str) -> str:
 
 @pytest.mark.parametrize("mode", ["sum", "max", "min", "amax"])
 def test_reduction_epilogue(mode):
-    run(_reduction(mode), atol=5e-2, rtol=2e-2)
+    check(_reduction(mode), "cuda", atol=5e-2, rtol=2e-2, split=False)
 
 
 @pytest.mark.parametrize("mode", ["avg", "norm1", "norm2"])
@@ -73,9 +62,9 @@ def test_reduction_modes_cudnn_declines_are_reported_at_the_op(mode):
     import cudnn_dsl
 
     with pytest.raises(cudnn_dsl.DslError, match="cuDNN build_operation_graph failed") as e:
-        run(_reduction(mode), split=False)
+        check(_reduction(mode), "cuda", split=False)
     assert e.value.diagnostics[0].loc.line == 7  # the reduction's line
-    run(_reduction(mode), atol=5e-2, rtol=2e-2, split=True)
+    check(_reduction(mode), "cuda", atol=5e-2, rtol=2e-2, split=True)
 
 
 @pytest.mark.parametrize("conv", ["conv_fprop", "conv_dgrad", "conv_wgrad"])
@@ -87,7 +76,7 @@ def test_convolutions(conv):
     }[conv]
     out = ": float" if conv == "conv_wgrad" else ""
     body = f"  input p : {shapes[0]}\n  input q : {shapes[1]}\n  output y {out} = {conv}(p, q, padding=[1, 1])"
-    run(graph_text(body), atol=5e-2, rtol=2e-2)
+    check(graph_text(body), "cuda", atol=5e-2, rtol=2e-2, split=False)
 
 
 def test_conv_dgrad_with_stride_and_output_padding():
@@ -95,7 +84,7 @@ def test_conv_dgrad_with_stride_and_output_padding():
         "  input dy : half[4, 64, 8, 8] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
         "  output dx : half[4, 32, 16, 16] nhwc = conv_dgrad(dy, w, padding=1, stride=2, output_padding=1)"
     )
-    run(graph_text(body), atol=5e-2, rtol=2e-2)
+    check(graph_text(body), "cuda", atol=5e-2, rtol=2e-2, split=False)
 
 
 def test_grouped_conv_with_stride_and_dilation():
@@ -103,7 +92,7 @@ def test_grouped_conv_with_stride_and_dilation():
         "  input x : half[4, 32, 17, 17] nhwc\n  input w : half[64, 8, 3, 3] nhwc\n"
         "  output y = relu(conv_fprop(x, w, padding=[2, 2], stride=[2, 2], dilation=[2, 2]))"
     )
-    run(graph_text(body))
+    check(graph_text(body), "cuda", split=False)
 
 
 @pytest.mark.parametrize("variant", ["plain", "causal", "stats", "bias"])
@@ -117,7 +106,7 @@ def test_sdpa(variant):
         lines += [f"  o, st = sdpa(q, k, v{attrs})", "  output o", "  output st : float"]
     else:
         lines.append(f"  output o = sdpa(q, k, v{bias}{attrs})")
-    run(graph_text("\n".join(lines)))
+    check(graph_text("\n".join(lines)), "cuda", split=False)
 
 
 def test_sdpa_grouped_query():
@@ -125,7 +114,7 @@ def test_sdpa_grouped_query():
         "  input q : half[2, 8, 128, 64]\n  input k : half[2, 2, 128, 64]\n  input v : half[2, 2, 128, 64]\n"
         "  output o = sdpa(q, k, v, causal=true)"
     )
-    run(graph_text(body))
+    check(graph_text(body), "cuda", split=False)
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
@@ -133,7 +122,7 @@ def test_norms(norm):
     extra = "  input beta : float[1, 256, 1, 1]\n" if norm == "layernorm" else ""
     args = "x, gamma, beta" if norm == "layernorm" else "x, gamma"
     body = f"  input x : bf16[512, 256, 1, 1]\n  input gamma : float[1, 256, 1, 1]\n{extra}  output y = {norm}({args})"
-    run(graph_text(body, "bf16"))
+    check(graph_text(body, "bf16"), "cuda", split=False)
 
 
 def _declined(text: str, match: str, line: int) -> None:
@@ -142,9 +131,9 @@ def _declined(text: str, match: str, line: int) -> None:
     import cudnn_dsl
 
     with pytest.raises(cudnn_dsl.DslError, match=match) as e:
-        run(text, split=False)
+        check(text, "cuda", split=False)
     assert e.value.diagnostics[0].loc.line == line
-    run(text, atol=5e-2, rtol=2e-2, split=True)
+    check(text, "cuda", atol=5e-2, rtol=2e-2, split=True)
 
 
 def test_batchnorm_inference():
@@ -171,7 +160,7 @@ def test_transpose_and_slice(op):
     if _backend_version() < 92200:  # the library says these need cuDNN 9.22
         _declined(text, "9.22", 7)
     else:
-        run(text)
+        check(text, "cuda", split=False)
 
 
 def test_reshape_after_matmul_is_declined_by_cudnn():

@@ -3,33 +3,12 @@ op left to torch), intermediates materialized, the outputs matching the referenc
 
 import pytest
 
+from tests.graphs import GENSTATS, LN_GELU, MM_RESHAPE, READ_AFTER_OVERWRITE, VIEWED_IN_PLACE
+from tests.helpers import check
+
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("private_store")]
 
-LN_GELU = (
-    "graph ln_gelu {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"
-    "  input b : float[1, 1024, 1, 1] nhwc\n  output y = gelu(layernorm(x, s, b))\n}\n"
-)
-RESHAPE_AFTER_MATMUL = (
-    "graph mm_reshape {\n  io half\n  input a : half[4, 64, 128]\n  input b : half[4, 128, 32]\n"
-    "  output y : float[4, 2048] = reshape(matmul(a, b), shape=[4, 2048])\n}\n"
-)
-GENSTATS = (
-    "graph gs {\n  io half\n  input x : half[8, 64, 16, 16] nhwc\n  s, sq = genstats(x)\n  output s\n  output sq\n}\n"
-)
 
-# a view read by one part, an output in place written by another (the parts' plan keys and binding)
-VIEWED_IN_PLACE = (
-    "graph viewed {\n  io bf16\n  buffer buf : bf16[2, 8, 1024, 1, 1]\n"
-    "  input x : bf16[8, 1024, 1, 1] strides [1024, 1, 1024, 1024] in buf at 8192\n"
-    "  input s : float[1, 1024, 1, 1] nhwc\n  input b : float[1, 1024, 1, 1] nhwc\n"
-    "  input acc : bf16[8, 1024, 1, 1] nhwc\n  output y in acc = gelu(layernorm(x, s, b))\n}\n"
-)
-# x is overwritten by one part and read by a later one: that part must see x as it was
-READ_AFTER_OVERWRITE = (
-    "graph rao {\n  io bf16\n  input x : bf16[8, 1024, 1, 1] nhwc\n  input s : float[1, 1024, 1, 1] nhwc\n"
-    "  input b : float[1, 1024, 1, 1] nhwc\n  output y in x = gelu(layernorm(x, s, b))\n"
-    "  output z = layernorm(x, s, b)\n}\n"
-)
 # a training norm's mean read by a later part: its statistics materialized alike
 NORM_STATS = (
     "graph lt {\n  io bf16\n  compute float\n  input x : bf16[256, 1024, 1, 1]\n"
@@ -39,23 +18,19 @@ NORM_STATS = (
 )
 
 
-def check_fields(text: str, **options):
-    import cudnn_dsl
-
-    cg = cudnn_dsl.compile(text=text, split=True, **options)
-    ins = cg.allocate_inputs()
-    results = cg.check(ins)
-    assert all(r.ok for r in results), [str(r) for r in results]
+def run_in_parts(text: str):
+    """The graph, split where cuDNN declines it whole, against the reference; and the parts it ran as."""
+    cg, _ = check(text, "cuda", split=True)
     return cg, cg.staged(cg.graph.instances[0])
 
 
 @pytest.mark.parametrize(
     "text",
-    [LN_GELU, RESHAPE_AFTER_MATMUL, GENSTATS, VIEWED_IN_PLACE, READ_AFTER_OVERWRITE, NORM_STATS],
+    [LN_GELU, MM_RESHAPE, GENSTATS, VIEWED_IN_PLACE, READ_AFTER_OVERWRITE, NORM_STATS],
     ids=["ln_gelu", "mm_reshape", "genstats", "viewed_in_place", "read_after_overwrite", "norm_stats"],
 )
 def test_a_graph_cudnn_declines_whole_runs_in_parts_and_matches(text):
-    cg, staged = check_fields(text)
+    cg, staged = run_in_parts(text)
     if staged is None:  # this cuDNN fuses it after all: nothing to split, and it matched above
         pytest.skip(f"cuDNN {cg.graph.name}: fused whole here")
     assert len(staged.partition.parts) >= 2 or staged.partition.fallbacks
@@ -63,7 +38,7 @@ def test_a_graph_cudnn_declines_whole_runs_in_parts_and_matches(text):
 
 
 def test_layernorm_then_gelu_is_two_cudnn_graphs():
-    _, staged = check_fields(LN_GELU)
+    _, staged = run_in_parts(LN_GELU)
     assert staged is not None and [p.graph is not None for p in staged.partition.parts] == [True, True]
 
 
@@ -80,7 +55,7 @@ def _bound_matches(cg, bound, before):
     assert all(c.ok for c in comps), [str(c) for c in comps]
 
 
-SPLIT = [LN_GELU, RESHAPE_AFTER_MATMUL, GENSTATS, VIEWED_IN_PLACE, READ_AFTER_OVERWRITE, NORM_STATS]
+SPLIT = [LN_GELU, MM_RESHAPE, GENSTATS, VIEWED_IN_PLACE, READ_AFTER_OVERWRITE, NORM_STATS]
 SPLIT_IDS = ["ln_gelu", "mm_reshape", "genstats", "viewed_in_place", "read_after_overwrite", "norm_stats"]
 
 
@@ -103,7 +78,7 @@ def test_a_split_graph_bound_once_runs_every_part_and_matches_on_every_run(text)
 
 
 @pytest.mark.parametrize(
-    "text", [LN_GELU, RESHAPE_AFTER_MATMUL, READ_AFTER_OVERWRITE], ids=["ln_gelu", "mm_reshape", "read_after_overwrite"]
+    "text", [LN_GELU, MM_RESHAPE, READ_AFTER_OVERWRITE], ids=["ln_gelu", "mm_reshape", "read_after_overwrite"]
 )
 def test_a_split_graph_is_captured_into_one_cuda_graph_and_replays_right(text):
     import cudnn_dsl

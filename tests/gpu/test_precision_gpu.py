@@ -1,5 +1,6 @@
 """Where cuDNN rounds (tensors.rounded_values), measured: each graph's cuDNN result against the reference,
-and against the models that round more or less, so a wrong model fails with what cuDNN does instead."""
+and against the models that round more or less, so a wrong model fails with what cuDNN does instead. Each
+graph is compiled whole (split=False): what is measured is one cuDNN graph."""
 
 import pytest
 
@@ -50,7 +51,7 @@ def _run(text: str):
     from cudnn_dsl.run.compare import rounded_values
     from cudnn_dsl.run.reference import run_reference
 
-    cg = cudnn_dsl.compile(text)
+    cg = cudnn_dsl.compile(text, split=False)
     inst = cg.graph.instances[0]
     tensors = cg.allocate_inputs()
     got = cg(tensors)

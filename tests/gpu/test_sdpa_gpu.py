@@ -1,9 +1,9 @@
-"""SDPA's masks, padding, grouped heads, ALiBi and dropout on the GPU, against the reference.
+"""SDPA's masks, padding, grouped heads, ALiBi and dropout on the GPU, against the reference, each graph
+compiled whole (split=False): the test is what cuDNN computes for it.
 
-Forms cuDNN 9.19 is known (or, from the frontend's own test matrix, expected) to run must match.
-Forms whose 9.19 support was not known when these tests were written must either match or be
-refused by cuDNN at the sdpa's line; a refusal is reported as a warning naming the form, so the
-test log says which way each went.
+Forms cuDNN 9.19 is known (or, from the frontend's own test matrix, expected) to run must match. For the
+forms whose 9.19 support was not known when these tests were written, RECORDED holds what cuDNN did with
+each on the H200: ran it and matched, or refused it at the sdpa's line. A change either way fails.
 """
 
 import re
@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import ACCEPTED, as_recorded, check, check_as_recorded, where_refused
 
 pytestmark = pytest.mark.gpu
 
@@ -26,35 +28,35 @@ DECLS = {
 }
 
 
-def graph_text(extra: str, **decls) -> str:
+def sdpa_text(extra: str, **decls) -> str:
+    """A graph of one sdpa(q, k, v, `extra`, stats=true) on DECLS' inputs (`decls` in their place) that it reads."""
     names = {**DECLS, **decls}
     used = [n for n in names if n in "qkv" or f"={n}" in extra or f"{n}," in extra + ","]
     inputs = "".join(f"  input {n} : {names[n]}\n" for n in used)
     return f"graph t {{\n  io bf16\n{inputs}  o, st = sdpa(q, k, v, {extra}, stats=true)\n  output o\n  output st\n}}\n"
 
 
-def run(text: str, **given):
-    import cudnn_dsl
-
-    cg = cudnn_dsl.compile(text)
-    tensors = {**cg.allocate_inputs(), **given}
-    results = cg.check(**tensors)
-    for r in results:
-        assert r.ok, str(r)
-    return cg, tensors
-
-
-def run_or_refused(text: str, form: str, **given):
-    """Matches the reference, or cuDNN refuses it at the sdpa's line (reported as a warning)."""
-    import cudnn_dsl
-
-    line = next(i for i, src in enumerate(text.splitlines(), 1) if " sdpa" in src)
-    try:
-        run(text, **given)
-    except cudnn_dsl.DslError as e:
-        assert e.diagnostics[0].loc.line == line, str(e)
-        assert "sdpa" in str(e)
-        warnings.warn(f"cuDNN refused sdpa with {form}: {e}", stacklevel=2)
+#: what cuDNN did with each form whose support was not known (where: helpers.SEEN_ON, which warned of no
+#: refusal: each ran and matched)
+RECORDED = {
+    "left_bound=64, right_bound=32": ACCEPTED,
+    "right_bound=16": ACCEPTED,
+    "causal_bottom_right=true": ACCEPTED,
+    "seq_len_q=lq, seq_len_kv=lkv, causal_bottom_right=true": ACCEPTED,
+    "seq_len_q=lq, seq_len_kv=lkv, left_bound=64, right_bound=0, diagonal_alignment=bottom_right": ACCEPTED,
+    "alibi=true, causal=true": ACCEPTED,
+    "dropout_mask=dm, dropout_scale=ds": ACCEPTED,
+    "causal_bottom_right and S_q < S_kv": ACCEPTED,
+    "D_v 64 with D_qk 128": ACCEPTED,
+    "paged K/V caches": ACCEPTED,
+    "fp8, S_kv 128": ACCEPTED,
+    "fp8, S_kv 128, causal=true": ACCEPTED,
+    "fp8, S_kv 512, causal=true, left_bound=128": ACCEPTED,
+    "ragged q/o/stats with int64 offsets, padded k/v": ACCEPTED,
+    "ragged q/o/stats with int32 offsets, padded k/v": ACCEPTED,
+    "ragged offsets with gaps": ACCEPTED,
+    "seeded dropout": ACCEPTED,
+}
 
 
 @pytest.mark.parametrize(
@@ -68,7 +70,7 @@ def run_or_refused(text: str, form: str, **given):
     ],
 )
 def test_forms_the_frontend_tests_on_hopper(extra):
-    run(graph_text(extra))
+    check(sdpa_text(extra), "cuda", split=False)
 
 
 @pytest.mark.parametrize(
@@ -93,22 +95,22 @@ def test_forms_whose_919_support_was_not_known(extra):
             "dm": (torch.rand(2, 8, 512, 512, device="cuda", generator=g) > 0.1).to(torch.bfloat16),
             "ds": torch.full((1, 1, 1, 1), 1 / 0.9, device="cuda"),
         }
-    run_or_refused(graph_text(extra), extra, **given)
+    check_as_recorded(RECORDED, extra, sdpa_text(extra), op="sdpa", given=given)
 
 
 def test_bottom_right_with_fewer_queries_than_keys():
     # prefill of 128 new tokens against a cache of 512: the last query sees every key
-    text = graph_text("causal_bottom_right=true", q="bf16[2, 8, 128, 128]")
-    run_or_refused(text, "causal_bottom_right and S_q < S_kv")
+    text = sdpa_text("causal_bottom_right=true", q="bf16[2, 8, 128, 128]")
+    check_as_recorded(RECORDED, "causal_bottom_right and S_q < S_kv", text, op="sdpa")
 
 
 def test_grouped_query_and_multi_query_heads():
-    run(graph_text("causal=true"))  # 8 query heads on 2 K/V heads
-    run(graph_text("causal=true", k="bf16[2, 1, 512, 128]", v="bf16[2, 1, 512, 128]"))
+    check(sdpa_text("causal=true"), "cuda", split=False)  # 8 query heads on 2 K/V heads
+    check(sdpa_text("causal=true", k="bf16[2, 1, 512, 128]", v="bf16[2, 1, 512, 128]"), "cuda", split=False)
 
 
 def test_value_head_dim_differs_from_query_head_dim():
-    run_or_refused(graph_text("causal=true", v="bf16[2, 2, 512, 64]"), "D_v 64 with D_qk 128")
+    check_as_recorded(RECORDED, "D_v 64 with D_qk 128", sdpa_text("causal=true", v="bf16[2, 2, 512, 64]"), op="sdpa")
 
 
 def test_padded_rows_the_stats_say_minus_infinity_and_o_is_not_compared():
@@ -118,7 +120,7 @@ def test_padded_rows_the_stats_say_minus_infinity_and_o_is_not_compared():
         "lq": torch.tensor([300, 512], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
         "lkv": torch.tensor([200, 512], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
     }
-    cg, tensors = run(graph_text("seq_len_q=lq, seq_len_kv=lkv, causal=true"), **lens)
+    cg, tensors = check(sdpa_text("seq_len_q=lq, seq_len_kv=lkv, causal=true"), "cuda", given=lens, split=False)
     out = cg(**tensors)
     assert out["st"][0, :, 300:].isneginf().all()
     assert out["st"][1].isfinite().all()
@@ -160,7 +162,7 @@ def test_paged_kv_caches():
         "lq": torch.tensor([100, 128], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
         "lkv": torch.tensor([300, 512], dtype=torch.int32, device="cuda").view(2, 1, 1, 1),
     }
-    run_or_refused(text, "paged K/V caches", **given)
+    check_as_recorded(RECORDED, "paged K/V caches", text, op="sdpa", given=given)
 
 
 @pytest.mark.parametrize("keys,extra", [(128, ""), (128, ", causal=true"), (512, ", causal=true, left_bound=128")])
@@ -178,7 +180,7 @@ def test_fp8_attention(keys, extra):
     )
     scales = {"dq": 0.5, "dk": 0.5, "dv": 1.0, "ds": 1 / 448, "ss": 448.0, "so": 2.0}
     given = {n: torch.full((1, 1, 1, 1), x, device="cuda") for n, x in scales.items()}
-    run_or_refused(text, f"fp8, S_kv {keys}{extra}", **given)
+    check_as_recorded(RECORDED, f"fp8, S_kv {keys}{extra}", text, op="sdpa", given=given)
 
 
 def _packed(cg, tensors, name: str, placed: str) -> None:
@@ -223,10 +225,8 @@ RAGGED = (
 @pytest.mark.parametrize("off", ["int64", "int32"])
 def test_ragged_stats_and_keys_left_padded(off):
     # Q, O and the stats packed; K and V padded [B, H, S, D] (the paged-cache sample's Q-only packing)
-    run_or_refused(
-        RAGGED.format(kv_strides="", off=off, more="", extra=""),
-        f"ragged q/o/stats with {off} offsets, padded k/v",
-    )
+    text = RAGGED.format(kv_strides="", off=off, more="", extra="")
+    check_as_recorded(RECORDED, f"ragged q/o/stats with {off} offsets, padded k/v", text, op="sdpa")
 
 
 def test_ragged_offsets_with_gaps_between_sequences():
@@ -245,7 +245,7 @@ def test_ragged_offsets_with_gaps_between_sequences():
         "rs": torch.tensor([0, 2048, 4096], device="cuda").view(3, 1, 1, 1),
         "rk": torch.tensor([0, 65536, 131072], device="cuda").view(3, 1, 1, 1),
     }
-    run_or_refused(text, "ragged offsets with gaps", **given)
+    check_as_recorded(RECORDED, "ragged offsets with gaps", text, op="sdpa", given=given)
 
 
 SEEDED = (
@@ -265,8 +265,7 @@ def test_seeded_dropout_matches_the_reference_on_the_mask_cudnn_drew(mask_output
     import cudnn_dsl
 
     text = SEEDED.format(mask="m", more="  output m\n" if mask_output else "")
-    line = next(i for i, src in enumerate(text.splitlines(), 1) if " sdpa" in src)
-    cg = cudnn_dsl.compile(text)
+    cg = cudnn_dsl.compile(text, split=False)
     tensors = cg.allocate_inputs()
     inst = cg.graph.instances[0]
 
@@ -277,13 +276,11 @@ def test_seeded_dropout_matches_the_reference_on_the_mask_cudnn_drew(mask_output
             assert r.ok, f"seed {seed}: {r}"
         return cg.drawn(inst, {})["m"].clone() if not mask_output else cg(**tensors)["m"].clone()
 
-    try:
-        first = seeded(123456)
-    except cudnn_dsl.DslError as e:  # cuDNN 9.19 has no engine for it: refused at the sdpa's line
-        assert e.diagnostics[0].loc.line == line, str(e)
-        assert "sdpa" in str(e)
-        warnings.warn(f"cuDNN refused seeded dropout: {e}", stacklevel=1)
+    drawn = []
+    as_recorded(RECORDED, "seeded dropout", lambda: drawn.append(seeded(123456)), where_refused(text, "sdpa"))
+    if not drawn:  # declined, as recorded
         return
+    first = drawn[0]
     assert set(first.unique().tolist()) <= {0.0, 1.0}
     assert abs(first.mean().item() - 0.8) < 0.01  # 4 M draws kept with 1 - p
     second = seeded(123457)
@@ -299,10 +296,7 @@ def test_run_compares_seeded_dropout_on_the_mask_and_isolates_it(tmp_path):
     f = tmp_path / "seeded.cdg"
     f.write_text(SEEDED.format(mask="m", more=""))
     p = run_cli("run", f, "--isolate", "--iterations", "2", "--warmup", "1")
-    if p.returncode != 0:  # cuDNN 9.19 has no engine for it: refused at the sdpa's line
-        assert "seeded.cdg:8:" in p.stderr and "sdpa" in p.stderr, p.stderr
-        warnings.warn(f"cuDNN refused seeded dropout: {p.stderr}", stacklevel=1)
-        return
+    assert p.returncode == 0, p.stderr  # cuDNN runs seeded dropout (RECORDED)
     assert "compare    o: ok" in p.stdout and "compare    st: ok" in p.stdout, p.stdout
     assert re.search(r"isolate    8:\d+ o, st, m = sdpa: (ok|cuDNN-declined-alone)", p.stdout), p.stdout
 
@@ -315,10 +309,7 @@ def test_bench_checks_seeded_dropout_on_the_mask_and_says_torch_cannot_run_it(tm
     f, report = tmp_path / "seeded.cdg", tmp_path / "bench.json"
     f.write_text(SEEDED.format(mask="m", more=""))
     p = run_cli("bench", f, "--no-peak", "--rounds", "1", "--samples", "2", "--against", "torch", "--json", report)
-    if p.returncode != 0:  # cuDNN 9.19 has no engine for it: refused at the sdpa's line
-        assert "seeded.cdg:8:" in p.stderr and "sdpa" in p.stderr, p.stderr
-        warnings.warn(f"cuDNN refused seeded dropout: {p.stderr}", stacklevel=1)
-        return
+    assert p.returncode == 0, p.stderr  # cuDNN runs seeded dropout (RECORDED)
     [res] = json.loads(report.read_text())["results"]
     rows = {r["name"]: r for r in res["rows"]}
     assert rows["cudnn-dsl"]["check"] == "ok", rows["cudnn-dsl"]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu.test_memory_gpu import PACKED
+from tests.graphs import ATTENTION, BLOCK, PACKED, Block, block_in_torch, block_params
 
 pytestmark = pytest.mark.gpu
 
@@ -177,7 +177,6 @@ def test_a_training_step_through_the_op_matches_torch_autograd(private_store, co
     import torch
 
     import cudnn_dsl
-    from tests.test_torch_op import BLOCK, Block, block_in_torch, block_params
 
     op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=BLOCK, split=True))  # the norm and its backward's sums: parts
     params = {k: v.cuda() for k, v in block_params(3).items()}
@@ -195,28 +194,17 @@ def test_a_training_step_through_the_op_matches_torch_autograd(private_store, co
         torch.testing.assert_close(p.grad, plain.p[k].grad, atol=1e-2, rtol=1e-2, msg=k)
 
 
-ATTENTION = """
-graph attention {
-  io half
-  compute float
-  input q : half[2, 4, 128, 64]
-  input k : half[2, 4, 128, 64]
-  input v : half[2, 4, 128, 64]
-  output o = sdpa(q, k, v, causal=true)
-}
-"""
-
-
 def test_attention_through_the_op_trains_with_sdpa_backward(private_store):
-    """The op of a whole graph (sdpa) under torch.compile(fullgraph=True): its backward op runs
-    sdpa_backward from the saved statistics; gradients as torch's own attention's."""
+    """The op of a whole graph (sdpa; split=False: cuDNN runs it, and the backward, whole) under
+    torch.compile(fullgraph=True): its backward op runs sdpa_backward from the saved statistics; gradients as
+    torch's own attention's."""
     import torch
     import torch.nn.functional as F
 
     import cudnn_dsl
     from cudnn_dsl.torch_op.op import grad_ops
 
-    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=ATTENTION))
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=ATTENTION, split=False))
     g = torch.Generator("cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", generator=g, dtype=torch.half) for _ in range(3))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]

@@ -4,7 +4,7 @@ torch.compile(fullgraph=True), against the same model in plain PyTorch from the 
 
 import pytest
 
-from tests.test_train_example import load_train
+from tests.helpers import load_train
 
 pytestmark = pytest.mark.gpu
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 def test_training_on_cudnn_matches_plain_pytorch_under_torch_compile(name, private_store):
     train = load_train()
     # split=True: the derived backward holds ops cuDNN does not fuse into one graph (dgrad and wgrad, the
-    # biases' reductions); the conftest's split=False would refuse them
+    # biases' reductions); split=False would refuse them
     # autotune=False: plain PyTorch's torch.compile in its default mode (max-autotune takes minutes)
     r = train.run_model(name, "cuda", steps=50, lr=0.05, iterations=3, compile_=True, autotune=False, split=True)
     assert r["cudnn"] is True
