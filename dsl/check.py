@@ -455,7 +455,7 @@ class _GraphChecker:
             elif e.name in self.user_names:
                 self.err(f"'{e.name}' is used before it is defined", e.loc)
             else:
-                known = list(self.decls) + list(self.produced)
+                known = itertools.chain(self.decls, self.produced)  # read only while hints are given
                 self.err(f"unknown name '{e.name}'{self.sink.hint(e.name, known)}", e.loc)
             return None
         if isinstance(e, ast.Number):

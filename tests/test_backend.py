@@ -9,8 +9,10 @@ import hashlib
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -264,9 +266,11 @@ def test_target_names_are_case_insensitive():
 # ---- load_cudnn: every failure explained, nothing half loaded ---------------------------------------------------
 
 
-def test_a_damaged_library_is_reported_with_advice_and_nothing_is_loaded(tmp_path):
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+def _venv_with_these_packages(venv: Path) -> tuple[Path, Path]:
+    """A virtual environment whose Python finds the packages this one finds, ahead of them its own site-packages
+    (returned with its Python). `--system-site-packages` would give it the base interpreter's packages, not those
+    of a virtual environment that the tests run in."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
@@ -274,8 +278,19 @@ def test_a_damaged_library_is_reported_with_advice_and_nothing_is_loaded(tmp_pat
         text=True,
         check=True,
     ).stdout.strip()
+    ours = [*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+    if site.ENABLE_USER_SITE:
+        ours.append(site.getusersitepackages())
+    # addsitedir, not a plain path line: the .pth files there (an editable install's) act as they do here
+    adds = "; ".join(f"site.addsitedir({d!r})" for d in dict.fromkeys(ours) if os.path.isdir(d))
+    (Path(purelib) / "these_packages.pth").write_text(f"import site; {adds}\n")
+    return python, Path(purelib)
+
+
+def test_a_damaged_library_is_reported_with_advice_and_nothing_is_loaded(tmp_path):
+    python, purelib = _venv_with_these_packages(tmp_path / "venv")
     # A truncated download of one library that cuDNN needs, found before the good copy.
-    bad = Path(purelib) / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13"
+    bad = purelib / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"")
     code = """
