@@ -35,7 +35,7 @@ def chain(terms: int) -> str:
 
 
 def test_a_runaway_statement_is_stopped_while_lexing_in_bounded_memory(tmp_path):
-    # a 3.6 MB flat chain once took 24 GB and never finished (reliability review D5)
+    # without the limit, a 3.6 MB flat chain takes tens of GB of memory and does not finish
     path = tmp_path / "chain.cdg"
     path.write_text(chain(900_000))
     # VmHWM is this process's own peak (ru_maxrss would include the forking pytest's)
