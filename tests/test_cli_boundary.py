@@ -229,7 +229,7 @@ def test_a_reference_too_big_for_this_machine_is_skipped_with_a_note(tmp_path):
     assert "skipped    the PyTorch reference: --no-reference" in cli("run", MM, "--no-reference").stdout
 
 
-# ---- found by the review of this change ---------------------------------------------------------------
+# ---- files that are not what they seem ------------------------------------------------------------------
 
 
 def test_a_device_or_a_huge_file_is_read_only_up_to_the_limit():
