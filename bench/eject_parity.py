@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
-from cudnn_dsl.run.compiled import make_pack  # noqa: E402
+from cudnn_dsl.run.launch import Launch  # noqa: E402
+from cudnn_dsl.run.parts import Parts  # noqa: E402
 from cudnn_dsl.run.timing import environment, gpu_time_us, host_time_us, replay_time_us  # noqa: E402
 from cudnn_dsl.tune.bench import import_script, load_ejected  # noqa: E402
 
@@ -41,19 +42,20 @@ def bench(example: str, rounds: int, iters: int) -> dict:
     cg = cudnn_dsl.compile(_path(example), split=True)
     cg.planner.use_store = False  # the heuristics' plan, as the script builds: the same plan on both sides
     inst = cg.graph.instances[0]
-    staged = cg.staged(inst)
-    if staged is not None:
-        return bench_split(example, cg, inst, staged, rounds, iters)
+    parts = cg.parts(inst)
+    if isinstance(parts, Parts):
+        return bench_split(example, cg, inst, parts, rounds, iters)
     exe = cg.executable(inst)
     tensors = cg.allocate_inputs()
     ours = cg.bind_outputs(inst, tensors)
-    pack = make_pack(exe.low, exe.host, tensors, ours)
+    launch = Launch(exe)
+    buffers = launch.layout.named(tensors, ours)
 
     script = load_ejected(cg.graph, inst, tensors, ours)
     theirs, run_script = script.outputs, script.run
 
     def run_ours():
-        exe.launch(pack)
+        launch.on(buffers)
 
     run_ours()
     run_script()
@@ -65,7 +67,7 @@ def bench(example: str, rounds: int, iters: int) -> dict:
         ours_t.append(statistics.median(replay_time_us(run_ours, exe.handle, cg.device, iters, 2)))
         script_t.append(statistics.median(replay_time_us(run_script, script.handle, cg.device, iters, 2)))
     api = host_time_us(lambda: cg(**tensors))
-    launch = host_time_us(run_ours)
+    launch_us = host_time_us(run_ours)
     script_host = host_time_us(run_script)
     row = {
         "example": example,
@@ -77,20 +79,20 @@ def bench(example: str, rounds: int, iters: int) -> dict:
         "gpu_us_spread_cudnn_dsl": [min(ours_t), max(ours_t)],
         "gpu_us_spread_script": [min(script_t), max(script_t)],
         "host_us_api_call": api,
-        "host_us_launch": launch,
+        "host_us_launch": launch_us,
         "host_us_script": script_host,
     }
     row["gpu_ratio"] = row["gpu_us_cudnn_dsl"] / row["gpu_us_script"]
     return row
 
 
-def bench_split(example: str, cg, inst, staged, rounds: int, iters: int) -> dict:
-    """A graph run as parts: cudnn-dsl's staged run against the script ejected for the same partition."""
+def bench_split(example: str, cg, inst, parts, rounds: int, iters: int) -> dict:
+    """A graph run in parts: cudnn-dsl's parts against the script ejected for the same partition."""
     import cudnn
 
     from cudnn_dsl.interop.emit import emit_cudnn
 
-    mod = import_script(emit_cudnn(cg.graph, inst, cg.options, staged.partition), cg.graph.name)
+    mod = import_script(emit_cudnn(cg.graph, inst, cg.options, parts.partition), cg.graph.name)
     handle = cudnn.create_handle()
     cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
     graphs = mod.build(handle)
@@ -117,9 +119,9 @@ def bench_split(example: str, cg, inst, staged, rounds: int, iters: int) -> dict
         script_t.append(statistics.median(gpu_time_us(run_script, iters, 2, inner=1)))
     row = {
         "example": example,
-        "plan": f"{len(staged.partition.parts)} parts",
+        "plan": f"{len(parts.partition.parts)} parts",
         "script_plan": f"{len(graphs)} parts",
-        "parts": staged.lines,
+        "parts": parts.lines,
         "identical_outputs": same,
         "gpu_us_cudnn_dsl": statistics.median(ours_t),
         "gpu_us_script": statistics.median(script_t),

@@ -1,7 +1,7 @@
 """Benchmark (not a test): graphs run in parts, bound once, against the sum of their parts each bound
 and timed on its own, and against torch eager. Usage: python bench/partition.py [--json FILE]
 
-The split graph is bound once (runtime.CompiledGraph.bind: intermediates allocated, each part's variant
+The split graph is bound once (run.compiled.CompiledGraph.bind: intermediates allocated, each part's variant
 pack built once) and timed per call; each part's own launch on the same buffers is timed alone, in the same
 run, so the ratio is what running the parts as one graph adds. The plain call (`cg(...)`, which checks
 the caller's buffers on every call) is shown beside it. The matmul epilogue, which cuDNN fuses whole, is
@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from cudnn_dsl.run.compiled import CompiledGraph  # noqa: E402
 from cudnn_dsl.run.partition import ANCHOR  # noqa: E402
+from cudnn_dsl.run.parts import Parts  # noqa: E402
 from cudnn_dsl.run.reference import run_reference  # noqa: E402
 from cudnn_dsl.run.timing import environment, gpu_time_us  # noqa: E402
 from dsl.diagnostics import DslError  # noqa: E402
@@ -53,7 +54,7 @@ def measure(label: str, text: str, anchor: bool = False) -> dict:
     if anchor:  # cuDNN fuses it whole: time that, then run it as the anchor op alone and the rest
         row["fused_whole_bound_us"] = median_us(cg.bind(ins).run)
         cg.use_partition(inst, None, first=ANCHOR)
-    staged = cg.staged(inst)
+    parts = cg.parts(inst)
     bound = cg.bind(ins)
     got = {k: v.clone() for k, v in bound.run().items()}
     want = run_reference(g, inst, ins)
@@ -64,15 +65,15 @@ def measure(label: str, text: str, anchor: bool = False) -> dict:
         row["eager_us"] = median_us(lambda: run_reference(g, inst, ins, native=True))
     except DslError as e:
         row["eager_error"] = str(e).splitlines()[0]
-    if staged is None:
+    if not isinstance(parts, Parts):
         row["parts"] = ["fused whole"]
         return row
-    parts = [median_us(launch) for launch in bound.launches]  # each part's own bound launch, on the same buffers
+    each = [median_us(launch) for launch in bound.launches]  # each part's own bound launch, on the same buffers
     row.update(
-        parts=staged.lines,
-        parts_bound_us=parts,
-        sum_of_parts_us=sum(parts),
-        ratio_to_sum=row["bound_us"] / sum(parts),
+        parts=parts.lines,
+        parts_bound_us=each,
+        sum_of_parts_us=sum(each),
+        ratio_to_sum=row["bound_us"] / sum(each),
     )
     return row
 

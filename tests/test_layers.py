@@ -51,7 +51,7 @@ BUILD_STEPS = {
     "build_plan_at_index",
     "deserialize",
 }
-#: the cuDNN Frontend internals the pinned-version fast launch uses (run.compiled._raw_launcher), and the
+#: the cuDNN Frontend internals the pinned-version fast launch uses (run.launch.raw_launch), and the
 #: plan index the frontend keeps (build.planner.selected_index): theirs, not another module of ours
 FRONTEND_INTERNALS = {
     "_normalize",
@@ -126,6 +126,26 @@ def test_only_the_build_package_drives_cudnns_build_steps():
         calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
         if _package(m) != "cudnn_dsl.build":
             assert not calls & BUILD_STEPS, f"{m} calls {calls & BUILD_STEPS}"
+
+
+#: the frontend's launches: execute (mapping and ordered forms), one plan by its index (tune's timing), and the
+#: innermost launch of a prepared variant pack
+LAUNCHES = {"execute", "execute_plan_at_index", "_execute_with_raw_ptrs"}
+#: (module, the called object's name, the launch) that is no frontend launch: tune.bench calls the `execute`
+#: function of an ejected script, the very script it measures against
+NOT_FRONTEND_LAUNCHES = {("cudnn_dsl.tune.bench", "mod", "execute")}
+
+
+def test_only_the_launch_module_launches():
+    for m, tree in _trees().items():
+        if m == "cudnn_dsl.run.launch":
+            continue
+        launches = {  # read, not only called: a launch taken to be called later is one too
+            (m, n.value.id if isinstance(n.value, ast.Name) else None, n.attr)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and n.attr in LAUNCHES
+        }
+        assert not launches - NOT_FRONTEND_LAUNCHES, f"{m} launches: {sorted(launches - NOT_FRONTEND_LAUNCHES)}"
 
 
 #: the packages of cudnn_dsl, ground floor first: a module imports only from its own package and the floors

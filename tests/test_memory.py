@@ -178,6 +178,39 @@ def test_an_output_in_place_of_a_view_writes_through_the_buffer():
     assert set(snapshot(g, t)) == {"qk", "c"} and snapshot(g, t)["qk"] is not t["qk"]
 
 
+def test_the_variant_pack_gives_each_uid_its_buffer():
+    """run.launch.Layout, which every launch packs with: a view is its window on the bound buffer, an output
+    in place its input's memory (here a view's), a scalar left out the lowering's host tensor and one given a
+    CPU tensor of its value, kept while the value stays; the positional and by-name forms agree."""
+    from cudnn_dsl.run.launch import Layout, arguments
+    from cudnn_dsl.target.memory import empty, host_scalar
+
+    text = (
+        "graph r {\n  buffer qk : float[4, 2, 16]\n  input q : float[1, 4, 16] strides [128, 32, 1] in qk at 16\n"
+        "  input c : float[1, 1, 16]\n  scalar s : float = 0.5\n  output q2 in q = q * c * s\n"
+        "  output y = c + s\n}\n"
+    )
+    g, inst = one(text)
+    host = {g.value("s").uid: host_scalar(0.5, "float"), 99: torch.zeros(1)}  # 99: a constant of the lowering
+    layout = Layout(g, inst, host)
+    t = generate_inputs(g, inst, "cpu")
+    y = empty(inst.type("y"), "cpu")
+    pack = dict(zip(layout.uids, layout.named(t, {"y": y})))
+    assert len(pack) == len(layout.uids) == 6 and pack[99] is host[99] and pack[g.value("y").uid] is y
+    assert pack[g.value("c").uid] is t["c"] and pack[g.value("s").uid] is host[g.value("s").uid]
+    q = pack[g.value("q").uid]
+    assert q.data_ptr() == t["qk"].data_ptr() + 16 * 4 and q.stride() == (128, 32, 1)
+    q2 = pack[g.value("q2").uid]
+    assert q2.data_ptr() == q.data_ptr() and q2.stride() == q.stride()  # in place: the view's own window
+    names, scalars = arguments(g)
+    values = [t[n] for n in names] + [0.25 for _ in scalars]
+    given = dict(zip(layout.uids, layout.buffers(values, [y])))
+    assert given[g.value("s").uid].item() == 0.25 and given[g.value("q").uid].data_ptr() == q.data_ptr()
+    again = dict(zip(layout.uids, layout.buffers(values, [y])))
+    assert again[g.value("s").uid] is given[g.value("s").uid]  # the same value: its tensor reused
+    assert host[g.value("s").uid].item() == 0.5  # a tensor a launch was given is never written over
+
+
 def test_a_batchnorm_style_running_stat_is_written_back_into_its_input():
     text = (
         "graph s {\n  input x : half[8, 4, 2, 2]\n  input mean : float[1, 4, 1, 1]\n"

@@ -110,7 +110,7 @@ def test_a_part_keeps_the_buffers_its_views_read_and_binds_an_output_in_place_as
 def _overwrite_then_read():
     """A graph whose first part (on torch) writes y over input a, which the second part reads."""
     from cudnn_dsl.run.partition import Part, Partition
-    from cudnn_dsl.run.parts import Staged
+    from cudnn_dsl.run.parts import Parts
 
     text = (
         "graph g {\n  input a : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
@@ -118,7 +118,7 @@ def _overwrite_then_read():
     )
     g = program(text=text, file="g.cdg").graphs[0]
     inst = g.instances[0]
-    return g, inst, Staged(g, inst, Partition((Part(0, 1, None, "-"), Part(1, 2, None, "-")), "-"), [None, None])
+    return g, inst, Parts(g, inst, Partition((Part(0, 1, None, "-"), Part(1, 2, None, "-")), "-"), [None, None])
 
 
 def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_it():
@@ -126,11 +126,11 @@ def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_i
 
     from cudnn_dsl.run.reference import run_reference
 
-    g, inst, staged = _overwrite_then_read()
+    g, inst, parts = _overwrite_then_read()
     a, b = torch.randn(1, 8, 8), torch.randn(1, 8, 8)
     want = run_reference(g, inst, {"a": a.clone(), "b": b})
     outputs = {"y": a, "z": torch.empty(1, 8, 8)}  # y is bound to a's memory, as bind_outputs does
-    staged.run({"a": a, "b": b}, outputs)
+    parts.run({"a": a, "b": b}, outputs)
     assert torch.equal(outputs["y"], want["y"]) and torch.equal(outputs["z"], want["z"])
 
 
@@ -160,7 +160,7 @@ def test_a_torch_fallback_reads_a_view_off_its_buffer():
 
     from cudnn_dsl.run.inputs import generate_inputs
     from cudnn_dsl.run.partition import Part, Partition
-    from cudnn_dsl.run.parts import Staged
+    from cudnn_dsl.run.parts import Parts
     from cudnn_dsl.run.reference import run_reference
     from cudnn_dsl.target.memory import empty
 
@@ -171,7 +171,7 @@ def test_a_torch_fallback_reads_a_view_off_its_buffer():
     inst = g.instances[0]
     ins = generate_inputs(g, inst, "cpu", 0)
     outputs = {"y": empty(inst.type("y"), "cpu")}
-    Staged(g, inst, Partition((Part(0, 1, None, "-"),), "-"), [None]).run(ins, outputs)
+    Parts(g, inst, Partition((Part(0, 1, None, "-"),), "-"), [None]).run(ins, outputs)
     assert torch.equal(outputs["y"], run_reference(g, inst, ins)["y"])
 
 
@@ -200,9 +200,9 @@ def test_a_bound_split_graph_is_bound_once_and_each_run_reads_the_inputs_as_they
 
     from cudnn_dsl.run.reference import run_reference
 
-    g, inst, staged = _overwrite_then_read()
+    g, inst, parts = _overwrite_then_read()
     a, b = torch.randn(1, 8, 8), torch.randn(1, 8, 8)
-    bound = staged.bind({"a": a, "b": b}, {"y": a, "z": torch.empty(1, 8, 8)})
+    bound = parts.bind({"a": a, "b": b}, {"y": a, "z": torch.empty(1, 8, 8)})
     for _ in range(2):  # the second run reads a as the first left it (y was written into it)
         want = run_reference(g, inst, {"a": a.clone(), "b": b})
         got = bound.run()

@@ -36,7 +36,8 @@ from dsl.options import Options
 
 @attrs.define
 class Executable:
-    """One planned shape: the cuDNN graph with a plan selected, its workspace, its host scalars."""
+    """One planned shape: the cuDNN graph with a plan selected, its workspace, its host scalars (run.launch
+    launches it)."""
 
     low: Lowered
     handle: Any
@@ -57,14 +58,6 @@ class Executable:
     @property
     def workspace_bytes(self) -> int:
         return int(self.workspace.numel()) if self.workspace.numel() > 1 else 0
-
-    def launch(self, pack: dict[int, Any]) -> None:
-        """The frontend's public execute, on the device's current stream."""
-        import torch
-
-        cudnn = load_cudnn()
-        cudnn.set_stream(self.handle, torch.cuda.current_stream(self.device).cuda_stream)
-        self.low.g.execute(pack, self.workspace, handle=self.handle, **self.overrides)
 
 
 def host_tensors(low: Lowered, device) -> dict[int, Any]:
@@ -89,8 +82,8 @@ def _compiles_at_run_time(low: Lowered) -> bool:
 
 class Candidates:
     """Every plan the heuristics offer for one shape, planned through check_support; each is
-    built and run by its index (the heuristics' rank). Without a planner (deviceless), plans are only
-    listed and added, never built."""
+    built by its index (the heuristics' rank), and run so by run.launch.plan_runner. Without a planner
+    (deviceless), plans are only listed and added, never built."""
 
     def __init__(self, planner: Planner | None, low: Lowered, options: Options):
         self.planner, self.low, self.options = planner, low, options
@@ -119,11 +112,6 @@ class Candidates:
         """Builds one plan; returns the workspace it needs in bytes."""
         self.low.g.build_plan_at_index(index)
         return int(self.low.g.get_workspace_size_plan_at_index(index))
-
-    def runner(self, index: int, pack: dict, workspace) -> Callable[[], None]:
-        """A launch of this plan on these buffers (built first)."""
-        g, handle = self.low.g, self.planner.handle
-        return lambda: g.execute_plan_at_index(pack, workspace, index=index, handle=handle)
 
     def executable(self, index: int) -> Executable:
         """This plan selected for execute() and serialize()."""

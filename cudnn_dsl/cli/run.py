@@ -316,6 +316,7 @@ class _GpuRunner:
 
         from cudnn_dsl.build.steps import timings_text
         from cudnn_dsl.run.buffers import restore, snapshot
+        from cudnn_dsl.run.parts import Parts
         from cudnn_dsl.run.timing import gpu_time_us
 
         cg, s, opts = self.cg, self.s, self.s.opts
@@ -326,11 +327,11 @@ class _GpuRunner:
         progress = common.Progress(name)
         cg.planner.progress = progress
         try:
-            staged = cg.staged(inst)
+            parts = cg.parts(inst)
         finally:
             progress.done()
-        if staged is not None:
-            return self._run_staged(inst, tensors, before, staged)
+        if isinstance(parts, Parts):
+            return self._run_in_parts(inst, tensors, before, parts)
         try:
             graph_mode = s.args.cuda_graph or opts.cuda_graph
             if graph_mode:
@@ -410,7 +411,7 @@ class _GpuRunner:
             "isolate": isolated,
         }
 
-    def _run_staged(self, inst, tensors: dict, before: dict, staged) -> dict:
+    def _run_in_parts(self, inst, tensors: dict, before: dict, parts) -> dict:
         """A shape cuDNN declines whole, run as its parts (cudnn_dsl.run.partition): said, timed, compared."""
         import statistics
 
@@ -433,8 +434,8 @@ class _GpuRunner:
         median = statistics.median(times)
         how = "CUDA-graph replays" if graph_mode else "bound executions"
         print(f"graph {common.label(s.graph, inst)}")
-        print(f"  split      {staged.partition.reason}; it runs as:")
-        for line in staged.lines:
+        print(f"  split      {parts.partition.reason}; it runs as:")
+        for line in parts.lines:
             print(f"  split      {line}")
         for note in cg.notes:
             print(f"  note       {note}")
@@ -444,9 +445,9 @@ class _GpuRunner:
             "graph": s.graph.name,
             "binding": dict(inst.binding),
             "executed": True,
-            "parts": staged.lines,
-            "declined": staged.partition.declined,
-            "partition": staged.partition.reason,
+            "parts": parts.lines,
+            "declined": parts.partition.declined,
+            "partition": parts.partition.reason,
             "cuda_graph": graph_mode,
             "gpu_us_median": median,
             "gpu_us": times,

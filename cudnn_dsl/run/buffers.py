@@ -24,19 +24,40 @@ class BindingError(Exception):
         self.loc = loc
 
 
+def window(v, inst: Instance) -> tuple:
+    """A view input's (shape, strides, element offset) in its buffer."""
+    t = inst.type(v.name)
+    return t.shape, t.strides, v.view[1]
+
+
+def on(buffer: torch.Tensor, window: tuple) -> torch.Tensor:
+    """A view's window on its bound buffer (the address cuDNN gets is the buffer's plus offset * itemsize)."""
+    shape, strides, offset = window
+    return buffer.as_strided(shape, strides, buffer.storage_offset() + offset)
+
+
 def view(v, inst: Instance, tensors: dict) -> torch.Tensor:
-    """The tensor of input `v`: as bound, or for a view, its window on the bound buffer (the address
-    cuDNN gets is the buffer's plus offset * itemsize)."""
-    if v.view is None:
-        return tensors[v.name]
-    buf, offset = v.view
-    t, base = inst.type(v.name), tensors[buf]
-    return base.as_strided(t.shape, t.strides, base.storage_offset() + offset)
+    """The tensor of input `v`: as bound, or for a view, its window on the bound buffer."""
+    return tensors[v.name] if v.view is None else on(tensors[v.view[0]], window(v, inst))
 
 
 def with_views(graph: Graph, inst: Instance, tensors: dict) -> dict:
     """The bound tensors, plus every view input on its buffer."""
     return {**tensors, **{v.name: view(v, inst, tensors) for v in graph.views}}
+
+
+def outputs_of(graph: Graph, inst: Instance, tensors: dict, device, out: dict | None = None) -> dict:
+    """The outputs of one launch by name: an output in place is its input's memory (a view: its window on the
+    buffer), one given in `out` that buffer, the others allocated on `device`."""
+    out = out or {}
+    return {
+        v.name: view(graph.value(v.into), inst, tensors)
+        if v.into is not None
+        else out[v.name]
+        if v.name in out
+        else empty(inst.type(v.name), device)
+        for v in graph.outputs
+    }
 
 
 def written(graph: Graph) -> set[str]:

@@ -1,12 +1,12 @@
-"""Runtime layer: a compiled graph bound to torch buffers by UID and launched.
+"""A compiled graph: checks what the caller binds, runs each shape as its parts, captures CUDA graphs.
 
-Building plans is build.py's (a CompiledGraph holds a Planner); this module checks what the
-caller binds, packs it by UID, launches, captures CUDA graphs, and runs the reference.
+Building plans is build's (a CompiledGraph holds a Planner), packing buffers by UID and launching is
+run.launch's; this module checks what the caller binds, finds the parts each shape runs as (run.parts: one
+cuDNN graph, or several), captures CUDA graphs, and runs the reference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -16,114 +16,20 @@ from cudnn_dsl.build.constraints import NotAllowed
 from cudnn_dsl.build.lower import Lowered
 from cudnn_dsl.build.planner import Executable, Planner
 from cudnn_dsl.build.steps import plan_deviceless
-from cudnn_dsl.run.buffers import BindingError, check_binding, check_inputs, snapshot, with_views
+from cudnn_dsl.run.buffers import BindingError, check_binding, check_inputs, outputs_of, snapshot
 from cudnn_dsl.run.compare import Comparison, compare_outputs
 from cudnn_dsl.run.inputs import generate_inputs
+from cudnn_dsl.run.launch import Bound
 from cudnn_dsl.run.partition import short, tuned_why
-from cudnn_dsl.run.parts import Staged, StagedBound, stage
+from cudnn_dsl.run.parts import BoundParts, Parts, Whole, in_parts
 from cudnn_dsl.run.reference import drawn_values, run_reference
 from cudnn_dsl.store.files import StoreProblem
 from cudnn_dsl.store.plans import PartitionChoice, PlanStore
-from cudnn_dsl.target.library import DEFAULT_TARGET, BackendUnavailable, Target, load_cudnn
-from cudnn_dsl.target.memory import empty, host_scalar
+from cudnn_dsl.target.library import DEFAULT_TARGET, BackendUnavailable, Target
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, NotFound
 from dsl.options import Options
 from dsl.types import fmt_shape
-
-
-def make_pack(low: Lowered, host: dict, tensors: dict, outputs: dict) -> dict[int, Any]:
-    """The variant pack, uid -> buffer: host scalars (a scalar given by name overrides its value),
-    device inputs (a view: its buffer's address plus its offset), outputs (in place: the input's address)."""
-    pack = dict(host)
-    tensors = with_views(low.graph, low.instance, tensors)
-    for v in low.graph.of_kind("input", "scalar"):
-        if v.name in tensors:
-            if v.kind == "scalar":
-                pack[v.uid] = host_scalar(tensors[v.name], low.instance.type(v.name).dtype)
-            else:
-                pack[v.uid] = tensors[v.name]
-    for v in low.graph.outputs:
-        pack[v.uid] = outputs[v.name]
-    return pack
-
-
-@attrs.define
-class Bound:
-    """A graph bound once to its buffers: `run()` launches with no per-call Python checks.
-
-    The buffers were checked when bound; they must stay alive and in place. Launches go on the
-    stream that was current at bind time.
-    """
-
-    exe: Executable
-    outputs: dict[str, torch.Tensor]
-    keep: dict
-    """uid -> buffer: the references that keep every bound buffer alive"""
-    launch: Any = None
-
-    def __attrs_post_init__(self):
-        if self.exe.overrides:  # shape overrides go through the frontend's public execute, as its samples do
-            g, ws, h, pack, overrides = (
-                self.exe.low.g,
-                self.exe.workspace,
-                self.exe.handle,
-                self.keep,
-                self.exe.overrides,
-            )
-            self.launch = lambda: g.execute(pack, ws, handle=h, **overrides)
-            return
-        self.launch = _raw_launcher(self.exe, self.keep) or self._ordered_launcher()
-
-    def _ordered_launcher(self):
-        g, ws, h = self.exe.low.g, self.exe.workspace, self.exe.handle
-        uids = tuple(self.keep)
-        buffers = tuple(self.keep[u] for u in uids)
-        return lambda: g.execute(buffers, ws, handle=h, tensor_uids=uids)
-
-    @property
-    def plan_name(self) -> str:
-        return self.exe.plan_name
-
-    @property
-    def source(self) -> str:
-        return self.exe.source
-
-    def set_stream(self, stream) -> None:
-        load_cudnn().set_stream(self.exe.handle, stream)
-
-    def run(self) -> dict[str, torch.Tensor]:
-        self.launch()
-        return self.outputs
-
-
-def _raw_launcher(exe: Executable, pack: dict):
-    """The frontend's own innermost launch, with the variant pack built once.
-
-    pygraph.execute re-normalizes the variant pack on every call (~15 µs on the H200); for a
-    bound graph the pointers never change, so the pack it builds is built here once and the
-    backend launch is called directly. These are frontend internals of the pinned version
-    (nvidia-cudnn-frontend 1.32.0): if any is missing, None sends the caller to the public path.
-    """
-    g = exe.low.g
-    try:
-        if g.selected_engine is not None:  # a python-engine plan: only the public path runs it
-            return None
-        vp = g._normalize(g._uid_to_data(pack), exe.workspace)
-        lowered = g._lowered_graph
-        if vp is None or lowered is None:
-            return None
-        cfg = g._materialize_backend_plan(g._plan_index) if g._plans else None
-        index = -1 if cfg is None or cfg.cpp_index is None else cfg.cpp_index
-        args = (vp.address, len(vp), vp.workspace, exe.handle.backend_handle or 0, index)
-        launch = lowered._execute_with_raw_ptrs
-    except Exception:  # noqa: BLE001 - any drift in the internals: use the public path
-        return None
-
-    def run(vp=vp):  # vp is held by the closure: its memory backs `args`
-        launch(*args)
-
-    return run
 
 
 @attrs.define
@@ -131,7 +37,7 @@ class Replay:
     """An execution captured into a CUDA graph; `replay()` relaunches it with one call."""
 
     cuda_graph: Any
-    bound: Bound | StagedBound
+    bound: Bound | BoundParts
 
     @property
     def outputs(self) -> dict[str, torch.Tensor]:
@@ -148,7 +54,7 @@ NO_GPU = (
 )
 
 
-def capture(bound: Bound | StagedBound, device, repeat: int = 1) -> Replay:
+def capture(bound: Bound | BoundParts, device, repeat: int = 1) -> Replay:
     """Captures `repeat` runs of a bound graph into one CUDA graph (the handles follow the capture stream)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -213,7 +119,7 @@ class CompiledGraph:
             if self.device is not None
             else None
         )
-        self._staged: dict[tuple, Staged | None] = {}
+        self._parts: dict[tuple, Whole | Parts] = {}
         self.why: dict[tuple, str] = {}
         """binding -> why it runs whole or in these parts, where tune chose ('tuned: whole, 20.1 µs vs ...')"""
         self.notes: list[str] = []
@@ -282,57 +188,35 @@ class CompiledGraph:
         (an output in place is its input's memory)."""
         device = self._planner().device
         check_inputs(self.graph, inst, tensors, device)
-        viewed = with_views(self.graph, inst, tensors)
-        outputs = {}
+        out = out or {}
         for v in self.graph.outputs:
-            t = inst.type(v.name)
-            if v.into is not None:
-                if out is not None and v.name in out:
+            if v.name in out:
+                if v.into is not None:
                     raise BindingError(f"output '{v.name}' is written in place of '{v.into}'; bind '{v.into}'", v.loc)
-                outputs[v.name] = viewed[v.into]
-            elif out is not None and v.name in out:
-                check_binding(v.name, out[v.name], t, device, v.loc)
-                outputs[v.name] = out[v.name]
-            else:
-                outputs[v.name] = empty(t, device)
-        if out is not None and set(out) - set(outputs):
-            raise BindingError(f"graph '{self.graph.name}' has no output {', '.join(sorted(set(out) - set(outputs)))}")
-        return outputs
+                check_binding(v.name, out[v.name], inst.type(v.name), device, v.loc)
+        unknown = set(out) - {v.name for v in self.graph.outputs}
+        if unknown:
+            raise BindingError(f"graph '{self.graph.name}' has no output {', '.join(sorted(unknown))}")
+        return outputs_of(self.graph, inst, tensors, device, out)
 
-    def bind(self, tensors: dict | None = None, out: dict | None = None, /, **named) -> Bound | StagedBound:
-        """Checks the buffers once and returns a Bound whose run() launches with no checks (a StagedBound,
+    def bind(self, tensors: dict | None = None, out: dict | None = None, /, **named) -> Bound | BoundParts:
+        """Checks the buffers once and returns a Bound whose run() launches with no checks (a BoundParts,
         for a graph run in parts: every part bound once, launched back to back)."""
         tensors = _named(tensors, named)
         inst = self.instance_for(tensors)
         outputs = self.bind_outputs(inst, tensors, out)  # before the build: a typo costs no compile
-        staged = self.staged(inst)
-        if staged is not None:
-            return staged.bind(tensors, outputs)
-        return self.bound(inst, tensors, outputs)
-
-    def bound(self, inst: Instance, tensors: dict, outputs: dict) -> Bound:
-        """A Bound on buffers already checked (by bind, or allocated for a part by the graph it is part of)."""
-        exe = self.executable(inst)
-        pack = make_pack(exe.low, exe.host, tensors, outputs)
-        load_cudnn().set_stream(exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
-        return Bound(exe, outputs, pack)
-
-    def launcher(self, inst: Instance, tensors: dict, outputs: dict) -> Callable[[], None]:
-        """One launch on buffers already checked, through the frontend's public execute."""
-        exe = self.executable(inst)
-        pack = make_pack(exe.low, exe.host, tensors, outputs)
-        return lambda: exe.launch(pack)
+        return self.parts(inst).bind(tensors, outputs)
 
     def capture(self, tensors: dict | None = None, out: dict | None = None, /, **named) -> Replay:
-        """Captures one execution (every part, for a split graph) into a CUDA graph."""
+        """Captures one execution (every part, for a graph run in parts) into a CUDA graph."""
         return capture(self.bind(_named(tensors, named), out), self.device)
 
-    def staged(self, inst: Instance) -> Staged | None:
-        """None when this shape runs as one cuDNN graph; else the parts it is run as, found and built on first
-        use: the split `tune` kept for it (in the plan store), else the fewest parts when cuDNN declines it
-        whole (`option split`). Raises cuDNN's refusal when splitting is off or a plan is pinned (`--plan`
-        names a plan of the whole graph)."""
-        if inst.binding not in self._staged:
+    def parts(self, inst: Instance) -> Whole | Parts:
+        """The parts this shape runs as, found and built on first use: the partition `tune` kept for it (in the
+        plan store), else the whole graph (one part), else the fewest parts when cuDNN declines it whole
+        (`option split`). Raises cuDNN's refusal when splitting is off or a plan is pinned (`--plan` names a
+        plan of the whole graph)."""
+        if inst.binding not in self._parts:
             choice = self._tuned(inst)
             if choice is not None:
                 self.why[inst.binding] = tuned_why(self.graph, choice)
@@ -344,32 +228,32 @@ class CompiledGraph:
                     del self.why[inst.binding]
             try:
                 self.executable(inst)
-                self._staged[inst.binding] = None
+                self._parts[inst.binding] = Whole(self, inst)
             except DslError as e:
                 if not self.options.split or self._planner().plan_spec is not None or isinstance(e, NotAllowed):
                     raise
                 self.why.pop(inst.binding, None)  # a stored 'whole' that no longer builds: not why it runs in parts
                 self.use_partition(inst, None, declined=short(e.diagnostics[0].message))
-        return self._staged[inst.binding]
+        return self._parts[inst.binding]
 
     def use_partition(
         self, inst: Instance, cuts: tuple[int, ...] | None, chosen: str = "", declined: str = "", first=None
-    ) -> Staged | None:
+    ) -> Whole | Parts:
         """Runs this shape as the parts starting at `cuts` from now on: () the whole graph, None the fewest
         parts cuDNN accepts (it `declined` the whole; or the first part ends at `first`); `chosen` says why."""
         if cuts == ():
             self.executable(inst)
-            self._staged[inst.binding] = None
+            self._parts[inst.binding] = Whole(self, inst)
         else:
-            self._staged[inst.binding] = stage(
+            self._parts[inst.binding] = in_parts(
                 self.graph, inst, self.options, declined, self._part, cuts, chosen, first
             )
-        return self._staged[inst.binding]
+        return self._parts[inst.binding]
 
     def forget_partition(self, inst: Instance) -> None:
         """Drops this shape's parts: its next run finds them afresh (tune's stored choice, else whole, else the
         fewest parts)."""
-        self._staged.pop(inst.binding, None)
+        self._parts.pop(inst.binding, None)
         self.why.pop(inst.binding, None)
 
     def _tuned(self, inst: Instance) -> PartitionChoice | None:
@@ -393,26 +277,18 @@ class CompiledGraph:
         tensors = _named(tensors, named)
         inst = self.instance_for(tensors)
         outputs = self.bind_outputs(inst, tensors, out)
-        staged = self.staged(inst)
-        if staged is not None:
-            staged.run(tensors, outputs)  # the parts unchecked: the buffers were checked above
-            return outputs
-        exe = self.executable(inst)
-        exe.launch(make_pack(exe.low, exe.host, tensors, outputs))
+        self.parts(inst).run(tensors, outputs)  # unchecked: the buffers were checked above
         return outputs
 
     def drawn(self, inst: Instance, outputs: dict) -> dict[str, torch.Tensor]:
         """What the last launch of this shape drew on the device and the reference reads (seeded dropout's
         mask, reference.drawn_values): from `outputs` when the graph outputs it, else from the scratch
-        memory of the executable (of each part, for a split graph)."""
+        memory of the executable (of each part, for a graph run in parts)."""
         names = drawn_values(self.graph, inst)
         found = {n: outputs[n] for n in names if n in outputs}
         if len(found) == len(names):
             return found
-        staged = self._staged.get(inst.binding)
-        parts = [(self, inst)] if staged is None else [(c, c.graph.instances[0]) for c in staged.compiled if c]
-        for cg, at in parts:
-            exe = cg.executable(at)
+        for exe in self._parts.get(inst.binding, Whole(self, inst)).executables():
             found.update((n, exe.host[u]) for n, u in exe.low.scratch.items() if n in names and n not in found)
         return found
 

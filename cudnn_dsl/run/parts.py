@@ -1,4 +1,6 @@
-"""Runtime layer: one shape of a graph that cuDNN declined whole, run as its parts in order.
+"""The parts one shape of a graph runs as: Whole, the one cuDNN graph cuDNN takes it as, or Parts, the graphs
+(and torch fallbacks) it is cut into, run in order. Both run, bind and launch alike, so a caller does not
+ask which.
 
 The parts come from `partition.find_partition`, with acceptance decided by building each
 candidate part on this GPU (so each part's plan is in the plan store like any graph's). Tensors
@@ -13,25 +15,62 @@ from typing import Any
 
 import torch
 
+from cudnn_dsl.build.planner import Executable
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.run.buffers import snapshot, view
+from cudnn_dsl.run.buffers import outputs_of, snapshot, view
+from cudnn_dsl.run.launch import Bound, Launch, arguments
 from cudnn_dsl.run.partition import Partition, find_partition, short, split_at
 from cudnn_dsl.target.bits import logical
 from cudnn_dsl.target.dtypes import torch_dtype
+from cudnn_dsl.target.library import load_cudnn
 from cudnn_dsl.target.memory import empty, stored
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance
 
 
-class Staged:
+class Whole:
+    """A shape that runs as one cuDNN graph: its one part. The plan is the compiled graph's at each use
+    (tune may adopt another); its Launch is worked out again only then."""
+
+    def __init__(self, cg, inst: Instance):
+        self.cg, self.inst = cg, inst
+        self._launch: Launch | None = None
+
+    def launch(self) -> Launch:
+        exe = self.cg.executable(self.inst)
+        if self._launch is None or self._launch.exe is not exe:
+            self._launch = Launch(exe)
+        return self._launch
+
+    def executables(self) -> list[Executable]:
+        return [self.cg.executable(self.inst)]
+
+    def run(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> None:
+        """One launch: reads `tensors` (inputs and scalars by name, checked by the caller), writes `outputs`."""
+        self.launch().run(tensors, outputs)
+
+    def bind(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> Bound:
+        return self.launch().bind(tensors, outputs)
+
+    def launcher(self) -> Callable[[tuple], list[torch.Tensor]]:
+        """A launch on the graph's arguments in order (launch.arguments), returning its fresh outputs."""
+        return self.launch()
+
+
+class Parts:
     """The parts of one shape, each a compiled graph (None: a torch fallback), and how to run them."""
 
     def __init__(self, graph: Graph, inst: Instance, partition: Partition, compiled: list):
         self.graph, self.inst, self.partition, self.compiled = graph, inst, partition, compiled
+        self.wholes = [Whole(cg, cg.graph.instances[0]) if cg is not None else None for cg in compiled]
 
     @property
     def lines(self) -> list[str]:
         return self.partition.lines(self.graph)
+
+    def executables(self) -> list[Executable]:
+        """Each cuDNN part's (built on first use)."""
+        return [e for w in self.wholes if w is not None for e in w.executables()]
 
     def run(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> None:
         """Runs every part in order: reads `tensors` (inputs and scalars by name, checked by the caller),
@@ -46,13 +85,29 @@ class Staged:
         `env` holds for it, or into new ones it adds. No checks: the caller's buffers were checked once."""
         self._step(k, env, _device(env))()
 
-    def bind(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> StagedBound:
+    def bind(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> BoundParts:
         """Every part bound once to checked buffers: intermediates allocated, each variant pack built."""
         device = _device(tensors)
         saved = {k: t for k, t in snapshot(self.graph, tensors).items() if t is not tensors[k]}  # copies
         env: dict[str, Any] = {**tensors, **saved, **outputs}
         launches = [self._step(k, env, device, bound=True) for k in range(len(self.compiled))]
-        return StagedBound(self, outputs, [(saved[k], tensors[k]) for k in saved], launches)
+        return BoundParts(self, outputs, [(saved[k], tensors[k]) for k in saved], launches)
+
+    def launcher(self) -> Callable[[tuple], list[torch.Tensor]]:
+        """A run on the graph's arguments in order (launch.arguments), its outputs allocated per run;
+        returns the fresh ones. Every part's plan is built here."""
+        self.executables()
+        tensors, scalars = arguments(self.graph)
+        names = tensors + tuple(v.name for v in scalars)
+        fresh = [v.name for v in self.graph.outputs if v.into is None]
+
+        def run(values: tuple) -> list[torch.Tensor]:
+            named = dict(zip(names, values))
+            outputs = outputs_of(self.graph, self.inst, named, _device(named))
+            self.run(named, outputs)
+            return [outputs[n] for n in fresh]
+
+        return run
 
     def _step(self, k: int, env: dict[str, Any], device, bound: bool = False) -> Callable[[], Any]:
         """Part k's launch on the buffers of `env` (those it makes added to it): a cuDNN graph's variant
@@ -64,11 +119,10 @@ class Staged:
             if env.get(v.name) is None:
                 env[v.name] = empty(self.inst.type(v.name), device)
         if cg is not None:
-            made = {v.name: env[v.name] for v in cg.graph.outputs}
-            inst = cg.graph.instances[0]
+            whole, made = self.wholes[k], {v.name: env[v.name] for v in cg.graph.outputs}
             # Bound.run, not its bare launch: the Bound keeps the variant pack's buffers (intermediates
             # allocated here) alive, where the raw launch holds only their addresses.
-            return cg.bound(inst, env, made).run if bound else cg.launcher(inst, env, made)
+            return whole.bind(env, made).run if bound else lambda: whole.run(env, made)
         scalars = {  # made on the GPU once: a host-to-device copy has no place in a CUDA-graph capture
             i: _wide(env.get(i), self.graph, i, device)
             for i in node.inputs
@@ -99,26 +153,24 @@ class Staged:
         return value
 
 
-class StagedBound:
-    """A split graph bound once to its buffers, like runtime.Bound for a whole one: `run()` refreshes the
+class BoundParts:
+    """A graph run in parts, bound once to its buffers, like launch.Bound for a whole one: `run()` refreshes the
     copies of inputs that outputs overwrite, then launches every part back to back, with no checks."""
 
-    def __init__(self, staged: Staged, outputs: dict, copies: list[tuple[torch.Tensor, torch.Tensor]], launches):
-        self.staged, self.outputs, self.copies, self.launches = staged, outputs, copies, launches
-        self.handles = list({id(c.planner.handle): c.planner.handle for c in staged.compiled if c is not None}.values())
+    def __init__(self, parts: Parts, outputs: dict, copies: list[tuple[torch.Tensor, torch.Tensor]], launches):
+        self.parts, self.outputs, self.copies, self.launches = parts, outputs, copies, launches
+        self.handles = list({id(c.planner.handle): c.planner.handle for c in parts.compiled if c is not None}.values())
 
     @property
     def plan_name(self) -> str:
         """each part's plan, in order ('torch' for a fallback op)"""
-        return " + ".join(c.executable(c.graph.instances[0]).plan_name if c else "torch" for c in self.staged.compiled)
+        return " + ".join(c.executable(c.graph.instances[0]).plan_name if c else "torch" for c in self.parts.compiled)
 
     @property
     def source(self) -> str:
-        return self.staged.partition.reason
+        return self.parts.partition.reason
 
     def set_stream(self, stream) -> None:
-        from cudnn_dsl.target.library import load_cudnn
-
         for h in self.handles:
             load_cudnn().set_stream(h, stream)
 
@@ -142,7 +194,7 @@ def _wide(value, graph: Graph, name: str, device) -> torch.Tensor:
     return value.to(torch.float64 if value.dtype == torch.float64 else torch.float32)
 
 
-def stage(
+def in_parts(
     graph: Graph,
     inst: Instance,
     options,
@@ -151,7 +203,7 @@ def stage(
     cuts: tuple[int, ...] | None = None,
     chosen: str = "",
     first: int | None = None,
-) -> Staged:
+) -> Parts:
     """One shape in parts built on this GPU by `compile_part` (a part graph -> its compiled graph, whose first
     build raises DslError when cuDNN declines it): the fewest parts when cuDNN declined it whole (`declined`
     says why; given `first`, the first part ends there), or the parts starting at `cuts` (`chosen` says why)."""
@@ -170,4 +222,4 @@ def stage(
         partition = find_partition(graph, inst, accepts, declined, options.fallback, first)
     else:
         partition = split_at(graph, inst, cuts, accepts, options.fallback, declined, chosen)
-    return Staged(graph, inst, partition, [built[p.graph.nodes] if p.graph else None for p in partition.parts])
+    return Parts(graph, inst, partition, [built[p.graph.nodes] if p.graph else None for p in partition.parts])

@@ -13,8 +13,9 @@ allocates; an output in place is its input's memory, returned as such by the Pyt
   stays symbolic; a graph whose outputs follow no such rule (a conv over a symbolic H) specializes on
   the inputs' sizes instead.
 - CUDA kernel: the compiled graph's plans (the plan store, as everywhere; the first call of a shape
-  builds or loads). The inputs' shapes, strides, dtypes and device are checked once per combination,
-  their 16-byte alignment on every call; outputs are allocated per call, as a torch op's must be.
+  builds or loads), launched by run.launch (a shape run in parts: each part in turn). The inputs' shapes,
+  strides, dtypes and device are checked once per combination, their 16-byte alignment on every call;
+  outputs are allocated per call, as a torch op's must be.
 - CPU kernel: the graph's **PyTorch reference** (cuDNN runs on CUDA tensors only), its outputs laid out
   as the CUDA kernel lays them out (bool bit-packed), so that opcheck and a model on the CPU run. It is
   not cuDNN.
@@ -32,9 +33,9 @@ import torch
 
 from cudnn_dsl.run.buffers import BindingError, view, written
 from cudnn_dsl.run.compiled import CompiledGraph
+from cudnn_dsl.run.launch import arguments
 from cudnn_dsl.target.dtypes import torch_dtype
-from cudnn_dsl.target.library import load_cudnn
-from cudnn_dsl.target.memory import empty, host_scalar, stored
+from cudnn_dsl.target.memory import empty, stored
 from dsl.autodiff import Derived, derive
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, NotFound, Program
@@ -165,10 +166,10 @@ class TorchOp:
         one made from the same graph and options"""
         self._make = lambda device: CompiledGraph(self.graph, self.options, device)
         g = self.graph
-        self.tensor_names = [v.name for v in g.device_inputs]
-        self.scalars = list(g.of_kind("scalar"))
+        tensors, scalars = arguments(g)
+        self.tensor_names, self.scalars = list(tensors), list(scalars)
         self.arg_names = self.tensor_names + [v.name for v in self.scalars]
-        self.defaults = [v.scalar for v in self.scalars]
+        self.defaults = tuple(v.scalar for v in self.scalars)
         self.mutated = [n for n in self.tensor_names if n in written(g)]
         """the arguments an output is written over (`Tensor(a!)` in the schema)"""
         self.fresh = [v.name for v in g.outputs if v.into is None]
@@ -253,7 +254,7 @@ class TorchOp:
 
     def named(self, args: tuple) -> dict:
         """The kernel's arguments by graph name; scalars left out take their declared values."""
-        return dict(zip(self.arg_names, args + tuple(self.defaults[len(args) - len(self.tensor_names) :])))
+        return dict(zip(self.arg_names, args + self.defaults[len(args) - len(self.tensor_names) :]))
 
     def _serving(self, device: torch.device):
         cg = self.compiled.get(device)
@@ -330,36 +331,30 @@ class TorchOp:
     def cuda_kernel(self, *args):
         """cuDNN on CUDA tensors: the arguments in the schema's order (trailing scalars may be left out)."""
         self.launches += 1
-        tensors = args[: len(self.tensor_names)]
+        n = len(self.tensor_names)
+        tensors = args[:n]
         key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
         launch = self._launches.get(key)
         if launch is None or any(t.data_ptr() % ALIGNMENT for t in tensors):
             named = self.named(args)
             launch = self._launches[key] = _off_graph_pools(lambda: self._first(named), tensors[0].device)
+        values = args + self.defaults[len(args) - n :]
         if torch.cuda.current_device() != tensors[0].device.index:
             with torch.cuda.device(tensors[0].device):
-                return launch(args)
-        return launch(args)
+                return _returned(launch(values))
+        return _returned(launch(values))
 
     def _first(self, named: dict):
-        """The launch for inputs of this kind, their every property checked (a BindingError says what is wrong)."""
+        """The launch for inputs of this kind, their every property checked (a BindingError says what is wrong);
+        its plans and workspaces made here, off the graph pools."""
         cg = self._serving(named[self.tensor_names[0]].device)
         inst = cg.instance_for(named)
         cg.bind_outputs(inst, named)
-        staged = cg.staged(inst)
-        if staged is not None:  # run as several graphs: the compiled graph's own call runs them
-            for part in staged.compiled:  # their plans and workspaces made here, off the graph pools
-                if part is not None:
-                    part.executable(part.graph.instances[0])
-            return lambda args: self._outputs(cg(self.named(args)))
-        return _Launch(self, inst, cg.executable(inst))
+        return cg.parts(inst).launcher()
 
     def forget(self, device: torch.device) -> None:
         """Drops the launches worked out for a device (its compiled graph was replaced)."""
         self._launches = {k: v for k, v in self._launches.items() if k[0][3] != device}
-
-    def _outputs(self, outputs: dict):
-        return _returned([outputs[n] for n in self.fresh])
 
 
 def _off_graph_pools(make, device: torch.device):
@@ -378,79 +373,6 @@ def _off_graph_pools(make, device: torch.device):
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudnn_dsl_first_call") as pool:
         return pool.submit(on_device).result()
-
-
-def _window(v, inst) -> tuple:
-    """A view input's (shape, strides, element offset) in its buffer."""
-    t = inst.type(v.name)
-    return t.shape, t.strides, v.view[1]
-
-
-def _on(buffer: torch.Tensor, window: tuple) -> torch.Tensor:
-    """A view's window on its bound buffer (tensors.view, with the types worked out once)."""
-    shape, strides, offset = window
-    return buffer.as_strided(shape, strides, buffer.storage_offset() + offset)
-
-
-class _Launch:
-    """One shape's plan, with the variant pack's layout worked out once: the uids in order, and per call
-    only the buffers (the frontend's ordered execute)."""
-
-    def __init__(self, op: TorchOp, inst, exe):
-        g = op.graph
-        self.op, self.exe, self.cudnn = op, exe, load_cudnn()
-        self.scalars = [(len(op.tensor_names) + k, v.uid, inst.type(v.name).dtype) for k, v in enumerate(op.scalars)]
-        runtime = {uid for _, uid, _ in self.scalars}
-        self.host = tuple((u, t) for u, t in exe.host.items() if u not in runtime)
-        index = {n: k for k, n in enumerate(op.tensor_names)}
-        self.plain = [(index[v.name], v.uid) for v in g.of_kind("input") if v.view is None]
-        self.views = [(index[v.view[0]], _window(v, inst), v.uid) for v in g.views]  # (buffer's argument, window, uid)
-        self.types = [inst.type(n) for n in op.fresh]
-        self.fresh_uids = [g.value(n).uid for n in op.fresh]
-        self.in_place = []  # (uid, the argument written over, and for a view of it, its window)
-        for v in g.in_place:
-            target = g.value(v.into)
-            if target.view is None:
-                self.in_place.append((v.uid, index[target.name], None))
-            else:
-                self.in_place.append((v.uid, index[target.view[0]], _window(target, inst)))
-        self.uids = (
-            tuple(u for u, _ in self.host)
-            + tuple(u for _, u in self.plain)
-            + tuple(u for _, _, u in self.views)
-            + tuple(u for _, u, _ in self.scalars)
-            + tuple(self.fresh_uids)
-            + tuple(u for u, _, _ in self.in_place)
-        )
-        self.constants = tuple(t for _, t in self.host)
-        self.last: dict[int, tuple] = {}
-        """uid -> (value, its CPU tensor): a scalar passed again with the same value reuses its tensor"""
-
-    def _scalar(self, uid: int, value, dtype: str):
-        last = self.last.get(uid)
-        if last is None or last[0] != value:
-            last = self.last[uid] = (value, host_scalar(value, dtype))
-        return last[1]
-
-    def __call__(self, args: tuple):
-        n = len(self.op.tensor_names)
-        values = args + tuple(self.op.defaults[len(args) - n :])
-        device = args[0].device
-        outs = [empty(t, device) for t in self.types]
-        buffers = (
-            self.constants
-            + tuple(args[i] for i, _ in self.plain)
-            + tuple(_on(args[i], w) for i, w, _ in self.views)
-            + tuple(self._scalar(uid, values[i], dtype) for i, uid, dtype in self.scalars)
-            + tuple(outs)
-            + tuple(args[i] if w is None else _on(args[i], w) for _, i, w in self.in_place)
-        )
-        exe = self.exe
-        self.cudnn.set_stream(exe.handle, torch.cuda.current_stream(device).cuda_stream)
-        # an override-shape plan (built at the largest shape) runs this shape only given its dims: without them
-        # cuDNN would run the built shape on these smaller buffers
-        exe.low.g.execute(buffers, exe.workspace, handle=exe.handle, tensor_uids=self.uids, **exe.overrides)
-        return _returned(outs)
 
 
 # Derived and registered once, while tracing too, with no graph break: dynamo runs it and keeps its result

@@ -15,11 +15,12 @@ import attrs
 import torch
 
 from cudnn_dsl.build.constraints import excluded_or
-from cudnn_dsl.build.planner import host_tensors
 from cudnn_dsl.run.buffers import restore, snapshot
 from cudnn_dsl.run.compare import compare_outputs
-from cudnn_dsl.run.compiled import CompiledGraph, capture, make_pack
+from cudnn_dsl.run.compiled import CompiledGraph, capture
+from cudnn_dsl.run.launch import Launch, candidates_pack, plan_runner
 from cudnn_dsl.run.partition import ANCHOR, cut_label, short, tuned_why
+from cudnn_dsl.run.parts import Parts
 from cudnn_dsl.run.timing import gpu_time_us, replay_time_us
 from cudnn_dsl.store.files import StoreProblem
 from cudnn_dsl.store.plans import PartitionChoice
@@ -99,7 +100,7 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
     for dynamic in modes:
         cands = planner.candidates(inst, dynamic)
         result.build_s.update(cands.low.timings)
-        pack = make_pack(cands.low, host_tensors(cands.low, cg.device), tensors, outputs)
+        pack = candidates_pack(cands, tensors, outputs)
         indices = cands.indices  # the plans the options' constraints leave
         for n, i in enumerate(indices):
             c = Candidate(i, cands.name(i), mode="dynamic" if dynamic else "")
@@ -115,7 +116,7 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
                     continue
                 ws = torch.empty(max(1, c.workspace), dtype=torch.uint8, device=cg.device)
                 c.times_us = replay_time_us(
-                    cands.runner(i, pack, ws), planner.handle, cg.device, o.iterations, o.warmup
+                    plan_runner(cands, i, pack, ws), planner.handle, cg.device, o.iterations, o.warmup
                 )
                 result.build_s["plans"] = result.build_s.get("plans", 0.0) + time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 - a plan that fails to build or run is skipped, with why
@@ -126,7 +127,7 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
     result.winner = ranked[0]
     exe = of[id(result.winner)].executable(result.winner.index)
     restore(tensors, before)
-    exe.launch(make_pack(exe.low, exe.host, tensors, outputs))  # the winner must also be right, not only fast
+    Launch(exe).run(tensors, outputs)  # the winner must also be right, not only fast
     comps = compare_outputs(cg.graph, inst, outputs, cg.reference(before), o)
     result.check = "; ".join(str(c) for c in comps)
     if not all(c.ok for c in comps):
@@ -152,7 +153,7 @@ def exhaustive(
     cands = planner.candidates(inst)
     tensors = cg.allocate_inputs(dict(inst.binding))
     outputs = cg.bind_outputs(inst, tensors)
-    pack = make_pack(cands.low, host_tensors(cands.low, cg.device), tensors, outputs)
+    pack = candidates_pack(cands, tensors, outputs)
     key = planner.key(inst) if planner.use_store else None
     notes, earlier = [], []
     if key is None:
@@ -169,7 +170,7 @@ def exhaustive(
             raise RuntimeError(f"needs {t.workspace} bytes of workspace, over the limit of {o.workspace_limit}")
         ws = torch.empty(max(1, t.workspace), dtype=torch.uint8, device=cg.device)
         t.median_us = statistics.median(
-            replay_time_us(cands.runner(index, pack, ws), planner.handle, cg.device, o.iterations, o.warmup)
+            replay_time_us(plan_runner(cands, index, pack, ws), planner.handle, cg.device, o.iterations, o.warmup)
         )
 
     def save(tried: list[Tried]) -> None:
@@ -187,7 +188,7 @@ def exhaustive(
         return r
     best = r.ranked[0]
     exe = cands.executable(cands.add(best.engine, best.knobs))  # built afresh: it may come from an earlier search
-    exe.launch(make_pack(exe.low, exe.host, tensors, outputs))
+    Launch(exe).run(tensors, outputs)
     comps = compare_outputs(cg.graph, inst, outputs, cg.reference(tensors), o)
     r.check = "; ".join(str(c) for c in comps)
     if all(c.ok for c in comps):
@@ -260,8 +261,8 @@ def tune_partitions(
             a.error = "its fastest plan's outputs do not match the reference"
             continue
         try:
-            staged = cg.use_partition(inst, cuts if cuts or not declined else None, declined=declined)
-            for pcg in staged.compiled if staged else ():
+            parts = cg.use_partition(inst, cuts if cuts or not declined else None, declined=declined)
+            for pcg in parts.compiled if isinstance(parts, Parts) else ():
                 if pcg is not None:
                     a.parts.append(tune(pcg, pcg.graph.instances[0], progress))
             restore(tensors, before)

@@ -19,9 +19,13 @@ NORM_STATS = (
 
 
 def run_in_parts(text: str):
-    """The graph, split where cuDNN declines it whole, against the reference; and the parts it ran as."""
+    """The graph, split where cuDNN declines it whole, against the reference; and the parts it ran as (None:
+    cuDNN took it whole)."""
+    from cudnn_dsl.run.parts import Parts
+
     cg, _ = check(text, "cuda", split=True)
-    return cg, cg.staged(cg.graph.instances[0])
+    parts = cg.parts(cg.graph.instances[0])
+    return cg, parts if isinstance(parts, Parts) else None
 
 
 @pytest.mark.parametrize(
@@ -30,16 +34,16 @@ def run_in_parts(text: str):
     ids=["ln_gelu", "mm_reshape", "genstats", "viewed_in_place", "read_after_overwrite", "norm_stats"],
 )
 def test_a_graph_cudnn_declines_whole_runs_in_parts_and_matches(text):
-    cg, staged = run_in_parts(text)
-    if staged is None:  # this cuDNN fuses it after all: nothing to split, and it matched above
+    cg, parts = run_in_parts(text)
+    if parts is None:  # this cuDNN fuses it after all: nothing to split, and it matched above
         pytest.skip(f"cuDNN {cg.graph.name}: fused whole here")
-    assert len(staged.partition.parts) >= 2 or staged.partition.fallbacks
-    assert all(line.startswith(f"part {k}:") for k, line in enumerate(staged.lines, 1))
+    assert len(parts.partition.parts) >= 2 or parts.partition.fallbacks
+    assert all(line.startswith(f"part {k}:") for k, line in enumerate(parts.lines, 1))
 
 
 def test_layernorm_then_gelu_is_two_cudnn_graphs():
-    _, staged = run_in_parts(LN_GELU)
-    assert staged is not None and [p.graph is not None for p in staged.partition.parts] == [True, True]
+    _, parts = run_in_parts(LN_GELU)
+    assert parts is not None and [p.graph is not None for p in parts.partition.parts] == [True, True]
 
 
 def _bound_matches(cg, bound, before):
@@ -63,14 +67,15 @@ SPLIT_IDS = ["ln_gelu", "mm_reshape", "genstats", "viewed_in_place", "read_after
 def test_a_split_graph_bound_once_runs_every_part_and_matches_on_every_run(text):
     import cudnn_dsl
     from cudnn_dsl.run.buffers import snapshot
-    from cudnn_dsl.run.parts import StagedBound
+    from cudnn_dsl.run.parts import BoundParts, Parts
 
     cg = cudnn_dsl.compile(text=text, split=True)
     ins = cg.allocate_inputs()
     bound = cg.bind(ins)
-    if cg.staged(cg.graph.instances[0]) is None:
+    parts = cg.parts(cg.graph.instances[0])
+    if not isinstance(parts, Parts):
         pytest.skip(f"cuDNN {cg.graph.name}: fused whole here")
-    assert isinstance(bound, StagedBound) and len(bound.launches) == len(cg.staged(cg.graph.instances[0]).compiled)
+    assert isinstance(bound, BoundParts) and len(bound.launches) == len(parts.compiled)
     for _ in range(2):  # a second run reads what the first left in inputs that outputs overwrite
         before = snapshot(cg.graph, ins)
         bound.run()
@@ -98,8 +103,8 @@ def test_forced_cut_points_split_a_graph_cudnn_fuses_and_it_still_matches():
 
     cg = cudnn_dsl.compile("examples/residual_block.cdg", split=True)
     inst = cg.graph.instances[0]
-    staged = cg.use_partition(inst, (1,), chosen="forced")
-    assert staged.partition.cuts == (1,) and staged.partition.reason == "forced"
+    parts = cg.use_partition(inst, (1,), chosen="forced")
+    assert parts.partition.cuts == (1,) and parts.partition.reason == "forced"
     ins = cg.allocate_inputs()
     assert all(r.ok for r in cg.check(ins)), "plain call"
     bound = cg.bind(ins)
@@ -109,6 +114,7 @@ def test_forced_cut_points_split_a_graph_cudnn_fuses_and_it_still_matches():
 
 def test_tune_times_the_whole_graph_against_the_anchor_alone_and_run_reuses_the_choice(private_store):
     import cudnn_dsl
+    from cudnn_dsl.run.parts import Parts
     from cudnn_dsl.store.plans import PlanStore
     from cudnn_dsl.tune.heuristics import partition_report, tune, tune_partitions
 
@@ -124,9 +130,9 @@ def test_tune_times_the_whole_graph_against_the_anchor_alone_and_run_reuses_the_
     choice = PlanStore().get_partition(cg.planner.key(inst))
     assert choice is not None and choice.cuts == r.kept.cuts and "whole" in choice.times_us
     again = cudnn_dsl.compile("examples/matmul_epilogue.cdg", split=True)  # a new process would read the same
-    staged = again.staged(again.graph.instances[0])
+    parts = again.parts(again.graph.instances[0])
     assert again.why[inst.binding] == r.why
-    assert (staged.partition.cuts if staged else ()) == r.kept.cuts
+    assert (parts.partition.cuts if isinstance(parts, Parts) else ()) == r.kept.cuts
     assert all(c.ok for c in again.check(again.allocate_inputs()))
 
 
@@ -134,6 +140,7 @@ def test_partitions_that_all_run_wrong_leave_the_shape_running_as_before(private
     """No tolerance: every partition tune tries mismatches the reference. The last one tried (the anchor alone)
     stayed the shape's parts, so later calls ran a partition known to be wrong."""
     import cudnn_dsl
+    from cudnn_dsl.run.parts import Whole
     from cudnn_dsl.store.plans import PlanStore
     from cudnn_dsl.tune.heuristics import partition_report, tune_partitions
 
@@ -142,7 +149,7 @@ def test_partitions_that_all_run_wrong_leave_the_shape_running_as_before(private
     r = tune_partitions(cg, inst, None)  # the whole graph's plans as if none ran right
     assert r.kept is None and not any(a.times_us for a in r.alternatives), partition_report(r)
     assert any("do not match" in a.error for a in r.alternatives if a.cuts), partition_report(r)
-    assert cg.staged(inst) is None  # whole again, as cuDNN takes it
+    assert isinstance(cg.parts(inst), Whole)  # whole again, as cuDNN takes it
     assert PlanStore().get_partition(cg.planner.key(inst)) is None
 
 
@@ -168,13 +175,14 @@ def test_a_stored_whole_choice_that_no_longer_builds_is_not_given_as_the_reason(
     """A partition record saying 'whole' for a graph cuDNN declines whole (another library, say): it runs in
     parts, and its reason is cuDNN's refusal, not 'tuned: whole'."""
     import cudnn_dsl
+    from cudnn_dsl.run.parts import Parts
     from cudnn_dsl.store.plans import PartitionChoice
 
     cg = cudnn_dsl.compile(text=LN_GELU, split=True)
     inst = cg.graph.instances[0]
     cg.planner.store.put_partition(cg.planner.key(inst), cg.graph.name, PartitionChoice((), {"whole": 1.0}))
-    staged = cg.staged(inst)
-    assert staged is not None and staged.partition.reason.startswith("cuDNN declines it whole")
+    parts = cg.parts(inst)
+    assert isinstance(parts, Parts) and parts.partition.reason.startswith("cuDNN declines it whole")
     assert inst.binding not in cg.why, cg.why
     assert all(r.ok for r in cg.check(cg.allocate_inputs()))
 
