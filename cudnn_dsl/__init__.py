@@ -22,7 +22,7 @@ _EXPORTS = {
     "load": "dsl.pipeline",
     "as_torch_op": "cudnn_dsl.torch_op.op",
     "TorchOp": "cudnn_dsl.torch_op.op",
-    "GraphModule": "cudnn_dsl.torch_op.op",
+    "GraphModule": "cudnn_dsl.torch_op.module",
     "pack_bits": "cudnn_dsl.target.bits",
     "unpack_bits": "cudnn_dsl.target.bits",
 }

@@ -285,7 +285,7 @@ def test_dynamic_sizes_retrace_the_training_path_per_size_and_opcheck_passes():
         torch.testing.assert_close(loss, want)
     for k, p in model.p.items():
         torch.testing.assert_close(p.grad, plain.p[k].grad, atol=1e-4, rtol=1e-4, msg=k)
-    from cudnn_dsl.torch_op.op import grad_ops
+    from cudnn_dsl.torch_op.training import grad_ops
 
     forward = getattr(torch.ops.cudnn_dsl, grad_ops(op, ("x", "w", "b", "gamma", "beta")).name).default
     args = [torch.randn(2, 8, 16)] + list(block_params().values())

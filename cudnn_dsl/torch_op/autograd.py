@@ -1,4 +1,4 @@
-"""API layer: a compiled graph with a derived backward, as a torch.autograd.Function.
+"""A compiled graph with a derived backward, as a torch.autograd.Function.
 
     f = cudnn_dsl.torch_op.autograd.differentiable("examples/conv_bias_relu.cdg")
     out = f(x=x, w=w, b=b)["out"]   # x, w, b may require grad
@@ -6,41 +6,38 @@
 
 The forward runs the augmented forward graph (dsl.autodiff: the graph, also outputting the values
 the backward reads), saves those values, and the backward runs the derived backward graph. Both
-are compiled with cudnn_dsl.compile from their derived .cdg text, one pair per shape of the graph (a
+are compiled from the checked derived graphs with the graph's options, one pair per shape of the graph (a
 forward that saves nothing more than the graph's outputs is the graph as compiled, plans and all).
 Gradients are derived for the inputs that require grad; with none (or under no_grad) the graph runs as
 written. Without a GPU both run their PyTorch references (the same graphs, the same bindings).
 A graph's torch op (cudnn_dsl.torch_op.op) derives the same graphs for inputs that require grad, as torch
-ops of their own with torch.library.register_autograd (torch_op.GradOps), so that torch.compile traces
-them; this Function is the path for a graph written in place (running statistics), which has no torch-op
-backward.
+ops of their own with torch.library.register_autograd (torch_op.training.GradOps), so that torch.compile
+traces them; this Function is the path for a graph written in place (running statistics), which has no
+torch-op backward. Both bind the backward graph alike (training.backward_inputs).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 
 from cudnn_dsl import api
 from cudnn_dsl.run.compiled import CompiledGraph
-from cudnn_dsl.target.memory import empty
+from cudnn_dsl.torch_op.training import backward_inputs, grads_read, values_read
 from dsl.autodiff import Derived, derive
 
 
 class Pair:
-    """The derived graphs of one shape, compiled."""
+    """The derived graphs of one shape, compiled with the original's options, on its device."""
 
-    def __init__(self, derived: Derived, original: CompiledGraph, options: dict):
+    def __init__(self, derived: Derived, original: CompiledGraph):
         self.derived = derived
         device = original.device if original.device is not None else "cpu"
         same = {v.name for v in derived.forward.outputs} == {v.name for v in original.graph.outputs}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", api.DslWarning)  # derived text: nothing for the user to fix
-            # nothing saved beyond the graph's own outputs: the graph as compiled already (its plans)
-            self.forward = original if same else api.compile(text=derived.forward_text, device=device, **options)
-            self.backward = api.compile(text=derived.backward_text, device=device, **options)
+        # nothing saved beyond the graph's own outputs: the graph as compiled already (its plans)
+        self.forward = original if same else CompiledGraph(derived.forward, original.options, device)
+        self.backward = CompiledGraph(derived.backward, original.options, device)
 
     @staticmethod
     def run(cg: CompiledGraph, tensors: dict) -> dict[str, torch.Tensor]:
@@ -51,10 +48,9 @@ class Pair:
 class Differentiable:
     """A graph whose outputs torch autograd can differentiate, through a derived backward graph."""
 
-    def __init__(self, cg: CompiledGraph, options: dict | None = None):
+    def __init__(self, cg: CompiledGraph):
         self.cg = cg
         self.graph = cg.graph
-        self.options = options or {}
         self._pairs: dict[tuple, Pair] = {}
         self.outputs = tuple(v.name for v in self.graph.outputs)
         self.tensor_inputs = tuple(v.name for v in self.graph.device_inputs)
@@ -67,7 +63,7 @@ class Differentiable:
         """The graphs derived for this shape and these inputs' gradients, compiled on first use."""
         inst = self.cg.instance_for(tensors)
         if (inst.binding, wrt) not in self._pairs:
-            self._pairs[inst.binding, wrt] = Pair(derive(self.graph, inst, wrt), self.cg, self.options)
+            self._pairs[inst.binding, wrt] = Pair(derive(self.graph, inst, wrt), self.cg)
         return self._pairs[inst.binding, wrt]
 
     def forward_outputs(
@@ -82,30 +78,12 @@ class Differentiable:
                 tensors[v.into].copy_(outs[v.name])
             outs[v.name] = tensors[v.into]
         values = {**tensors, **outs}
-        keep = {of: values[of] for _, kind, of in pair.derived.bind if kind in ("value", "transposed")}
-        return pair, {o: outs[o] for o in self.outputs}, keep
+        return pair, {o: outs[o] for o in self.outputs}, {of: values[of] for of in values_read(pair.derived)}
 
     def backward_grads(self, pair: Pair, kept: dict, grads: dict, scalars: dict) -> dict[str, torch.Tensor | None]:
         """The gradient of every tensor input (None where none flows), from the outputs' gradients
         (None: zero), what forward_outputs kept, and the scalars the forward was given."""
-        bwd = pair.backward
-        device = self.device
-        bound: dict = {}
-        for name, kind, of in pair.derived.bind:
-            if kind in ("grad", "grad_transposed"):
-                t = pair.derived.forward.instances[0].type(of)
-                g = grads.get(of)
-                if g is None or tuple(g.stride()) != t.strides:  # cuDNN reads the declared layout
-                    g = empty(t, device).copy_(g) if g is not None else empty(t, device).zero_()
-                grads[of] = g
-                value = g.transpose(-1, -2) if kind == "grad_transposed" else g
-            else:
-                value = kept[of].transpose(-1, -2) if kind == "transposed" else kept[of]
-            bound[name] = value
-        for v in bwd.graph.of_kind("scalar"):
-            if v.name in scalars:
-                bound[v.name] = scalars[v.name]
-        out = Pair.run(bwd, bound)
+        out = Pair.run(pair.backward, backward_inputs(pair.derived, kept, grads, scalars, self.device))
         named = dict(pair.derived.grads)
         return {i: out[named[i]] if i in named else None for i in self.tensor_inputs}
 
@@ -131,9 +109,9 @@ class GraphFunction(torch.autograd.Function):
         pair, outs, kept = diff.forward_outputs(inputs, wrt)
         ctx.diff, ctx.pair, ctx.names, ctx.scalars, ctx.kept_names = diff, pair, names, scalars, tuple(kept)
         ctx.save_for_backward(*kept.values())
-        graded = {of for _, kind, of in pair.derived.bind if kind in ("grad", "grad_transposed")}
+        wanted = grads_read(pair.derived)
         ctx.mark_dirty(*(inputs[v.into] for v in diff.graph.in_place))
-        ctx.mark_non_differentiable(*(t for o, t in outs.items() if o not in graded))
+        ctx.mark_non_differentiable(*(t for o, t in outs.items() if o not in wanted))
         return tuple(outs.values())
 
     @staticmethod
@@ -152,4 +130,4 @@ def differentiable(
     **options,
 ) -> Differentiable:
     """Like cudnn_dsl.compile, a graph whose outputs torch autograd differentiates (derived backward)."""
-    return Differentiable(api.compile(source, graph, device, text=text, **options), options)
+    return Differentiable(api.compile(source, graph, device, text=text, **options))

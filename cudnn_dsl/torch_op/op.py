@@ -1,5 +1,5 @@
-"""Runtime layer: a compiled graph as a real torch operator, so that torch.compile traces it with no
-graph break, torch.export exports it, and CUDA-graph capture replays it.
+"""A compiled graph as a real torch operator, so that torch.compile traces it with no graph break,
+torch.export exports it, and CUDA-graph capture replays it.
 
 The op is defined with the low-level `torch.library.Library` API (define, impl, register_fake): a call
 through the dispatcher into a Python kernel, without `@torch.library.custom_op`'s wrapping layers
@@ -36,23 +36,15 @@ from cudnn_dsl.run.compiled import CompiledGraph
 from cudnn_dsl.run.launch import arguments
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.memory import empty, stored
-from dsl.autodiff import Derived, derive
+from cudnn_dsl.torch_op.library import NAMESPACE, fragment, returned
+from cudnn_dsl.torch_op.training import grad_ops
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, NotFound, Program
 from dsl.syntax.printer import dump_ir
 from dsl.types import ALIGNMENT, is_float, stride_order
 
-NAMESPACE = "cudnn_dsl"
-_LIB: list = []
-"""the one torch.library.Library fragment of the namespace, made on first use"""
 _OPS: dict[str, TorchOp] = {}
 """op name -> its TorchOp: a graph of the same content and options is one op in a process"""
-
-
-def _library():
-    if not _LIB:
-        _LIB.append(torch.library.Library(NAMESPACE, "FRAGMENT"))
-    return _LIB[0]
 
 
 def op_name(graph: Graph, options) -> str:
@@ -141,11 +133,6 @@ def _rules(graph: Graph, names: list[str]) -> dict | None:
     return out
 
 
-def _returned(outs: list):
-    """A kernel's result as its schema returns it: nothing, one tensor, or a tuple."""
-    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
-
-
 class TorchOp:
     """A compiled graph registered as `torch.ops.cudnn_dsl.<name>`; call it with the graph's inputs by
     position (the schema's order: tensors, then scalars) or by name. It returns the graph's outputs:
@@ -154,7 +141,7 @@ class TorchOp:
 
     `op.overload` is the OpOverload itself (`torch.ops.cudnn_dsl.<name>.default`), `op.schema` its schema.
     Called on inputs that require grad, it runs the graph's augmented forward op instead, whose backward
-    is the derived backward graph (GradOps); its outputs then carry gradients.
+    is the derived backward graph (training.GradOps); its outputs then carry gradients.
     """
 
     def __init__(self, name: str, cg):
@@ -203,7 +190,7 @@ class TorchOp:
         ]
 
     def _register(self) -> None:
-        lib = _library()
+        lib = fragment()
         lib.define(self.name + self.schema)
         lib.impl(self.name, self.cuda_kernel, "CUDA")
         lib.impl(self.name, self.cpu_kernel, "CPU")
@@ -222,7 +209,7 @@ class TorchOp:
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
             wrt = tuple(n for n, t in zip(self.tensor_names, args) if t.requires_grad)
             result = getattr(getattr(torch.ops, NAMESPACE), _grad_op(self.name, wrt)).default(*args)
-            return result if isinstance(result, torch.Tensor) else _returned(list(result[: len(self.fresh)]))
+            return result if isinstance(result, torch.Tensor) else returned(list(result[: len(self.fresh)]))
         result = self.overload(*args)
         if not self.in_place:
             return result
@@ -232,7 +219,7 @@ class TorchOp:
             fresh[v.name] if v.name in fresh else view(self.graph.value(self.in_place[v.name]), inst, names)
             for v in self.graph.outputs
         ]
-        return _returned(outs)
+        return returned(outs)
 
     def positional(self, args: tuple, kwargs: dict) -> tuple:
         """Arguments given by name as the schema orders them; a scalar left out takes its declared value."""
@@ -285,7 +272,7 @@ class TorchOp:
                     outs.append(torch.empty(((storage + 7) // 8,), dtype=torch.uint8, device=device))
                 else:
                     outs.append(torch.empty_strided(shape, strides, dtype=torch_dtype(dtype), device=device))
-        return _returned(outs)
+        return returned(outs)
 
     def _concrete(self, binding: dict):
         """The shape of these sizes, specializing on them (a graph whose outputs follow no affine rule)."""
@@ -326,7 +313,7 @@ class TorchOp:
                 buf = empty(t, "cpu")
                 buf.copy_(value)
                 outs.append(buf)
-        return _returned(outs)
+        return returned(outs)
 
     def cuda_kernel(self, *args):
         """cuDNN on CUDA tensors: the arguments in the schema's order (trailing scalars may be left out)."""
@@ -341,8 +328,8 @@ class TorchOp:
         values = args + self.defaults[len(args) - n :]
         if torch.cuda.current_device() != tensors[0].device.index:
             with torch.cuda.device(tensors[0].device):
-                return _returned(launch(values))
-        return _returned(launch(values))
+                return returned(launch(values))
+        return returned(launch(values))
 
     def _first(self, named: dict):
         """The launch for inputs of this kind, their every property checked (a BindingError says what is wrong);
@@ -351,6 +338,10 @@ class TorchOp:
         inst = cg.instance_for(named)
         cg.bind_outputs(inst, named)
         return cg.parts(inst).launcher()
+
+    def derived(self, graph: Graph) -> TorchOp:
+        """The op of a graph derived from this one (its training path's), with this op's options."""
+        return as_torch_op(CompiledGraph(graph, self.options))
 
     def forget(self, device: torch.device) -> None:
         """Drops the launches worked out for a device (its compiled graph was replaced)."""
@@ -394,173 +385,3 @@ def as_torch_op(cg) -> TorchOp:
         op.compiled[cg.device] = cg
         op.forget(cg.device)
     return op
-
-
-# ---- the training path: the augmented forward and the backward as torch ops ---------------------
-
-
-class GradOps:
-    """A graph op's (TorchOp) training path, for the gradients of `wrt`: two torch ops.
-
-    - `<op>_ad<mask>`: the augmented forward. Its arguments are the graph op's; it returns the graph's
-      outputs, then the values the backward reads that are no output (saved intermediates, a norm's or
-      sdpa's statistics), as torch's own ops return theirs (native_layer_norm's mean and rstd). Its
-      autograd is the derived backward, through torch.library.register_autograd.
-    - `<op>_bw<mask>`: the backward, `(Tensor[] kept, Tensor?[] grads, SymInt[] dims, scalars) ->
-      Tensor[]`: the kept values, the outputs' gradients (None: zero), the symbolic dims' values.
-
-    Both are shape-generic ops whose kernels run the graphs derived for the shape at hand (derived and
-    compiled on first use of a shape, each as a graph op of its own: plans from the store, the reference on
-    the CPU); their fake kernels specialize on the sizes (the derived graphs are per shape).
-    """
-
-    def __init__(self, op: TorchOp, wrt: tuple[str, ...]):
-        if op.mutated:
-            raise NotImplementedError(
-                f"graph '{op.graph.name}' writes an input in place; its torch op has no backward "
-                f"(cudnn_dsl.torch_op.autograd.differentiable runs it with one)"
-            )
-        self.op, self.wrt = op, wrt
-        self._shapes: dict[tuple, tuple[Derived, TorchOp, TorchOp]] = {}
-        self.symbols = tuple(dict(op.graph.instances[0].binding))
-        first = self.shape(op.graph.instances[0].binding)[0]
-        self.outputs = tuple(op.fresh)
-        self.saved, self.kept = self._values(first)
-        self.grads = tuple(w for w, _ in first.grads)
-        mask = "".join("1" if n in wrt else "0" for n in op.tensor_names)
-        self.name, self.backward_name = f"{op.name}_ad{mask}", f"{op.name}_bw{mask}"
-        args = op.schema.split(" -> ")[0][1:-1]
-        returns = ", ".join("Tensor" for _ in self.outputs + self.saved)  # one: `(Tensor)` is `Tensor`
-        lib = _library()
-        lib.define(f"{self.name}({args}) -> ({returns})")
-        lib.impl(self.name, lambda *a: self.forward_kernel("cpu_kernel", a), "CPU")
-        lib.impl(self.name, lambda *a: self.forward_kernel("cuda_kernel", a), "CUDA")
-        torch.library.register_fake(
-            f"{NAMESPACE}::{self.name}", lambda *a: self.forward_kernel("fake_kernel", a), lib=lib
-        )
-        scalars = "".join(", " + s for s in op.scalar_args())
-        lib.define(f"{self.backward_name}(Tensor[] kept, Tensor?[] grads, SymInt[] dims{scalars}) -> Tensor[]")
-        lib.impl(self.backward_name, lambda *a: self.backward_kernel("cpu_kernel", a), "CPU")
-        lib.impl(self.backward_name, lambda *a: self.backward_kernel("cuda_kernel", a), "CUDA")
-        torch.library.register_fake(
-            f"{NAMESPACE}::{self.backward_name}", lambda *a: self.backward_kernel("fake_kernel", a), lib=lib
-        )
-        lib.impl(self.backward_name, torch.library.fallthrough_kernel, "Autograd")  # no second derivatives
-        self.backward_op = getattr(getattr(torch.ops, NAMESPACE), self.backward_name).default
-        torch.library.register_autograd(
-            f"{NAMESPACE}::{self.name}", self.backward, setup_context=self.setup_context, lib=lib
-        )
-
-    def shape(self, binding) -> tuple[Derived, TorchOp, TorchOp]:
-        """(the derivation, the augmented forward's op, the backward's op) of one shape."""
-        key = tuple(sorted(dict(binding).items()))
-        if key not in self._shapes:
-            g = self.op.graph
-            d = derive(g, g.instance(dict(key)) if key else g.instances[0], self.wrt)
-            if self._shapes and self._values(d) != self._values(next(iter(self._shapes.values()))[0]):
-                raise NotImplementedError(
-                    f"graph '{g.name}': its derived backward reads other values at {dict(key)} (the op's "
-                    f"schema is the first shape's)"
-                )
-            fwd, bwd = (as_torch_op(CompiledGraph(part, self.op.options)) for part in (d.forward, d.backward))
-            self._shapes[key] = (d, fwd, bwd)
-        return self._shapes[key]
-
-    def _values(self, d: Derived) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(the values the augmented forward returns beyond the graph's outputs, the values the backward reads)"""
-        outputs = {v.name for v in self.op.graph.outputs}
-        saved = tuple(v.name for v in d.forward.outputs if v.name not in outputs)
-        return saved, tuple(dict.fromkeys(of for _, kind, of in d.bind if kind in ("value", "transposed")))
-
-    def _binding(self, tensors: dict) -> dict:
-        shapes = {k: tuple(tensors[k].shape) for k in self.op.tensor_names}
-        return self.op.graph.binding_of(shapes)
-
-    def forward_kernel(self, kernel: str, args: tuple):
-        named = self.op.named(args)
-        binding = {k: int(v) for k, v in self._binding(named).items()}
-        _, fwd, _ = self.shape(binding)
-        result = getattr(fwd, kernel)(*fwd.positional((), named))
-        got = dict(zip(fwd.fresh, _results(result)))
-        return _returned([got[n] for n in self.outputs + self.saved])
-
-    def backward_kernel(self, kernel: str, args: tuple):
-        kept, grads, dims = args[:3]
-        d, _, bwd = self.shape(dict(zip(self.symbols, map(int, dims))))
-        values = dict(zip(self.kept, kept))
-        given = dict(zip(self.outputs, grads))
-        real = kernel != "fake_kernel"
-        device = kept[0].device if kept else next(g for g in grads if g is not None).device
-        bound: dict = {}
-        for name, kind, of in d.bind:
-            if kind in ("grad", "grad_transposed"):
-                t = d.forward.instances[0].type(of)
-                g = given.get(of)
-                if g is None:
-                    g = empty(t, device).zero_()
-                elif real and tuple(g.stride()) != t.strides:  # cuDNN reads the declared layout
-                    g = empty(t, device).copy_(g)
-                value = g.transpose(-1, -2) if kind == "grad_transposed" else g
-            else:
-                value = values[of].transpose(-1, -2) if kind == "transposed" else values[of]
-            bound[name] = value
-        scalars = dict(zip((v.name for v in self.op.scalars), args[3:]))
-        bound.update((v.name, scalars[v.name]) for v in bwd.scalars if v.name in scalars)  # the forward's, as given
-        result = getattr(bwd, kernel)(*bwd.positional((), bound))
-        got = dict(zip(bwd.fresh, _results(result)))
-        return [got[name] for _, name in d.grads]
-
-    def setup_context(self, ctx, inputs, output):
-        named = self.op.named(tuple(inputs))
-        values = {**named, **dict(zip(self.outputs + self.saved, _results(output)))}
-        ctx.save_for_backward(*(values[k] for k in self.kept))
-        binding = self._binding(named)
-        ctx.dims = [binding[s] for s in self.symbols]
-        ctx.scalars = tuple(named[v.name] for v in self.op.scalars)
-
-    def backward(self, ctx, *grads):
-        got = self.backward_op(list(ctx.saved_tensors), list(grads[: len(self.outputs)]), ctx.dims, *ctx.scalars)
-        by_input = dict(zip(self.grads, got))
-        return tuple(by_input.get(n) for n in self.op.tensor_names) + (None,) * len(ctx.scalars)
-
-
-def _results(result) -> tuple:
-    """A kernel's result as a tuple (one tensor, or several)."""
-    return (result,) if isinstance(result, torch.Tensor) else tuple(result)
-
-
-_GRAD_OPS: dict[tuple[str, tuple[str, ...]], GradOps] = {}
-
-
-def grad_ops(op: TorchOp, wrt: tuple[str, ...]) -> GradOps:
-    """The training path of a graph op for the gradients of `wrt`, made once per process."""
-    key = (op.name, wrt)
-    if key not in _GRAD_OPS:
-        _GRAD_OPS[key] = GradOps(op, wrt)
-    return _GRAD_OPS[key]
-
-
-class GraphModule(torch.nn.Module):
-    """A compiled graph as an nn.Module: `state` holds some of its inputs (weights, running statistics), an
-    nn.Parameter registered as a parameter and a tensor as a buffer; forward takes the others, by position
-    in the graph's order or by name, and returns what the op returns."""
-
-    def __init__(self, graph, **state: torch.Tensor):
-        super().__init__()
-        self.op = graph if isinstance(graph, TorchOp) else as_torch_op(graph)
-        unknown = set(state) - set(self.op.arg_names)
-        if unknown:
-            raise BindingError(f"graph '{self.op.graph.name}' has no input {', '.join(sorted(unknown))}")
-        for name, t in state.items():
-            if isinstance(t, torch.nn.Parameter):
-                self.register_parameter(name, t)
-            else:
-                self.register_buffer(name, t)
-        self.held = tuple(state)
-        self.free = tuple(n for n in self.op.arg_names if n not in state)
-
-    def forward(self, /, *args, **kwargs):
-        named = dict(zip(self.free, args))
-        named.update(kwargs)
-        named.update((n, getattr(self, n)) for n in self.held)
-        return self.op(**named)

@@ -202,7 +202,7 @@ def test_attention_through_the_op_trains_with_sdpa_backward(private_store):
     import torch.nn.functional as F
 
     import cudnn_dsl
-    from cudnn_dsl.torch_op.op import grad_ops
+    from cudnn_dsl.torch_op.training import grad_ops
 
     op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=ATTENTION, split=False))
     g = torch.Generator("cuda").manual_seed(0)

@@ -1,0 +1,26 @@
+"""The `cudnn_dsl` namespace in torch.library, shared by the graph ops and their training ops: its one
+Library fragment, and a kernel's outputs as a schema returns them."""
+
+from __future__ import annotations
+
+import torch
+
+NAMESPACE = "cudnn_dsl"
+_LIB: list = []
+"""the one torch.library.Library fragment of the namespace, made on first use"""
+
+
+def fragment() -> torch.library.Library:
+    if not _LIB:
+        _LIB.append(torch.library.Library(NAMESPACE, "FRAGMENT"))
+    return _LIB[0]
+
+
+def returned(outs: list):
+    """A kernel's result as its schema returns it: nothing, one tensor, or a tuple."""
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def results(result) -> tuple:
+    """A kernel's result as a tuple (one tensor, or several)."""
+    return (result,) if isinstance(result, torch.Tensor) else tuple(result)

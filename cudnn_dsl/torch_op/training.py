@@ -1,0 +1,174 @@
+"""Training through derived backward graphs: what both training paths share, and the torch-op one.
+
+`backward_inputs` binds a derived backward graph's inputs (dsl.autodiff's `Derived.bind`: the forward
+values it reads, the outputs' gradients) for both paths: GradOps here, the torch-op path that
+torch.compile traces, and autograd.Differentiable, the torch.autograd.Function path for a graph written in
+place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cudnn_dsl.target.memory import empty
+from cudnn_dsl.torch_op.library import NAMESPACE, fragment, results, returned
+from dsl.autodiff import Derived, derive
+
+GRADS = ("grad", "grad_transposed")
+"""the Derived.bind kinds of an output's gradient (as given, or transposed)"""
+VALUES = ("value", "transposed")
+"""the Derived.bind kinds of a forward value the backward reads (as it is, or transposed)"""
+
+
+def values_read(d: Derived) -> tuple[str, ...]:
+    """The forward values the backward graph reads, once each, in order (what the forward saves)."""
+    return tuple(dict.fromkeys(of for _, kind, of in d.bind if kind in VALUES))
+
+
+def grads_read(d: Derived) -> set[str]:
+    """The outputs whose gradient the backward graph reads."""
+    return {of for _, kind, of in d.bind if kind in GRADS}
+
+
+def backward_inputs(d: Derived, values: dict, grads: dict, scalars: dict, device, relayout: bool = True) -> dict:
+    """The backward graph's inputs by name: the kept forward `values` and the outputs' `grads` (None or left
+    out: zero), each transposed where the backward reads it so, a gradient copied into its declared layout
+    (cuDNN reads that one; `relayout` off for fake tensors, which have no data); then the scalars the forward
+    was given."""
+    made: dict[str, torch.Tensor] = {}
+    bound: dict = {}
+    for name, kind, of in d.bind:
+        if kind in GRADS:
+            if of not in made:
+                t = d.forward.instances[0].type(of)
+                g = grads.get(of)
+                if g is None:
+                    g = empty(t, device).zero_()
+                elif relayout and tuple(g.stride()) != t.strides:
+                    g = empty(t, device).copy_(g)
+                made[of] = g
+            bound[name] = made[of].transpose(-1, -2) if kind == "grad_transposed" else made[of]
+        else:
+            bound[name] = values[of].transpose(-1, -2) if kind == "transposed" else values[of]
+    bound.update((v.name, scalars[v.name]) for v in d.backward.of_kind("scalar") if v.name in scalars)
+    return bound
+
+
+class GradOps:
+    """A graph op's (TorchOp) training path, for the gradients of `wrt`: two torch ops.
+
+    - `<op>_ad<mask>`: the augmented forward. Its arguments are the graph op's; it returns the graph's
+      outputs, then the values the backward reads that are no output (saved intermediates, a norm's or
+      sdpa's statistics), as torch's own ops return theirs (native_layer_norm's mean and rstd). Its
+      autograd is the derived backward, through torch.library.register_autograd.
+    - `<op>_bw<mask>`: the backward, `(Tensor[] kept, Tensor?[] grads, SymInt[] dims, scalars) ->
+      Tensor[]`: the kept values, the outputs' gradients (None: zero), the symbolic dims' values.
+
+    Both are shape-generic ops whose kernels run the graphs derived for the shape at hand (derived and
+    compiled on first use of a shape, each as a graph op of its own: plans from the store, the reference on
+    the CPU); their fake kernels specialize on the sizes (the derived graphs are per shape).
+    """
+
+    def __init__(self, op, wrt: tuple[str, ...]):
+        if op.mutated:
+            raise NotImplementedError(
+                f"graph '{op.graph.name}' writes an input in place; its torch op has no backward "
+                f"(cudnn_dsl.torch_op.autograd.differentiable runs it with one)"
+            )
+        self.op, self.wrt = op, wrt
+        self._shapes: dict[tuple, tuple] = {}
+        self.symbols = tuple(dict(op.graph.instances[0].binding))
+        first = self.shape(op.graph.instances[0].binding)[0]
+        self.outputs = tuple(op.fresh)
+        self.saved, self.kept = self._values(first)
+        self.grads = tuple(w for w, _ in first.grads)
+        mask = "".join("1" if n in wrt else "0" for n in op.tensor_names)
+        self.name, self.backward_name = f"{op.name}_ad{mask}", f"{op.name}_bw{mask}"
+        args = op.schema.split(" -> ")[0][1:-1]
+        returns = ", ".join("Tensor" for _ in self.outputs + self.saved)  # one: `(Tensor)` is `Tensor`
+        lib = fragment()
+        lib.define(f"{self.name}({args}) -> ({returns})")
+        lib.impl(self.name, lambda *a: self.forward_kernel("cpu_kernel", a), "CPU")
+        lib.impl(self.name, lambda *a: self.forward_kernel("cuda_kernel", a), "CUDA")
+        torch.library.register_fake(
+            f"{NAMESPACE}::{self.name}", lambda *a: self.forward_kernel("fake_kernel", a), lib=lib
+        )
+        scalars = "".join(", " + s for s in op.scalar_args())
+        lib.define(f"{self.backward_name}(Tensor[] kept, Tensor?[] grads, SymInt[] dims{scalars}) -> Tensor[]")
+        lib.impl(self.backward_name, lambda *a: self.backward_kernel("cpu_kernel", a), "CPU")
+        lib.impl(self.backward_name, lambda *a: self.backward_kernel("cuda_kernel", a), "CUDA")
+        torch.library.register_fake(
+            f"{NAMESPACE}::{self.backward_name}", lambda *a: self.backward_kernel("fake_kernel", a), lib=lib
+        )
+        lib.impl(self.backward_name, torch.library.fallthrough_kernel, "Autograd")  # no second derivatives
+        self.backward_op = getattr(getattr(torch.ops, NAMESPACE), self.backward_name).default
+        torch.library.register_autograd(
+            f"{NAMESPACE}::{self.name}", self.backward, setup_context=self.setup_context, lib=lib
+        )
+
+    def shape(self, binding) -> tuple:
+        """(the derivation, the augmented forward's op, the backward's op) of one shape."""
+        key = tuple(sorted(dict(binding).items()))
+        if key not in self._shapes:
+            g = self.op.graph
+            d = derive(g, g.instance(dict(key)) if key else g.instances[0], self.wrt)
+            if self._shapes and self._values(d) != self._values(next(iter(self._shapes.values()))[0]):
+                raise NotImplementedError(
+                    f"graph '{g.name}': its derived backward reads other values at {dict(key)} (the op's "
+                    f"schema is the first shape's)"
+                )
+            self._shapes[key] = (d, self.op.derived(d.forward), self.op.derived(d.backward))
+        return self._shapes[key]
+
+    def _values(self, d: Derived) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the values the augmented forward returns beyond the graph's outputs, the values the backward reads)"""
+        outputs = {v.name for v in self.op.graph.outputs}
+        return tuple(v.name for v in d.forward.outputs if v.name not in outputs), values_read(d)
+
+    def _binding(self, tensors: dict) -> dict:
+        shapes = {k: tuple(tensors[k].shape) for k in self.op.tensor_names}
+        return self.op.graph.binding_of(shapes)
+
+    def forward_kernel(self, kernel: str, args: tuple):
+        named = self.op.named(args)
+        binding = {k: int(v) for k, v in self._binding(named).items()}
+        _, fwd, _ = self.shape(binding)
+        result = getattr(fwd, kernel)(*fwd.positional((), named))
+        got = dict(zip(fwd.fresh, results(result)))
+        return returned([got[n] for n in self.outputs + self.saved])
+
+    def backward_kernel(self, kernel: str, args: tuple):
+        kept, grads, dims = args[:3]
+        d, _, bwd = self.shape(dict(zip(self.symbols, map(int, dims))))
+        device = kept[0].device if kept else next(g for g in grads if g is not None).device
+        scalars = dict(zip((v.name for v in self.op.scalars), args[3:]))
+        bound = backward_inputs(
+            d, dict(zip(self.kept, kept)), dict(zip(self.outputs, grads)), scalars, device, kernel != "fake_kernel"
+        )
+        result = getattr(bwd, kernel)(*bwd.positional((), bound))
+        got = dict(zip(bwd.fresh, results(result)))
+        return [got[name] for _, name in d.grads]
+
+    def setup_context(self, ctx, inputs, output):
+        named = self.op.named(tuple(inputs))
+        values = {**named, **dict(zip(self.outputs + self.saved, results(output)))}
+        ctx.save_for_backward(*(values[k] for k in self.kept))
+        binding = self._binding(named)
+        ctx.dims = [binding[s] for s in self.symbols]
+        ctx.scalars = tuple(named[v.name] for v in self.op.scalars)
+
+    def backward(self, ctx, *grads):
+        got = self.backward_op(list(ctx.saved_tensors), list(grads[: len(self.outputs)]), ctx.dims, *ctx.scalars)
+        by_input = dict(zip(self.grads, got))
+        return tuple(by_input.get(n) for n in self.op.tensor_names) + (None,) * len(ctx.scalars)
+
+
+_GRAD_OPS: dict[tuple[str, tuple[str, ...]], GradOps] = {}
+
+
+def grad_ops(op, wrt: tuple[str, ...]) -> GradOps:
+    """The training path of a graph op (TorchOp) for the gradients of `wrt`, made once per process."""
+    key = (op.name, wrt)
+    if key not in _GRAD_OPS:
+        _GRAD_OPS[key] = GradOps(op, wrt)
+    return _GRAD_OPS[key]
