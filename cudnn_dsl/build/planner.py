@@ -342,7 +342,9 @@ class Planner:
         except Exception as e:  # noqa: BLE001 - a blob from another build of cuDNN fails in many ways
             notes.append(f"stored plan blob did not load ({clean(e, 300)}); rebuilding engine {entry.engine_id}")
             return None
-        loaded = Lowered(low.graph, low.instance, g, low.host_values, {"deserialize": time.perf_counter() - t0})
+        # the scratch tensors too: the serialized plan writes them (a seeded dropout's mask) and needs their memory
+        timings = {"deserialize": time.perf_counter() - t0}
+        loaded = Lowered(low.graph, low.instance, g, low.host_values, timings, scratch=low.scratch)
         workspace = max(entry.workspace, _workspace_of(g))
         exe = self.executable_of(loaded, "plan store (serialized plan)", notes, workspace)
         exe.plan_name = entry.plan_name

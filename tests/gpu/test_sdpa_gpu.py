@@ -289,6 +289,23 @@ def test_seeded_dropout_matches_the_reference_on_the_mask_cudnn_drew(mask_output
     assert torch.equal(seeded(123456), first)  # the same seed and offset, the same mask
 
 
+def test_a_stored_plan_of_seeded_dropout_still_writes_its_mask_to_scratch_memory(private_store):
+    # the serialized plan writes the mask the graph does not output: loaded from the store, it needs that
+    # scratch memory in its variant pack, and the reference reads the mask from it
+    import cudnn_dsl
+
+    text = SEEDED.format(mask="m", more="")
+    first = cudnn_dsl.compile(text, split=False)
+    tensors = first.allocate_inputs()
+    assert all(r.ok for r in first.check(**tensors))
+    again = cudnn_dsl.compile(text, split=False)
+    exe = again.executable(again.graph.instances[0])
+    assert exe.source == "plan store (serialized plan)", exe.notes
+    for r in again.check(**tensors):
+        assert r.ok, r
+    assert set(again.drawn(again.graph.instances[0], {})["m"].unique().tolist()) <= {0.0, 1.0}
+
+
 def test_run_compares_seeded_dropout_on_the_mask_and_isolates_it(tmp_path):
     # `run` and `run --isolate` take the mask from the launch (the whole graph's, then the sdpa's alone)
     from tests.cli_util import run_cli
