@@ -136,13 +136,12 @@ def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
 
 def _shape_mode(g, target, records: list, quiet: bool, args) -> int:
     """The shape mode a run of this graph would use; in override-shape mode, its one plan, planned deviceless."""
-    from cudnn_dsl.build.override import shape_mode_line
     from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
 
     options = common.options_from(args, g.options)
     try:
-        line, low = shape_mode_line(g, options, target)
+        line, low = _shape_mode_line(g, options, target)
     except (DslError, BackendUnavailable) as e:  # the constraints leave no plan: said, like any other refusal
         return common.report(e)
     record = {"graph": g.name, "target": target.name, "shape_mode": options.shape_mode, "says": line}
@@ -152,3 +151,36 @@ def _shape_mode(g, target, records: list, quiet: bool, args) -> int:
     if not quiet:
         print(f"  {line}")
     return common.EXIT_OK
+
+
+def _shape_mode_line(graph, options, target):
+    """What `check --target` says of the shapes of a graph with symbolic dims: the mode a run would use, and in
+    override-shape mode how its one plan fares with this library for the target; and that planned graph, if any."""
+    from cudnn_dsl.build.override import OVERRIDE_MIN_CUDNN, OverrideDeclined, version_text
+    from cudnn_dsl.build.pipeline import compile_override
+    from cudnn_dsl.build.steps import first_plan_name
+    from cudnn_dsl.target.library import load_cudnn
+
+    count = 1
+    for s in graph.symbols:
+        count *= s.count
+    mode = options.shape_mode
+    if mode != "override":
+        how = {
+            "static": "a static plan per shape",
+            "dynamic": "a plan per shape in dynamic-shape mode, one shared kernel cache",
+            "auto": "a plan per shape: static while it compiles nothing at run time, then dynamic-shape mode",
+        }[mode]
+        return f"shape mode {mode}: {how} ({count} shapes)", None
+    version = version_text(load_cudnn().backend_version())
+    try:
+        low = compile_override(graph, options, target)
+    except OverrideDeclined as e:
+        return f"shape mode override: per-value plans as under auto instead ({count} shapes): {e}", None
+    return (
+        f"shape mode override: one plan for all {count} shapes, built at {low.instance.label} and run at each "
+        f"through execute-time shape overrides; cuDNN {version} here offers {low.plan_count} plans for "
+        f"{target.name}, first {first_plan_name(low)}{' (not built: no GPU)' if low.skipped else ''}; cuDNN "
+        f"below {version_text(OVERRIDE_MIN_CUDNN)} falls back to a plan per shape",
+        low,
+    )
