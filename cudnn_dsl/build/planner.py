@@ -18,6 +18,7 @@ from cudnn_dsl.build.constraints import (
     PlanSpec,
     engine_of,
     knobs_at,
+    over_workspace_limit,
 )
 from cudnn_dsl.build.lower import Lowered, clean, override_args
 from cudnn_dsl.build.override import OverrideDeclined
@@ -336,12 +337,9 @@ class Planner:
             return None, True
         if entry is None:
             return None, False
-        limit = self.options.workspace_limit
-        if limit is not None and entry.workspace > limit:  # right for other runs: kept
-            notes.append(
-                f"stored plan {entry.plan_name} needs {entry.workspace} bytes of workspace, over the limit "
-                f"of {limit}; building another"
-            )
+        over = over_workspace_limit(entry.workspace, self.options)
+        if over:  # right for other runs: kept
+            notes.append(f"stored plan {entry.plan_name} {over}; building another")
             return None, False
         low = self.stage(inst, "lowered")
         if entry.imported:
