@@ -1,4 +1,5 @@
-"""The back half's pipeline: compile_shape stops after any stage, and every command goes through it."""
+"""The back half's pipeline: compile_shape stops after any stage, every command goes through it, and `check --emit`
+dumps its stages (lowering against the goldens, plans against the pipeline's own)."""
 
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from tests.cli_util import run_cli
 from tests.graphs import ADD
 
 ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden" / "lowering"
+EXAMPLES = sorted((ROOT / "examples").glob("*.cdg"))
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +70,8 @@ def stages(monkeypatch):
     "command,stops",
     [
         (("check", "--target", "h200"), ["lowered", "build_plans"]),
+        (("check", "--emit", "lowering"), ["lowered"]),
+        (("check", "--emit", "plans", "--target", "h200"), ["lowered", "build_plans"]),
         (("support", "--target", "h200"), ["lowered", "build_plans"]),
         (("emit",), ["lowered", "build_plans", "lowered"]),  # asked whether cuDNN takes it whole, then recorded
         (("emit", "--format", "fe-json"), ["lowered", "create_execution_plans"]),
@@ -80,3 +85,47 @@ def test_each_command_lowers_and_plans_through_the_pipeline(command, stops, stag
     p = run_cli(command[0], f, *command[1:])
     assert p.returncode == 0, p.stderr
     assert stages == stops
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_check_emit_lowering_prints_each_shape_as_the_lowering_golden_has_the_first(path):
+    """The golden holds each graph's first shape; a graph of several shapes prints the others after it."""
+    p = run_cli("check", "--emit", "lowering", path.relative_to(ROOT))
+    assert p.returncode == 0, p.stderr
+    golden = (GOLDEN / f"{path.stem}.py.txt").read_text()
+    graphs = program(path).graphs
+    if all(len(g.instances) == 1 for g in graphs):
+        assert p.stdout == golden
+    else:
+        [g] = graphs
+        assert p.stdout.startswith(golden) and p.stdout.count('"""Graph ') == len(g.instances)
+
+
+def test_check_emit_plans_lists_the_planned_stages_plans(tmp_path, h200):
+    from cudnn_dsl.build.pipeline import compile_shape
+
+    f = tmp_path / "g.cdg"
+    f.write_text(ADD)
+    p = run_cli("check", "--emit", "plans", "--target", "h200", f)
+    assert p.returncode == 0, p.stderr
+    g = _graph()
+    low = compile_shape(g, g.instances[0], g.options, h200)
+    names = [low.g.get_plan_name_at_index(i) for i in range(low.plan_count)]
+    skipped = [f"# {step} skipped: {why}" for step, why in low.skipped.items()]
+    assert p.stdout.splitlines() == [
+        f"# g: {low.plan_count} plans for NVIDIA H200 (sm_90); * the chosen one",
+        *[("* " if i == low.selected else "  ") + n for i, n in enumerate(names)],
+        *skipped,
+    ]
+    p = run_cli("check", "--emit", "plans", "--target", "h200", "--plan", names[-1], f)  # the others left out
+    assert p.returncode == 0, p.stderr
+    head, *rows = [line for line in p.stdout.splitlines() if not line.startswith("# build_plans skipped")]
+    assert head.endswith("; * the chosen one; - left out by the plan constraints or --plan")
+    assert rows == [*[f"- {n}" for n in names[:-1]], f"* {names[-1]}"]
+
+
+def test_check_emit_plans_needs_a_target(tmp_path):
+    f = tmp_path / "g.cdg"
+    f.write_text(ADD)
+    p = run_cli("check", "--emit", "plans", f)
+    assert p.returncode == 2 and "give --target" in p.stderr
