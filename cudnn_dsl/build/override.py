@@ -1,5 +1,7 @@
-"""Override-shape mode: one plan built at a representative shape serves every shape of a graph (where this cuDNN
-has the mode; build.pipeline.compile_override plans it)."""
+"""Override-shape mode: one plan built at a representative shape serves every shape of a graph.
+
+Here are its facts (the cuDNN it needs, the shape it is built at, why it is declined); build.pipeline's
+compile_override plans it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The back half of the compiler: one shape of a checked graph → the cuDNN Frontend graph → cuDNN's five build
-steps → an Executable, stopping after any stage (as dsl.pipeline stops the front half after the AST or the IR).
+"""The back half: one shape of a checked graph lowered, planned and made executable, stopping after any stage.
+
+The stages: the cuDNN Frontend graph (build.lower), the graph after each of cuDNN's five build steps (build.steps),
+and an Executable (a Planner's), as dsl.pipeline stops the front half after the AST or the IR.
 
 Every command reaches these stages here, and nowhere else lowers or plans: `check --target`, `support` and `run`
 without a GPU plan for a Target; `emit` lowers against a recorder and serializes the frontend's graph; `tune

@@ -1,4 +1,4 @@
-"""`cudnn-dsl check FILE...`: parse and check; print every inferred type, a stage of the compiler, or the errors."""
+"""`cudnn-dsl check FILE...`: parse and check; print every inferred type, a stage of either half, or the errors."""
 
 from __future__ import annotations
 
