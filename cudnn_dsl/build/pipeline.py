@@ -54,6 +54,8 @@ def compile_shape(
     if stop not in STAGES:
         raise ValueError(f"stop must be one of {STAGES}")
     if stop == "executable":
+        if planner is None:
+            raise ValueError("the executable stage is a Planner's: give planner= (a GPU's)")
         return planner.executable(inst)
     low = lower(graph, inst, handle=handle, target=target, kernel_cache=kernel_cache, cudnn=cudnn)
     if stop == "lowered":
