@@ -76,6 +76,7 @@ def stages(monkeypatch):
         (("emit",), ["lowered", "build_plans", "lowered"]),  # asked whether cuDNN takes it whole, then recorded
         (("emit", "--format", "fe-json"), ["lowered", "create_execution_plans"]),
         (("run", "--no-reference"), ["lowered", "build_plans"]),  # no GPU here: planned for the target
+        (("tune", "--exhaustive", "--target", "h200", "--max-configs", "1"), ["lowered", "check_support"]),
     ],
     ids=lambda c: " ".join(c) if isinstance(c, tuple) else None,
 )
