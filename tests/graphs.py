@@ -9,6 +9,10 @@ def graph_text(body: str, io: str = "half") -> str:
     return f"graph t {{\n  io {io}\n  compute float\n{body}\n}}\n"
 
 
+# the least graph cuDNN plans: what walks the pipeline's stages, CPU and GPU
+ADD = "graph g {\n  input a : half[4, 8]\n  input b : half[4, 8]\n  output y = a + b\n}\n"
+
+
 # ---- graphs cuDNN declines whole: they run in parts ------------------------------------------------
 
 LN_GELU = (

@@ -33,9 +33,9 @@ def h200():
 
 @pytest.mark.parametrize("graph,inst", list(_cases()))
 def test_example_gets_h200_plans_from_cudnn(graph, inst, h200):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
 
-    low = plan_deviceless(graph, inst, graph.options, h200)
+    low = compile_shape(graph, inst, graph.options, h200)
     assert low.plan_count >= 1
     assert low.g.get_plan_name_at_index(0).startswith("eng")
     assert set(low.timings) | set(low.skipped) == {
@@ -48,7 +48,7 @@ def test_example_gets_h200_plans_from_cudnn(graph, inst, h200):
 
 
 def test_a_fusion_cudnn_rejects_is_reported_at_the_graph_with_advice(h200):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from dsl.diagnostics import DslError
 
     text = (
@@ -57,7 +57,7 @@ def test_a_fusion_cudnn_rejects_is_reported_at_the_graph_with_advice(h200):
     )
     g = program(text=text, file="ln.cdg").graphs[0]
     with pytest.raises(DslError) as e:
-        plan_deviceless(g, g.instances[0], g.options, h200)
+        compile_shape(g, g.instances[0], g.options, h200)
     d = e.value.diagnostics[0]
     assert d.loc.file == "ln.cdg" and "create_execution_plans failed" in d.message
     advice = " ".join(text for text, _ in d.notes)

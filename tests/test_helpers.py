@@ -16,12 +16,12 @@ ALIBI = (
 
 
 def _plan(text: str):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from cudnn_dsl.target.library import Target
     from dsl.pipeline import program
 
     g = program(text=text, file="p.cdg").graphs[0]
-    return plan_deviceless(g, g.instances[0], g.options, Target.named("h200"))
+    return compile_shape(g, g.instances[0], g.options, Target.named("h200"))
 
 
 @pytest.fixture(scope="module")

@@ -148,6 +148,18 @@ def test_only_the_launch_module_launches():
         assert not launches - NOT_FRONTEND_LAUNCHES, f"{m} launches: {sorted(launches - NOT_FRONTEND_LAUNCHES)}"
 
 
+#: the back half's stages, each walked only by build.pipeline (compile_shape), so every command reaches them there
+STAGE_FUNCTIONS = {("cudnn_dsl.build.lower", "lower"), ("cudnn_dsl.build.steps", "plan")}
+
+
+def test_only_the_pipeline_lowers_and_plans():
+    for m, tree in _trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and m != "cudnn_dsl.build.pipeline":
+                taken = {(node.module, a.name) for a in node.names} & STAGE_FUNCTIONS
+                assert not taken, f"{m} imports {taken}: go through build.pipeline.compile_shape"
+
+
 #: the packages of cudnn_dsl, ground floor first: a module imports only from its own package and the floors
 #: below (at module level or inside a function alike). The language is the ground under all of them.
 FLOORS = (

@@ -314,10 +314,10 @@ def h200():
 
 
 def _plan(body: str, h200):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
 
     g = program(text=graph_text(body), file="n.cdg").graphs[0]
-    return plan_deviceless(g, g.instances[0], g.options, h200)
+    return compile_shape(g, g.instances[0], g.options, h200)
 
 
 @pytest.mark.parametrize("case", list(PLANNED))

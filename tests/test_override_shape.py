@@ -86,11 +86,11 @@ def test_the_overrides_are_the_values_own_dims_and_strides_as_cudnn_sees_them():
 
 
 def test_cudnn_plans_the_graph_in_override_shape_mode_for_an_h200(override_cudnn):
-    from cudnn_dsl.build.override import plan_override
+    from cudnn_dsl.build.pipeline import compile_override
     from cudnn_dsl.target.library import Target
 
     g = graph_of(MATMUL)
-    low = plan_override(g, g.options, "h200", target=Target.named("h200"))
+    low = compile_override(g, g.options, Target.named("h200"))
     assert dict(low.instance.binding) == {"T": 4096}
     assert low.plan_count >= 1 and low.g.get_plan_name_at_index(low.selected).startswith("eng")
     context = json.loads(repr(low.g))["context"]  # the frontend's own serialization of what cuDNN got
@@ -100,15 +100,15 @@ def test_cudnn_plans_the_graph_in_override_shape_mode_for_an_h200(override_cudnn
 
 
 def test_a_graph_no_engine_takes_in_override_shape_mode_is_declined_with_cudnns_reason(override_cudnn):
-    from cudnn_dsl.build.override import OverrideDeclined, plan_override
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.override import OverrideDeclined
+    from cudnn_dsl.build.pipeline import compile_override, compile_shape
     from cudnn_dsl.target.library import Target
 
     g = graph_of(CONV)
     h200 = Target.named("h200")
     with pytest.raises(OverrideDeclined, match="cuDNN declines it in override-shape mode: cuDNN create_execution_pl"):
-        plan_override(g, g.options, "h200", target=h200)
-    assert plan_deviceless(g, g.instance({"N": 16}), g.options, h200).plan_count >= 1  # the same shape, static
+        compile_override(g, g.options, h200)
+    assert compile_shape(g, g.instance({"N": 16}), g.options, h200).plan_count >= 1  # the same shape, static
 
 
 def test_check_target_says_the_shape_mode_and_plans_the_override_graph(tmp_path, override_cudnn):

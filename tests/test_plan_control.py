@@ -87,25 +87,26 @@ def test_the_plan_store_key_reflects_the_constraints():
 
 def test_excluded_engines_leave_the_others(mm, h200):
     from cudnn_dsl.build.constraints import engine_of
-    from cudnn_dsl.build.steps import first_plan_name, plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
+    from cudnn_dsl.build.steps import first_plan_name
 
     g, inst = mm
-    free = plan_deviceless(g, inst, g.options, h200)
+    free = compile_shape(g, inst, g.options, h200)
     first = engine_of(free, 0)
-    low = plan_deviceless(g, inst, g.options.with_values({"exclude_engines": [first]}), h200)
+    low = compile_shape(g, inst, g.options.with_values({"exclude_engines": [first]}), h200)
     assert first not in _engines(low) and _engines(low)
     assert not first_plan_name(low).startswith(f"eng{first}_") and first_plan_name(low) != f"eng{first}"
 
 
 def test_constraints_that_leave_no_plan_are_a_located_error(mm, h200):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from dsl.diagnostics import DslError
 
     g, inst = mm
-    free = plan_deviceless(g, inst, g.options, h200)
+    free = compile_shape(g, inst, g.options, h200)
     every = sorted(_engines(free))
     with pytest.raises(DslError) as e:
-        plan_deviceless(g, inst, g.options.with_values({"exclude_engines": every}), h200)
+        compile_shape(g, inst, g.options.with_values({"exclude_engines": every}), h200)
     d = e.value.diagnostics[0]
     assert d.loc == g.loc and "leave none of the" in d.message and "exclude engines" in d.message
     assert any(free.g.get_plan_name_at_index(0) in note for note, _ in d.notes)
@@ -113,18 +114,18 @@ def test_constraints_that_leave_no_plan_are_a_located_error(mm, h200):
     assert any(f"plans, of engine{'s' if len(every) > 1 else ''} {engines}:" in note for note, _ in d.notes)
     idle = max(every) + 1000  # an engine no plan is of: said, as its exclusion changes nothing
     with pytest.raises(DslError) as e:
-        plan_deviceless(g, inst, g.options.with_values({"exclude_engines": [*every, idle]}), h200)
+        compile_shape(g, inst, g.options.with_values({"exclude_engines": [*every, idle]}), h200)
     notes = [note for note, _ in e.value.diagnostics[0].notes]
     assert f"engine {idle} offers no plan for this graph: excluding it changes nothing" in notes
 
 
 def test_no_runtime_compilation_filters_by_cudnns_behaviour_notes(mm, h200):
     """Every plan cuDNN offers this matmul on an H200 compiles at run time (its notes say so): none is left."""
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from dsl.diagnostics import DslError
 
     g, inst = mm
-    free = plan_deviceless(g, inst, g.options, h200)
+    free = compile_shape(g, inst, g.options, h200)
     notes = [
         {str(n) for n in free.g.get_behavior_notes_for_plan_at_index(i)}
         for i in range(free.plan_count)
@@ -133,17 +134,17 @@ def test_no_runtime_compilation_filters_by_cudnns_behaviour_notes(mm, h200):
     opts = g.options.with_values({"no_runtime_compilation": True})
     if all("behavior_note.RUNTIME_COMPILATION" in n for n in notes):
         with pytest.raises(DslError, match="no runtime compilation"):
-            plan_deviceless(g, inst, opts, h200)
+            compile_shape(g, inst, opts, h200)
     else:
-        low = plan_deviceless(g, inst, opts, h200)
+        low = compile_shape(g, inst, opts, h200)
         assert "RUNTIME_COMPILATION" not in str(low.g.get_behavior_notes_for_plan_at_index(low.selected))
 
 
 def test_deterministic_keeps_plans_cudnn_does_not_mark_nondeterministic(mm, h200):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
 
     g, inst = mm
-    low = plan_deviceless(g, inst, g.options.with_values({"deterministic": True}), h200)
+    low = compile_shape(g, inst, g.options.with_values({"deterministic": True}), h200)
     assert low.plan_count >= 1 and low.allowed  # a matmul's plans are deterministic
 
 
@@ -170,11 +171,11 @@ def test_knob_numbers_are_the_ones_cudnn_names_plans_by(mm, h200):
     import cudnn
 
     from cudnn_dsl.build.constraints import KNOB_NUMBERS, PlanSpec
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
 
     assert set(KNOB_NUMBERS) <= set(cudnn.knob_type.__members__)
     g, inst = mm
-    low = plan_deviceless(g, inst, g.options, h200)
+    low = compile_shape(g, inst, g.options, h200)
     seen = 0
     for i in range(low.plan_count):
         name = low.g.get_plan_name_at_index(i)
@@ -187,38 +188,39 @@ def test_knob_numbers_are_the_ones_cudnn_names_plans_by(mm, h200):
 
 def test_a_pinned_plan_is_built_whether_the_heuristics_offer_it_or_not(mm, h200):
     from cudnn_dsl.build.constraints import PlanSpec
-    from cudnn_dsl.build.steps import first_plan_name, plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
+    from cudnn_dsl.build.steps import first_plan_name
 
     g, inst = mm
-    free = plan_deviceless(g, inst, g.options, h200)
+    free = compile_shape(g, inst, g.options, h200)
     last = free.g.get_plan_name_at_index(free.plan_count - 1)
-    low = plan_deviceless(g, inst, g.options, h200, pin=PlanSpec.parse(last))
+    low = compile_shape(g, inst, g.options, h200, pin=PlanSpec.parse(last))
     assert first_plan_name(low) == last and low.allowed == [low.selected]
     engine, knobs = free.g.get_engine_and_knobs_at_index(0)
     split = {**{k.name: v for k, v in knobs.items()}, "SPLIT_K_SLC": 2}  # a knob the heuristics leave alone
-    by_knobs = plan_deviceless(g, inst, g.options, h200, pin=PlanSpec(f"{engine}:...", engine, split, False))
+    by_knobs = compile_shape(g, inst, g.options, h200, pin=PlanSpec(f"{engine}:...", engine, split, False))
     name = first_plan_name(by_knobs)
     assert name.startswith(f"eng{engine}_") and "k17=2" in name
-    again = plan_deviceless(g, inst, g.options, h200, pin=PlanSpec.parse(name))  # the printed name pins it too
+    again = compile_shape(g, inst, g.options, h200, pin=PlanSpec.parse(name))  # the printed name pins it too
     assert first_plan_name(again) == name
 
 
 def test_a_plan_cudnn_does_not_offer_is_refused_with_the_names_it_does(mm, h200):
     from cudnn_dsl.build.constraints import PlanSpec
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from dsl.diagnostics import DslError
 
     g, inst = mm
-    free = plan_deviceless(g, inst, g.options, h200)
+    free = compile_shape(g, inst, g.options, h200)
     with pytest.raises(DslError) as e:
-        plan_deviceless(g, inst, g.options, h200, pin=PlanSpec.parse("eng4_k24=100000"))
+        compile_shape(g, inst, g.options, h200, pin=PlanSpec.parse("eng4_k24=100000"))
     d = e.value.diagnostics[0]
     assert d.loc == g.loc and "does not offer plan eng4_k24=100000" in d.message
     assert free.g.get_plan_name_at_index(0) in d.notes[0][0]
     engine = free.g.get_engine_and_knobs_at_index(0)[0]
     with pytest.raises(DslError, match="which the plan constraints exclude"):
         opts = g.options.with_values({"exclude_engines": [engine]})
-        plan_deviceless(g, inst, opts, h200, pin=PlanSpec.parse(free.g.get_plan_name_at_index(0)))
+        compile_shape(g, inst, opts, h200, pin=PlanSpec.parse(free.g.get_plan_name_at_index(0)))
 
 
 def test_check_target_takes_the_constraint_and_plan_flags():
@@ -238,7 +240,7 @@ def test_check_target_takes_the_constraint_and_plan_flags():
 
 @pytest.mark.parametrize("name", ["matmul_epilogue", "conv_bias_relu", "layernorm"])
 def test_each_op_alone_is_a_graph_cudnn_plans_or_declines_at_that_op(name, h200):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from dsl.diagnostics import DslError
     from dsl.subgraph import one_op_graphs
 
@@ -252,7 +254,7 @@ def test_each_op_alone_is_a_graph_cudnn_plans_or_declines_at_that_op(name, h200)
         for v in one.values:  # the types the whole graph gives them
             assert t.type(v.name) == inst.type(v.name)
         try:
-            low = plan_deviceless(one, t, one.options, h200)
+            low = compile_shape(one, t, one.options, h200)
             assert low.plan_count >= 1
         except DslError as e:  # cuDNN has no engine for this op alone: said at the op
             assert e.diagnostics[0].loc == node.loc

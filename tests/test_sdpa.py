@@ -311,14 +311,14 @@ PLANNED = {
 
 
 def planned(call: str):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from cudnn_dsl.target.library import Target
 
     used = [n for n in PLANNED if n in "qkv" or f"={n}" in call or f" {n}," in call]
     decls = "".join(f"  input {n} : {PLANNED[n]}\n" for n in used)
     g = program(text=f"graph p {{\n  io bf16\n{decls}  o, st = {call}\n  output o\n  output st\n}}\n", file="p.cdg")
     g = g.graphs[0]
-    return plan_deviceless(g, g.instances[0], g.options, Target.named("h200"))
+    return compile_shape(g, g.instances[0], g.options, Target.named("h200"))
 
 
 @pytest.mark.parametrize(
@@ -408,13 +408,13 @@ def test_a_bad_paged_sdpa_is_refused(text_, words):
 
 
 def test_h200_plans_paged_caches():
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from cudnn_dsl.target.library import Target
 
     text_ = PAGED.format(n=64, block=64, pages=8, extra=", causal=true, stats=true").replace("float[", "bf16[")
     text_ = text_.replace("8]", "128]").replace("16]", "128]").replace("[2, 4, 5,", "[2, 8, 256,")
     g = program(text=text_, file="p.cdg").graphs[0]
-    assert plan_deviceless(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
+    assert compile_shape(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
 
 
 # ---- ragged (packed, THD) sequences --------------------------------------------------------------
@@ -571,7 +571,7 @@ def test_ragged_paged_keys_are_refused():
 
 @pytest.mark.parametrize("stats", [False, True])
 def test_h200_plans_ragged_attention(stats):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from cudnn_dsl.target.library import Target
 
     path = Path(__file__).parent.parent / "examples" / "sdpa_ragged.cdg"
@@ -581,7 +581,7 @@ def test_h200_plans_ragged_attention(stats):
         text_ = text_.replace("ragged_o=offset_q)", "ragged_o=offset_q, stats=true, ragged_stats=offset_st)")
         text_ = text_.replace("  output o\n", "  output o\n  output st\n")
     g = program(text=text_, file=str(path)).graphs[0]
-    assert plan_deviceless(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
+    assert compile_shape(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
 
 
 # ---- FP8 attention -------------------------------------------------------------------------------
@@ -634,24 +634,24 @@ def test_a_bad_fp8_attention_is_refused(dt, sc, words):
 
 
 def test_h200_plans_fp8_attention():
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from cudnn_dsl.target.library import Target
 
     text_ = FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra=", causal=true")
     text_ = text_.replace("[1, 2, 6, 16]", "[2, 8, 256, 128]").replace("[1, 1, 9, 16]", "[2, 8, 256, 128]")
     text_ = text_.replace("[1, 1, 9, 8]", "[2, 8, 256, 128]").replace("output o : float", "output o")
     g = program(text=text_, file="f.cdg").graphs[0]
-    assert plan_deviceless(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
+    assert compile_shape(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
 
 
 def test_h200_refuses_fp8_attention_with_a_bf16_o_at_the_op():
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
     from cudnn_dsl.target.library import Target
 
     text_ = FP8.format(dt="fp8_e4m3", sc="float[1, 1, 1, 1]", extra="").replace("output o : float", "output o : bf16")
     g = program(text=text_.replace("[1, 1, 9, 8]", "[1, 1, 9, 16]"), file="f.cdg").graphs[0]
     with pytest.raises(DslError, match="HALF/BFLOAT16 output is only supported on Blackwell") as e:
-        plan_deviceless(g, g.instances[0], g.options, Target.named("h200"))
+        compile_shape(g, g.instances[0], g.options, Target.named("h200"))
     assert str(e.value).startswith("f.cdg:12:17: error: cuDNN create_execution_plans failed for sdpa_fp8")
 
 
@@ -697,22 +697,22 @@ def h200():
 
 @pytest.mark.parametrize("stats", [False, True])
 def test_cudnn_9_28_plans_seeded_dropout_for_an_h200_with_the_mask_in_scratch_memory(stats, h200):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
 
     extra = ", stats=true" if stats else ""
     g = graph(f"sdpa(q, k, v, dropout_probability=0.1, {SEEDED}{extra})", dtype="bf16", stats=stats)
-    low = plan_deviceless(g, g.instances[0], g.options, h200)
+    low = compile_shape(g, g.instances[0], g.options, h200)
     mask = drawn_values(g, g.instances[0])[0]
     assert low.plan_count > 0 and low.scratch == {mask: g.value(mask).uid}
 
 
 def test_a_mask_the_graph_outputs_is_no_scratch(h200):
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
 
     src = text(f"sdpa(q, k, v, dropout_probability=0.1, {SEEDED})", dtype="bf16")
     src = src.replace("  output o = sdpa", "  o, m = sdpa").replace("}\n", "  output o\n  output m\n}\n")
     g = program(text=src, file="s.cdg").graphs[0]
-    assert plan_deviceless(g, g.instances[0], g.options, h200).scratch == {}
+    assert compile_shape(g, g.instances[0], g.options, h200).scratch == {}
 
 
 def test_run_without_a_gpu_says_the_seeded_reference_is_skipped(tmp_path):

@@ -45,12 +45,12 @@ def explored(h200):
 
 
 def test_the_space_is_what_cudnn_enumerates(explored):
+    from cudnn_dsl.build.pipeline import compile_shape
     from cudnn_dsl.build.space import engine_space
-    from cudnn_dsl.build.steps import candidates_deviceless
     from cudnn_dsl.target.library import Target
 
     g, r = explored
-    low = candidates_deviceless(g, g.instances[0], g.options, Target.named("h200"))
+    low = compile_shape(g, g.instances[0], g.options, Target.named("h200"), stop="check_support", tuning=True)
     assert engine_space(low) == r.space
     assert len(r.space) == low.g.get_engine_count()
     knobbed = [e for e, k in r.space.items() if isinstance(k, list)]
@@ -81,8 +81,8 @@ def test_a_capped_search_counts_what_cudnn_supports_and_says_it_stopped(explored
 
 def test_a_search_goes_on_from_the_record_of_earlier_ones(explored, h200, tmp_path):
     """What one search tried, through the store's record, is skipped by the next, which goes on in order."""
+    from cudnn_dsl.build.pipeline import compile_shape
     from cudnn_dsl.build.planner import Candidates
-    from cudnn_dsl.build.steps import candidates_deviceless
     from cudnn_dsl.store.files import StoreProblem
     from cudnn_dsl.store.keys import PlanKey
     from cudnn_dsl.store.plans import PlanStore
@@ -98,7 +98,7 @@ def test_a_search_goes_on_from_the_record_of_earlier_ones(explored, h200, tmp_pa
     store.put_search(key, g.name, [t.to_json() for t in done])
     earlier = [Tried.from_json(d) for d in store.get_search(key)]
     assert [t.key for t in earlier] == [t.key for t in done]
-    low = candidates_deviceless(g, g.instances[0], g.options, h200)
+    low = compile_shape(g, g.instances[0], g.options, h200, stop="check_support", tuning=True)
     second = search(Candidates(None, low, g.options), earlier, set(), cap=20)
     mine = [t for t in second.tried if not t.earlier]
     assert len(mine) == 20 and not {t.key for t in mine} & {t.key for t in earlier}

@@ -126,6 +126,16 @@ class PlanSpec:
         return cls(text, None)
 
 
+def over_workspace_limit(workspace: int, options: Options) -> str | None:
+    """Why a plan that needs this many bytes of workspace is not used (option workspace_limit), None when it may
+    be. Where cuDNN picks the plan, it applies the limit itself (build.steps.check_support_within); this is the
+    limit for the plans picked here: a stored plan, a tuning candidate."""
+    limit = options.workspace_limit
+    if limit is None or workspace <= limit:
+        return None
+    return f"needs {workspace} bytes of workspace, over the limit of {limit}"
+
+
 def frontend_knobs(knobs: dict[str, int]) -> dict:
     """{knob name: value} -> the frontend's {cudnn.knob_type: value}."""
     kt = load_cudnn().knob_type

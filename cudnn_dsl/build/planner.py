@@ -2,8 +2,8 @@
 
 A Planner owns what a graph's builds share (the cuDNN handle on its device, the dynamic-shape kernel
 cache, the plan store) and turns one shape of a graph into an Executable: from the store (serialized
-plan, then engine id and knobs), else from the heuristics (build.steps). Tuning asks it for the
-candidates and adopts a winner.
+plan, then engine id and knobs), else from the heuristics, through the pipeline's stages on its GPU
+(build.pipeline, whose executable stage it is). Tuning asks it for the candidates and adopts a winner.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from cudnn_dsl.build.constraints import (
     PlanSpec,
     engine_of,
     knobs_at,
+    over_workspace_limit,
 )
-from cudnn_dsl.build.lower import Lowered, clean, lower, override_args
-from cudnn_dsl.build.override import OverrideDeclined, plan_override
+from cudnn_dsl.build.lower import Lowered, clean, override_args
+from cudnn_dsl.build.override import OverrideDeclined
+from cudnn_dsl.build.pipeline import compile_override, compile_shape
 from cudnn_dsl.build.space import add_plan
-from cudnn_dsl.build.steps import STEPS, check_support_within, plan, selected_index
+from cudnn_dsl.build.steps import check_support_within, selected_index
 from cudnn_dsl.store.files import StoreProblem
 from cudnn_dsl.store.kernels import load_kernel_cache_text, save_kernel_cache_text
 from cudnn_dsl.store.keys import PlanKey, graph_digest
@@ -188,13 +190,21 @@ class Planner:
             self.options.constraints,
         )
 
-    def lower(self, inst: Instance, dynamic: bool | None = None) -> Lowered:
-        """The shape lowered for this GPU: in dynamic-shape mode (with the shared kernel cache) as the
-        planner goes, or as `dynamic` says."""
-        if dynamic or (dynamic is None and self.use_kernel_cache):
-            self._kernel_cache_load()
-            return lower(self.graph, inst, handle=self.handle, kernel_cache=self._kc)
-        return lower(self.graph, inst, handle=self.handle)
+    def stage(self, inst: Instance, stop: str, dynamic: bool | None = None, **planning) -> Lowered:
+        """The shape at the pipeline's stage `stop` (lowered, or planned through a step) on this GPU: in
+        dynamic-shape mode, with the shared kernel cache, as the planner goes or as `dynamic` says. `planning`:
+        compile_shape's `tuning` or `pin`."""
+        return compile_shape(
+            self.graph,
+            inst,
+            self.options,
+            stop=stop,
+            handle=self.handle,
+            gpu=self.device_name,
+            kernel_cache=self._kernel_cache(dynamic),
+            progress=self.progress,
+            **planning,
+        )
 
     def executable_of(self, low: Lowered, source: str, notes: list[str], workspace: int | None = None) -> Executable:
         """An Executable of the plan the lowered graph has selected, its workspace allocated."""
@@ -224,11 +234,11 @@ class Planner:
         cannot have one, the shape's own plan (as under shape_mode auto), with a note saying why."""
         if self._override is None and self._override_declined is None:
             try:
-                low = plan_override(
+                low = compile_override(
                     self.graph,
                     self.options,
-                    self.device_name,
                     handle=self.handle,
+                    gpu=self.device_name,
                     progress=self.progress,
                     pin=self.plan_spec,
                 )
@@ -273,9 +283,11 @@ class Planner:
             if exe is not None:
                 return exe
         dynamic = self.use_kernel_cache
-        low = self.lower(inst)  # afresh: a stored engine that failed to rebuild may have left its graph half-built
+        if dynamic:  # loaded before the build, which then adds to it
+            self._kernel_cache_load()
         cached = self._kc_size()
-        plan(low, self.options, self.device_name, self.progress, pin=self.plan_spec)
+        # lowered afresh: a stored engine that failed to rebuild may have left its graph half-built
+        low = self.stage(inst, "build_plans", pin=self.plan_spec)
         if dynamic:
             notes.append(self._kernel_cache_note(cached, self._kc_size(), low.timings.get("build_plans", 0.0)))
         elif self.graph.symbols:
@@ -313,14 +325,11 @@ class Planner:
             return None, True
         if entry is None:
             return None, False
-        limit = self.options.workspace_limit
-        if limit is not None and entry.workspace > limit:  # right for other runs: kept
-            notes.append(
-                f"stored plan {entry.plan_name} needs {entry.workspace} bytes of workspace, over the limit "
-                f"of {limit}; building another"
-            )
+        over = over_workspace_limit(entry.workspace, self.options)
+        if over:  # right for other runs: kept
+            notes.append(f"stored plan {entry.plan_name} {over}; building another")
             return None, False
-        low = self.lower(inst)
+        low = self.stage(inst, "lowered")
         if entry.imported:
             # A serialized plan replaces the lowered graph wholesale, and cuDNN cannot show what a blob computes,
             # so a plan from someone else's bundle is never loaded: its engine and knobs are built on this graph.
@@ -387,7 +396,7 @@ class Planner:
         """Makes this engine and these knobs the shape's plan (built on this graph, not stored)."""
         entry = Entry(self.key(inst), self.graph.name, "", engine_id, knobs, b"", 0, False)
         notes: list[str] = []
-        exe = self._from_engine(self.lower(inst), entry, notes)
+        exe = self._from_engine(self.stage(inst, "lowered"), entry, notes)
         if exe is None:
             raise BackendUnavailable(f"the pinned plan (engine {engine_id}) does not build here: {'; '.join(notes)}")
         exe.source = source
@@ -424,10 +433,8 @@ class Planner:
 
     def candidates(self, inst: Instance, dynamic: bool | None = None) -> Candidates:
         """Every plan of every heuristic mode for this shape, planned through check_support (in dynamic-shape
-        mode or not, as `lower` decides)."""
-        low = self.lower(inst, dynamic)
-        plan(low, self.options, self.device_name, self.progress, steps=STEPS[:4], tuning=True)
-        return Candidates(self, low, self.options)
+        mode or not, as `stage` decides)."""
+        return Candidates(self, self.stage(inst, "check_support", dynamic, tuning=True), self.options)
 
     def adopt(self, exe: Executable, tuned: bool = True, timing: dict | None = None) -> None:
         """Makes exe the shape's executable from now on, and stores it (when the store is on)."""
@@ -441,6 +448,14 @@ class Planner:
 
     def _kernel_cache_path(self):
         return self.store.kernel_cache_path(self.graph.name, graph_digest(self.graph, self.graph.instances[0]))
+
+    def _kernel_cache(self, dynamic: bool | None):
+        """The shared kernel cache (loaded on first use) when a shape builds in dynamic-shape mode, as the planner
+        goes or as `dynamic` says; else None."""
+        if dynamic or (dynamic is None and self.use_kernel_cache):
+            self._kernel_cache_load()
+            return self._kc
+        return None
 
     def _kernel_cache_load(self) -> None:
         if self._kc is not None:

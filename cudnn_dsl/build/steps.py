@@ -17,11 +17,10 @@ from cudnn_dsl.build.constraints import (
     nothing_left,
     pin_index,
 )
-from cudnn_dsl.build.lower import Lowered, clean, lower
-from cudnn_dsl.target.library import Target, load_cudnn
+from cudnn_dsl.build.lower import Lowered, clean
+from cudnn_dsl.target.library import load_cudnn
 from cudnn_dsl.target.quirks import runs_wrong
 from dsl.diagnostics import Diagnostic, DslError
-from dsl.ir import Graph, Instance
 from dsl.ops import FAMILIES, OPS
 from dsl.options import Options
 
@@ -129,24 +128,6 @@ def check_support_within(
         if low is not None and options and options.constraints and msg.count("Deselecting") == msg.count("Plan at"):
             raise nothing_left(low, options, [g.get_plan_name_at_index(i) for i in range(low.plan_count)]) from None
         raise
-
-
-def plan_deviceless(
-    graph: Graph,
-    inst: Instance,
-    options: Options,
-    target: Target,
-    progress: Callable[[str], None] | None = None,
-    pin: PlanSpec | None = None,
-) -> Lowered:
-    """Lowers one shape and asks the real cuDNN library for the target's plans, with no GPU."""
-    return plan(lower(graph, inst, target=target), options, target.name, progress, deviceless=True, pin=pin)
-
-
-def candidates_deviceless(graph: Graph, inst: Instance, options: Options, target: Target) -> Lowered:
-    """Every heuristic mode's plans for the target, planned through check_support with no GPU (tune --exhaustive
-    --target): the graph then takes more plans by engine and knobs (add_plan)."""
-    return plan(lower(graph, inst, target=target), options, target.name, deviceless=True, steps=STEPS[:4], tuning=True)
 
 
 def timings_text(timings: dict[str, float]) -> str:

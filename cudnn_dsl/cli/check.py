@@ -1,4 +1,4 @@
-"""`cudnn-dsl check FILE...`: parse and check; print every inferred type, a stage, or the errors."""
+"""`cudnn-dsl check FILE...`: parse and check; print every inferred type, a stage of either half, or the errors."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ def register(p) -> None:
     out = p.add_mutually_exclusive_group()
     out.add_argument(
         "--emit",
-        choices=("ast", "ir", "backward"),
+        choices=("ast", "ir", "backward", "lowering", "plans"),
         help="print a stage instead of the summary; backward: the derived forward (with the values the backward "
-        "reads as outputs) and backward graphs, as .cdg text",
+        "reads as outputs) and backward graphs, as .cdg text; lowering: each shape's cuDNN Frontend calls, as the "
+        "script `emit --format cudnn` ejects for the graph whole (no cuDNN needed); plans: the names of the plans "
+        "cuDNN offers --target for each shape, in the heuristics' order, the chosen one marked *",
     )
     out.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
     common.add_target_flags(p, "also ask cuDNN for this GPU's plans, without a GPU")
@@ -40,6 +42,8 @@ def run(args) -> int:
         raise common.UsageError("--plan and the plan constraints apply to cuDNN's plans: give --target too")
     if target is not None and args.emit == "ast":
         raise common.UsageError("--emit ast stops before the graph is checked; --target plans the checked graph")
+    if target is None and args.emit == "plans":
+        raise common.UsageError("--emit plans lists cuDNN's plans for a GPU: give --target (e.g. --target h200)")
     status = common.EXIT_OK
     files = []
     for path in args.files:
@@ -63,6 +67,11 @@ def run(args) -> int:
             planned = attrs.evolve(result.program, graphs=derived)  # --target plans the derived graphs
         elif args.emit == "ir":
             print(dump_ir(result.program))
+        elif args.emit == "lowering":
+            _lowering(result.program, args)
+        elif args.emit == "plans":
+            status = max(status, _plans(result.program, target, args, pin))
+            continue  # the plans stand instead of --target's report
         elif args.json:
             entry["graphs"] = to_json(result.program)["graphs"]
         else:
@@ -90,6 +99,50 @@ def _backward(program) -> tuple[tuple, int]:
             print(d.forward_text + "\n" + d.backward_text)
             graphs += [d.forward, d.backward]
     return tuple(graphs), status
+
+
+def _lowering(program, args) -> None:
+    """Prints every shape of every graph as the frontend calls that build it whole (the pipeline's lowered stage,
+    run against emit's recorder)."""
+    from cudnn_dsl.interop.emit import emit_cudnn
+
+    for g in program.graphs:
+        options = common.options_from(args, g.options)
+        for inst in g.instances:
+            print(emit_cudnn(g, inst, options), end="")
+
+
+def _plans(program, target, args, pin) -> int:
+    """Prints the name of every plan cuDNN offers the target for every shape of every graph, whole (the pipeline's
+    planned stage): the chosen one marked *, those the constraints or --plan leave out marked -. A graph cuDNN
+    declines whole is reported as the error it is."""
+    from cudnn_dsl.build.pipeline import compile_shape
+    from cudnn_dsl.target.library import BackendUnavailable
+    from dsl.diagnostics import DslError
+
+    status = common.EXIT_OK
+    for g in program.graphs:
+        options = common.options_from(args, g.options)
+        for inst in g.instances:
+            name = common.label(g, inst)
+            progress = common.Progress(name)
+            try:
+                low = compile_shape(g, inst, options, target, progress=progress, pin=pin)
+            except (DslError, BackendUnavailable) as e:  # said, and the other graphs and shapes still planned
+                status = max(status, common.report(e))
+                continue
+            finally:
+                progress.done()
+            left = "" if low.allowed is None else "; - left out by the plan constraints or --plan"
+            print(
+                f"# {name}: {low.plan_count} plans for {target.name} (sm_{target.sm_version}); * the chosen one{left}"
+            )
+            for i in range(low.plan_count):
+                mark = "*" if i == low.selected else "-" if low.allowed is not None and i not in low.allowed else " "
+                print(f"{mark} {low.g.get_plan_name_at_index(i)}")
+            for step, why in low.skipped.items():
+                print(f"# {step} skipped: {why}")
+    return status
 
 
 def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
@@ -136,13 +189,12 @@ def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
 
 def _shape_mode(g, target, records: list, quiet: bool, args) -> int:
     """The shape mode a run of this graph would use; in override-shape mode, its one plan, planned deviceless."""
-    from cudnn_dsl.build.override import shape_mode_line
     from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
 
     options = common.options_from(args, g.options)
     try:
-        line, low = shape_mode_line(g, options, target)
+        line, low = _shape_mode_line(g, options, target)
     except (DslError, BackendUnavailable) as e:  # the constraints leave no plan: said, like any other refusal
         return common.report(e)
     record = {"graph": g.name, "target": target.name, "shape_mode": options.shape_mode, "says": line}
@@ -152,3 +204,36 @@ def _shape_mode(g, target, records: list, quiet: bool, args) -> int:
     if not quiet:
         print(f"  {line}")
     return common.EXIT_OK
+
+
+def _shape_mode_line(graph, options, target):
+    """What `check --target` says of the shapes of a graph with symbolic dims: the mode a run would use, and in
+    override-shape mode how its one plan fares with this library for the target; and that planned graph, if any."""
+    from cudnn_dsl.build.override import OVERRIDE_MIN_CUDNN, OverrideDeclined, version_text
+    from cudnn_dsl.build.pipeline import compile_override
+    from cudnn_dsl.build.steps import first_plan_name
+    from cudnn_dsl.target.library import load_cudnn
+
+    count = 1
+    for s in graph.symbols:
+        count *= s.count
+    mode = options.shape_mode
+    if mode != "override":
+        how = {
+            "static": "a static plan per shape",
+            "dynamic": "a plan per shape in dynamic-shape mode, one shared kernel cache",
+            "auto": "a plan per shape: static while it compiles nothing at run time, then dynamic-shape mode",
+        }[mode]
+        return f"shape mode {mode}: {how} ({count} shapes)", None
+    version = version_text(load_cudnn().backend_version())
+    try:
+        low = compile_override(graph, options, target)
+    except OverrideDeclined as e:
+        return f"shape mode override: per-value plans as under auto instead ({count} shapes): {e}", None
+    return (
+        f"shape mode override: one plan for all {count} shapes, built at {low.instance.label} and run at each "
+        f"through execute-time shape overrides; cuDNN {version} here offers {low.plan_count} plans for "
+        f"{target.name}, first {first_plan_name(low)}{' (not built: no GPU)' if low.skipped else ''}; cuDNN "
+        f"below {version_text(OVERRIDE_MIN_CUDNN)} falls back to a plan per shape",
+        low,
+    )

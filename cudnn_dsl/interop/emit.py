@@ -12,7 +12,7 @@ import keyword
 import math
 import re
 
-from cudnn_dsl.build.lower import lower
+from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.target.dtypes import torch_dtype_name
 from dsl.ir import Graph, Instance
 from dsl.types import DTYPE_RANGE, is_float
@@ -137,7 +137,7 @@ def _graph_function(fname: str, graph: Graph, inst: Instance, o, doc: str) -> tu
     """`def fname(handle)` building `graph` with the frontend (the lowering pass run against a recorder);
     also its pass-by-value tensors, uid -> (value, dtype), and its scratch tensors, name -> uid."""
     script = _Script()
-    low = lower(graph, inst, handle=_Sym(script, "handle"), cudnn=_Sym(script, "cudnn"))
+    low = compile_shape(graph, inst, o, stop="lowered", handle=_Sym(script, "handle"), cudnn=_Sym(script, "cudnn"))
     policy = "ALL" if o.build_policy == "all" else "HEURISTICS_CHOICE"
     body = "\n".join("    " + line for line in script.lines)
     modes = ", ".join(f"cudnn.heur_mode.{_name(m)}" for m in o.modes())

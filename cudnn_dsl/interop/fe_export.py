@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from cudnn_dsl.build.lower import lower
-from cudnn_dsl.build.steps import STEPS, plan
+from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.interop.fe_json import by_value_json
 from cudnn_dsl.target.library import Target
 from dsl.ir import Graph, Instance
@@ -16,9 +15,8 @@ def frontend_json(graph: Graph, inst: Instance, target: Target | None = None, ha
     lowered for the target without a device, or on the GPU of `handle`, with the value of every pass-by-value
     tensor. Through create_execution_plans: some ops (sdpa) reach the frontend's C++ graph, whose JSON this is,
     only when plans are asked for; `plans=False` stops before, for a graph that no engine takes (sdpa aside)."""
-    low = lower(graph, inst, target=target, handle=handle)
-    steps = STEPS[:3] if plans else STEPS[:2]
-    plan(low, graph.options, target.name if target else "this GPU", steps=steps, deviceless=target is not None)
+    stop = "create_execution_plans" if plans else "build_operation_graph"
+    low = compile_shape(graph, inst, graph.options, target, stop=stop, handle=handle)
     j = json.loads(repr(low.g))
     tensors = j.get("tensors") or []
     for t in tensors.values() if isinstance(tensors, dict) else tensors:

@@ -14,8 +14,8 @@ import torch
 
 from cudnn_dsl.build.constraints import NotAllowed
 from cudnn_dsl.build.lower import Lowered
+from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.build.planner import Executable, Planner
-from cudnn_dsl.build.steps import plan_deviceless
 from cudnn_dsl.run.buffers import BindingError, check_binding, check_inputs, outputs_of, snapshot
 from cudnn_dsl.run.compare import Comparison, compare_outputs
 from cudnn_dsl.run.inputs import generate_inputs
@@ -176,12 +176,12 @@ class CompiledGraph:
         return self.planner
 
     def executable(self, inst: Instance) -> Executable:
-        return self._planner().executable(inst)
+        return compile_shape(self.graph, inst, self.options, stop="executable", planner=self._planner())
 
     def plan(self, target: str | Target = DEFAULT_TARGET, binding: dict[str, int] | None = None) -> Lowered:
         """Asks cuDNN for a target GPU's plans without a device (needs no GPU)."""
         target = Target.named(target) if isinstance(target, str) else target
-        return plan_deviceless(self.graph, self.graph.instance(binding), self.options, target)
+        return compile_shape(self.graph, self.graph.instance(binding), self.options, target)
 
     def bind_outputs(self, inst: Instance, tensors: dict, out: dict | None = None) -> dict[str, torch.Tensor]:
         """Checks every input (and given output) buffer; returns the outputs, allocated where not given

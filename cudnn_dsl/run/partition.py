@@ -182,10 +182,10 @@ def plan_for_target(graph: Graph, inst: Instance, options, target, progress=None
     """(plans, None) when the target's cuDNN takes the graph whole, else (None, the partition); the
     refusal itself (a DslError) when splitting is off or a plan is pinned (a pin names a whole-graph plan)."""
     from cudnn_dsl.build.constraints import NotAllowed
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
 
     try:
-        return plan_deviceless(graph, inst, options, target, progress, pin), None
+        return compile_shape(graph, inst, options, target, progress=progress, pin=pin), None
     except DslError as e:
         if not options.split or pin is not None or isinstance(e, NotAllowed):
             raise
@@ -195,11 +195,11 @@ def plan_for_target(graph: Graph, inst: Instance, options, target, progress=None
 
 def deviceless_accepts(options, target) -> Accepts:
     """Acceptance by the real cuDNN library, planning for `target` without a device."""
-    from cudnn_dsl.build.steps import plan_deviceless
+    from cudnn_dsl.build.pipeline import compile_shape
 
     def accepts(part: Graph) -> str | None:
         try:
-            plan_deviceless(part, part.instances[0], options, target)
+            compile_shape(part, part.instances[0], options, target)
         except DslError as e:
             return short(e.diagnostics[0].message)
         return None

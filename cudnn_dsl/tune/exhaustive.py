@@ -18,9 +18,9 @@ import attrs
 
 from cudnn_dsl.build.constraints import excluded_or
 from cudnn_dsl.build.lower import clean
+from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.build.planner import Candidates
 from cudnn_dsl.build.space import KnobRange, engine_space
-from cudnn_dsl.build.steps import candidates_deviceless
 from cudnn_dsl.target.library import Target
 from dsl.ir import Graph, Instance, shape_label
 from dsl.options import Options
@@ -205,7 +205,7 @@ def search_deviceless(
 ) -> SearchResult:
     """The search without a GPU: each configuration is created for the target (cuDNN says whether it supports it),
     none is built or timed, and nothing is recorded."""
-    low = candidates_deviceless(graph, inst, options, target)
+    low = compile_shape(graph, inst, options, target, stop="check_support", tuning=True)
     excluded = set(options.exclude_engines or ())
     return search(Candidates(None, low, options), [], excluded, cap=cap, budget_s=budget_s, progress=progress)
 

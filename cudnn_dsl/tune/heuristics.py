@@ -14,7 +14,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from cudnn_dsl.build.constraints import excluded_or
+from cudnn_dsl.build.constraints import excluded_or, over_workspace_limit
 from cudnn_dsl.run.buffers import restore, snapshot
 from cudnn_dsl.run.compare import compare_outputs
 from cudnn_dsl.run.compiled import CompiledGraph, capture
@@ -111,8 +111,9 @@ def tune(cg: CompiledGraph, inst: Instance, progress: Callable[[str], None] | No
             try:
                 t0 = time.perf_counter()
                 c.workspace = cands.build(i)
-                if o.workspace_limit is not None and c.workspace > o.workspace_limit:
-                    c.error = f"needs {c.workspace} bytes of workspace, over the limit of {o.workspace_limit}"
+                over = over_workspace_limit(c.workspace, o)
+                if over:
+                    c.error = over
                     continue
                 ws = torch.empty(max(1, c.workspace), dtype=torch.uint8, device=cg.device)
                 c.times_us = replay_time_us(
@@ -166,8 +167,9 @@ def exhaustive(
 
     def measure(index: int, t: Tried) -> None:
         t.workspace = cands.build(index)
-        if o.workspace_limit is not None and t.workspace > o.workspace_limit:
-            raise RuntimeError(f"needs {t.workspace} bytes of workspace, over the limit of {o.workspace_limit}")
+        over = over_workspace_limit(t.workspace, o)
+        if over:
+            raise RuntimeError(over)
         ws = torch.empty(max(1, t.workspace), dtype=torch.uint8, device=cg.device)
         t.median_us = statistics.median(
             replay_time_us(plan_runner(cands, index, pack, ws), planner.handle, cg.device, o.iterations, o.warmup)
