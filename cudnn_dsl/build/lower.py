@@ -169,8 +169,9 @@ def lower(
 
 
 MIN_RANK = 3
-"""cuDNN 9.19's pointwise engines plan rank-2 tensors and compute wrong results on the H200 (seen:
-relu of a [64, 256] tensor); every tensor reaches cuDNN with at least three dims, unit ones in front."""
+"""cuDNN's engines take tensors of rank 3 and up: 9.28 plans no rank-2 relu or matmul for an H200
+(tests/test_quirks.py), 9.19 planned a rank-2 relu ([64, 256]) and computed it wrong on the H200. Every tensor
+reaches cuDNN with at least three dims, unit ones in front."""
 
 
 def lead_dims(rank: int) -> int:

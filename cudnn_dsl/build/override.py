@@ -5,17 +5,13 @@ compile_override plans it."""
 
 from __future__ import annotations
 
+from cudnn_dsl.target.quirks import version_text
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance, NotFound
 
 OVERRIDE_MIN_CUDNN = 92100
 """cuDNN 9.21.0: the first library with execute-time shape overrides (9.19 says 'Override shape support
 requires cudnn 9.21.0 and above')"""
-
-
-def version_text(version: int) -> str:
-    """cuDNN's version number as words: 92801 -> '9.28.1'."""
-    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
 
 
 def override_unavailable(version: int) -> str | None:

@@ -19,7 +19,7 @@ from cudnn_dsl.build.constraints import (
 )
 from cudnn_dsl.build.lower import Lowered, clean
 from cudnn_dsl.target.library import load_cudnn
-from cudnn_dsl.target.quirks import runs_wrong
+from cudnn_dsl.target.quirks import declined
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ops import FAMILIES, OPS
 from dsl.options import Options
@@ -37,7 +37,8 @@ def plan(
     tuning: bool = False,
     pin: PlanSpec | None = None,
 ) -> Lowered:
-    """Runs the build steps on a lowered graph, timing each; raises DslError located at the culprit op.
+    """Runs the build steps on a lowered graph, timing each; raises DslError located at the culprit op, before
+    any step for a graph this library runs wrong (a row of target.quirks in force at its version).
 
     `tuning` asks every heuristic mode and keeps every plan (each is then built by index). The options'
     plan constraints (excluded engines, deterministic, no runtime compilation) apply after
@@ -45,10 +46,10 @@ def plan(
     and knobs, the only one. Deviceless, build_plans of a runtime-compiled engine compiles but cannot load
     the kernel without a GPU driver; that step is then recorded as skipped, with the reason.
     """
-    wrong = runs_wrong(low.graph, low.instance)
+    cudnn = load_cudnn()
+    wrong = declined(low.graph, low.instance, cudnn.backend_version())
     if wrong is not None:
         raise DslError(wrong)
-    cudnn = load_cudnn()
     g = low.g
     modes = options.modes(tuning or pin is not None)
     policy = "all" if tuning else options.build_policy
