@@ -120,6 +120,7 @@ def _layout() -> str:
         ("README.md", "coverage-count"),
         ("docs/language.md", "inits"),
         ("docs/architecture.md", "layout"),
+        ("docs/cudnn-quirks.md", "quirks"),
     ],
 )
 def test_the_language_reference_tables_come_from_the_registries(doc_name, block, update_goldens):
@@ -127,6 +128,7 @@ def test_the_language_reference_tables_come_from_the_registries(doc_name, block,
     own text (one place per fact)."""
     import re
 
+    from cudnn_dsl.target.quirks import table as quirks_table
     from dsl.syntax.printer import inits_table, ops_tables, options_table
 
     doc = ROOT / doc_name
@@ -139,6 +141,7 @@ def test_the_language_reference_tables_come_from_the_registries(doc_name, block,
         "coverage-count": lambda: _coverage("count"),
         "inits": inits_table,
         "layout": _layout,
+        "quirks": quirks_table,
     }[block]()
     if update_goldens:
         doc.write_text(pattern.sub(lambda m: m.group(1) + want + m.group(3), text))

@@ -107,25 +107,10 @@ def test_a_per_channel_broadcast_at_rank_4_is_left_to_cudnn():
     assert declined(g, g.instances[0], SEEN) is None
 
 
-ATTENTION = """graph a {
-  io half
-  compute float
-  input q : half[2, 4, 128, 64]
-  input k : half[2, 4, 128, 64]
-  input v : half[2, 4, 128, 64]
-  input o : half[2, 4, 128, 64]
-  input do : half[2, 4, 128, 64]
-  input st : float[2, 4, 128, 1]
-  dq, dk, dv = sdpa_backward(q, k, v, o, do, st, causal=true)
-  output dq
-  output dk
-  output dv
-}
-"""
-
-
 def test_attention_gradients_written_as_float_are_declined():
-    g = program(text=ATTENTION, file="a.cdg").graphs[0]
+    from tests.test_backward_ops import PLANNED, graph_text
+
+    g = program(text=graph_text(PLANNED["sdpa_causal"], "half"), file="a.cdg").graphs[0]
     inst = g.instances[0]
     assert declined(g, inst, SEEN) is None  # the checker types dq, dk and dv like q, k and v
     # a float dq is what the row guards against, whatever gives it that dtype
@@ -233,8 +218,9 @@ def test_the_library_here_answers_as_the_table_says(row, h200, here):
     from cudnn_dsl.build.pipeline import compile_shape
 
     q = ROWS[row]
-    refused = {s.version for s in q.seen if s.test.endswith(f"[{row}]")}
-    planned = {c.version for c in q.clean if c.test.endswith(f"[{row}]")}
+    this = f"tests/test_quirks.py::test_the_library_here_answers_as_the_table_says[{row}]"
+    refused = {s.version for s in q.seen if s.test == this}
+    planned = {c.version for c in q.clean if c.test == this}
     if here not in refused | planned:
         pytest.skip(f"the table records no answer of cuDNN {here} for {row}")
     for text, axes in FORMS[row]:

@@ -1,10 +1,10 @@
-"""Backend layer: what cuDNN gets wrong, one row per workaround, keyed by the version of the library planning.
+"""cuDNN's quirks: one row per workaround of a wrong result or a refusal, keyed by the version of the library planning.
 
 A row is a `wrong_result` (cuDNN built and ran such a graph and gave outputs never written or half wrong, with
 no error) or a `refusal` (cuDNN had no engine for it). A refusal cuDNN reports needs no row where the answer
-comes in time: the partitioner splits a graph cuDNN declines, on every version. The refusal rows here are
-the ones answered before planning: which op a derived backward emits (the partitioner can split a graph, not
-trade a backward op cuDNN refuses for the chain of registry ops computing the same gradients).
+comes in time: the partitioner splits a graph cuDNN declines, on every version. The refusal rows here are for
+a choice made before planning, which op a derived backward emits: the partitioner splits a graph, and cannot
+trade a backward op cuDNN refuses for the chain of registry ops that computes the same gradients.
 
 A row applies on every cuDNN version it is not verified clean on, newer ones included: what a release fixed
 is known only where a test showed it. The version is the library planning: the local one when planning for a
@@ -170,7 +170,7 @@ QUIRKS: tuple[Quirk, ...] = (
         "plan",
         "declines a graph whose ops form more than one connected computation (in a graph of pointwise ops "
         "alone, an input two ops read joins them): split, each runs as a graph of its own",
-        "a conv_wgrad beside a relu_backward that reads its input: the conv_wgrad's output right, the "
+        "a conv_wgrad beside a relu_backward that shares its input: the conv_wgrad's output right, the "
         "relu_backward's never written (NaN gradients); two pointwise chains reading nothing in common: one "
         "chain's output never written. Two pointwise chains over the halves of one tensor ran right as one "
         "graph (examples/rope_in_place.cdg)",
@@ -193,8 +193,8 @@ QUIRKS: tuple[Quirk, ...] = (
         "declines a graph of pointwise ops alone, of rank 3 or less, where an op broadcasts an input over two "
         "dims or more",
         "[1, 1, D], [1, S, 1] or [B, 1, 1] broadcast over [B, S, D] left about half the outputs wrong; a lone "
-        "add of float [16, 512, 512] and bf16 [1, 1, 512] gave NaNs (tests/gpu/test_plan_control_gpu.py::"
-        "test_run_isolate_checks_each_op_alone). What ran right: a rank-3 input broadcast over one dim (a "
+        "add of float [16, 512, 512] and bf16 [1, 1, 512] gave NaNs (`run --isolate`, docs/results/isolate-h200.txt). "
+        "What ran right: a rank-3 input broadcast over one dim (a "
         "[1, S, D] table over a batch, examples/rope_in_place.cdg; a [B, S, 1] statistic over D), and at rank 4 "
         "a per-channel [1, C, 1, 1] over NHWC [N, C, H, W] (a conv's epilogue run alone, checked by `tune`)",
         _two_dim_broadcast,
