@@ -108,7 +108,8 @@ def test_a_per_channel_broadcast_at_rank_4_is_left_to_cudnn():
 
 
 def test_attention_gradients_written_as_float_are_declined():
-    from tests.test_backward_ops import PLANNED, graph_text
+    from tests.graphs import graph_text
+    from tests.test_backward_ops import PLANNED
 
     g = program(text=graph_text(PLANNED["sdpa_causal"], "half"), file="a.cdg").graphs[0]
     inst = g.instances[0]
