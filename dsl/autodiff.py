@@ -11,6 +11,8 @@ the text is the whole truth and re-checks to the same graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 from dsl.diagnostics import Diagnostic, DslError, RuleError
@@ -147,8 +149,8 @@ class Emit:
     """Builds the backward graph: declares the forward values it reads, types every op it emits with
     the registry's shape rules (as the checker will), and names values uniquely."""
 
-    def __init__(self, graph: Graph, inst: Instance):
-        self.graph, self.inst = graph, inst
+    def __init__(self, graph: Graph, inst: Instance, avoid: Avoid):
+        self.graph, self.inst, self.avoid = graph, inst, avoid
         self.taken = {v.name for v in graph.values} | {b.name for b in graph.buffers}
         self.types: dict[str, TensorType] = {}
         self.bind: dict[str, tuple[str, str]] = {}  # backward input -> (kind, forward value)
@@ -365,10 +367,23 @@ def _reject(graph: Graph, active: set[str]) -> None:
             raise DslError(Diagnostic("error", f"'{v.name}' {what}; a graph with one has no derived backward", v.loc))
 
 
-def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | None = None, suffix: str = "") -> Derived:
+#: (the frontend's backward op, x's type, the scale's type, the normalized axes) -> why the derived backward takes
+#: the chain of registry ops instead on the cuDNN that will run it, or None: the op (cudnn_dsl.target.quirks
+#: knows which library avoids which form; the language does not)
+Avoid = Callable[[str, TensorType, TensorType, tuple[int, ...]], str | None]
+
+
+def derive(
+    graph: Graph,
+    inst: Instance | None = None,
+    wrt: tuple[str, ...] | None = None,
+    suffix: str = "",
+    avoid: Avoid = lambda op, x, scale, axes: None,
+) -> Derived:
     """The augmented forward and the backward of one shape of `graph` (the only one when inst is None),
     with gradients for `wrt` (default: every float input), named `<graph>_forward<suffix>` and
-    `<graph>_backward<suffix>`. DslError, at the op, when a gradient must pass an op that has no VJP."""
+    `<graph>_backward<suffix>`; a norm's gradients by the frontend's backward op unless `avoid` says why
+    not. DslError, at the op, when a gradient must pass an op that has no VJP."""
     inst = inst or graph.instance()
     floats = {v.name for v in graph.values if v.kind not in ("scalar", "const") and is_float(inst.type(v.name).dtype)}
     inputs = float_inputs(graph, inst)
@@ -388,7 +403,7 @@ def derive(graph: Graph, inst: Instance | None = None, wrt: tuple[str, ...] | No
             results = n.outputs[:1] if n.op in STATISTICS else n.outputs
             active |= {o for o in results if o in floats}
     _reject(graph, active)
-    e = Emit(graph, inst)
+    e = Emit(graph, inst, avoid)
     grads = {o.name: e.grad_of_output(o.name) for o in graph.outputs if o.name in active}
     for index in reversed(range(len(graph.nodes))):
         n = graph.nodes[index]

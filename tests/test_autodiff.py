@@ -2,9 +2,12 @@
 CPU: the derived text round-trips, and the gradients of the derived backward, run through its reference, match
 torch autograd on the forward's reference."""
 
+import functools
+
 import pytest
 import torch
 
+from cudnn_dsl.target.quirks import avoided_backward
 from cudnn_dsl.torch_op.autograd import differentiable
 from dsl.autodiff import derive
 from dsl.diagnostics import DslError
@@ -234,6 +237,10 @@ def _norm_graph(x: str, scale: str, body: str) -> str:
     return f"graph g {{\n  input a : float{x}\n{decls}  {body}\n}}\n"
 
 
+#: the H200's cuDNN, where the quirks table's 'derive' rows were seen
+ON_919 = functools.partial(avoided_backward, 91900)
+
+
 @pytest.mark.parametrize(
     "x, scale, body, op",
     [
@@ -245,16 +252,17 @@ def _norm_graph(x: str, scale: str, body: str) -> str:
         ("[4, 3, 2, 2]", "[1, 3, 1, 1]", "output y = instancenorm(a, b, c)", "instancenorm_backward"),
         ("[2, 3, 4]", "[1, 1, 4]", "output y = layernorm(a, b, c)", None),  # tokens: no engine on 9.19
         ("[4, 3, 2, 2]", "[1, 1, 1, 2]", "output y = layernorm(a, b, c)", None),  # not per sample
+        ("[2, 3, 4]", "[2, 1, 4]", "output y = adalayernorm(a, b, c)", None),  # no engine on 9.19
     ],
 )
 def test_norms_use_their_backward_op_where_cudnn_runs_it(x, scale, body, op):
     text = _norm_graph(x, scale, body)
     g = program(text=text).graph()
     if op is not None and "batchnorm" in op:  # the running statistics want no gradient
-        d = derive(g, wrt=("a", "b", "c"))
+        d = derive(g, wrt=("a", "b", "c"), avoid=ON_919)
         assert [n.op for n in d.backward.nodes if n.op.endswith("_backward")] == [op]
         return
-    d = derive(g)
+    d = derive(g, avoid=ON_919)
     ops = [n.op for n in d.backward.nodes]
     if op is None:
         assert not any(o.endswith("_backward") for o in ops)
@@ -263,9 +271,25 @@ def test_norms_use_their_backward_op_where_cudnn_runs_it(x, scale, body, op):
         assert "float(" not in d.backward_text
     check_grads(text, "cpu")
     if op is not None:  # the scale frozen: dscale would be left unread, so the chain
-        d = derive(g, wrt=("a",) + (("c",) if body.count(",") > 1 else ()))
+        d = derive(g, avoid=ON_919, wrt=("a",) + (("c",) if body.count(",") > 1 else ()))
         assert op not in d.backward_text
         check_grads(text, "cpu", frozen=("b",))
+
+
+@pytest.mark.parametrize(
+    "x, scale, body, op",
+    [
+        ("[2, 3, 4]", "[1, 1, 4]", "output y = layernorm(a, b, c)", "layernorm_backward"),
+        ("[2, 3, 4]", "[1, 1, 4]", "output y = rmsnorm(a, b)", "rmsnorm_backward"),
+        ("[2, 3, 4]", "[2, 1, 4]", "output y = adalayernorm(a, b, c)", "adalayernorm_backward"),
+    ],
+)
+def test_where_a_quirk_is_verified_clean_the_backward_op_is_used(x, scale, body, op):
+    # the quirks table's 'derive' rows are lifted on a cuDNN verified clean (9.28.1 plans these forms)
+    g = program(text=_norm_graph(x, scale, body)).graph()
+    assert [n.op for n in derive(g, avoid=ON_919).backward.nodes if n.op.endswith("_backward")] == []
+    clean = derive(g, avoid=functools.partial(avoided_backward, 92801))
+    assert [n.op for n in clean.backward.nodes if n.op.endswith("_backward")] == [op]
 
 
 def test_gradients_of_a_value_read_twice_add():

@@ -190,9 +190,11 @@ def derive(graph: Graph, inst: Instance, wrt: tuple[str, ...] | None = None):
     """The derived forward and backward of one shape (dsl.autodiff.derive; by default the gradients of
     every float input), named as `check --emit backward` and `emit --derived` name them: `<graph>_backward`,
     `<graph>_backward_N4` for the shape N=4 of a graph with several."""
+    from cudnn_dsl.target.quirks import backward_avoid
     from dsl.autodiff import derive
 
-    return derive(graph, inst, wrt, suffix="_" + "_".join(f"{k}{v}" for k, v in inst.binding) if inst.binding else "")
+    suffix = "_" + "_".join(f"{k}{v}" for k, v in inst.binding) if inst.binding else ""
+    return derive(graph, inst, wrt, suffix, avoid=backward_avoid())
 
 
 # ---- flags ------------------------------------------------------------------------------------

@@ -13,11 +13,14 @@ target without a GPU, the GPU's own on it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Literal
 
 import attrs
 
+from cudnn_dsl.target.library import BackendUnavailable, load_cudnn
+from dsl.autodiff import Avoid
 from dsl.diagnostics import Diagnostic
 from dsl.ir import Graph, Instance, Node
 from dsl.ops import OPS
@@ -62,12 +65,14 @@ class Quirk:
     clean: tuple[Sighting, ...] = ()
     """the versions a test showed it does not apply to"""
 
-    def applies(self, version: int) -> bool:
+    def applies(self, version: int | None) -> bool:
+        """Whether the row is in force on cuDNN `version` (None: no library to ask, so every row is)."""
         return all(c.version != version for c in self.clean)
 
-    def tag(self, version: int) -> str:
+    def tag(self, version: int | None) -> str:
         """How a report names the row: 'quirk unconnected_computations, not verified clean on cuDNN 9.28.1'."""
-        return f"quirk {self.name}, not verified clean on cuDNN {version_text(version)}"
+        on = "no cuDNN library loaded here" if version is None else f"cuDNN {version_text(version)}"
+        return f"quirk {self.name}, not verified clean on {on}"
 
     def declines(self, graph: Graph, inst: Instance, version: int) -> Diagnostic | None:
         """Why cuDNN `version` would run this graph wrong, at the op (a 'plan' row); None when it does not apply."""
@@ -82,7 +87,9 @@ class Quirk:
             node.loc,
         )
 
-    def avoids(self, version: int, op: str, x: TensorType, scale: TensorType, axes: tuple[int, ...]) -> str | None:
+    def avoids(
+        self, version: int | None, op: str, x: TensorType, scale: TensorType, axes: tuple[int, ...]
+    ) -> str | None:
         """Why a derived backward takes the chain of registry ops rather than `op` (a 'derive' row), for its
         text; None when the row does not apply."""
         if not self.applies(version) or not self.fires(op, x, scale, axes):
@@ -262,13 +269,25 @@ def declined(graph: Graph, inst: Instance, version: int) -> Diagnostic | None:
     return None
 
 
-def avoided_backward(version: int, op: str, x: TensorType, scale: TensorType, axes: tuple[int, ...]) -> str | None:
+def avoided_backward(
+    version: int | None, op: str, x: TensorType, scale: TensorType, axes: tuple[int, ...]
+) -> str | None:
     """Why a derived backward on cuDNN `version` takes the chain of registry ops rather than the frontend's `op`
     for a norm of input x, scale `scale`, over `axes` (the first 'derive' row in force that fires); None: `op`."""
     for q in QUIRKS:
         if q.stage == "derive" and (why := q.avoids(version, op, x, scale, axes)) is not None:
             return why
     return None
+
+
+def backward_avoid() -> Avoid:
+    """dsl.autodiff.derive's `avoid` for the cuDNN loaded here (the library that plans or runs the derived
+    graphs); where none loads, every 'derive' row is in force."""
+    try:
+        version = load_cudnn().backend_version()
+    except BackendUnavailable:
+        version = None
+    return functools.partial(avoided_backward, version)
 
 
 def table() -> str:

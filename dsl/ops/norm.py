@@ -363,21 +363,15 @@ OPS |= BACKWARD_OPS
 # ---- VJP rules ---------------------------------------------------------------------
 
 
-def _layer_fits(x, scale, axes) -> bool:
-    """layernorm_backward and rmsnorm_backward run on cuDNN 9.19 over [N, C, H, W] normalized per sample
-    (statistics [N, 1, 1, 1]); over tokens ([B, S, D], statistics [B, S, 1]) no engine takes them."""
-    return len(x.shape) == 4 and 0 not in axes and all(i in axes or x.shape[i] == 1 for i in (1, 2, 3))
-
-
 def _norm(
     centered: bool,
     over: Callable = lambda x, scale: norm_axes(x.shape, scale.shape),
     dedicated: str | None = None,
-    fits: Callable = lambda x, scale, axes: len(x.shape) == 4,
 ) -> Rule:
     """A norm (centered: layer, instance, batch; else RMS) from its statistics (the forward computes them
-    in training phase). The frontend's `dedicated` backward op where it fits (`fits`: the forms cuDNN 9.19
-    runs) and every gradient it returns is wanted (an unread result of a fused op is not left dangling);
+    in training phase). The frontend's `dedicated` backward op where the cuDNN that runs it takes the form
+    (`Emit.avoid`, from the quirks table) and every gradient it returns is wanted (an unread result of a fused
+    op is not left dangling);
     else the chain: xhat = (x - mean) * inv_variance, g = dy * scale, and over the normalized axes
     (`over`, N elements) dx = inv_variance * (g - sum(g) / N - xhat * sum(g * xhat) / N); dscale =
     dy * xhat, dbias = dy, summed over the axes scale broadcasts on."""
@@ -387,7 +381,8 @@ def _norm(
         axes = over(x, scale)
         stats = e.stats(n, 2 if centered else 1)
         bias = len(n.inputs) > 2 and n.inputs[2] is not None
-        if dedicated and fits(x, scale, axes) and all(n.need[: 3 if bias else 2]) and (bias or not centered):
+        wanted = all(n.need[: 3 if bias else 2]) and (bias or not centered)
+        if dedicated and wanted and e.avoid(dedicated, x, scale, axes) is None:
             given = {"dbias": bias} if dedicated == "rmsnorm_backward" else {}
             dy = e.cast(n.dy, x.dtype)
             grads = e.call(dedicated, dy, e.fwd(n.inputs[0]), e.fwd(n.inputs[1]), *stats, **given)
@@ -423,9 +418,9 @@ def _batchnorm_inference(e, n):
 
 
 VJPS: dict[str, Rule] = {
-    "layernorm": _norm(centered=True, dedicated="layernorm_backward", fits=_layer_fits),
-    "rmsnorm": _norm(centered=False, dedicated="rmsnorm_backward", fits=_layer_fits),
-    "adalayernorm": _norm(centered=True),  # adalayernorm_backward: no engine on cuDNN 9.19
+    "layernorm": _norm(centered=True, dedicated="layernorm_backward"),
+    "rmsnorm": _norm(centered=False, dedicated="rmsnorm_backward"),
+    "adalayernorm": _norm(centered=True, dedicated="adalayernorm_backward"),
     "instancenorm": _norm(
         centered=True, over=lambda x, scale: tuple(range(2, len(x.shape))), dedicated="instancenorm_backward"
     ),
