@@ -37,7 +37,8 @@ def cudnn_version():
 
 @pytest.fixture
 def override_cudnn(cudnn_version):
-    from cudnn_dsl.build.override import OVERRIDE_MIN_CUDNN, version_text
+    from cudnn_dsl.build.override import OVERRIDE_MIN_CUDNN
+    from cudnn_dsl.target.quirks import version_text
 
     if cudnn_version < OVERRIDE_MIN_CUDNN:
         pytest.skip(f"cuDNN {version_text(cudnn_version)} here has no override-shape mode (needs 9.21)")
@@ -51,7 +52,8 @@ def test_the_option_takes_override_and_says_what_else_it_takes():
 
 
 def test_the_version_check_names_both_versions():
-    from cudnn_dsl.build.override import override_unavailable, version_text
+    from cudnn_dsl.build.override import override_unavailable
+    from cudnn_dsl.target.quirks import version_text
 
     assert version_text(92801) == "9.28.1"
     assert override_unavailable(91900) == "cuDNN 9.19.0 has no override-shape mode (it needs 9.21.0 or later)"
