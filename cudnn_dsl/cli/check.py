@@ -210,10 +210,10 @@ def _shape_mode_line(graph, options, target):
     """What `check --target` says of the shapes of a graph with symbolic dims: the mode a run would use, and in
     override-shape mode how its one plan fares with this library for the target; and that planned graph, if any."""
     from cudnn_dsl.build.override import OVERRIDE_MIN_CUDNN, OverrideDeclined
-    from cudnn_dsl.target.quirks import version_text
     from cudnn_dsl.build.pipeline import compile_override
     from cudnn_dsl.build.steps import first_plan_name
     from cudnn_dsl.target.library import load_cudnn
+    from cudnn_dsl.target.quirks import version_text
 
     count = 1
     for s in graph.symbols:
