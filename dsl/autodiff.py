@@ -378,12 +378,14 @@ def derive(
     inst: Instance | None = None,
     wrt: tuple[str, ...] | None = None,
     suffix: str = "",
-    avoid: Avoid = lambda op, x, scale, axes: None,
+    *,
+    avoid: Avoid,
 ) -> Derived:
     """The augmented forward and the backward of one shape of `graph` (the only one when inst is None),
     with gradients for `wrt` (default: every float input), named `<graph>_forward<suffix>` and
     `<graph>_backward<suffix>`; a norm's gradients by the frontend's backward op unless `avoid` says why
-    not. DslError, at the op, when a gradient must pass an op that has no VJP."""
+    not (the caller asks the quirks table for the cuDNN that will plan or run the graphs). DslError, at the
+    op, when a gradient must pass an op that has no VJP."""
     inst = inst or graph.instance()
     floats = {v.name for v in graph.values if v.kind not in ("scalar", "const") and is_float(inst.type(v.name).dtype)}
     inputs = float_inputs(graph, inst)

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from cudnn_dsl.target.quirks import backward_avoid
+
 ROOT = Path(__file__).resolve().parents[1]
+#: dsl.autodiff.derive's choices for the H200's cuDNN 9.19, where the quirks table's 'derive' rows were seen
+ON_H200 = backward_avoid(91900)
 
 
 def reference(text: str, *, seed: int, file: str = "t.cdg", **given) -> tuple[dict, dict]:

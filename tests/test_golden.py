@@ -2,6 +2,7 @@
 
 import ast
 import difflib
+import re
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ def _coverage(what: str) -> str:
 
 def _first_sentence(path: Path) -> str:
     doc = " ".join((ast.get_docstring(ast.parse(path.read_text())) or "").split("\n\n")[0].split())
-    return doc.split(". ")[0].removesuffix(".")
+    return re.split(r"(?<!\.)\. ", doc)[0].removesuffix(".")  # a sentence ends at '. ', not at 'FILE... '
 
 
 def _layout() -> str:

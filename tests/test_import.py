@@ -802,7 +802,7 @@ def test_every_imported_op_round_trips_through_the_frontend(op, text, unplanned,
 
 
 def test_a_rank_2_graph_comes_back_rank_3(h200):
-    """cuDNN gets unit dims in front of rank 1 and 2 tensors (lower.py MIN_RANK), so its JSON and the import are
+    """cuDNN gets unit dims in front of rank 1 and 2 tensors (build.lower.MIN_RANK), so its JSON and the import are
     rank 3, axes counted in rank 3; the imported graph is the same cuDNN graph."""
     from cudnn_dsl.interop.fe_export import frontend_json
 

@@ -79,7 +79,7 @@ def test_fmt_prints_types_of_intermediates_and_inits_canonically():
 
 
 def test_an_intermediate_output_is_rounded_before_the_op_that_reads_it():
-    """Issue 9's case: the GPU feeds layernorm the bf16 sum it writes; the reference must too."""
+    """The GPU feeds layernorm the bf16 sum it writes; the reference must too."""
     g, inst = _graph(ADD_LN)
     ins = generate_inputs(g, inst, "cpu", seed=7)
     out = run_reference(g, inst, ins)

@@ -1,7 +1,7 @@
-"""Backend layer: one instance of an IR graph -> the cuDNN Frontend graph calls (no planning).
+"""One instance of an IR graph -> the cuDNN Frontend graph calls (no planning).
 
 Every cuDNN tensor is named after its IR value, so that cuDNN's messages can be mapped back to
-the .cdg line of the op they concern (build.py does that). `emit` runs this same pass against a
+the .cdg line of the op they concern (build.steps does that). `emit` runs this same pass against a
 recorder, so the ejected script cannot drift from what `run` builds.
 """
 

@@ -525,7 +525,7 @@ NOT_CARRIED = {
     "range dim": "`dim T in LO..HI step S`: the JSON holds one shape; the graph imports at that shape",
     "init": "an input's distribution (`init=`) is the runtime's, not the cuDNN graph's",
     "option": "`option` lines (plan choice, tuning) are planning settings, not the graph's",
-    "rank below 3": "rank 1 and 2 tensors reach cuDNN with unit dims in front (lower.py MIN_RANK): they import "
+    "rank below 3": "rank 1 and 2 tensors reach cuDNN with unit dims in front (build.lower.MIN_RANK): they import "
     "as rank 3, their axes attributes counted in that rank",
     "declared default dtype": "a virtual tensor's dtype is declared only where it differs from the one the "
     "language gives it (`h : float = ...` in a float graph imports as `h = ...`)",

@@ -1,4 +1,4 @@
-"""Backend layer: when cuDNN declines a graph, the fewest graphs it accepts, in order, and the ops
+"""When cuDNN declines a graph, the fewest graphs it accepts, in order, and the ops
 no cuDNN engine runs (left to their torch reference on the GPU, when the options allow).
 
 The search is greedy from the first node: the longest run of nodes cuDNN accepts becomes one part.

@@ -24,6 +24,7 @@ import torch
 
 from cudnn_dsl import api
 from cudnn_dsl.run.compiled import CompiledGraph
+from cudnn_dsl.target.library import load_cudnn
 from cudnn_dsl.target.quirks import backward_avoid
 from cudnn_dsl.torch_op.training import backward_inputs, grads_read, values_read
 from dsl.autodiff import Derived, derive
@@ -64,7 +65,9 @@ class Differentiable:
         """The graphs derived for this shape and these inputs' gradients, compiled on first use."""
         inst = self.cg.instance_for(tensors)
         if (inst.binding, wrt) not in self._pairs:
-            self._pairs[inst.binding, wrt] = Pair(derive(self.graph, inst, wrt, avoid=backward_avoid()), self.cg)
+            self._pairs[inst.binding, wrt] = Pair(
+                derive(self.graph, inst, wrt, avoid=backward_avoid(load_cudnn().backend_version())), self.cg
+            )
         return self._pairs[inst.binding, wrt]
 
     def forward_outputs(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from cudnn_dsl.target.library import load_cudnn
 from cudnn_dsl.target.memory import empty
 from cudnn_dsl.target.quirks import backward_avoid
 from cudnn_dsl.torch_op.library import NAMESPACE, fragment, results, returned
@@ -112,7 +113,12 @@ class GradOps:
         key = tuple(sorted(dict(binding).items()))
         if key not in self._shapes:
             g = self.op.graph
-            d = derive(g, g.instance(dict(key)) if key else g.instances[0], self.wrt, avoid=backward_avoid())
+            d = derive(
+                g,
+                g.instance(dict(key)) if key else g.instances[0],
+                self.wrt,
+                avoid=backward_avoid(load_cudnn().backend_version()),
+            )
             if self._shapes and self._values(d) != self._values(next(iter(self._shapes.values()))[0]):
                 raise NotImplementedError(
                     f"graph '{g.name}': its derived backward reads other values at {dict(key)} (the op's "

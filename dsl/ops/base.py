@@ -216,9 +216,9 @@ def flops_per_element(n: int) -> Callable[[Ctx, list], int]:
 # intermediate is saved by the forward), `e.fwd_t(name)` (its last two axes swapped: a declared view
 # of the same memory, no transpose op), `e.stats(n, k)`: the op's first k statistics (the forward
 # returns them, or is made to: Statistics.switch). A gradient of a broadcast input is summed back to its
-# shape by the caller. An op that has no VJP is in NO_VJP with the reason. Where cuDNN 9.19 runs the
-# frontend's backward op, the rule emits it; elsewhere (a form with no engine, a gradient of the fused op
-# left unread) it falls back to a chain of registry ops.
+# shape by the caller. An op that has no VJP is in NO_VJP with the reason. Where the cuDNN that runs the graph
+# has the frontend's backward op for the form (`e.avoid`: the quirks table), the rule emits it; elsewhere (a form
+# with no engine, a gradient of the fused op left unread) it falls back to a chain of registry ops.
 
 
 @attrs.frozen

@@ -1,4 +1,4 @@
-"""Where cuDNN rounds (tensors.rounded_values), measured: each graph's cuDNN result against the reference,
+"""Where cuDNN rounds (run.compare.rounded_values), measured: each graph's cuDNN result against the reference,
 and against the models that round more or less, so a wrong model fails with what cuDNN does instead. Each
 graph is compiled whole (split=False): what is measured is one cuDNN graph."""
 
@@ -71,8 +71,8 @@ def _closest(got, refs, name: str) -> str:
 
 
 def test_an_intermediate_output_feeds_the_next_op_rounded(private_store):
-    """Issue 9: on the H200 layernorm reads the bf16 sum it writes (600 of 3.1 M elements were off against
-    the unrounded reference); the reference now rounds there, and matches at float's tolerance."""
+    """On the H200 layernorm reads the bf16 sum it writes (600 of 3.1 M elements are off against an unrounded
+    reference); the reference rounds there, and matches at float's tolerance."""
     from cudnn_dsl.run.compare import compare
 
     cg, inst, tensors, got, model, refs = _run(ADD_LN)
@@ -92,7 +92,7 @@ def test_an_output_read_again_in_the_same_epilogue_is_read_rounded(private_store
     closest = _closest(got, refs, "z")
     assert closest.startswith(("the reference's", "rounding every")), (
         f"inside an epilogue cuDNN reads an output unrounded: closest model is {closest}; "
-        "tensors.rounded_values must not round outputs read in the same epilogue"
+        "run.compare.rounded_values must not round outputs read in the same epilogue"
     )
     for r in cg.check(tensors):
         assert r.ok, str(r)
@@ -105,7 +105,7 @@ def test_a_virtual_half_between_pointwise_ops_is_rounded(private_store):
     closest = _closest(got, refs, "y")
     assert closest.startswith(("the reference's", "rounding every")), (
         f"cuDNN keeps a virtual half of a fused epilogue unrounded: closest model is {closest}; "
-        "tensors.rounded_values must not round such values"
+        "run.compare.rounded_values must not round such values"
     )
     for r in cg.check(tensors):
         assert r.ok, str(r)

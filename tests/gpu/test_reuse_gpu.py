@@ -118,8 +118,8 @@ def test_later_shapes_are_not_compiled_from_scratch():
     cg.planner.use_store = False  # build every shape, so that the kernel cache is what is exercised
     notes = [cg.executable(inst).notes for inst in cg.graph.instances]
     assert all(any(n.startswith("kernel cache:") for n in shape) for shape in notes), notes
-    # the shapes after the first reuse the cache (on the H200, 9.19, B=32 was once seen to compile afresh:
-    # the note says so, and that is what it is for)
+    # the shapes after the first reuse the cache (where one compiles afresh, the note says so: that is what
+    # it is for)
     assert not any("WARNING" in n for n in notes[1]), notes
 
 
