@@ -19,6 +19,7 @@ from typing import Literal
 
 import attrs
 
+from cudnn_dsl.target.library import BackendUnavailable, load_cudnn
 from dsl.autodiff import Avoid
 from dsl.diagnostics import Diagnostic
 from dsl.ir import Graph, Instance, Node
@@ -276,6 +277,15 @@ def avoided_backward(
         if q.stage == "derive" and (why := q.avoids(version, op, x, scale, axes)) is not None:
             return why
     return None
+
+
+def library_version() -> int | None:
+    """The version of the cuDNN loaded here, or None where none loads (a CPU machine without the library, whose
+    torch op runs the reference)."""
+    try:
+        return load_cudnn().backend_version()
+    except BackendUnavailable:
+        return None
 
 
 def backward_avoid(version: int | None) -> Avoid:

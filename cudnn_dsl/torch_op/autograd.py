@@ -24,8 +24,7 @@ import torch
 
 from cudnn_dsl import api
 from cudnn_dsl.run.compiled import CompiledGraph
-from cudnn_dsl.target.library import load_cudnn
-from cudnn_dsl.target.quirks import backward_avoid
+from cudnn_dsl.target.quirks import backward_avoid, library_version
 from cudnn_dsl.torch_op.training import backward_inputs, grads_read, values_read
 from dsl.autodiff import Derived, derive
 
@@ -66,7 +65,7 @@ class Differentiable:
         inst = self.cg.instance_for(tensors)
         if (inst.binding, wrt) not in self._pairs:
             self._pairs[inst.binding, wrt] = Pair(
-                derive(self.graph, inst, wrt, avoid=backward_avoid(load_cudnn().backend_version())), self.cg
+                derive(self.graph, inst, wrt, avoid=backward_avoid(library_version())), self.cg
             )
         return self._pairs[inst.binding, wrt]
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from cudnn_dsl.target.library import load_cudnn
 from cudnn_dsl.target.memory import empty
-from cudnn_dsl.target.quirks import backward_avoid
+from cudnn_dsl.target.quirks import backward_avoid, library_version
 from cudnn_dsl.torch_op.library import NAMESPACE, fragment, results, returned
 from dsl.autodiff import Derived, derive
 
@@ -117,7 +116,7 @@ class GradOps:
                 g,
                 g.instance(dict(key)) if key else g.instances[0],
                 self.wrt,
-                avoid=backward_avoid(load_cudnn().backend_version()),
+                avoid=backward_avoid(library_version()),
             )
             if self._shapes and self._values(d) != self._values(next(iter(self._shapes.values()))[0]):
                 raise NotImplementedError(
