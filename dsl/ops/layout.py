@@ -53,7 +53,13 @@ def infer_reshape(ctx: Ctx) -> list[Out]:
             f"{ctx.op}: cannot reshape {fmt_shape(x.shape)} ({math.prod(x.shape)} elements) to {fmt_shape(shape)}",
             "shape",
         )
-    return [Out(shape, row_major(len(shape)))]
+    return [Out(shape, _reshaped_order(shape))]
+
+
+def _reshaped_order(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major, except `[M, N, 1, 1]`, declared channels-last: the same memory, and the only form of it that
+    cuDNN's reductions plan (tests/test_backward_forms.py)."""
+    return (0, 2, 3, 1) if len(shape) == 4 and shape[2:] == (1, 1) else row_major(len(shape))
 
 
 def infer_slice(ctx: Ctx) -> list[Out]:
