@@ -118,7 +118,11 @@ def _overwrite_then_read():
     )
     g = program(text=text, file="g.cdg").graphs[0]
     inst = g.instances[0]
-    return g, inst, Parts(g, inst, Partition((Part(0, 1, TORCH, why="-"), Part(1, 2, TORCH, why="-")), "-"), [None, None])
+    return (
+        g,
+        inst,
+        Parts(g, inst, Partition((Part(0, 1, TORCH, why="-"), Part(1, 2, TORCH, why="-")), "-"), [None, None]),
+    )
 
 
 def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_it():

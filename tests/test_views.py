@@ -17,6 +17,7 @@ from dsl.pipeline import program
 from dsl.subgraph import cast_folded, subgraph
 from tests.cli_util import run_cli
 from tests.graphs import MM_RESHAPE
+from tests.helpers import Copies
 
 TRANSFORMER = "examples/training/transformer_block.cdg"
 
@@ -141,18 +142,6 @@ def _parts(text: str, kinds: list[str]) -> tuple:
     inst = g.instances[0]
     parts = Parts(g, inst, Partition(tuple(Part(i, i + 1, k) for i, k in enumerate(kinds)), "-"), [None] * len(kinds))
     return g, inst, parts, generate_inputs(g, inst, "cpu", 0)
-
-
-class Copies(torch.overrides.TorchFunctionMode):
-    """Counts the copies into tensors (Tensor.copy_) made under it."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.Tensor.copy_
-        return func(*args, **(kwargs or {}))
 
 
 def test_a_chain_of_views_into_an_output_is_written_by_the_op_before_it():
