@@ -270,4 +270,5 @@ def in_parts(
         partition = find_partition(graph, inst, accepts, declined, options.fallback, first)
     else:
         partition = split_at(graph, inst, cuts, accepts, options.fallback, declined, chosen)
-    return Parts(graph, inst, partition, [built[build_key(p.graph)] if p.graph else None for p in partition.parts])
+    compiled = [built[build_key(p.graph)] if p.kind == CUDNN else None for p in partition.parts]
+    return Parts(graph, inst, partition, compiled)
