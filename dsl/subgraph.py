@@ -1,9 +1,11 @@
 """A run of a graph's nodes as a graph of its own (what partitioning builds on).
 
-The nodes keep their UIDs and attributes. Values the run reads but does not make become its
-inputs (tensors an earlier part made are materialized there, in their inferred dtype); values it
-makes that a later node or the caller reads become its outputs. A part keeps the buffers its views
-read; its outputs are plain outputs (the runner binds an output in place to its input's memory).
+The nodes keep their attributes; UIDs are numbered afresh, in the order the nodes name their tensors,
+so that two runs of one structure (three weight gradients of equal shapes) are one graph to the plan
+store and to the runner. Values the run reads but does not make become its inputs (tensors an earlier
+part made are materialized there, in their inferred dtype); values it makes that a later node or the
+caller reads become its outputs. A part keeps the buffers its views read; its outputs are plain
+outputs (the runner binds an output in place to its input's memory).
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import attrs
 
 from dsl.ir import Graph, Instance, Node, Value
 from dsl.ops import OPS
+
+CAST = "identity"
+"""the op that only converts its operand's dtype: a producer can write its result directly"""
 
 
 def subgraph(graph: Graph, inst: Instance, first: int, end: int, name: str) -> Graph:
@@ -36,17 +41,64 @@ def subgraph(graph: Graph, inst: Instance, first: int, end: int, name: str) -> G
     names = {v.name for v in values} | {b.name for b in buffers}
     attrs_of = tuple(inst.node_attrs[first:end]) if inst.node_attrs else ()
     part = Instance((), tuple((k, t) for k, t in inst.types if k in names), attrs_of)
+    values, nodes = _numbered(values, nodes)
     return attrs.evolve(
         graph,
         name=name,
         symbols=(),
-        values=tuple(values),
+        values=values,
         nodes=nodes,
         buffers=buffers,
         instances=(part,),
         input_dims=(),
         typer=None,
     )
+
+
+def _numbered(values: list[Value], nodes: tuple[Node, ...]) -> tuple[tuple[Value, ...], tuple[Node, ...]]:
+    """The values in the order the nodes first name them, UIDs 1, 2, ... in that order, and the UIDs of
+    attributes lowered to pass-by-value tensors after them: the canonical numbering of a part."""
+    order = list(dict.fromkeys(n for node in nodes for n in (*node.inputs, *node.outputs) if n is not None))
+    uid = {name: k for k, name in enumerate(order, 1)}
+    by_name = {v.name: v for v in values}
+    numbered, attr_uid = [], len(order)
+    for node in nodes:
+        uids = tuple((a, attr_uid + k) for k, (a, _) in enumerate(node.uids, 1))
+        attr_uid += len(uids)
+        numbered.append(attrs.evolve(node, uids=uids) if uids else node)
+    return tuple(attrs.evolve(by_name[n], uid=uid[n]) for n in order), tuple(numbered)
+
+
+def cast_folded(graph: Graph, inst: Instance, first: int, end: int, name: str) -> Graph | None:
+    """Nodes [first, end) as `subgraph` makes them, with the casts that end the run (identity ops) folded into
+    the nodes that make their operands: such a node writes the cast's result, named and typed as the cast's, and
+    the operand is never made. None when the last node is no cast that folds: one whose operand is made in the
+    run, is read by no other node and is no output of the graph."""
+    whole = graph
+    while end - first > 1 and (folded := _fold_last(graph, inst, first, end)) is not None:
+        graph, inst = folded
+        end -= 1
+    return subgraph(graph, inst, first, end, name) if graph is not whole else None
+
+
+def _fold_last(graph: Graph, inst: Instance, first: int, end: int) -> tuple[Graph, Instance] | None:
+    """(the graph and its shape with node end - 1, a cast, folded into the node of [first, end - 1) that makes its
+    operand), or None when it does not fold (cast_folded)."""
+    cast = graph.nodes[end - 1]
+    if cast.op != CAST:
+        return None
+    operand, result = cast.inputs[0], cast.outputs[0]
+    maker = next((k for k in range(first, end - 1) if operand in graph.nodes[k].outputs), None)
+    readers = [n for n in graph.nodes if operand in n.inputs]
+    if maker is None or len(readers) != 1 or graph.value(operand).kind == "output":
+        return None
+    node = graph.nodes[maker]
+    writes = attrs.evolve(node, outputs=tuple(result if o == operand else o for o in node.outputs))
+    nodes = graph.nodes[:maker] + (writes,) + graph.nodes[maker + 1 : end - 1] + graph.nodes[end:]
+    node_attrs = inst.node_attrs[: end - 1] + inst.node_attrs[end:] if inst.node_attrs else ()
+    shape = Instance(inst.binding, tuple((k, t) for k, t in inst.types if k != operand), node_attrs)
+    values = tuple(v for v in graph.values if v.name != operand)
+    return attrs.evolve(graph, values=values, nodes=nodes, instances=(shape,), typer=None), shape
 
 
 def unconnected(graph: Graph) -> tuple[int, int] | None:

@@ -116,6 +116,14 @@ def dense_strides(shape: tuple[int, ...], order: tuple[int, ...] | None = None) 
     return tuple(strides)
 
 
+def packed_row_major(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether a tensor lies packed in row-major order, its size-1 dims aside (their strides address nothing):
+    then any shape of as many elements, row-major, is the same memory."""
+    dims = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    kept = tuple(d for d, _ in dims)
+    return tuple(s for _, s in dims) == dense_strides(kept)
+
+
 def stride_order(strides: tuple[int, ...]) -> tuple[int, ...]:
     """The axis order (outermost first) that ``strides`` describe; ties keep axis order."""
     return tuple(sorted(range(len(strides)), key=lambda a: (-strides[a], a)))

@@ -1,7 +1,8 @@
 """Checking helpers the CPU and GPU tests share, one of each, the device a parameter where both have one
 (tinygrad's `helper_test_op`): `check` runs a graph and holds its outputs to the reference, `check_grads`
 holds a derived backward's gradients to torch autograd, `reference` runs a graph's reference on seeded CPU
-inputs, and `as_recorded` holds what cuDNN does with a form to the outcome last seen."""
+inputs, `as_recorded` holds what cuDNN does with a form to the outcome last seen, and `Copies` counts the
+copies a run makes."""
 
 import importlib.util
 from collections.abc import Callable, Collection
@@ -15,6 +16,18 @@ from cudnn_dsl.target.quirks import backward_avoid
 ROOT = Path(__file__).resolve().parents[1]
 #: dsl.autodiff.derive's choices for the H200's cuDNN 9.19, where the quirks table's 'derive' rows were seen
 ON_H200 = backward_avoid(91900)
+
+
+class Copies(torch.overrides.TorchFunctionMode):
+    """Counts the copies into tensors (Tensor.copy_) made under it: what a view saves is one."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.Tensor.copy_
+        return func(*args, **(kwargs or {}))
 
 
 def reference(text: str, *, seed: int, file: str = "t.cdg", **given) -> tuple[dict, dict]:

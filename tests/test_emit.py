@@ -348,19 +348,23 @@ def test_a_split_graph_is_ejected_as_one_frontend_graph_per_part(h200):
     assert "as 2 parts run in order" in script and "part 1: layernorm (line 6)" in script
     assert script.count("g = cudnn.pygraph(") == 2 and "name='ln_gelu_part2'" in script
     env = run_module(script)
-    assert env["UIDS"] == [{"x": 1, "s": 2, "b": 3, "layernorm_0": 4}, {"layernorm_0": 4, "y": 5}]
+    assert env["UIDS"] == [{"x": 1, "s": 2, "b": 3, "layernorm_0": 4}, {"layernorm_0": 1, "y": 2}]  # each its own
     assert env["INTERMEDIATES"] == ["layernorm_0"] and env["TORCH_PARTS"] == {}
     buffers = env["make_buffers"](device="cpu")
     assert buffers["layernorm_0"].dtype == torch.float32  # the intermediate, in its inferred dtype
     assert buffers["layernorm_0"].stride() == inst.type("layernorm_0").strides
-    scalars = env["host_scalars"]()  # per part: uid 5 is part 1's epsilon and part 2's output
+    scalars = env["host_scalars"]()  # per part: uid 5 is part 1's epsilon
     assert list(scalars[0]) == [5] and scalars[1] == {}
 
 
-def test_a_part_left_to_torch_is_its_traced_reference_and_runs_without_a_gpu(h200):
+def test_a_view_part_is_its_operands_memory_copied_into_an_output_and_runs_without_a_gpu(h200):
+    from cudnn_dsl.run.partition import CUDNN, VIEW
+
     g, inst, partition = _split(MM_RESHAPE, h200)
-    assert [p.graph is None for p in partition.parts] == [False, True]  # reshape alone: no engine
-    env = run_module(emit_cudnn(g, inst, partition=partition))
+    assert [p.kind for p in partition.parts] == [CUDNN, VIEW]  # reshape alone: no engine, but packed
+    script = emit_cudnn(g, inst, partition=partition)
+    assert "a view: its operand's memory, no kernel" in script and "as_strided([4, 2048], [2048, 1]" in script
+    env = run_module(script)
     assert env["TORCH_PARTS"] == {1: env["run_part2"]}
     buffers = env["make_buffers"](device="cpu")
     tensors = generate_inputs(g, inst, "cpu")
@@ -370,7 +374,7 @@ def test_a_part_left_to_torch_is_its_traced_reference_and_runs_without_a_gpu(h20
 
 
 def test_a_script_of_torch_parts_computes_the_reference_and_reads_an_input_before_it_is_overwritten():
-    from cudnn_dsl.run.partition import Part, Partition
+    from cudnn_dsl.run.partition import TORCH, Part, Partition
 
     text = (
         "graph g {\n  input a : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
@@ -378,7 +382,7 @@ def test_a_script_of_torch_parts_computes_the_reference_and_reads_an_input_befor
     )
     [g] = graphs(text)
     inst = g.instances[0]
-    partition = Partition((Part(0, 1, None, "no engine"), Part(1, 2, None, "no engine")), "declined")
+    partition = Partition((Part(0, 1, TORCH, why="no engine"), Part(1, 2, TORCH, why="no engine")), "declined")
     env = run_module(emit_cudnn(g, inst, partition=partition))
     buffers = env["make_buffers"](device="cpu", seed=3)
     want = run_reference(g, inst, generate_inputs(g, inst, "cpu", 3))
@@ -431,7 +435,7 @@ def test_emit_takes_runs_seed_init_and_constraint_flags(tmp_path):
 
 @pytest.mark.parametrize("name", ["buffers", "made", "env", "torch", "draw_values", "TORCH_PARTS", "part1_reference"])
 def test_a_split_script_with_names_it_uses_itself_computes_the_reference(name):
-    from cudnn_dsl.run.partition import Part, Partition
+    from cudnn_dsl.run.partition import TORCH, Part, Partition
 
     text = (
         f"graph g {{\n  input {name} : float[1, 8, 8]\n  input b : float[1, 8, 8]\n"
@@ -439,7 +443,7 @@ def test_a_split_script_with_names_it_uses_itself_computes_the_reference(name):
     )
     [g] = graphs(text)
     inst = g.instances[0]
-    parts = tuple(Part(i, i + 1, None, "-") for i in range(len(g.nodes)))
+    parts = tuple(Part(i, i + 1, TORCH, why="-") for i in range(len(g.nodes)))
     env = run_module(emit_cudnn(g, inst, partition=Partition(parts, "-")))
     buffers = env["make_buffers"](device="cpu")
     env["execute"](env["build"](None), None, buffers, None, env["host_scalars"]())

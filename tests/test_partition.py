@@ -19,16 +19,16 @@ def h200():
     return Target.named("h200")
 
 
-def test_a_part_reads_what_earlier_parts_made_as_inputs_and_keeps_uids():
+def test_a_part_reads_what_earlier_parts_made_as_inputs_numbered_in_the_order_its_nodes_name_them():
     g = program("examples/residual_block.cdg").graphs[0]
     inst = g.instances[0]
     conv = subgraph(g, inst, 0, 1, "conv")
     rest = subgraph(g, inst, 1, len(g.nodes), "rest")
     assert [v.name for v in conv.outputs] == ["y"]  # a virtual tensor a later part reads: materialized
     assert conv.instances[0].type("y").dtype == "float"  # in its inferred (intermediate) dtype
-    y = rest.value("y")
-    assert y.kind == "input" and y.uid == g.value("y").uid
-    assert [v.name for v in rest.of_kind("input")] == ["x", "bn_scale", "bn_shift", "y"]
+    assert rest.value("y").kind == "input" and g.value("y").uid == 5  # the whole graph's uid is not the part's
+    assert [(v.name, v.uid) for v in rest.of_kind("input")] == [("y", 1), ("bn_scale", 2), ("bn_shift", 4), ("x", 6)]
+    assert [v.uid for v in rest.values] == list(range(1, 9))
     assert [v.name for v in rest.outputs] == ["out"] and rest.instances[0].attrs(0) == inst.attrs(1)
 
 
@@ -109,7 +109,7 @@ def test_a_part_keeps_the_buffers_its_views_read_and_binds_an_output_in_place_as
 
 def _overwrite_then_read():
     """A graph whose first part (on torch) writes y over input a, which the second part reads."""
-    from cudnn_dsl.run.partition import Part, Partition
+    from cudnn_dsl.run.partition import TORCH, Part, Partition
     from cudnn_dsl.run.parts import Parts
 
     text = (
@@ -118,7 +118,11 @@ def _overwrite_then_read():
     )
     g = program(text=text, file="g.cdg").graphs[0]
     inst = g.instances[0]
-    return g, inst, Parts(g, inst, Partition((Part(0, 1, None, "-"), Part(1, 2, None, "-")), "-"), [None, None])
+    return (
+        g,
+        inst,
+        Parts(g, inst, Partition((Part(0, 1, TORCH, why="-"), Part(1, 2, TORCH, why="-")), "-"), [None, None]),
+    )
 
 
 def test_a_split_run_reads_an_input_as_it_was_before_an_earlier_part_overwrote_it():
@@ -159,7 +163,7 @@ def test_a_torch_fallback_reads_a_view_off_its_buffer():
     import torch
 
     from cudnn_dsl.run.inputs import generate_inputs
-    from cudnn_dsl.run.partition import Part, Partition
+    from cudnn_dsl.run.partition import TORCH, Part, Partition
     from cudnn_dsl.run.parts import Parts
     from cudnn_dsl.run.reference import run_reference
     from cudnn_dsl.target.memory import empty
@@ -171,7 +175,7 @@ def test_a_torch_fallback_reads_a_view_off_its_buffer():
     inst = g.instances[0]
     ins = generate_inputs(g, inst, "cpu", 0)
     outputs = {"y": empty(inst.type("y"), "cpu")}
-    Parts(g, inst, Partition((Part(0, 1, None, "-"),), "-"), [None]).run(ins, outputs)
+    Parts(g, inst, Partition((Part(0, 1, TORCH, why="-"),), "-"), [None]).run(ins, outputs)
     assert torch.equal(outputs["y"], run_reference(g, inst, ins)["y"])
 
 

@@ -170,11 +170,12 @@ def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
             finally:
                 progress.done()
             if partition is not None:
-                lines = partition.lines(g)
-                records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, "parts": lines})
+                parts = common.parts_record(g, partition)
+                records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, **parts})
                 if not quiet:
                     print(f"  cuDNN for {target.name} declines graph {name} whole ({partition.declined}); it runs as:")
-                    print("".join(f"    {line}\n" for line in lines), end="")
+                    print("".join(f"    {line}\n" for line in parts["parts"]), end="")
+                    print(f"    {partition.counts.text}")
                 continue
             record = common.plan_record(g, inst, target, low)
             records.append(record)

@@ -181,6 +181,14 @@ def plan_record(graph: Graph, inst: Instance, target, low) -> dict:
     }
 
 
+def parts_record(graph: Graph, partition) -> dict:
+    """The parts of a shape run in parts, as `check`, `support` and `run --json` report them: a line per part,
+    and what they launch (run.partition.Counts)."""
+    import attrs
+
+    return {"parts": partition.lines(graph), "counts": attrs.asdict(partition.counts)}
+
+
 def label(graph: Graph, inst: Instance) -> str:
     """'g' or 'g [N=8]': how reports name one shape of a graph."""
     return graph.name + (f" [{inst.label}]" if inst.binding else "")

@@ -437,6 +437,7 @@ class _GpuRunner:
         print(f"  split      {parts.partition.reason}; it runs as:")
         for line in parts.lines:
             print(f"  split      {line}")
+        print(f"  split      {parts.partition.counts.text}")
         for note in cg.notes:
             print(f"  note       {note}")
         print(f"  gpu time   {median:.1f} µs per call, every part ({how}; median of {len(times)} samples)")
@@ -445,7 +446,7 @@ class _GpuRunner:
             "graph": s.graph.name,
             "binding": dict(inst.binding),
             "executed": True,
-            "parts": parts.lines,
+            **common.parts_record(s.graph, parts.partition),
             "declined": parts.partition.declined,
             "partition": parts.partition.reason,
             "cuda_graph": graph_mode,
@@ -518,10 +519,11 @@ class _CpuRunner:
         try:
             low, partition = plan_for_target(s.graph, inst, s.opts, target, progress, s.pin)
             if partition is not None:
-                rep["parts"] = partition.lines(s.graph)
+                rep.update(common.parts_record(s.graph, partition))
                 print(f"  split      for {target.name} (no device): cuDNN declines it whole ({partition.declined})")
                 for line in rep["parts"]:
                     print(f"  split      {line}")
+                print(f"  split      {partition.counts.text}")
                 raise _Split
             rep["plan"] = common.plan_record(s.graph, inst, target, low)
             print(

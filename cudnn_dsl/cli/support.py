@@ -70,9 +70,9 @@ def run(args) -> int:
                         record.update(fuses=True, plans=low.plan_count)
                         print(f"  {where}: fuses — one cuDNN graph, {low.plan_count} candidate plans")
                         continue
-                    lines = partition.lines(g)
-                    record.update(fuses=False, declined=partition.declined, parts=lines)
+                    record.update(fuses=False, declined=partition.declined, **common.parts_record(g, partition))
                     print(f"  {where}: {partition.how} — cuDNN declines it whole: {partition.declined}")
-                    print("".join(f"    {line}\n" for line in lines), end="")
+                    print("".join(f"    {line}\n" for line in record["parts"]), end="")
+                    print(f"    {partition.counts.text}")
     common.write_json(args.json, {"support": records})
     return status

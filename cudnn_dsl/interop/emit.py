@@ -319,8 +319,10 @@ _SCRIPT_GLOBALS = frozenset(
 
 def _emit_parts(graph: Graph, inst: Instance, o, partition, inits) -> str:
     """The script of a graph cuDNN declines whole: one frontend graph per part, a part left to torch as its
-    traced reference, the tensors between parts allocated in their inferred dtype, the parts run in order."""
+    traced reference, a view as its operand's memory, the tensors between parts allocated in their inferred
+    dtype, the parts run in order."""
     from cudnn_dsl.run.buffers import written
+    from cudnn_dsl.run.partition import CUDNN, VIEW
     from dsl.subgraph import subgraph
 
     taken = set(_SCRIPT_GLOBALS)
@@ -328,9 +330,10 @@ def _emit_parts(graph: Graph, inst: Instance, o, partition, inits) -> str:
     for k, p in enumerate(partition.parts, 1):
         ops = ", ".join(f"{graph.nodes[i].op} (line {graph.nodes[i].loc.line})" for i in range(p.first, p.end))
         sub = p.graph or subgraph(graph, inst, p.first, p.end, f"{graph.name}_part{k}")
-        made += [v.name for v in sub.outputs if graph.value(v.name).kind != "output" and v.name not in made]
+        if p.kind != VIEW:  # a view's result is its operand's memory
+            made += [v.name for v in sub.outputs if graph.value(v.name).kind != "output" and v.name not in made]
         taken |= {f"build_part{k}", f"run_part{k}"}
-        if p.graph is not None:
+        if p.kind == CUDNN:
             doc = f"Part {k}: {_doc(ops)}."
             text, host, scratch = _graph_function(f"build_part{k}", sub, sub.instances[0], o, doc)
             functions.append(text)
@@ -339,7 +342,9 @@ def _emit_parts(graph: Graph, inst: Instance, o, partition, inits) -> str:
             hosts.append(_host(host))
             calls.append(f"build_part{k}(handle)")
         else:
-            functions.append(_torch_part(k, sub, ops, p.why, taken))
+            functions.append(
+                _view_part(k, graph, inst, p.first, ops) if p.kind == VIEW else _torch_part(k, sub, ops, p.why, taken)
+            )
             uids.append("None")
             hosts.append("None")
             calls.append("None")
@@ -367,7 +372,7 @@ INPUTS = {_lit([v.name for v in graph.device_inputs])}
 OUTPUTS = {_lit([v.name for v in graph.outputs])}
 INTERMEDIATES = {_lit(made)}
 BOOLS = {_bools(graph, inst)}
-UIDS = [  # per part, the tensors it binds, name -> uid; None: a part left to torch
+UIDS = [  # per part, the tensors it binds, name -> uid; None: a part left to torch, or a view
 {parts}]
 
 
@@ -417,6 +422,25 @@ if __name__ == "__main__":
 
 def _parts(n: int) -> str:
     return f"{n} part" if n == 1 else f"{n} parts"
+
+
+def _view_part(k: int, graph: Graph, inst: Instance, index: int, ops: str) -> str:
+    """`run_part{k}(buffers)`: a reshape that is a view — its result its operand's memory, copied only into a
+    buffer of its own (an output)."""
+    node = graph.nodes[index]
+    operand, result, t = _lit(node.inputs[0]), _lit(node.outputs[0]), inst.type(node.outputs[0])
+    seen = f"buffers[{operand}]"
+    if t.dtype != "bool":  # a bool tensor's packed bytes are the same bytes
+        seen += f".as_strided({_lit(list(t.shape))}, {_lit(list(t.strides))}, {seen}.storage_offset())"
+    write = (
+        f"buffers[{result}].copy_({seen})"
+        if graph.value(node.outputs[0]).kind == "output"
+        else f"buffers[{result}] = {seen}"
+    )
+    return f'''def run_part{k}(buffers):
+    """Part {k}: {_doc(ops)}, a view: its operand's memory, no kernel."""
+    {write}
+'''
 
 
 def _torch_part(k: int, sub: Graph, ops: str, why: str, taken: set[str]) -> str:

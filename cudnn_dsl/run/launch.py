@@ -102,10 +102,13 @@ class Launch:
     current stream: called with the arguments in order, it allocates the fresh outputs and returns them;
     `run` and `bind` take the buffers by name (checked by the caller)."""
 
-    def __init__(self, exe: Executable):
+    def __init__(self, exe: Executable, graph: Graph | None = None):
+        """`graph`: a graph equal to the executable's but for its names (a part that shares the compiled graph of
+        an equal part: run.partition.build_key), whose names the buffers are given by; by default its own."""
+        graph, inst = (exe.low.graph, exe.low.instance) if graph is None else (graph, graph.instances[0])
         self.exe, self.device = exe, exe.device
-        self.layout = Layout(exe.low.graph, exe.low.instance, exe.host)
-        self.types = [exe.low.instance.type(v.name) for v in self.layout.fresh]
+        self.layout = Layout(graph, inst, exe.host)
+        self.types = [inst.type(v.name) for v in self.layout.fresh]
         self.set_stream = load_cudnn().set_stream
 
     def __call__(self, values: Sequence) -> list[torch.Tensor]:

@@ -3,7 +3,9 @@ no cuDNN engine runs (left to their torch reference on the GPU, when the options
 
 The search is greedy from the first node: the longest run of nodes cuDNN accepts becomes one part.
 Acceptance is a question put to cuDNN itself (deviceless planning for a target, or a build on the
-GPU), so CI sees the partition an H200 would get.
+GPU), so CI sees the partition an H200 would get. Two kinds of part need no kernel of their own: a
+reshape of a packed value is a view of its operand's memory, and a cast that would run alone is
+written by the part before it, in the cast's dtype.
 """
 
 from __future__ import annotations
@@ -12,23 +14,56 @@ from collections.abc import Callable
 
 import attrs
 
+from cudnn_dsl.store.keys import graph_digest
 from cudnn_dsl.store.plans import PartitionChoice
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
-from dsl.subgraph import subgraph
+from dsl.subgraph import CAST, cast_folded, subgraph
+from dsl.types import packed_row_major
 
 Accepts = Callable[[Graph], "str | None"]
 """a part -> None when cuDNN accepts it, else cuDNN's reason"""
+
+CUDNN, VIEW, TORCH = "cuDNN graph", "view", "torch fallback"
+"""what a part is: a graph cuDNN runs; a reshape whose result is its operand's memory (no launch); an op no
+cuDNN engine runs, left to its torch reference"""
 
 
 @attrs.frozen
 class Part:
     first: int
     end: int
-    graph: Graph | None
-    """the part as a graph of its own; None for an op left to torch"""
+    """the part's nodes are the graph's [first, end): a cast folded into its producer is among them"""
+    kind: str
+    """CUDNN, VIEW or TORCH"""
+    graph: Graph | None = None
+    """a cuDNN part as a graph of its own"""
     why: str = ""
-    """for an op left to torch: why cuDNN declined it alone"""
+    """for an op left to torch: why cuDNN declined it alone (and, for a reshape, why it is no view)"""
+
+
+@attrs.frozen
+class Counts:
+    """What one shape run as parts launches."""
+
+    launches: int
+    """cuDNN launches: one per cuDNN part"""
+    graphs: int
+    """distinct cuDNN graphs built for them (build_key): equal parts share one"""
+    views: int
+    fallbacks: int
+
+    @property
+    def text(self) -> str:
+        """'6 cuDNN launches (5 distinct graphs), 4 views, no torch fallback'."""
+        views = f"{self.views} view{_s(self.views)}" if self.views else "no view"
+        torch_ = f"{self.fallbacks} torch fallback{_s(self.fallbacks)}" if self.fallbacks else "no torch fallback"
+        launches = f"{self.launches} cuDNN launch{'es' if self.launches != 1 else ''}"
+        return f"{launches} ({self.graphs} distinct graph{_s(self.graphs)}), {views}, {torch_}"
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
 
 
 @attrs.frozen
@@ -54,9 +89,18 @@ class Partition:
         n = len(self.parts)
         return f"splits into {n} parts" if n > 1 else "runs as 1 part"
 
+    def of_kind(self, kind: str) -> tuple[Part, ...]:
+        return tuple(p for p in self.parts if p.kind == kind)
+
     @property
     def fallbacks(self) -> tuple[Part, ...]:
-        return tuple(p for p in self.parts if p.graph is None)
+        return self.of_kind(TORCH)
+
+    @property
+    def counts(self) -> Counts:
+        cudnn = self.of_kind(CUDNN)
+        keys = {build_key(p.graph) for p in cudnn}
+        return Counts(len(cudnn), len(keys), len(self.of_kind(VIEW)), len(self.fallbacks))
 
     def lines(self, graph: Graph) -> list[str]:
         """One line per part: which ops, and where they run."""
@@ -65,59 +109,139 @@ class Partition:
             ops = ", ".join(f"{graph.nodes[i].op} (line {graph.nodes[i].loc.line})" for i in range(p.first, p.end))
             made = [o for o in (p.graph.outputs if p.graph else ()) if graph.value(o.name).kind != "output"]
             keep = f"; materializes {', '.join(v.name for v in made)}" if made else ""
-            where = "cuDNN graph" if p.graph is not None else f"torch fallback (not cuDNN, even alone: {p.why})"
-            out.append(f"part {k}: {ops} — {where}{keep}")
+            out.append(f"part {k}: {ops} — {_where(graph, p)}{keep}")
         return out
+
+
+def _where(graph: Graph, p: Part) -> str:
+    """Where a part runs, as its line says it."""
+    if p.kind == VIEW:
+        return "view (no launch)"
+    if p.kind == TORCH:
+        return f"torch fallback (not cuDNN, even alone: {p.why})"
+    names = {v.name for v in p.graph.values}
+    folded = [n for n in graph.nodes[p.first : p.end] if n.op == CAST and n.inputs[0] not in names]
+    casts = "; ".join(f"{n.outputs[0]} written as {p.graph.instances[0].type(n.outputs[0]).dtype}" for n in folded)
+    return f"cuDNN graph ({casts}: the cast folded in)" if folded else "cuDNN graph"
+
+
+def build_key(part: Graph) -> tuple:
+    """What one compiled graph serves: parts of one digest (the plan store's key) whose pass-by-value tensors
+    hold the same values (the executable holds them) — a part that draws what the reference reads back
+    (seeded dropout's mask, in the executable's scratch memory) is served alone."""
+    from cudnn_dsl.run.reference import drawn_values
+
+    inst = part.instances[0]
+    by_value = tuple((v.uid, v.scalar) for v in part.values if v.kind in ("scalar", "const"))
+    alone = part.name if drawn_values(part, inst) else ""
+    return graph_digest(part, inst), by_value, alone
+
+
+def view_refusal(graph: Graph, inst: Instance, index: int) -> str | None:
+    """None when node `index` is a reshape whose result is its operand's memory as it lies (row-major, packed,
+    the same dtype): a view, with nothing to compute; else why it is not one."""
+    node = graph.nodes[index]
+    if node.op != "reshape":
+        return f"{node.op} is no reshape"
+    if graph.value(node.inputs[0]).kind in ("scalar", "const"):
+        return "its operand is a scalar"
+    a, b = inst.type(node.inputs[0]), inst.type(node.outputs[0])
+    if a.dtype != b.dtype:
+        return f"it converts {a.dtype} to {b.dtype}"
+    for what, t in (("operand", a), ("result", b)):
+        if not packed_row_major(t.shape, t.strides):
+            return f"its {what} is not packed row-major (strides {list(t.strides)})"
+    return None
 
 
 def find_partition(
     graph: Graph, inst: Instance, accepts: Accepts, declined: str, fallback: bool, first: int | None = None
 ) -> Partition:
     """Splits one shape of a graph that cuDNN declined as a whole (`declined` says why), or, given `first`, whose
-    first part ends there (the anchor op alone: 1) and the rest is split alike. Raises a DslError at the op
-    when an op runs on no engine and `fallback` is off."""
+    first part ends there (the anchor op alone: 1) and the rest is split alike. A reshape of a packed value is a
+    view; a cast that would run alone is folded into the part before it where cuDNN takes that. Raises a
+    DslError at the op when an op runs on no engine and `fallback` is off."""
     n, parts, i = len(graph.nodes), [], 0
     while i < n:
-        why = declined
+        view = view_refusal(graph, inst, i)
+        if view is None:
+            parts.append(Part(i, i + 1, VIEW))
+            i += 1
+            continue
+        why, part = declined, None
         ends = [first] if i == 0 and first else range(n if i else n - 1, i, -1)  # the whole is known declined
         for j in ends:
-            sub = subgraph(graph, inst, i, j, f"{graph.name}_part{len(parts) + 1}")
+            sub = subgraph(graph, inst, i, j, _name(graph, len(parts) + 1))
             why = accepts(sub)
             if why is None:
-                parts.append(Part(i, j, sub))
-                i = j
+                part = Part(i, j, CUDNN, sub)
                 break
-        else:
-            node = graph.nodes[i]
-            if not fallback:
-                raise DslError(
-                    Diagnostic(
-                        "error",
-                        f"no cuDNN engine runs {node.op} here, even alone ({why}), and fallback to torch is off",
-                        node.loc,
-                    )
-                )
-            parts.append(Part(i, i + 1, None, why))
-            i += 1
+        if part is None or part.end == i + 1:  # alone: a cast writes through the part before it where it can
+            folded = _fold_into(graph, inst, parts, i, accepts)
+            if folded is not None:
+                parts[-1] = folded
+                i += 1
+                continue
+        if part is None:
+            part = _fallback(graph, i, why, view, fallback)
+        parts.append(part)
+        i = part.end
     return Partition(tuple(parts), declined)
+
+
+def _name(graph: Graph, k: int) -> str:
+    return f"{graph.name}_part{k}"
+
+
+def _fold_into(graph: Graph, inst: Instance, parts: list[Part], i: int, accepts: Accepts) -> Part | None:
+    """The cuDNN part before node i, a cast, with the cast folded in (subgraph.cast_folded), where cuDNN takes it."""
+    last = parts[-1] if parts else None
+    if last is None or last.kind != CUDNN or last.end != i or graph.nodes[i].op != CAST:
+        return None
+    sub = cast_folded(graph, inst, last.first, i + 1, last.graph.name)
+    return Part(last.first, i + 1, CUDNN, sub) if sub is not None and accepts(sub) is None else None
+
+
+def _fallback(graph: Graph, i: int, why: str, view: str, fallback: bool) -> Part:
+    """Node i left to torch (cuDNN declined it alone, saying `why`; a reshape is no view, `view` says why); a
+    DslError at the op when `fallback` is off."""
+    node = graph.nodes[i]
+    why = f"{why}; not a view: {view}" if node.op == "reshape" else why
+    if not fallback:
+        raise DslError(
+            Diagnostic(
+                "error",
+                f"no cuDNN engine runs {node.op} here, even alone ({why}), and fallback to torch is off",
+                node.loc,
+            )
+        )
+    return Part(i, i + 1, TORCH, why=why)
 
 
 def split_at(
     graph: Graph, inst: Instance, cuts: tuple[int, ...], accepts: Accepts, fallback: bool, declined: str = "", chosen=""
 ) -> Partition:
     """The partition whose parts start at `cuts` (node indices, increasing, inside the graph): chosen by
-    tune or forced. A part cuDNN declines is a DslError at its first op, unless it is one op and
-    `fallback` leaves it to torch."""
+    tune or forced. Parts are made as find_partition makes them: a reshape alone that is a view is one, a part
+    cuDNN declines is taken with the casts that end it folded in. A part cuDNN declines still is a DslError at
+    its first op, unless it is one op and `fallback` leaves it to torch."""
     if list(cuts) != sorted(set(cuts)) or not all(0 < c < len(graph.nodes) for c in cuts):
         raise ValueError(f"cut points {list(cuts)} are not increasing node indices in 1..{len(graph.nodes) - 1}")
     bounds, parts = (0, *cuts, len(graph.nodes)), []
     for k, (i, j) in enumerate(zip(bounds, bounds[1:]), 1):
-        sub = subgraph(graph, inst, i, j, f"{graph.name}_part{k}")
+        view = view_refusal(graph, inst, i)
+        if j == i + 1 and view is None:
+            parts.append(Part(i, j, VIEW))
+            continue
+        sub = subgraph(graph, inst, i, j, _name(graph, k))
         why = accepts(sub)
+        folded = cast_folded(graph, inst, i, j, sub.name) if why is not None else None
+        if folded is not None and accepts(folded) is None:
+            sub, why = folded, None
         if why is None:
-            parts.append(Part(i, j, sub))
-        elif j == i + 1 and fallback:
-            parts.append(Part(i, j, None, why))
+            parts.append(Part(i, j, CUDNN, sub))
+        elif j == i + 1:
+            parts.append(_fallback(graph, i, why, view, fallback))
         else:
             node = graph.nodes[i]
             raise DslError(
@@ -146,8 +270,9 @@ def deviceless_alternatives(graph: Graph, inst: Instance, options, target) -> li
                 ("anchor op alone" if first else "fewest parts", f"not runnable: {short(e.diagnostics[0].message)}")
             )
     for p in {p.cuts: p for p in cut_lists}.values():
-        n, torch_ = len(p.parts), len(p.fallbacks)
-        how = f"{n - torch_} cuDNN graphs" + (f", {torch_} op(s) left to torch" if torch_ else "")
+        c = p.counts
+        how = f"{c.launches} cuDNN graphs" + (f", {c.views} view(s)" if c.views else "")
+        how += f", {c.fallbacks} op(s) left to torch" if c.fallbacks else ""
         rows.append((cut_label(graph, p.cuts) if p.cuts else "its op left to torch", how))
     return rows
 

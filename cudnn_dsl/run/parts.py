@@ -3,9 +3,11 @@
 ask which.
 
 The parts come from `partition.find_partition`, with acceptance decided by building each
-candidate part on this GPU (so each part's plan is in the plan store like any graph's). Tensors
-that one part makes and a later part reads are allocated here, in their inferred dtype; an op
-no engine runs is its torch reference on the GPU, rounded to its result's dtype.
+candidate part on this GPU (so each part's plan is in the plan store like any graph's); equal parts
+share one compiled graph, launched on each one's buffers. Tensors that one part makes and a later
+part reads are allocated here, in their inferred dtype; a view is its operand's memory, or where its
+result is a buffer the caller gave, its operand is made in that buffer; an op no engine runs is its
+torch reference on the GPU, rounded to its result's dtype.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from cudnn_dsl.build.planner import Executable
 from cudnn_dsl.ops import IMPLS
 from cudnn_dsl.run.buffers import outputs_of, snapshot, view
 from cudnn_dsl.run.launch import Bound, Launch, arguments
-from cudnn_dsl.run.partition import Partition, find_partition, short, split_at
+from cudnn_dsl.run.partition import CUDNN, VIEW, Part, Partition, build_key, find_partition, short, split_at
 from cudnn_dsl.target.bits import logical
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.library import load_cudnn
-from cudnn_dsl.target.memory import empty, stored
+from cudnn_dsl.target.memory import as_type, empty, same_memory, stored
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, Instance
 
@@ -32,14 +34,16 @@ class Whole:
     """A shape that runs as one cuDNN graph: its one part. The plan is the compiled graph's at each use
     (tune may adopt another); its Launch is worked out again only then."""
 
-    def __init__(self, cg, inst: Instance):
-        self.cg, self.inst = cg, inst
+    def __init__(self, cg, inst: Instance, graph: Graph | None = None):
+        """`graph`: the part whose names the buffers are given by, where it shares the compiled graph `cg` of an
+        equal part (Launch's `graph`)."""
+        self.cg, self.inst, self.graph = cg, inst, graph
         self._launch: Launch | None = None
 
     def launch(self) -> Launch:
         exe = self.cg.executable(self.inst)
         if self._launch is None or self._launch.exe is not exe:
-            self._launch = Launch(exe)
+            self._launch = Launch(exe, self.graph)
         return self._launch
 
     def executables(self) -> list[Executable]:
@@ -58,25 +62,31 @@ class Whole:
 
 
 class Parts:
-    """The parts of one shape, each a compiled graph (None: a torch fallback), and how to run them."""
+    """The parts of one shape, each a compiled graph (None: a view or a torch fallback; equal parts share one),
+    and how to run them."""
 
     def __init__(self, graph: Graph, inst: Instance, partition: Partition, compiled: list):
         self.graph, self.inst, self.partition, self.compiled = graph, inst, partition, compiled
-        self.wholes = [Whole(cg, cg.graph.instances[0]) if cg is not None else None for cg in compiled]
+        self.wholes = [
+            Whole(cg, cg.graph.instances[0], p.graph) if cg is not None else None
+            for cg, p in zip(compiled, partition.parts)
+        ]
 
     @property
     def lines(self) -> list[str]:
         return self.partition.lines(self.graph)
 
     def executables(self) -> list[Executable]:
-        """Each cuDNN part's (built on first use)."""
-        return [e for w in self.wholes if w is not None for e in w.executables()]
+        """Each distinct cuDNN graph's (built on first use)."""
+        exes = [e for w in self.wholes if w is not None for e in w.executables()]
+        return list({id(e): e for e in exes}.values())
 
     def run(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> None:
         """Runs every part in order: reads `tensors` (inputs and scalars by name, checked by the caller),
         writes `outputs`. An input that an output overwrites is read from a copy: a later part reads it as
         it was before the launch."""
         env: dict[str, Any] = {**snapshot(self.graph, tensors), **outputs}
+        self._place_views(env)
         for k in range(len(self.compiled)):
             self.run_part(k, env)
 
@@ -90,6 +100,7 @@ class Parts:
         device = _device(tensors)
         saved = {k: t for k, t in snapshot(self.graph, tensors).items() if t is not tensors[k]}  # copies
         env: dict[str, Any] = {**tensors, **saved, **outputs}
+        self._place_views(env)
         launches = [self._step(k, env, device, bound=True) for k in range(len(self.compiled))]
         return BoundParts(self, outputs, [(saved[k], tensors[k]) for k in saved], launches)
 
@@ -109,17 +120,48 @@ class Parts:
 
         return run
 
+    def _place_views(self, env: dict[str, Any]) -> None:
+        """Walks the views backwards: where a view's result is a buffer `env` holds (an output the caller gave, or
+        one placed so) and its operand is an intermediate, the operand is placed in that memory, so the part that
+        makes it writes the result there (a chain of views, through each)."""
+        for part in reversed(self.partition.parts):
+            if part.kind != VIEW:
+                continue
+            node = self.graph.nodes[part.first]
+            operand, result = node.inputs[0], node.outputs[0]
+            if env.get(result) is not None and operand not in env and self.graph.value(operand).kind == "virtual":
+                env[operand] = as_type(env[result], self.inst.type(operand))
+
+    def _view(self, part: Part, env: dict[str, Any]) -> Callable[[], Any]:
+        """A view's step: its result is its operand's memory, added to `env`; where `env` holds another buffer for
+        it (an output the caller gave that the operand could not be placed in), one copy into it."""
+        node = self.graph.nodes[part.first]
+        seen = as_type(self._memory(env, node.inputs[0]), self.inst.type(node.outputs[0]))
+        held = env.get(node.outputs[0])
+        if held is None or same_memory(held, seen):
+            env[node.outputs[0]] = seen
+            return _nothing
+        return lambda: held.copy_(seen)
+
+    def _memory(self, env: dict, name: str) -> torch.Tensor:
+        """The buffer a value is in (a view input: its window on its buffer)."""
+        value, v = env.get(name), self.graph.value(name)
+        return view(v, self.inst, env) if value is None and v.view is not None else value
+
     def _step(self, k: int, env: dict[str, Any], device, bound: bool = False) -> Callable[[], Any]:
         """Part k's launch on the buffers of `env` (those it makes added to it): a cuDNN graph's variant
-        pack (bound: built once, launched raw), or the fallback op's reference on the GPU."""
+        pack (bound: built once, launched raw), a view's nothing (or its copy), or the fallback op's
+        reference on the GPU."""
         part, cg = self.partition.parts[k], self.compiled[k]
+        if part.kind == VIEW:
+            return self._view(part, env)
         node = self.graph.nodes[part.first]
-        names = cg.graph.outputs if cg is not None else [self.graph.value(o) for o in node.outputs]
+        names = part.graph.outputs if part.kind == CUDNN else [self.graph.value(o) for o in node.outputs]
         for v in names:
             if env.get(v.name) is None:
                 env[v.name] = empty(self.inst.type(v.name), device)
         if cg is not None:
-            whole, made = self.wholes[k], {v.name: env[v.name] for v in cg.graph.outputs}
+            whole, made = self.wholes[k], {v.name: env[v.name] for v in part.graph.outputs}
             # Bound.run, not its bare launch: the Bound keeps the variant pack's buffers (intermediates
             # allocated here) alive, where the raw launch holds only their addresses.
             return whole.bind(env, made).run if bound else lambda: whole.run(env, made)
@@ -145,9 +187,7 @@ class Parts:
     def _value(self, env: dict, name: str):
         """A tensor as values (a bool one unpacked; a view read off its buffer), or a scalar given by
         value; None: a declared scalar."""
-        value, v = env.get(name), self.graph.value(name)
-        if value is None and v.view is not None:
-            value = view(v, self.inst, env)
+        value = self._memory(env, name)
         if isinstance(value, torch.Tensor):
             return logical(value, self.inst.type(name))
         return value
@@ -163,8 +203,9 @@ class BoundParts:
 
     @property
     def plan_name(self) -> str:
-        """each part's plan, in order ('torch' for a fallback op)"""
-        return " + ".join(c.executable(c.graph.instances[0]).plan_name if c else "torch" for c in self.parts.compiled)
+        """each part's plan, in order (for a part with none, what it is: a view, a torch fallback)"""
+        parts = zip(self.parts.compiled, self.parts.partition.parts)
+        return " + ".join(c.executable(c.graph.instances[0]).plan_name if c else p.kind for c, p in parts)
 
     @property
     def source(self) -> str:
@@ -180,6 +221,10 @@ class BoundParts:
         for launch in self.launches:
             launch()
         return self.outputs
+
+
+def _nothing() -> None:
+    """A view's launch."""
 
 
 def _device(tensors: dict) -> torch.device:
@@ -207,19 +252,23 @@ def in_parts(
     """One shape in parts built on this GPU by `compile_part` (a part graph -> its compiled graph, whose first
     build raises DslError when cuDNN declines it): the fewest parts when cuDNN declined it whole (`declined`
     says why; given `first`, the first part ends there), or the parts starting at `cuts` (`chosen` says why)."""
-    built: dict[tuple, Any] = {}
+    built: dict[tuple, Any] = {}  # build_key -> the compiled graph equal parts share
 
     def accepts(part: Graph) -> str | None:
+        key = build_key(part)
+        if key in built:
+            return None
         cg = compile_part(part)
         try:
             cg.executable(part.instances[0])
         except DslError as e:
             return short(e.diagnostics[0].message)
-        built[part.nodes] = cg
+        built[key] = cg
         return None
 
     if cuts is None:
         partition = find_partition(graph, inst, accepts, declined, options.fallback, first)
     else:
         partition = split_at(graph, inst, cuts, accepts, options.fallback, declined, chosen)
-    return Parts(graph, inst, partition, [built[p.graph.nodes] if p.graph else None for p in partition.parts])
+    compiled = [built[build_key(p.graph)] if p.kind == CUDNN else None for p in partition.parts]
+    return Parts(graph, inst, partition, compiled)

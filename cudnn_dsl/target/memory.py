@@ -17,6 +17,22 @@ def empty(t: TensorType, device) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.strides, dtype=torch_dtype(t.dtype), device=device)
 
 
+def as_type(memory: torch.Tensor, t: TensorType) -> torch.Tensor:
+    """A buffer's memory read as t, which must lie in it element for element (a reshape of a packed tensor):
+    t's shape and strides from the buffer's first element; a bool tensor's packed bytes, as they are."""
+    if t.dtype == "bool":
+        return memory
+    return memory.as_strided(t.shape, t.strides, memory.storage_offset())
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are one: the same first element, shape, dtype and strides (those of size-1 dims
+    address nothing)."""
+    strides = [(s, t) for s, t, d in zip(a.stride(), b.stride(), a.shape) if d != 1]
+    same = a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
+    return same and all(s == t for s, t in strides)
+
+
 def stored(values: torch.Tensor, t: TensorType) -> torch.Tensor:
     """Values of t's shape as cuDNN's memory holds them (packed, for bool), on their device."""
     return bits.pack(values, t) if t.dtype == "bool" and values.dtype == torch.bool else values

@@ -264,9 +264,9 @@ def tune_partitions(
             continue
         try:
             parts = cg.use_partition(inst, cuts if cuts or not declined else None, declined=declined)
-            for pcg in parts.compiled if isinstance(parts, Parts) else ():
-                if pcg is not None:
-                    a.parts.append(tune(pcg, pcg.graph.instances[0], progress))
+            distinct = {id(c): c for c in parts.compiled if c is not None} if isinstance(parts, Parts) else {}
+            for pcg in distinct.values():  # equal parts share one compiled graph: tuned once
+                a.parts.append(tune(pcg, pcg.graph.instances[0], progress))
             restore(tensors, before)
             bound = cg.bind(tensors)
             bound.run()
