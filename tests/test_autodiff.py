@@ -80,8 +80,12 @@ def test_matmul_with_broadcast_batch_and_scalar():
 """
     f = check_grads(text, "cpu")
     d = next(iter(f._pairs.values())).derived
-    assert ("b_t", "transposed", "b") in d.bind and ("a_t", "transposed", "a") in d.bind
+    assert ("b_t", "transposed", "b") in d.bind and ("a_t", "flat_transposed", "a") in d.bind
     assert "input b_t : float[1, 6, 5] strides [30, 1, 6]" in d.backward_text
+    # b's gradient: one matmul over the batch's 12 rows, a [1, 5, 12] view of a, writing [1, 5, 6]: no batch sum
+    assert "input a_t : float[1, 5, 12] strides [60, 1, 5]" in d.backward_text
+    assert "output grad_b : float[1, 5, 6] strides [30, 6, 1] = matmul(a_t, reshape)" in d.backward_text
+    assert "reshape = reshape(mul, shape=[1, 12, 6])" in d.backward_text
 
 
 def test_matmul_of_intermediates_reads_saved_values_transposed():

@@ -53,7 +53,17 @@ def infer_reshape(ctx: Ctx) -> list[Out]:
             f"{ctx.op}: cannot reshape {fmt_shape(x.shape)} ({math.prod(x.shape)} elements) to {fmt_shape(shape)}",
             "shape",
         )
-    return [Out(shape, row_major(len(shape)))]
+    return [Out(shape, _packed_order(shape))]
+
+
+def _packed_order(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A reshape's result is packed row-major, its trailing unit axes laid outside its last real axis: the
+    same memory, and a [tokens, C, 1, 1] result channels-last, the only layout cuDNN sums tokens in."""
+    real = [a for a, d in enumerate(shape) if d != 1]
+    if not real:
+        return row_major(len(shape))
+    last = real[-1]
+    return (*range(last), *range(last + 1, len(shape)), last)
 
 
 def infer_slice(ctx: Ctx) -> list[Out]:
@@ -134,6 +144,6 @@ def _concatenate(e, n):
 VJPS: dict[str, Rule] = {
     "transpose": _transpose,
     "concatenate": _concatenate,
-    "reshape": lambda e, n: (e.call("reshape", n.dy, shape=n.ins[0].shape),),
+    "reshape": lambda e, n: (e.reshape(n.dy, n.ins[0].shape),),
 }
 NO_VJP = {"slice": "its gradient pads with zeros, which no registry op does"}
