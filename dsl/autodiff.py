@@ -6,15 +6,14 @@ canonical .cdg text and as checked IR: the forward, made to also output the inte
 backward reads (saved values), and the backward, whose inputs are the forward values it reads and
 the gradients of the forward's outputs (`grad_<output>`), and whose outputs are the gradients of
 the forward's float inputs (in the input's dtype; a sum of narrower values in float, the only output
-cuDNN's reductions plan with, which torch autograd casts to the input's dtype). Both are written with every type, stride and attribute explicit, so
-the text is the whole truth and re-checks to the same graph.
+cuDNN's reductions plan with, which torch autograd casts to the input's dtype). Both are written with
+every type, stride and attribute explicit, so the text is the whole truth and re-checks to the same graph.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import math
+from collections.abc import Callable
 
 import attrs
 

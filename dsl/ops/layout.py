@@ -103,7 +103,7 @@ OPS = by_name(
         ("x",),
         infer_reshape,
         attrs=(Attr("shape", "ints", REQUIRED, doc="the new dims", lo=1),),
-        doc="same elements, new shape",
+        doc="same elements, new shape (packed; a [N, C, 1, 1] result channels-last)",
         keeps_dtype=True,
     ),
     FAMILY.op(
