@@ -140,8 +140,8 @@ def check_text(name: str, text: str, at) -> Graph:
 
 FUSES_REDUCTION = ("pointwise", "matmul", "conv")
 """the op families a reduction fuses after in one cuDNN graph (over their results, unmaterialized)"""
-RETYPABLE = FUSES_REDUCTION
-"""the op families whose result is written in whichever dtype the graph declares for it"""
+RETYPABLE = ("pointwise", "matmul", "conv")
+"""the op families whose result cuDNN writes in whichever dtype the graph declares for it"""
 DTYPE_FREE = ("pointwise", "reduction")
 """the op families that compute in their own dtype, whatever dtype they read"""
 
