@@ -64,7 +64,8 @@ def _weight_grad(e, n):
     """dB = A^T dC. Where B is broadcast over A's batch (a weight), one matmul over every row of the batch:
     A viewed as [1.., K, B*M] (no copy) times dC reshaped to [1.., B*M, N] gives B's [1.., K, N] directly,
     where the batched product would write [B.., K, N] for a sum over B. A whose rows make no view keeps the
-    batched form. (B's own batch dims merge into no row of dC without a copy: dA stays batched.)"""
+    batched form. (Where A is the broadcast one, dA sums over B and N together, which a packed dC [B, M, N]
+    holds apart, M between them: no view merges them, so dA stays the batched product and its sum.)"""
     a, b = n.ins
     dy = e.cast(n.dy, a.dtype)
     broadcast = all(d == 1 for d in b.shape[:-2]) and math.prod(a.shape[:-2]) > 1
