@@ -5,12 +5,14 @@ inputs' gradients and adds the gradients of a value read by several ops. It retu
 canonical .cdg text and as checked IR: the forward, made to also output the intermediates the
 backward reads (saved values), and the backward, whose inputs are the forward values it reads and
 the gradients of the forward's outputs (`grad_<output>`), and whose outputs are the gradients of
-the forward's float inputs. Both are written with every type, stride and attribute explicit, so
-the text is the whole truth and re-checks to the same graph.
+the forward's float inputs (in the input's dtype; a sum of narrower values in float, the only output
+cuDNN's reductions plan with, which torch autograd casts to the input's dtype). Both are written with
+every type, stride and attribute explicit, so the text is the whole truth and re-checks to the same graph.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import attrs
@@ -22,7 +24,7 @@ from dsl.options import OPTIONS, Options
 from dsl.subgraph import fusion_order
 from dsl.syntax import ast
 from dsl.syntax.printer import fmt_module
-from dsl.types import TensorType, dense_strides, is_float
+from dsl.types import TensorType, dense_strides, is_float, itemsize, merged_stride
 from dsl.values import from_python
 
 
@@ -33,8 +35,10 @@ class Derived:
     forward_text: str
     backward_text: str
     bind: tuple[tuple[str, str, str], ...]
-    """per backward input: (its name, what it is: 'value', 'transposed', 'grad' or 'grad_transposed', the
-    forward value)"""
+    """per backward input: (its name, what it is, the forward value). What it is: 'value'; 'transposed' (its last two
+    axes swapped); 'flat_transposed' ([B.., M, K] read as [1.., K, B*M]: its batch dims merged into its rows, then
+    transposed); 'grad' or 'grad_transposed' (an output's gradient, as it is or transposed). Each is a view of the
+    value's memory."""
     grads: tuple[tuple[str, str], ...]
     """(forward input, the backward output that is its gradient)"""
 
@@ -134,6 +138,19 @@ def check_text(name: str, text: str, at) -> Graph:
 
 # ---- the backward graph, emitted by the VJPs --------------------------------------------------
 
+FUSES_REDUCTION = ("pointwise", "matmul", "conv")
+"""the op families a reduction fuses after in one cuDNN graph (over their results, unmaterialized)"""
+RETYPABLE = ("pointwise", "matmul", "conv")
+"""the op families whose result cuDNN writes in whichever dtype the graph declares for it"""
+DTYPE_FREE = ("pointwise", "reduction")
+"""the op families that compute in their own dtype, whatever dtype they read"""
+
+
+def accumulation(dtype: str) -> str:
+    """The dtype a sum of `dtype` values is written in: float where `dtype` is narrower (cuDNN's reductions
+    plan with float outputs only)."""
+    return "float" if itemsize(dtype) < itemsize("float") else dtype
+
 
 @attrs.define
 class _Stmt:
@@ -195,6 +212,25 @@ class Emit:
         b = self.fresh(f"{name}_t")
         self.bind[b] = ("transposed", name)
         self.types[b] = TensorType(t.dtype, swap(t.shape), swap(t.strides))
+        return b
+
+    def fwd_flat_t(self, name: str) -> str | None:
+        """A forward value [B.., M, K] read as [1.., K, B*M], its batch dims merged into its rows and its last
+        two axes swapped: a declared view of the same memory, or None where its strides allow no such view."""
+        for b, (kind, of) in self.bind.items():
+            if kind == "flat_transposed" and of == name:
+                return b
+        t = self.inst.type(name)
+        row_stride = merged_stride(t.shape[:-1], t.strides[:-1])
+        if row_stride is None:
+            return None
+        if self.graph.value(name).kind == "virtual":
+            self.saved.add(name)
+        k, k_stride, rows = t.shape[-1], t.strides[-1], math.prod(t.shape[:-1])
+        lead = (max(k * k_stride, rows * row_stride),) * (len(t.shape) - 2)
+        b = self.fresh(f"{name}_t")
+        self.bind[b] = ("flat_transposed", name)
+        self.types[b] = TensorType(t.dtype, (1,) * len(lead) + (k, rows), lead + (k_stride, row_stride))
         return b
 
     def stats(self, n: At, k: int) -> tuple[str, ...]:
@@ -269,25 +305,56 @@ class Emit:
         return name
 
     def cast(self, g: str, dtype: str) -> str:
-        """g in `dtype` (written once, however many ops read it)."""
-        if self.types[g].dtype == dtype:
-            return g
-        st = self.made.get(g)
-        if st is not None and self._retypable(g, st):  # written in that dtype where computed: no copy
-            st.dtype = dtype
-            self.types[g] = attrs.evolve(self.types[g], dtype=dtype)
+        """g in `dtype` (written once, however many ops read it): written in that dtype where it is computed
+        when it can be, else by an identity op."""
+        if self.types[g].dtype == dtype or self._retype(g, dtype):
             return g
         if (g, dtype) not in self.casts:
             self.casts[g, dtype] = self.call("identity", g, dtype=dtype)
         return self.casts[g, dtype]
 
-    def _retypable(self, g: str, st: _Stmt) -> bool:
-        """A pointwise result not yet read where its dtype matters (pointwise ops and reductions compute in
-        their own dtype, whatever they read)."""
-        if len(st.targets) > 1 or st.dtype is not None or OPS[st.call[0]].family != "pointwise":
+    def _retype(self, g: str, dtype: str) -> bool:
+        """Makes the op that computes g write it in `dtype`, where that op is of a RETYPABLE family (g itself, or
+        g a reshape of its result: a reshape keeps its input's dtype) and nothing read its result yet where the
+        dtype matters; False where not."""
+        root = g
+        while (st := self.made.get(root)) is not None and st.call[0] == "reshape" and st.dtype is None:
+            root = st.call[1][0]
+        if st is None or len(st.targets) > 1 or st.dtype is not None or OPS[st.call[0]].family not in RETYPABLE:
             return False
-        readers = (OPS[r.call[0]].family for r in self.stmts if g in r.call[1])
-        return all(f in ("pointwise", "reduction") for f in readers)
+        carriers = self._carriers(root)
+        if carriers is None:
+            return False
+        st.dtype = dtype
+        for v in carriers:
+            self.types[v] = attrs.evolve(self.types[v], dtype=dtype)
+        return True
+
+    def _carriers(self, v: str) -> list[str] | None:
+        """v and the reshapes of it, which carry its dtype; None where one of them is read where the dtype
+        matters (by an op outside DTYPE_FREE)."""
+        out = [v]
+        for r in self.stmts:
+            if v not in r.call[1]:
+                continue
+            if r.call[0] == "reshape" and r.dtype is None:
+                more = self._carriers(r.targets[0])
+                if more is None:
+                    return None
+                out += more
+            elif OPS[r.call[0]].family not in DTYPE_FREE:
+                return None
+        return out
+
+    def reshape(self, g: str, shape: tuple[int, ...]) -> str:
+        """g reshaped to `shape`: a reshape of a reshape is one reshape of the first one's input, and a reshape
+        to g's own shape is g."""
+        st = self.made.get(g)
+        if st is not None and st.call[0] == "reshape" and st.dtype is None:
+            g = st.call[1][0]
+        if self.types[g].shape == tuple(shape):
+            return g
+        return self.call("reshape", g, shape=tuple(shape))
 
     def expand(self, g: str, like: str) -> str:
         """g broadcast to the forward value `like`'s shape (by a mask of all ones; pointwise ops broadcast)."""
@@ -304,7 +371,30 @@ class Emit:
             g = self.expand(g, like)
             have = self.types[g].shape
         axes = [i for i, (h, w) in enumerate(zip(have, want)) if w == 1 and h != 1]
-        return self.call("reduction", g, mode="sum", axes=axes) if axes else g
+        if not axes:
+            return g
+        if self._tokens_in_memory(g, want):
+            return self._sum_tokens(g, accumulation(self.inst.type(like).dtype))
+        return self.call("reduction", g, mode="sum", axes=axes)
+
+    def _tokens_in_memory(self, g: str, want: tuple[int, ...]) -> bool:
+        """Whether g [.., N] is summed to [1.., N] over every axis but the last, is packed (so [tokens, N, 1, 1]
+        is a view of it) and is in memory whatever reads it: a backward input, or a result of an op no reduction
+        fuses after. Such a sum cuDNN plans only as the rank-4 view; fused after a pointwise op, a matmul or a
+        convolution it plans as it is."""
+        t, st = self.types[g], self.made.get(g)
+        tokens = all(w == 1 for w in want[:-1]) and want[-1] == t.shape[-1] > 1
+        packed = merged_stride(t.shape, t.strides) == 1
+        return tokens and packed and (st is None or OPS[st.call[0]].family not in FUSES_REDUCTION)
+
+    def _sum_tokens(self, g: str, dtype: str) -> str:
+        """g [.., N] summed over every axis but the last, as cuDNN plans it: the view [tokens, N, 1, 1] (which a
+        reshape lays out channels-last) summed over [0, 2, 3] in `dtype`, reshaped back to [1.., N]."""
+        t = self.types[g]
+        n = t.shape[-1]
+        flat = self.reshape(g, (math.prod(t.shape[:-1]), n, 1, 1))
+        total = self.call("reduction", flat, mode="sum", axes=(0, 2, 3), dtype=dtype)
+        return self.reshape(total, (1,) * (len(t.shape) - 1) + (n,))
 
     def stmts_ast(self) -> list:
         out = _header(self.graph)
@@ -331,10 +421,23 @@ class Emit:
                 )
         return out
 
+    def prune(self) -> None:
+        """Drops the statements whose results nothing reads and no output is (a reshape that a reshape of it
+        now skips)."""
+        live: set[str] = set()
+        kept = []
+        for st in reversed(self.stmts):
+            if st.output is not None or st.outputs or live.intersection(st.targets):
+                live.update(a for a in st.call[1] if isinstance(a, str))
+                kept.append(st)
+        self.stmts = kept[::-1]
+
     def output(self, g: str, t: TensorType, name: str) -> str:
-        """Makes g an output of type t (dtype, shape, strides), or writes an identity to one. A result of an
-        op of several (a backward op's) is made an output as it is: an identity after a fused op such as
-        sdpa_backward would not fuse."""
+        """Makes g an output of type t (dtype, shape, strides; a sum of narrower values in float, as it is
+        computed), or writes an identity to one. A result of an op of several (a backward op's) is made an
+        output as it is: an identity after a fused op such as sdpa_backward would not fuse."""
+        if self._summed(g):
+            t = attrs.evolve(t, dtype=accumulation(t.dtype))
         st = self.made.get(g)
         if st is not None and len(st.targets) > 1 and g not in st.outputs and self.types[g].shape == t.shape:
             new = self.fresh(name)
@@ -348,6 +451,13 @@ class Emit:
         new = self.fresh(name)
         self._rename(g, new)
         return new
+
+    def _summed(self, g: str) -> bool:
+        """Whether g is a reduction's result, or a reshape of one."""
+        st = self.made.get(g)
+        while st is not None and st.call[0] == "reshape":
+            st = self.made.get(st.call[1][0])
+        return st is not None and st.call[0] == "reduction"
 
     def _rename(self, old: str, new: str) -> None:
         for st in self.stmts:
@@ -440,6 +550,7 @@ def derive(
         new = e.output(old, inst.type(w), f"grad_{w}")
         grads = {k: new if g == old else g for k, g in grads.items()}
         outs.append((w, new))
+    e.prune()
     if not outs:
         raise DslError(
             Diagnostic(

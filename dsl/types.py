@@ -124,6 +124,15 @@ def packed_row_major(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return tuple(s for _, s in dims) == dense_strides(kept)
 
 
+def merged_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
+    """The stride of ``shape``'s axes read as one axis (row-major order, unit axes ignored), or None where
+    they are no evenly strided run of memory (then merging them is a copy, not a view)."""
+    real = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    if any(outer != inner * d for (_, outer), (d, inner) in zip(real, real[1:])):
+        return None
+    return real[-1][1] if real else 1
+
+
 def stride_order(strides: tuple[int, ...]) -> tuple[int, ...]:
     """The axis order (outermost first) that ``strides`` describe; ties keep axis order."""
     return tuple(sorted(range(len(strides)), key=lambda a: (-strides[a], a)))

@@ -80,8 +80,12 @@ def test_matmul_with_broadcast_batch_and_scalar():
 """
     f = check_grads(text, "cpu")
     d = next(iter(f._pairs.values())).derived
-    assert ("b_t", "transposed", "b") in d.bind and ("a_t", "transposed", "a") in d.bind
+    assert ("b_t", "transposed", "b") in d.bind and ("a_t", "flat_transposed", "a") in d.bind
     assert "input b_t : float[1, 6, 5] strides [30, 1, 6]" in d.backward_text
+    # b's gradient: one matmul over the batch's 12 rows, a [1, 5, 12] view of a, writing [1, 5, 6]: no batch sum
+    assert "input a_t : float[1, 5, 12] strides [60, 1, 5]" in d.backward_text
+    assert "output grad_b : float[1, 5, 6] strides [30, 6, 1] = matmul(a_t, reshape)" in d.backward_text
+    assert "reshape = reshape(mul, shape=[1, 12, 6])" in d.backward_text
 
 
 def test_matmul_of_intermediates_reads_saved_values_transposed():
@@ -104,6 +108,135 @@ def test_conv_bias_relu_example_half(tmp_path):
     d = pair.derived
     assert {w for w, _ in d.grads} == {"x", "w", "b"}
     assert "output_padding=[1, 1]" in d.backward_text  # stride 2 over 6: two input sizes give one dy
+    # the bias's sum is written in float (autograd returns it in half: check_grads checks the dtype)
+    assert "output grad_b : float[1, 16, 1, 1] strides [16, 1, 16, 16] = reduction(" in d.backward_text
+
+
+# ---- the forms cuDNN plans (deviceless for an H200: tests/test_backward_order.py plans the blocks) -----------
+
+LINEAR = """graph lin {
+  io bf16
+  compute float
+  input x : bf16[2, 3, 8]
+  input w : bf16[1, 8, 16]
+  input b : bf16[1, 1, 16]
+  output y = matmul(x, w) + b
+}
+"""
+
+
+def _backward(text: str, wrt=None):
+    g = program(text=text).graph()
+    return derive(g, wrt=wrt, avoid=ON_H200)
+
+
+def _lines(d) -> set[str]:
+    return {line.strip() for line in d.backward_text.splitlines()}
+
+
+def test_a_token_sum_of_a_backward_input_is_a_float_sum_of_its_rank_4_view():
+    """The bias's gradient sums grad_y [2, 3, 16] over its tokens: as the channels-last view [6, 16, 1, 1] summed
+    over [0, 2, 3] to float (cuDNN declines the sum at rank 3, and with a bf16 output), reshaped back."""
+    d = _backward(LINEAR)
+    assert {
+        "reshape = reshape(grad_y, shape=[6, 16, 1, 1])",
+        "reduction : float = reduction(reshape, mode=sum, axes=[0, 2, 3])",
+        "output grad_b : float[1, 1, 16] strides [16, 16, 1] = reshape(reduction, shape=[1, 1, 16])",
+    } <= _lines(d)
+    assert d.backward.instances[0].type("reshape").strides == (16, 1, 16, 16)  # channels-last
+    check_grads(LINEAR, "cpu")  # autograd returns b's gradient in bf16
+
+
+def test_a_weight_gradient_is_one_matmul_over_the_batch_in_the_weights_dtype():
+    """w [1, 8, 16] is broadcast over x's batch: its gradient is x viewed as [1, 8, 6] (no copy) times grad_y
+    reshaped to [1, 6, 16], written in bf16, with no batched product [2, 8, 16] to sum over the batch."""
+    d = _backward(LINEAR)
+    assert ("x_t", "flat_transposed", "x") in d.bind
+    assert {
+        "input x_t : bf16[1, 8, 6] strides [48, 1, 8]",
+        "reshape_1 = reshape(grad_y, shape=[1, 6, 16])",
+        "output grad_w : bf16[1, 8, 16] strides [128, 16, 1] = matmul(x_t, reshape_1)",
+    } <= _lines(d)
+    assert [n.op for n in d.backward.nodes].count("reduction") == 1  # b's only
+
+
+def test_a_weight_gradient_whose_rows_make_no_view_stays_batched():
+    """x's batch axis lies inside its rows (strides [5, 15, 1]): [1, 5, 12] is no view of it, so w's gradient is
+    the batched product and its sum over the batch."""
+    text = """graph g {
+  input x : float[3, 4, 5] strides [5, 15, 1]
+  input w : float[1, 5, 6]
+  output y = matmul(x, w)
+}
+"""
+    d = _backward(text)
+    assert ("x_t", "transposed", "x") in d.bind and "flat_transposed" not in {kind for _, kind, _ in d.bind}
+    assert "output grad_w : float[1, 5, 6] strides [30, 6, 1] = reduction(matmul_0, mode=sum, axes=[0])" in _lines(d)
+    check_grads(text, "cpu")
+
+
+def test_inside_a_pointwise_chain_a_token_sum_keeps_its_rank():
+    """Fused after gelu_backward, the bias's sum stays [2, 3, 16] -> [1, 1, 16] (in float): cuDNN plans it so, in
+    the graph of the pointwise ops."""
+    text = LINEAR.replace("output y = matmul(x, w) + b", "output y = gelu(matmul(x, w) + b)")
+    d = _backward(text)
+    assert "output grad_b : float[1, 1, 16] strides [16, 16, 1] = reduction(gelu_backward, mode=sum, axes=[0, 1])" in (
+        _lines(d)
+    )
+    assert [n.op for n in d.backward.nodes].count("reshape") == 1  # dy flattened for w's gradient
+    check_grads(text, "cpu")
+
+
+def test_a_cast_is_written_by_the_matmul_that_computes_the_value_through_its_reshape():
+    """x's gradient needs dt in bf16 (a matmul operand); dt is a reshape of the matmul dU: dU is written in bf16,
+    with no identity op. w1's gradient reads dt flattened to [1, 8, 8], dU's own shape: dU itself, no reshape of
+    the reshape."""
+    text = """graph two {
+  io bf16
+  compute float
+  input x : bf16[2, 4, 8]
+  input w1 : bf16[1, 8, 8]
+  input w2 : bf16[1, 8, 8]
+  t : bf16 = matmul(x, w1)
+  u = reshape(t, shape=[1, 8, 8])
+  output y = matmul(u, w2)
+}
+"""
+    d = _backward(text)
+    assert {
+        "matmul : bf16 = matmul(grad_y, w2_t)",
+        "reshape = reshape(matmul, shape=[2, 4, 8])",
+        "output grad_x : bf16[2, 4, 8] strides [32, 8, 1] = matmul(reshape, w1_t)",
+        "output grad_w1 : bf16[1, 8, 8] strides [64, 8, 1] = matmul(x_t, matmul)",
+    } <= _lines(d)
+    assert "identity" not in d.backward_text
+    check_grads(text, "cpu")
+
+
+def test_the_transformer_blocks_backward_takes_the_forms_cuDNN_plans():
+    """examples/training/transformer_block.cdg (its gradients against plain PyTorch: tests/test_train_example.py):
+    the output projection's dA written in bf16 for sdpa_backward through its reshape, every bias's gradient a float
+    sum of the rank-4 view of what sdpa_backward (or grad_y) wrote, every weight's one matmul over the batch, the
+    layer norm's gamma and beta sums at rank 3 in their pointwise chain; and no reshape of a reshape."""
+    g = program("examples/training/transformer_block.cdg").graph()
+    d = derive(g, avoid=ON_H200)
+    lines, b = _lines(d), d.backward
+    assert {"matmul : bf16 = matmul(grad_y, wo_t)", "reshape_2 = reshape(matmul, shape=[8, 1, 128, 128])"} <= lines
+    assert "identity" not in d.backward_text
+    made = {o: n for n in b.nodes for o in n.outputs}
+    for c, n in (("q", 128), ("k", 128), ("v", 128), ("o", 256)):
+        sum_ = made[made[f"grad_b{c}"].inputs[0]]
+        assert made[f"grad_b{c}"].op == "reshape" and b.instances[0].type(f"grad_b{c}").dtype == "float"
+        assert sum_.op == "reduction" and b.instances[0].type(sum_.inputs[0]).shape == (1024, n, 1, 1)
+        matmul = made[f"grad_w{c}"]
+        assert matmul.op == "matmul" and b.instances[0].type(f"grad_w{c}").dtype == "bf16"
+        assert b.instances[0].type(matmul.inputs[0]).shape[-1] == 1024  # [1, K, B*S]: the batch in K
+    for p in ("gamma", "beta"):
+        node = made[f"grad_{p}"]
+        assert node.op == "reduction" and b.instances[0].attrs(b.nodes.index(node))["axes"] == (0, 1)
+    reshaped = {n.outputs[0] for n in b.nodes if n.op == "reshape"}
+    assert not any(n.op == "reshape" and n.inputs[0] in reshaped for n in b.nodes)
+    assert {kind for _, kind, of in d.bind if of in ("h", "o")} == {"flat_transposed"}
 
 
 def test_matmul_epilogue_example_bf16():

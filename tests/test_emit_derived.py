@@ -11,8 +11,10 @@ import torch
 
 from cudnn_dsl.cli.common import derive
 from cudnn_dsl.run.inputs import generate_inputs
+from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.memory import empty
 from cudnn_dsl.torch_op.autograd import differentiable
+from cudnn_dsl.torch_op.training import backward_inputs
 from cudnn_dsl.tune.bench import import_script
 from dsl.pipeline import program
 from tests.cli_util import run_cli
@@ -20,11 +22,14 @@ from tests.cli_util import run_cli
 ROOT = Path(__file__).resolve().parents[1]
 CONV = ROOT / "examples" / "conv_bias_relu.cdg"
 RESNET = ROOT / "examples" / "training" / "resnet_block.cdg"
-# matmul's backward reads its saved operands transposed (views): the bindings of kind "transposed"
+# matmul's backward reads its saved operands transposed (views): the bindings of kind "transposed"; with b a
+# weight broadcast over a's batch, a flattened over the batch too ("flat_transposed")
 MATMUL = (
     "graph mm {\n  input a : float[2, 8, 16]\n  input b : float[2, 16, 4]\n  input c : float[1, 1, 4]\n"
     "  output y = gelu(matmul(a, b) + c)\n}\n"
 )
+MATMUL_WEIGHT = MATMUL.replace("b : float[2, 16, 4]", "b : float[1, 16, 4]")
+VIEWS = {"matmul": {"a_t": "transposed", "b_t": "transposed"}, "matmul_weight": {"a_t": "flat_transposed"}}
 LAYERNORM = (
     "graph ln {\n  input x : float[8, 64, 1, 1] init=randn(1, 3)\n  input gamma : float[1, 64, 1, 1]\n"
     "  input beta : float[1, 64, 1, 1]\n"
@@ -68,18 +73,18 @@ def _reference(script: str):
     return import_script(script, "derived_torch").reference
 
 
-@pytest.mark.parametrize("case", ["resnet_block", "matmul"])
+@pytest.mark.parametrize("case", ["resnet_block", "matmul", "matmul_weight"])
 def test_the_ejected_torch_forward_and_backward_give_autograds_gradients(case, tmp_path):
-    if case == "matmul":
+    if case in VIEWS:
         source = tmp_path / "mm.cdg"
-        source.write_text(MATMUL)
+        source.write_text(MATMUL if case == "matmul" else MATMUL_WEIGHT)
         shape = []
     else:
         source, shape = RESNET, ["--shape", "N=4"]
     g = program(str(source)).graph()
     inst = g.instance({"N": 4}) if shape else g.instances[0]
     d = derive(g, inst)
-    assert case != "matmul" or {"a_t", "b_t"} <= {name for name, kind, _ in d.bind if kind == "transposed"}
+    assert VIEWS.get(case, {}).items() <= {(name, kind) for name, kind, _ in d.bind}
     forward = _reference(emitted(source, "--derived", "forward", "--format", "torch", *shape))
     backward = _reference(emitted(source, "--derived", "backward", "--format", "torch", *shape))
 
@@ -92,17 +97,16 @@ def test_the_ejected_torch_forward_and_backward_give_autograds_gradients(case, t
     outs = f(leaves)
     torch.autograd.backward([outs[o] for o in grads], list(grads.values()))
 
-    # the ejected scripts, bound by hand as derive's `bind` says
+    # the ejected scripts, bound as derive's `bind` says (the views both training paths bind)
     saved = dict(zip((v.name for v in d.forward.outputs), forward(*(inputs[v.name] for v in d.forward.inputs))))
-    values = {**inputs, **saved}
-    bound = {}
-    for name, kind, of in d.bind:
-        t = grads[of] if kind.startswith("grad") else values[of]
-        bound[name] = t.transpose(-1, -2) if kind.endswith("transposed") else t
+    bound = backward_inputs(d, {**inputs, **saved}, grads, {}, "cpu")
     got = dict(zip((v.name for v in d.backward.outputs), backward(*(bound[v.name] for v in d.backward.inputs))))
     assert {i for i, _ in d.grads} == set(inputs)
     for i, out in d.grads:
-        torch.testing.assert_close(got[out], leaves[i].grad, msg=lambda m, i=i: f"grad of {i}: {m}")
+        assert got[out].dtype == torch_dtype(d.backward.instances[0].type(out).dtype)
+        # torch autograd casts a gradient to its input's dtype (a bias's sum is written in float)
+        want = leaves[i].grad
+        torch.testing.assert_close(got[out].to(want.dtype), want, msg=lambda m, i=i: f"grad of {i}: {m}")
     for o in g.outputs:
         torch.testing.assert_close(saved[o.name], outs[o.name].detach())
 

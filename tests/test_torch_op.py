@@ -271,6 +271,42 @@ def test_fullgraph_training_step_has_no_graph_break_and_autograds_gradients():
         torch.testing.assert_close(p.grad, plain.p[k].grad, atol=1e-4, rtol=1e-4, msg=k)
 
 
+LINEAR = """
+graph linear {
+  io bf16
+  compute float
+  input x : bf16[4, 8, 16]
+  input w : bf16[1, 16, 32]
+  input b : bf16[1, 1, 32]
+  output y = matmul(x, w) + b
+}
+"""
+
+
+def test_a_bf16_bias_gradient_written_in_float_reaches_autograd_in_bf16():
+    """The backward op writes b's gradient (a sum) in float, its fake kernel says so (opcheck), and AOT autograd
+    hands the bf16 parameter a bf16 gradient, as eager autograd does; w's is written in bf16 by one matmul."""
+    from cudnn_dsl.torch_op.training import grad_ops
+
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=LINEAR))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, 16, generator=gen).bfloat16()
+    w, b = (torch.randn(s, generator=gen).bfloat16().requires_grad_() for s in ((1, 16, 32), (1, 1, 32)))
+    g = torch.randn(4, 8, 32, generator=gen).bfloat16()
+    torch.compile(lambda x, w, b: op(x, w, b), fullgraph=True, backend="aot_eager")(x, w, b).backward(g)
+    w0, b0 = (t.detach().float().requires_grad_() for t in (w, b))
+    (x.float() @ w0 + b0).backward(g.float())
+    for got, want in ((w.grad, w0.grad), (b.grad, b0.grad)):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=1e-2)
+    ops = grad_ops(op, ("w", "b"))
+    kept = [x]  # the backward reads x (flattened and transposed), no other forward value
+    assert ops.kept == ("x",)
+    got = ops.backward_op(kept, [g], [])
+    assert [t.dtype for t in got] == [torch.bfloat16, torch.float32]  # grad_w, grad_b (in wrt order)
+    torch.library.opcheck(ops.backward_op, (kept, [g], []), test_utils=("test_schema", "test_faketensor"))
+
+
 def test_dynamic_sizes_retrace_the_training_path_per_size_and_opcheck_passes():
     """The derived graphs are per shape: the fake kernels specialize on the sizes, and a new size retraces."""
     op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=BLOCK))

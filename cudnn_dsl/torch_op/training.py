@@ -15,15 +15,20 @@ from cudnn_dsl.target.quirks import backward_avoid, library_version
 from cudnn_dsl.torch_op.library import NAMESPACE, fragment, results, returned
 from dsl.autodiff import Derived, derive
 
-GRADS = ("grad", "grad_transposed")
-"""the Derived.bind kinds of an output's gradient (as given, or transposed)"""
-VALUES = ("value", "transposed")
-"""the Derived.bind kinds of a forward value the backward reads (as it is, or transposed)"""
+VIEWS = {
+    "value": lambda t: t,
+    "transposed": lambda t: t.transpose(-1, -2),
+    "flat_transposed": lambda t: t.view(*(1,) * (t.dim() - 2), -1, t.shape[-1]).transpose(-1, -2),
+}
+"""the Derived.bind kinds of a forward value the backward reads, each with the view of it that is bound (`view`
+rather than `reshape`: derive declares a flattened value only where its strides make it a view, never a copy)"""
+GRADS = {"grad": VIEWS["value"], "grad_transposed": VIEWS["transposed"]}
+"""the Derived.bind kinds of an output's gradient (as given, or transposed), each with its view"""
 
 
 def values_read(d: Derived) -> tuple[str, ...]:
     """The forward values the backward graph reads, once each, in order (what the forward saves)."""
-    return tuple(dict.fromkeys(of for _, kind, of in d.bind if kind in VALUES))
+    return tuple(dict.fromkeys(of for _, kind, of in d.bind if kind in VIEWS))
 
 
 def grads_read(d: Derived) -> set[str]:
@@ -33,7 +38,7 @@ def grads_read(d: Derived) -> set[str]:
 
 def backward_inputs(d: Derived, values: dict, grads: dict, scalars: dict, device, relayout: bool = True) -> dict:
     """The backward graph's inputs by name: the kept forward `values` and the outputs' `grads` (None or left
-    out: zero), each transposed where the backward reads it so, a gradient copied into its declared layout
+    out: zero), each viewed as the backward reads it (VIEWS, GRADS), a gradient copied into its declared layout
     (cuDNN reads that one; `relayout` off for fake tensors, which have no data); then the scalars the forward
     was given."""
     made: dict[str, torch.Tensor] = {}
@@ -48,9 +53,9 @@ def backward_inputs(d: Derived, values: dict, grads: dict, scalars: dict, device
                 elif relayout and tuple(g.stride()) != t.strides:
                     g = empty(t, device).copy_(g)
                 made[of] = g
-            bound[name] = made[of].transpose(-1, -2) if kind == "grad_transposed" else made[of]
+            bound[name] = GRADS[kind](made[of])
         else:
-            bound[name] = values[of].transpose(-1, -2) if kind == "transposed" else values[of]
+            bound[name] = VIEWS[kind](values[of])
     bound.update((v.name, scalars[v.name]) for v in d.backward.of_kind("scalar") if v.name in scalars)
     return bound
 

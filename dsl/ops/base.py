@@ -214,11 +214,13 @@ def flops_per_element(n: int) -> Callable[[Ctx, list], int]:
 # graph (None: no gradient flows there). `n.dy` is the gradient of the node's first result; `e` emits
 # ops of the backward graph (dsl.autodiff.Emit) and reads forward values: `e.fwd(name)` (an
 # intermediate is saved by the forward), `e.fwd_t(name)` (its last two axes swapped: a declared view
-# of the same memory, no transpose op), `e.stats(n, k)`: the op's first k statistics (the forward
-# returns them, or is made to: Statistics.switch). A gradient of a broadcast input is summed back to its
-# shape by the caller. An op that has no VJP is in NO_VJP with the reason. Where the cuDNN that runs the graph
-# has the frontend's backward op for the form (`e.avoid`: the quirks table), the rule emits it; elsewhere (a form
-# with no engine, a gradient of the fused op left unread) it falls back to a chain of registry ops.
+# of the same memory, no transpose op), `e.fwd_flat_t(name)` ([B.., M, K] as the view [1.., K, B*M], or None
+# where its strides make no view), `e.stats(n, k)`: the op's first k statistics (the forward returns them, or
+# is made to: Statistics.switch); `e.cast(g, dtype)` and `e.reshape(g, shape)` give a backward value in another
+# dtype or shape. A gradient of a broadcast input is summed back to its shape by the caller. An op that has
+# no VJP is in NO_VJP with the reason. Where the cuDNN that runs the graph has the frontend's backward op for
+# the form (`e.avoid`: the quirks table), the rule emits it; elsewhere (a form with no engine, a gradient of the
+# fused op left unread) it falls back to a chain of registry ops.
 
 
 @attrs.frozen

@@ -53,13 +53,17 @@ def infer_reshape(ctx: Ctx) -> list[Out]:
             f"{ctx.op}: cannot reshape {fmt_shape(x.shape)} ({math.prod(x.shape)} elements) to {fmt_shape(shape)}",
             "shape",
         )
-    return [Out(shape, _reshaped_order(shape))]
+    return [Out(shape, _packed_order(shape))]
 
 
-def _reshaped_order(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major, except `[M, N, 1, 1]`, declared channels-last: the same memory, and the only form of it that
-    cuDNN's reductions plan (tests/test_backward_forms.py)."""
-    return (0, 2, 3, 1) if len(shape) == 4 and shape[2:] == (1, 1) else row_major(len(shape))
+def _packed_order(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A reshape's result is packed row-major, its trailing unit axes laid outside its last real axis: the
+    same memory, and a [tokens, C, 1, 1] result channels-last, the only layout cuDNN sums tokens in."""
+    real = [a for a, d in enumerate(shape) if d != 1]
+    if not real:
+        return row_major(len(shape))
+    last = real[-1]
+    return (*range(last), *range(last + 1, len(shape)), last)
 
 
 def infer_slice(ctx: Ctx) -> list[Out]:
@@ -99,7 +103,7 @@ OPS = by_name(
         ("x",),
         infer_reshape,
         attrs=(Attr("shape", "ints", REQUIRED, doc="the new dims", lo=1),),
-        doc="same elements, new shape",
+        doc="same elements, new shape (packed; a [N, C, 1, 1] result channels-last)",
         keeps_dtype=True,
     ),
     FAMILY.op(
@@ -140,6 +144,6 @@ def _concatenate(e, n):
 VJPS: dict[str, Rule] = {
     "transpose": _transpose,
     "concatenate": _concatenate,
-    "reshape": lambda e, n: (e.call("reshape", n.dy, shape=n.ins[0].shape),),
+    "reshape": lambda e, n: (e.reshape(n.dy, n.ins[0].shape),),
 }
 NO_VJP = {"slice": "its gradient pads with zeros, which no registry op does"}

@@ -56,8 +56,24 @@ def _matmul(e, n):
     """dA = dC B^T, dB = A^T dC; the transposes are views of the saved operands."""
     a, b = n.ins
     da = e.call("matmul", e.cast(n.dy, b.dtype), e.fwd_t(n.inputs[1])) if n.need[0] else None
-    db = e.call("matmul", e.fwd_t(n.inputs[0]), e.cast(n.dy, a.dtype)) if n.need[1] else None
+    db = _weight_grad(e, n) if n.need[1] else None
     return da, db
+
+
+def _weight_grad(e, n):
+    """dB = A^T dC. Where B is broadcast over A's batch (a weight), one matmul over every row of the batch:
+    A viewed as [1.., K, B*M] (no copy) times dC reshaped to [1.., B*M, N] gives B's [1.., K, N] directly,
+    where the batched product would write [B.., K, N] for a sum over B. A whose rows make no view keeps the
+    batched form. (Where A is the broadcast one, dA sums over B and N together, which a packed dC [B, M, N]
+    holds apart, M between them: no view merges them, so dA stays the batched product and its sum.)"""
+    a, b = n.ins
+    dy = e.cast(n.dy, a.dtype)
+    broadcast = all(d == 1 for d in b.shape[:-2]) and math.prod(a.shape[:-2]) > 1
+    a_t = e.fwd_flat_t(n.inputs[0]) if broadcast else None
+    if a_t is None:
+        return e.call("matmul", e.fwd_t(n.inputs[0]), dy)
+    rows = (1,) * (len(a.shape) - 2) + (math.prod(a.shape[:-1]), b.shape[-1])
+    return e.call("matmul", a_t, e.reshape(dy, rows))
 
 
 VJPS: dict[str, Rule] = {"matmul": _matmul}
