@@ -108,23 +108,3 @@ def test_resnet_backward_splits_into_fewer_parts_for_h200():
     assert ["conv_dgrad", "relu_backward", "reduction"] in fused and ["conv_dgrad", "add"] in fused
     assert ["relu_backward", "reduction"] in fused
     assert len(partition.parts) == 5 and not partition.fallbacks
-
-
-def test_transformer_backward_leaves_only_reshapes_to_torch_for_h200():
-    """Deviceless: the transformer block's backward for its weights (x wants no gradient) plans as 11 cuDNN
-    graphs: each bias's float sum of its rank-4 view, dA in bf16, sdpa_backward, each weight's one matmul over
-    the batch, the layer norm's gamma and beta. What is left to torch is reshapes only (views of packed values)."""
-    from cudnn_dsl.run.partition import plan_for_target
-    from cudnn_dsl.target.library import Target
-
-    g = program("examples/training/transformer_block.cdg").graphs[0]
-    wrt = tuple(v.name for v in g.inputs if v.name != "x")
-    b = derive(g, g.instances[0], wrt, avoid=ON_H200).backward
-    low, partition = plan_for_target(b, b.instances[0], b.options, Target.named("h200"))
-    assert low is None
-    ops = [[b.nodes[i].op for i in range(p.first, p.end)] for p in partition.parts]
-    torch_ops = [o for p, o in zip(partition.parts, ops) if p.graph is None]
-    assert torch_ops and all(o == ["reshape"] for o in torch_ops)
-    cudnn = [o for p, o in zip(partition.parts, ops) if p.graph is not None]
-    assert cudnn.count(["reduction"]) == 4 and cudnn.count(["matmul"]) == 5 and ["sdpa_backward"] in cudnn
-    assert len(cudnn) == 11
