@@ -492,43 +492,105 @@ def torch_op(path: Path, data: dict) -> str:
 
 def train(path: Path, data: dict) -> str:
     models = data["models"]
-    keys: list[str] = []
-    for m in models.values():
-        keys += [k for k in m.get("step_time_us", {}) if k not in keys]
-    rows, cpu = [], []
-    for name, m in models.items():
-        st = m.get("step_time_us", {})
-        base = st.get("cudnn-dsl eager") or next(iter(st.values()), None)
-        ld, lt = m.get("losses_dsl", []), m.get("losses_torch", [])
-        loss = f"{ld[0]:#.4g} → {ld[-1]:#.5g} / {lt[-1]:#.5g}" if ld and lt else "—"
-        diff = m.get("max_relative_difference")
-        row = [
-            f"{name} ({example(m['graph'])})" if m.get("graph") else name,
-            m.get("batch", "—"),
-            m.get("steps", "—"),
-            m.get("dsl_trained", "—"),
-            loss,
-            "—" if diff is None else f"{diff:.1e}",
-        ]
-        for k in keys:
-            t = st.get(k)
-            row.append("—" if t is None else num(t) if k == "cudnn-dsl eager" else f"{num(t)} ({times(t, base)})")
-        rows.append(row)
-        if not m.get("cudnn", True):
-            cpu.append(name)
-    headers = ["block", "batch", "steps", "cudnn-dsl trained as", "loss: first → last (cudnn-dsl / torch)"]
-    headers += ["loss curves' largest relative difference"] + [f"{k}, µs" for k in keys]
     out = [
         heading("Training through the torch op", path),
         "`bench/train.py`: each block of `examples/training/` trained through its graph's torch op (float32 master "
         "weights cast into the graph's dtypes) beside the same model in plain PyTorch from the same weights, with "
-        "SGD on a fixed synthetic regression task: the loss curves' largest relative difference, and the forward "
-        "+ backward step time, the GPU time between CUDA events around a step, host gaps included (on the CPU, "
-        "wall time). x is that contender's time over cudnn-dsl eager's.",
-        table(headers, rows),
+        "SGD on a fixed synthetic regression task: the loss curves' largest relative difference.",
+        table(
+            ["block", "batch", "steps", "cudnn-dsl trained as", "loss: first → last (cudnn-dsl / torch)"]
+            + ["loss curves' largest relative difference"],
+            [train_row(name, m) for name, m in models.items()],
+        ),
+        "The forward + backward step time of each contender, in one process: the GPU time between CUDA events "
+        "around a step, host gaps included (on the CPU, wall time). *captured* is the whole step in one CUDA graph "
+        "(`torch.cuda.graph`), replayed; *reduce-overhead* replays torch.compile's CUDA-graph trees. x is that "
+        "contender's time over torch eager's.",
+        step_time_table(models),
     ]
-    out += [f"{name}: on the CPU, where the torch op runs the graph's PyTorch reference, not cuDNN." for name in cpu]
+    notes = [
+        f"{name}, {label}: {short(t)}"
+        for name, m in models.items()
+        for label, t in m.get("step_time_us", {}).items()
+        if not isinstance(t, (int, float))
+    ]
+    out.append(bullets(notes))
+    counted = {name: m["per_step"] for name, m in models.items() if m.get("per_step")}
+    if counted:
+        out += [
+            "What one step runs: the cuDNN launches of the parts the op's derived forward and backward run as, the "
+            "distinct cuDNN graphs among them (as the plan store keys them), the ops left to torch fallbacks, and the "
+            "torch (aten) ops one real eager step issues, counted by a TorchDispatchMode (views and allocations "
+            "apart; for cudnn-dsl on CUDA, those inside the op's kernels too: casts, copies, fallbacks).",
+            per_step_table(counted),
+        ]
+    out += [
+        f"{name}: on the CPU, where the torch op runs the graph's PyTorch reference, not cuDNN."
+        for name, m in models.items()
+        if not m.get("cudnn", True)
+    ]
     return join(out)
+
+
+def train_row(name: str, m: dict) -> list:
+    ld, lt = m.get("losses_dsl", []), m.get("losses_torch", [])
+    diff = m.get("max_relative_difference")
+    return [
+        f"{name} ({example(m['graph'])})" if m.get("graph") else name,
+        m.get("batch", "—"),
+        m.get("steps", "—"),
+        m.get("dsl_trained", "—"),
+        f"{ld[0]:#.4g} → {ld[-1]:#.5g} / {lt[-1]:#.5g}" if ld and lt else "—",
+        "—" if diff is None else f"{diff:.1e}",
+    ]
+
+
+def step_time_table(models: dict) -> str:
+    """Contender by block: its median µs and the ratio to torch eager's, or that it failed or was skipped."""
+    labels: list[str] = []
+    for m in models.values():
+        labels += [k for k in [*m.get("step_time_us", {}), *m.get("skipped", {})] if k not in labels]
+    rows = []
+    for label in labels:
+        row = [label]
+        for m in models.values():
+            t, base = m.get("step_time_us", {}).get(label), m.get("step_time_us", {}).get("torch eager")
+            if label in m.get("skipped", {}):
+                row.append(f"skipped: {m['skipped'][label]}")
+            elif t is None:
+                row.append("—")
+            elif not isinstance(t, (int, float)):
+                row.append("failed")
+            elif isinstance(base, (int, float)) and label != "torch eager":
+                row.append(f"{num(t)} ({times(t, base)})")
+            else:
+                row.append(num(t))
+        rows.append(row)
+    return table(["step (forward + backward), µs"] + list(models), rows)
+
+
+def per_step_table(counted: dict) -> str:
+    rows = []
+    for name, s in counted.items():
+        fallbacks: dict[str, int] = {}
+        for half in ("forward", "backward"):
+            for op, n in s[half]["torch_fallbacks"].items():
+                fallbacks[op] = fallbacks.get(op, 0) + n
+        ops = s["torch_ops"]
+        rows.append(
+            [
+                name,
+                s["parts_from"],
+                f"{s['cudnn_launches']} ({s['forward']['cudnn_launches']} + {s['backward']['cudnn_launches']})",
+                s["cudnn_graphs"],
+                ", ".join(f"{op} ×{n}" for op, n in sorted(fallbacks.items())) or "none",
+                f"{ops['cudnn-dsl']['kernels']}"
+                + ("" if ops["cudnn-dsl"].get("graph_ops_entered") else " (op's own not counted)"),
+                ops["torch"]["kernels"],
+            ]
+        )
+    headers = ["block", "parts", "cuDNN launches (forward + backward)", "distinct cuDNN graphs", "torch fallbacks"]
+    return table(headers + ["torch kernels per step, cudnn-dsl", "torch kernels per step, torch"], rows)
 
 
 def frontend(path: Path, data: dict) -> str:

@@ -1,44 +1,61 @@
-"""Benchmark (not a test): a small transformer block and a small ResNet-style block, written in .cdg
-(examples/training/), trained through the graph's torch op, side by side with the same model in plain
-PyTorch from the same initial weights.
-Usage: python bench/train.py [--steps N] [--device cuda|cpu] [--json FILE] [--model NAME] [--no-compile]
-[--no-autotune]
+"""Benchmark (not a test): what a training step costs through a graph's torch op. A small transformer block and
+a small ResNet-style block, written in .cdg (examples/training/), trained through the graph's torch op side by side
+with the same model in plain PyTorch from the same initial weights.
+Usage: python bench/train.py [--steps N] [--device cuda|cpu] [--json FILE] [--model NAME] [--target GPU]
+[--no-compile] [--no-autotune]
 
 Per model, in one process:
 - training: `--steps` SGD steps (momentum 0.9) on a fixed synthetic regression task (a few fixed batches,
-  targets from a teacher of the same architecture with other weights), for the cudnn-dsl model (the
-  graph's torch op under `torch.compile(fullgraph=True)` where it traces, else eager) and the plain
-  PyTorch model; the loss curves' largest relative difference;
-- step time of forward + backward (the optimizer step left out): cudnn-dsl eager and under
-  torch.compile, plain PyTorch eager and torch.compile (`max-autotune` on the GPU, the default mode on
-  the CPU). On CUDA, the time between CUDA events around each step (host gaps between its kernels
-  included: a step of a small model is launch-bound); on the CPU, wall time.
+  targets from a teacher of the same architecture with other weights), for the cudnn-dsl model (the graph's
+  torch op under `torch.compile(fullgraph=True)` where it traces, else eager) and the plain PyTorch model; the
+  loss curves' largest relative difference;
+- per step: the cuDNN graphs (distinct, as the plan store keys them) and launches, and the torch fallbacks, of
+  the parts the op's derived forward and backward run as (on CUDA the parts that ran; on the CPU those
+  deviceless planning for `--target` gives), and the torch (aten) ops one real step issues, counted with a
+  TorchDispatchMode: kernels, views and allocations, for both twins (on CUDA inside the op's kernels too: the
+  casts, copies and fallbacks around cuDNN's launches);
+- step time of forward + backward (the optimizer step left out), contender by contender (CONTENDERS):
+  cudnn-dsl eager, under torch.compile, under `reduce-overhead` and captured whole in one CUDA graph, beside
+  plain PyTorch eager, `torch.compile` in its default and `max-autotune` modes, under `reduce-overhead` and
+  captured. On CUDA, the GPU time between CUDA events around each step (host gaps between its kernels
+  included: a step of a small model is launch-bound); on the CPU, wall time, and the contenders that need
+  CUDA graphs or tune GPU kernels are listed as skipped, with why.
 
-Both models keep float32 master weights and cast them to the graph's dtypes in their forward, so the
-only difference between them is the function the block calls. On CUDA tensors the cudnn-dsl model runs
-cuDNN (the graph and its derived backward, split where cuDNN declines them whole); **on CPU tensors the
-torch op's kernel is the graph's PyTorch reference, not cuDNN**: a CPU run checks the derived backward
-and the plumbing, and the report says so (`"cudnn": false`).
+Both models keep float32 master weights and cast them to the graph's dtypes in their forward, so the only
+difference between them is the function the block calls. On CUDA tensors the cudnn-dsl model runs cuDNN (the
+graph and its derived backward, split where cuDNN declines them whole); **on CPU tensors the torch op's kernel
+is the graph's PyTorch reference, not cuDNN**: a CPU run checks the derived backward and the plumbing, and the
+report says so (`"cudnn": false`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
+from cudnn_dsl.run.partition import Part, plan_for_target  # noqa: E402
+from cudnn_dsl.run.parts import Parts  # noqa: E402
 from cudnn_dsl.run.timing import environment, gpu_time_us  # noqa: E402
+from cudnn_dsl.store.keys import graph_digest  # noqa: E402
 from cudnn_dsl.target.dtypes import torch_dtype  # noqa: E402
+from cudnn_dsl.target.library import Target  # noqa: E402
+from cudnn_dsl.torch_op.training import grad_ops  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "training"
 
@@ -46,8 +63,9 @@ EXAMPLES = ROOT / "examples" / "training"
 def transformer_torch(x, gamma, beta, wq, wk, wv, bq, bk, bv, wo, bo):
     """examples/training/transformer_block.cdg as a PyTorch user writes it (its first output, y)."""
     h = F.layer_norm(x.float(), (x.shape[-1],), gamma.reshape(-1), beta.reshape(-1), eps=1e-5).to(x.dtype)
-    q, k, v = h @ wq + bq, h @ wk + bk, h @ wv + bv
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / math.sqrt(q.shape[-1]))
+    # one head, [B, 1, S, Dh] as the graph reads them: torch's fused attention kernels take 4-d inputs only
+    q, k, v = ((h @ w + b).unsqueeze(1) for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / math.sqrt(q.shape[-1])).squeeze(1)
     return x + (o @ wo + bo)
 
 
@@ -111,7 +129,10 @@ class Setup:
             if self.batch not in sizes:
                 raise SystemExit(f"{name}: --batch must be one of {sizes} (the graph's dim {spec.dim})")
             inst = graph.instance({spec.dim: self.batch})
+        self.binding = dict(inst.binding)
         self.op = cudnn_dsl.as_torch_op(self.cg)
+        self.wrt = tuple(n for n in self.op.tensor_names if n != spec.data)
+        """the inputs a step derives gradients for: every weight (the data wants none)"""
         gen = torch.Generator().manual_seed(seed)
         self.types, weights, teacher = {}, {}, {}
         for v in self.cg.graph.device_inputs:
@@ -175,15 +196,211 @@ def max_relative_difference(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
-def step_time_us(setup: Setup, model, iterations: int) -> float:
-    """Median time of one forward + backward (gradients set to None first), GPU time on CUDA."""
+# ---- what one step runs: cuDNN's parts, and the torch ops ------------------------------------------------
+
+
+def parts_run(setup: Setup, derived, target: Target) -> list[Part]:
+    """The parts one of the op's derived graphs (its TorchOp) runs as: on CUDA those its kernel ran (after a
+    step), on the CPU those the real cuDNN library plans for `target` without a device."""
+    graph = derived.graph
+    inst, whole = graph.instances[0], [Part(0, len(graph.nodes), graph)]
+    if setup.device.type == "cuda":
+        device = setup.device if setup.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        ran = derived.compiled[device].parts(inst)
+        return list(ran.partition.parts) if isinstance(ran, Parts) else whole
+    _, partition = plan_for_target(graph, inst, derived.options, target)
+    return whole if partition is None else list(partition.parts)
+
+
+def part_counts(setup: Setup, target: Target) -> dict:
+    """cuDNN graphs and launches, and torch fallbacks, of the augmented forward and the backward of one step."""
+    _, fwd, bwd = grad_ops(setup.op, setup.wrt).shape(setup.binding)
+    report: dict = {
+        "parts_from": (
+            f"the parts that ran on {torch.cuda.get_device_name(setup.device)}"
+            if setup.device.type == "cuda"
+            else f"deviceless planning for {target.name}"
+        )
+    }
+    digests, launches, fallbacks = set(), 0, Counter()
+    for half, derived in (("forward", fwd), ("backward", bwd)):
+        parts = parts_run(setup, derived, target)
+        graph = derived.graph
+        cudnn = [p.graph for p in parts if p.graph is not None]
+        torch_ops = Counter(graph.nodes[p.first].op for p in parts if p.graph is None)
+        digests |= {graph_digest(g, g.instances[0]) for g in cudnn}
+        launches += len(cudnn)
+        fallbacks += torch_ops
+        report[half] = {
+            "cudnn_launches": len(cudnn),
+            "torch_fallbacks": dict(torch_ops),
+            "parts": [" + ".join(graph.nodes[i].op for i in range(p.first, p.end)) for p in parts],
+        }
+    report.update(cudnn_graphs=len(digests), cudnn_launches=launches, torch_fallbacks=sum(fallbacks.values()))
+    return report
+
+
+ALLOCATIONS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"}
+"""aten ops that allocate and launch nothing"""
+
+
+class AtenCount(TorchDispatchMode):
+    """The aten ops issued while it is on, by name, and how many were kernels, views (metadata alone) and
+    allocations; each call of a graph op counted apart. `kernels` maps a graph op's name to its Python kernel,
+    run with the mode on, so that the ops it issues count too; a composite op is counted as what it decomposes
+    into (inside a kernel, below autograd, the mode sees `to` and `reshape` themselves)."""
+
+    def __init__(self, kernels: dict[str, Callable]):
+        super().__init__()
+        self.kernels = kernels
+        self.ops: Counter = Counter()
+        self.graph_ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "cudnn_dsl":
+            self.graph_ops[func.name()] += 1
+            kernel = self.kernels.get(func.name())
+            if kernel is not None:
+                with self:
+                    return kernel(*args, **kwargs)
+            return func(*args, **kwargs)
+        with self:
+            decomposed = func.decompose(*args, **kwargs)
+        if decomposed is not NotImplemented:
+            return decomposed
+        self.ops[func] += 1
+        return func(*args, **kwargs)
+
+    def summary(self) -> dict:
+        kinds = Counter()
+        for func, n in self.ops.items():
+            packet = func.overloadpacket.__name__
+            kinds["allocations" if packet in ALLOCATIONS else "views" if func.is_view else "kernels"] += n
+        by_op = sorted((func.name(), n) for func, n in self.ops.items())
+        return {
+            **{k: kinds[k] for k in ("kernels", "views", "allocations")},
+            "graph_op_calls": sum(self.graph_ops.values()),
+            "by_op": dict(by_op),
+        }
+
+
+def torch_ops(setup: Setup) -> dict:
+    """The torch ops one real eager step (forward + backward) issues, per twin. On CUDA the graph ops' own kernels
+    are entered; on the CPU they run the graph's reference, so what they issue there is left out."""
+    entered = setup.device.type == "cuda"
+    g = grad_ops(setup.op, setup.wrt)
+    kernels = {
+        f"cudnn_dsl::{g.name}": lambda *a: g.forward_kernel("cuda_kernel", a),
+        f"cudnn_dsl::{g.backward_name}": lambda *a: g.backward_kernel("cuda_kernel", a),
+    }
+    out = {}
+    for twin, model in (("cudnn-dsl", setup.dsl()), ("torch", setup.plain())):
+        step = eager_step(setup, model)
+        step()  # the first call of a shape builds or loads its plans
+        with AtenCount(kernels if entered else {}) as count:
+            step()
+        out[twin] = count.summary()
+    out["cudnn-dsl"]["graph_ops_entered"] = entered
+    return out
+
+
+# ---- the contenders of the step time -------------------------------------------------------------------
+
+
+def eager_step(setup: Setup, model) -> Callable[[], torch.Tensor]:
+    """One forward + backward on the first batch, gradients set to None first; returns the loss."""
     params = list(model.parameters())
 
     def step():
         for p in params:
             p.grad = None
-        setup.loss(model, 0).backward()
+        loss = setup.loss(model, 0)
+        loss.backward()
+        return loss
 
+    return step
+
+
+def captured(step: Callable[[], torch.Tensor], warmup: int = 3) -> Callable[[], None]:
+    """The replay of `step` captured whole in one CUDA graph, after a warm-up on a side stream (where every
+    shape's plans are built and every launch worked out, none of which may happen inside a capture). The step
+    reads static tensors (the first batch, its target, the weights), as a replayed one must."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()  # its loss dropped: no reference keeps the captured autograd graph alive
+    return graph.replay
+
+
+def marked(step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """A step of a `reduce-overhead` model: each begins a new step of torch's CUDA-graph trees."""
+
+    def run():
+        torch.compiler.cudagraph_mark_step_begin()
+        return step()
+
+    return run
+
+
+@attrs.frozen
+class Contender:
+    """One way of running the step: which twin (the graph's op, or plain PyTorch), and how."""
+
+    label: str
+    dsl: bool
+    how: str
+    """eager, a torch.compile mode (default, max-autotune, reduce-overhead), or captured (torch.cuda.graph)"""
+
+    def step(self, setup: Setup) -> Callable:
+        model = setup.dsl() if self.dsl else setup.plain()
+        if self.how == "eager":
+            return eager_step(setup, model)
+        if self.how == "captured":
+            return captured(eager_step(setup, model))
+        mode = None if self.how == "default" else self.how
+        torch.compiler.reset()  # each contender compiles afresh: dynamo's cache of Block.forward holds 8 at most
+        compiled = torch.compile(model, mode=mode, fullgraph=self.dsl)  # the op traces whole; torch may break
+        return marked(eager_step(setup, compiled)) if self.how == "reduce-overhead" else eager_step(setup, compiled)
+
+
+CONTENDERS = (
+    Contender("cudnn-dsl eager", True, "eager"),
+    Contender("cudnn-dsl torch.compile(fullgraph=True)", True, "default"),
+    Contender("cudnn-dsl torch.compile(reduce-overhead)", True, "reduce-overhead"),
+    Contender("cudnn-dsl captured (torch.cuda.graph)", True, "captured"),
+    Contender("torch eager", False, "eager"),
+    Contender("torch.compile(default)", False, "default"),
+    Contender("torch.compile(max-autotune)", False, "max-autotune"),
+    Contender("torch.compile(reduce-overhead)", False, "reduce-overhead"),
+    Contender("torch captured (torch.cuda.graph)", False, "captured"),
+)
+MOCKED = "cudnn-dsl eager, cuDNN mocked (host)"
+"""the label of the host time of an eager cudnn-dsl step with cuDNN's execute made a no-op (mocked_host_us)"""
+
+
+def skipped(c: Contender, device: torch.device, compile_: bool, autotune: bool) -> str:
+    """Why a contender is left out of this run ('' when it runs)."""
+    if c.how == "eager":
+        return ""
+    if not compile_ and c.how != "captured":
+        return "--no-compile"
+    if device.type != "cuda" and c.how in ("captured", "reduce-overhead"):
+        return "CUDA-graph capture needs a CUDA device"
+    if device.type != "cuda" and c.how == "max-autotune":
+        return "max-autotune tunes GPU kernels (on the CPU the default mode stands for torch.compile)"
+    if not autotune and c.how == "max-autotune":
+        return "--no-autotune"
+    return ""
+
+
+def step_time_us(setup: Setup, step: Callable, iterations: int) -> float:
+    """Median time of one step: GPU time on CUDA (events around each step, host gaps included), else wall time."""
     if setup.device.type == "cuda":
         times = gpu_time_us(step, iterations=iterations, warmup=3, inner=1)
     else:
@@ -196,9 +413,50 @@ def step_time_us(setup: Setup, model, iterations: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def compiled(model: Block, plain: bool, mode: str = "default"):
-    """torch.compile of a twin: `mode` for plain PyTorch, fullgraph for cudnn-dsl."""
-    return torch.compile(model, mode=mode if plain else None, fullgraph=not plain)
+def mocked_host_us(setup: Setup, mocked: Callable[[], contextlib.AbstractContextManager], iterations: int) -> float:
+    """Host time of one eager cudnn-dsl step with `mocked()` in force: the context that runs the op's CUDA host
+    path on CPU tensors with cuDNN's execute a no-op (its own module's), so that only the host's work is timed."""
+    with mocked():
+        return step_time_us(setup, eager_step(setup, setup.dsl()), iterations)
+
+
+def time_contenders(setup: Setup, iterations: int, compile_: bool, autotune: bool, mocked=None) -> tuple[dict, dict]:
+    """({label: median µs, or why it failed}, {label: why it was skipped}); with `mocked` (mocked_host_us's
+    context), its contender too."""
+    times, left_out = {}, {}
+    for c in CONTENDERS:
+        why = skipped(c, setup.device, compile_, autotune)
+        if why:
+            left_out[c.label] = why
+            continue
+        try:
+            times[c.label] = step_time_us(setup, c.step(setup), iterations)
+        except Exception as e:  # noqa: BLE001 - one contender failing leaves the others' figures
+            times[c.label] = f"failed: {type(e).__name__}: {e}"[:500]
+    if mocked is not None:
+        times[MOCKED] = mocked_host_us(setup, mocked, iterations)
+    return times, left_out
+
+
+# ---- one model's report ----------------------------------------------------------------------------------
+
+
+def trained(setup: Setup, steps: int, lr: float, compile_: bool, report: dict) -> None:
+    """The two twins trained from the same weights: the loss curves, into `report`."""
+    dsl_model, how = setup.dsl(), "eager"
+    if compile_:
+        torch.compiler.reset()
+        try:
+            candidate = torch.compile(setup.dsl(), fullgraph=True)
+            setup.loss(candidate, 0).backward()  # traces forward and backward, or raises
+            dsl_model, how = candidate, "torch.compile(fullgraph=True)"
+        except Exception as e:  # noqa: BLE001 - a model that does not trace trains eager, and the report says why
+            report["dsl_compile_error"] = f"{type(e).__name__}: {e}"[:500]
+            dsl_model = setup.dsl()
+    report["dsl_trained"] = how
+    report["losses_dsl"] = train(setup, dsl_model, steps, lr)
+    report["losses_torch"] = train(setup, setup.plain(), steps, lr)
+    report["max_relative_difference"] = max_relative_difference(report["losses_dsl"], report["losses_torch"])
 
 
 def run_model(
@@ -210,10 +468,13 @@ def run_model(
     compile_: bool,
     batch=None,
     autotune: bool = True,
+    target: str = "h200",
+    mocked=None,
     **options,
 ) -> dict:
-    """One model's report: its loss curves and step times (options: cudnn_dsl.compile's). Plain PyTorch's
-    torch.compile contender uses `max-autotune` on the GPU when `autotune` (minutes of Triton autotuning)."""
+    """One model's report: its loss curves, what a step runs and each contender's step time (options:
+    cudnn_dsl.compile's; `mocked`: mocked_host_us's context, for that contender). Plain PyTorch's `max-autotune`
+    contender runs on the GPU when `autotune` (minutes of Triton autotuning)."""
     setup = Setup(name, device, batch, **options)
     report: dict = {
         "graph": str(setup.spec.file.relative_to(ROOT)),
@@ -227,34 +488,56 @@ def run_model(
         report["note"] = (
             "CPU: the cudnn-dsl contender ran the graph's PyTorch reference and derived backward, not cuDNN"
         )
-    dsl_model, how = setup.dsl(), "eager"
-    if compile_:
-        try:
-            candidate = compiled(setup.dsl(), plain=False)
-            setup.loss(candidate, 0).backward()  # traces forward and backward, or raises
-            dsl_model, how = candidate, "torch.compile(fullgraph=True)"
-        except Exception as e:  # noqa: BLE001 - a model that does not trace trains eager, and the report says why
-            report["dsl_compile_error"] = f"{type(e).__name__}: {e}"[:500]
-            dsl_model = setup.dsl()
-    report["dsl_trained"] = how
-    report["losses_dsl"] = train(setup, dsl_model, steps, lr)
-    report["losses_torch"] = train(setup, setup.plain(), steps, lr)
-    report["max_relative_difference"] = max_relative_difference(report["losses_dsl"], report["losses_torch"])
-    times = {
-        "cudnn-dsl eager": lambda: setup.dsl(),
-        "torch eager": lambda: setup.plain(),
-    }
-    if compile_:
-        times["cudnn-dsl torch.compile(fullgraph=True)"] = lambda: compiled(setup.dsl(), plain=False)
-        mode = "max-autotune" if autotune and setup.device.type == "cuda" else "default"
-        times[f"torch.compile({mode})"] = lambda: compiled(setup.plain(), plain=True, mode=mode)
-    report["step_time_us"] = {}
-    for label, make in times.items():
-        try:
-            report["step_time_us"][label] = step_time_us(setup, make(), iterations)
-        except Exception as e:  # noqa: BLE001 - one contender failing leaves the others' figures
-            report["step_time_us"][label] = f"failed: {type(e).__name__}: {e}"[:500]
+    trained(setup, steps, lr, compile_, report)
+    ops = torch_ops(setup)  # first: on CUDA the parts are those its steps ran
+    report["per_step"] = {**part_counts(setup, Target.named(target)), "torch_ops": ops}
+    report["step_time_us"], report["skipped"] = time_contenders(setup, iterations, compile_, autotune, mocked)
     return report
+
+
+# ---- the table ---------------------------------------------------------------------------------------------
+
+
+def per_step_lines(r: dict) -> list[str]:
+    s = r["per_step"]
+    fallbacks = Counter(s["forward"]["torch_fallbacks"]) + Counter(s["backward"]["torch_fallbacks"])
+    ops = s["torch_ops"]
+    inside = "" if ops["cudnn-dsl"]["graph_ops_entered"] else " (the graph ops' own not counted: the reference)"
+    return [
+        f"  per step ({s['parts_from']}): {s['cudnn_launches']} cuDNN launches "
+        f"(forward {s['forward']['cudnn_launches']}, backward {s['backward']['cudnn_launches']}) of "
+        f"{s['cudnn_graphs']} distinct graphs; {s['torch_fallbacks']} torch fallbacks"
+        + (f" ({', '.join(f'{op} x{n}' for op, n in sorted(fallbacks.items()))})" if fallbacks else ""),
+        *(
+            f"  torch ops per step, {twin}: {o['kernels']} kernels, {o['views']} views, {o['allocations']} "
+            f"allocations" + (inside if twin == "cudnn-dsl" else "")
+            for twin, o in ops.items()
+        ),
+    ]
+
+
+def print_report(name: str, r: dict, steps: int) -> None:
+    print(f"{name} ({r['graph']}, batch {r['batch']}, {r['device']}, {'cuDNN' if r['cudnn'] else r['note']})")
+    print(
+        f"  trained {steps} steps, cudnn-dsl {r['dsl_trained']}: loss {r['losses_dsl'][0]:.5g} -> "
+        f"{r['losses_dsl'][-1]:.5g} (torch {r['losses_torch'][-1]:.5g}); loss curves' max relative "
+        f"difference {r['max_relative_difference']:.3g}"
+    )
+    if "dsl_compile_error" in r:
+        print(f"  cudnn-dsl under torch.compile failed: {r['dsl_compile_error']}")
+    for line in per_step_lines(r):
+        print(line)
+    base = r["step_time_us"].get("torch eager")
+    print(f"  {'step (forward + backward)':46s} {'µs':>10s}  x torch eager")
+    for label, t in r["step_time_us"].items():
+        if isinstance(t, float):
+            print(
+                f"  {label:46s} {t:10.1f}  {t / base:.2f}x" if isinstance(base, float) else f"  {label:46s} {t:10.1f}"
+            )
+        else:
+            print(f"  {label:46s} {t}")
+    for label, why in r["skipped"].items():
+        print(f"  {label:46s} skipped: {why}")
 
 
 def main(argv=None) -> int:
@@ -267,27 +550,17 @@ def main(argv=None) -> int:
     )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--iterations", type=int, help="timed steps per contender (default 20 on CUDA, 3 on the CPU)")
+    p.add_argument("--target", default="h200", help="the GPU whose parts a CPU run counts (deviceless planning)")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out (training and timing)")
-    p.add_argument(
-        "--no-autotune", action="store_true", help="plain PyTorch's torch.compile in its default mode, not max-autotune"
-    )
+    p.add_argument("--no-autotune", action="store_true", help="leave plain PyTorch's max-autotune contender out")
     p.add_argument("--json", help="write the report here")
     a = p.parse_args(argv)
     iterations = a.iterations or (20 if a.device.startswith("cuda") else 3)
     result = {"environment": environment(), "models": {}}
     for name in a.model or sorted(SPECS):
-        r = run_model(name, a.device, a.steps, a.lr, iterations, not a.no_compile, a.batch, not a.no_autotune)
+        r = run_model(name, a.device, a.steps, a.lr, iterations, not a.no_compile, a.batch, not a.no_autotune, a.target)
         result["models"][name] = r
-        print(f"{name} ({r['graph']}, batch {r['batch']}, {r['device']}, {'cuDNN' if r['cudnn'] else r['note']})")
-        print(
-            f"  trained {a.steps} steps, cudnn-dsl {r['dsl_trained']}: loss {r['losses_dsl'][0]:.5g} -> "
-            f"{r['losses_dsl'][-1]:.5g} (torch {r['losses_torch'][-1]:.5g}); loss curves' max relative "
-            f"difference {r['max_relative_difference']:.3g}"
-        )
-        if "dsl_compile_error" in r:
-            print(f"  cudnn-dsl under torch.compile failed: {r['dsl_compile_error']}")
-        for label, t in r["step_time_us"].items():
-            print(f"  {label:42s} {t:.1f} µs" if isinstance(t, float) else f"  {label:42s} {t}")
+        print_report(name, r, a.steps)
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -60,6 +60,21 @@ def test_the_cold_table_takes_the_warm_time_from_the_matching_bench_file():
     assert row in lines
 
 
+def test_the_training_tables_give_each_contender_against_torch_eager_and_what_a_step_runs():
+    lines = _lines(results_md.render(FIXTURE))
+    i = lines.index("| step (forward + backward), µs | tiny |")
+    assert lines[i + 2 : i + 7] == [
+        "| cudnn-dsl eager | 2,000 (2.00x) |",
+        "| cudnn-dsl captured (torch.cuda.graph) | 250.0 (0.25x) |",
+        "| torch eager | 1,000 |",
+        "| torch.compile(default) | failed |",
+        "| torch.compile(max-autotune) | skipped: --no-autotune |",
+    ]
+    assert "- tiny, torch.compile(default): failed: RuntimeError: out of memory" in lines
+    row = "| tiny | the parts that ran on NVIDIA TEST | 5 (2 + 3) | 4 | reduction ×2, reshape ×1 | 20 | 26 |"
+    assert row in lines
+
+
 def test_the_environment_comes_from_the_json():
     lines = _lines(results_md.render(FIXTURE))
     assert "- GPU: NVIDIA TEST" in lines

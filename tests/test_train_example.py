@@ -72,4 +72,44 @@ def test_the_script_reports_that_the_cpu_ran_the_reference(tmp_path):
     assert r["cudnn"] is False and "not cuDNN" in r["note"] and "not cuDNN" in done.stdout
     assert len(r["losses_dsl"]) == len(r["losses_torch"]) == 2
     assert set(r["step_time_us"]) == {"cudnn-dsl eager", "torch eager"}
+    assert set(r["skipped"]) == {c.label for c in train.CONTENDERS} - set(r["step_time_us"])
+    assert r["skipped"]["cudnn-dsl captured (torch.cuda.graph)"] == "CUDA-graph capture needs a CUDA device"
+    assert r["skipped"]["torch.compile(default)"] == "--no-compile"
     assert "torch" in report["environment"]
+    # the H200's parts, planned without a device: the backward's two bias sums are left to torch
+    s = r["per_step"]
+    assert s["parts_from"] == "deviceless planning for NVIDIA H200"
+    assert (s["forward"]["cudnn_launches"], s["backward"]["cudnn_launches"]) == (2, 4)
+    assert s["cudnn_launches"] == s["cudnn_graphs"] == 6 and s["backward"]["torch_fallbacks"] == {"reduction": 2}
+    assert "cudnn-dsl captured (torch.cuda.graph)" in done.stdout and "6 cuDNN launches" in done.stdout
+
+
+def test_a_step_issues_torch_ops_the_dispatch_mode_counts_for_both_twins():
+    """On the CPU the graph ops' kernels are the reference and are not entered: what cudnn-dsl's step issues around
+    them (the weights' casts, the loss) is counted, and each of its two graph ops (augmented forward, backward) once."""
+    setup = train.Setup("resnet", "cpu")
+    ops = train.torch_ops(setup)
+    dsl, plain = ops["cudnn-dsl"], ops["torch"]
+    assert dsl["graph_op_calls"] == 2 and not dsl["graph_ops_entered"] and plain["graph_op_calls"] == 0
+    assert dsl["by_op"]["aten::mse_loss"] == plain["by_op"]["aten::mse_loss"] == 1
+    assert plain["by_op"]["aten::convolution"] == plain["by_op"]["aten::convolution_backward"] == 2
+    assert "aten::convolution" not in dsl["by_op"]
+    assert dsl["kernels"] == sum(n for op, n in dsl["by_op"].items() if op != "aten::detach")  # detach: a view
+    assert dsl["views"] == dsl["by_op"]["aten::detach"]
+
+
+def test_the_host_time_with_cudnn_mocked_takes_its_context():
+    """mocked_host_us times an eager cudnn-dsl step inside the context it is given (bench/nocudnn.py's, where cuDNN's
+    execute is a no-op), entered once around the model's making and every timed step."""
+    import contextlib
+
+    setup = train.Setup("resnet", "cpu")
+    entered = []
+
+    @contextlib.contextmanager
+    def context():
+        entered.append(True)
+        yield
+
+    t = train.mocked_host_us(setup, context, iterations=1)
+    assert t > 0 and entered == [True]
