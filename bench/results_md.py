@@ -583,13 +583,15 @@ def per_step_table(counted: dict) -> str:
                 s["parts_from"],
                 f"{s['cudnn_launches']} ({s['forward']['cudnn_launches']} + {s['backward']['cudnn_launches']})",
                 s["cudnn_graphs"],
+                s.get("views", "—"),
                 ", ".join(f"{op} ×{n}" for op, n in sorted(fallbacks.items())) or "none",
                 f"{ops['cudnn-dsl']['kernels']}"
                 + ("" if ops["cudnn-dsl"].get("graph_ops_entered") else " (op's own not counted)"),
                 ops["torch"]["kernels"],
             ]
         )
-    headers = ["block", "parts", "cuDNN launches (forward + backward)", "distinct cuDNN graphs", "torch fallbacks"]
+    headers = ["block", "parts", "cuDNN launches (forward + backward)", "distinct cuDNN graphs", "views"]
+    headers.append("torch fallbacks")
     return table(headers + ["torch kernels per step, cudnn-dsl", "torch kernels per step, torch"], rows)
 
 

@@ -49,10 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
-from cudnn_dsl.run.partition import Part, plan_for_target  # noqa: E402
+from cudnn_dsl.run.partition import Counts, Partition, plan_for_target  # noqa: E402
 from cudnn_dsl.run.parts import Parts  # noqa: E402
 from cudnn_dsl.run.timing import environment, gpu_time_us  # noqa: E402
-from cudnn_dsl.store.keys import graph_digest  # noqa: E402
 from cudnn_dsl.target.dtypes import torch_dtype  # noqa: E402
 from cudnn_dsl.target.library import Target  # noqa: E402
 from cudnn_dsl.torch_op.training import grad_ops  # noqa: E402
@@ -193,27 +192,30 @@ def train(setup: Setup, model: Block, steps: int, lr: float) -> list[float]:
 
 
 def max_relative_difference(a: list[float], b: list[float]) -> float:
+    """The largest relative difference of two loss curves; infinite where either is not finite."""
+    if not all(math.isfinite(x) for x in (*a, *b)):
+        return math.inf
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
 # ---- what one step runs: cuDNN's parts, and the torch ops ------------------------------------------------
 
 
-def parts_run(setup: Setup, derived, target: Target) -> list[Part]:
-    """The parts one of the op's derived graphs (its TorchOp) runs as: on CUDA those its kernel ran (after a
-    step), on the CPU those the real cuDNN library plans for `target` without a device."""
+def partition_run(setup: Setup, derived, target: Target) -> Partition | None:
+    """The parts one of the op's derived graphs (its TorchOp) runs as (None: whole): on CUDA those its kernel
+    ran (after a step), on the CPU those the real cuDNN library plans for `target` without a device."""
     graph = derived.graph
-    inst, whole = graph.instances[0], [Part(0, len(graph.nodes), graph)]
+    inst = graph.instances[0]
     if setup.device.type == "cuda":
         device = setup.device if setup.device.index is not None else torch.device("cuda", torch.cuda.current_device())
         ran = derived.compiled[device].parts(inst)
-        return list(ran.partition.parts) if isinstance(ran, Parts) else whole
-    _, partition = plan_for_target(graph, inst, derived.options, target)
-    return whole if partition is None else list(partition.parts)
+        return ran.partition if isinstance(ran, Parts) else None
+    return plan_for_target(graph, inst, derived.options, target)[1]
 
 
 def part_counts(setup: Setup, target: Target) -> dict:
-    """cuDNN graphs and launches, and torch fallbacks, of the augmented forward and the backward of one step."""
+    """cuDNN graphs and launches, views and torch fallbacks, of the augmented forward and the backward of one
+    step."""
     _, fwd, bwd = grad_ops(setup.op, setup.wrt).shape(setup.binding)
     report: dict = {
         "parts_from": (
@@ -222,21 +224,26 @@ def part_counts(setup: Setup, target: Target) -> dict:
             else f"deviceless planning for {target.name}"
         )
     }
-    digests, launches, fallbacks = set(), 0, Counter()
+    totals = Counter()
     for half, derived in (("forward", fwd), ("backward", bwd)):
-        parts = parts_run(setup, derived, target)
         graph = derived.graph
-        cudnn = [p.graph for p in parts if p.graph is not None]
-        torch_ops = Counter(graph.nodes[p.first].op for p in parts if p.graph is None)
-        digests |= {graph_digest(g, g.instances[0]) for g in cudnn}
-        launches += len(cudnn)
-        fallbacks += torch_ops
+        partition = partition_run(setup, derived, target)
+        if partition is None:
+            c, lines = Counts(1, 1, 0, 0), [" + ".join(n.op for n in graph.nodes)]
+            torch_ops = Counter()
+        else:
+            c = partition.counts
+            lines = [" + ".join(graph.nodes[i].op for i in range(p.first, p.end)) for p in partition.parts]
+            torch_ops = Counter(graph.nodes[p.first].op for p in partition.fallbacks)
+        totals.update(cudnn_graphs=c.graphs, cudnn_launches=c.launches, views=c.views, torch_fallbacks=c.fallbacks)
         report[half] = {
-            "cudnn_launches": len(cudnn),
+            "cudnn_graphs": c.graphs,
+            "cudnn_launches": c.launches,
+            "views": c.views,
             "torch_fallbacks": dict(torch_ops),
-            "parts": [" + ".join(graph.nodes[i].op for i in range(p.first, p.end)) for p in parts],
+            "parts": lines,
         }
-    report.update(cudnn_graphs=len(digests), cudnn_launches=launches, torch_fallbacks=sum(fallbacks.values()))
+    report.update(totals)
     return report
 
 
@@ -506,7 +513,7 @@ def per_step_lines(r: dict) -> list[str]:
     return [
         f"  per step ({s['parts_from']}): {s['cudnn_launches']} cuDNN launches "
         f"(forward {s['forward']['cudnn_launches']}, backward {s['backward']['cudnn_launches']}) of "
-        f"{s['cudnn_graphs']} distinct graphs; {s['torch_fallbacks']} torch fallbacks"
+        f"{s['cudnn_graphs']} distinct graphs; {s['views']} views; {s['torch_fallbacks']} torch fallbacks"
         + (f" ({', '.join(f'{op} x{n}' for op, n in sorted(fallbacks.items()))})" if fallbacks else ""),
         *(
             f"  torch ops per step, {twin}: {o['kernels']} kernels, {o['views']} views, {o['allocations']} "

@@ -283,9 +283,10 @@ graph linear {
 """
 
 
-def test_a_bf16_bias_gradient_written_in_float_reaches_autograd_in_bf16():
-    """The backward op writes b's gradient (a sum) in float, its fake kernel says so (opcheck), and AOT autograd
-    hands the bf16 parameter a bf16 gradient, as eager autograd does; w's is written in bf16 by one matmul."""
+def test_a_bf16_bias_gradient_summed_in_float_reaches_autograd_in_bf16():
+    """The derived backward sums b's gradient in float; the backward op returns it in b's dtype, its fake kernel
+    says so (opcheck), and AOT autograd hands the bf16 parameter a bf16 gradient, as eager autograd does; w's is
+    written in bf16 by one matmul."""
     from cudnn_dsl.torch_op.training import grad_ops
 
     op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=LINEAR))
@@ -303,7 +304,9 @@ def test_a_bf16_bias_gradient_written_in_float_reaches_autograd_in_bf16():
     kept = [x]  # the backward reads x (flattened and transposed), no other forward value
     assert ops.kept == ("x",)
     got = ops.backward_op(kept, [g], [])
-    assert [t.dtype for t in got] == [torch.bfloat16, torch.float32]  # grad_w, grad_b (in wrt order)
+    assert [t.dtype for t in got] == [torch.bfloat16, torch.bfloat16]  # grad_w, grad_b (in wrt order)
+    d = ops.shape(())[0]
+    assert d.backward.instances[0].type(dict(d.grads)["b"]).dtype == "float"
     torch.library.opcheck(ops.backward_op, (kept, [g], []), test_utils=("test_schema", "test_faketensor"))
 
 

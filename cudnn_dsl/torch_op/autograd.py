@@ -24,6 +24,7 @@ import torch
 
 from cudnn_dsl import api
 from cudnn_dsl.run.compiled import CompiledGraph
+from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.quirks import backward_avoid, library_version
 from cudnn_dsl.torch_op.training import backward_inputs, grads_read, values_read
 from dsl.autodiff import Derived, derive
@@ -87,8 +88,11 @@ class Differentiable:
         """The gradient of every tensor input (None where none flows), from the outputs' gradients
         (None: zero), what forward_outputs kept, and the scalars the forward was given."""
         out = Pair.run(pair.backward, backward_inputs(pair.derived, kept, grads, scalars, self.device))
-        named = dict(pair.derived.grads)
-        return {i: out[named[i]] if i in named else None for i in self.tensor_inputs}
+        named, types = dict(pair.derived.grads), pair.derived.forward.instances[0]
+        # a gradient summed in float for a narrower input is returned in the input's dtype (as for the torch op)
+        return {
+            i: out[named[i]].to(torch_dtype(types.type(i).dtype)) if i in named else None for i in self.tensor_inputs
+        }
 
     def __call__(self, tensors: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
         tensors = dict(tensors if tensors is not None else named)

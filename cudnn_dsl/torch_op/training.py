@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.memory import empty
 from cudnn_dsl.target.quirks import backward_avoid, library_version
 from cudnn_dsl.torch_op.library import NAMESPACE, fragment, results, returned
@@ -88,6 +89,7 @@ class GradOps:
         self.outputs = tuple(op.fresh)
         self.saved, self.kept = self._values(first)
         self.grads = tuple(w for w, _ in first.grads)
+        self.dtypes = {w: torch_dtype(op.graph.instances[0].type(w).dtype) for w in self.grads}
         mask = "".join("1" if n in wrt else "0" for n in op.tensor_names)
         self.name, self.backward_name = f"{op.name}_ad{mask}", f"{op.name}_bw{mask}"
         args = op.schema.split(" -> ")[0][1:-1]
@@ -158,7 +160,9 @@ class GradOps:
         )
         result = getattr(bwd, kernel)(*bwd.positional((), bound))
         got = dict(zip(bwd.fresh, results(result)))
-        return [got[name] for _, name in d.grads]
+        # a gradient summed in float for a narrower input is returned in the input's dtype: what the autograd
+        # engine would cast it to, and what a compiled backward (Inductor) takes it to be
+        return [got[name].to(self.dtypes[w]) for w, name in d.grads]
 
     def setup_context(self, ctx, inputs, output):
         named = self.op.named(tuple(inputs))
