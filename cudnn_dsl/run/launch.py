@@ -4,7 +4,7 @@ A Layout works out once per shape where each UID takes its buffer from; a launch
 buffers, in the Layout's order, for the frontend's ordered execute. A Launch is one executable with its
 Layout; a Bound launches one variant pack again and again (through the frontend's innermost launch, on a
 pointer array, where the pinned version allows), and can take some of its buffers afresh per launch
-(`Bound.moving`, what run.launch_plan rebinds with); `plan_runner` launches one of tune's candidate plans by
+(`Bound.repoint`, what run.launch_plan rebinds with); `plan_runner` launches one of tune's candidate plans by
 its index. The current device and stream are read here as torch's raw numbers (no Stream object is made).
 """
 
@@ -165,31 +165,29 @@ class Bound:
         self.pointers.launch()
         return self.outputs
 
-    def moving(self, moving: Sequence[tuple[int, int]], first: Sequence[int]) -> Callable[[Sequence[int]], None]:
-        """This launch taking some buffers afresh each time: `moving` gives (uid, source) per such buffer, and
-        the launch `step(ptrs)` points it at `ptrs[source]`, plus the offset it has from `first[source]` now (a
-        view's window, an output in place of one); a source past `first` is a scalar's CPU tensor, no offset.
-        A UID the backend does not read is left out. The buffers bound now for those UIDs are let go: the
-        step keeps only the others (and the executable's workspace) alive. Not this Bound's own launch: that
-        one's pointers are the step's from now on."""
-        p, exe = self.pointers, self.exe
+    def repoint(self, moving: Sequence[tuple[int, int]], first: Sequence[int]) -> Callable[[Sequence[int]], None]:
+        """Some of this launch's buffers taken afresh before each launch: `moving` gives (uid, source) per such
+        buffer, and `point(ptrs)` points its entry at `ptrs[source]` plus the offset it has from `first[source]`
+        now (a view's window, an output in place of one); a source past `first` is a scalar's CPU tensor, no
+        offset. A UID the backend does not read is left out. The buffers bound now for those UIDs are let go
+        (their entries hold bare addresses): `point` keeps the others, and the executable's workspace, alive."""
+        p = self.pointers
         at = {u: k for k, u in enumerate(p.uids)}
         slots = []
         for uid, source in moving:
             if uid in at:
                 offset = self.keep[uid].data_ptr() - first[source] if source < len(first) else 0
                 slots.append((at[uid], source, offset))
-                p.array[at[uid]] = self.keep[uid].data_ptr()  # a bare address: the buffer itself is not kept
+                p.array[at[uid]] = self.keep[uid].data_ptr()
         moved = {uid for uid, _ in moving}
         stays = {u: b for u, b in self.keep.items() if u not in moved}
-        array, launch, slots = p.array, p.launch, tuple(slots)
+        array, slots = p.array, tuple(slots)
 
-        def step(ptrs: Sequence[int], keep=(exe, stays)) -> None:
+        def point(ptrs: Sequence[int], keep=(self.exe, stays)) -> None:
             for slot, source, offset in slots:
                 array[slot] = ptrs[source] + offset
-            launch()
 
-        return step
+        return point
 
 
 class Pointers:

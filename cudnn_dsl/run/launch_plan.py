@@ -83,7 +83,8 @@ class LaunchPlan:
         self.copies = [(copies[n], k) for k, n in enumerate(names) if n in copies]
         """(a copy the plan keeps, the argument it copies), refreshed per call: `copies` by name"""
         self.names, self.fresh = names, fresh
-        self.steps: list[Callable[[Sequence[int]], None]] = []
+        self.steps: list[tuple[Callable[[Sequence[int]], None] | None, Callable[[], None]]] = []
+        """(pointing a part's pack at a call's pointers, or None for a torch part; its launch), in order"""
         self.handles: list = []
         self.env: dict[str, Any] | None = None
         self.set_stream = load_cudnn().set_stream
@@ -91,7 +92,7 @@ class LaunchPlan:
     def launch(self, bound: Bound, layout: Layout) -> None:
         """A cuDNN part, bound on the first call's buffers (its Layout says what each UID's buffer is)."""
         moving = [(uid, self.origins[name]) for uid, name in layout.origin.items() if name in self.origins]
-        self.steps.append(bound.moving(moving, self.first))
+        self.steps.append((bound.repoint(moving, self.first), bound.pointers.launch))
         if not any(h is bound.exe.handle for h in self.handles):
             self.handles.append(bound.exe.handle)
 
@@ -99,7 +100,7 @@ class LaunchPlan:
         """A torch part: `run()` reads and writes `env`, which each call points at its own tensors and scalars
         (the intermediates in it stay)."""
         self.env = env
-        self.steps.append(lambda ptrs: run())
+        self.steps.append((None, run))
 
     def __call__(self, values: Sequence) -> list[torch.Tensor]:
         if self.index >= 0 and current_device() != self.index:
@@ -124,16 +125,20 @@ class LaunchPlan:
         for copy, k in self.copies:
             copy.copy_(values[k])
         if self.env is None:
-            for step in self.steps:
-                step(ptrs)
+            self._steps(ptrs)
             return outs
         moved = self._point_env(values, outs)
         try:
-            for step in self.steps:
-                step(ptrs)
+            self._steps(ptrs)
         finally:  # the plan keeps none of the caller's tensors
             self.env.update(dict.fromkeys(moved))
         return outs
+
+    def _steps(self, ptrs: list[int]) -> None:
+        for point, launch in self.steps:
+            if point is not None:
+                point(ptrs)
+            launch()
 
     def _scalars(self, given: Sequence) -> list[int]:
         """The pointers of the scalars' CPU tensors: one made per value (a tensor a launch was given is never
