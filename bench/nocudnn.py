@@ -19,7 +19,8 @@ Inside the block:
   ordered form still reads the buffers as the frontend does. Everything above them — the frontend's own
   Python, cudnn_dsl's checks, binding and allocation — runs for real.
 - torch's CUDA stream and device calls answer as for one device (stream 0); `torch.cuda.synchronize` is a
-  no-op.
+  no-op. torch runs on one thread: the torch parts of a split graph run on the CPU, and a parallel CPU kernel
+  on a shared machine waits whole milliseconds for a thread that another process holds.
 - The CPU kernel of every `cudnn_dsl` op registered inside is its CUDA kernel, so that `op(...)` on CPU
   tensors takes the dispatcher to the CUDA host path. Those ops stay so after the block (an op cannot be
   unregistered): use the instrument in a benchmark process of its own.
@@ -149,9 +150,12 @@ def nocudnn(target: str = "h200"):
     patch(torch.cuda, "synchronize", lambda device=None: None)
     patch(torch._C, "_cuda_getCurrentRawStream", lambda index: 0)
     patch(torch._C, "_cuda_getDevice", lambda: -1)  # a CPU tensor's get_device()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         yield stub
     finally:
+        torch.set_num_threads(threads)
         for owner, name, old in reversed(patches):
             if old is _ABSENT:
                 delattr(owner, name)

@@ -105,10 +105,7 @@ class LaunchPlan:
     def __call__(self, values: Sequence) -> list[torch.Tensor]:
         if self.index >= 0 and current_device() != self.index:
             with torch.cuda.device(self.index):
-                return self._launch(values)
-        return self._launch(values)
-
-    def _launch(self, values: Sequence) -> list[torch.Tensor]:
+                return self(values)  # on its device now
         ptrs = [t.data_ptr() for t in values[: self.count]]
         if functools.reduce(operator.or_, ptrs, 0) % ALIGNMENT:
             self.check(values)
@@ -124,21 +121,16 @@ class LaunchPlan:
                     self.set_stream(h, stream)
         for copy, k in self.copies:
             copy.copy_(values[k])
-        if self.env is None:
-            self._steps(ptrs)
-            return outs
-        moved = self._point_env(values, outs)
+        moved = None if self.env is None else self._point_env(values, outs)
         try:
-            self._steps(ptrs)
-        finally:  # the plan keeps none of the caller's tensors
-            self.env.update(dict.fromkeys(moved))
+            for point, launch in self.steps:
+                if point is not None:
+                    point(ptrs)
+                launch()
+        finally:
+            if moved:  # the plan keeps none of the caller's tensors
+                self.env.update(dict.fromkeys(moved))
         return outs
-
-    def _steps(self, ptrs: list[int]) -> None:
-        for point, launch in self.steps:
-            if point is not None:
-                point(ptrs)
-            launch()
 
     def _scalars(self, given: Sequence) -> list[int]:
         """The pointers of the scalars' CPU tensors: one made per value (a tensor a launch was given is never

@@ -168,7 +168,8 @@ class TorchOp:
         self.rules = _rules(g, self.fresh) if g.symbols else None
         self.plain = not self.in_place
         """no output is written in place (the op returns its fresh outputs as the dispatcher gives them)"""
-        self._plans = LaunchPlans(len(self.tensor_names), self._first)
+        self.plans = LaunchPlans(len(self.tensor_names), self._first)
+        """the CUDA kernel's launch plans, one per kind of arguments"""
         self.launches = 0
         """how many times the CUDA kernel ran on the host (a CUDA-graph replay runs it on the device only)"""
         self._register()
@@ -208,11 +209,11 @@ class TorchOp:
 
     def __call__(self, /, *args, **kwargs):
         if not kwargs and self.plain and len(args) == len(self.tensor_names):  # exactly the schema's tensors
-            try:
-                if not (torch.is_grad_enabled() and any(t.requires_grad for t in args)):
-                    return self.overload(*args)
-            except AttributeError:  # not a tensor: the general path below says so
-                pass
+            for t in args:  # one that wants a gradient (or is no tensor) takes the general path
+                if getattr(t, "requires_grad", True) and torch.is_grad_enabled():
+                    break
+            else:
+                return self.overload(*args)
         return self._call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict):
@@ -332,7 +333,7 @@ class TorchOp:
         self.launches += 1
         if len(args) < len(self.arg_names):
             args = args + self.defaults[len(args) - len(self.tensor_names) :]
-        return returned(self._plans(args))
+        return returned(self.plans(args))
 
     def _first(self, values: tuple) -> LaunchPlan:
         """The launch plan for arguments of this kind, their every property checked (a BindingError says what
@@ -346,7 +347,7 @@ class TorchOp:
 
     def forget(self, device: torch.device) -> None:
         """Drops the launch plans made for a device (its compiled graph was replaced)."""
-        self._plans.forget(device)
+        self.plans.forget(device)
 
 
 def _off_graph_pools(make, device: torch.device):
