@@ -101,6 +101,16 @@ def test_plans_check_a_kind_of_arguments_once_and_bind_again_for_another():
     assert made == [(2, 8), (4, 8), (2, 8)]
 
 
+def test_a_torch_part_reads_the_scalar_each_call_gives():
+    text = "graph s {\n  input x : float[2, 8]\n  scalar s : float = 0.5\n  h = relu(x)\n  output y = h * s\n}\n"
+    g = program(text=text, file="s.cdg").graphs[0]
+    x = torch.randn(2, 8)
+    plan = first_plan(g, (x, 0.5))
+    for value in (0.5, 2.0, -3.0):
+        (y,) = plan((x, value))
+        assert torch.equal(y, run_reference(g, g.instances[0], {"x": x, "s": value})["y"])
+
+
 def test_alignment_is_checked_on_every_call():
     g = program(text=OVERWRITE, file="g.cdg").graphs[0]
     plans = LaunchPlans(2, lambda values: first_plan(g, values))

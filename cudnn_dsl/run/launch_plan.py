@@ -82,7 +82,7 @@ class LaunchPlan:
         """per scalar, (the value last given, its CPU tensor)"""
         self.copies = [(copies[n], k) for k, n in enumerate(names) if n in copies]
         """(a copy the plan keeps, the argument it copies), refreshed per call: `copies` by name"""
-        self.names, self.fresh = names, fresh
+        self.names = names
         self.steps: list[tuple[Callable[[Sequence[int]], None] | None, Callable[[], None]]] = []
         """(pointing a part's pack at a call's pointers, or None for a torch part; its launch), in order"""
         self.handles: list = []
@@ -146,15 +146,18 @@ class LaunchPlan:
     def _point_env(self, values: Sequence, outs: list[torch.Tensor]) -> list[str]:
         """Points the torch parts' environment at this call's arguments, outputs and scalars; returns the names
         of the tensors set (let go after the call)."""
-        env, n, k = self.env, self.count, self.count + len(outs)
+        env, n, m = self.env, self.count, len(outs)
         tensors = dict(zip(self.names, values[:n]))
+        moved = []
         for name, source in self.origins.items():
-            env[name] = (
-                tensors.get(name) if source < n else outs[source - n] if source < k else values[source - len(outs)]
-            )
+            if source >= n + m:  # a scalar, by value
+                env[name] = values[source - m]
+                continue
+            env[name] = outs[source - n] if source >= n else tensors.get(name)  # an output in place: below
+            moved.append(name)
         for v in self.graph.in_place:
             env[v.name] = view(self.graph.value(v.into), self.inst, tensors)
-        return [name for name, source in self.origins.items() if source < k]
+        return moved
 
 
 class LaunchPlans:
