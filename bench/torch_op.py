@@ -1,22 +1,31 @@
-"""Benchmark (not a test): the host cost per call of a compiled graph as a torch op, on the GPU.
-Usage: python bench/torch_op.py --json FILE
+"""Benchmark (not a test): the host cost per call of a compiled graph as a torch op, layer by layer.
+Usage: python bench/torch_op.py --json FILE [--device cuda|cpu] [--iterations N]
 
-Per graph, side by side in one process, on the same buffers (median host time of one call; every
+Per graph, side by side in one process, on the same buffers (median host time of one call; on the GPU every
 contender's outputs are first checked against the reference):
 - bound: `cg.bind(...).run()`, the launch with no per-call checks and no allocation (the floor);
+- plan: the op's launch plan for these arguments called directly (what the CUDA kernel runs after its key);
+- kernel: the op's CUDA kernel called directly (key, plan, outputs returned as the schema returns them);
 - op: `torch.ops.cudnn_dsl.<name>` (torch.library define + impl + register_fake), through `TorchOp`'s
-  wrapper and called directly;
+  wrapper, and called directly as its overload (the dispatcher);
 - custom_op: the same kernels registered with `@torch.library.custom_op`;
 - call: the checked `cg(...)`;
-- compiled: `torch.compile(fullgraph=True)` of a function calling the op, default mode and
+- on the GPU, compiled: `torch.compile(fullgraph=True)` of a function calling the op, default mode and
   `reduce-overhead` (a CUDA-graph replay);
-- and, once, a torch.library op and a custom_op whose kernels do nothing: the dispatcher's own cost
-  (the cuDNN Frontend's guidance: ~10 µs against ~36 µs).
+- and, once, a torch.library op and a custom_op whose kernels do nothing: the dispatcher's own cost (the cuDNN
+  Frontend's guidance: ~10 µs against ~36 µs); `op / no-op` is the op's cost in those.
+Then graphs that run in parts (ResNet block's forward, and its derived backward for the weights, as an H200
+splits them): the checked call, the bound run (`cg.bind(...)`'s BoundParts) and the op (its launch plan).
+
+`--device cpu` runs the CUDA host path on CPU tensors under bench.nocudnn: planned for an H200 by the real
+cuDNN library, every backend execute a no-op — host cost without a GPU. Outputs are not checked there (no
+kernel ran) and the torch.compile contenders are left out; a torch part of a split graph runs on the CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -27,9 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
+from bench.nocudnn import nocudnn  # noqa: E402
 from cudnn_dsl.run.buffers import restore, snapshot  # noqa: E402
 from cudnn_dsl.run.compare import compare  # noqa: E402
+from cudnn_dsl.run.compiled import CompiledGraph  # noqa: E402
+from cudnn_dsl.run.inputs import generate_inputs  # noqa: E402
 from cudnn_dsl.run.timing import environment, gpu_time_us, host_time_us  # noqa: E402
+from cudnn_dsl.target.quirks import backward_avoid, library_version  # noqa: E402
+from dsl.autodiff import derive  # noqa: E402
 
 TINY = """
 graph tiny {
@@ -47,6 +61,8 @@ GRAPHS = {  # name -> (source, shape binding)
     "serve_matmul, T=64": (str(ROOT / "examples" / "serve_matmul.cdg"), {"T": 64}),
     "in_place_update (EMA in place), float 1M": (str(ROOT / "examples" / "in_place_update.cdg"), None),
 }
+RESNET = ROOT / "examples" / "training" / "resnet_block.cdg"
+KEYS = ["bound", "plan", "kernel", "op_overload", "op", "custom_op", "call", "compiled", "reduce_overhead"]
 
 
 def custom_op_twin(op, namespace: str = "cudnn_dsl_bench", kernel=None):
@@ -59,21 +75,21 @@ def custom_op_twin(op, namespace: str = "cudnn_dsl_bench", kernel=None):
     return twin
 
 
-def noop_dispatch_us() -> dict:
+def noop_dispatch_us(device: str, iterations: int) -> dict:
     """Host time of a call to an op that does nothing, registered each way: what the dispatcher costs."""
     lib = torch.library.Library("cudnn_dsl_bench_noop", "FRAGMENT")
     lib.define("noop(Tensor x) -> ()")
-    lib.impl("noop", lambda x: None, "CUDA")
+    lib.impl("noop", lambda x: None, "CPU" if device == "cpu" else "CUDA")
 
     @torch.library.custom_op("cudnn_dsl_bench_noop::noop_custom", mutates_args=())
     def noop_custom(x: torch.Tensor) -> None:
         return None
 
-    x = torch.zeros(1, device="cuda")
+    x = torch.zeros(1, device=device)
     library = torch.ops.cudnn_dsl_bench_noop.noop.default
     return {
-        "library_us": host_time_us(lambda: library(x), 2000),
-        "custom_op_us": host_time_us(lambda: noop_custom(x), 2000),
+        "library_us": host_time_us(lambda: library(x), iterations),
+        "custom_op_us": host_time_us(lambda: noop_custom(x), iterations),
     }
 
 
@@ -83,7 +99,16 @@ def checked(name: str, got, want, dtype: str) -> None:
         raise SystemExit(f"a contender's output does not match the reference: {c}")
 
 
-def one_graph(label: str, source: str, binding) -> dict:
+def the_plan(op, args):
+    """The op's launch plan for these arguments (None where the op has none: another version of the code)."""
+    plans = getattr(op, "plans", None)
+    if plans is None:
+        return None
+    key = tuple((t.shape, t.stride(), t.dtype, t.get_device()) for t in args)
+    return plans.plans.get(key)
+
+
+def one_graph(label: str, source: str, binding, gpu: bool, iterations: int) -> dict:
     cg = cudnn_dsl.compile(source)
     op = cudnn_dsl.as_torch_op(cg)
     twin = custom_op_twin(op)
@@ -94,18 +119,20 @@ def one_graph(label: str, source: str, binding) -> dict:
 
     contenders = {
         "bound": (lambda: bound.run()),
-        "op": lambda: op(*args),
+        "kernel": lambda: op.cuda_kernel(*args),
         "op_overload": lambda: op.overload(*args),
+        "op": lambda: op(*args),
         "custom_op": lambda: twin(*args),
         "call": lambda: cg(**ins),
     }
-    compiled = torch.compile(lambda *a: op(*a), fullgraph=True)
-    reduce_overhead = torch.compile(lambda *a: op(*a), fullgraph=True, mode="reduce-overhead")
-    contenders["compiled"] = lambda: compiled(*args)
-    contenders["reduce_overhead"] = lambda: reduce_overhead(*args)
+    if gpu:
+        compiled = torch.compile(lambda *a: op(*a), fullgraph=True)
+        reduce_overhead = torch.compile(lambda *a: op(*a), fullgraph=True, mode="reduce-overhead")
+        contenders["compiled"] = lambda: compiled(*args)
+        contenders["reduce_overhead"] = lambda: reduce_overhead(*args)
 
     before = snapshot(cg.graph, ins)
-    want = cg.reference(before)[out_name]
+    want = cg.reference(before)[out_name] if gpu else None
     for key, fn in contenders.items():
         if key == "bound":
             continue
@@ -113,33 +140,78 @@ def one_graph(label: str, source: str, binding) -> dict:
             fn()
             restore(ins, before)
         result = fn()
-        out = result[out_name] if isinstance(result, dict) else result[0] if isinstance(result, tuple) else result
-        into = cg.graph.outputs[0].into
-        checked(f"{label}: {key}", ins[into] if into else out, want, dtype)
+        if gpu:
+            out = result[out_name] if isinstance(result, dict) else result[0] if isinstance(result, tuple) else result
+            into = cg.graph.outputs[0].into
+            checked(f"{label}: {key}", ins[into] if into else out, want, dtype)
         restore(ins, before)
     bound = cg.bind(**ins)
-    gpu = sorted(gpu_time_us(bound.run))
-    row = {"graph": label, "gpu_time_us": gpu[len(gpu) // 2]}
+    plan = the_plan(op, args)
+    if plan is not None:
+        values = args + op.defaults
+        contenders["plan"] = lambda: plan(values)
+    row = {"graph": label}
+    if gpu:
+        times = sorted(gpu_time_us(bound.run))
+        row["gpu_time_us"] = times[len(times) // 2]
     for key, fn in contenders.items():
-        row[f"{key}_us"] = host_time_us(fn, 1000)
+        row[f"{key}_us"] = host_time_us(fn, iterations)
+    return row
+
+
+def split_graphs(iterations: int) -> list[dict]:
+    """ResNet block's forward and its derived backward (weights' gradients): checked call, bound run, op."""
+    cg = cudnn_dsl.compile(RESNET)
+    inst = cg.graph.instances[0]
+    derived = derive(cg.graph, inst, ("w1", "b1", "w2", "b2"), avoid=backward_avoid(library_version()))
+    backward = CompiledGraph(derived.backward, cg.options, cg.device)
+    return [
+        split_row("resnet_block forward", cg, inst, iterations),
+        split_row("resnet_block backward (weights)", backward, derived.backward.instances[0], iterations),
+    ]
+
+
+def split_row(label: str, cg, inst, iterations: int) -> dict:
+    ins = generate_inputs(cg.graph, inst, cg.device or "cpu", 0)
+    op = cudnn_dsl.as_torch_op(cg)
+    args = tuple(ins[n] for n in op.tensor_names)
+    op(*args)  # builds every part's plan
+    bound = cg.bind(ins)
+    parts = cg.parts(inst)
+    row = {"graph": label, "parts": parts.lines if hasattr(parts, "lines") else ["one cuDNN graph"]}
+    for key, fn in {"call": lambda: cg(ins), "bound": bound.run, "op": lambda: op(*args)}.items():
+        row[f"{key}_us"] = host_time_us(fn, iterations)
     return row
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", required=True, help="where to write the results")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--iterations", type=int, default=1000, help="calls timed per contender (the median is kept)")
     a = p.parse_args()
-    out = {"meta": environment(), "noop_dispatch": noop_dispatch_us(), "graphs": []}
-    for label, (source, binding) in GRAPHS.items():
-        out["graphs"].append(one_graph(label, source, binding))
+    gpu = a.device == "cuda"
+    with contextlib.nullcontext() if gpu else nocudnn(target="h200"):
+        out = {"meta": environment(), "device": a.device, "noop_dispatch": noop_dispatch_us(a.device, a.iterations)}
+        if not gpu:
+            out["meta"]["note"] = "CPU tensors, cuDNN's execute a no-op (bench.nocudnn): host cost only"
+        out["graphs"] = [one_graph(label, s, b, gpu, a.iterations) for label, (s, b) in GRAPHS.items()]
+        out["split"] = split_graphs(max(a.iterations // 10, 20))
     print(out["meta"])
     n = out["noop_dispatch"]
     print(f"a no-op op: torch.library {n['library_us']:.1f} µs, @custom_op {n['custom_op_us']:.1f} µs")
-    keys = ["bound", "op", "op_overload", "custom_op", "call", "compiled", "reduce_overhead"]
-    print("host time per call (µs, median of 1000):")
-    print(f"  {'graph':42} {'GPU':>6} " + " ".join(f"{k:>15}" for k in keys))
+    keys = [k for k in KEYS if f"{k}_us" in out["graphs"][0]]
+    print(f"host time per call (µs, median of {a.iterations}):")
+    print(f"  {'graph':42} " + " ".join(f"{k:>15}" for k in keys) + f" {'op / no-op':>11}")
     for r in out["graphs"]:
-        print(f"  {r['graph']:42} {r['gpu_time_us']:6.1f} " + " ".join(f"{r[k + '_us']:15.1f}" for k in keys))
+        r["op_over_noop"] = r["op_us"] / n["library_us"]
+        cells = " ".join(f"{r[k + '_us']:15.1f}" if k + "_us" in r else f"{'-':>15}" for k in keys)
+        print(f"  {r['graph']:42} {cells} {r['op_over_noop']:11.1f}")
+    print("graphs in parts (µs per call): checked call, bound run, the op")
+    for r in out["split"]:
+        print(f"  {r['graph']:42} {r['call_us']:10.1f} {r['bound_us']:10.1f} {r['op_us']:10.1f}")
+        for line in r["parts"]:
+            print(f"    {line}")
     Path(a.json).write_text(json.dumps(out, indent=1))
 
 

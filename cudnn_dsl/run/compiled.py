@@ -16,10 +16,11 @@ from cudnn_dsl.build.constraints import NotAllowed
 from cudnn_dsl.build.lower import Lowered
 from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.build.planner import Executable, Planner
-from cudnn_dsl.run.buffers import BindingError, check_binding, check_inputs, outputs_of, snapshot
+from cudnn_dsl.run.buffers import BindingError, check_binding, check_inputs, outputs_of, snapshot, view
 from cudnn_dsl.run.compare import Comparison, compare_outputs
 from cudnn_dsl.run.inputs import generate_inputs
-from cudnn_dsl.run.launch import Bound
+from cudnn_dsl.run.launch import Bound, arguments, number
+from cudnn_dsl.run.launch_plan import LaunchPlan, LaunchPlans
 from cudnn_dsl.run.partition import short, tuned_why
 from cudnn_dsl.run.parts import BoundParts, Parts, Whole, in_parts
 from cudnn_dsl.run.reference import drawn_values, run_reference
@@ -207,6 +208,19 @@ class CompiledGraph:
         outputs = self.bind_outputs(inst, tensors, out)  # before the build: a typo costs no compile
         return self.parts(inst).bind(tensors, outputs)
 
+    def launch_plan(self, tensors: dict) -> LaunchPlan:
+        """The launches of the shape these arguments (by name, checked in full here) are, bound on them, for
+        calls again and again with only their alignment checked (run.launch_plan: what the torch op and the
+        training paths run)."""
+        inst = self.instance_for(tensors)
+        outputs = self.bind_outputs(inst, tensors)  # before the build: a typo costs no compile
+        names, device = arguments(self.graph)[0], self._planner().device
+
+        def check(values) -> None:
+            check_inputs(self.graph, inst, dict(zip(names, values)), device)
+
+        return self.parts(inst).launch_plan(tensors, outputs, check)
+
     def capture(self, tensors: dict | None = None, out: dict | None = None, /, **named) -> Replay:
         """Captures one execution (every part, for a graph run in parts) into a CUDA graph."""
         return capture(self.bind(_named(tensors, named), out), self.device)
@@ -319,3 +333,30 @@ class CompiledGraph:
         got = self(tensors)
         want = self.reference(before, self.drawn(self.instance_for(tensors), got))
         return compare_outputs(self.graph, self.instance_for(tensors), got, want, self.options, atol, rtol)
+
+
+class Calls:
+    """A compiled graph called by name again and again, as a training step calls its forward and backward
+    graphs: what the checked call returns (every output by name; one in place, its input's memory), through
+    launch plans (run.launch_plan), so that only the first call of each kind of arguments is checked in full.
+    A later call's names beyond the graph's are not looked at."""
+
+    def __init__(self, cg: CompiledGraph):
+        self.cg = cg
+        self.names, self.scalars = arguments(cg.graph)
+        self.fresh = [v.name for v in cg.graph.outputs if v.into is None]
+        every = self.names + tuple(v.name for v in self.scalars)
+        self.plans = LaunchPlans(len(self.names), lambda values: cg.launch_plan(dict(zip(every, values))))
+
+    def __call__(self, tensors: dict) -> dict[str, torch.Tensor]:
+        g = self.cg.graph
+        try:
+            bound = tuple(tensors[n] for n in self.names)
+        except KeyError:  # the checked call says what is missing
+            return self.cg(tensors)
+        values = bound + tuple(number(tensors.get(v.name, v.scalar)) for v in self.scalars)
+        outs = dict(zip(self.fresh, self.plans(values)))
+        if g.in_place:
+            inst = self.cg.instance_for(tensors)
+            outs.update((v.name, view(g.value(v.into), inst, tensors)) for v in g.in_place)
+        return {v.name: outs[v.name] for v in g.outputs}

@@ -2,22 +2,24 @@
 
 A Layout works out once per shape where each UID takes its buffer from; a launch then gathers only the
 buffers, in the Layout's order, for the frontend's ordered execute. A Launch is one executable with its
-Layout; a Bound launches one variant pack again and again (through the frontend's innermost launch where
-the pinned version allows); `plan_runner` launches one of tune's candidate plans by its index.
+Layout; a Bound launches one variant pack again and again (through the frontend's innermost launch, on a
+pointer array, where the pinned version allows), and can take some of its buffers afresh per launch
+(`Bound.repoint`, what run.launch_plan rebinds with); `plan_runner` launches one of tune's candidate plans by
+its index. The current device and stream are read here as torch's raw numbers (no Stream object is made).
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import attrs
 import torch
 
 from cudnn_dsl.build.planner import Candidates, Executable, host_tensors
 from cudnn_dsl.run.buffers import on, window
 from cudnn_dsl.target.library import load_cudnn
-from cudnn_dsl.target.memory import empty, host_scalar
+from cudnn_dsl.target.memory import host_scalar
 from dsl.ir import Graph, Instance, Value
 
 
@@ -58,6 +60,15 @@ class Layout:
             else:
                 in_place.append((v.uid, at[target.view[0]], window(target, inst)))
         self.in_place = tuple(in_place)
+        self.origin: dict[int, str] = {
+            **{u: names[i] for i, u in self.plain},
+            **{u: names[i] for i, _, u in self.views},
+            **{u: v.name for (_, u, _), v in zip(self.scalars, scalars)},
+            **{v.uid: v.name for v in self.fresh},
+            **{u: names[i] for u, i, _ in self.in_place},
+        }
+        """uid -> the argument or output whose memory (or value, for a scalar) its buffer is: a view's buffer, an
+        output in place the bound tensor it is written over; the lowering's host tensors have none"""
         self.uids = (
             tuple(u for u, _ in constants)
             + tuple(u for _, u in self.plain)
@@ -87,20 +98,19 @@ class Layout:
     def named(self, tensors: dict, outputs: dict) -> tuple:
         """`buffers` for arguments and outputs by name (a scalar left out: its declared value)."""
         values = [tensors[n] for n in self.tensor_names] + [
-            _number(tensors.get(v.name, v.scalar)) for v in self.scalar_values
+            number(tensors.get(v.name, v.scalar)) for v in self.scalar_values
         ]
         return self.buffers(values, [outputs[v.name] for v in self.fresh])
 
 
-def _number(value):
+def number(value):
     """A scalar given as a one-element tensor, as its number (what its CPU tensor is made from)."""
     return value.item() if isinstance(value, torch.Tensor) else value
 
 
 class Launch:
     """One executable and its Layout, launched through the frontend's ordered execute on the device's
-    current stream: called with the arguments in order, it allocates the fresh outputs and returns them;
-    `run` and `bind` take the buffers by name (checked by the caller)."""
+    current stream: `run` and `bind` take the buffers by name (checked by the caller)."""
 
     def __init__(self, exe: Executable, graph: Graph | None = None):
         """`graph`: a graph equal to the executable's but for its names (a part that shares the compiled graph of
@@ -108,13 +118,7 @@ class Launch:
         graph, inst = (exe.low.graph, exe.low.instance) if graph is None else (graph, graph.instances[0])
         self.exe, self.device = exe, exe.device
         self.layout = Layout(graph, inst, exe.host)
-        self.types = [inst.type(v.name) for v in self.layout.fresh]
         self.set_stream = load_cudnn().set_stream
-
-    def __call__(self, values: Sequence) -> list[torch.Tensor]:
-        outs = [empty(t, self.device) for t in self.types]
-        self.on(self.layout.buffers(values, outs))
-        return outs
 
     def run(self, tensors: dict, outputs: dict[str, torch.Tensor]) -> None:
         self.on(self.layout.named(tensors, outputs))
@@ -122,36 +126,29 @@ class Launch:
     def on(self, buffers: tuple) -> None:
         """One launch on these buffers (`Layout.buffers`)."""
         exe = self.exe
-        self.set_stream(exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
+        self.set_stream(exe.handle, current_stream(self.device.index))
         # an override-shape plan (built at the largest shape) runs this shape only given its dims: without them
         # cuDNN would run the built shape on these smaller buffers
         exe.low.g.execute(buffers, exe.workspace, handle=exe.handle, tensor_uids=self.layout.uids, **exe.overrides)
 
     def bind(self, tensors: dict, outputs: dict[str, torch.Tensor]) -> Bound:
         """The buffers bound once, for launches with no per-call Python work on the stream current now."""
-        exe, uids, buffers = self.exe, self.layout.uids, self.layout.named(tensors, outputs)
-        keep = dict(zip(uids, buffers))
-        self.set_stream(exe.handle, torch.cuda.current_stream(self.device).cuda_stream)
-        launch = None if exe.overrides else raw_launch(exe, keep)
-        if launch is None:
-            g, ws, h, overrides = exe.low.g, exe.workspace, exe.handle, exe.overrides
-            launch = lambda: g.execute(buffers, ws, handle=h, tensor_uids=uids, **overrides)  # noqa: E731
-        return Bound(exe, outputs, keep, launch)
+        self.set_stream(self.exe.handle, current_stream(self.device.index))
+        return Bound(self.exe, outputs, dict(zip(self.layout.uids, self.layout.named(tensors, outputs))))
 
 
-@attrs.define
 class Bound:
-    """A graph bound once to its buffers: `run()` launches with no per-call Python checks.
+    """A graph bound once to its buffers: `run()` (or a call) launches with no per-call Python checks.
 
     The buffers were checked when bound; they must stay alive and in place. Launches go on the
     stream that was current at bind time.
     """
 
-    exe: Executable
-    outputs: dict[str, torch.Tensor]
-    keep: dict[int, Any]
-    """uid -> buffer: the references that keep every bound buffer alive"""
-    launch: Callable[[], None]
+    def __init__(self, exe: Executable, outputs: dict[str, torch.Tensor], keep: dict[int, Any]):
+        self.exe, self.outputs = exe, outputs
+        self.keep = keep
+        """uid -> buffer: the references that keep every bound buffer alive"""
+        self.pointers = pointers(exe, keep)
 
     @property
     def plan_name(self) -> str:
@@ -164,18 +161,66 @@ class Bound:
     def set_stream(self, stream) -> None:
         load_cudnn().set_stream(self.exe.handle, stream)
 
+    def __call__(self) -> None:
+        self.pointers.launch()
+
     def run(self) -> dict[str, torch.Tensor]:
-        self.launch()
+        self.pointers.launch()
         return self.outputs
 
+    def repoint(self, moving: Sequence[tuple[int, int]], first: Sequence[int]) -> Callable[[Sequence[int]], None]:
+        """Some of this launch's buffers taken afresh before each launch: `moving` gives (uid, source) per such
+        buffer, and `point(ptrs)` points its entry at `ptrs[source]` plus the offset it has from `first[source]`
+        now (a view's window, an output in place of one); a source past `first` is a scalar's CPU tensor, no
+        offset. A UID the backend does not read is left out. The buffers bound now for those UIDs are let go
+        (their entries hold bare addresses): `point` keeps the others, and the executable's workspace, alive."""
+        p = self.pointers
+        at = {u: k for k, u in enumerate(p.uids)}
+        slots = []
+        for uid, source in moving:
+            if uid in at:
+                offset = self.keep[uid].data_ptr() - first[source] if source < len(first) else 0
+                slots.append((at[uid], source, offset))
+                p.array[at[uid]] = self.keep[uid].data_ptr()
+        moved = {uid for uid, _ in moving}
+        stays = {u: b for u, b in self.keep.items() if u not in moved}
+        array, slots = p.array, tuple(slots)
 
-def raw_launch(exe: Executable, pack: dict[int, Any]) -> Callable[[], None] | None:
-    """The frontend's own innermost launch, with the variant pack built once.
+        def point(ptrs: Sequence[int], keep=(self.exe, stays)) -> None:
+            for slot, source, offset in slots:
+                array[slot] = ptrs[source] + offset
 
-    pygraph.execute re-normalizes the variant pack on every call (~15 µs on the H200); for a
-    bound graph the pointers never change, so the pack it builds is built here once and the
-    backend launch is called directly. These are frontend internals of the pinned version
-    (nvidia-cudnn-frontend 1.32.0): if any is missing, None sends the caller to the public path.
+        return point
+
+
+class Pointers:
+    """A variant pack as a launch reads it: one entry per UID in `uids`' order (a device pointer, or for the
+    public execute, a buffer or a bare address) and the launch that reads it. An entry may be pointed
+    elsewhere between launches."""
+
+    def __init__(self, array, uids: tuple[int, ...], launch: Callable[[], None]):
+        self.array, self.uids, self.launch = array, uids, launch
+
+
+def pointers(exe: Executable, pack: dict[int, Any]) -> Pointers:
+    """The pack of one executable on these buffers: the pointer array the backend's launch reads (raw_pointers),
+    else the frontend's public, ordered execute."""
+    raw = None if exe.overrides else raw_pointers(exe, pack)
+    if raw is not None:
+        return raw
+    uids, array = tuple(pack), list(pack.values())
+    g, ws, h, overrides = exe.low.g, exe.workspace, exe.handle, exe.overrides
+    return Pointers(array, uids, lambda: g.execute(array, ws, handle=h, tensor_uids=uids, **overrides))
+
+
+def raw_pointers(exe: Executable, pack: dict[int, Any]) -> Pointers | None:
+    """The frontend's own innermost launch on a pointer array, the variant pack normalized once.
+
+    pygraph.execute re-normalizes the variant pack on every call (~15 µs on the H200); for a bound graph the
+    frontend normalizes it here once (every UID the backend reads must have a buffer, in the backend's order),
+    its pointers are copied into an array of ours, and the backend launch is called on that array directly.
+    These are frontend internals of the pinned version (nvidia-cudnn-frontend 1.32.0): if any is missing, None
+    sends the caller to the public path.
     """
     g = exe.low.g
     try:
@@ -187,15 +232,22 @@ def raw_launch(exe: Executable, pack: dict[int, Any]) -> Callable[[], None] | No
             return None
         cfg = g._materialize_backend_plan(g._plan_index) if g._plans else None
         index = -1 if cfg is None or cfg.cpp_index is None else cfg.cpp_index
-        args = (vp.address, len(vp), vp.workspace, exe.handle.backend_handle or 0, index)
+        array = (ctypes.c_void_p * len(vp))(*(vp.native.pointer(k) for k in range(len(vp))))
+        args = (ctypes.addressof(array), len(vp), vp.workspace, exe.handle.backend_handle or 0, index)
         launch = lowered._execute_with_raw_ptrs
     except Exception:  # noqa: BLE001 - any drift in the internals: use the public path
         return None
+    return Pointers(array, tuple(vp.uids), lambda: launch(*args))
 
-    def run(vp=vp):  # vp is held by the closure: its memory backs `args`
-        launch(*args)
 
-    return run
+def current_device() -> int:
+    """The index of torch's current CUDA device."""
+    return torch._C._cuda_getDevice()
+
+
+def current_stream(index: int) -> int:
+    """The raw handle of the current CUDA stream of a device (its number, as cudnn.set_stream takes it)."""
+    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def candidates_pack(cands: Candidates, tensors: dict, outputs: dict[str, torch.Tensor]) -> dict[int, Any]:

@@ -12,6 +12,7 @@ torch reference on the GPU, rounded to its result's dtype.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -19,8 +20,9 @@ import torch
 
 from cudnn_dsl.build.planner import Executable
 from cudnn_dsl.ops import IMPLS
-from cudnn_dsl.run.buffers import outputs_of, snapshot, view
-from cudnn_dsl.run.launch import Bound, Launch, arguments
+from cudnn_dsl.run.buffers import snapshot, view, written
+from cudnn_dsl.run.launch import Bound, Launch
+from cudnn_dsl.run.launch_plan import LaunchPlan
 from cudnn_dsl.run.partition import CUDNN, VIEW, Part, Partition, build_key, find_partition, short, split_at
 from cudnn_dsl.target.bits import logical
 from cudnn_dsl.target.dtypes import torch_dtype
@@ -56,9 +58,11 @@ class Whole:
     def bind(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor]) -> Bound:
         return self.launch().bind(tensors, outputs)
 
-    def launcher(self) -> Callable[[tuple], list[torch.Tensor]]:
-        """A launch on the graph's arguments in order (launch.arguments), returning its fresh outputs."""
-        return self.launch()
+    def launch_plan(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor], check) -> LaunchPlan:
+        """The launch bound on checked buffers (a first call's), each later call's own put in their place."""
+        plan = LaunchPlan(self.cg.graph, self.inst, tensors, outputs, check)
+        plan.launch(self.bind(tensors, outputs), self.launch().layout)
+        return plan
 
 
 class Parts:
@@ -102,23 +106,11 @@ class Parts:
         env: dict[str, Any] = {**tensors, **saved, **outputs}
         self._place_views(env)
         launches = [self._step(k, env, device, bound=True) for k in range(len(self.compiled))]
-        return BoundParts(self, outputs, [(saved[k], tensors[k]) for k in saved], launches)
+        return BoundParts(self, outputs, [(saved[k], tensors[k]) for k in saved], launches, env)
 
-    def launcher(self) -> Callable[[tuple], list[torch.Tensor]]:
-        """A run on the graph's arguments in order (launch.arguments), its outputs allocated per run;
-        returns the fresh ones. Every part's plan is built here."""
-        self.executables()
-        tensors, scalars = arguments(self.graph)
-        names = tensors + tuple(v.name for v in scalars)
-        fresh = [v.name for v in self.graph.outputs if v.into is None]
-
-        def run(values: tuple) -> list[torch.Tensor]:
-            named = dict(zip(names, values))
-            outputs = outputs_of(self.graph, self.inst, named, _device(named))
-            self.run(named, outputs)
-            return [outputs[n] for n in fresh]
-
-        return run
+    def launch_plan(self, tensors: dict[str, Any], outputs: dict[str, torch.Tensor], check) -> LaunchPlan:
+        """Every part bound once on checked buffers (a first call's), each later call's own put in their place."""
+        return self.bind(tensors, outputs).launch_plan(tensors, check)
 
     def _place_views(self, env: dict[str, Any]) -> None:
         """Walks the views backwards: where a view's result is a buffer `env` holds (an output the caller gave, or
@@ -137,11 +129,23 @@ class Parts:
         it (an output the caller gave that the operand could not be placed in), one copy into it."""
         node = self.graph.nodes[part.first]
         seen = as_type(self._memory(env, node.inputs[0]), self.inst.type(node.outputs[0]))
-        held = env.get(node.outputs[0])
+        result, t = node.outputs[0], self.inst.type(node.outputs[0])
+        held = env.get(result)
         if held is None or same_memory(held, seen):
-            env[node.outputs[0]] = seen
+            env[result] = seen
             return _nothing
-        return lambda: held.copy_(seen)
+        # read from `env` at each run: a launch plan points it at each call's buffers
+        return lambda: env[result].copy_(as_type(self._memory(env, node.inputs[0]), t))
+
+    def same_memory(self, env: dict[str, Any]) -> list[tuple[str, str]]:
+        """(operand, result) of each view bound on `env` as one memory (no copy): a launch plan points both at a
+        call's buffer where either is an argument or an output."""
+        pairs = []
+        for part in self.partition.parts:
+            node = self.graph.nodes[part.first]
+            if part.kind == VIEW and self._memory(env, node.inputs[0]).data_ptr() == env[node.outputs[0]].data_ptr():
+                pairs.append((node.inputs[0], node.outputs[0]))
+        return pairs
 
     def _memory(self, env: dict, name: str) -> torch.Tensor:
         """The buffer a value is in (a view input: its window on its buffer)."""
@@ -162,9 +166,9 @@ class Parts:
                 env[v.name] = empty(self.inst.type(v.name), device)
         if cg is not None:
             whole, made = self.wholes[k], {v.name: env[v.name] for v in part.graph.outputs}
-            # Bound.run, not its bare launch: the Bound keeps the variant pack's buffers (intermediates
+            # the Bound, not its bare launch: it keeps the variant pack's buffers (intermediates
             # allocated here) alive, where the raw launch holds only their addresses.
-            return whole.bind(env, made).run if bound else lambda: whole.run(env, made)
+            return whole.bind(env, made) if bound else lambda: whole.run(env, made)
         scalars = {  # made on the GPU once: a host-to-device copy has no place in a CUDA-graph capture
             i: _wide(env.get(i), self.graph, i, device)
             for i in node.inputs
@@ -195,10 +199,13 @@ class Parts:
 
 class BoundParts:
     """A graph run in parts, bound once to its buffers, like launch.Bound for a whole one: `run()` refreshes the
-    copies of inputs that outputs overwrite, then launches every part back to back, with no checks."""
+    copies of inputs that outputs overwrite, then launches every part back to back, with no checks. `env` holds
+    every buffer by name (the bound ones, the copies, the intermediates), which the torch parts read."""
 
-    def __init__(self, parts: Parts, outputs: dict, copies: list[tuple[torch.Tensor, torch.Tensor]], launches):
-        self.parts, self.outputs, self.copies, self.launches = parts, outputs, copies, launches
+    def __init__(
+        self, parts: Parts, outputs: dict, copies: list[tuple[torch.Tensor, torch.Tensor]], launches, env: dict
+    ):
+        self.parts, self.outputs, self.copies, self.launches, self.env = parts, outputs, copies, launches, env
         self.handles = list({id(c.planner.handle): c.planner.handle for c in parts.compiled if c is not None}.values())
 
     @property
@@ -221,6 +228,24 @@ class BoundParts:
         for launch in self.launches:
             launch()
         return self.outputs
+
+    def launch_plan(self, tensors: dict[str, Any], check) -> LaunchPlan:
+        """These parts as one LaunchPlan, bound on `tensors` (the arguments bound here): each call puts its own
+        arguments and outputs in their place; the intermediates and copies stay. A torch part that reads a
+        scalar runs afresh per call (Parts.run_part), so that it reads the value given then."""
+        parts, env = self.parts, self.env
+        copies = {n: env[n] for n in written(parts.graph)}
+        plan = LaunchPlan(parts.graph, parts.inst, tensors, self.outputs, check, copies, parts.same_memory(env))
+        for k, launch in enumerate(self.launches):
+            if isinstance(launch, Bound):
+                plan.launch(launch, parts.wholes[k].launch().layout)
+                continue
+            if launch is _nothing:  # a view: its memory is pointed per call with its operand's
+                continue
+            node = parts.graph.nodes[parts.partition.parts[k].first]
+            scalar = any(i is not None and parts.graph.value(i).kind == "scalar" for i in node.inputs)
+            plan.torch_part(functools.partial(parts.run_part, k, env) if scalar else launch, env)
+        return plan
 
 
 def _nothing() -> None:

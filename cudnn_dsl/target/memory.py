@@ -3,6 +3,9 @@ packed, pass-by-value scalars as the one-element CPU tensors cuDNN reads."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from cudnn_dsl.target import bits
@@ -12,9 +15,14 @@ from dsl.types import TensorType
 
 def empty(t: TensorType, device) -> torch.Tensor:
     """A buffer cuDNN can read or write as t: in its layout, or for a bool tensor, its packed bytes."""
+    return allocator(t, device)()
+
+
+def allocator(t: TensorType, device) -> Callable[[], torch.Tensor]:
+    """A new `empty(t, device)` per call, with the arguments worked out once."""
     if t.dtype == "bool":
-        return torch.zeros(bits.nbytes(t), dtype=torch.uint8, device=device)
-    return torch.empty_strided(t.shape, t.strides, dtype=torch_dtype(t.dtype), device=device)
+        return functools.partial(torch.zeros, bits.nbytes(t), dtype=torch.uint8, device=device)
+    return functools.partial(torch.empty_strided, t.shape, t.strides, dtype=torch_dtype(t.dtype), device=device)
 
 
 def as_type(memory: torch.Tensor, t: TensorType) -> torch.Tensor:

@@ -19,32 +19,37 @@ torch-op backward. Both bind the backward graph alike (training.backward_inputs)
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
 from cudnn_dsl import api
-from cudnn_dsl.run.compiled import CompiledGraph
+from cudnn_dsl.run.compiled import Calls, CompiledGraph
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.quirks import backward_avoid, library_version
 from cudnn_dsl.torch_op.training import backward_inputs, grads_read, values_read
 from dsl.autodiff import Derived, derive
 
 
-class Pair:
-    """The derived graphs of one shape, compiled with the original's options, on its device."""
+def runner(cg: CompiledGraph) -> Callable[[dict], dict[str, torch.Tensor]]:
+    """Tensors by name -> every output by name: on the GPU the compiled graph through its launch plans (each kind
+    of arguments checked in full once); without one, its reference."""
+    return Calls(cg) if cg.device is not None else cg.reference
 
-    def __init__(self, derived: Derived, original: CompiledGraph):
+
+class Pair:
+    """The derived graphs of one shape, compiled with the original's options, on its device; `run_forward` and
+    `run_backward` run them (`runner`)."""
+
+    def __init__(self, derived: Derived, original: CompiledGraph, run_original):
         self.derived = derived
         device = original.device if original.device is not None else "cpu"
         same = {v.name for v in derived.forward.outputs} == {v.name for v in original.graph.outputs}
         # nothing saved beyond the graph's own outputs: the graph as compiled already (its plans)
         self.forward = original if same else CompiledGraph(derived.forward, original.options, device)
         self.backward = CompiledGraph(derived.backward, original.options, device)
-
-    @staticmethod
-    def run(cg: CompiledGraph, tensors: dict) -> dict[str, torch.Tensor]:
-        """On the GPU the compiled graph; without one, its reference."""
-        return cg(tensors) if cg.device is not None else cg.reference(tensors)
+        self.run_forward = run_original if same else runner(self.forward)
+        self.run_backward = runner(self.backward)
 
 
 class Differentiable:
@@ -52,6 +57,7 @@ class Differentiable:
 
     def __init__(self, cg: CompiledGraph):
         self.cg = cg
+        self.run = runner(cg)
         self.graph = cg.graph
         self._pairs: dict[tuple, Pair] = {}
         self.outputs = tuple(v.name for v in self.graph.outputs)
@@ -66,7 +72,7 @@ class Differentiable:
         inst = self.cg.instance_for(tensors)
         if (inst.binding, wrt) not in self._pairs:
             self._pairs[inst.binding, wrt] = Pair(
-                derive(self.graph, inst, wrt, avoid=backward_avoid(library_version())), self.cg
+                derive(self.graph, inst, wrt, avoid=backward_avoid(library_version())), self.cg, self.run
             )
         return self._pairs[inst.binding, wrt]
 
@@ -76,7 +82,7 @@ class Differentiable:
         """(the graphs of this shape, the graph's outputs, every tensor the backward reads) for these inputs,
         the gradients of `wrt` wanted."""
         pair = self.pair(tensors, wrt)
-        outs = Pair.run(pair.forward, tensors)
+        outs = pair.run_forward(tensors)
         for v in self.graph.in_place:  # the input object itself (autograd marks it dirty); the reference's copied in
             if outs[v.name].data_ptr() != tensors[v.into].data_ptr():
                 tensors[v.into].copy_(outs[v.name])
@@ -87,7 +93,7 @@ class Differentiable:
     def backward_grads(self, pair: Pair, kept: dict, grads: dict, scalars: dict) -> dict[str, torch.Tensor | None]:
         """The gradient of every tensor input (None where none flows), from the outputs' gradients
         (None: zero), what forward_outputs kept, and the scalars the forward was given."""
-        out = Pair.run(pair.backward, backward_inputs(pair.derived, kept, grads, scalars, self.device))
+        out = pair.run_backward(backward_inputs(pair.derived, kept, grads, scalars, self.device))
         named, types = dict(pair.derived.grads), pair.derived.forward.instances[0]
         # a gradient summed in float for a narrower input is returned in the input's dtype (as for the torch op)
         return {
@@ -100,7 +106,7 @@ class Differentiable:
         scalars = {k: v for k, v in tensors.items() if k not in names}
         wrt = tuple(k for k in names if tensors[k].requires_grad)
         if not (wrt and torch.is_grad_enabled()):  # no gradient wanted: the graph as written
-            outs = Pair.run(self.cg, tensors)
+            outs = self.run(tensors)
             return {o: outs[o] for o in self.outputs}
         results = GraphFunction.apply(self, names, scalars, *(tensors[k] for k in names))
         return dict(zip(self.outputs, results))

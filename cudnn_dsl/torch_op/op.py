@@ -13,9 +13,10 @@ allocates; an output in place is its input's memory, returned as such by the Pyt
   stays symbolic; a graph whose outputs follow no such rule (a conv over a symbolic H) specializes on
   the inputs' sizes instead.
 - CUDA kernel: the compiled graph's plans (the plan store, as everywhere; the first call of a shape
-  builds or loads), launched by run.launch (a shape run in parts: each part in turn). The inputs' shapes,
-  strides, dtypes and device are checked once per combination, their 16-byte alignment on every call;
-  outputs are allocated per call, as a torch op's must be.
+  builds or loads), run by a launch plan per kind of arguments (run.launch_plan: every part bound once, a
+  later call rebinding only its own arguments and outputs, through the backend's raw-pointer launch). The
+  inputs' shapes, strides, dtypes and device are checked once per combination, their 16-byte alignment on
+  every call; outputs are allocated per call, as a torch op's must be.
 - CPU kernel: the graph's **PyTorch reference** (cuDNN runs on CUDA tensors only), its outputs laid out
   as the CUDA kernel lays them out (bool bit-packed), so that opcheck and a model on the CPU run. It is
   not cuDNN.
@@ -27,13 +28,13 @@ import hashlib
 import keyword
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import torch
 
 from cudnn_dsl.run.buffers import BindingError, view, written
 from cudnn_dsl.run.compiled import CompiledGraph
 from cudnn_dsl.run.launch import arguments
+from cudnn_dsl.run.launch_plan import LaunchPlan, LaunchPlans
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.memory import empty, stored
 from cudnn_dsl.torch_op.library import NAMESPACE, fragment, returned
@@ -41,7 +42,7 @@ from cudnn_dsl.torch_op.training import grad_ops
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, NotFound, Program
 from dsl.syntax.printer import dump_ir
-from dsl.types import ALIGNMENT, is_float, stride_order
+from dsl.types import is_float, stride_order
 
 _OPS: dict[str, TorchOp] = {}
 """op name -> its TorchOp: a graph of the same content and options is one op in a process"""
@@ -165,7 +166,10 @@ class TorchOp:
             raise BindingError(f"graph '{g.name}' binds no tensor: a torch op takes its device from one", g.loc)
         self.schema = self._schema()
         self.rules = _rules(g, self.fresh) if g.symbols else None
-        self._launches: dict[tuple, Any] = {}
+        self.plain = not self.in_place
+        """no output is written in place (the op returns its fresh outputs as the dispatcher gives them)"""
+        self.plans = LaunchPlans(len(self.tensor_names), self._first)
+        """the CUDA kernel's launch plans, one per kind of arguments"""
         self.launches = 0
         """how many times the CUDA kernel ran on the host (a CUDA-graph replay runs it on the device only)"""
         self._register()
@@ -204,6 +208,15 @@ class TorchOp:
     # ---- calling ---------------------------------------------------------------------------
 
     def __call__(self, /, *args, **kwargs):
+        if not kwargs and self.plain and len(args) == len(self.tensor_names):  # exactly the schema's tensors
+            for t in args:  # one that wants a gradient (or is no tensor) takes the general path
+                if getattr(t, "requires_grad", True) and torch.is_grad_enabled():
+                    break
+            else:
+                return self.overload(*args)
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict):
         if kwargs or len(args) < len(self.tensor_names):
             args = self.positional(args, kwargs)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
@@ -318,34 +331,23 @@ class TorchOp:
     def cuda_kernel(self, *args):
         """cuDNN on CUDA tensors: the arguments in the schema's order (trailing scalars may be left out)."""
         self.launches += 1
-        n = len(self.tensor_names)
-        tensors = args[:n]
-        key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
-        launch = self._launches.get(key)
-        if launch is None or any(t.data_ptr() % ALIGNMENT for t in tensors):
-            named = self.named(args)
-            launch = self._launches[key] = _off_graph_pools(lambda: self._first(named), tensors[0].device)
-        values = args + self.defaults[len(args) - n :]
-        if torch.cuda.current_device() != tensors[0].device.index:
-            with torch.cuda.device(tensors[0].device):
-                return returned(launch(values))
-        return returned(launch(values))
+        if len(args) < len(self.arg_names):
+            args = args + self.defaults[len(args) - len(self.tensor_names) :]
+        return returned(self.plans(args))
 
-    def _first(self, named: dict):
-        """The launch for inputs of this kind, their every property checked (a BindingError says what is wrong);
-        its plans and workspaces made here, off the graph pools."""
-        cg = self._serving(named[self.tensor_names[0]].device)
-        inst = cg.instance_for(named)
-        cg.bind_outputs(inst, named)
-        return cg.parts(inst).launcher()
+    def _first(self, values: tuple) -> LaunchPlan:
+        """The launch plan for arguments of this kind, their every property checked (a BindingError says what
+        is wrong); its plans, workspaces and intermediates made here, off the graph pools."""
+        named, device = self.named(values), values[0].device
+        return _off_graph_pools(lambda: self._serving(device).launch_plan(named), device)
 
     def derived(self, graph: Graph) -> TorchOp:
         """The op of a graph derived from this one (its training path's), with this op's options."""
         return as_torch_op(CompiledGraph(graph, self.options))
 
     def forget(self, device: torch.device) -> None:
-        """Drops the launches worked out for a device (its compiled graph was replaced)."""
-        self._launches = {k: v for k, v in self._launches.items() if k[0][3] != device}
+        """Drops the launch plans made for a device (its compiled graph was replaced)."""
+        self.plans.forget(device)
 
 
 def _off_graph_pools(make, device: torch.device):

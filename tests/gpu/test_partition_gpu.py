@@ -82,6 +82,37 @@ def test_a_split_graph_bound_once_runs_every_part_and_matches_on_every_run(text)
         _bound_matches(cg, bound, before)
 
 
+@pytest.mark.parametrize("text", SPLIT, ids=SPLIT_IDS)
+def test_a_split_graph_through_the_torch_op_rebinds_every_call_to_its_own_tensors(text):
+    """The op's launch plan: every part bound on the first call, each later call (new inputs each time) pointed
+    at its own arguments and fresh outputs; an input an output overwrites still read, by a later part, as it
+    was before the call."""
+    import torch
+
+    import cudnn_dsl
+    from cudnn_dsl.run.buffers import snapshot
+    from cudnn_dsl.run.compare import compare_outputs
+    from cudnn_dsl.run.parts import Parts
+
+    cg = cudnn_dsl.compile(text=text, split=True)
+    if not isinstance(cg.parts(cg.graph.instances[0]), Parts):
+        pytest.skip(f"cuDNN {cg.graph.name}: fused whole here")
+    op = cudnn_dsl.as_torch_op(cg)
+    names = [v.name for v in cg.graph.outputs]
+    held = []  # every call's outputs stay alive: a fresh one cannot take an earlier one's memory
+    for seed in range(3):
+        ins = cg.allocate_inputs(seed=seed)
+        before = snapshot(cg.graph, ins)
+        got = op(*(ins[n] for n in op.tensor_names))
+        got = dict(zip(names, (got,) if isinstance(got, torch.Tensor) else got))
+        torch.cuda.synchronize()
+        comps = compare_outputs(cg.graph, cg.graph.instances[0], got, cg.reference(before), cg.options)
+        assert all(c.ok for c in comps), [str(c) for c in comps]
+        fresh = [got[v.name] for v in cg.graph.outputs if v.into is None]
+        assert not {t.data_ptr() for t in fresh} & {t.data_ptr() for t in held}
+        held += fresh
+
+
 @pytest.mark.parametrize(
     "text", [LN_GELU, MM_RESHAPE, READ_AFTER_OVERWRITE], ids=["ln_gelu", "mm_reshape", "read_after_overwrite"]
 )

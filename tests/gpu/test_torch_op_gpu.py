@@ -129,6 +129,35 @@ def test_the_checks_hold_on_every_call(private_store):
         op(misaligned, ins["w"], ins["b"])
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "in_parts"])
+def test_a_call_on_another_stream_moves_every_handle_to_it(private_store, split):
+    """The op's launch plan sets a handle's stream only when the current one is another: a call on a side
+    stream runs there (right results, each part's handle on that stream), and a call back on the default
+    stream moves them back."""
+    import torch
+
+    import cudnn_dsl
+    from cudnn_dsl.run.parts import Parts
+    from tests.graphs import LN_GELU
+
+    cg = cudnn_dsl.compile(text=LN_GELU, split=True) if split else cudnn_dsl.compile(SERVE)
+    binding = None if split else {"T": 32}
+    op = cudnn_dsl.as_torch_op(cg)
+    parts = cg.parts(cg.graph.instance(binding))
+    if split and not isinstance(parts, Parts):
+        pytest.skip("cuDNN fuses layernorm -> gelu whole here")
+    handles = [c.planner.handle for c in parts.compiled if c is not None] if split else [cg.planner.handle]
+    side = torch.cuda.Stream()
+    for seed, stream in enumerate([torch.cuda.current_stream(), side, torch.cuda.current_stream()]):
+        ins = cg.allocate_inputs(binding, seed=seed)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            y = op(*(ins[n] for n in op.tensor_names))
+            assert all(h.stream == stream.cuda_stream for h in handles)
+        torch.cuda.current_stream().wait_stream(stream)
+        close(y, cg.reference(ins)["y"], "bf16")
+
+
 @pytest.mark.parametrize("source", [SERVE, EMA, SELECT])
 def test_opcheck_with_the_cuda_kernel(private_store, source):
     import torch
