@@ -31,9 +31,9 @@ report says so (`"cudnn": false`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -387,8 +387,6 @@ CONTENDERS = (
     Contender("torch.compile(reduce-overhead)", False, "reduce-overhead"),
     Contender("torch captured (torch.cuda.graph)", False, "captured"),
 )
-MOCKED = "cudnn-dsl eager, cuDNN mocked (host)"
-"""the label of the host time of an eager cudnn-dsl step with cuDNN's execute made a no-op (mocked_host_us)"""
 
 
 def skipped(c: Contender, device: torch.device, compile_: bool, autotune: bool) -> str:
@@ -420,16 +418,35 @@ def step_time_us(setup: Setup, step: Callable, iterations: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def mocked_host_us(setup: Setup, mocked: Callable[[], contextlib.AbstractContextManager], iterations: int) -> float:
-    """Host time of one eager cudnn-dsl step with `mocked()` in force: the context that runs the op's CUDA host
-    path on CPU tensors with cuDNN's execute a no-op (its own module's), so that only the host's work is timed."""
-    with mocked():
-        return step_time_us(setup, eager_step(setup, setup.dsl()), iterations)
+def host_cost(name: str, batch, iterations: int, target: str) -> dict:
+    """The host's part of an eager cudnn-dsl step, measured on the CPU with cuDNN's execute a no-op
+    (bench/nocudnn.py: the op's CUDA host path on CPU tensors, its graphs planned for `target`): µs per step
+    (the weights' casts and the loss run for real on the CPU) and the cuDNN launches it made. The instrument's
+    ops stay routed after it: run it in a process of its own (main does, with --host-cost)."""
+    from bench.nocudnn import nocudnn
+
+    with nocudnn(target=target) as stub:
+        setup = Setup(name, "cpu", batch)
+        step = eager_step(setup, setup.dsl())
+        step()  # the first call of a shape binds its launch plans
+        before = stub.launches
+        step()
+        launches = stub.launches - before
+        return {"host_us": step_time_us(setup, step, iterations), "cudnn_launches": launches, "target": target}
 
 
-def time_contenders(setup: Setup, iterations: int, compile_: bool, autotune: bool, mocked=None) -> tuple[dict, dict]:
-    """({label: median µs, or why it failed}, {label: why it was skipped}); with `mocked` (mocked_host_us's
-    context), its contender too."""
+def host_cost_apart(name: str, batch, iterations: int, target: str) -> dict:
+    """host_cost in a process of its own; its failure, as text."""
+    cmd = [sys.executable, __file__, "--host-cost", "--model", name, "--iterations", str(iterations)]
+    cmd += ["--target", target] + (["--batch", str(batch)] if batch else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        return {"failed": done.stderr.strip().splitlines()[-1][:500] if done.stderr.strip() else "no output"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def time_contenders(setup: Setup, iterations: int, compile_: bool, autotune: bool) -> tuple[dict, dict]:
+    """({label: median µs, or why it failed}, {label: why it was skipped})."""
     times, left_out = {}, {}
     for c in CONTENDERS:
         why = skipped(c, setup.device, compile_, autotune)
@@ -440,8 +457,6 @@ def time_contenders(setup: Setup, iterations: int, compile_: bool, autotune: boo
             times[c.label] = step_time_us(setup, c.step(setup), iterations)
         except Exception as e:  # noqa: BLE001 - one contender failing leaves the others' figures
             times[c.label] = f"failed: {type(e).__name__}: {e}"[:500]
-    if mocked is not None:
-        times[MOCKED] = mocked_host_us(setup, mocked, iterations)
     return times, left_out
 
 
@@ -476,11 +491,10 @@ def run_model(
     batch=None,
     autotune: bool = True,
     target: str = "h200",
-    mocked=None,
     **options,
 ) -> dict:
     """One model's report: its loss curves, what a step runs and each contender's step time (options:
-    cudnn_dsl.compile's; `mocked`: mocked_host_us's context, for that contender). Plain PyTorch's `max-autotune`
+    cudnn_dsl.compile's). Plain PyTorch's `max-autotune`
     contender runs on the GPU when `autotune` (minutes of Triton autotuning)."""
     setup = Setup(name, device, batch, **options)
     report: dict = {
@@ -498,7 +512,7 @@ def run_model(
     trained(setup, steps, lr, compile_, report)
     ops = torch_ops(setup)  # first: on CUDA the parts are those its steps ran
     report["per_step"] = {**part_counts(setup, Target.named(target)), "torch_ops": ops}
-    report["step_time_us"], report["skipped"] = time_contenders(setup, iterations, compile_, autotune, mocked)
+    report["step_time_us"], report["skipped"] = time_contenders(setup, iterations, compile_, autotune)
     return report
 
 
@@ -545,6 +559,14 @@ def print_report(name: str, r: dict, steps: int) -> None:
             print(f"  {label:46s} {t}")
     for label, why in r["skipped"].items():
         print(f"  {label:46s} skipped: {why}")
+    h = r.get("host_cost")
+    if h:
+        print(
+            f"  host's part of a cudnn-dsl eager step, cuDNN mocked ({h['target']}'s parts): failed: {h['failed']}"
+            if "failed" in h
+            else f"  host's part of a cudnn-dsl eager step, cuDNN's execute a no-op ({h['target']}'s parts): "
+            f"{h['host_us']:.1f} µs, {h['cudnn_launches']} cuDNN launches"
+        )
 
 
 def main(argv=None) -> int:
@@ -560,12 +582,23 @@ def main(argv=None) -> int:
     p.add_argument("--target", default="h200", help="the GPU whose parts a CPU run counts (deviceless planning)")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out (training and timing)")
     p.add_argument("--no-autotune", action="store_true", help="leave plain PyTorch's max-autotune contender out")
+    p.add_argument(
+        "--no-host-cost",
+        action="store_true",
+        help="leave out the host's part of a step measured with cuDNN's execute a no-op (bench/nocudnn.py)",
+    )
+    p.add_argument("--host-cost", action="store_true", help=argparse.SUPPRESS)  # host_cost_apart's own process
     p.add_argument("--json", help="write the report here")
     a = p.parse_args(argv)
     iterations = a.iterations or (20 if a.device.startswith("cuda") else 3)
+    if a.host_cost:
+        print(json.dumps(host_cost(a.model[0], a.batch, iterations, a.target)))
+        return 0
     result = {"environment": environment(), "models": {}}
     for name in a.model or sorted(SPECS):
         r = run_model(name, a.device, a.steps, a.lr, iterations, not a.no_compile, a.batch, not a.no_autotune, a.target)
+        if not a.no_host_cost:
+            r["host_cost"] = host_cost_apart(name, a.batch, max(iterations, 50), a.target)
         result["models"][name] = r
         print_report(name, r, a.steps)
     if a.json:
