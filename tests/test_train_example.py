@@ -124,3 +124,12 @@ def test_a_step_compiled_by_inductor_gives_eager_gradients():
     setup.loss(torch.compile(model, fullgraph=True), 0).backward()
     for (k, p), q in zip(eager.named_parameters(), model.parameters()):
         assert torch.equal(p.grad, q.grad), k
+
+
+def test_the_transformer_blocks_derived_gradients_match_autograd():
+    """Through the derived backward's forms (float sums, rank-4 token sums, one weight-gradient matmul over the
+    batch), on the CPU reference path, against float64 autograd; bk's gradient is zero (a key bias shifts a
+    row's scores alike), so what comes back is rounding noise."""
+    from tests.helpers import check_grads
+
+    check_grads((ROOT / "examples" / "training" / "transformer_block.cdg").read_text(), "cpu", frozen=("bk",))

@@ -125,7 +125,7 @@ CONV_BIAS_RELU = (
 
 
 def test_an_ejected_derived_backward_runs_on_its_own_and_matches_the_backward_graphs_reference(tmp_path):
-    from cudnn_dsl.cli.common import derive
+    from dsl.autodiff import derive
     from dsl.pipeline import program
 
     cdg = tmp_path / "cbr.cdg"

@@ -80,4 +80,5 @@ def test_a_reshape_into_an_output_is_written_there_by_the_part_before_it(text):
 
 
 def test_the_transformer_backward_runs_through_its_views_and_matches_autograd():
-    check_grads(Path(TRANSFORMER).read_text(), "cuda")
+    # bk's gradient is zero (a key bias shifts a row's scores alike): what comes back is rounding noise
+    check_grads(Path(TRANSFORMER).read_text(), "cuda", frozen=("bk",))
