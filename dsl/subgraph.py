@@ -16,6 +16,7 @@ import attrs
 
 from dsl.ir import Graph, Instance, Node, Value
 from dsl.ops import OPS
+from dsl.types import is_float, itemsize
 
 CAST = "identity"
 """the op that only converts its operand's dtype: a producer can write its result directly"""
@@ -92,6 +93,8 @@ def _fold_last(graph: Graph, inst: Instance, first: int, end: int) -> tuple[Grap
     readers = [n for n in graph.nodes if operand in n.inputs]
     if maker is None or len(readers) != 1 or graph.value(operand).kind == "output":
         return None
+    if not _narrows(inst.type(operand).dtype, inst.type(result).dtype):
+        return None
     node = graph.nodes[maker]
     writes = attrs.evolve(node, outputs=tuple(result if o == operand else o for o in node.outputs))
     nodes = graph.nodes[:maker] + (writes,) + graph.nodes[maker + 1 : end - 1] + graph.nodes[end:]
@@ -99,6 +102,12 @@ def _fold_last(graph: Graph, inst: Instance, first: int, end: int) -> tuple[Grap
     shape = Instance(inst.binding, tuple((k, t) for k, t in inst.types if k != operand), node_attrs)
     values = tuple(v for v in graph.values if v.name != operand)
     return attrs.evolve(graph, values=values, nodes=nodes, instances=(shape,), typer=None), shape
+
+
+def _narrows(source: str, to: str) -> bool:
+    """Whether writing `to` where `source` was made rounds as the cast does: a float to a float no wider (a
+    widening cast keeps the narrow value's rounding, which the producer would skip)."""
+    return is_float(source) and is_float(to) and itemsize(to) <= itemsize(source)
 
 
 def unconnected(graph: Graph) -> tuple[int, int] | None:

@@ -381,3 +381,18 @@ def test_a_name_python_reserves_is_an_argument_with_an_underscore():
     torch.testing.assert_close(op(self=a, **{"lambda": b}), a + b)
     torch.testing.assert_close(op(a, b), a + b)
     torch.library.opcheck(op.overload, (a, b))
+
+
+def test_a_weight_gradient_over_the_batch_takes_a_saved_operand_laid_out_otherwise_on_the_cpu():
+    """The backward reads x flattened and transposed; the CPU reference takes any strides, so an x that is no such
+    view is copied into one, through both training paths."""
+    from cudnn_dsl.torch_op.autograd import differentiable
+
+    text = "graph mm {\n  input x : float[2, 4, 8]\n  input w : float[1, 8, 16]\n  output y = matmul(x, w)\n}\n"
+    x = torch.randn(2, 8, 4).transpose(1, 2)
+    want = (x.transpose(1, 2) @ torch.ones(2, 4, 16)).sum(0, keepdim=True)
+    f = differentiable(text=text)
+    for run in (lambda w: f(x=x, w=w)["y"], lambda w: cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=text))(x, w)):
+        w = torch.randn(1, 8, 16, requires_grad=True)
+        run(w).sum().backward()
+        torch.testing.assert_close(w.grad, want)

@@ -175,3 +175,21 @@ def test_a_view_of_an_intermediate_is_read_by_the_ops_after_it_in_place():
     with Copies() as copies:
         parts.run(ins, outputs)
     assert copies.count == 2 and torch.equal(outputs["y"], run_reference(g, inst, ins)["y"])
+
+
+def test_a_widening_cast_does_not_fold():
+    """half -> float: the producer writing float would skip the half rounding the graph declares."""
+    text = "graph w {\n  input x : float[4, 64]\n  h : half = x * 3.0\n  output y : float = identity(h)\n}\n"
+    g = program(text=text, file="w.cdg").graphs[0]
+    assert cast_folded(g, g.instances[0], 0, 2, "p") is None
+
+
+def test_a_reshape_of_a_window_on_a_buffer_is_no_view():
+    from cudnn_dsl.run.partition import view_refusal
+
+    text = (
+        "graph b {\n  buffer buf : float[96]\n  input x : float[8, 8] in buf at 32\n"
+        "  r = reshape(x, shape=[64, 1])\n  output y = relu(r)\n}\n"
+    )
+    g = program(text=text, file="b.cdg").graphs[0]
+    assert "window on a buffer" in view_refusal(g, g.instances[0], 0)

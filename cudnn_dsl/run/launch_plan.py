@@ -82,7 +82,7 @@ class LaunchPlan:
         """the first call's pointers, which the parts were bound on"""
         self.dtypes = [inst.type(v.name).dtype for v in scalars]
         self.last: list[tuple[Any, torch.Tensor | None]] = [(None, None)] * len(scalars)
-        """per scalar, (the value last given, its CPU tensor)"""
+        """per scalar, (the value last given, as _same_value tells it, its CPU tensor)"""
         self.copies = [(copies[n], k) for k, n in enumerate(names) if n in copies]
         """(a copy the plan keeps, the argument it copies), refreshed per call: `copies` by name"""
         self.names = names
@@ -157,9 +157,9 @@ class LaunchPlan:
         written over), kept while the value stays."""
         out = []
         for k, value in enumerate(given):
-            last = self.last[k]
-            if last[0] != value or last[1] is None:
-                last = self.last[k] = (value, host_scalar(value, self.dtypes[k]))
+            last, same = self.last[k], _same_value(value)
+            if last[0] != same or last[1] is None:
+                last = self.last[k] = (same, host_scalar(value, self.dtypes[k]))
             out.append(last[1].data_ptr())
         return out
 
@@ -183,6 +183,11 @@ class LaunchPlan:
             env[name] = as_type(env[root], t)
             moved.append(name)
         return moved
+
+
+def _same_value(value) -> tuple:
+    """What tells two scalar values apart: -0.0 from 0.0 too (a divisor's sign), NaN equal to NaN."""
+    return (type(value), repr(value))
 
 
 class LaunchPlans:

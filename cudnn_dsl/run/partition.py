@@ -145,6 +145,8 @@ def view_refusal(graph: Graph, inst: Instance, index: int) -> str | None:
         return f"{node.op} is no reshape"
     if graph.value(node.inputs[0]).kind in ("scalar", "const"):
         return "its operand is a scalar"
+    if graph.value(node.inputs[0]).view is not None or graph.value(node.outputs[0]).into is not None:
+        return "its operand or result is a window on a buffer"
     a, b = inst.type(node.inputs[0]), inst.type(node.outputs[0])
     if a.dtype != b.dtype:
         return f"it converts {a.dtype} to {b.dtype}"

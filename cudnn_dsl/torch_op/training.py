@@ -19,10 +19,11 @@ from dsl.autodiff import Derived, derive
 VIEWS = {
     "value": lambda t: t,
     "transposed": lambda t: t.transpose(-1, -2),
-    "flat_transposed": lambda t: t.view(*(1,) * (t.dim() - 2), -1, t.shape[-1]).transpose(-1, -2),
+    "flat_transposed": lambda t: t.reshape(*(1,) * (t.dim() - 2), -1, t.shape[-1]).transpose(-1, -2),
 }
-"""the Derived.bind kinds of a forward value the backward reads, each with the view of it that is bound (`view`
-rather than `reshape`: derive declares a flattened value only where its strides make it a view, never a copy)"""
+"""the Derived.bind kinds of a forward value the backward reads, each with the view of it that is bound (derive
+declares a flattened value only where its declared strides make it a view; on the CPU, where the reference
+takes any strides, a tensor laid out otherwise is copied)"""
 GRADS = {"grad": VIEWS["value"], "grad_transposed": VIEWS["transposed"]}
 """the Derived.bind kinds of an output's gradient (as given, or transposed), each with its view"""
 
