@@ -45,7 +45,7 @@ def test_the_transformer_forward_is_six_cudnn_parts_and_four_views(forward):
     c = partition.counts
     assert (c.launches, c.graphs, c.views, c.fallbacks) == (6, 4, 4, 0)  # the q, k and v projections: one graph
     assert c.text == "6 cuDNN launches (4 distinct graphs), 4 views, no torch fallback"
-    assert partition.lines(g)[2] == "part 3: reshape (line 27) — view (no launch)"
+    assert partition.lines(g)[2] == "part 3: reshape (line 29) — view (no launch)"
 
 
 def test_the_cast_after_layernorm_is_written_by_the_layernorm(forward):
@@ -57,7 +57,7 @@ def test_the_cast_after_layernorm_is_written_by_the_layernorm(forward):
     assert "hn" not in {v.name for v in part.values} and part.instances[0].type("h").dtype == "bf16"
     assert partition.cuts[0] == 2
     assert partition.lines(g)[0].startswith(
-        "part 1: layernorm (line 24), identity (line 25) — cuDNN graph (h written as bf16: the cast folded in)"
+        "part 1: layernorm (line 26), identity (line 27) — cuDNN graph (h written as bf16: the cast folded in)"
     )
 
 
@@ -117,7 +117,7 @@ def test_check_target_prints_and_reports_the_counts(tmp_path):
     report = tmp_path / "check.json"
     p = run_cli("check", "--target", "h200", "examples/training/transformer_block.cdg")
     assert p.returncode == 0, p.stderr
-    assert "    part 10: matmul (line 34)" in p.stdout
+    assert "    part 10: matmul (line 36)" in p.stdout
     assert p.stdout.rstrip().endswith("6 cuDNN launches (4 distinct graphs), 4 views, no torch fallback")
     p = run_cli("check", "--target", "h200", TRANSFORMER, "--json", report)
     assert p.returncode == 0, p.stderr
