@@ -64,6 +64,7 @@ def register(p) -> None:
         help="write what reproduces this run elsewhere into DIR: the file, the "
         "frontend's graph JSON, the plan, inputs, outputs, reference, ejected scripts, environment",
     )
+    p.add_argument("--force", action="store_true", help="with --dump: replace a dump of the same graph in DIR")
     p.add_argument(
         "--inputs-from",
         metavar="DIR",
@@ -82,6 +83,8 @@ def run(args) -> int:
     for flag, d in (("--save-outputs", args.save_outputs), ("--dump", args.dump)):
         if d and Path(d).exists() and not Path(d).is_dir():
             raise common.UsageError(f"{flag} {d}: not a directory")
+    if args.force and not args.dump:
+        raise common.UsageError("--force goes with --dump")
     if args.inputs_from:
         if not Path(args.inputs_from).is_dir():
             raise common.UsageError(f"--inputs-from {args.inputs_from}: no such directory")
@@ -233,6 +236,11 @@ class _Setup:
                         continue  # the file's value, as when it was dumped
                     raise BindingError(f"--inputs-from {self.from_dump}: no input '{v.name}' in the dump", v.loc)
                 t = dumped[v.name]
+                if v.kind == "scalar" and t.numel() != 1:
+                    raise BindingError(
+                        f"--inputs-from {self.from_dump}: the scalar '{v.name}' holds {t.numel()} values, not one",
+                        v.loc,
+                    )
                 tensors[v.name] = (
                     t.item()
                     if v.kind == "scalar"
@@ -245,28 +253,29 @@ class _Setup:
         )  # offsets: of given lengths
         return {**tensors, **self.scalars}
 
-    def repro(self, inst, got: dict, what: str) -> list[str]:
-        """With --inputs-from: whether these outputs are the dump's, bit for bit."""
+    def repro(self, inst, got: dict, what: str) -> tuple[list[str], bool]:
+        """With --inputs-from: whether these outputs are the dump's, bit for bit: the lines that say so, and
+        False when they differ (a reproduction that does not reproduce fails the run, as a mismatch does)."""
         from cudnn_dsl.debug import dump
 
         if self.from_dump is None:
-            return []
+            return [], True
         want = dump.read_tensors(self.from_dump, self.graph, inst, what)
         if want is None:
-            return [f"the dump holds no {what} to compare with"]
+            return [f"the dump holds no {what} to compare with"], True
         differ = dump.identical(got, want)
-        return [
-            f"{what} differ from the dump's in: {', '.join(differ)}"
-            if differ
-            else f"{what} identical to the dump's, bit for bit"
-        ]
+        if differ:
+            return [f"{what} differ from the dump's in: {', '.join(differ)}"], False
+        return [f"{what} identical to the dump's, bit for bit"], True
 
     def dump(
         self, inst, inputs: dict, reference, outputs=None, plan=None, fe_json=None, env=None, partition=None
     ) -> None:
         from cudnn_dsl.debug import dump
 
-        if self.args.dump:
+        if not self.args.dump:
+            return
+        try:
             written = dump.write(
                 Path(self.args.dump),
                 Path(self.graph.file),
@@ -281,8 +290,11 @@ class _Setup:
                 options=self.opts,
                 inits=self.inits,
                 partition=partition,
+                replace=self.args.force,
             )
-            print(f"  dump       {len(written)} files in {self.args.dump}")
+        except dump.Refused as e:
+            raise common.UsageError(str(e)) from None
+        print(f"  dump       {len(written)} files in {self.args.dump}")
 
     def save(self, inst, outputs: dict, suffix: str = "") -> list[str]:
         import torch
@@ -365,7 +377,8 @@ class _GpuRunner:
             f"min {min(times):.1f}, max {max(times):.1f})"
         )
         _print_compared(s, comps)
-        for line in pinned + s.repro(inst, first, "outputs"):
+        repro, reproduced = s.repro(inst, first, "outputs")
+        for line in pinned + repro:
             print(f"  repro      {line}")
         isolated = _isolate(s, inst, tensors, cg.device, cg.drawn(inst, outputs))
         saved = s.save(inst, first)
@@ -406,7 +419,7 @@ class _GpuRunner:
             "gpu_us": times,
             "compare": [attrs.asdict(c) for c in comps],
             "not_compared": sorted(s.no_compare),
-            "ok": all(c.ok for c in comps),
+            "ok": all(c.ok for c in comps) and reproduced,
             "saved": saved,
             "isolate": isolated,
         }
@@ -576,8 +589,11 @@ class _CpuRunner:
             rep["saved"] = s.save(inst, outs, ".reference")
             if rep["saved"]:
                 print(f"  saved      the reference outputs to {s.args.save_outputs} (*.reference.pt)")
-            for line in s.repro(inst, outs, "reference"):
+            repro, reproduced = s.repro(inst, outs, "reference")
+            for line in repro:
                 print(f"  repro      {line}")
+            if not reproduced:
+                rep["ok"] = False
             if s.args.dump:
                 from cudnn_dsl.interop.fe_export import frontend_json
                 from cudnn_dsl.target.library import versions

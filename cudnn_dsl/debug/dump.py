@@ -9,14 +9,16 @@ dump of another graph is refused.
 from __future__ import annotations
 
 import base64
+import io
 import json
-import shutil
+import os
+import stat
 from pathlib import Path
 
 import torch
 
 from cudnn_dsl.run.buffers import BindingError
-from cudnn_dsl.store.files import atomic_write
+from cudnn_dsl.store.files import StoreProblem, atomic_write, loads, read_regular
 from cudnn_dsl.store.keys import graph_digest
 from dsl.ir import Graph, Instance
 
@@ -28,10 +30,42 @@ def stem(graph: Graph, inst: Instance) -> str:
     return graph.name + "".join(f".{k}{v}" for k, v in inst.binding)
 
 
-def _save(tensors: dict, path: Path) -> None:
+#: the largest manifest read back; one holds a few names and numbers
+MANIFEST_LIMIT = 1 << 20
+#: the largest plan read back; a serialized plan is a few hundred KiB
+PLAN_LIMIT = 64 << 20
+#: torch's framing of a .pt file, beyond the tensors it holds
+PT_OVERHEAD = 1 << 20
+
+
+class Refused(Exception):
+    """A dump directory that would be written through a link, or that already holds this dump."""
+
+
+def _saved(tensors: dict) -> bytes:
+    buf = io.BytesIO()
     torch.save(
-        {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else torch.tensor(v)) for k, v in tensors.items()}, path
+        {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else torch.tensor(v)) for k, v in tensors.items()}, buf
     )
+    return buf.getvalue()
+
+
+def _check_names(directory: Path, names: list[str], manifest: str, replace: bool) -> None:
+    """Refuses a name in `directory` that is not a regular file (a link would be written through, or a file
+    outside the dump replaced by the wish of whoever planted it), and, unless `replace`, a dump already there."""
+    for name in names:
+        try:
+            st = os.lstat(directory / name)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise Refused(f"--dump {directory}: {name} is {kind}; a dump writes only regular files of its own")
+    if not replace and (directory / manifest).exists():
+        raise Refused(
+            f"--dump {directory}: it already holds a dump of this graph ({manifest}); remove it, choose another "
+            f"directory, or pass --force to replace it"
+        )
 
 
 def write(
@@ -49,61 +83,66 @@ def write(
     options=None,
     inits=None,
     partition=None,
+    replace: bool = False,
 ) -> list[Path]:
     """Writes one shape's dump into `directory` (made when missing); returns the files written. The ejected
     cuDNN script follows `options`, draws its inputs as `inits` say and, given the `partition` of a graph
-    cuDNN declines whole, builds its parts."""
+    cuDNN declines whole, builds its parts. Every file is new, in place of a regular file at most (Refused
+    otherwise, and nothing is written); `replace` lets it replace a dump of this shape already there."""
     from cudnn_dsl.interop.emit import emit_cudnn, emit_torch
 
     s = stem(graph, inst)
-    texts = {  # first: may raise
+    files: dict[str, str | bytes] = {  # first: may raise
         f"{s}.cudnn.py": emit_cudnn(graph, inst, options, partition, inits),
         f"{s}.torch.py": emit_torch(graph, inst),
+        source.name: source.read_bytes(),
+        f"{s}.inputs.pt": _saved(inputs),
     }
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    cdg = directory / source.name
-    if not cdg.exists() or cdg.read_bytes() != source.read_bytes():
-        shutil.copyfile(source, cdg)
-    written.append(cdg)
-    _save(inputs, directory / f"{s}.inputs.pt")
-    written.append(directory / f"{s}.inputs.pt")
     for name, tensors in (("reference", reference), ("outputs", outputs)):
         if tensors is not None:
-            _save(tensors, directory / f"{s}.{name}.pt")
-            written.append(directory / f"{s}.{name}.pt")
+            files[f"{s}.{name}.pt"] = _saved(tensors)
     if fe_json is not None:
-        texts[f"{s}.fe.json"] = fe_json
+        files[f"{s}.fe.json"] = fe_json
     if plan is not None:
-        texts[f"{s}.plan.json"] = json.dumps({**plan, "blob": base64.b64encode(plan["blob"]).decode()}, indent=1)
+        files[f"{s}.plan.json"] = json.dumps({**plan, "blob": base64.b64encode(plan["blob"]).decode()}, indent=1)
     if environment is not None:
-        texts["environment.json"] = json.dumps(environment, indent=1, default=str)
+        files["environment.json"] = json.dumps(environment, indent=1, default=str)
     manifest = {
         "format": FORMAT,
         "file": source.name,
         "graph": graph.name,
         "binding": dict(inst.binding),
         "digest": graph_digest(graph, inst),
-        "files": sorted({p.name for p in written} | set(texts)),
+        "files": sorted(files),
     }
-    texts[f"{s}.manifest.json"] = json.dumps(manifest, indent=1)
-    for name, text in texts.items():
-        atomic_write(directory / name, text)
-        written.append(directory / name)
-    return written
+    files[f"{s}.manifest.json"] = json.dumps(manifest, indent=1)  # last: a dump is whole once its manifest is there
+    _check_names(directory, list(files), f"{s}.manifest.json", replace)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        atomic_write(directory / name, data, follow_symlinks=False)  # a link planted since the check is replaced
+    return [directory / name for name in files]
+
+
+def _read(directory: Path, name: str, limit: int) -> bytes | None:
+    """A dump's file, regular and at most `limit` bytes; None when missing."""
+    try:
+        return read_regular(directory / name, limit, "the dump's file", follow_symlinks=True)
+    except StoreProblem as e:
+        raise BindingError(f"--inputs-from {directory}: {e}") from None
 
 
 def _manifest(directory: Path, graph: Graph, inst: Instance) -> dict:
-    path = directory / f"{stem(graph, inst)}.manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
+    name = f"{stem(graph, inst)}.manifest.json"
+    data = _read(directory, name, MANIFEST_LIMIT)
+    if data is None:
         raise BindingError(
             f"--inputs-from {directory}: no dump of graph '{graph.name}' {dict(inst.binding) or ''} "
-            f"({path.name} is missing)"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise BindingError(f"--inputs-from {directory}: {path.name} is not readable ({e})") from None
+            f"({name} is missing)"
+        )
+    try:
+        manifest = loads(data)
+    except ValueError as e:
+        raise BindingError(f"--inputs-from {directory}: {name} is not readable ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("digest") != graph_digest(graph, inst):
         raise BindingError(
             f"--inputs-from {directory}: the dump is of another graph than '{graph.name}' here "
@@ -113,38 +152,43 @@ def _manifest(directory: Path, graph: Graph, inst: Instance) -> dict:
 
 
 def read_tensors(directory: Path, graph: Graph, inst: Instance, what: str) -> dict[str, torch.Tensor] | None:
-    """The dumped inputs, outputs or reference of one shape (None when the dump has none of `what`)."""
+    """The dumped inputs, outputs or reference of one shape (None when the dump has none of `what`). A file
+    holds at most what the reference holds at once, and torch's framing."""
+    from cudnn_dsl.run.compare import reference_bytes
+
     _manifest(directory, graph, inst)
-    path = directory / f"{stem(graph, inst)}.{what}.pt"
-    if not path.is_file():
+    name = f"{stem(graph, inst)}.{what}.pt"
+    data = _read(directory, name, reference_bytes(graph, inst) + PT_OVERHEAD)
+    if data is None:
         if what != "inputs":
             return None
-        raise BindingError(f"--inputs-from {directory}: {path.name} is missing")
+        raise BindingError(f"--inputs-from {directory}: {name} is missing")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)  # tensors only: no pickled code runs
+        tensors = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)  # tensors only: no code runs
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file, in any of torch's ways
         why = " ".join(str(e).split())[:200]
-        raise BindingError(f"--inputs-from {directory}: {path.name} is not readable ({why})") from None
-    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
-        raise BindingError(f"--inputs-from {directory}: {path.name} does not hold tensors by name")
-    return data
+        raise BindingError(f"--inputs-from {directory}: {name} is not readable ({why})") from None
+    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        raise BindingError(f"--inputs-from {directory}: {name} does not hold tensors by name")
+    return tensors
 
 
 def read_plan(directory: Path, graph: Graph, inst: Instance) -> dict | None:
     """The dumped plan (gpu, plan_name, engine_id, knobs), None when the dump has none."""
-    path = directory / f"{stem(graph, inst)}.plan.json"
-    if not path.exists():
+    name = f"{stem(graph, inst)}.plan.json"
+    data = _read(directory, name, PLAN_LIMIT)
+    if data is None:
         return None
     try:
-        plan = json.loads(path.read_text())
+        plan = loads(data)
         return {
             "gpu": str(plan["gpu"]),
             "plan_name": str(plan["plan_name"]),
             "engine_id": int(plan["engine_id"]),
             "knobs": {str(k): int(v) for k, v in dict(plan["knobs"]).items()},
         }
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise BindingError(f"--inputs-from {directory}: {path.name} is not a plan ({e})") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise BindingError(f"--inputs-from {directory}: {name} is not a plan ({e})") from None
 
 
 def identical(got: dict, want: dict) -> list[str]:

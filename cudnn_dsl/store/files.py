@@ -102,8 +102,8 @@ def cleaned(v: object) -> object:
     return v
 
 
-def atomic_write(path: Path, text: str, *, follow_symlinks: bool = True) -> None:
-    """Writes text so that a reader sees the old file or the new one, never a part.
+def atomic_write(path: Path, text: str | bytes, *, follow_symlinks: bool = True) -> None:
+    """Writes text (or bytes) so that a reader sees the old file or the new one, never a part.
 
     The file keeps its permission mode; a new file gets 0o666 less the umask, as open() gives. Through a symbolic
     link, the link's target is rewritten and the link stays; follow_symlinks=False replaces the link itself (the
@@ -120,6 +120,7 @@ def atomic_write(path: Path, text: str, *, follow_symlinks: bool = True) -> None
     while True:
         tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
         try:
+            # O_EXCL: a name planted meanwhile, a link included, is never opened
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666 if mode is None else 0o600)
             break
         except FileExistsError:
@@ -127,8 +128,8 @@ def atomic_write(path: Path, text: str, *, follow_symlinks: bool = True) -> None
     try:
         if mode is not None:
             os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8") if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
