@@ -136,8 +136,7 @@ def _manifest(directory: Path, graph: Graph, inst: Instance) -> dict:
     data = _read(directory, name, MANIFEST_LIMIT)
     if data is None:
         raise BindingError(
-            f"--inputs-from {directory}: no dump of graph '{graph.name}' {dict(inst.binding) or ''} "
-            f"({name} is missing)"
+            f"--inputs-from {directory}: no dump of graph '{graph.name}' {dict(inst.binding) or ''} ({name} is missing)"
         )
     try:
         manifest = loads(data)
