@@ -1,6 +1,8 @@
 """Numbers from outside a .cdg file (command-line values, imported frontend JSON) are the language's
 numbers: ASCII digits, within range of what holds them, refused with a message naming the flag or field."""
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,77 @@ def test_a_scalar_in_other_digits_is_refused(tmp_path):
 def test_import_scalar_in_other_digits_is_refused():
     p = run_cli("import", FIXTURES / "frontend_v1.json", "--scalar", "s=٣")
     assert p.returncode == 2 and "--scalar takes NAME=NUMBER, got 's=٣'" in p.stderr, p.stderr
+
+
+def _import_error(tmp_path, text: str) -> str:
+    src = tmp_path / "g.json"
+    src.write_text(text)
+    p = run_cli("import", src, "-o", tmp_path / "g.cdg")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, (p.returncode, p.stderr[-2000:])
+    assert not (tmp_path / "g.cdg").exists()
+    return p.stderr.replace(str(src), "g.json")
+
+
+def _v1(edit) -> str:
+    j = json.loads((FIXTURES / "frontend_v1.json").read_text())
+    edit(j)
+    return json.dumps(j, indent=1)  # non-finite floats as Infinity and NaN, as Python's json writes them
+
+
+def _line_of(text: str, needle: str) -> int:
+    return text.count("\n", 0, text.index(needle)) + 1
+
+
+@pytest.mark.parametrize(
+    "nest,words",
+    [
+        ("[" * 2000 + "]" * 2000, "g.json:1:"),
+        ("[" * 100_000 + "]" * 100_000, "g.json:1:"),
+        ('{"a": ' * 5000 + "1" + "}" * 5000, "g.json:1:"),
+    ],
+    ids=["list-2k", "list-100k", "object-5k"],
+)
+def test_import_of_deeply_nested_json_is_located(tmp_path, nest, words):
+    err = _import_error(tmp_path, '{"json_version": "2.0", "x": ' + nest + "}\n")
+    assert err.startswith(words) and "the JSON nests deeper than 64 levels" in err, err[:300]
+
+
+@pytest.mark.parametrize(
+    "edit,field,value,words",
+    [
+        (lambda j: j["nodes"][0].update(pre_padding=[math.inf, 1]), "pre_padding", "Infinity", "Infinity is not JSON"),
+        (lambda j: j["nodes"][0].update(post_padding=[1, math.nan]), "post_padding", "NaN", "NaN is not JSON"),
+        (lambda j: j["tensors"]["x"].update(stride=[2**63, 1, 1, 1]), "stride", str(2**63), "out of range of int64"),
+        (
+            lambda j: j["nodes"][2].update(relu_upper_clip=1e300),
+            "relu_upper_clip",
+            '"relu_upper_clip": 1e+300',
+            "out of range of a float32",
+        ),
+        (
+            lambda j: j["nodes"][2].update(relu_upper_clip="3F"),
+            "relu_upper_clip",
+            '"relu_upper_clip": "3F"',
+            "not a float32's 8 hex digits",
+        ),
+    ],
+)
+def test_import_refuses_an_out_of_range_number_at_its_field(tmp_path, edit, field, value, words):
+    text = _v1(edit)
+    first = _import_error(tmp_path, text).splitlines()[0]
+    assert first.startswith(f"g.json:{_line_of(text, value)}:"), first[:300]
+    assert f"{field}: " in first and words in first, first[:300]
+
+
+def test_import_refuses_an_integer_of_5000_digits_at_its_field(tmp_path):
+    text = _v1(lambda j: j["tensors"]["x"].update(uid=987654321)).replace("987654321", "9" * 5000)
+    first = _import_error(tmp_path, text).splitlines()[0]
+    assert first.startswith(f"g.json:{_line_of(text, '9' * 5000)}:"), first[:300]
+    assert "uid: the integer 999999999999999999999999... is out of range of int64" in first, first[:300]
+
+
+def test_import_refuses_a_tensor_of_more_dims_than_cudnn_takes(tmp_path):
+    text = _v1(lambda j: j["tensors"]["x"].update(dim=[1] * 1000, stride=[1] * 1000))
+    err = _import_error(tmp_path, text)
+    assert "dim has 1000 dims; cuDNN's tensors have at most 8" in err, err[:300]
+    assert err.startswith("g.json:"), err[:300]
