@@ -9,6 +9,7 @@ import attrs
 
 from dsl.diagnostics import RuleError
 from dsl.types import DTYPE_RANGE, is_float
+from dsl.values import number
 
 
 @attrs.frozen
@@ -75,7 +76,7 @@ class Init:
 
 
 def num_text(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else repr(x)
+    return str(int(x)) if float(x).is_integer() and abs(x) <= 2**53 else repr(x)
 
 
 def make(name: str, args: tuple[float, ...]) -> Init:
@@ -90,19 +91,44 @@ def make(name: str, args: tuple[float, ...]) -> Init:
     missing = [p for p, v in zip(d.params, full) if v is None]
     if missing:
         raise RuleError(f"{name} needs {', '.join(d.params)}; {', '.join(missing)} missing")
-    for i, v in enumerate(full):
-        if not math.isfinite(v):
-            raise RuleError(f"{name}: {d.params[i]} must be finite", at=i)
-    a = [float(v) for v in full]
+    if name == "randint":
+        _check_randint_range(full)
+    a = [_finite(name, d.params[i], v, i) for i, v in enumerate(full)]
     if name in ("uniform", "randint") and a[0] > a[1]:
         raise RuleError(f"{name}: lo ({num_text(a[0])}) is greater than hi ({num_text(a[1])})", at=1)
     if name == "randint" and not all(v.is_integer() for v in a):
         raise RuleError("randint: lo and hi must be integers", at=0 if not a[0].is_integer() else 1)
+    if name == "uniform" and not math.isfinite(a[1] - a[0]):
+        raise RuleError("uniform: hi - lo is out of range of a 64-bit float", at=1)
     if name == "randn" and a[1] < 0:
         raise RuleError("randn: std must not be negative", at=1)
     if name in ("bernoulli", "sparse") and not 0 <= a[0] <= 1:
         raise RuleError(f"{name}: p must be between 0 and 1", at=0)
     return Init(name, tuple(a))
+
+
+def _finite(dist: str, param: str, v: float, at: int) -> float:
+    try:
+        x = float(v)
+    except OverflowError:  # an integer beyond any float
+        x = math.inf
+    if not math.isfinite(x):
+        raise RuleError(f"{dist}: {param} must be a finite 64-bit float", at=at)
+    return x
+
+
+#: randint's bounds are held as floats: beyond 2**53 a float skips integers
+RANDINT_LIMIT = 2**53
+
+
+def _check_randint_range(given: tuple[float, ...]) -> None:
+    for i, v in enumerate(given):
+        if not -RANDINT_LIMIT <= v <= RANDINT_LIMIT:
+            raise RuleError(
+                f"randint: {DISTS['randint'].params[i]} {v} is out of range: lo and hi must be from "
+                f"-2**53 to 2**53 ({RANDINT_LIMIT}), the integers a 64-bit float holds exactly",
+                at=i,
+            )
 
 
 def check_dtype(init: Init, dtype: str) -> None:
@@ -128,8 +154,7 @@ def default(dtype: str, positive: bool) -> Init:
     return Init("uniform", (0.5, 1.5) if positive else (-1.0, 1.0))
 
 
-_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
-_TEXT = re.compile(rf"\s*([A-Za-z_]\w*)\s*(?:\(\s*((?:{_NUMBER}\s*(?:,\s*{_NUMBER}\s*)*)?)\)\s*)?")
+_TEXT = re.compile(r"\s*([A-Za-z_]\w*)\s*(?:\(([^()]*)\)\s*)?", re.ASCII)
 
 
 def parse(text: str) -> Init:
@@ -137,5 +162,12 @@ def parse(text: str) -> Init:
     m = _TEXT.fullmatch(text)
     if m is None:
         raise RuleError(f"'{text}' is not DIST or DIST(NUMBER, ...), e.g. randn(0, 0.5)")
-    args = tuple(float(x) for x in m.group(2).split(",")) if m.group(2) else ()
-    return make(m.group(1), args)
+    items = m.group(2).split(",") if m.group(2) and m.group(2).strip() else ()
+    return make(m.group(1), tuple(_argument(m.group(1), i, t) for i, t in enumerate(items)))
+
+
+def _argument(dist: str, index: int, text: str) -> float:
+    try:
+        return number(text)
+    except ValueError as e:
+        raise RuleError(f"{dist}: argument {index + 1}: {e}", at=index) from None

@@ -133,16 +133,34 @@ def convert(a: Attr, v) -> Any:
 
 # ---- values from outside a .cdg file, made into the AST values that `convert` takes ------------
 
-_NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+#: the grammar's NUMBER with a sign (ASCII digits, as there)
+_NUMBER = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
+
+#: what `number` accepts, for the messages that refuse other text
+NUMBER_SYNTAX = "ASCII digits with an optional sign, point and exponent, e.g. 3, -0.5, 1e-5"
 
 
 def number(text: str) -> int | float:
-    """A number as the language spells it ('3', '-0.5', '1e-5'); ValueError for anything else."""
-    text = text.strip()
+    """A number as the language spells it ('3', '-0.5', '1e-5'); ValueError for anything else, or for a number
+    a 64-bit float cannot hold (Python's int() and float() also take other scripts' digits, '_' and 'inf')."""
+    text = text.strip(" \t")
     if not _NUMBER.fullmatch(text):
-        raise ValueError(f"{text!r} is not a number")
+        raise ValueError(f"{text!r} is not a number ({NUMBER_SYNTAX})")
     sign, body = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
-    return sign * (int(body) if body.isdigit() else float(body))
+    if body.isdigit():
+        return sign * int(body)
+    value = sign * float(body)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of range of a 64-bit float")
+    return value
+
+
+def natural(text: str) -> int:
+    """A non-negative integer in ASCII digits (a dim, a count); ValueError for anything else."""
+    text = text.strip(" \t")
+    if not text.isascii() or not text.isdigit():
+        raise ValueError(f"{text!r} is not a whole number (ASCII digits 0-9)")
+    return int(text)
 
 
 def _text_item(text: str):

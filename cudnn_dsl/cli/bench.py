@@ -30,8 +30,8 @@ def register(p) -> None:
         action="store_true",
         help="time single calls, each after a write that evicts the GPU's L2 (default: back-to-back calls, warm L2)",
     )
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
-    p.add_argument("--samples", type=int, default=20, help="timed samples per round (default 20)")
+    p.add_argument("--rounds", type=common.count, default=7, help="interleaved rounds (default 7)")
+    p.add_argument("--samples", type=common.count, default=20, help="timed samples per round (default 20)")
     p.add_argument("--no-peak", action="store_true", help="skip measuring the GPU's bf16 matmul peak")
     p.add_argument("--json", metavar="FILE", help="write every figure as JSON ('-' for stdout)")
     p.add_argument("--plot", metavar="FILE.png", help="draw a chart (needs matplotlib)")

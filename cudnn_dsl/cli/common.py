@@ -8,6 +8,7 @@ must start fast.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
@@ -132,13 +133,18 @@ def select_graphs(program: Program, name: str | None) -> list[Graph]:
 
 def _parse_shapes(items) -> dict[str, set[int]]:
     """--shape N=8 --shape N=16 --shape M=4 (or N=8,16) -> {"N": {8, 16}, "M": {4}}"""
+    from dsl.values import natural
+
     out: dict[str, set[int]] = {}
     for item in items or ():
         name, _, values = item.partition("=")
-        parts = values.split(",")
-        if not name or not all(p.strip().isdigit() for p in parts):
+        try:
+            sizes = {natural(p) for p in values.split(",")}
+        except ValueError as e:
+            raise UsageError(f"--shape takes NAME=VALUE[,VALUE...], got '{item}': {e}") from None
+        if not name:
             raise UsageError(f"--shape takes NAME=VALUE[,VALUE...], got '{item}'")
-        out.setdefault(name, set()).update(int(p) for p in parts)
+        out.setdefault(name, set()).update(sizes)
     return out
 
 
@@ -223,7 +229,7 @@ def add_build_flags(p, files: str = "the file") -> None:
     )
     add_option_flags(p, *OPTION_FLAGS)
     add_constraint_flags(p)
-    p.add_argument("--device", type=int, help="CUDA device index (default: the current one, 0)")
+    p.add_argument("--device", type=count, help="CUDA device index (default: the current one, 0)")
 
 
 def add_plan_flag(p) -> None:
@@ -351,6 +357,26 @@ def target_from(args, default: str | None = None):
     from cudnn_dsl.target.library import Target
 
     return Target.from_file(args.device_properties) if args.device_properties else Target.named(name)
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number in the language's digits (int() would take '٣', ' 3' and '1_0')."""
+    from dsl.values import natural
+
+    try:
+        return natural(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def real(text: str) -> float:
+    """An argparse type: a number as the language spells it (float() would take '٣', 'inf' and '1_0')."""
+    from dsl.values import number
+
+    try:
+        return float(number(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def named_values(

@@ -21,9 +21,9 @@ def register(p) -> None:
         "last search of this graph on this GPU stopped (without a GPU: only asks cuDNN which it supports, for "
         "--target)",
     )
-    x.add_argument("--max-configs", type=int, metavar="N", help="try at most N configurations (default 1000)")
-    x.add_argument("--budget", type=float, metavar="SECONDS", help="stop after SECONDS of searching")
-    x.add_argument("--top-k", type=int, default=10, metavar="K", help="report the K fastest (default 10)")
+    x.add_argument("--max-configs", type=common.count, metavar="N", help="try at most N configurations (default 1000)")
+    x.add_argument("--budget", type=common.real, metavar="SECONDS", help="stop after SECONDS of searching")
+    x.add_argument("--top-k", type=common.count, default=10, metavar="K", help="report the K fastest (default 10)")
     x.add_argument("--restart", action="store_true", help="forget what earlier searches tried")
     common.add_target_flags(p, "with --exhaustive and no GPU here: the GPU to ask cuDNN about (default h200)")
     common.add_log_flags(p)

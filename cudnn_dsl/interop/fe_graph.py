@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import attrs
 
-from cudnn_dsl.interop.fe_json import Source, value_from_json
+from cudnn_dsl.interop.fe_json import Source, f32_from_json, value_from_json
 from cudnn_dsl.target.dtypes import cudnn_name
 from dsl.diagnostics import DslError
 from dsl.types import DTYPES as LANGUAGE_DTYPES
@@ -32,7 +32,10 @@ def f32_text(x: float) -> str:
     """The shortest decimal that is the same float32 (a value the frontend keeps as float32)."""
     if x != x or x in (float("inf"), float("-inf")):
         raise ValueError(f"the value {x} has no spelling in the language (it has no non-finite numbers)")
-    bits = struct.pack(">f", x)
+    try:
+        bits = struct.pack(">f", x)
+    except OverflowError:
+        raise ValueError(f"the value {x:g} is out of range of a float32") from None
     texts = (f"{x:.{digits}g}" for digits in range(1, 10))  # 9 significant digits always suffice for float32
     return next(t for t in texts if struct.pack(">f", float(t)) == bits)
 
@@ -108,6 +111,14 @@ class Node:
         self.read.add(field)
         v = self.j.get(field)
         return default if v is None else v
+
+    def f32(self, field: str, default: float | None = None) -> str:
+        """A float32 field (its bits in hex, or a number) as the language spells it; refused at the field when it
+        is no float32."""
+        try:
+            return f32_text(f32_from_json(self.get(field, default)))
+        except ValueError as e:
+            raise self.fail(f"{field}: {e}", field) from None
 
     def tensor(self, port: str, side: str = "inputs") -> Tensor | None:
         ref = (self.j.get(side) or {}).get(port)

@@ -144,11 +144,17 @@ def _ints_from(v, low: int) -> bool:
     return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= low for x in v)
 
 
+#: cuDNN's CUDNN_DIM_MAX: no frontend graph holds a tensor of more dims
+MAX_RANK = 8
+
+
 def _tensor_problem(t) -> str | None:
     """What makes a JSON value not a frontend tensor, or None."""
     if not isinstance(t, dict):
         return "not an object"
     dims, strides, uid = t.get("dim") or [], t.get("stride") or [], t.get("uid")
+    if isinstance(dims, list) and len(dims) > MAX_RANK:
+        return f"dim has {len(dims)} dims; cuDNN's tensors have at most {MAX_RANK}"
     if not _ints_from(dims, 1):
         return f"dim {json.dumps(dims)} is not a list of positive integers"
     if not _ints_from(strides, 0) or (strides and len(strides) != len(dims)):

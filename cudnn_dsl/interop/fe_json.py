@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import json.decoder
 import json.scanner
+import math
+import re
 import struct
 
 import attrs
@@ -24,6 +26,8 @@ _VARIANT = {0: "int64", 1: "int32", 2: "half", 3: "float", 4: "double", 5: "bf16
 def f32_from_json(v) -> float:
     """A float the frontend wrote: its float32 bits as 8 hex digits ('3F000000'), or a plain number."""
     if isinstance(v, str):
+        if len(v) != 8:
+            raise ValueError(f"'{v[:24]}' is not a float32's 8 hex digits")
         return struct.unpack(">f", bytes.fromhex(v))[0]
     return float(v)
 
@@ -56,17 +60,84 @@ class Located(dict):
     pos = 0
 
 
+#: deeper than any graph the frontend writes (its objects nest 4 deep), and far below Python's recursion limit
+MAX_DEPTH = 64
+
+#: the frontend's integers are int64s
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+class Refused(ValueError):
+    """A JSON value the frontend never writes, at `pos` in the text (set where the value starts)."""
+
+    def __init__(self, message: str, pos: int | None = None):
+        super().__init__(message)
+        self.pos = pos
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > 19 or not _INT64[0] <= int(text) <= _INT64[1]:  # length first: int() of 5000 digits
+        raise Refused(f"the integer {text[:24]}{'...' if len(text) > 24 else ''} is out of range of int64")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise Refused(f"the number {text[:24]} is out of range of a 64-bit float")
+    return value
+
+
+def _constant(text: str):
+    raise Refused(f"{text} is not JSON (the frontend writes finite numbers only)")
+
+
 def _decoder() -> json.JSONDecoder:
-    """A decoder whose objects are Located (the pure-Python scanner: the C one takes no hooks)."""
-    dec = json.JSONDecoder()
+    """A decoder whose objects are Located (the pure-Python scanner: the C one takes no hooks), that refuses
+    what the frontend never writes — non-finite numbers, integers beyond int64, nesting deeper than MAX_DEPTH —
+    as a Refused at the value."""
+    dec = json.JSONDecoder(parse_int=_int, parse_float=_float, parse_constant=_constant)
+    depth = 0
 
-    def parse_object(s_and_end, *args):
-        obj, end = json.decoder.JSONObject(s_and_end, *args)
-        located = Located(obj)
-        located.pos = s_and_end[1] - 1
-        return located, end
+    def located(scan_once):
+        def scan(string, idx):
+            try:
+                return scan_once(string, idx)
+            except Refused as e:
+                if e.pos is None:  # the innermost value: where the refused number starts
+                    e.pos = idx
+                raise
 
-    dec.parse_object = parse_object
+        return scan
+
+    def nested(s_and_end):
+        nonlocal depth
+        if depth >= MAX_DEPTH:
+            raise Refused(
+                f"the JSON nests deeper than {MAX_DEPTH} levels, which no frontend graph does", s_and_end[1] - 1
+            )
+        depth += 1
+
+    def parse_object(s_and_end, strict, scan_once, *rest):
+        nonlocal depth
+        nested(s_and_end)
+        try:
+            obj, end = json.decoder.JSONObject(s_and_end, strict, located(scan_once), *rest)
+        finally:
+            depth -= 1
+        obj = Located(obj)
+        obj.pos = s_and_end[1] - 1
+        return obj, end
+
+    def parse_array(s_and_end, scan_once):
+        nonlocal depth
+        nested(s_and_end)
+        try:
+            return json.decoder.JSONArray(s_and_end, located(scan_once))
+        finally:
+            depth -= 1
+
+    dec.parse_object, dec.parse_array = parse_object, parse_array
     dec.scan_once = json.scanner.py_make_scanner(dec)
     return dec
 
@@ -127,6 +198,9 @@ def _decode(
     """The JSON object at `start`, which ends by `end`, and where it stops; `trailing` allows text after it."""
     try:
         obj, stop = dec.raw_decode(src.text, start)
+    except Refused as e:
+        pos = start if e.pos is None else e.pos
+        raise src.error(_field_of(src.text, pos) + str(e), pos) from None
     except json.JSONDecodeError as e:
         if e.pos >= end or e.msg.startswith("Unterminated string"):  # the text stops inside a string, or after
             raise src.error(f"{what} ends before its JSON is complete (is it truncated?)", e.pos) from None
@@ -137,3 +211,13 @@ def _decode(
             "not valid JSON: more text after the graph's closing brace", stop + len(rest) - len(rest.lstrip())
         )
     return obj, stop
+
+
+#: the key whose value (or an item of whose list) starts where the pattern's search ends
+_KEY_BEFORE = re.compile(r'"([^"\\]{1,100})"\s*:\s*(?:\[[^\[\]{}"]*)?$')
+
+
+def _field_of(text: str, pos: int) -> str:
+    """'field: ' for the JSON value at `pos`, when it is a field's value or an item of a field's list."""
+    m = _KEY_BEFORE.search(text, max(0, pos - 2000), pos)
+    return f"{m.group(1)}: " if m else ""

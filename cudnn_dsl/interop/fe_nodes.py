@@ -4,7 +4,6 @@ REDUCTION by mode, and every field a row does not read held to its neutral value
 from __future__ import annotations
 
 from cudnn_dsl.interop.fe_graph import Call, Node, NodeRow, Tensor, bool_text, f32_text, ints_text
-from cudnn_dsl.interop.fe_json import f32_from_json
 from dsl.ops import INFIX, OPS
 
 #: 1.0 as the frontend's JSON writes a float32
@@ -115,7 +114,7 @@ def import_pointwise(n: Node) -> Call:
         kind, attrs_ = _relu(n)
         op = kind if op == "relu" else f"{kind}_backward"
     if op in ("swish", "swish_backward"):
-        attrs_.append(("beta", f32_text(f32_from_json(n.get("swish_beta", 1.0)))))
+        attrs_.append(("beta", n.f32("swish_beta", 1.0)))
     if op == "gen_index":
         attrs_.append(("axis", str(int(n.get("axis")))))
     return Call(op, tuple(i for i in ins if i is not None), tuple(attrs_), ("OUT_0",))
@@ -125,7 +124,7 @@ def _relu(n: Node) -> tuple[str, list[tuple[str, str]]]:
     """RELU_FWD: relu with its clips, or leaky_relu when only the slope is set (the frontend's leaky_relu is
     that relu: the JSON cannot tell relu(negative_slope=s) from leaky_relu(slope=s))."""
     given = {
-        k: f32_text(f32_from_json(n.get(field)))
+        k: n.f32(field)
         for k, field in (
             ("negative_slope", "relu_lower_clip_slope"),
             ("lower_clip", "relu_lower_clip"),
@@ -231,10 +230,10 @@ def _unsupported(n: Node, ports) -> None:
 
 
 def _sdpa_scale(n: Node) -> str:
-    scale = n.get("attn_scale_value")
-    if scale is None:  # the scale as a pass-by-value input; none at all is no scaling
-        scale = n.value_of("Attn_scale") if n.tensor("Attn_scale") is not None else 1.0
-    return f32_text(f32_from_json(scale))
+    if n.get("attn_scale_value") is not None:
+        return n.f32("attn_scale_value")
+    # the scale as a pass-by-value input; none at all is no scaling
+    return f32_text(n.value_of("Attn_scale") if n.tensor("Attn_scale") is not None else 1.0)
 
 
 def _sdpa_stats(n: Node) -> bool:
@@ -293,7 +292,7 @@ def import_sdpa(n: Node) -> Call:
             raise n.fail(f"{field} (the packed rows' bound, a backward field): the language's sdpa lacks it", field)
     outs = ("O", "Stats") if stats else ("O",)
     if n.get("dropout_probability") is not None:  # seeded dropout: the mask cuDNN draws is the last result
-        p = f32_text(f32_from_json(n.get("dropout_probability")))
+        p = n.f32("dropout_probability")
         attrs_ += [("dropout_seed", n.port("Seed")), ("dropout_offset", n.port("Offset")), ("dropout_probability", p)]
         outs += ("RNG_DUMP",) if n.tensor("RNG_DUMP", "outputs") is not None else ()
     return Call("sdpa", tuple(args), tuple(attrs_), outs)
@@ -370,7 +369,7 @@ def import_genstats(n: Node) -> Call:
 def import_rope(n: Node) -> Call:
     attrs_ = (
         ("rope_dim", str(int(n.get("rope_dim")))),
-        ("output_scale", f32_text(f32_from_json(n.get("output_scale", 1.0)))),
+        ("output_scale", n.f32("output_scale", 1.0)),
     )
     return Call("rope", (n.port("INPUT"), n.port("FREQS")), attrs_, ("OUTPUT",))
 
@@ -463,7 +462,7 @@ def import_sdpa_backward(n: Node) -> Call:
 def import_rope_backward(n: Node) -> Call:
     attrs_ = (
         ("rope_dim", str(int(n.get("rope_dim")))),
-        ("output_scale", f32_text(f32_from_json(n.get("output_scale", 1.0)))),
+        ("output_scale", n.f32("output_scale", 1.0)),
     )
     return Call("rope_backward", (n.port("DY"), n.port("FREQS")), attrs_, ("DX",))
 
