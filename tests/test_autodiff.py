@@ -112,7 +112,7 @@ def test_conv_bias_relu_example_half(tmp_path):
     assert "output grad_b : float[1, 16, 1, 1] strides [16, 1, 16, 16] = reduction(" in d.backward_text
 
 
-# ---- the forms cuDNN plans (deviceless for an H200: tests/test_backward_order.py plans the blocks) -----------
+# ---- the forms cuDNN plans (deviceless for an H200: tests/test_training_counts.py plans the blocks) ----------
 
 LINEAR = """graph lin {
   io bf16

@@ -137,7 +137,7 @@ class Parts:
         # read from `env` at each run: a launch plan points it at each call's buffers
         return lambda: env[result].copy_(as_type(self._memory(env, node.inputs[0]), t))
 
-    def same_memory(self, env: dict[str, Any]) -> list[tuple[str, str]]:
+    def views_sharing_memory(self, env: dict[str, Any]) -> list[tuple[str, str]]:
         """(operand, result) of each view bound on `env` as one memory (no copy): a launch plan points both at a
         call's buffer where either is an argument or an output."""
         pairs = []
@@ -235,7 +235,9 @@ class BoundParts:
         scalar runs afresh per call (Parts.run_part), so that it reads the value given then."""
         parts, env = self.parts, self.env
         copies = {n: env[n] for n in written(parts.graph)}
-        plan = LaunchPlan(parts.graph, parts.inst, tensors, self.outputs, check, copies, parts.same_memory(env))
+        plan = LaunchPlan(
+            parts.graph, parts.inst, tensors, self.outputs, check, copies, parts.views_sharing_memory(env)
+        )
         for k, launch in enumerate(self.launches):
             if isinstance(launch, Bound):
                 plan.launch(launch, parts.wholes[k].launch().layout)
