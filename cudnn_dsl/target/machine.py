@@ -20,7 +20,7 @@ def environment(device=None) -> dict:
     gpu, driver = _nvidia_smi()
     torch = sys.modules.get("torch")
     if torch is not None:
-        gpu = torch.cuda.get_device_name(device) if torch.cuda.is_available() else NONE
+        gpu = _torch_gpu(torch, device)
     return {
         "cudnn_backend": _loaded_cudnn(),
         "cudnn_frontend": _frontend(),
@@ -70,6 +70,16 @@ def gpu_problem() -> str:
         + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
         + (f"; driver: {driver}" if driver != NONE else "; no nvidia-smi, so likely no NVIDIA driver")
     )
+
+
+def _torch_gpu(torch, device) -> str:
+    """The name of torch's `device`; "none" where torch sees no GPU."""
+    if not torch.cuda.is_available():
+        return NONE
+    try:
+        return torch.cuda.get_device_name(device)
+    except (RuntimeError, AssertionError, ValueError) as e:  # a --device index that is not there
+        return f"unknown: {e}"
 
 
 def _loaded_cudnn() -> int | str:
