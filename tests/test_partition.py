@@ -251,7 +251,7 @@ def test_the_reason_a_tuned_partition_gives():
 
 def test_tune_without_a_gpu_lists_the_partitions_it_would_time():
     p = run_cli("tune", "examples/residual_block.cdg")
-    assert p.returncode == 1 and "no CUDA GPU is visible" in p.stderr
+    assert p.returncode == 1 and "no CUDA GPU is usable here" in p.stderr
     assert "graph residual_block: partitions tune would time" in p.stdout
     assert "whole" in p.stdout and "split after conv_fprop (line 12)" in p.stdout and "2 cuDNN graphs" in p.stdout
 
@@ -260,7 +260,7 @@ def test_tune_without_a_gpu_lists_a_declined_graphs_parts(tmp_path):
     f = tmp_path / "ln.cdg"
     f.write_text(LN_GELU + GENSTATS)
     p = run_cli("tune", f)
-    assert p.returncode == 1 and "no CUDA GPU is visible" in p.stderr
+    assert p.returncode == 1 and "no CUDA GPU is usable here" in p.stderr
     assert "graph ln_gelu: partitions tune would time\n  whole" in p.stdout and "declined: " in p.stdout
     assert "split after layernorm (line 6)" in p.stdout and "2 cuDNN graphs" in p.stdout
     assert "its op left to torch" in p.stdout and "0 cuDNN graphs, 1 op(s) left to torch" in p.stdout

@@ -71,6 +71,9 @@ def register(p) -> None:
         help="run on the inputs (and, on the same GPU, the plan) of a "
         "--dump, and say whether the outputs are the dump's, bit for bit",
     )
+    common.add_require_gpu_flag(
+        p, "for GPU runners in CI; without it, run plans without a device, runs the reference on the CPU and exits 0"
+    )
     common.add_log_flags(p)
     p.set_defaults(run=run)
 
@@ -91,6 +94,8 @@ def run(args) -> int:
         clash = [f for f in ("input", "init", "scalar", "seed") if getattr(args, f)]
         if clash:
             raise common.UsageError(f"--inputs-from gives every input; it does not go with --{', --'.join(clash)}")
+    if args.require_gpu:
+        common.require_gpu("--require-gpu asks for a GPU")
     gpu = gpu_available()
     target = common.target_from(args, default=None if gpu else DEFAULT_TARGET)  # checked before any work
     result = common.load_file(args.file)
@@ -120,9 +125,9 @@ def run(args) -> int:
             entry["graphs"].append(rep)
             if not rep.get("ok", True):
                 status = max(status, common.EXIT_FAIL)
-    from cudnn_dsl.run.timing import environment
+    from cudnn_dsl.target.machine import environment
 
-    common.write_json(args.json, {"files": [entry], "environment": environment() if gpu else {}})
+    common.write_json(args.json, {"files": [entry]}, environment(args.device))
     return status
 
 
@@ -384,7 +389,7 @@ class _GpuRunner:
         saved = s.save(inst, first)
         if s.args.dump:
             from cudnn_dsl.interop.fe_export import frontend_json
-            from cudnn_dsl.run.timing import environment
+            from cudnn_dsl.target.machine import environment
 
             engine_id, knobs, blob = cg.planner.plan_of(exe)
             plan = {
@@ -596,13 +601,13 @@ class _CpuRunner:
                 rep["ok"] = False
             if s.args.dump:
                 from cudnn_dsl.interop.fe_export import frontend_json
-                from cudnn_dsl.target.library import versions
+                from cudnn_dsl.target.machine import environment
 
                 try:
                     fe_json = frontend_json(s.graph, inst, target)
                 except (DslError, BackendUnavailable):  # cuDNN declined it above, and said so
                     fe_json = None
-                s.dump(inst, inputs, outs, fe_json=fe_json, env=versions(), partition=partition)
+                s.dump(inst, inputs, outs, fe_json=fe_json, env=environment(), partition=partition)
         print(
             f"  skipped    cuDNN execution and comparison{' and --isolate' if s.args.isolate else ''}: no CUDA GPU here"
         )

@@ -3,7 +3,7 @@ whole, or where it splits and why — asked of the real cuDNN library, with no G
 
 from __future__ import annotations
 
-from cudnn_dsl.cli import common
+from cudnn_dsl.cli import common, sarif
 
 HELP = "say, per target GPU, whether cuDNN fuses each graph whole or where it splits it, and why (no GPU needed)"
 
@@ -21,6 +21,7 @@ def register(p) -> None:
     p.add_argument("--device-properties", metavar="JSON", help="a descriptor `cudnn-dsl device-info` printed on a GPU")
     p.add_argument("--no-fallback", action="store_true", help="an op no engine runs is an error, not a torch fallback")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
+    sarif.add_flags(p)
     common.add_log_flags(p)
     p.set_defaults(run=run)
 
@@ -44,9 +45,11 @@ def run(args) -> int:
 
     common.start_logging(args)
     common.check_writable(args.json, "--json")
+    sarif.check_flags(args)
     targets = _targets(args)  # an unknown name is a usage error before any work
-    records = []
-    files, status = common.clean_files(args.files)
+    records, checked = [], []
+    files, status = common.clean_files(args.files, checked)
+    findings = [sarif.result("check", d) for d in checked]
     for path, result in files:
         for g in common.select_graphs(result.program, args.graph):
             options = g.options.with_values({"fallback": False}) if args.no_fallback else g.options
@@ -63,6 +66,7 @@ def run(args) -> int:
                     except DslError as e:
                         status = max(status, common.report(e))
                         record["error"] = [d.to_json() for d in e.diagnostics]
+                        findings += [sarif.result("plan", d) for d in e.diagnostics]
                         continue
                     finally:
                         progress.done()
@@ -71,8 +75,11 @@ def run(args) -> int:
                         print(f"  {where}: fuses — one cuDNN graph, {low.plan_count} candidate plans")
                         continue
                     record.update(fuses=False, declined=partition.declined, **common.parts_record(g, partition))
+                    findings.append(sarif.result("split", common.split_note(g, inst, target, partition)))
                     print(f"  {where}: {partition.how} — cuDNN declines it whole: {partition.declined}")
                     print("".join(f"    {line}\n" for line in record["parts"]), end="")
                     print(f"    {partition.counts.text}")
     common.write_json(args.json, {"support": records})
+    if args.format == "sarif":
+        sarif.write(args.output, findings)
     return status
