@@ -104,7 +104,8 @@ def _scores(q, k, scale, bias, a, len_q, len_kv):
 
 
 def _scale(a, attn_scale):
-    """The softmax scale: the attribute, or the attn_scale input (a host scalar) where it is given."""
+    """The softmax scale: the attribute, or the attn_scale input (a host scalar: cuDNN's pass-by-value tensor)
+    where it is given."""
     return a["scale"] if attn_scale is None else attn_scale
 
 
@@ -202,12 +203,9 @@ def lower_sdpa_fp8(ctx, ins, a):
     return [res[0], res[3], res[1]] if a["stats"] else [res[0], res[3]]
 
 
-def _masks(ctx, a, bias, len_q, len_kv, sink, attn_scale) -> dict:
-    """The frontend's arguments for what sdpa and sdpa_backward both take: the scale (a float, or the
-    pass-by-value attn_scale), bias, ALiBi, padding, band, sink."""
-    kw = {"attn_scale": _scale(a, attn_scale)}
-    if sink is not None:
-        kw["sink_token"] = sink
+def _masks(ctx, a, bias, len_q, len_kv, sink) -> dict:
+    """The frontend's arguments for what sdpa and sdpa_backward both take: bias, ALiBi, padding, band, sink."""
+    kw = {}
     if bias is not None:
         kw["bias"] = bias
     if a["alibi"]:
@@ -215,6 +213,8 @@ def _masks(ctx, a, bias, len_q, len_kv, sink, attn_scale) -> dict:
     if len_q is not None:
         kw.update(use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_kv)
     kw.update(_band(ctx, a, "diagonal_band_"))
+    if sink is not None:
+        kw["sink_token"] = sink
     return kw
 
 
@@ -235,7 +235,11 @@ def lower_sdpa(ctx, ins, a):
     for t, off in zip((q, k, v), ins[10:13]):
         if off is not None:
             t.set_ragged_offset(off)
-    kw = {"generate_stats": a["stats"], **_masks(ctx, a, bias, len_q, len_kv, ins[17], ins[18])}
+    kw = {
+        "attn_scale": _scale(a, ins[18]),
+        "generate_stats": a["stats"],
+        **_masks(ctx, a, bias, len_q, len_kv, ins[17]),
+    }
     if drop_mask is not None:
         kw["dropout"] = (drop_mask, drop_scale)
     mask = None
@@ -320,7 +324,7 @@ def undefined_sdpa_backward(ins, a, outs):
 
 def lower_sdpa_backward(ctx, ins, a):
     q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv, sink, attn_scale = ins
-    kw = _masks(ctx, a, bias, len_q, len_kv, sink, attn_scale)
+    kw = {"attn_scale": _scale(a, attn_scale), **_masks(ctx, a, bias, len_q, len_kv, sink)}
     if drop_mask is not None:
         kw["dropout"] = (drop_mask, drop_scale, drop_scale_inv)
     if a["deterministic"]:
