@@ -54,10 +54,11 @@ def close(got: torch.Tensor, want: torch.Tensor, io: torch.dtype = torch.bfloat1
     the graph's io dtype (a float sink gradient summed from bf16 O and dO), atol scaled by the largest element:
     as tests.helpers.check_grads compares."""
     atol, rtol = max(TOL[got.dtype], TOL[io], key=lambda tol: tol[1])
+    got = got.detach().cpu()
     finite = want.isfinite()
     assert (got.isneginf() == want.isneginf()).all()
     atol *= max(1.0, want[finite].abs().max().item())
-    torch.testing.assert_close(got.cpu().double()[finite], want[finite], atol=atol, rtol=rtol)
+    torch.testing.assert_close(got.double()[finite], want[finite], atol=atol, rtol=rtol)
 
 
 # ---- the language's rules -------------------------------------------------------------------------
@@ -112,28 +113,57 @@ def test_the_tensor_scale_is_an_input_and_no_attribute():
 # ---- the reference, against the formulation above ------------------------------------------------------
 
 
-def test_the_sink_is_in_every_denominator_with_a_band_padding_and_grouped_heads():
+def run_on(device: str, text: str, ins: dict) -> dict:
+    """The graph's outputs on `device`: its reference on the CPU, cuDNN's whole graph on a GPU."""
+    if device == "cpu":
+        g = program(text=text).graphs[0]
+        return run_reference(g, g.instances[0], ins, "cpu")
+    import cudnn_dsl
+
+    return cudnn_dsl.compile(text=text, device=device, split=False)(ins)
+
+
+def check_sink_with_padding(device: str) -> None:
+    """A sink with a band, padding and grouped heads against `with_sink` (O's padded rows are unspecified)."""
     call = "sdpa(q, k, v, sink_token=sink, seq_len_q=lq, seq_len_kv=lkv, left_bound=3, right_bound=0, stats=true)"
     decls = "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
-    g = program(text=graph_text(call, decls, "o, st")).graphs[0]
-    inst = g.instances[0]
-    ins = generate_inputs(g, inst, "cpu", seed=1)
-    ins["sink"] = torch.tensor([2.0, -1.0, 0.5, 4.0]).view(1, 4, 1, 1)
-    ins["lq"], ins["lkv"] = torch.tensor([4, 6]).view(2, 1, 1, 1).int(), torch.tensor([5, 7]).view(2, 1, 1, 1).int()
-    out = run_reference(g, inst, ins, "cpu")
-    o, st = with_sink(ins["q"], ins["k"], ins["v"], ins["sink"], 8**-0.5, left=3, right=0, lens=[(4, 5), (6, 7)])
-    torch.testing.assert_close(out["o"].double(), o, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out["st"].double(), st, atol=1e-5, rtol=1e-5)
-
-
-def test_a_scale_set_per_call_is_the_float_scale():
-    text = graph_text("sdpa(q, k, v, sink_token=sink, attn_scale=sc)", "  scalar sc : float = 0.5 uid=9\n")
+    text = graph_text(call, decls, "o, st")
     g = program(text=text).graphs[0]
-    ins = generate_inputs(g, g.instances[0], "cpu", seed=2)
+    ins = generate_inputs(g, g.instances[0], device, seed=1)
+    ins["sink"] = torch.tensor([2.0, -1.0, 0.5, 4.0], device=device).view(1, 4, 1, 1)
+    ins["lq"] = torch.tensor([4, 6], dtype=torch.int32, device=device).view(2, 1, 1, 1)
+    ins["lkv"] = torch.tensor([5, 7], dtype=torch.int32, device=device).view(2, 1, 1, 1)
+    out = run_on(device, text, ins)
+    qkv = (ins[n].cpu() for n in ("q", "k", "v", "sink"))
+    o, st = with_sink(*qkv, 8**-0.5, left=3, right=0, lens=[(4, 5), (6, 7)])
+    close(out["st"], st, torch.float32)
+    rows = st.isfinite().expand(o.shape)
+    close(out["o"][rows.to(out["o"].device)], o[rows], torch.float32)
+
+
+def test_the_sink_is_in_every_denominator_with_a_band_padding_and_grouped_heads():
+    check_sink_with_padding("cpu")
+
+
+SCALES = {"host scalar": "  scalar sc : float = 0.5 uid=9\n", "device tensor": "  input sc : float[1, 1, 1, 1]\n"}
+"""the two forms attn_scale takes: a pass-by-value scalar, and a float [1, 1, 1, 1] in device memory"""
+
+
+def check_scale_set_per_call(device: str, form: str) -> None:
+    """attn_scale at two values of two calls, against `with_sink` at each."""
+    text = graph_text("sdpa(q, k, v, sink_token=sink, attn_scale=sc)", SCALES[form])
+    g = program(text=text).graphs[0]
+    ins = generate_inputs(g, g.instances[0], device, seed=2)
     for value in (0.5, 0.2):
-        out = run_reference(g, g.instances[0], {**ins, "sc": value}, "cpu")
-        o, _ = with_sink(ins["q"], ins["k"], ins["v"], ins["sink"], value)
-        torch.testing.assert_close(out["o"].double(), o, atol=1e-5, rtol=1e-5)
+        sc = value if form == "host scalar" else torch.full((1, 1, 1, 1), value, device=device)
+        out = run_on(device, text, {**ins, "sc": sc})
+        o, _ = with_sink(*(ins[n].cpu() for n in ("q", "k", "v", "sink")), value)
+        close(out["o"], o, torch.float32)
+
+
+@pytest.mark.parametrize("form", SCALES)
+def test_a_scale_set_per_call_is_the_float_scale(form):
+    check_scale_set_per_call("cpu", form)
 
 
 def test_a_dropout_scale_as_a_host_scalar_is_the_dropout_scale_tensor():
