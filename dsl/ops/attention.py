@@ -94,11 +94,11 @@ def _derive_scale(ctx: Ctx) -> dict:
 
 def _sdpa_sink_and_scale(ctx: Ctx) -> None:
     """sink_token: one float logit per query head, [1, H, 1, 1], in every softmax denominator; attn_scale:
-    the scale as a float [1, 1, 1, 1] (a host scalar meets sdpa at rank 4)."""
+    the scale, one float [1, 1, 1, 1] (a host scalar meets sdpa at rank 4; or an input in device memory)."""
     h = ctx.inputs[0].shape[1]
     for name, want, what in (
         ("sink_token", (1, h, 1, 1), "one logit per query head"),
-        ("attn_scale", (1, 1, 1, 1), "a host scalar"),
+        ("attn_scale", (1, 1, 1, 1), "one number"),
     ):
         t = _port(ctx, name)
         if t is not None and (t.dtype != "float" or t.shape != want):
