@@ -518,13 +518,15 @@ class _GraphChecker:
             uids,
         )
         if sig.family != "pointwise":
-            for name, a in zip(arg_names, exprs):
-                if a is None:
+            by_value = {len(sig.inputs) + sig.optional.index(p) for p in sig.by_value}
+            for i, (name, a) in enumerate(zip(arg_names, exprs)):
+                if a is None or i in by_value:
                     continue
                 if name in self.decls and self.decls[name].kind in ("scalar", "const"):
                     self.err(
                         f"{e.op}: '{a.name if isinstance(a, ast.Ref) else a.value}' is a host scalar; "
-                        f"only pointwise ops take scalars",
+                        "only pointwise ops take scalars"
+                        + (f" (and {e.op}'s {', '.join(sig.by_value)})" if sig.by_value else ""),
                         a.loc,
                     )
                     node.ok = False

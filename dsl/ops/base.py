@@ -92,6 +92,10 @@ class OpSig:
     the lengths input): sequence b of that tensor starts at element offset[b], in place of b times
     its batch stride; generated offsets pack the sequences back to back (sdpa's THD layout)"""
 
+    by_value: tuple[str, ...] = ()
+    """optional inputs that a host `scalar` may feed, as cuDNN's pass-by-value tensor set per call (attention's
+    scale and dropout scales); a scalar feeds no other port of an op outside the pointwise family"""
+
     folded: tuple[str, ...] = ()
     """attributes that only spell others: `derive` folds them in and the IR drops them"""
     domains: Callable[[Ctx], dict[int, tuple[int, int]]] | None = None
