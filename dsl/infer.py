@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from dsl.diagnostics import Loc, RuleError, Sink
-from dsl.ops import OPS, Ctx, canonical
+from dsl.ops import OPS, RETYPABLE, Ctx, canonical
 from dsl.resolved import Resolved
 from dsl.types import (
     ALIGNMENT,
@@ -20,6 +20,7 @@ from dsl.types import (
     TensorType,
     dense_strides,
     fmt_shape,
+    is_float,
     itemsize,
     layout_order,
     overlap,
@@ -47,6 +48,12 @@ class Typer:
         """host scalars typed by their first use: all-ones shape of the rank they meet"""
         self.scalar_uses: dict[str, tuple[int, Loc]] = {}
         self.node_attrs: list[tuple] = []
+        self.producer = {o: n for n in resolved.nodes for o in n.outputs}
+        self.reads: dict[str, int] = {}
+        """how many inputs of the graph's nodes each value is"""
+        for n in resolved.nodes:
+            for i in n.inputs:
+                self.reads[i] = self.reads.get(i, 0) + 1
 
     def concrete(self, dims) -> tuple[int, ...]:
         return tuple(self.binding[d] if isinstance(d, str) else d for d in dims)
@@ -259,7 +266,7 @@ class Typer:
                     return
                 strides = o.strides
             t = TensorType(dtype, out.shape, strides)
-        if keeps and t.dtype != first.dtype:
+        if keeps and t.dtype != first.dtype and not self.retyped(n, t.dtype, what):
             where = "declared" if declared else "the graph's io"
             fix = f"declare '{'output ' if o else ''}{name} : {first.dtype}'"
             if o and n.inputs[0] not in self.r.decls:  # a virtual input: its dtype is the intermediate one
@@ -272,3 +279,30 @@ class Typer:
         if not self.too_big(t, name, n.loc):
             self.types[name] = t
             self.poisoned.discard(name)
+
+    def retyped(self, n, dtype: str, what: str) -> bool:
+        """Types a layout op's input in `dtype`, the dtype its result must have (cuDNN keeps it), where that input
+        is a virtual value that an op of a RETYPABLE family computes, directly or through other layout ops, and
+        only the next op of the chain reads; notes it at that op. False (nothing changed) where not."""
+        chain, v = [], n.inputs[0]
+        while True:
+            p = self.producer.get(v)
+            if p is None or v in self.r.outputs or v in self.r.typed or self.reads[v] != 1 or len(p.outputs) != 1:
+                return False
+            if not (is_float(self.types[v].dtype) and is_float(dtype)):  # a bool or an index is no rounding
+                return False
+            chain.append(v)
+            if OPS[p.op].family in RETYPABLE:
+                break
+            if not OPS[p.op].keeps_dtype or len(p.inputs) != 1:
+                return False
+            v = p.inputs[0]
+        was = self.types[chain[-1]].dtype
+        for v in chain:
+            self.types[v] = attrs.evolve(self.types[v], dtype=dtype)
+        self.sink.note(
+            f"{p.op} writes its result in {dtype}, not {was}: {n.op} keeps its input's dtype in "
+            f"cuDNN, and {what} is {dtype}",
+            p.loc,
+        )
+        return True

@@ -129,6 +129,10 @@ class OpSig:
         return self.attrs + COMMON_ATTRS
 
 
+RETYPABLE = ("pointwise", "matmul", "conv")
+"""the op families whose result cuDNN writes in whichever dtype the graph declares for it"""
+
+
 @attrs.frozen
 class Family:
     """What ops of one kind share: the word cuDNN's messages use for them, and advice for when
