@@ -26,6 +26,7 @@ from dsl.types import (
     overlap,
     shares_elements,
     storage_elements,
+    stride_values,
 )
 
 
@@ -68,7 +69,9 @@ class Typer:
             self.poisoned.add(name)  # until typed below
             shape = self.concrete(d.dims)
             if d.strides is not None:
-                strides = d.strides
+                strides = stride_values(d.strides, self.binding)
+                if self.stride_too_big(strides, d.loc):
+                    continue
                 if (ov := overlap(shape, strides)) is not None:
                     a, b = ov
                     what = f"axis {a} (size {shape[a]}) has stride 0" if a == b else f"axes {a} and {b} overlap"
@@ -93,6 +96,13 @@ class Typer:
     def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
         if t.numel * itemsize(t.dtype) > INT64_MAX or t.storage * itemsize(t.dtype) > INT64_MAX:
             self.sink.error(f"'{name}' {fmt_shape(t.shape)} is too large: its size overflows a 64-bit integer", loc)
+            return True
+        return False
+
+    def stride_too_big(self, strides: tuple[int, ...], loc: Loc) -> bool:
+        """A product of dims (`H*W*C`) can pass what a 64-bit stride holds, for some binding."""
+        if any(s > INT64_MAX for s in strides):
+            self.sink.error(f"strides {list(strides)}: a stride past 2^63-1", loc)
             return True
         return False
 
@@ -256,15 +266,17 @@ class Typer:
                     self.sink.error(str(e), o.loc)
                     return
             elif o.strides:
-                if len(o.strides) != len(out.shape):
-                    self.sink.error(f"{len(o.strides)} strides for output '{name}' of rank {len(out.shape)}", o.loc)
+                strides = stride_values(o.strides, self.binding)
+                if len(strides) != len(out.shape):
+                    self.sink.error(f"{len(strides)} strides for output '{name}' of rank {len(out.shape)}", o.loc)
                     return
-                if overlap(out.shape, o.strides) is not None:
+                if self.stride_too_big(strides, o.loc):
+                    return
+                if overlap(out.shape, strides) is not None:
                     self.sink.error(
-                        f"strides {list(o.strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc
+                        f"strides {list(strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc
                     )
                     return
-                strides = o.strides
             t = TensorType(dtype, out.shape, strides)
         if keeps and t.dtype != first.dtype and not self.retyped(n, t.dtype, what):
             where = "declared" if declared else "the graph's io"

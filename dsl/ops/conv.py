@@ -123,13 +123,18 @@ def infer_conv_wgrad(ctx: Ctx) -> list[Out]:
 
 def lint_channels_last(inputs: tuple) -> list[tuple[int, str]]:
     """cuDNN's tensor-core convolution engines want channels-last tensors. `inputs` holds, per
-    input declared in the file, (name, rank, layout or None, explicit strides?); None otherwise."""
+    input declared in the file, (name, rank, layout or None, explicit strides or None); None otherwise.
+    Strides are channels-last where the channels' is the smallest."""
     out = []
     for i, d in enumerate(inputs):
         if d is None:
             continue
-        name, rank, layout, strided = d
-        if not strided and rank in (4, 5) and layout not in ("nhwc", "ndhwc", "channels_last"):
+        name, rank, layout, strides = d
+        if strides is not None:
+            channels_last = strides[1] == min(strides)
+        else:
+            channels_last = layout in ("nhwc", "ndhwc", "channels_last")
+        if rank in (4, 5) and not channels_last:
             want = "nhwc" if rank == 4 else "ndhwc"
             out.append(
                 (i, f"convolution input '{name}' is not channels-last; cuDNN's tensor-core engines want '{want}'")
