@@ -564,9 +564,11 @@ class _GraphChecker:
             a = sig.attr(kw.name)
             if a is None:
                 names = [x.name for x in sig.all_attrs]
+                takes = [f"attributes {', '.join(names)}"] if names else []
+                takes += [f"the optional inputs {', '.join(sig.optional)}"] if sig.optional else []
                 self.err(
-                    f"{sig.name}: unknown attribute '{kw.name}'{self.sink.hint(kw.name, names)}"
-                    + (f"; it takes {', '.join(names)}" if names else ""),
+                    f"{sig.name}: unknown argument '{kw.name}'{self.sink.hint(kw.name, names + list(sig.optional))}"
+                    + (f"; it takes {' and '.join(takes)}" if takes else ""),
                     kw.loc,
                 )
                 ok = False

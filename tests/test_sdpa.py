@@ -97,6 +97,13 @@ def test_an_alignment_without_a_band_is_noted_where_it_is_written():
         assert banded.program.graphs[0].instances[0].attrs(0)["diagonal_alignment"] == "bottom_right"
 
 
+def test_an_unknown_argument_lists_the_optional_inputs_beside_the_attributes():
+    message = error("sdpa(q, k, v, atn_mask=b)")
+    assert "s.cdg:6:28: error: sdpa: unknown argument 'atn_mask'" in message
+    assert "; it takes attributes scale, diagonal_alignment, " in message
+    assert " and the optional inputs bias, seq_len_q, seq_len_kv, dropout_mask, " in message
+
+
 def test_optional_inputs_by_position_or_by_name_are_one_graph():
     a = program(text=text("sdpa(q, k, v, b, lq, lkv)"), file="s.cdg")
     b = program(text=text("sdpa(q, k, v, seq_len_kv=lkv, bias=b, seq_len_q=lq)"), file="s.cdg")
