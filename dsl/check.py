@@ -513,8 +513,6 @@ class _GraphChecker:
         named_ok = self.named_inputs(sig, e, exprs, arg_names)
         uids: dict[str, tuple[int, Loc]] = {}
         attrs_, attr_locs, ok = self.attrs(sig, e, uids)
-        for name, why in sig.inert(attrs_) if sig.inert is not None else ():
-            self.sink.note(f"{e.op}: {why}", attr_locs[name])
         ok = ok and named_ok
         n_results = sig.count_results(attrs_)
         if len(targets) > n_results:

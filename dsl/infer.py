@@ -192,14 +192,11 @@ class Typer:
             full = canonical(sig, n.attrs, tuple(ins))
             outs = sig.infer(Ctx(n.op, tuple(ins), full))
         except RuleError as e:
-            loc = n.loc
-            if isinstance(e.at, int) and e.at < len(n.arg_locs):
-                loc = n.arg_locs[e.at]
-            elif isinstance(e.at, str) and e.at in n.attr_locs:
-                loc = n.attr_locs[e.at]
-            self.sink.error(str(e), loc)
+            self.sink.error(str(e), _at(n, e.at))
             self.poisoned.update(n.outputs)
             return ()
+        for at, text in sig.notes(Ctx(n.op, tuple(ins), full), n.attrs) if sig.notes is not None else ():
+            self.sink.note(text, _at(n, at))
         first = next(t for t in ins if t is not None)
         for name, out in zip(n.outputs, outs):
             self.result(name, out, first, n)
@@ -318,3 +315,12 @@ class Typer:
             p.loc,
         )
         return True
+
+
+def _at(n, at: int | str | None) -> Loc:
+    """Where a node's culprit is written: an input (by index), an attribute (by name), else the call."""
+    if isinstance(at, int) and at < len(n.arg_locs):
+        return n.arg_locs[at]
+    if isinstance(at, str) and at in n.attr_locs:
+        return n.attr_locs[at]
+    return n.loc

@@ -201,6 +201,21 @@ def test_a_layout_op_output_follows_io_and_keeps_its_inputs_dtype():
     )
 
 
+def test_a_grouped_convolution_read_off_the_channels_is_noted_at_the_weight():
+    # the language has no groups= attribute: a weight typed with half the image's channels is a 2-group convolution
+    text = (
+        "graph g {\n  io half\n  input x : half[8, 64, 16, 16] nhwc\n  input w : half[128, %d, 3, 3] nhwc\n"
+        "  output y = conv_fprop(x, w, padding=[1, 1])\n}\n"
+    )
+    r = check(text % 32)
+    [d] = r.diagnostics
+    assert (d.severity, str(d.loc)) == ("note", "t.cdg:5:28")  # the weight argument
+    assert d.message.startswith(
+        "conv_fprop: a grouped convolution, 2 groups: the image has 64 channels and the weight 32"
+    )
+    assert check(text % 64).diagnostics == ()
+
+
 def test_conv_wgrad_filter_is_checked_against_the_shapes():
     text = (
         "graph g {\n  input x : half[2, 8, 9, 9] nhwc\n  input dy : half[2, 16, 7, 7] nhwc\n"

@@ -75,7 +75,7 @@ def _derive_band(ctx: Ctx) -> dict:
     return out | {"left_bound": left, "right_bound": right, "diagonal_alignment": align}
 
 
-def inert_alignment(given: dict) -> list[tuple[str, str]]:
+def note_alignment(ctx: Ctx, given: dict) -> list[tuple[int | str, str]]:
     """diagonal_alignment=bottom_right without a band: the frontend reads the alignment only where it shifts a
     bound (attn_score_modifiers.h's sliding_window_mask), so the IR keeps its one form, top_left."""
     bounds = ("left_bound", "right_bound", "sliding_window_length")
@@ -85,9 +85,9 @@ def inert_alignment(given: dict) -> list[tuple[str, str]]:
     return [
         (
             "diagonal_alignment",
-            "diagonal_alignment=bottom_right has no effect here: it aligns the diagonal of a band (left_bound, "
-            "right_bound, causal or sliding_window_length), and this call has none; the graph holds top_left, "
-            "the same mask",
+            f"{ctx.op}: diagonal_alignment=bottom_right has no effect here: it aligns the diagonal of a band "
+            "(left_bound, right_bound, causal or sliding_window_length), and this call has none; the graph holds "
+            "top_left, the same mask",
         )
     ]
 
@@ -453,7 +453,7 @@ OPS = by_name(
         ragged=((10, 0, 4), (11, 1, 5), (12, 2, 5), (13, -1, 4), (14, -2, 4)),
         flops=flops_sdpa,
         derive=derive_sdpa,
-        inert=inert_alignment,
+        notes=note_alignment,
         folded=_FOLDED,
         domains=domains_sdpa,
         attrs=(
@@ -501,7 +501,7 @@ OPS = by_name(
         infer_sdpa_fp8,
         flops=flops_sdpa,
         derive=_derive_band,
-        inert=inert_alignment,
+        notes=note_alignment,
         folded=_FOLDED,
         positive=(3, 4, 5, 6, 7, 8),
         attrs=(
@@ -546,7 +546,7 @@ BACKWARD_OPS = by_name(
         optional=("bias", "seq_len_q", "seq_len_kv", "dropout_mask", "dropout_scale", "dropout_scale_inv"),
         flops=flops_sdpa_backward,
         derive=_derive_band,
-        inert=inert_alignment,
+        notes=note_alignment,
         folded=_FOLDED,
         domains=domains_sdpa_backward,
         attrs=(

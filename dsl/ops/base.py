@@ -79,9 +79,10 @@ class OpSig:
     """fills the attributes whose default is DERIVED, from the input types"""
     lint: Callable[[tuple], list[tuple[int, str]]] | None = None
     """warnings about the declared inputs, as (input index, message); the checker locates them"""
-    inert: Callable[[dict], list[tuple[str, str]]] | None = None
-    """the given attributes (as converted, before defaults) that have no effect, as (attribute, why): the checker
-    notes each at the attribute, so that one the user wrote never vanishes in silence"""
+    notes: Callable[[Ctx, dict], list[tuple[int | str, str]]] | None = None
+    """what the checker notes about a call, from its types and canonical attributes and the attributes as given:
+    a reading of the shapes the call did not spell (a grouped convolution), an attribute given that has no effect
+    (so that none the user wrote vanishes in silence); as (culprit: an input index or an attribute name, text)"""
     keeps_dtype: bool = False
     """cuDNN wants the result in the input's dtype (its layout ops do)"""
     result_dtype: str | None = None

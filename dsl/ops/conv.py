@@ -56,6 +56,22 @@ def infer_conv_fprop(ctx: Ctx) -> list[Out]:
     return [Out((x.shape[0], k, *spatial), stride_order(x.strides))]
 
 
+def note_groups(ctx: Ctx, given: dict) -> list[tuple[int | str, str]]:
+    """A grouped convolution is read off the channels (the language has no `groups=`): a mistyped channel count
+    would make one in silence."""
+    x, w = ctx.inputs
+    groups = x.shape[1] // w.shape[1]
+    if groups == 1:
+        return []
+    return [
+        (
+            1,
+            f"{ctx.op}: a grouped convolution, {groups} groups: the image has {x.shape[1]} channels and the weight "
+            f"{w.shape[1]} per group ([K, C/groups, ...]); a weight of {x.shape[1]} channels is ungrouped",
+        )
+    ]
+
+
 def infer_conv_dgrad(ctx: Ctx) -> list[Out]:
     dy, w = ctx.inputs
     _conv_rank(ctx, dy, 0, "gradient")
@@ -165,6 +181,7 @@ OPS = by_name(
         attrs=_SPATIAL_ATTRS,
         flops=flops_conv,
         lint=lint_channels_last,
+        notes=note_groups,
         doc="convolution forward: image [N,C,H,W] * weight [K,C/groups,R,S] -> [N,K,P,Q]",
     ),
     FAMILY.op(
