@@ -83,6 +83,8 @@ class OpSig:
     """what the checker notes about a call, from its types and canonical attributes and the attributes as given:
     a reading of the shapes the call did not spell (a grouped convolution), an attribute given that has no effect
     (so that none the user wrote vanishes in silence); as (culprit: an input index or an attribute name, text)"""
+    alone: str = ""
+    """advice for where cuDNN runs this op in a part of its own (or leaves it to torch): the spelling that fuses"""
     keeps_dtype: bool = False
     """cuDNN wants the result in the input's dtype (its layout ops do)"""
     result_dtype: str | None = None
