@@ -108,6 +108,23 @@ def _sdpa_sink_and_scale(ctx: Ctx) -> None:
             )
 
 
+def note_alignment(ctx: Ctx, given: dict) -> list[tuple[int | str, str]]:
+    """diagonal_alignment=bottom_right without a band: the frontend reads the alignment only where it shifts a
+    bound (attn_score_modifiers.h's sliding_window_mask), so the IR keeps its one form, top_left."""
+    bounds = ("left_bound", "right_bound", "sliding_window_length")
+    band = any(given.get(a) is not None for a in bounds) or given.get("causal") or given.get("causal_bottom_right")
+    if band or given.get("diagonal_alignment") != "bottom_right":
+        return []
+    return [
+        (
+            "diagonal_alignment",
+            f"{ctx.op}: diagonal_alignment=bottom_right has no effect here: it aligns the diagonal of a band "
+            "(left_bound, right_bound, causal or sliding_window_length), and this call has none; the graph holds "
+            "top_left, the same mask",
+        )
+    ]
+
+
 def derive_sdpa(ctx: Ctx) -> dict:
     """The band (_derive_band), and S_kv of paged K/V."""
     a = ctx.attrs
@@ -486,6 +503,7 @@ OPS = by_name(
         ragged=((10, 0, 4), (11, 1, 5), (12, 2, 5), (13, -1, 4), (14, -2, 4)),
         flops=flops_sdpa,
         derive=derive_sdpa,
+        notes=note_alignment,
         folded=_FOLDED,
         domains=domains_sdpa,
         attrs=(
@@ -536,6 +554,7 @@ OPS = by_name(
         infer_sdpa_fp8,
         flops=flops_sdpa,
         derive=_derive_band,
+        notes=note_alignment,
         folded=_FOLDED,
         positive=(3, 4, 5, 6, 7, 8),
         attrs=(
@@ -590,6 +609,7 @@ BACKWARD_OPS = by_name(
         by_value=("dropout_scale", "dropout_scale_inv", "attn_scale"),
         flops=flops_sdpa_backward,
         derive=_derive_band,
+        notes=note_alignment,
         folded=_FOLDED,
         domains=domains_sdpa_backward,
         attrs=(
