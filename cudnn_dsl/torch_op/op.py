@@ -19,7 +19,11 @@ allocates; an output in place is its input's memory, returned as such by the Pyt
   every call; outputs are allocated per call, as a torch op's must be.
 - CPU kernel: the graph's **PyTorch reference** (cuDNN runs on CUDA tensors only), its outputs laid out
   as the CUDA kernel lays them out (bool bit-packed), so that opcheck and a model on the CPU run. It is
-  not cuDNN.
+  not cuDNN. Its arguments are checked as the CUDA kernel's are, once per kind of arguments.
+
+Every kernel holds the arguments to one layout contract (torch_op.layout): one laid out otherwise than
+declared is copied into its layout with a LayoutWarning, or refused by a strict op; the ops are tagged so
+that Inductor passes them the strides eager mode would (library.LAYOUT_TAGS).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from cudnn_dsl.run.buffers import BindingError, check_inputs, view, written
-from cudnn_dsl.run.compiled import CompiledGraph
+from cudnn_dsl.run.compiled import CompiledGraph, specs
 from cudnn_dsl.run.launch import arguments
 from cudnn_dsl.run.launch_plan import LaunchPlan, LaunchPlans
 from cudnn_dsl.target.dtypes import torch_dtype
@@ -175,6 +179,15 @@ class TorchOp:
     @property
     def qualname(self) -> str:
         return f"{NAMESPACE}::{self.name}"
+
+    def __repr__(self) -> str:
+        """The op's name and schema, then its arguments and outputs as the graph declares them."""
+        described = (*specs(self.graph, self.graph.inputs).values(), *specs(self.graph, self.graph.outputs).values())
+        layout = "strict" if self.strict else "a misplaced input copied"
+        lines = [f"TorchOp torch.ops.{NAMESPACE}.{self.name}{self.schema}, graph '{self.graph.name}', layout: {layout}"]
+        lines += [f"  {spec!r}" for spec in described]
+        lines += [f"  dim {s.name} in {s.text}" for s in self.graph.symbols]
+        return "\n".join(lines)
 
     def _schema(self) -> str:
         alias = {n: f"a{i}" for i, n in enumerate(self.mutated)}
