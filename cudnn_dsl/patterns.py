@@ -29,7 +29,6 @@ from __future__ import annotations
 import glob
 import inspect
 import os
-import traceback
 
 import attrs
 import torch
