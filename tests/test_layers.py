@@ -175,6 +175,7 @@ FLOORS = (
     ("cudnn_dsl.tune", "cudnn_dsl.debug"),
     ("cudnn_dsl.api",),
     ("cudnn_dsl.torch_op",),
+    ("cudnn_dsl.patterns",),
     ("cudnn_dsl",),
     ("cudnn_dsl.cli",),
     ("cudnn_dsl.__main__",),
