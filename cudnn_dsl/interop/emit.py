@@ -164,10 +164,13 @@ def _host(values: dict) -> str:
     return "{" + ", ".join(items) + "}"
 
 
+def bound_uids(graph: Graph, scratch: dict) -> list[tuple[str, int]]:
+    """(name, uid) of the tensors a graph binds (its scratch tensors too: written, read by no one)."""
+    return [(v.name, v.uid) for v in graph.values if v.kind in ("input", "output")] + list(scratch.items())
+
+
 def _uids(graph: Graph, scratch: dict) -> str:
-    """{name: uid} of the tensors a graph binds (its scratch tensors too: written, read by no one)."""
-    named = [(v.name, v.uid) for v in graph.values if v.kind in ("input", "output")] + list(scratch.items())
-    return "{" + ", ".join(f"{_lit(n)}: {_lit(uid)}" for n, uid in named) + "}"
+    return "{" + ", ".join(f"{_lit(n)}: {_lit(uid)}" for n, uid in bound_uids(graph, scratch)) + "}"
 
 
 def _views(graph: Graph, inst: Instance, into: str, only=None) -> str:
@@ -180,14 +183,20 @@ def _views(graph: Graph, inst: Instance, into: str, only=None) -> str:
     )
 
 
+def own_memory(graph: Graph, extra=()) -> list[str]:
+    """The names that get memory of their own: buffers, the bound tensors but views and outputs in place, and
+    `extra` (scratch tensors, a split graph's intermediates)."""
+    own = [b.name for b in graph.buffers]
+    own += [v.name for v in graph.values if v.kind in ("input", "output") and v.view is None and v.into is None]
+    return own + list(extra)
+
+
 def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
     """`make_buffers`: every input drawn as `run` draws it (portable.draw_values: same seed, same values),
     outputs and `extra` (a split graph's intermediates) empty, a bool tensor as cuDNN's packed bytes."""
     from cudnn_dsl.run.inputs import input_inits, packed_ragged
 
-    own = [b.name for b in graph.buffers]  # memory of its own: buffers, the rest but views and outputs in place
-    own += [v.name for v in graph.values if v.kind in ("input", "output") and v.view is None and v.into is None]
-    own += list(extra)
+    own = own_memory(graph, extra)
 
     def alloc(t) -> str:
         if t.dtype == "bool":

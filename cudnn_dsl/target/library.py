@@ -238,6 +238,25 @@ def _check_private(lib: Path) -> None:
             )
 
 
+def cudnn_library() -> Path:
+    """The installed libcudnn.so.9 (the pip package's); BackendUnavailable when there is none."""
+    lib = _find_lib(_NEEDED[-1][0])
+    if lib is None:
+        raise BackendUnavailable("the cuDNN library is not installed: pip install nvidia-cudnn-cu13")
+    return lib
+
+
+def stand_in_source(names: list[str] | None = None) -> str:
+    """The C source of the stand-in libcuda.so.1: one function answering CUDA_ERROR_NO_DEVICE, exported under
+    every cu* name cuDNN mentions (`names`, else those of the installed cuDNN); it compiles in ~0.1 s. The
+    C++ projects `emit --format cpp` writes build it too."""
+    if names is None:
+        names = _driver_symbols(cudnn_library().parent)
+    return "int cudnn_dsl_no_device(void) { return 100; }\n" + "".join(
+        f'int {n}(void) __attribute__((alias("cudnn_dsl_no_device")));\n' for n in names
+    )
+
+
 def _load_stand_in_driver(lib_dir: Path) -> None:
     """Builds the stand-in libcuda.so.1 in a new private directory, checks it, loads it, and removes the directory."""
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -255,11 +274,7 @@ def _load_stand_in_driver(lib_dir: Path) -> None:
         ) from None
     try:
         src, lib = where / "nodevice.c", where / "libcuda.so.1"
-        # One function answering CUDA_ERROR_NO_DEVICE, exported under every name: it compiles in ~0.1 s.
-        src.write_text(
-            "int cudnn_dsl_no_device(void) { return 100; }\n"
-            + "".join(f'int {n}(void) __attribute__((alias("cudnn_dsl_no_device")));\n' for n in names)
-        )
+        src.write_text(stand_in_source(names))
         cmd = [cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode:
