@@ -12,13 +12,16 @@ def register(p) -> None:
     p.add_argument("file", metavar="FILE")
     p.add_argument(
         "--format",
-        choices=("cudnn", "torch", "fe-json"),
+        choices=("cudnn", "torch", "fe-json", "cpp"),
         default="cudnn",
         help="cudnn: the frontend calls, built and run once (default; a graph cuDNN declines whole, as the "
         "graphs it splits into, run in order); torch: the reference function; fe-json: "
         "the graph as the cuDNN Frontend serializes it (for anyone with the frontend alone; needs the cuDNN library; "
-        "written even when cuDNN finds no plan for the graph, with exit 1)",
+        "written even when cuDNN finds no plan for the graph, with exit 1); cpp: a C++ project (the frontend's "
+        "C++ calls, a CMake file, a main that plans for --target without a GPU or runs the graph on run's inputs) "
+        "written to the -o directory",
     )
+    p.add_argument("-o", "--output", metavar="DIR", help="cpp: the directory the C++ project is written to")
     p.add_argument("--graph", help="the graph to emit (needed when the file has several)")
     p.add_argument("--shape", action="append", metavar="DIM=VALUE", help="the value of each symbolic dim")
     p.add_argument(
@@ -64,8 +67,10 @@ def run(args) -> int:
     if args.format == "torch" and (args.target or args.device_properties):
         raise common.UsageError("--target and --device-properties go with --format cudnn or fe-json")
     for flag in _CUDNN_FLAGS:
-        if args.format != "cudnn" and getattr(args, flag):
-            raise common.UsageError(f"--{flag.replace('_', '-')} goes with --format cudnn")
+        if args.format not in ("cudnn", "cpp") and getattr(args, flag):
+            raise common.UsageError(f"--{flag.replace('_', '-')} goes with --format cudnn or cpp")
+    if (args.format == "cpp") != bool(args.output):
+        raise common.UsageError("--format cpp writes a directory: give it with -o DIR (and -o only with cpp)")
     if args.wrt and not args.derived:
         raise common.UsageError("--wrt goes with --derived")
     target = common.target_from(args, default=DEFAULT_TARGET) if args.format != "torch" else None
@@ -88,6 +93,8 @@ def run(args) -> int:
         inst = g.instances[0]
     if args.format == "fe-json":
         return _fe_json(g, inst, target)
+    if args.format == "cpp":
+        return _cpp(g, inst, target, common.options_from(args, g.options), _inits(args, g), args.output)
     if args.format == "cudnn":
         return _cudnn(g, inst, target, common.options_from(args, g.options), _inits(args, g))
     print(emit_torch(g, inst), end="")
@@ -144,6 +151,24 @@ def _cudnn(g, inst, target, options, inits) -> int:
             common.warn(f"the script below builds the graph whole, which cuDNN for {target.name} declines")
     print(emit_cudnn(g, inst, options, partition, inits), end="")
     return status
+
+
+def _cpp(g, inst, target, options, inits, directory: str) -> int:
+    """The C++ project, of a graph the target's cuDNN takes whole (a split graph is refused at the graph)."""
+    from pathlib import Path
+
+    from cudnn_dsl.interop.emit_cpp import emit_cpp
+    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.store.files import atomic_write
+
+    partition = plan_for_target(g, inst, options, target)[1] if options.split else None
+    files = emit_cpp(g, inst, options, target, inits, partition)
+    out = Path(directory)
+    for rel, data in files.items():
+        atomic_write(out / rel, data)
+    build = f"cmake -S {out} -B {out}/build && cmake --build {out}/build"
+    common.warn(f"wrote the C++ project of graph '{g.name}' to {out}: {build}")
+    return common.EXIT_OK
 
 
 def _fe_json(g, inst, target) -> int:

@@ -260,8 +260,8 @@ class Memory:
     file: str | None
 
 
-def _bytes_of(t) -> bytes:
-    return t.contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes() if t.numel() else b""
+def _limit(workspace_limit) -> int:
+    return -1 if workspace_limit is None else int(workspace_limit)
 
 
 def _memories(graph: Graph, inst: Instance, options, inits, scratch) -> tuple[list[Memory], dict[str, bytes]]:
@@ -300,7 +300,7 @@ def _views(graph: Graph, inst: Instance) -> list[tuple[str, str, int]]:
 def _host_bytes(value, dtype: str) -> list[int]:
     from cudnn_dsl.target.memory import host_scalar
 
-    return list(_bytes_of(host_scalar(value, dtype)))
+    return list(bytes(host_scalar(value, dtype).untyped_storage()))
 
 
 def _frontend_include() -> Path:
@@ -343,7 +343,7 @@ def emit_cpp(graph: Graph, inst: Instance, options, target: Target, inits=None, 
         + "};",
         f"constexpr bool CONSTRAINED = {_cpp(bool(options.constraints))};  // a walk over the plans left, as run's",
         f"constexpr bool BUILD_ALL = {_cpp(options.build_policy == 'all')};",
-        f"constexpr int64_t WORKSPACE_LIMIT = {-1 if options.workspace_limit is None else int(options.workspace_limit)};",
+        f"constexpr int64_t WORKSPACE_LIMIT = {_limit(options.workspace_limit)};  // -1: none",
         f"constexpr bool DETERMINISTIC = {_cpp(bool(options.deterministic))};",
         f"constexpr bool NO_RUNTIME_COMPILATION = {_cpp(bool(options.no_runtime_compilation))};",
         "",
