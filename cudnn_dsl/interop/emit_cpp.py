@@ -401,17 +401,21 @@ find_library(NVRTC_LIBRARY NAMES nvrtc libnvrtc.so.13 HINTS "{lib.parents[2] / "
 find_library(CUDART_LIBRARY cudart HINTS ENV CUDA_HOME PATH_SUFFIXES lib lib64
              PATHS /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda-13.0/lib REQUIRED)
 
-# Answers CUDA_ERROR_NO_DEVICE to every driver call: main loads it where no libcuda.so.1 does, so cuDNN loads.
-add_library(nodevice SHARED nodevice.c)
-set_target_properties(nodevice PROPERTIES OUTPUT_NAME cuda NO_SONAME ON LINK_FLAGS "-Wl,-soname,libcuda.so.1"
-                      SUFFIX ".so.1" LIBRARY_OUTPUT_DIRECTORY "${{CMAKE_BINARY_DIR}}/nodevice")
+# Target names: main and nodevice, after a prefix a project holding several twins sets (add_subdirectory).
+set(main "${{CUDNN_DSL_PREFIX}}main")
+set(nodevice "${{CUDNN_DSL_PREFIX}}nodevice")
 
-add_executable(main main.cpp)
-set_target_properties(main PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON BUILD_RPATH "{lib.parent}")
-target_include_directories(main PRIVATE "${{CMAKE_SOURCE_DIR}}" "${{CUDNN_FRONTEND_INCLUDE_DIR}}"
+# Answers CUDA_ERROR_NO_DEVICE to every driver call: main loads it where no libcuda.so.1 does, so cuDNN loads.
+add_library(${{nodevice}} SHARED nodevice.c)
+set_target_properties(${{nodevice}} PROPERTIES OUTPUT_NAME cuda NO_SONAME ON LINK_FLAGS "-Wl,-soname,libcuda.so.1"
+                      SUFFIX ".so.1" LIBRARY_OUTPUT_DIRECTORY "${{CMAKE_CURRENT_BINARY_DIR}}/nodevice")
+
+add_executable(${{main}} main.cpp)
+set_target_properties(${{main}} PROPERTIES OUTPUT_NAME main CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON BUILD_RPATH "{lib.parent}")
+target_include_directories(${{main}} PRIVATE "${{CMAKE_CURRENT_SOURCE_DIR}}" "${{CUDNN_FRONTEND_INCLUDE_DIR}}"
                            "${{CUDNN_INCLUDE_DIR}}" "${{CUDA_RUNTIME_INCLUDE_DIR}}" "${{NVRTC_INCLUDE_DIR}}")
-target_compile_definitions(main PRIVATE NO_DEVICE_DRIVER="$<TARGET_FILE:nodevice>"
-                           PROJECT_DIR="${{CMAKE_SOURCE_DIR}}")
-target_link_libraries(main PRIVATE "${{CUDNN_LIBRARY}}" "${{NVRTC_LIBRARY}}" "${{CUDART_LIBRARY}}" dl)
-add_dependencies(main nodevice)
+target_compile_definitions(${{main}} PRIVATE NO_DEVICE_DRIVER="$<TARGET_FILE:${{nodevice}}>"
+                           PROJECT_DIR="${{CMAKE_CURRENT_SOURCE_DIR}}")
+target_link_libraries(${{main}} PRIVATE "${{CUDNN_LIBRARY}}" "${{NVRTC_LIBRARY}}" "${{CUDART_LIBRARY}}" dl)
+add_dependencies(${{main}} ${{nodevice}})
 """
