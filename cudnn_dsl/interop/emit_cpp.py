@@ -411,7 +411,8 @@ set_target_properties(${{nodevice}} PROPERTIES OUTPUT_NAME cuda NO_SONAME ON LIN
                       SUFFIX ".so.1" LIBRARY_OUTPUT_DIRECTORY "${{CMAKE_CURRENT_BINARY_DIR}}/nodevice")
 
 add_executable(${{main}} main.cpp)
-set_target_properties(${{main}} PROPERTIES OUTPUT_NAME main CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON BUILD_RPATH "{lib.parent}")
+set_target_properties(${{main}} PROPERTIES OUTPUT_NAME main CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
+                      BUILD_RPATH "{lib.parent}")
 target_include_directories(${{main}} PRIVATE "${{CMAKE_CURRENT_SOURCE_DIR}}" "${{CUDNN_FRONTEND_INCLUDE_DIR}}"
                            "${{CUDNN_INCLUDE_DIR}}" "${{CUDA_RUNTIME_INCLUDE_DIR}}" "${{NVRTC_INCLUDE_DIR}}")
 target_compile_definitions(${{main}} PRIVATE NO_DEVICE_DRIVER="$<TARGET_FILE:${{nodevice}}>"
