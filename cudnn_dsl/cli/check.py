@@ -150,10 +150,10 @@ def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
     "plans"), and says the shape mode of each graph with symbolic dims (into its "shape_modes")."""
     from cudnn_dsl.build.steps import timings_text
     from cudnn_dsl.run.partition import plan_for_target
-    from cudnn_dsl.target.library import BackendUnavailable
+    from cudnn_dsl.target.library import BackendUnavailable, answering
     from dsl.diagnostics import DslError
 
-    status, records = common.EXIT_OK, entry["plans"]
+    status, records, library = common.EXIT_OK, entry["plans"], None
     for g in program.graphs:
         if g.symbols:
             status = max(status, _shape_mode(g, target, entry["shape_modes"], quiet, args))
@@ -169,21 +169,32 @@ def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
                 continue
             finally:
                 progress.done()
+            if library is None:
+                library = answering()
+                if not quiet:
+                    print(f"  answered by {library}")
             if partition is not None:
                 parts = common.parts_record(g, partition)
-                records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, **parts})
+                records.append(
+                    {"graph": g.name, "binding": dict(inst.binding), "target": target.name, **parts}
+                    | {"cudnn": library.to_json()}
+                )
                 if not quiet:
-                    print(f"  cuDNN for {target.name} declines graph {name} whole ({partition.declined}); it runs as:")
+                    print(
+                        f"  cuDNN {library.version} for {target.name} declines graph {name} whole "
+                        f"({partition.declined}); it runs as:"
+                    )
                     print("".join(f"    {line}\n" for line in parts["parts"]), end="")
                     print(f"    {partition.counts.text}")
                 continue
-            record = common.plan_record(g, inst, target, low)
+            record = common.plan_record(g, inst, target, low) | {"cudnn": library.to_json()}
             records.append(record)
             if not quiet:
                 skipped = "".join(f"\n    {k} skipped: {why}" for k, why in low.skipped.items())
                 print(
-                    f"  cuDNN plans for {target.name} (sm_{target.sm_version}), graph {name}: {low.plan_count} "
-                    f"candidates, first {record['first_plan']}\n    {timings_text(low.timings)}{skipped}"
+                    f"  cuDNN {library.version} plans for {target.name} (sm_{target.sm_version}), graph {name}: "
+                    f"{low.plan_count} candidates, first {record['first_plan']}\n"
+                    f"    {timings_text(low.timings)}{skipped}"
                 )
     return status
 

@@ -12,9 +12,14 @@ from __future__ import annotations
 import atexit
 import ctypes
 import functools
+import importlib.metadata
 import importlib.util
 import json
 import os
+import re
+import shutil
+import stat
+import subprocess
 import sys
 import sysconfig
 import threading
@@ -111,6 +116,8 @@ FRONTEND_INTERNALS = {
 new pygraph and on the C++ graph's class: checked when the frontend is imported"""
 
 CUDNN_LIB = "libcudnn.so.9"
+CUDNN_PACKAGES = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")
+"""the cuDNN wheels, one per CUDA major (cudnn-dsl's extras deviceless-cu13 and deviceless-cu12)"""
 
 # Loaded before libcudnn so that it finds them, where installed; each with the package to reinstall when damaged.
 _NEEDED = (
@@ -312,3 +319,69 @@ def local_device_info() -> str:
     if not gpu_available():
         raise BackendUnavailable("no CUDA GPU is visible here; run device-info on the machine you target")
     return cudnn.create_device_properties(0).serialize()
+
+
+# ---- other versions of cuDNN, side by side -----------------------------------------------------------------------
+
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,3}")
+
+
+def installed_cudnn() -> tuple[str, str]:
+    """(package, version) of the cuDNN wheel installed here, CUDA 13's first; its version is '' when none is."""
+    for package in CUDNN_PACKAGES:
+        try:
+            return package, importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return CUDNN_PACKAGES[0], ""
+
+
+def matches(version: str, asked: str) -> bool:
+    """Whether a library's version is the one asked for: '9.20' is every 9.20.x."""
+    return version.split(".")[: len(asked.split("."))] == asked.split(".")
+
+
+def side_by_side(asked: str) -> Path:
+    """Where `support --cudnn` keeps the cuDNN of version `asked` (pip's --target), under cache_dir()."""
+    from cudnn_dsl.store.keys import cache_dir
+
+    if not _VERSION.fullmatch(asked):
+        raise ValueError(f"{asked!r} is not a cuDNN version (e.g. 9.20 or 9.20.0)")
+    return cache_dir() / "cudnn" / f"{installed_cudnn()[0]}-{asked}"
+
+
+def side_by_side_library(home: Path) -> Path:
+    """The directory of libcudnn.so.9 in a side-by-side install, once it is checked to be this user's alone: its
+    libraries are loaded, so nobody else may have been able to write them."""
+    lib_dir = home / "nvidia" / "cudnn" / "lib"
+    if not (lib_dir / CUDNN_LIB).is_file():
+        raise BackendUnavailable(f"{home} holds no {CUDNN_LIB}; remove it and fetch again")
+    uid = os.getuid()
+    for p in home.parents:
+        st = os.stat(p)
+        if st.st_uid not in (0, uid) or st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise BackendUnavailable(f"{p} could be changed by other users: cuDNN is not loaded from below it")
+    for p in (home, *home.rglob("*")):
+        st = os.lstat(p)
+        if st.st_uid != uid or st.st_mode & 0o022 or stat.S_ISLNK(st.st_mode):
+            raise BackendUnavailable(f"{p} is not this user's alone (or is a link): cuDNN is not loaded from {home}")
+    return lib_dir
+
+
+def fetch(asked: str) -> Path:
+    """Installs the cuDNN wheel of version `asked` (its latest patch) with pip into side_by_side(asked), without its
+    dependencies (it uses the installed CUDA libraries). A failed install leaves nothing there."""
+    home = side_by_side(asked)
+    package = installed_cudnn()[0]
+    home.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = home.with_name(home.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(partial)]
+    proc = subprocess.run([*cmd, f"{package}=={asked}.*"], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        shutil.rmtree(partial, ignore_errors=True)
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise BackendUnavailable(f"pip could not install {package}=={asked}.*: {tail[0]}")
+    partial.chmod(0o700)
+    os.replace(partial, home)
+    return home
