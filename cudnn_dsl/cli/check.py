@@ -158,10 +158,10 @@ def _plan(program, target, entry: dict, findings: list, args, pin) -> int:
     splits go into `findings` too, as SARIF results."""
     from cudnn_dsl.build.steps import timings_text
     from cudnn_dsl.run.partition import plan_for_target
-    from cudnn_dsl.target.library import BackendUnavailable
+    from cudnn_dsl.target.library import BackendUnavailable, answering
     from dsl.diagnostics import DslError
 
-    status, records, quiet = common.EXIT_OK, entry["plans"], bool(args.json)
+    status, records, quiet, library = common.EXIT_OK, entry["plans"], bool(args.json), None
     for g in program.graphs:
         if g.symbols:
             status = max(status, _shape_mode(g, target, entry["shape_modes"], findings, args))
@@ -178,22 +178,33 @@ def _plan(program, target, entry: dict, findings: list, args, pin) -> int:
                 continue
             finally:
                 progress.done()
+            if library is None:
+                library = answering()
+                if not quiet:
+                    print(f"  answered by {library}")
             if partition is not None:
                 parts = common.parts_record(g, partition)
-                records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, **parts})
+                records.append(
+                    {"graph": g.name, "binding": dict(inst.binding), "target": target.name, **parts}
+                    | {"cudnn": library.to_json()}
+                )
                 findings.append(sarif.result("split", common.split_note(g, inst, target, partition)))
                 if not quiet:
-                    print(f"  cuDNN for {target.name} declines graph {name} whole ({partition.declined}); it runs as:")
+                    print(
+                        f"  cuDNN {library.version} for {target.name} declines graph {name} whole "
+                        f"({partition.declined}); it runs as:"
+                    )
                     print("".join(f"    {line}\n" for line in parts["parts"]), end="")
                     print(f"    {partition.counts.text}")
                 continue
-            record = common.plan_record(g, inst, target, low)
+            record = common.plan_record(g, inst, target, low) | {"cudnn": library.to_json()}
             records.append(record)
             if not quiet:
                 skipped = "".join(f"\n    {k} skipped: {why}" for k, why in low.skipped.items())
                 print(
-                    f"  cuDNN plans for {target.name} (sm_{target.sm_version}), graph {name}: {low.plan_count} "
-                    f"candidates, first {record['first_plan']}\n    {timings_text(low.timings)}{skipped}"
+                    f"  cuDNN {library.version} plans for {target.name} (sm_{target.sm_version}), graph {name}: "
+                    f"{low.plan_count} candidates, first {record['first_plan']}\n"
+                    f"    {timings_text(low.timings)}{skipped}"
                 )
     return status
 

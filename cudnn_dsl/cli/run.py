@@ -524,7 +524,7 @@ class _CpuRunner:
         from cudnn_dsl.run.compare import reference_bytes
         from cudnn_dsl.run.partition import plan_for_target
         from cudnn_dsl.run.reference import drawn_values, run_reference
-        from cudnn_dsl.target.library import BackendUnavailable
+        from cudnn_dsl.target.library import BackendUnavailable, answering
         from dsl.diagnostics import DslError
 
         s, target = self.s, self.target
@@ -536,6 +536,9 @@ class _CpuRunner:
         partition = None
         try:
             low, partition = plan_for_target(s.graph, inst, s.opts, target, progress, s.pin)
+            library = answering()
+            rep["cudnn"] = library.to_json()
+            print(f"  cuDNN      {library.version} ({library.path})")
             if partition is not None:
                 rep.update(common.parts_record(s.graph, partition))
                 print(f"  split      for {target.name} (no device): cuDNN declines it whole ({partition.declined})")
