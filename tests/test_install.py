@@ -1,7 +1,8 @@
 """What an install brings and says: the frontend release the runtime supports, the license, numpy, a clean exit, the
 no-device libcuda made without a compiler, and `support --cudnn` against versions of cuDNN installed side by side.
 
-The tests marked `network` install from the package index with pip; they are skipped when it cannot be reached.
+The tests marked `network` install from the package index with pip: they run only under `pytest -m network`, and are
+skipped when the index cannot be reached.
 """
 
 import json
