@@ -225,7 +225,7 @@ def test_init_is_for_inputs_and_fits_their_dtype():
     text = "graph g {\n  input i : int8[4] init=full(300)\n  output y = identity(i)\n}\n"
     assert "init: full(300) draws 300, out of range for int8 (-128 to 127)" in _errors(text)
     text = "graph g {\n  input x : half[4]\n  output y : half init=randn = x * 2\n}\n"
-    assert "p.cdg:3:19: error: only an input takes init=" in _errors(text)
+    assert "p.cdg:3:19: error: only an input or a buffer takes init=" in _errors(text)
     text = "graph g {\n  input x : half[4] init=randn(0,\n  output y = x\n}\n"
     assert "syntax error" in _errors(text)
 

@@ -51,7 +51,7 @@ def input_inits(graph: Graph, instance: Instance, inits: dict[str, Init] | None 
     inits, positive, domains = inits or {}, _positive_inputs(graph), _domains(graph, instance)
     return {  # a buffer is drawn once for all its views
         v.name: inits.get(v.name)
-        or getattr(v, "init", None)
+        or v.init
         or (make("randint", domains[v.name]) if v.name in domains else None)
         or default_init(instance.type(v.name).dtype, v.name in positive)
         for v in graph.device_inputs
@@ -104,7 +104,7 @@ def packed_ragged(graph: Graph, instance: Instance, inits: dict[str, Init] | Non
     return {
         name: (placed, lengths)
         for name, (placed, lengths) in _ragged(graph, instance).items()
-        if not (inits or {}).get(name) and getattr(graph.value(name), "init", None) is None and name in drawn
+        if not (inits or {}).get(name) and graph.value(name).init is None and name in drawn
     }
 
 
