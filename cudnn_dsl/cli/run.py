@@ -222,7 +222,15 @@ class _Setup:
         return out
 
     def inputs(self, inst, device, files: dict) -> dict:
-        """Generated inputs, the --input files in their place, and the --scalar values; or a dump's inputs."""
+        """Generated inputs, the --input files in their place, and the --scalar values; or a dump's inputs. The
+        index inputs' values are checked here, before the reference or a launch reads them."""
+        from cudnn_dsl.run.indices import check_indices
+
+        tensors = self._inputs(inst, device, files)
+        check_indices(self.graph, inst, tensors)
+        return tensors
+
+    def _inputs(self, inst, device, files: dict) -> dict:
         from cudnn_dsl.debug import dump
         from cudnn_dsl.run.buffers import BindingError, converted, relayout
         from cudnn_dsl.run.inputs import generate_inputs

@@ -438,6 +438,7 @@ OPS = by_name(
         derive=derive_sdpa,
         folded=_FOLDED,
         domains=domains_sdpa,
+        block_tables=(8, 9),
         attrs=(
             *_BAND_ATTRS,
             Attr("alibi", "bool", False, doc="add the ALiBi bias, slope per head (use_alibi_mask)"),

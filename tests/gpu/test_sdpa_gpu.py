@@ -185,12 +185,13 @@ def test_fp8_attention(keys, extra):
 
 def _packed(cg, tensors, name: str, placed: str) -> None:
     """tensors[name] := the offsets that pack `placed`'s sequences back to back (their lengths given)."""
-    from cudnn_dsl.run.inputs import _ragged, packed_offsets
+    from cudnn_dsl.run.indices import ragged_offsets
+    from cudnn_dsl.run.inputs import packed_offsets
 
     inst = cg.graph.instances[0]
-    t, lengths = _ragged(cg.graph, inst)[name]
-    assert t == inst.type(placed)
-    tensors[name] = packed_offsets(t, tensors[lengths].cpu()).view(-1, 1, 1, 1).to(tensors[name])
+    r = ragged_offsets(cg.graph, inst)[name]
+    assert r.type == inst.type(placed)
+    tensors[name] = packed_offsets(r.type, tensors[r.lengths].cpu()).view(-1, 1, 1, 1).to(tensors[name])
 
 
 def test_the_ragged_example_with_lengths_of_every_kind():
