@@ -109,10 +109,8 @@ def _on_host(graph: Graph, inst: Instance, tensors: dict, names: set[str]) -> di
     found = {}
     for name in names:
         v = graph.value(name)
-        if (v.view[0] if v.view else name) in tensors:
-            t = view(v, inst, tensors)
-            if isinstance(t, torch.Tensor):
-                found[name] = t
+        if isinstance(tensors.get(v.view[0] if v.view else name), torch.Tensor):
+            found[name] = view(v, inst, tensors)
     for device in {t.device for t in found.values() if t.is_cuda}:
         torch.cuda.synchronize(device)  # whatever stream wrote them, the values are read once it has
     return {name: t.detach().cpu().long() for name, t in found.items()}
@@ -140,23 +138,23 @@ def _check_offsets(graph: Graph, name: str, offsets: torch.Tensor, lengths: torc
     """Sequence b of each placed tensor starts at offsets[b] >= 0 and ends at offsets[b + 1] or before, and
     offsets[B] (one past the last, as the frontend defines them) is inside the tensor: the offsets rise, and
     no sequence reaches another or past its buffer."""
-    flat, lens, loc = offsets.flatten(), lengths.flatten(), graph.value(name).loc
-    if int(flat[0]) < 0:
-        raise BindingError(f"'{name}' ({r.what}): {_at(offsets, 0)} is {int(flat[0])}; an offset is at least 0", loc)
+    flat, lens, loc = offsets.flatten().tolist(), lengths.flatten().tolist(), graph.value(name).loc
+    if flat[0] < 0:
+        raise BindingError(f"'{name}' ({r.what}): {_at(offsets, 0)} is {flat[0]}; an offset is at least 0", loc)
     for placed, t in r.placed:
         row, rest = _spans(t)
-        for b in range(lens.numel()):
-            end = int(flat[b]) + int(lens[b]) * row + rest
-            if end > int(flat[b + 1]):
+        for b, length in enumerate(lens):
+            end = flat[b] + length * row + rest
+            if end > flat[b + 1]:
                 raise BindingError(
-                    f"'{name}' ({r.what}): sequence {b} of '{placed}' ({int(lens[b])} rows of '{r.lengths}', from "
-                    f"element {int(flat[b])}) ends at element {end}, past {_at(offsets, b + 1)}, {int(flat[b + 1])}, "
+                    f"'{name}' ({r.what}): sequence {b} of '{placed}' ({length} rows of '{r.lengths}', from "
+                    f"element {flat[b]}) ends at element {end}, past {_at(offsets, b + 1)}, {flat[b + 1]}, "
                     f"where the next starts: offsets rise by at least each sequence's room",
                     loc,
                 )
-        if int(flat[-1]) > t.storage:
+        if flat[-1] > t.storage:
             raise BindingError(
-                f"'{name}' ({r.what}): {_at(offsets, flat.numel() - 1)} is {int(flat[-1])}, past the end of "
+                f"'{name}' ({r.what}): {_at(offsets, len(flat) - 1)} is {flat[-1]}, past the end of "
                 f"'{placed}' ({t.storage} elements)",
                 loc,
             )
