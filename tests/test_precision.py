@@ -230,6 +230,14 @@ def test_init_is_for_inputs_and_fits_their_dtype():
     assert "syntax error" in _errors(text)
 
 
+def test_a_permutation_draws_each_value_once_then_repeats_the_order():
+    v = draw_input(parse("permutation(3, 7)"), TensorType("int32", (12,), (1,)), 0, "p").tolist()
+    assert sorted(v[:5]) == [3, 4, 5, 6, 7] and v[5:10] == v[:5] and v[10:] == v[:2]
+    with pytest.raises(Exception, match="permutation: 16777217 values are too many to order") as e:
+        parse("permutation(0, 16777216)")
+    assert type(e.value).__name__ == "RuleError"
+
+
 def test_the_command_line_parses_distributions_without_eval():
     assert str(parse(" randn ( 0 , 0.5 ) ")) == "randn(0, 0.5)"
     assert str(parse("uniform")) == "uniform(-1, 1)"
