@@ -295,7 +295,12 @@ class _GraphChecker:
             self.err("a buffer's dims are numbers (its views have fixed offsets and strides)", symbolic[0].loc)
         if dtype == "bool":  # cuDNN keeps bools bit-packed: a view's address would fall inside a byte
             self.err("a buffer of bool is bit-packed (eight elements a byte) and cannot hold views", st.type.dtype_loc)
-        self.buffers[st.name] = BufferDecl(st.name, dtype, dims, st.loc)
+        buf = self.buffers[st.name] = BufferDecl(st.name, dtype, dims, st.loc)
+        for s in st.specs:
+            if isinstance(s, ast.InitSpec):
+                self._init(s, buf)
+            else:
+                self.err("a buffer takes init= only: it is dense and row-major, and its views are placed", s.loc)
         if dtype in (None, "bool") or dims is None or symbolic:
             self.poisoned.add(st.name)  # its views stay silent
 
@@ -351,8 +356,8 @@ class _GraphChecker:
             self.used.add(place.target)  # its memory is the output's: no input left unused
 
     def _init(self, s: ast.InitSpec, target) -> None:
-        if getattr(target, "kind", None) != "input":
-            self.err("only an input takes init= (how `run` fills it)", s.loc)
+        if not isinstance(target, BufferDecl) and getattr(target, "kind", None) != "input":
+            self.err("only an input or a buffer takes init= (how `run` fills it)", s.loc)
         elif target.init is not None:
             self.err("init given twice", s.loc)
         elif s.dist not in DISTS:
@@ -378,6 +383,10 @@ class _GraphChecker:
         d.dtype = self.dtype(st.type.dtype, st.type.dtype_loc)
         dims = self._dims(st.type.dims)
         place, specs = self._place(st.specs, f"input '{st.name}'")
+        if place is not None:  # one draw fills a buffer: a view's own would be drawn over, or draw over it
+            for s in (s for s in specs if isinstance(s, ast.InitSpec)):
+                self.err(f"a view is drawn with its buffer: put init= on buffer '{place.target}'", s.loc)
+            specs = [s for s in specs if not isinstance(s, ast.InitSpec)]
         self._specs(specs, len(st.type.dims), d)
         if place is not None:
             self._view(d, place, dims)
@@ -728,7 +737,7 @@ class _GraphChecker:
             nodes,
             tuple(instances),
             self.gdef.loc,
-            tuple(Buffer(b.name, b.loc) for b in self.buffers.values()),
+            tuple(Buffer(b.name, b.loc, b.init) for b in self.buffers.values()),
             input_dims=tuple((name, d.dims) for name, d in self.decls.items() if d.kind == "input"),
             typer=_typer(resolved, tuple(dict(instances[0].binding))) if any(s.span for s in used) else None,
         )

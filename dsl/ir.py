@@ -87,6 +87,8 @@ class Buffer:
 
     name: str
     loc: Loc = _loc()
+    init: Init | None = None
+    """the buffer's declared distribution (`init=`), its views' too; None: the default for its dtype"""
     kind = "buffer"
 
 

@@ -75,6 +75,8 @@ class BufferDecl:
     dtype: str
     dims: tuple[int, ...]
     loc: Loc
+    init: Init | None = None
+    """how `run` fills the buffer, and so every view of it (`init=`)"""
 
 
 @attrs.frozen

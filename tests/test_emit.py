@@ -296,6 +296,19 @@ def test_the_ejected_script_packs_ragged_offsets_as_run_does():
     assert got["offset_kv"].flatten()[-1] <= got["k"].untyped_storage().nbytes() // 2
 
 
+def test_the_ejected_script_draws_page_tables_as_run_does():
+    """A permutation of the cache's blocks in both (drawn like any int32 input they were random, negative too)."""
+    from tests.test_sdpa import PLAIN_PAGED
+
+    [g] = graphs(PLAIN_PAGED)
+    inst = g.instances[0]
+    got = run_module(emit_cudnn(g, inst))["make_buffers"](device="cpu", seed=2)
+    want = generate_inputs(g, inst, "cpu", 2)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert sorted(got["tk"].flatten().tolist()) == list(range(6))
+
+
 def test_a_torch_parts_scalar_is_made_on_the_buffers_device():
     """A declared scalar read by a part left to torch: its reference reshapes it to the tensors' rank, and a CPU
     tensor of rank 4 does not meet tensors of another device (CUDA on a GPU; here, meta ones say the same)."""

@@ -64,7 +64,11 @@ def register(p) -> None:
         help="write what reproduces this run elsewhere into DIR: the file, the "
         "frontend's graph JSON, the plan, inputs, outputs, reference, ejected scripts, environment",
     )
-    p.add_argument("--force", action="store_true", help="with --dump: replace a dump of the same graph in DIR")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --dump or --save-outputs: replace a dump of the same graph, or saved outputs, in DIR",
+    )
     p.add_argument(
         "--inputs-from",
         metavar="DIR",
@@ -86,8 +90,8 @@ def run(args) -> int:
     for flag, d in (("--save-outputs", args.save_outputs), ("--dump", args.dump)):
         if d and Path(d).exists() and not Path(d).is_dir():
             raise common.UsageError(f"{flag} {d}: not a directory")
-    if args.force and not args.dump:
-        raise common.UsageError("--force goes with --dump")
+    if args.force and not (args.dump or args.save_outputs):
+        raise common.UsageError("--force goes with --dump or --save-outputs")
     if args.inputs_from:
         if not Path(args.inputs_from).is_dir():
             raise common.UsageError(f"--inputs-from {args.inputs_from}: no such directory")
@@ -227,7 +231,15 @@ class _Setup:
         return out
 
     def inputs(self, inst, device, files: dict) -> dict:
-        """Generated inputs, the --input files in their place, and the --scalar values; or a dump's inputs."""
+        """Generated inputs, the --input files in their place, and the --scalar values; or a dump's inputs. The
+        index inputs' values are checked here, before the reference or a launch reads them."""
+        from cudnn_dsl.run.indices import check_indices
+
+        tensors = self._inputs(inst, device, files)
+        check_indices(self.graph, inst, tensors)
+        return tensors
+
+    def _inputs(self, inst, device, files: dict) -> dict:
         from cudnn_dsl.debug import dump
         from cudnn_dsl.run.buffers import BindingError, converted, relayout
         from cudnn_dsl.run.inputs import generate_inputs
@@ -302,20 +314,24 @@ class _Setup:
         print(f"  dump       {len(written)} files in {self.args.dump}")
 
     def save(self, inst, outputs: dict, suffix: str = "") -> list[str]:
+        import io
+
         import torch
 
-        from cudnn_dsl.debug.dump import stem
+        from cudnn_dsl.debug import dump
 
         if not self.args.save_outputs:
             return []
-        d = Path(self.args.save_outputs)
-        d.mkdir(parents=True, exist_ok=True)
-        paths = []
+        files = {}
         for name, t in outputs.items():
-            path = d / f"{stem(self.graph, inst)}.{name}{suffix}.pt"
-            torch.save(t.cpu(), path)
-            paths.append(str(path))
-        return paths
+            buf = io.BytesIO()
+            torch.save(t.detach().cpu(), buf)
+            files[f"{dump.stem(self.graph, inst)}.{name}{suffix}.pt"] = buf.getvalue()
+        try:
+            written = dump.write_new(Path(self.args.save_outputs), files, "--save-outputs", self.args.force)
+        except dump.Refused as e:
+            raise common.UsageError(str(e)) from None
+        return [str(p) for p in written]
 
 
 class _GpuRunner:

@@ -31,6 +31,9 @@ def draw(dist, args, n, gen, start=0):
         return torch.randn(n, generator=gen) * a[1] + a[0]
     if dist == "randint":
         return torch.randint(int(a[0]), int(a[1]) + 1, (n,), generator=gen)
+    if dist == "permutation":  # every chunk draws the one order (draw_values seeds them alike)
+        order = torch.randperm(int(a[1] - a[0]) + 1, generator=gen)
+        return order[torch.arange(start, start + n) % order.numel()] + int(a[0])
     if dist == "bernoulli":
         return torch.rand(n, generator=gen) < a[0]
     if dist == "sparse":
@@ -51,9 +54,8 @@ def draw_values(dist, args, shape, dtype, seed, name, clamp=None, chunks=map):
     out = torch.empty(n, dtype=dtype)
 
     def chunk(start):
-        v = draw(
-            dist, args, min(CHUNK, n - start), torch.Generator().manual_seed(stream_seed(seed, name, start)), start
-        )
+        stream = stream_seed(seed, name, 0 if dist == "permutation" else start)
+        v = draw(dist, args, min(CHUNK, n - start), torch.Generator().manual_seed(stream), start)
         if dtype == torch.bool:
             v = v != 0
         elif clamp is not None and v.is_floating_point():

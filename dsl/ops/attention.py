@@ -506,6 +506,7 @@ OPS = by_name(
         notes=note_alignment,
         folded=_FOLDED,
         domains=domains_sdpa,
+        block_tables=(8, 9),
         attrs=(
             *_BAND_ATTRS,
             Attr("alibi", "bool", False, doc="add the ALiBi bias, slope per head (use_alibi_mask)"),

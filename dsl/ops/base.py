@@ -107,7 +107,10 @@ class OpSig:
     domains: Callable[[Ctx], dict[int, tuple[int, int]]] | None = None
     """integer inputs' valid values [lo, hi], by input index, from the input types and canonical
     attributes (sdpa's sequence lengths are in [1, S], its page tables index K/V's blocks);
-    generated test data stays inside"""
+    generated test data stays inside, and the values a caller binds are checked against them"""
+    block_tables: tuple[int, ...] = ()
+    """inputs among `domains` that list blocks of a cache (sdpa's page tables): generated as a random
+    permutation of the blocks, so that no two sequences share one while the cache has enough"""
 
     @property
     def ports(self) -> str:

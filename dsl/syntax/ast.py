@@ -208,10 +208,12 @@ class OutputDecl:
 
 @attrs.frozen
 class BufferDecl:
-    """`buffer qkv : half[...]`: memory bound once, read through views."""
+    """`buffer qkv : half[...] [init=...]`: memory bound once, read through views."""
 
     name: str
     type: TypeSpec
+    specs: tuple[TensorSpec, ...]
+    """as the grammar reads them; the checker takes init= only"""
     loc: Loc = _loc()
 
 

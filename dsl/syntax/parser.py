@@ -177,7 +177,7 @@ class _ToAst(Transformer_NonRecursive):
         return ast.OutputDecl(str(name), type_, tuple(rest), expr, self._loc(meta))
 
     def buffer_decl(self, meta, ch):
-        return ast.BufferDecl(str(ch[0]), ch[1], self._loc(meta))
+        return ast.BufferDecl(str(ch[0]), ch[1], tuple(ch[2:]), self._loc(meta))
 
     def place(self, meta, ch):
         offset = self._int(ch[1]) if len(ch) > 1 else None

@@ -97,7 +97,7 @@ def fmt_stmt(st) -> str:
         text += _fmt_specs(st.specs)
         return text + (f" = {fmt_expr(st.expr)}" if st.expr is not None else "")
     if isinstance(st, ast.BufferDecl):
-        return f"buffer {st.name} : {_fmt_type(st.type)}"
+        return f"buffer {st.name} : {_fmt_type(st.type)}{_fmt_specs(st.specs)}"
     if isinstance(st, ast.Assign):
         typed = f" : {_fmt_type(st.type)}" if st.type is not None else ""
         return f"{', '.join(st.targets)}{typed} = {fmt_expr(st.expr)}"
@@ -240,7 +240,8 @@ def dump_ir(program: Program) -> str:
         for s in g.symbols:
             out.append(f"  dim {s.name} in {s.text}")
         for b in g.buffers:
-            out.append(f"  %{b.name} = buffer : {_type_str(g, b.name)[0]}")
+            init = f" init={b.init}" if b.init else ""
+            out.append(f"  %{b.name} = buffer : {_type_str(g, b.name)[0]}{init}")
         for v in g.of_kind("input", "scalar", "const"):
             if v.kind == "input":
                 t, st = _type_str(g, v.name)
