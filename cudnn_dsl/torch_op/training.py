@@ -26,6 +26,9 @@ declares a flattened value only where its declared strides make it a view; on th
 takes any strides, a tensor laid out otherwise is copied)"""
 GRADS = {"grad": VIEWS["value"], "grad_transposed": VIEWS["transposed"]}
 """the Derived.bind kinds of an output's gradient (as given, or transposed), each with its view"""
+BUFFER_GRADS = {"buffer_grad": lambda t: t, "buffer_grad_zeroed": torch.Tensor.zero_}
+"""the Derived.bind kinds of a buffer's gradient, each with how its memory is made ready: the backward writes the
+one whole, the other in part (the rest is zero)"""
 
 
 def values_read(d: Derived) -> tuple[str, ...]:
@@ -41,8 +44,8 @@ def grads_read(d: Derived) -> set[str]:
 def backward_inputs(d: Derived, values: dict, grads: dict, scalars: dict, device, relayout: bool = True) -> dict:
     """The backward graph's inputs by name: the kept forward `values` and the outputs' `grads` (None or left
     out: zero), each viewed as the backward reads it (VIEWS, GRADS), a gradient copied into its declared layout
-    (cuDNN reads that one; `relayout` off for fake tensors, which have no data); then the scalars the forward
-    was given."""
+    (cuDNN reads that one; `relayout` off for fake tensors, which have no data), and the buffers the backward
+    writes a buffer's gradient into; then the scalars the forward was given."""
     made: dict[str, torch.Tensor] = {}
     bound: dict = {}
     for name, kind, of in d.bind:
@@ -56,6 +59,8 @@ def backward_inputs(d: Derived, values: dict, grads: dict, scalars: dict, device
                     g = empty(t, device).copy_(g)
                 made[of] = g
             bound[name] = GRADS[kind](made[of])
+        elif kind in BUFFER_GRADS:
+            bound[name] = BUFFER_GRADS[kind](empty(d.forward.instances[0].type(of), device))
         else:
             bound[name] = VIEWS[kind](values[of])
     bound.update((v.name, scalars[v.name]) for v in d.backward.of_kind("scalar") if v.name in scalars)
@@ -160,7 +165,7 @@ class GradOps:
             d, dict(zip(self.kept, kept)), dict(zip(self.outputs, grads)), scalars, device, kernel != "fake_kernel"
         )
         result = getattr(bwd, kernel)(*bwd.positional((), bound))
-        got = dict(zip(bwd.fresh, results(result)))
+        got = {**bound, **dict(zip(bwd.fresh, results(result)))}  # a buffer's gradient: the one bound, written
         # a gradient summed in float for a narrower input is returned in the input's dtype: what the autograd
         # engine would cast it to, and what a compiled backward (Inductor) takes it to be
         return [got[name].to(self.dtypes[w]) for w, name in d.grads]
