@@ -179,7 +179,7 @@ class Emit:
 
     def __init__(self, graph: Graph, inst: Instance, avoid: Avoid):
         self.graph, self.inst, self.avoid = graph, inst, avoid
-        self.known = {v.name for v in graph.values}
+        self.known = {v.name for v in graph.values}  # the forward's values (not the statistics it may gain)
         self.taken = self.known | {b.name for b in graph.buffers}
         self.types: dict[str, TensorType] = {}
         self.bind: dict[str, tuple[str, str]] = {}  # backward input -> (kind, forward value)
@@ -437,9 +437,8 @@ class Emit:
         for name, (dtype, value) in self.scalars.items():
             out.append(ast.ScalarDecl(name, dtype, _num(value), ()))
         nodes = [(st.call[0], tuple(a for a in st.call[1] if isinstance(a, str)), st.targets) for st in self.stmts]
-        for k in fusion_order(
-            nodes, set(self.bind) | set(self.views)
-        ):  # the VJPs' order, rearranged for the partitioner
+        inputs = set(self.bind) | set(self.views)
+        for k in fusion_order(nodes, inputs):  # the VJPs' order, rearranged for the partitioner
             st = self.stmts[k]
             op, args, given = st.call
             call = _call(op, args, given)

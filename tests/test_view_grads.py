@@ -97,3 +97,21 @@ def test_views_whose_gradients_would_meet_in_memory_are_a_located_error(views, m
     line = 3 if met == "itself" else 4
     assert e.value.diagnostics[0].loc.line == line
     derive(g, wrt=("x",), avoid=ON_H200)  # the buffer's gradient not asked: no error
+
+
+def test_a_broadcast_views_gradient_is_summed_then_written_in_the_buffers_dtype():
+    text = """graph b {
+  io half
+  compute float
+  buffer p : half[2, 1, 8]
+  input scale : half[1, 1, 8] in p at 0
+  input shift : half[1, 1, 8] in p at 8
+  input x : half[4, 3, 8]
+  output y = x * scale + shift
+}
+"""
+    check_grads(text, "cpu")
+    d = derive(program(text=text).graph(), avoid=ON_H200)
+    made = {n.outputs[0]: n.op for n in d.backward.nodes}
+    for o in (d.backward.value(f"grad_{v}") for v in ("scale", "shift")):
+        assert d.backward.instances[0].type(o.name).dtype == "half" and made[o.name] == "identity"  # of the float sum
