@@ -24,17 +24,30 @@ from collections.abc import Callable
 import torch
 
 from cudnn_dsl import api
+from cudnn_dsl.run.buffers import view
 from cudnn_dsl.run.compiled import Calls, CompiledGraph
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.quirks import backward_avoid, library_version
 from cudnn_dsl.torch_op.training import backward_inputs, grads_read, values_read
 from dsl.autodiff import Derived, derive
+from dsl.ir import Graph
 
 
 def runner(cg: CompiledGraph) -> Callable[[dict], dict[str, torch.Tensor]]:
     """Tensors by name -> every output by name: on the GPU the compiled graph through its launch plans (each kind
     of arguments checked in full once); without one, its reference."""
     return Calls(cg) if cg.device is not None else cg.reference
+
+
+def _placed(graph: Graph, bound: dict, out: dict) -> dict:
+    """The bound tensors and a run's outputs by name, each output in place copied into its window where the run
+    returned it apart (the reference does; cuDNN writes it there): a buffer's gradient holds its views'."""
+    inst = graph.instances[0]
+    for v in graph.in_place:
+        window = view(graph.value(v.into), inst, bound)
+        if out[v.name].data_ptr() != window.data_ptr():
+            window.copy_(out[v.name])
+    return {**bound, **out}
 
 
 class Pair:
@@ -93,7 +106,8 @@ class Differentiable:
     def backward_grads(self, pair: Pair, kept: dict, grads: dict, scalars: dict) -> dict[str, torch.Tensor | None]:
         """The gradient of every tensor input (None where none flows), from the outputs' gradients
         (None: zero), what forward_outputs kept, and the scalars the forward was given."""
-        out = pair.run_backward(backward_inputs(pair.derived, kept, grads, scalars, self.device))
+        bound = backward_inputs(pair.derived, kept, grads, scalars, self.device)
+        out = _placed(pair.backward.graph, bound, pair.run_backward(bound))
         named, types = dict(pair.derived.grads), pair.derived.forward.instances[0]
         # a gradient summed in float for a narrower input is returned in the input's dtype (as for the torch op)
         return {
