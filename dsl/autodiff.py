@@ -89,7 +89,7 @@ def _input(name: str, t: TensorType, *specs) -> ast.InputDecl:
 
 
 def _buffer(name: str, t: TensorType) -> ast.BufferDecl:
-    return ast.BufferDecl(name, _type(t))
+    return ast.BufferDecl(name, _type(t), ())
 
 
 def _result(name: str, t: TensorType, expr, output: bool, into: str | None = None):
