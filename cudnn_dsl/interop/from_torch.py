@@ -15,16 +15,19 @@ import importlib.util
 import inspect
 import linecache
 import os
+import re
 import sys
 
 import attrs
 import torch
 from torch.fx.operator_schemas import normalize_function
+from torch.fx.proxy import _register_stack_trace_anchor
 
 from cudnn_dsl.interop.fe_graph import ints_text, number_text
 from cudnn_dsl.interop.fe_import import cdg_text, ident
 from cudnn_dsl.target.dtypes import from_torch as language_dtype
-from dsl.diagnostics import Diagnostic, DslError, Loc
+from cudnn_dsl.target.dtypes import torch_dtype
+from dsl.diagnostics import Diagnostic, DslError, Loc, RuleError
 from dsl.ir import Program
 from dsl.types import LAYOUTS, dense_strides, layout_order
 
@@ -82,7 +85,8 @@ class Imported:
 
 
 def _frame(node: torch.fx.Node) -> tuple[str, int, str] | None:
-    """The user's `(file, line, code)` of a node: the innermost frame of its stack trace outside torch."""
+    """The user's `(file, line, code)` of a node: the innermost frame of its stack trace outside torch and
+    this module (whose wrapper of a plain function is a frame too)."""
     torch_dir = os.path.dirname(torch.__file__)
     lines = (node.meta.get("stack_trace") or "").splitlines()
     found = None
@@ -91,7 +95,7 @@ def _frame(node: torch.fx.Node) -> tuple[str, int, str] | None:
         if not (parts[0].startswith('File "') and len(parts) >= 2 and parts[1].startswith("line ")):
             continue
         file = parts[0].removeprefix('File "').removesuffix('"')
-        if not file.startswith(torch_dir):
+        if not file.startswith(torch_dir) and file != __file__:
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
             found = (file, int(parts[1].removeprefix("line ")), code)
     return found
@@ -153,7 +157,7 @@ def _layout_text(t: torch.Tensor) -> str:
     for layout in ("nhwc", "ndhwc", "col_major", "channels_last"):  # rank 3: col_major, as docs/pytorch.md says
         try:
             order = layout_order(layout, len(shape))
-        except Exception:  # the layout does not fit the rank
+        except RuleError:  # the layout does not fit the rank
             continue
         if same(dense_strides(shape, order)):
             return f" {layout}"
@@ -640,6 +644,9 @@ def from_torch(fn, example_inputs, *, name: str | None = None) -> Imported:
     if isinstance(fn, torch.export.ExportedProgram):
         ep = fn
     else:
+        if not isinstance(fn, torch.nn.Module):
+            # torch.export keeps the frames of `forward` methods only, and of the functions anchored so
+            _register_stack_trace_anchor(fn)
         module = fn if isinstance(fn, torch.nn.Module) else _Function(fn)
         ep = torch.export.export(module, tuple(example_inputs), strict=False)
     label = f"<{what}>"
@@ -710,3 +717,25 @@ def load_callable(spec: str):
     if obj is None:
         raise ValueError(f"{path} has no '{attr}'")
     return obj() if isinstance(obj, type) else obj
+
+
+def example_tensor(text: str, seed: int = 0) -> torch.Tensor:
+    """`float[2, 4, 8, 8] nhwc` (a .cdg tensor type and an optional layout name) -> a tensor of that dtype,
+    shape and memory order, drawn from a seeded normal distribution (integers: 0 to 9; bool: coin flips)."""
+    from dsl.types import canonical_dtype
+
+    m = re.fullmatch(r"\s*(\w+)\s*\[([\d,\s]+)\]\s*(\w+)?\s*", text)
+    dtype = canonical_dtype(m.group(1)) if m else None
+    layout = (m.group(3) or "row_major") if m else None
+    if dtype is None or layout not in LAYOUTS:
+        raise ValueError(f"--example takes DTYPE[DIMS] [LAYOUT] (as a .cdg input declares it), got '{text}'")
+    shape = tuple(int(d) for d in m.group(2).split(",") if d.strip())
+    try:
+        strides = dense_strides(shape, layout_order(layout, len(shape)))
+    except RuleError as e:
+        raise ValueError(f"--example '{text}': {e}") from None
+    g = torch.Generator().manual_seed(seed)
+    t = torch.empty_strided(shape, strides, dtype=torch_dtype(dtype))
+    if t.is_floating_point():
+        return t.copy_(torch.randn(shape, generator=g))
+    return t.copy_(torch.randint(0, 2 if dtype == "bool" else 10, shape, generator=g))
