@@ -247,3 +247,12 @@ def test_cli_refusal_quotes_the_users_line(tmp_path):
 def test_cli_usage_errors(args, message):
     r = run_cli("import", *args)
     assert r.returncode == 2 and message in r.stderr
+
+
+def scaled(x, k: int):
+    return x * k
+
+
+def test_an_argument_that_is_not_a_tensor_is_refused():
+    with pytest.raises(DslError, match="'k' is not a tensor"):
+        from_torch(scaled, (torch.randn(2, 3), 3))

@@ -131,7 +131,6 @@ class _Source:
     views: tuple
     meta: torch.Tensor
     """a meta tensor of the view's dims, strides and dtype"""
-    name: str | None = None
 
     def view(self, op, *rest) -> _Source:
         return _Source(self.placeholder, self.base, self.views + ((op, rest),), op(self.meta, *rest))
@@ -162,9 +161,6 @@ def _layout_text(t: torch.Tensor) -> str:
         if same(dense_strides(shape, order)):
             return f" {layout}"
     return f" strides {ints_text(strides)}"
-
-
-assert {"nhwc", "ndhwc", "channels_last", "col_major"} <= set(LAYOUTS)
 
 
 def _type_text(t: torch.Tensor) -> str:
@@ -198,6 +194,7 @@ class _Importer:
         self.statements: list[tuple[torch.fx.Node, str, str]] = []  # (node, name, expression)
         self.inputs: list[GraphInput] = []
         self.refusals: list[Diagnostic] = []
+        self.returned: list[str] = []
         self.node: torch.fx.Node | None = None
         self.scalars = 0
 
@@ -248,10 +245,14 @@ class _Importer:
         for node in self.ep.graph.nodes:
             self.node = node
             if node.op == "placeholder":
-                val = node.meta["val"]
+                val = node.meta.get("val")
                 base = specs[node.name].target or self.arg_names.get(node.name, node.name)
+                if not isinstance(val, torch.Tensor):
+                    self.env[node] = None
+                    self.refusals.append(_refusal(node, self.label, f"'{base}' is not a tensor"))
+                    continue
                 meta = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
-                self.env[node] = _Source(node.name, base, (), meta) if isinstance(val, torch.Tensor) else None
+                self.env[node] = _Source(node.name, base, (), meta)
             elif node.op == "call_function":
                 self.call(node)
             elif node.op == "output":
@@ -281,7 +282,6 @@ class _Importer:
         self.env[node] = _Value(name, node.meta["val"])
 
     def outputs(self, node: torch.fx.Node) -> None:
-        self.returned: list[str] = []
         for arg in node.args[0]:
             v = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
             if isinstance(v, _Source):
