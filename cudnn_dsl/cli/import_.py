@@ -1,4 +1,5 @@
-"""`cudnn-dsl import FILE`: a cuDNN Frontend graph (its JSON, or a frontend log) as a .cdg file."""
+"""`cudnn-dsl import FILE`: a cuDNN Frontend graph (its JSON, or a frontend log) as a .cdg file; `--from-torch`:
+a traced PyTorch function or module."""
 
 from __future__ import annotations
 
@@ -30,7 +31,22 @@ def register(p) -> None:
     p.add_argument(
         "file",
         metavar="FILE",
+        nargs="?",
         help="frontend graph JSON, a frontend log, or text holding the JSON ('-': standard input)",
+    )
+    p.add_argument(
+        "--from-torch",
+        metavar="FILE.py:NAME",
+        help="instead of FILE: the function, nn.Module (instance, or class made with no arguments, put in eval "
+        "mode) NAME of a Python file, traced by torch.export on --example inputs; the file is imported (its code "
+        "runs, as pytest runs a test file)",
+    )
+    p.add_argument(
+        "--example",
+        action="append",
+        metavar="TYPE",
+        help="with --from-torch, one per argument in order: DTYPE[DIMS] [LAYOUT], as a .cdg input declares it "
+        "('half[2, 64, 56, 56] nhwc'); drawn from a seeded normal distribution",
     )
     p.add_argument("-o", "--output", metavar="OUT.cdg", help="write the .cdg file here (default: print it)")
     p.add_argument("--force", action="store_true", help="with -o: replace OUT.cdg if it exists")
@@ -92,6 +108,10 @@ def run(args) -> int:
     out = Path(args.output) if args.output else None
     if out is not None and out.exists() and not args.force:
         raise common.UsageError(f"{out} exists; pass --force to replace it")
+    if args.from_torch or args.example:
+        return _from_torch(args, out)
+    if args.file is None:
+        raise common.UsageError("import takes FILE, or --from-torch FILE.py:NAME")
     text = _read(args.file)
     common.SOURCES[args.file] = text
     name = args.name or ("stdin" if args.file == "-" else Path(args.file).name.split(".")[0])
@@ -119,4 +139,35 @@ def run(args) -> int:
 
     atomic_write(out, cdg)
     print(f"{out}: {len(graphs)} graph{'s' if len(graphs) != 1 else ''} imported from {args.file}", file=sys.stderr)
+    return common.EXIT_OK
+
+
+def _from_torch(args, out: Path | None) -> int:
+    """`--from-torch FILE.py:NAME --example TYPE ...`: a traced PyTorch function or module as a .cdg file."""
+    from cudnn_dsl.interop.from_torch import example_tensor, from_torch, load_callable
+    from dsl.diagnostics import DslError
+
+    if not args.from_torch or args.file is not None or args.scalar:
+        raise common.UsageError("--from-torch FILE.py:NAME takes --example inputs, and no FILE or --scalar")
+    try:
+        fn = load_callable(args.from_torch)
+        examples = [example_tensor(t, seed=i) for i, t in enumerate(args.example or ())]
+    except ValueError as e:
+        raise common.UsageError(str(e)) from None
+    if hasattr(fn, "eval"):  # an imported graph is an inference graph (BatchNorm's running statistics)
+        fn.eval()
+    try:
+        imported = from_torch(fn, examples, name=args.name)
+    except DslError as e:
+        for d in e.diagnostics:  # so that the message quotes the user's line
+            if d.loc.file.endswith(".py") and Path(d.loc.file).is_file():
+                common.SOURCES[d.loc.file] = Path(d.loc.file).read_text(errors="replace")
+        raise
+    if out is None:
+        sys.stdout.write(imported.text)
+        return common.EXIT_OK
+    from cudnn_dsl.store.files import atomic_write
+
+    atomic_write(out, imported.text)
+    print(f"{out}: imported from {args.from_torch}", file=sys.stderr)
     return common.EXIT_OK

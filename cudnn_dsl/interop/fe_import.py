@@ -308,11 +308,17 @@ def to_cdg(
             imported.append(import_graph(src, j, gname, scalars or {}))
         except MALFORMED as e:  # a field of the wrong type where nothing more precise catches it
             raise src.error(f"not the cuDNN Frontend's graph JSON: {type(e).__name__}: {e}", j.pos) from None
-    out = [f"# Imported by `cudnn-dsl import` from {file}"]
-    for g in imported:
-        out += ["", f"# {g.where}", f"graph {g.name} {{"] + [f"  {line}" if line else "" for line in g.lines] + ["}"]
-    raw = "\n".join(out) + "\n"
+    raw = cdg_text(f"Imported by `cudnn-dsl import` from {file}", [(g.where, g.name, g.lines) for g in imported])
     return fmt_module(parse(raw, "<imported>")), imported
+
+
+def cdg_text(header: str, graphs) -> str:
+    """A .cdg file (not yet canonical) of graphs given as (comment, name, statements), under a header comment:
+    what every importer writes."""
+    out = [f"# {header}"]
+    for where, name, lines in graphs:
+        out += ["", f"# {where}", f"graph {name} {{"] + [f"  {line}" if line else "" for line in lines] + ["}"]
+    return "\n".join(out) + "\n"
 
 
 def verify(program: Program, imported: list[Imported], src_file: str) -> list[str]:
