@@ -20,8 +20,8 @@ import sys
 
 import attrs
 import torch
+import torch.fx.proxy
 from torch.fx.operator_schemas import normalize_function
-from torch.fx.proxy import _register_stack_trace_anchor
 
 from cudnn_dsl.interop.fe_graph import ints_text, number_text
 from cudnn_dsl.interop.fe_import import cdg_text, ident
@@ -645,8 +645,11 @@ def from_torch(fn, example_inputs, *, name: str | None = None) -> Imported:
         ep = fn
     else:
         if not isinstance(fn, torch.nn.Module):
-            # torch.export keeps the frames of `forward` methods only, and of the functions anchored so
-            _register_stack_trace_anchor(fn)
+            # torch.export keeps the frames of `forward` methods only, and of the functions anchored so (a private
+            # hook of torch's, so a torch without it gives refusals with no line of the function's)
+            anchor = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+            if anchor is not None:
+                anchor(fn)
         module = fn if isinstance(fn, torch.nn.Module) else _Function(fn)
         ep = torch.export.export(module, tuple(example_inputs), strict=False)
     label = f"<{what}>"
