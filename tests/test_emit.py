@@ -462,3 +462,64 @@ def test_run_dump_ejects_what_runs_the_parts_and_the_inits_of_the_run(tmp_path):
     text = script.read_text()
     assert "def build_part2(handle)" in text and "draw_values('randn', (0.0, 2.0)" in text
     assert 'def make_buffers(device="cuda", seed=4)' in text
+
+
+# R7: names of Python's builtins and of the modules a script imports.
+
+BUILTIN_NAMES = (
+    "graph g {\n  option workspace_limit = 1048576\n  input range : float[1, 8, 8]\n"
+    "  input Exception : float[1, 8, 8]\n  input open : float[1, 8, 8]\n"
+    "  int = matmul(range, Exception)\n  exec = relu(open)\n  torch = int + exec\n"
+    "  output RuntimeError = torch * 2.0\n}\n"
+)
+
+
+def _bound(script: str) -> set[str]:
+    """Every name the script binds, but for its own imports of modules."""
+    bound = set()
+    for n in ast.walk(ast.parse(script)):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            bound.add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, ast.ImportFrom):
+            bound |= {a.asname or a.name for a in n.names}
+        elif isinstance(n, ast.Import):
+            bound |= {a.asname for a in n.names if a.asname and a.asname != a.name}
+    return bound
+
+
+@pytest.mark.parametrize("fmt", ["cudnn", "torch"])
+def test_names_of_builtins_and_modules_are_renamed_in_the_scripts(fmt, tmp_path):
+    import builtins
+
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "b.cdg"
+    f.write_text(BUILTIN_NAMES)
+    flags = [
+        "--exclude-engine",
+        "4",
+        "--deterministic",
+        "--seed",
+        "3",
+        "--init",
+        "open=uniform(0,1)",
+        "--target",
+        "h200",
+    ]
+    p = run_cli("emit", f, "--format", fmt, *(flags if fmt == "cudnn" else ()))
+    assert p.returncode == 0, p.stderr
+    compile(p.stdout, "emitted.py", "exec")
+    assert "for i in range(" in p.stdout or fmt == "torch"
+    shadowed = _bound(p.stdout) & (set(dir(builtins)) | {"torch", "cudnn", "math", "hashlib"})
+    assert not shadowed, shadowed
+    [g] = graphs(f.read_text())
+    if fmt == "torch":  # it runs, and computes what the reference computes
+        torch_matches_reference(g, g.instances[0])
+    else:
+        cudnn_module(g, g.instances[0])

@@ -51,11 +51,24 @@ def _name(s: str) -> str:
     return s
 
 
+_HEAD = """import hashlib
+import math
+
+import cudnn
+import torch
+"""
+
+#: names a script reads that it does not bind itself: a .cdg name never takes one (a tensor named `range` would
+#: break the script's own loop, one named `Exception` its retries)
+_SHADOWED = frozenset(dir(builtins)) | {alias.name for st in ast.parse(_HEAD).body for alias in st.names}
+
+
 def _ident(hint: str, taken: set[str], reserved=frozenset()) -> str:
     """A fresh identifier for a .cdg name: the name itself when Python allows it and it is free, else
-    prefixed `t_` (keywords, `__debug__`, `reserved`) and/or suffixed `_2`, `_3`, ... (taken)."""
+    prefixed `t_` (keywords, builtins, the modules a script imports, `reserved`) and/or suffixed `_2`, `_3`,
+    ... (taken)."""
     base = re.sub(r"[^0-9A-Za-z_]", "_", hint) or "t"
-    if base[0].isdigit() or keyword.iskeyword(base) or base == "__debug__" or base in reserved:
+    if base[0].isdigit() or keyword.iskeyword(base) or base in _SHADOWED or base in reserved:
         base = "t_" + base
     name, k = base, 1
     while name in taken:
@@ -66,7 +79,7 @@ def _ident(hint: str, taken: set[str], reserved=frozenset()) -> str:
 
 
 class _Script:
-    RESERVED = frozenset({"cudnn", "torch", "g", "handle"})  # the names build() itself uses
+    RESERVED = frozenset({"g", "handle", "i"})  # the names build() itself binds
 
     def __init__(self):
         self.lines: list[str] = []
@@ -235,13 +248,6 @@ def _bools(graph: Graph, inst: Instance) -> str:
 _PRINT = """    for name in OUTPUTS:
         t = (unpack_bool(buffers[name], *BOOLS[name]) if name in BOOLS else buffers[name]).float()
         print(f"{name}: shape {tuple(t.shape)}, mean {t.mean().item():.4g}, max |x| {t.abs().max().item():.4g}")
-"""
-
-_HEAD = """import hashlib
-import math
-
-import cudnn
-import torch
 """
 
 
