@@ -410,7 +410,7 @@ def test_emit_plans_for_the_target_and_ejects_the_parts(tmp_path):
     )
     p = run_cli("emit", gs)  # no engine runs genstats alone, and fallback is off: whole, the refusal said
     assert p.returncode == 1 and "fallback to torch is off" in p.stderr and "def build(handle)" in p.stdout
-    assert "declines" in p.stderr
+    assert "the script below builds the graph whole, which is not planned for NVIDIA H200" in p.stderr
 
 
 def test_emit_takes_runs_seed_init_and_constraint_flags(tmp_path):
@@ -523,3 +523,46 @@ def test_names_of_builtins_and_modules_are_renamed_in_the_scripts(fmt, tmp_path)
         torch_matches_reference(g, g.instances[0])
     else:
         cudnn_module(g, g.instances[0])
+
+
+# option shape_mode = dynamic: the scripts build as a run builds, in cuDNN's dynamic-shape mode.
+
+DYNAMIC = (
+    "graph d {\n  option shape_mode = MODE\n  dim B in {8, 16}\n  input a : bf16[B, 64, 64]\n"
+    "  input b : bf16[1, 64, 64]\n  output y = matmul(a, b)\n}\n"
+)
+
+
+def _pygraph_keywords(script: str) -> dict:
+    [call] = [
+        n
+        for n in ast.walk(ast.parse(script))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "pygraph"
+    ]
+    return {k.arg: ast.unparse(k.value) for k in call.keywords}
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "auto", "static"])
+def test_emit_builds_in_dynamic_shape_mode_as_a_run_does(mode, tmp_path):
+    import json
+
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "d.cdg"
+    f.write_text(DYNAMIC.replace("MODE", mode))
+    dynamic = mode == "dynamic"  # auto starts static, as a Planner does
+    p = run_cli("emit", f, "--shape", "B=8")
+    assert p.returncode == 0, p.stderr
+    kw = _pygraph_keywords(p.stdout)
+    assert (kw.get("is_dynamic_shape_enabled"), kw.get("kernel_cache")) == (
+        ("True", "kernel_cache") if dynamic else (None, None)
+    )
+    tree = ast.parse(p.stdout)
+    [build] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "build"]
+    assert [a.arg for a in build.args.args] == ["handle", "kernel_cache"] if dynamic else ["handle"]
+    # the one cache the builds share is made once, before build(), and given to it
+    assert ("kernel_cache = cudnn.create_kernel_cache()\n    g = build(handle, kernel_cache)" in p.stdout) is dynamic
+    run_module(p.stdout)
+    p = run_cli("emit", f, "--shape", "B=8", "--format", "fe-json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["context"]["is_dynamic_shape_enabled"] is dynamic

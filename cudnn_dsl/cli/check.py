@@ -149,7 +149,7 @@ def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
     """Asks the real cuDNN library for the target's plans for every shape of every graph (into entry's
     "plans"), and says the shape mode of each graph with symbolic dims (into its "shape_modes")."""
     from cudnn_dsl.build.steps import timings_text
-    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.run.partition import declined_whole, plan_for_target
     from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
 
@@ -173,7 +173,7 @@ def _plan(program, target, entry: dict, quiet: bool, args, pin) -> int:
                 parts = common.parts_record(g, partition)
                 records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, **parts})
                 if not quiet:
-                    print(f"  cuDNN for {target.name} declines graph {name} whole ({partition.declined}); it runs as:")
+                    print(f"  {declined_whole(partition.declined, f'graph {name}', target.name)}; it runs as:")
                     print("".join(f"    {line}\n" for line in parts["parts"]), end="")
                     print(f"    {partition.counts.text}")
                 continue

@@ -39,7 +39,7 @@ def _targets(args) -> list:
 
 
 def run(args) -> int:
-    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.run.partition import declined_whole, plan_for_target
     from dsl.diagnostics import DslError
 
     common.start_logging(args)
@@ -71,7 +71,7 @@ def run(args) -> int:
                         print(f"  {where}: fuses — one cuDNN graph, {low.plan_count} candidate plans")
                         continue
                     record.update(fuses=False, declined=partition.declined, **common.parts_record(g, partition))
-                    print(f"  {where}: {partition.how} — cuDNN declines it whole: {partition.declined}")
+                    print(f"  {where}: {partition.how} — {declined_whole(partition.declined)}")
                     print("".join(f"    {line}\n" for line in record["parts"]), end="")
                     print(f"    {partition.counts.text}")
     common.write_json(args.json, {"support": records})

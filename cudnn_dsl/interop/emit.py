@@ -12,7 +12,7 @@ import keyword
 import math
 import re
 
-from cudnn_dsl.build.pipeline import compile_shape
+from cudnn_dsl.build.pipeline import compile_shape, dynamic_shapes
 from cudnn_dsl.target.dtypes import torch_dtype_name
 from dsl.ir import Graph, Instance
 from dsl.types import DTYPE_RANGE, is_float
@@ -79,7 +79,7 @@ def _ident(hint: str, taken: set[str], reserved=frozenset()) -> str:
 
 
 class _Script:
-    RESERVED = frozenset({"g", "handle", "i"})  # the names build() itself binds
+    RESERVED = frozenset({"g", "handle", "kernel_cache", "i"})  # the names build() itself binds
 
     def __init__(self):
         self.lines: list[str] = []
@@ -147,17 +147,20 @@ def _build_step(o, policy: str) -> str:
 
 
 def _graph_function(fname: str, graph: Graph, inst: Instance, o, doc: str) -> tuple[str, dict, dict]:
-    """`def fname(handle)` building `graph` with the frontend (the lowering pass run against a recorder);
-    also its pass-by-value tensors, uid -> (value, dtype), and its scratch tensors, name -> uid."""
+    """`def fname(handle)` building `graph` with the frontend (the lowering pass run against a recorder), in
+    dynamic-shape mode `def fname(handle, kernel_cache)`, as a run builds it; also its pass-by-value tensors,
+    uid -> (value, dtype), and its scratch tensors, name -> uid."""
     script = _Script()
-    low = compile_shape(graph, inst, o, stop="lowered", handle=_Sym(script, "handle"), cudnn=_Sym(script, "cudnn"))
+    cache = _Sym(script, "kernel_cache") if dynamic_shapes(graph, o) else None
+    handle, cudnn = _Sym(script, "handle"), _Sym(script, "cudnn")
+    low = compile_shape(graph, inst, o, stop="lowered", handle=handle, cudnn=cudnn, kernel_cache=cache)
     policy = "ALL" if o.build_policy == "all" else "HEURISTICS_CHOICE"
     body = "\n".join("    " + line for line in script.lines)
     modes = ", ".join(f"cudnn.heur_mode.{_name(m)}" for m in o.modes())
     ws_limit = (
         f"\n    g.deselect_workspace_greater_than({_lit(o.workspace_limit)})" if o.workspace_limit is not None else ""
     )
-    text = f'''def {fname}(handle):
+    text = f'''def {fname}(handle{", kernel_cache" if cache is not None else ""}):
     """{doc}"""
 {body}
     g.validate()
@@ -263,6 +266,12 @@ def portable_source() -> str:
     return "\n\n\n".join(ast.get_source_segment(text, n) for n in nodes)
 
 
+_DYNAMIC = """
+
+    In cuDNN's dynamic-shape mode (option shape_mode = dynamic), as `cudnn-dsl run` builds it: give the builds of
+    every shape of the graph one `kernel_cache` (cudnn.create_kernel_cache()), and they share its kernels."""
+
+
 def emit_cudnn(graph: Graph, inst: Instance, options=None, partition=None, inits=None) -> str:
     """A runnable script: build the graph with the cuDNN Frontend, run it once, print the outputs. With a
     `partition` (partition.plan_for_target's, of a graph cuDNN declines whole), the script builds each
@@ -270,8 +279,10 @@ def emit_cudnn(graph: Graph, inst: Instance, options=None, partition=None, inits
     o = options or graph.options
     if partition is not None:
         return _emit_parts(graph, inst, o, partition, inits)
+    dynamic = dynamic_shapes(graph, o)
     doc = "validate -> build_operation_graph -> create_execution_plans -> check_support -> build_plans."
-    build, host, scratch = _graph_function("build", graph, inst, o, doc)
+    build, host, scratch = _graph_function("build", graph, inst, o, doc + (_DYNAMIC if dynamic else ""))
+    cache = "\n    kernel_cache = cudnn.create_kernel_cache()" if dynamic else ""
     shape = f" ({_doc(inst.label)})" if inst.binding else ""
     return f'''"""Graph '{_doc(graph.name)}'{shape} built with the cuDNN Frontend directly.
 
@@ -305,8 +316,8 @@ def execute(g, handle, buffers, workspace, scalars):
 
 if __name__ == "__main__":
     handle = cudnn.create_handle()
-    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
-    g = build(handle)
+    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream){cache}
+    g = build(handle{", kernel_cache" if dynamic else ""})
     buffers = make_buffers()
     workspace = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device="cuda")
     execute(g, handle, buffers, workspace, host_scalars())
@@ -328,7 +339,7 @@ def _emit_parts(graph: Graph, inst: Instance, o, partition, inits) -> str:
     traced reference, a view as its operand's memory, the tensors between parts allocated in their inferred
     dtype, the parts run in order."""
     from cudnn_dsl.run.buffers import written
-    from cudnn_dsl.run.partition import CUDNN, VIEW
+    from cudnn_dsl.run.partition import CUDNN, VIEW, declined_whole
     from dsl.subgraph import subgraph
 
     taken = set(_SCRIPT_GLOBALS)
@@ -368,7 +379,7 @@ def _emit_parts(graph: Graph, inst: Instance, o, partition, inits) -> str:
     body = "\n\n".join(functions)
     return f'''"""Graph '{_doc(graph.name)}'{shape} built with the cuDNN Frontend directly, as {_parts(len(partition.parts))} run in order.
 
-cuDNN declines the graph whole ({_doc(partition.declined)}); the parts are those deviceless planning found:
+{_doc(declined_whole(partition.declined, "the graph"))}; the parts are those deviceless planning found:
 {lines}
 Emitted by `cudnn-dsl emit --format cudnn` from {_doc(graph.file)}. Standalone: needs only torch and cudnn.
 """
