@@ -16,7 +16,6 @@ from dsl.ops import OPS, Ctx, canonical
 from dsl.resolved import Resolved
 from dsl.types import (
     ALIGNMENT,
-    INT64_MAX,
     TensorType,
     dense_strides,
     fmt_shape,
@@ -84,7 +83,7 @@ class Typer:
         return Typed({**self.types, **self.scalars}, tuple(self.node_attrs))
 
     def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
-        if t.numel * itemsize(t.dtype) > INT64_MAX or t.storage * itemsize(t.dtype) > INT64_MAX:
+        if t.too_large:
             self.sink.error(f"'{name}' {fmt_shape(t.shape)} is too large: its size overflows a 64-bit integer", loc)
             return True
         return False
