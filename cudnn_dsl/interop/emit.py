@@ -325,9 +325,9 @@ if __name__ == "__main__":
 {_PRINT}'''
 
 
-#: the module names of a script: a part's traced reference takes none of them
+#: the module names a script binds (its imports are _SHADOWED): a part's traced reference takes none of them
 _SCRIPT_GLOBALS = frozenset(
-    {"hashlib", "math", "cudnn", "torch", "UIDS", "INPUTS", "OUTPUTS", "BOOLS", "INTERMEDIATES", "TORCH_PARTS"}
+    {"UIDS", "INPUTS", "OUTPUTS", "BOOLS", "INTERMEDIATES", "TORCH_PARTS"}
     | {"host_scalars", "build", "make_buffers", "execute", "handle", "graphs", "buffers", "workspace", "size", "name"}
     | {"CHUNK", "stream_seed", "draw", "draw_values", "pack_bool", "unpack_bool", "inf", "nan", "t"}
     | {"ragged_span", "packed_offsets"}
