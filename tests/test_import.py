@@ -169,7 +169,7 @@ def test_emit_fe_json_then_import_is_the_same_graph(path, graph_name, binding, h
 
     assert fmt_module(parse(cdg, "imported.cdg")) == cdg  # canonical: `fmt --check` clean
     back = program(text=cdg, file="imported.cdg")
-    assert verify(back, imported, "x") == []
+    verify(back, imported)
     g2 = back.graphs[0]
     inst2 = g2.instances[0]
     assert set(_not_carried(g)) <= set(NOT_CARRIED)
@@ -431,16 +431,20 @@ def _set_dims(name, dims):
 
 
 def test_a_graph_that_does_not_check_is_not_written(tmp_path, mm_json):
-    # the output's dims in the JSON disagree with its op: the language's checker says so, at the .cdg line
+    # the output's dims in the JSON disagree with its op: the language's checker says so, at the JSON's field
     err = _import_error(tmp_path, _edit(mm_json, _set_dims("y", [16, 512, 256])))
-    assert "error: output 'y' is declared [16, 512, 256]" in err
+    assert re.search(r"g\.json:\d+:\d+: error: tensor 'y': output 'y' is declared \[16, 512, 256\]", err), err
     assert "the graph imported from g.json does not check (above); nothing written" in err
 
 
 def test_an_import_that_is_not_the_same_graph_is_not_written(tmp_path, mm_json):
     # an intermediate's dims, which the .cdg file does not spell: the comparison with the JSON finds them
     err = _import_error(tmp_path, _edit(mm_json, _set_dims("matmul_0", [16, 512, 256])))
-    assert "g.json: tensor 'matmul_0': the JSON has dims [16, 512, 256], the imported graph [16, 512, 512]" in err
+    assert re.search(
+        r"g\.json:\d+:\d+: error: tensor 'matmul_0': dim \[16, 512, 256\] contradicts its graph: node 'matmul_0' "
+        r"\(MATMUL, nodes\[0\]\) makes \[16, 512, 512\]",
+        err,
+    ), err
     assert "the imported graph is not the one g.json describes (above); nothing written" in err
 
 
@@ -807,7 +811,7 @@ def test_every_imported_op_round_trips_through_the_frontend(op, text, unplanned,
     fe = frontend_json(g, inst, h200, plans=not unplanned)
     cdg, imported = to_cdg(fe, f"{op}.json")
     back = program(text=cdg, file="imported.cdg")
-    assert verify(back, imported, "x") == []
+    verify(back, imported)
     assert _listing(back.graphs[0], back.graphs[0].instances[0]) == _listing(g, inst)
 
 
@@ -845,3 +849,48 @@ def test_import_starts_fast_without_torch_or_cudnn():
     assert "HEAVY [] 0" in p.stderr, p.stderr[-500:]
     p = run_cli("import", "--help")
     assert p.returncode == 0 and "CUDNN_FRONTEND_LOG_INFO=1" in p.stdout and "--force" in p.stdout
+
+
+# ---- R9: a tensor the JSON gives otherwise than its graph makes it, refused at its field ---------------------
+
+
+@pytest.fixture(scope="module")
+def conv_bias_relu_json(tmp_path_factory) -> dict:
+    p = run_cli("emit", ROOT / "examples" / "conv_bias_relu.cdg", "--format", "fe-json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def _set(tensor: str, field: str, value):
+    def change(j: dict) -> None:
+        t = next(t for t in j["tensors"] if t["name"] == tensor)
+        t[field] = value(t[field]) if callable(value) else value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change,field,words",
+    [  # y: the conv's virtual result; bias_0: the bias's; out: the graph's output
+        (_set("y", "dim", lambda d: d[:2] + [57] + d[3:]), "dim", "node 'y' (CONV_FPROP, nodes[0]) makes"),
+        (_set("bias_0", "stride", lambda s: [s[0] + 1] + s[1:]), "stride", "contradicts its graph"),
+        (_set("bias_0", "stride", lambda s: [2**62] + s[1:]), "stride", "its size overflows a 64-bit integer"),
+        (_set("out", "dim", lambda d: [d[0] + 1] + d[1:]), "dim", "output 'out' is declared [33, 256, 56, 56]"),
+        (_set("out", "stride", lambda s: [2**62] + s[1:]), "stride", "its size overflows a 64-bit integer"),
+        (_set("bias_0", "is_virtual", "TRAINING"), "is_virtual", 'is_virtual "TRAINING" is not true or false'),
+        (_set("x", "is_pass_by_value", 1), "is_pass_by_value", "is_pass_by_value 1 is not true or false"),
+    ],
+)
+def test_a_tensor_the_json_gives_otherwise_than_its_graph_is_refused_at_its_field(
+    conv_bias_relu_json, change, field, words, tmp_path
+):
+    j = json.loads(json.dumps(conv_bias_relu_json))
+    change(j)
+    fe = tmp_path / "bad.json"
+    text = json.dumps(j, indent=1)
+    fe.write_text(text)
+    p = run_cli("import", fe)
+    assert p.returncode == 1 and words in p.stderr, p.stderr
+    line = int(re.search(rf"{re.escape(str(fe))}:(\d+):\d+: error", p.stderr).group(1))
+    assert text.splitlines()[line - 1].strip().startswith(f'"{field}"'), (line, p.stderr)
+    assert "<imported>" not in p.stderr

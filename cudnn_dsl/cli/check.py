@@ -157,7 +157,7 @@ def _plan(program, target, entry: dict, findings: list, args, pin) -> int:
     "plans"), and says the shape mode of each graph with symbolic dims (into its "shape_modes"); its refusals and
     splits go into `findings` too, as SARIF results."""
     from cudnn_dsl.build.steps import timings_text
-    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.run.partition import declined_whole, plan_for_target
     from cudnn_dsl.target.library import BackendUnavailable, answering
     from dsl.diagnostics import DslError
 
@@ -190,10 +190,7 @@ def _plan(program, target, entry: dict, findings: list, args, pin) -> int:
                 )
                 findings.append(sarif.result("split", common.split_note(g, inst, target, partition)))
                 if not quiet:
-                    print(
-                        f"  cuDNN {library.version} for {target.name} declines graph {name} whole "
-                        f"({partition.declined}); it runs as:"
-                    )
+                    print(f"  {declined_whole(partition.declined, f'graph {name}', target.name)}; it runs as:")
                     print("".join(f"    {line}\n" for line in parts["parts"]), end="")
                     print(f"    {partition.counts.text}")
                 continue

@@ -17,7 +17,8 @@ def register(p) -> None:
         help="cudnn: the frontend calls, built and run once (default; a graph cuDNN declines whole, as the "
         "graphs it splits into, run in order); torch: the reference function; fe-json: "
         "the graph as the cuDNN Frontend serializes it (for anyone with the frontend alone; needs the cuDNN library; "
-        "written even when cuDNN finds no plan for the graph, with exit 1)",
+        "written even when the graph gets no plan, with exit 1: cuDNN finds none, or cudnn-dsl refuses a graph a "
+        "known defect of cuDNN runs wrong)",
     )
     p.add_argument("--graph", help="the graph to emit (needed when the file has several)")
     p.add_argument("--shape", action="append", metavar="DIM=VALUE", help="the value of each symbolic dim")
@@ -141,15 +142,19 @@ def _cudnn(g, inst, target, options, inits) -> int:
             common.warn(f"cannot ask cuDNN whether it takes the graph whole ({e}); the script builds it whole")
         except DslError as e:
             status = common.report(e)
-            common.warn(f"the script below builds the graph whole, which cuDNN for {target.name} declines")
+            common.warn(
+                f"the script below builds the graph whole, which is not planned for {target.name} (the error above)"
+            )
     print(emit_cudnn(g, inst, options, partition, inits), end="")
     return status
 
 
 def _fe_json(g, inst, target) -> int:
-    """The frontend's JSON; when cuDNN finds no plan, still the graph's JSON (taken before planning), which is
-    what a bug report about that refusal needs, with the refusal on stderr and exit 1."""
+    """The frontend's JSON; when the graph gets no plan (cuDNN finds none, or a known defect of cuDNN has
+    cudnn-dsl refuse it), still the graph's JSON (taken before planning), which is what a bug report about that
+    refusal or defect needs, with the refusal on stderr and exit 1."""
     from cudnn_dsl.interop.fe_export import frontend_json
+    from cudnn_dsl.target.quirks import known_defect
     from dsl.diagnostics import DslError
 
     try:
@@ -164,5 +169,6 @@ def _fe_json(g, inst, target) -> int:
             raise e from None
         print(text, end="")
         common.report(e)
-        common.warn("the graph's JSON above is taken before planning, as cuDNN found no plan for it")
+        why = "cudnn-dsl refuses to plan it" if known_defect(e.diagnostics[0].message) else "cuDNN found no plan for it"
+        common.warn(f"the graph's JSON above is taken before planning, as {why}")
         return common.EXIT_FAIL

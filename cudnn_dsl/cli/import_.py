@@ -100,7 +100,8 @@ def _text(data: bytes, what: str) -> str:
 
 
 def run(args) -> int:
-    from cudnn_dsl.interop.fe_import import to_cdg, verify
+    from cudnn_dsl.interop.fe_import import in_json, to_cdg, verify
+    from dsl.diagnostics import DslError
     from dsl.pipeline import load
 
     if args.force and not args.output:
@@ -122,14 +123,17 @@ def run(args) -> int:
     if unknown:
         raise common.UsageError(f"--scalar {', '.join(unknown)}: {args.file} has no pass-by-value tensor of that name")
     result = load(text=cdg, file=str(out or "<imported>"))
-    if result.diagnostics:  # the checker's warnings too (a convolution input that is not channels-last)
-        print(result.render(), file=sys.stderr)
+    common.SOURCES[result.file] = cdg
+    said = in_json(result.diagnostics, cdg, graphs)  # the checker's warnings too (an input not channels-last)
+    if said:
+        common.report(DslError(said))
     if not result.ok:
         common.warn(f"error: the graph imported from {args.file} does not check (above); nothing written")
         return common.EXIT_FAIL
-    problems = verify(result.program, graphs, args.file)
-    if problems:
-        print("\n".join(problems), file=sys.stderr)
+    try:
+        verify(result.program, graphs)
+    except DslError as e:
+        common.report(e)
         common.warn(f"error: the imported graph is not the one {args.file} describes (above); nothing written")
         return common.EXIT_FAIL
     if out is None:

@@ -538,7 +538,7 @@ class _CpuRunner:
     def run(self, inst) -> dict:
         from cudnn_dsl.build.steps import timings_text
         from cudnn_dsl.run.compare import reference_bytes
-        from cudnn_dsl.run.partition import plan_for_target
+        from cudnn_dsl.run.partition import declined_whole, plan_for_target
         from cudnn_dsl.run.reference import drawn_values, run_reference
         from cudnn_dsl.target.library import BackendUnavailable, answering
         from dsl.diagnostics import DslError
@@ -557,7 +557,7 @@ class _CpuRunner:
             print(f"  cuDNN      {library.version} ({library.path})")
             if partition is not None:
                 rep.update(common.parts_record(s.graph, partition))
-                print(f"  split      for {target.name} (no device): cuDNN declines it whole ({partition.declined})")
+                print(f"  split      for {target.name} (no device): {declined_whole(partition.declined)}")
                 for line in rep["parts"]:
                     print(f"  split      {line}")
                 print(f"  split      {partition.counts.text}")
@@ -578,8 +578,8 @@ class _CpuRunner:
             rep["skipped"]["plan"] = str(e)
         except _Split:
             pass
-        except DslError as e:  # cuDNN declines the graph: said, and the reference still runs
-            print(f"  plan       for {target.name} (no device): cuDNN declines this graph (see the error)")
+        except DslError as e:  # the graph is declined (the error says by whom): said, and the reference still runs
+            print(f"  plan       for {target.name} (no device): not planned (see the error)")
             common.report(e)
             rep.update(ok=False, error=[d.to_json() for d in e.diagnostics])
         finally:

@@ -120,7 +120,7 @@ def _per_version(args) -> int:
 
 
 def run(args) -> int:
-    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.run.partition import declined_whole, plan_for_target
     from cudnn_dsl.target.library import answering
     from dsl.diagnostics import DslError
 
@@ -166,9 +166,7 @@ def run(args) -> int:
                         continue
                     record.update(fuses=False, declined=partition.declined, **common.parts_record(g, partition))
                     findings.append(sarif.result("split", common.split_note(g, inst, target, partition)))
-                    print(
-                        f"  {where}: {partition.how} — cuDNN {library.version} declines it whole: {partition.declined}"
-                    )
+                    print(f"  {where}: {partition.how} — {declined_whole(partition.declined)}")
                     print("".join(f"    {line}\n" for line in record["parts"]), end="")
                     print(f"    {partition.counts.text}")
     common.write_json(args.json, {"support": records})

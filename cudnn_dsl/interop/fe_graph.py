@@ -3,7 +3,6 @@ frontend's values turned into the language's spellings."""
 
 from __future__ import annotations
 
-import re
 import struct
 from collections.abc import Callable
 
@@ -103,9 +102,8 @@ class Node:
     def fail(self, message: str, field: str | None = None) -> DslError:
         """An error about this node, at its `field` when given (a node's only nested objects are its
         ports, whose keys are port names, so the first such key after the node's start is the field)."""
-        pos = getattr(self.j, "pos", 0)
-        found = re.compile(rf'"{re.escape(field)}"\s*:').search(self.src.text, pos) if field else None
-        return self.src.error(f"{self.where()}: {message}", found.start() if found else pos)
+        pos = self.src.field(self.j, field) if field else getattr(self.j, "pos", 0)
+        return self.src.error(f"{self.where()}: {message}", pos)
 
     def get(self, field: str, default=None):
         self.read.add(field)

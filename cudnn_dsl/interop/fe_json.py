@@ -155,6 +155,13 @@ class Source:
     def error(self, message: str, pos: int = 0) -> DslError:
         return DslError(Diagnostic("error", message, self.loc(pos)))
 
+    def field(self, obj: Located, field: str) -> int:
+        """Where `obj`'s `field` is written (the first such key after the object's start: the frontend's tensors
+        and nodes nest no object holding their own keys); the object's start when it has none."""
+        pos = getattr(obj, "pos", 0)
+        found = re.compile(rf'"{re.escape(field)}"\s*:').search(self.text, pos)
+        return found.start() if found else pos
+
 
 def find_graphs(src: Source) -> list[Located]:
     """The graph JSON objects in a file: the file itself when it is JSON, else every graph line of a
