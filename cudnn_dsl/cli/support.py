@@ -4,6 +4,7 @@ whole, or where it splits and why — asked of the real cuDNN library, with no G
 from __future__ import annotations
 
 from cudnn_dsl.cli import common
+from cudnn_dsl.cli.progress import Progress, add_quiet_flag
 
 HELP = "say, per target GPU, whether cuDNN fuses each graph whole or where it splits it, and why (no GPU needed)"
 
@@ -22,6 +23,7 @@ def register(p) -> None:
     p.add_argument("--no-fallback", action="store_true", help="an op no engine runs is an error, not a torch fallback")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
     common.add_log_flags(p)
+    add_quiet_flag(p)
     p.set_defaults(run=run)
 
 
@@ -47,32 +49,35 @@ def run(args) -> int:
     targets = _targets(args)  # an unknown name is a usage error before any work
     records = []
     files, status = common.clean_files(args.files)
-    for path, result in files:
-        for g in common.select_graphs(result.program, args.graph):
-            options = g.options.with_values({"fallback": False}) if args.no_fallback else g.options
-            for inst in common.select_instances(g, args.shape):
-                print(f"{path}: graph {common.label(g, inst)}")
-                for target in targets:
-                    mark = ", unverified descriptor" if target.unverified else ""
-                    where = f"{target.name} (sm_{target.sm_version}{mark})"
-                    record = {"file": path, "graph": g.name, "binding": dict(inst.binding), "target": target.name}
-                    records.append(record)
-                    progress = common.Progress(f"{g.name} on {target.name}")
-                    try:
-                        low, partition = plan_for_target(g, inst, options, target, progress)
-                    except DslError as e:
-                        status = max(status, common.report(e))
-                        record["error"] = [d.to_json() for d in e.diagnostics]
-                        continue
-                    finally:
-                        progress.done()
-                    if partition is None:
-                        record.update(fuses=True, plans=low.plan_count)
-                        print(f"  {where}: fuses — one cuDNN graph, {low.plan_count} candidate plans")
-                        continue
-                    record.update(fuses=False, declined=partition.declined, **common.parts_record(g, partition))
-                    print(f"  {where}: {partition.how} — cuDNN declines it whole: {partition.declined}")
-                    print("".join(f"    {line}\n" for line in record["parts"]), end="")
-                    print(f"    {partition.counts.text}")
+    work = [  # every graph and shape chosen before any is planned
+        (path, g, inst)
+        for path, result in files
+        for g in common.select_graphs(result.program, args.graph)
+        for inst in common.select_instances(g, args.shape)
+    ]
+    progress = Progress.of(args, total=len(work) * len(targets))
+    for path, g, inst in work:
+        options = g.options.with_values({"fallback": False}) if args.no_fallback else g.options
+        print(f"{path}: graph {common.label(g, inst)}")
+        for target in targets:
+            mark = ", unverified descriptor" if target.unverified else ""
+            where = f"{target.name} (sm_{target.sm_version}{mark})"
+            record = {"file": path, "graph": g.name, "binding": dict(inst.binding), "target": target.name}
+            records.append(record)
+            try:
+                with progress.item(f"{path}: {common.label(g, inst)} on {target.name}"):
+                    low, partition = plan_for_target(g, inst, options, target, progress)
+            except DslError as e:
+                status = max(status, common.report(e))
+                record["error"] = [d.to_json() for d in e.diagnostics]
+                continue
+            if partition is None:
+                record.update(fuses=True, plans=low.plan_count)
+                print(f"  {where}: fuses — one cuDNN graph, {low.plan_count} candidate plans")
+                continue
+            record.update(fuses=False, declined=partition.declined, **common.parts_record(g, partition))
+            print(f"  {where}: {partition.how} — cuDNN declines it whole: {partition.declined}")
+            print("".join(f"    {line}\n" for line in record["parts"]), end="")
+            print(f"    {partition.counts.text}")
     common.write_json(args.json, {"support": records})
     return status
