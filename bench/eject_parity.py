@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 import cudnn_dsl  # noqa: E402
 from cudnn_dsl.run.launch import Launch  # noqa: E402
 from cudnn_dsl.run.parts import Parts  # noqa: E402
-from cudnn_dsl.run.timing import environment, gpu_time_us, host_time_us, replay_time_us  # noqa: E402
+from cudnn_dsl.run.timing import gpu_time_us, host_time_us, replay_time_us  # noqa: E402
+from cudnn_dsl.target.machine import environment  # noqa: E402
 from cudnn_dsl.tune.bench import import_script, load_ejected  # noqa: E402
 
 

@@ -25,7 +25,8 @@ from cudnn_dsl.run.compiled import CompiledGraph  # noqa: E402
 from cudnn_dsl.run.partition import ANCHOR  # noqa: E402
 from cudnn_dsl.run.parts import Parts  # noqa: E402
 from cudnn_dsl.run.reference import run_reference  # noqa: E402
-from cudnn_dsl.run.timing import environment, gpu_time_us  # noqa: E402
+from cudnn_dsl.run.timing import gpu_time_us  # noqa: E402
+from cudnn_dsl.target.machine import environment  # noqa: E402
 from dsl.diagnostics import DslError  # noqa: E402
 from dsl.pipeline import program  # noqa: E402
 

@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cudnn_dsl.run.compiled import CompiledGraph  # noqa: E402
-from cudnn_dsl.run.timing import environment, host_time_us  # noqa: E402
+from cudnn_dsl.run.timing import host_time_us  # noqa: E402
 from cudnn_dsl.store.plans import PlanStore  # noqa: E402
+from cudnn_dsl.target.machine import environment  # noqa: E402
 from cudnn_dsl.tune.heuristics import tune  # noqa: E402
 from dsl.pipeline import program  # noqa: E402
 

@@ -41,7 +41,8 @@ from cudnn_dsl.run.buffers import restore, snapshot  # noqa: E402
 from cudnn_dsl.run.compare import compare  # noqa: E402
 from cudnn_dsl.run.compiled import CompiledGraph  # noqa: E402
 from cudnn_dsl.run.inputs import generate_inputs  # noqa: E402
-from cudnn_dsl.run.timing import environment, gpu_time_us, host_time_us  # noqa: E402
+from cudnn_dsl.run.timing import gpu_time_us, host_time_us  # noqa: E402
+from cudnn_dsl.target.machine import environment  # noqa: E402
 from cudnn_dsl.target.quirks import backward_avoid, library_version  # noqa: E402
 from dsl.autodiff import derive  # noqa: E402
 

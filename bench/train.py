@@ -51,9 +51,10 @@ sys.path.insert(0, str(ROOT))
 import cudnn_dsl  # noqa: E402
 from cudnn_dsl.run.partition import Counts, Partition, plan_for_target  # noqa: E402
 from cudnn_dsl.run.parts import Parts  # noqa: E402
-from cudnn_dsl.run.timing import environment, gpu_time_us  # noqa: E402
+from cudnn_dsl.run.timing import gpu_time_us  # noqa: E402
 from cudnn_dsl.target.dtypes import torch_dtype  # noqa: E402
 from cudnn_dsl.target.library import Target  # noqa: E402
+from cudnn_dsl.target.machine import environment  # noqa: E402
 from cudnn_dsl.torch_op.training import grad_ops  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "training"

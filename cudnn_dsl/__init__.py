@@ -23,11 +23,17 @@ _EXPORTS = {
     "as_torch_op": "cudnn_dsl.torch_op.op",
     "TorchOp": "cudnn_dsl.torch_op.op",
     "GraphModule": "cudnn_dsl.torch_op.module",
+    "LayoutWarning": "cudnn_dsl.torch_op.layout",
     "pack_bits": "cudnn_dsl.target.bits",
     "unpack_bits": "cudnn_dsl.target.bits",
 }
 
 __all__ = list(_EXPORTS)
+
+
+def __dir__() -> list[str]:
+    """The public names too, which are imported on first use (so that editors and dir() complete them)."""
+    return sorted({*globals(), *__all__, "__version__"})
 
 
 def __getattr__(name: str):

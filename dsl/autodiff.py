@@ -19,7 +19,7 @@ import attrs
 
 from dsl.diagnostics import Diagnostic, DslError, RuleError
 from dsl.ir import Graph, Instance
-from dsl.ops import EMIT_STATISTICS, NO_VJP, OPS, STATISTICS, VJPS, At, Ctx, canonical
+from dsl.ops import EMIT_STATISTICS, NO_VJP, OPS, RETYPABLE, STATISTICS, VJPS, At, Ctx, canonical
 from dsl.options import OPTIONS, Options
 from dsl.subgraph import fusion_order
 from dsl.syntax import ast
@@ -140,8 +140,6 @@ def check_text(name: str, text: str, at) -> Graph:
 
 FUSES_REDUCTION = ("pointwise", "matmul", "conv")
 """the op families a reduction fuses after in one cuDNN graph (over their results, unmaterialized)"""
-RETYPABLE = ("pointwise", "matmul", "conv")
-"""the op families whose result cuDNN writes in whichever dtype the graph declares for it"""
 DTYPE_FREE = ("pointwise", "reduction")
 """the op families that compute in their own dtype, whatever dtype they read"""
 

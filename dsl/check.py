@@ -25,6 +25,7 @@ from dsl.types import (
     canonical_dtype,
     check_value,
     layout_order,
+    stride_values,
 )
 from dsl.values import REQUIRED, convert
 
@@ -240,15 +241,36 @@ class _GraphChecker:
                     self.err("layout given twice", s.loc)
                 elif rank >= 0 and len(s.values) != rank:
                     self.err(f"{len(s.values)} strides for a rank-{rank} tensor", s.loc)
-                elif any(v > INT64_MAX for v in s.values):
-                    self.err("stride out of range", s.loc)
-                else:
+                elif self._strides_ok(s):
                     target.strides = s.values
+                elif isinstance(target, Decl):
+                    self.poisoned.add(target.name)  # no warning about the layout it was not given
             elif isinstance(s, ast.Uid):
                 if target.uid is not None:
                     self.err("uid given twice", s.loc)
                 elif self._uid_ok(s.value, s.loc):
                     target.uid, target.uid_loc = s.value, s.loc
+
+    def _strides_ok(self, s: ast.Strides) -> bool:
+        """Every number of a stride in range, every name in its products a dim of the graph (marked used)."""
+        ok = True
+        for k, v in enumerate(s.values):
+            loc = s.value_locs[k] if s.value_locs else s.loc
+            for f in (v,) if isinstance(v, int) else v:
+                if isinstance(f, int) and f > INT64_MAX:
+                    self.err("stride out of range", loc)
+                    ok = False
+                elif isinstance(f, str) and f not in self.symbols:
+                    if f not in self.poisoned:
+                        self.err(
+                            f"unknown dimension '{f}' in strides{self.sink.hint(f, self.symbols)}; a stride is a "
+                            "number or a product of the graph's dims and numbers",
+                            loc,
+                        )
+                    ok = False
+                elif isinstance(f, str):
+                    self.used.add(f)
+        return ok
 
     def _uid_ok(self, uid: int, loc: Loc) -> bool:
         if uid > INT64_MAX:  # 0 is a uid like any other, in cuDNN and in the frontend's samples
@@ -359,9 +381,6 @@ class _GraphChecker:
         self._specs(specs, len(st.type.dims), d)
         if place is not None:
             self._view(d, place, dims)
-        if d.strides and dims and any(isinstance(x, str) for x in dims):
-            self.err("explicit strides need concrete dims; use a layout with symbolic dims", st.loc)
-            d.strides = None
         if d.dtype is None or dims is None:
             self.poisoned.add(st.name)
         d.dims = dims or ()
@@ -518,13 +537,15 @@ class _GraphChecker:
             uids,
         )
         if sig.family != "pointwise":
-            for name, a in zip(arg_names, exprs):
-                if a is None:
+            by_value = {len(sig.inputs) + sig.optional.index(p) for p in sig.by_value}
+            for i, (name, a) in enumerate(zip(arg_names, exprs)):
+                if a is None or i in by_value:
                     continue
                 if name in self.decls and self.decls[name].kind in ("scalar", "const"):
                     self.err(
                         f"{e.op}: '{a.name if isinstance(a, ast.Ref) else a.value}' is a host scalar; "
-                        f"only pointwise ops take scalars",
+                        "only pointwise ops take scalars"
+                        + (f" (and {e.op}'s {', '.join(sig.by_value)})" if sig.by_value else ""),
                         a.loc,
                     )
                     node.ok = False
@@ -543,9 +564,11 @@ class _GraphChecker:
             a = sig.attr(kw.name)
             if a is None:
                 names = [x.name for x in sig.all_attrs]
+                takes = [f"attributes {', '.join(names)}"] if names else []
+                takes += [f"the optional inputs {', '.join(sig.optional)}"] if sig.optional else []
                 self.err(
-                    f"{sig.name}: unknown attribute '{kw.name}'{self.sink.hint(kw.name, names)}"
-                    + (f"; it takes {', '.join(names)}" if names else ""),
+                    f"{sig.name}: unknown argument '{kw.name}'{self.sink.hint(kw.name, names + list(sig.optional))}"
+                    + (f"; it takes {' and '.join(takes)}" if takes else ""),
                     kw.loc,
                 )
                 ok = False
@@ -623,8 +646,8 @@ class _GraphChecker:
             if sig.lint is None:
                 continue
             seen = tuple(
-                (d.name, len(d.dims), d.layout, d.strides is not None)
-                if (d := self.decls.get(i)) and d.kind == "input"
+                (d.name, len(d.dims), d.layout, self.first_strides(d))
+                if (d := self.decls.get(i)) and d.kind == "input" and i not in self.poisoned
                 else None
                 for i in n.inputs
             )
@@ -632,6 +655,12 @@ class _GraphChecker:
                 if n.inputs[i] not in warned:
                     warned.add(n.inputs[i])
                     self.sink.warning(message, self.decls[n.inputs[i]].loc)
+
+    def first_strides(self, d: Decl) -> tuple[int, ...] | None:
+        """An input's declared strides at the first value of each dim (what a lint judges), None without any."""
+        if d.strides is None:
+            return None
+        return stride_values(d.strides, {name: sym.values[0] for name, sym in self.symbols.items()})
 
     # ---- typing ------------------------------------------------------------------
 

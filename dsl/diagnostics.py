@@ -111,8 +111,8 @@ class RuleError(Exception):
 
 
 MAX_ERRORS = 100
-"""errors (and, apart, warnings) kept per run; past it they are counted, not rendered (and errors no longer get
-suggestions)"""
+"""errors (and, apart, warnings and notes) kept per run; past it they are counted, not rendered (and errors no
+longer get suggestions)"""
 
 
 class Sink:
@@ -124,6 +124,8 @@ class Sink:
         self.n_warnings = 0
         self.dropped = 0
         self.dropped_warnings = 0
+        self.n_notes = 0
+        self.dropped_notes = 0
 
     def error(self, message: str, loc: Loc, notes=()) -> None:
         self.n_errors += 1
@@ -139,8 +141,16 @@ class Sink:
             return
         self.items.append(Diagnostic("warning", message, loc, tuple(notes)))
 
+    def note(self, message: str, loc: Loc, notes=()) -> None:
+        """What the compiler did for the file that the file did not say (a retyped value, inferred groups)."""
+        self.n_notes += 1
+        if self.n_notes > MAX_ERRORS:
+            self.dropped_notes += 1
+            return
+        self.items.append(Diagnostic("note", message, loc, tuple(notes)))
+
     def add(self, d: Diagnostic) -> None:
-        (self.error if d.severity == "error" else self.warning)(d.message, d.loc, d.notes)
+        {"error": self.error, "warning": self.warning, "note": self.note}[d.severity](d.message, d.loc, d.notes)
 
     def hint(self, word: str, candidates) -> str:
         """did_you_mean, while errors are few: with thousands of unknown names, matching each
@@ -149,7 +159,15 @@ class Sink:
 
     def diagnostics(self) -> list[Diagnostic]:
         """Everything collected, and a last line counting what was not kept."""
-        parts = [f"{n} more {what}" for n, what in ((self.dropped, "errors"), (self.dropped_warnings, "warnings")) if n]
+        parts = [
+            f"{n} more {what}"
+            for n, what in (
+                (self.dropped, "errors"),
+                (self.dropped_warnings, "warnings"),
+                (self.dropped_notes, "notes"),
+            )
+            if n
+        ]
         if not parts:
             return list(self.items)
         last = self.items[-1].loc if self.items else UNKNOWN

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from dsl.diagnostics import Loc, RuleError, Sink
-from dsl.ops import OPS, Ctx, canonical
+from dsl.ops import OPS, RETYPABLE, Ctx, canonical
 from dsl.resolved import Resolved
 from dsl.types import (
     ALIGNMENT,
@@ -20,11 +20,13 @@ from dsl.types import (
     TensorType,
     dense_strides,
     fmt_shape,
+    is_float,
     itemsize,
     layout_order,
     overlap,
     shares_elements,
     storage_elements,
+    stride_values,
 )
 
 
@@ -47,6 +49,12 @@ class Typer:
         """host scalars typed by their first use: all-ones shape of the rank they meet"""
         self.scalar_uses: dict[str, tuple[int, Loc]] = {}
         self.node_attrs: list[tuple] = []
+        self.producer = {o: n for n in resolved.nodes for o in n.outputs}
+        self.reads: dict[str, int] = {}
+        """how many inputs of the graph's nodes each value is"""
+        for n in resolved.nodes:
+            for i in n.inputs:
+                self.reads[i] = self.reads.get(i, 0) + 1
 
     def concrete(self, dims) -> tuple[int, ...]:
         return tuple(self.binding[d] if isinstance(d, str) else d for d in dims)
@@ -61,7 +69,9 @@ class Typer:
             self.poisoned.add(name)  # until typed below
             shape = self.concrete(d.dims)
             if d.strides is not None:
-                strides = d.strides
+                strides = stride_values(d.strides, self.binding)
+                if self.stride_too_big(strides, d.loc):
+                    continue
                 if (ov := overlap(shape, strides)) is not None:
                     a, b = ov
                     what = f"axis {a} (size {shape[a]}) has stride 0" if a == b else f"axes {a} and {b} overlap"
@@ -86,6 +96,13 @@ class Typer:
     def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
         if t.numel * itemsize(t.dtype) > INT64_MAX or t.storage * itemsize(t.dtype) > INT64_MAX:
             self.sink.error(f"'{name}' {fmt_shape(t.shape)} is too large: its size overflows a 64-bit integer", loc)
+            return True
+        return False
+
+    def stride_too_big(self, strides: tuple[int, ...], loc: Loc) -> bool:
+        """A product of dims (`H*W*C`) can pass what a 64-bit stride holds, for some binding."""
+        if any(s > INT64_MAX for s in strides):
+            self.sink.error(f"strides {list(strides)}: a stride past 2^63-1", loc)
             return True
         return False
 
@@ -175,14 +192,11 @@ class Typer:
             full = canonical(sig, n.attrs, tuple(ins))
             outs = sig.infer(Ctx(n.op, tuple(ins), full))
         except RuleError as e:
-            loc = n.loc
-            if isinstance(e.at, int) and e.at < len(n.arg_locs):
-                loc = n.arg_locs[e.at]
-            elif isinstance(e.at, str) and e.at in n.attr_locs:
-                loc = n.attr_locs[e.at]
-            self.sink.error(str(e), loc)
+            self.sink.error(str(e), _at(n, e.at))
             self.poisoned.update(n.outputs)
             return ()
+        for at, text in sig.notes(Ctx(n.op, tuple(ins), full), n.attrs) if sig.notes is not None else ():
+            self.sink.note(text, _at(n, at))
         first = next(t for t in ins if t is not None)
         for name, out in zip(n.outputs, outs):
             self.result(name, out, first, n)
@@ -249,17 +263,19 @@ class Typer:
                     self.sink.error(str(e), o.loc)
                     return
             elif o.strides:
-                if len(o.strides) != len(out.shape):
-                    self.sink.error(f"{len(o.strides)} strides for output '{name}' of rank {len(out.shape)}", o.loc)
+                strides = stride_values(o.strides, self.binding)
+                if len(strides) != len(out.shape):
+                    self.sink.error(f"{len(strides)} strides for output '{name}' of rank {len(out.shape)}", o.loc)
                     return
-                if overlap(out.shape, o.strides) is not None:
+                if self.stride_too_big(strides, o.loc):
+                    return
+                if overlap(out.shape, strides) is not None:
                     self.sink.error(
-                        f"strides {list(o.strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc
+                        f"strides {list(strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc
                     )
                     return
-                strides = o.strides
             t = TensorType(dtype, out.shape, strides)
-        if keeps and t.dtype != first.dtype:
+        if keeps and t.dtype != first.dtype and not self.retyped(n, t.dtype, what):
             where = "declared" if declared else "the graph's io"
             fix = f"declare '{'output ' if o else ''}{name} : {first.dtype}'"
             if o and n.inputs[0] not in self.r.decls:  # a virtual input: its dtype is the intermediate one
@@ -272,3 +288,39 @@ class Typer:
         if not self.too_big(t, name, n.loc):
             self.types[name] = t
             self.poisoned.discard(name)
+
+    def retyped(self, n, dtype: str, what: str) -> bool:
+        """Types a layout op's input in `dtype`, the dtype its result must have (cuDNN keeps it), where that input
+        is a virtual value that an op of a RETYPABLE family computes, directly or through other layout ops, and
+        only the next op of the chain reads; notes it at that op. False (nothing changed) where not."""
+        chain, v = [], n.inputs[0]
+        while True:
+            p = self.producer.get(v)
+            if p is None or v in self.r.outputs or v in self.r.typed or self.reads[v] != 1 or len(p.outputs) != 1:
+                return False
+            if not (is_float(self.types[v].dtype) and is_float(dtype)):  # a bool or an index is no rounding
+                return False
+            chain.append(v)
+            if OPS[p.op].family in RETYPABLE:
+                break
+            if not OPS[p.op].keeps_dtype or len(p.inputs) != 1:
+                return False
+            v = p.inputs[0]
+        was = self.types[chain[-1]].dtype
+        for v in chain:
+            self.types[v] = attrs.evolve(self.types[v], dtype=dtype)
+        self.sink.note(
+            f"{p.op} writes its result in {dtype}, not {was}: {n.op} keeps its input's dtype in "
+            f"cuDNN, and {what} is {dtype}",
+            p.loc,
+        )
+        return True
+
+
+def _at(n, at: int | str | None) -> Loc:
+    """Where a node's culprit is written: an input (by index), an attribute (by name), else the call."""
+    if isinstance(at, int) and at < len(n.arg_locs):
+        return n.arg_locs[at]
+    if isinstance(at, str) and at in n.attr_locs:
+        return n.attr_locs[at]
+    return n.loc

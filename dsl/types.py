@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from dsl.diagnostics import RuleError
@@ -131,6 +133,14 @@ def merged_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | Non
     if any(outer != inner * d for (_, outer), (d, inner) in zip(real, real[1:])):
         return None
     return real[-1][1] if real else 1
+
+
+def stride_values(strides: tuple, binding: dict[str, int]) -> tuple[int, ...]:
+    """Declared strides for one binding of the symbolic dims: each a number, or a product of dims and numbers
+    (`H*W*C`, held as its factors)."""
+    return tuple(
+        s if isinstance(s, int) else math.prod(binding[f] if isinstance(f, str) else f for f in s) for s in strides
+    )
 
 
 def stride_order(strides: tuple[int, ...]) -> tuple[int, ...]:

@@ -290,6 +290,7 @@ def test_sdpa_backward_shapes_follow_q_k_v():
         "alibi": False,
         "deterministic": False,
         "dbias": False,
+        "dsink": False,
     }  # the band in its one form, as sdpa's
 
 

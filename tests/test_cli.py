@@ -97,7 +97,7 @@ def test_run_without_gpu_says_what_it_skipped():
 def test_gpu_only_commands_fail_clearly_without_gpu(cmd):
     p = cli(cmd, EX / "plan_serialization.cdg")
     assert p.returncode == 1
-    assert "no CUDA GPU is visible" in p.stderr
+    assert "no CUDA GPU is usable here" in p.stderr
 
 
 def test_help_answers():

@@ -94,7 +94,7 @@ def test_check_json_carries_the_errors_in_one_schema(tmp_path):
     assert data["files"][0]["diagnostics"][0]["message"].startswith("unknown name 'q'")
     assert data["files"][1]["graphs"][0]["name"] == "sdpa_causal"
     one = json.loads(cli("check", "--json", "-", EX / "sdpa.cdg").stdout)
-    assert list(one) == ["files"]  # one file or several: the same shape
+    assert list(one) == ["schema_version", "environment", "files"]  # one file or several: the same shape
 
 
 def test_check_json_and_emit_are_exclusive(monkeypatch):

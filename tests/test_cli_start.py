@@ -72,10 +72,18 @@ def test_a_gpu_commands_usage_error_comes_before_torch(args, words):
     assert "EXIT 2 TORCH False" in p.stderr and words in p.stderr, p.stderr[-2000:]
 
 
-@pytest.mark.skipif(not _no_driver(), reason="a CUDA driver loads here: whether there is a GPU is torch's to say")
-def test_no_gpu_is_said_without_torch_where_no_driver_loads():
-    p = _cli("bench", EX / "conv_bias_relu.cdg")
-    assert "EXIT 1 TORCH False" in p.stderr and "no CUDA GPU is visible here" in p.stderr, p.stderr[-2000:]
+_BUILT = (
+    "import sys\nfrom cudnn_dsl.cli import main\nrc = main(sys.argv[1:])\n"
+    "print('EXIT', rc, 'BUILT', sorted(m for m in ('cudnn', 'cudnn_dsl.run.compiled') if m in sys.modules), "
+    "file=sys.stderr)\n"
+)
+
+
+@pytest.mark.skipif(not _no_driver(), reason="a CUDA driver loads here")
+def test_no_gpu_is_said_before_anything_is_built():
+    for args in (("bench", EX / "conv_bias_relu.cdg"), ("tune", "--require-gpu", EX / "conv_bias_relu.cdg")):
+        p = subprocess.run([sys.executable, "-c", _BUILT, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+        assert "EXIT 1 BUILT []" in p.stderr and "no CUDA GPU is usable here" in p.stderr, p.stderr[-2000:]
 
 
 # ---- progress ---------------------------------------------------------------------------------------------------

@@ -184,18 +184,36 @@ def test_after_an_unknown_op_its_result_is_not_reported_again():
 
 
 def test_a_layout_op_output_follows_io_and_keeps_its_inputs_dtype():
-    # cuDNN's layout ops keep their input's dtype; a bf16 output of a float intermediate is refused before cuDNN
-    # is asked (it once came out float, the graph's io dtype ignored)
+    # cuDNN's layout ops keep their input's dtype: a bf16 output of a matmul's result has the matmul write it in
+    # bf16 (it once came out float, the graph's io dtype ignored); a declared float input cannot be retyped
     text = (
         "graph g {\n  io bf16\n%s  input a : bf16[2, 4, 8]\n  input b : bf16[2, 8, 4]\n"
         "  output y = reshape(matmul(a, b), shape=[8, 4])\n}\n"
     )
     assert check(text % "  intermediate bf16\n").program.graphs[0].instances[0].type("y").dtype == "bf16"
     r = check(text % "")
+    assert r.program.graphs[0].instances[0].type("y").dtype == "bf16"
+    assert [d.severity for d in r.diagnostics] == ["note"]
+    r = check("graph g {\n  io bf16\n  input a : float[8, 4]\n  output y = reshape(a, shape=[4, 8])\n}\n")
     assert r.errors[0].message == (
         "reshape: cuDNN keeps the input's dtype, float, but output 'y' is bf16 (the graph's io); "
-        "declare 'output y : float', or compute the input as bf16 ('intermediate bf16')"
+        "declare 'output y : float'"
     )
+
+
+def test_a_grouped_convolution_read_off_the_channels_is_noted_at_the_weight():
+    # the language has no groups= attribute: a weight typed with half the image's channels is a 2-group convolution
+    text = (
+        "graph g {\n  io half\n  input x : half[8, 64, 16, 16] nhwc\n  input w : half[128, %d, 3, 3] nhwc\n"
+        "  output y = conv_fprop(x, w, padding=[1, 1])\n}\n"
+    )
+    r = check(text % 32)
+    [d] = r.diagnostics
+    assert (d.severity, str(d.loc)) == ("note", "t.cdg:5:28")  # the weight argument
+    assert d.message.startswith(
+        "conv_fprop: a grouped convolution, 2 groups: the image has 64 channels and the weight 32"
+    )
+    assert check(text % 64).diagnostics == ()
 
 
 def test_conv_wgrad_filter_is_checked_against_the_shapes():

@@ -2,6 +2,7 @@
 graphs it accepts, the ops left to torch, and `cudnn-dsl support` saying so per target."""
 
 import json
+import re
 
 import pytest
 
@@ -51,6 +52,48 @@ def test_an_op_no_engine_takes_alone_falls_back_to_torch_unless_told_not_to(h200
     assert (e.value.diagnostics[0].loc.line, e.value.diagnostics[0].loc.col) == (4, 11)  # at the call
 
 
+CONV_BN_RELU = """graph conv_bn_relu {
+  io half
+  input x : half[8, 64, 16, 16] nhwc
+  input w : half[64, 64, 3, 3] nhwc
+  input mean : float[1, 64, 1, 1] nhwc
+  input inv_var : float[1, 64, 1, 1] nhwc
+  input gamma : float[1, 64, 1, 1] nhwc
+  input beta : float[1, 64, 1, 1] nhwc
+  y = conv_fprop(x, w, padding=[1, 1])
+  output out = relu(batchnorm_inference(y, mean, inv_var, gamma, beta))
+}
+"""
+
+
+def test_a_batchnorm_split_off_its_convolution_is_told_how_to_fuse(h200):
+    g = program(text=CONV_BN_RELU, file="bn.cdg").graphs[0]
+    _, partition = plan_for_target(g, g.instances[0], g.options, h200)
+    lines = partition.lines(g)
+    assert len(lines) == 3 and lines[1].startswith("part 2: batchnorm_inference (line 10) — ")
+    assert "; to fuse it, fold it into a per-channel scale s = inv_variance * scale and shift t = " in lines[1]
+    assert "to fuse" not in lines[0] + lines[2]
+    folded = CONV_BN_RELU.replace("input mean", "input s").replace("input inv_var", "input t")
+    folded = folded.replace("batchnorm_inference(y, mean, inv_var, gamma, beta)", "bias(scale(y, s), t)")
+    folded = "\n".join(line for line in folded.splitlines() if "gamma" not in line and "beta" not in line)
+    g = program(text=folded, file="folded.cdg").graphs[0]
+    low, partition = plan_for_target(g, g.instances[0], g.options, h200)
+    assert partition is None and low.plan_count >= 1  # the advice's spelling fuses, whole
+
+
+def test_a_reason_in_the_split_report_is_whole_and_cudnns_words_are_clipped_between_words():
+    from cudnn_dsl.build.lower import clean
+    from cudnn_dsl.run.partition import short
+
+    reason = "cuDNN builds this graph but runs it wrong (" + "quirk " * 40 + "); `option split = true` runs it right"
+    assert short(reason + " (the backend declined: eng0 ...)") == reason
+    words = " ".join(f"engine{i} declined" for i in range(100))
+    clipped = clean(RuntimeError(words), 240)
+    assert len(clipped) <= 242 and clipped.endswith(" …")
+    kept = clipped[: -len(" …")]
+    assert words.startswith(kept + " ")  # the cut falls between two words
+
+
 def test_with_splitting_off_the_refusal_is_the_error(h200):
     g = program(text=LN_GELU.replace("io bf16", "io bf16\n  option split = false"), file="ln.cdg").graphs[0]
     with pytest.raises(DslError, match="create_execution_plans failed"):
@@ -65,7 +108,7 @@ def test_support_says_per_target_what_fuses_and_where_it_splits(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "NVIDIA H200 (sm_90): splits into 2 parts" in p.stdout
     assert "NVIDIA A100-SXM4-80GB (sm_80, unverified descriptor)" in p.stdout
-    assert "NVIDIA H200 (sm_90): fuses — one cuDNN graph" in p.stdout
+    assert re.search(r"NVIDIA H200 \(sm_90\): fuses — one cuDNN [0-9.]+ graph", p.stdout), p.stdout
     records = json.loads(report.read_text())["support"]
     assert [(r["graph"], r["target"], r["fuses"]) for r in records] == [
         ("ln_gelu", "NVIDIA H200", False),
@@ -251,7 +294,7 @@ def test_the_reason_a_tuned_partition_gives():
 
 def test_tune_without_a_gpu_lists_the_partitions_it_would_time():
     p = run_cli("tune", "examples/residual_block.cdg")
-    assert p.returncode == 1 and "no CUDA GPU is visible" in p.stderr
+    assert p.returncode == 1 and "no CUDA GPU is usable here" in p.stderr
     assert "graph residual_block: partitions tune would time" in p.stdout
     assert "whole" in p.stdout and "split after conv_fprop (line 12)" in p.stdout and "2 cuDNN graphs" in p.stdout
 
@@ -260,7 +303,7 @@ def test_tune_without_a_gpu_lists_a_declined_graphs_parts(tmp_path):
     f = tmp_path / "ln.cdg"
     f.write_text(LN_GELU + GENSTATS)
     p = run_cli("tune", f)
-    assert p.returncode == 1 and "no CUDA GPU is visible" in p.stderr
+    assert p.returncode == 1 and "no CUDA GPU is usable here" in p.stderr
     assert "graph ln_gelu: partitions tune would time\n  whole" in p.stdout and "declined: " in p.stdout
     assert "split after layernorm (line 6)" in p.stdout and "2 cuDNN graphs" in p.stdout
     assert "its op left to torch" in p.stdout and "0 cuDNN graphs, 1 op(s) left to torch" in p.stdout

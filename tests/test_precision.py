@@ -62,6 +62,62 @@ def test_the_declared_dtype_of_an_intermediate_is_checked_where_it_is_declared()
     )
 
 
+LAYOUT_OF_MATMUL = """graph g {
+  io half
+  input a : half[2, 16, 32]
+  input b : half[2, 32, 8]
+  output z = %s
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "expr,producer,layout",
+    [
+        ("transpose(matmul(a, b), perm=[0, 2, 1])", "matmul", lambda m: m.transpose(1, 2)),
+        ("reshape(matmul(a, b), shape=[32, 8])", "matmul", lambda m: m.reshape(32, 8)),
+        (  # through two layout ops, to the relu that computes their input (the matmul stays float)
+            "reshape(transpose(relu(matmul(a, b)), perm=[0, 2, 1]), shape=[16, 16])",
+            "relu",
+            lambda m: m.mT.reshape(16, 16),
+        ),
+    ],
+)
+def test_a_layout_op_gets_its_virtual_input_computed_in_its_output_dtype(expr, producer, layout):
+    """cuDNN's layout ops keep their input's dtype: the op that computes the input writes it in the layout op's
+    output dtype (a note says so at that op), cuDNN plans the graph for an H200, and the reference rounds there."""
+    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.target.library import Target
+
+    result = load(text=LAYOUT_OF_MATMUL % expr, file="p.cdg")
+    assert result.ok, result.render()
+    [note] = result.diagnostics
+    assert note.severity == "note" and note.loc.col == 1 + result.text.splitlines()[4].index(producer)
+    assert note.message.startswith(f"{producer} writes its result in half, not float: ") and (
+        "output 'z' is half" in note.message
+    )
+    g = result.program.graphs[0]
+    inst = g.instances[0]
+    k = [n.op for n in g.nodes].index(producer)  # it and the layout ops after it are half, the ops before float
+    assert [inst.type(n.outputs[0]).dtype for n in g.nodes] == ["float"] * k + ["half"] * (len(g.nodes) - k)
+    plan_for_target(g, inst, g.options, Target.named("h200"))  # whole or split, it plans
+    ins = generate_inputs(g, inst, "cpu", seed=3)
+    m = (ins["a"].float() @ ins["b"].float()).relu() if producer == "relu" else ins["a"].float() @ ins["b"].float()
+    want = layout(m.half().float()).half()
+    assert torch.equal(run_reference(g, inst, ins)["z"], want)
+
+
+def test_a_layout_op_of_a_value_read_elsewhere_is_still_refused():
+    """Retyping a value that an output or another op reads would change what they get: the error stays."""
+    for body in (
+        "y = matmul(a, b)\n  output y : float\n  output z = transpose(y, perm=[0, 2, 1])",
+        "y = matmul(a, b)\n  output w = relu(y)\n  output z = transpose(y, perm=[0, 2, 1])",
+        "y : float = matmul(a, b)\n  output z = reshape(y, shape=[32, 8])",
+    ):
+        text = LAYOUT_OF_MATMUL.replace("output z = %s", body)
+        assert "cuDNN keeps the input's dtype, float, but output 'z' is half" in _errors(text)
+
+
 def test_fmt_prints_types_of_intermediates_and_inits_canonically():
     messy = (
         "graph g {\n  input x : half[4,8]   init = randn( 0,0.5 )  uid=3\n  input y : half[4, 8] init=full\n"

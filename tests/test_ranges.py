@@ -118,3 +118,67 @@ def test_a_range_of_one_value_is_one_shape():
         text="graph g {\n  dim T in 16..16\n  input a : float[1, T, 8]\n  output y = relu(a)\n}\n", file="o.cdg"
     )
     assert "graph g: 1 ops, 1 shape (" in summary(g)
+
+
+# ---- strides of symbolic dims -------------------------------------------------------------------------------
+
+SYMBOLIC_NHWC = """graph g {
+  io half
+  dim N in 1..64
+  dim H in {28, 56}
+  input x : half[N, 64, H, H] strides [64*H*H, 1, H*64, 64]
+  input w : half[32, 64, 3, 3] strides [576, 1, 192, 64]
+  output y = conv_fprop(x, w, padding=[1, 1])
+}
+"""
+
+
+def test_strides_of_symbolic_dims_are_products_of_the_dims_typed_per_shape():
+    from cudnn_dsl.build.pipeline import compile_shape
+    from cudnn_dsl.target.library import Target
+    from dsl.pipeline import load
+
+    r = load(text=SYMBOLIC_NHWC, file="s.cdg")
+    assert r.ok and r.diagnostics == (), r.render()  # NHWC strides: no "not channels-last" warning
+    g = r.program.graphs[0]
+    assert g.instance({"N": 7, "H": 56}).type("x").strides == (64 * 56 * 56, 1, 56 * 64, 64)  # a range value
+    assert {dict(i.binding)["H"]: i.type("x").strides for i in g.instances} == {
+        28: (50176, 1, 1792, 64),
+        56: (200704, 1, 3584, 64),
+    }
+    compile_shape(g, g.instances[0], g.options, Target.named("h200"))  # cuDNN plans them
+
+
+def test_numbers_as_strides_serve_a_symbolic_outer_dim_and_strides_print_as_written(tmp_path):
+    text = SYMBOLIC_NHWC.replace("64*H*H, 1, H*64, 64", "200704, 1, 3584, 64").replace("{28, 56}", "{56}")
+    assert program(text=text, file="s.cdg").graphs[0].instances[-1].type("x").strides == (200704, 1, 3584, 64)
+    f = tmp_path / "s.cdg"
+    f.write_text(SYMBOLIC_NHWC.replace("[64*H*H,", "[64 * H*H ,"))
+    assert run_cli("fmt", f).returncode == 0
+    assert f.read_text() == SYMBOLIC_NHWC
+
+
+@pytest.mark.parametrize(
+    "strides,message",
+    [
+        ("64*H*K, 1, H*64, 64", "s.cdg:5:40: error: unknown dimension 'K' in strides"),
+        ("64*H*H, 1, H*64, 64.5", "s.cdg:5:57: error: expected an integer, got 64.5"),
+        (
+            "H*H*H*H*H*H*H*H*H*H*H*H*H*H, 1, H*64, 64",
+            "s.cdg:5:3: error: strides [182059119829942534144, 1, 1792, 64]: a stride past 2^63-1",
+        ),
+    ],
+)
+def test_bad_strides_of_symbolic_dims_are_located(strides, message):
+    from dsl.pipeline import load
+
+    text = SYMBOLIC_NHWC.replace("64*H*H, 1, H*64, 64", strides)
+    assert message in load(text=text, file="s.cdg").render()
+
+
+def test_strides_that_are_not_channels_last_are_warned_as_a_layout_is():
+    from dsl.pipeline import load
+
+    text = SYMBOLIC_NHWC.replace("64*H*H, 1, H*64, 64", "64*H*H, H*H, H, 1")
+    [d] = load(text=text, file="s.cdg").diagnostics
+    assert d.severity == "warning" and d.message.startswith("convolution input 'x' is not channels-last")

@@ -81,11 +81,34 @@ def test_every_spelling_of_a_mask_is_one_graph(spellings, attrs):
     assert not {"causal", "causal_bottom_right", "sliding_window_length"} & set(a)  # folded away
 
 
+def test_an_alignment_without_a_band_is_noted_where_it_is_written():
+    """It cannot vanish in silence: the frontend reads it only to shift a bound, so the IR holds top_left."""
+    from dsl.pipeline import load
+
+    src = text("sdpa(q, k, v, causal=false, diagonal_alignment=BOTTOM_RIGHT)")
+    r = load(text=src, file="s.cdg")
+    [d] = r.diagnostics
+    assert d.severity == "note" and d.message.startswith("sdpa: diagonal_alignment=bottom_right has no effect here")
+    assert src.splitlines()[d.loc.line - 1][d.loc.col - 1 : d.loc.end_col - 1] == "diagonal_alignment=BOTTOM_RIGHT"
+    assert r.program.graphs[0].instances[0].attrs(0)["diagonal_alignment"] == "top_left"
+    for band in ("right_bound=0", "left_bound=2", "sliding_window_length=2", "causal_bottom_right=true"):
+        banded = load(text=src.replace("diagonal_alignment=", f"{band}, diagonal_alignment="), file="s.cdg")
+        assert banded.ok and banded.diagnostics == (), banded.render()
+        assert banded.program.graphs[0].instances[0].attrs(0)["diagonal_alignment"] == "bottom_right"
+
+
+def test_an_unknown_argument_lists_the_optional_inputs_beside_the_attributes():
+    message = error("sdpa(q, k, v, atn_mask=b)")
+    assert "s.cdg:6:28: error: sdpa: unknown argument 'atn_mask'" in message
+    assert "; it takes attributes scale, diagonal_alignment, " in message
+    assert " and the optional inputs bias, seq_len_q, seq_len_kv, dropout_mask, " in message
+
+
 def test_optional_inputs_by_position_or_by_name_are_one_graph():
     a = program(text=text("sdpa(q, k, v, b, lq, lkv)"), file="s.cdg")
     b = program(text=text("sdpa(q, k, v, seq_len_kv=lkv, bias=b, seq_len_q=lq)"), file="s.cdg")
     assert dump_ir(a) == dump_ir(b)
-    assert "sdpa(%q, %k, %v, %b, %lq, %lkv, _, _, _, _, _, _, _, _, _, _, _)" in dump_ir(a)
+    assert "sdpa(%q, %k, %v, %b, %lq, %lkv, _, _, _, _, _, _, _, _, _, _, _, _, _)" in dump_ir(a)
 
 
 # ---- shape and dtype rules, located --------------------------------------------------------------

@@ -4,6 +4,7 @@
 On CPU tensors the op's kernel is the graph's PyTorch reference (cudnn_dsl/torch_op/op.py says so); these
 tests check the op's plumbing, not cuDNN: tests/gpu/test_torch_op_gpu.py runs cuDNN."""
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -384,15 +385,20 @@ def test_a_name_python_reserves_is_an_argument_with_an_underscore():
 
 
 def test_a_weight_gradient_over_the_batch_takes_a_saved_operand_laid_out_otherwise_on_the_cpu():
-    """The backward reads x flattened and transposed; the CPU reference takes any strides, so an x that is no such
-    view is copied into one, through both training paths."""
+    """The backward reads x flattened and transposed; an x that is no such view is copied into one, through both
+    training paths (the op's warns once, of the forward's input: the backward's copy is its own)."""
     from cudnn_dsl.torch_op.autograd import differentiable
+    from cudnn_dsl.torch_op.layout import LayoutWarning
 
     text = "graph mm {\n  input x : float[2, 4, 8]\n  input w : float[1, 8, 16]\n  output y = matmul(x, w)\n}\n"
     x = torch.randn(2, 8, 4).transpose(1, 2)
     want = (x.transpose(1, 2) @ torch.ones(2, 4, 16)).sum(0, keepdim=True)
     f = differentiable(text=text)
-    for run in (lambda w: f(x=x, w=w)["y"], lambda w: cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=text))(x, w)):
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=text))
+    for run, warned in ((lambda w: f(x=x, w=w)["y"], 0), (lambda w: op(x, w), 1)):
         w = torch.randn(1, 8, 16, requires_grad=True)
-        run(w).sum().backward()
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            run(w).sum().backward()
+        assert sum(issubclass(g.category, LayoutWarning) for g in got) == warned
         torch.testing.assert_close(w.grad, want)

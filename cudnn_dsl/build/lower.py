@@ -209,7 +209,11 @@ def _stamp(cudnn, t, value, ty: TensorType) -> None:
         t.set_output(True)
 
 
-def clean(e: BaseException, limit: int = 800) -> str:
-    """An exception's words on one line, clipped: what cuDNN said, fit for a message."""
+def clean(e: BaseException | str, limit: int = 800) -> str:
+    """An exception's words on one line, clipped at a word boundary (an ellipsis says so): what cuDNN said, fit
+    for a message."""
     text = " ".join(str(e).split()) or type(e).__name__
-    return text[:limit]
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[: cut if cut > 0 else limit] + " …"

@@ -87,7 +87,7 @@ def compile_override(
         raise
     except DslError as e:
         msg = e.diagnostics[0].message
-        why = clean(msg, 240) + ("…" if len(msg) > 240 else "")
+        why = clean(msg, 240)
         if "not support override shape" in msg:  # cuDNN's reason, deep in its list of declining engines
             why += " (cuDNN: 'this engine currently does not support override shape')"
         raise OverrideDeclined(f"cuDNN declines it in override-shape mode: {why}") from None

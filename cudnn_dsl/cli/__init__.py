@@ -26,12 +26,15 @@ COMMANDS = {
 
 
 class _Version(argparse.Action):
-    """--version, reading the installed metadata only when asked (reading it costs start-up time)."""
+    """--version: cudnn-dsl's, the frontend's, cuDNN's and torch's, read only when asked (torch not imported)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         import cudnn_dsl
+        from cudnn_dsl.target.machine import versions
 
         print(f"cudnn-dsl {cudnn_dsl.__version__}")
+        for name, version in versions().items():
+            print(f"{name} {version}")
         parser.exit()
 
 
@@ -44,7 +47,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         epilog="Exit status: 0 clean, 1 errors or mismatches, 2 usage errors, 70 internal error (a bug), "
         "130 interrupted. Docs: docs/cli.md",
     )
-    p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
+    p.add_argument(
+        "--version",
+        action=_Version,
+        nargs=0,
+        help="print the versions of cudnn-dsl, the cuDNN Frontend, the cuDNN library it loads and torch, and exit",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         cmd = importlib.import_module(f"cudnn_dsl.cli.{module}")
@@ -63,9 +71,9 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        if getattr(args, "json", None) != "-":
+        if not common.machine_stdout(args):
             return args.run(args)
-        with common.json_on_stdout():  # `--json -`: stdout holds the JSON alone, the human report goes to stderr
+        with common.json_on_stdout():  # stdout holds the JSON or SARIF alone, the human report goes to stderr
             return args.run(args)
     except BrokenPipeError:  # `cudnn-dsl check f.cdg | head -1`
         sys.stderr.close()

@@ -37,6 +37,9 @@ def register(p) -> None:
     p.add_argument("--json", metavar="FILE", help="write every figure as JSON ('-' for stdout)")
     p.add_argument("--plot", metavar="FILE.png", help="draw a chart (needs matplotlib)")
     common.add_constraint_flags(p)
+    common.add_require_gpu_flag(
+        p, "bench fails so anyway, and takes the flag so that one CI line fits run, tune and bench"
+    )
     common.add_log_flags(p)
     add_quiet_flag(p)
     p.set_defaults(run=run)
@@ -54,7 +57,7 @@ def run(args) -> int:
         raise common.UsageError("--rounds and --samples must be at least 1")
     common.check_reports(args)
     common.require_gpu("bench measures on a GPU")
-    from cudnn_dsl.run.timing import environment
+    from cudnn_dsl.target.machine import environment
     from cudnn_dsl.tune.bench import bench_graph, peak_tflops_bf16, plot, table
 
     results, work = [], []
@@ -82,7 +85,7 @@ def run(args) -> int:
         print(table(res, peak))
         if any(r.get("check") not in ("ok", "") for r in res["rows"]):
             status = max(status, common.EXIT_FAIL)
-    common.write_json(args.json, {"environment": env, "results": results})
+    common.write_json(args.json, {"results": results}, env)
     if args.plot and results:
         plot(results, args.plot)
     return status

@@ -20,21 +20,27 @@ def register(p) -> None:
         action="store_true",
         help="import: also take the bundle's kernel caches (compiled code: only from a bundle you trust)",
     )
+    p.add_argument("--json", metavar="FILE", help="write what the action found or did as JSON ('-' for stdout)")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    import attrs
+
     from cudnn_dsl.store import plans as store
 
+    common.check_writable(args.json, "--json")
     if args.arg is not None and args.action not in ("show", "export", "import"):
         raise common.UsageError(f"cache {args.action} takes no argument (got {args.arg!r})")
     if (args.force or args.with_kernels) and args.action != "import":
         raise common.UsageError("--force and --with-kernels go with cache import")
     s = store.PlanStore()
+    report: dict = {"action": args.action, "store": str(s.root)}
     if args.action == "path":
         print(s.root)
     elif args.action == "ls":
         rows = s.listing()
+        report["entries"] = [attrs.asdict(row) for row in rows]
         for row in rows:
             print(row.line())
         if not rows:
@@ -46,8 +52,10 @@ def run(args) -> int:
         if shown is None:
             raise common.UsageError(f"no entry {args.arg} in {s.root}")
         print(json.dumps(shown, indent=2))
+        report["entry"] = shown
     elif args.action == "clear":
         r = s.clear()
+        report["removed"] = attrs.asdict(r)
         print(
             f"removed {r.entries} entries, {r.temp_files} temporary files, {r.kernel_caches} kernel caches, "
             f"{r.searches} search records and {r.partitions} partition records from {s.root.parent}"
@@ -58,6 +66,7 @@ def run(args) -> int:
         if not args.arg:
             raise common.UsageError("cache export takes a bundle file to write")
         r = s.export(Path(args.arg))
+        report["exported"] = attrs.asdict(r)
         for why in r.skipped:
             print(f"skipped {why}", file=sys.stderr)
         print(f"exported {r.entries} entries and {r.kernel_caches} kernel caches to {args.arg}")
@@ -65,6 +74,7 @@ def run(args) -> int:
         if not args.arg or not Path(args.arg).exists():
             raise common.UsageError("cache import takes an existing bundle file")
         r = s.import_(Path(args.arg), force=args.force, kernels=args.with_kernels)
+        report["imported"] = attrs.asdict(r)
         print(f"imported {r.imported} entries and {r.kernel_caches} kernel caches into {s.root}")
         if r.kernel_caches_left:
             print(f"left {r.kernel_caches_left} kernel caches out: compiled code (--with-kernels takes them)")
@@ -72,4 +82,5 @@ def run(args) -> int:
             print(f"kept {r.kept} entries tuned here (--force replaces them)")
         if r.skipped:
             print(f"{r.skipped} entries were already here")
+    common.write_json(args.json, report)
     return common.EXIT_OK

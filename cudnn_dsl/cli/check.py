@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from cudnn_dsl.cli import common
+from cudnn_dsl.cli import common, sarif
 from cudnn_dsl.cli.progress import Progress, add_quiet_flag
 
 HELP = "parse and check .cdg files; print every inferred shape, or the errors"
@@ -25,6 +25,7 @@ def register(p) -> None:
     common.add_target_flags(p, "also ask cuDNN for this GPU's plans, without a GPU")
     common.add_constraint_flags(p)
     common.add_plan_flag(p)
+    sarif.add_flags(p)
     common.add_log_flags(p)
     add_quiet_flag(p)
     p.set_defaults(run=run)
@@ -35,6 +36,9 @@ def run(args) -> int:
 
     common.start_logging(args)
     common.check_writable(args.json, "--json")
+    sarif.check_flags(args)
+    if args.format == "sarif" and args.emit:
+        raise common.UsageError("--format sarif reports the diagnostics; --emit prints a stage instead")
     target = common.target_from(args)  # an unknown one is a usage error before any work
     pin = common.plan_spec(args)
     from dsl.options import Options
@@ -47,7 +51,7 @@ def run(args) -> int:
     if target is None and args.emit == "plans":
         raise common.UsageError("--emit plans lists cuDNN's plans for a GPU: give --target (e.g. --target h200)")
     status = common.EXIT_OK
-    files = []
+    files, findings = [], []
     progress = Progress.of(args, total=len(args.files))  # a file is a unit: its shapes are known once it is read
     for path in args.files:
         result = common.load_each(path, stop="ast" if args.emit == "ast" else "ir")
@@ -58,6 +62,7 @@ def run(args) -> int:
         diagnostics = [d.to_json() for d in result.diagnostics]
         entry = {"file": result.file, "diagnostics": diagnostics, "graphs": [], "plans": [], "shape_modes": []}
         files.append(entry)
+        findings += [sarif.result("check", d) for d in result.diagnostics]
         if not result.ok:
             status = max(status, common.EXIT_FAIL)
             progress.skip()
@@ -82,8 +87,10 @@ def run(args) -> int:
         else:
             print(summary(result.program))
         if target is not None:
-            status = max(status, _plan(planned, target, entry, bool(args.json), args, pin, progress))
+            status = max(status, _plan(planned, target, entry, findings, args, pin, progress))
     common.write_json(args.json, {"files": files})
+    if args.format == "sarif":
+        sarif.write(args.output, findings)
     return status
 
 
@@ -156,18 +163,20 @@ def _share(program, progress) -> float:
     return 1 / max(shapes, 1)
 
 
-def _plan(program, target, entry: dict, quiet: bool, args, pin, progress) -> int:
+def _plan(program, target, entry: dict, findings: list, args, pin, progress) -> int:
     """Asks the real cuDNN library for the target's plans for every shape of every graph (into entry's
-    "plans"), and says the shape mode of each graph with symbolic dims (into its "shape_modes")."""
+    "plans"), and says the shape mode of each graph with symbolic dims (into its "shape_modes"); its refusals and
+    splits go into `findings` too, as SARIF results."""
     from cudnn_dsl.build.steps import timings_text
     from cudnn_dsl.run.partition import plan_for_target
-    from cudnn_dsl.target.library import BackendUnavailable
+    from cudnn_dsl.target.library import BackendUnavailable, answering
     from dsl.diagnostics import DslError
 
-    status, records, part = common.EXIT_OK, entry["plans"], _share(program, progress)
+    status, records, quiet, library = common.EXIT_OK, entry["plans"], bool(args.json), None
+    part = _share(program, progress)
     for g in program.graphs:
         if g.symbols:
-            status = max(status, _shape_mode(g, target, entry["shape_modes"], quiet, args))
+            status = max(status, _shape_mode(g, target, entry["shape_modes"], findings, args))
         for inst in g.instances:
             name = common.label(g, inst)
             options = common.options_from(args, g.options)
@@ -176,29 +185,42 @@ def _plan(program, target, entry: dict, quiet: bool, args, pin, progress) -> int
                     low, partition = plan_for_target(g, inst, options, target, progress, pin)
             except (DslError, BackendUnavailable) as e:  # said, and the other graphs and files still planned
                 status = max(status, common.report(e))
+                findings += [sarif.result("plan", d) for d in _diagnostics(e, g, target)]
                 why = [d.to_json() for d in e.diagnostics] if isinstance(e, DslError) else str(e)
                 records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, "error": why})
                 continue
+            if library is None:
+                library = answering()
+                if not quiet:
+                    print(f"  answered by {library}")
             if partition is not None:
                 parts = common.parts_record(g, partition)
-                records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, **parts})
+                records.append(
+                    {"graph": g.name, "binding": dict(inst.binding), "target": target.name, **parts}
+                    | {"cudnn": library.to_json()}
+                )
+                findings.append(sarif.result("split", common.split_note(g, inst, target, partition)))
                 if not quiet:
-                    print(f"  cuDNN for {target.name} declines graph {name} whole ({partition.declined}); it runs as:")
+                    print(
+                        f"  cuDNN {library.version} for {target.name} declines graph {name} whole "
+                        f"({partition.declined}); it runs as:"
+                    )
                     print("".join(f"    {line}\n" for line in parts["parts"]), end="")
                     print(f"    {partition.counts.text}")
                 continue
-            record = common.plan_record(g, inst, target, low)
+            record = common.plan_record(g, inst, target, low) | {"cudnn": library.to_json()}
             records.append(record)
             if not quiet:
                 skipped = "".join(f"\n    {k} skipped: {why}" for k, why in low.skipped.items())
                 print(
-                    f"  cuDNN plans for {target.name} (sm_{target.sm_version}), graph {name}: {low.plan_count} "
-                    f"candidates, first {record['first_plan']}\n    {timings_text(low.timings)}{skipped}"
+                    f"  cuDNN {library.version} plans for {target.name} (sm_{target.sm_version}), graph {name}: "
+                    f"{low.plan_count} candidates, first {record['first_plan']}\n"
+                    f"    {timings_text(low.timings)}{skipped}"
                 )
     return status
 
 
-def _shape_mode(g, target, records: list, quiet: bool, args) -> int:
+def _shape_mode(g, target, records: list, findings: list, args) -> int:
     """The shape mode a run of this graph would use; in override-shape mode, its one plan, planned deviceless."""
     from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
@@ -207,12 +229,13 @@ def _shape_mode(g, target, records: list, quiet: bool, args) -> int:
     try:
         line, low = _shape_mode_line(g, options, target)
     except (DslError, BackendUnavailable) as e:  # the constraints leave no plan: said, like any other refusal
+        findings += [sarif.result("plan", d) for d in _diagnostics(e, g, target)]
         return common.report(e)
     record = {"graph": g.name, "target": target.name, "shape_mode": options.shape_mode, "says": line}
     if low is not None:
         record.update(binding=dict(low.instance.binding), candidates=low.plan_count, override_shapes=True)
     records.append(record)
-    if not quiet:
+    if not args.json:
         print(f"  {line}")
     return common.EXIT_OK
 
@@ -249,3 +272,12 @@ def _shape_mode_line(graph, options, target):
         f"below {version_text(OVERRIDE_MIN_CUDNN)} falls back to a plan per shape",
         low,
     )
+
+
+def _diagnostics(e, graph, target) -> list:
+    """A planning failure as diagnostics: cuDNN's located refusal, or the library's failure at the graph."""
+    from dsl.diagnostics import Diagnostic, DslError
+
+    if isinstance(e, DslError):
+        return e.diagnostics
+    return [Diagnostic("error", f"cuDNN for {target.name}: {e}", graph.loc)]

@@ -96,12 +96,14 @@ def load_each(path: str, stop: str = "ir") -> Result | None:
         return None
 
 
-def clean_files(paths) -> tuple[list[tuple[str, Result]], int]:
-    """Every file loaded and checked (its diagnostics printed) before any work: the ones that checked
-    clean, and the exit status the others earn (2 for a file that cannot be read, 1 for errors)."""
+def clean_files(paths, diagnostics: list | None = None) -> tuple[list[tuple[str, Result]], int]:
+    """Every file loaded and checked (its diagnostics printed, and added to `diagnostics`) before any work: the
+    ones that checked clean, and the exit status the others earn (2 for a file that cannot be read, 1 for errors)."""
     clean, status = [], EXIT_OK
     for path in paths:
         result = load_each(path)
+        if result is not None and diagnostics is not None:
+            diagnostics += result.diagnostics
         if result is None or not result.ok:
             status = max(status, EXIT_USAGE if result is None else EXIT_FAIL)
         else:
@@ -193,6 +195,19 @@ def parts_record(graph: Graph, partition) -> dict:
     import attrs
 
     return {"parts": partition.lines(graph), "counts": attrs.asdict(partition.counts)}
+
+
+def split_note(graph: Graph, inst: Instance, target, partition):
+    """A shape cuDNN declines whole for the target, as a note at the graph (the SARIF result `check` and `support`
+    give a split)."""
+    from dsl.diagnostics import Diagnostic
+
+    return Diagnostic(
+        "note",
+        f"cuDNN for {target.name} declines graph {label(graph, inst)} whole ({partition.declined}); it runs as "
+        f"{partition.counts.text}",
+        graph.loc,
+    )
 
 
 def label(graph: Graph, inst: Instance) -> str:
@@ -459,17 +474,35 @@ def json_on_stdout():
         _json_out.pop()
 
 
-def write_json(path: str | None, data: Any) -> None:
-    """A JSON report to a file (atomically) or to stdout ('-')."""
+SCHEMA_VERSION = 1
+"""the layout of every --json report (docs/cli.md, JSON reports): raised when a field changes meaning or goes away"""
+
+
+def write_json(path: str | None, data: dict, env: dict | None = None) -> None:
+    """A --json report to a file (atomically) or to stdout ('-'): `schema_version`, the `environment` block (`env`,
+    by default target.machine.environment()), then `data`."""
     if path is None:
         return
-    text = json.dumps(data, indent=1, default=str)
+    from cudnn_dsl.target.machine import environment
+
+    report = {"schema_version": SCHEMA_VERSION, "environment": env if env is not None else environment(), **data}
+    write_text(path, json.dumps(report, indent=1, default=str))
+
+
+def write_text(path: str, text: str) -> None:
+    """A machine-read report to a file (atomically) or to stdout ('-', which then holds it alone)."""
     if path == "-":
         print(text, file=_json_out[-1] if _json_out else sys.stdout)
         return
     from cudnn_dsl.store.files import atomic_write
 
     atomic_write(Path(path), text + "\n")
+
+
+def machine_stdout(args) -> bool:
+    """Whether stdout holds a machine-read report alone (`--json -`, SARIF without --output): the human report
+    then goes to stderr."""
+    return getattr(args, "json", None) == "-" or (getattr(args, "format", None) == "sarif" and not args.output)
 
 
 def check_reports(args) -> None:
@@ -484,10 +517,22 @@ def check_reports(args) -> None:
             raise UsageError("--plot needs matplotlib: pip install matplotlib")
 
 
-def require_gpu(what: str) -> None:
-    from cudnn_dsl.target.library import BackendUnavailable, gpu_available
+def add_require_gpu_flag(p, otherwise: str) -> None:
+    p.add_argument(
+        "--require-gpu",
+        action="store_true",
+        help="where no GPU is usable, fail at once (exit 1), saying why: a torch without CUDA, no device, the "
+        f"driver's error; {otherwise}",
+    )
 
-    if not gpu_available():
+
+def require_gpu(what: str) -> None:
+    """A BackendUnavailable (exit 1) that says why, where no CUDA GPU is usable."""
+    from cudnn_dsl.target.library import BackendUnavailable
+    from cudnn_dsl.target.machine import gpu_problem
+
+    why = gpu_problem()
+    if why:
         raise BackendUnavailable(
-            f"{what}, and no CUDA GPU is visible here; `cudnn-dsl check --target h200 FILE` plans without one"
+            f"{what}, and no CUDA GPU is usable here: {why}; `cudnn-dsl check --target h200 FILE` plans without one"
         )

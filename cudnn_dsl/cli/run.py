@@ -72,6 +72,9 @@ def register(p) -> None:
         help="run on the inputs (and, on the same GPU, the plan) of a "
         "--dump, and say whether the outputs are the dump's, bit for bit",
     )
+    common.add_require_gpu_flag(
+        p, "for GPU runners in CI; without it, run plans without a device, runs the reference on the CPU and exits 0"
+    )
     common.add_log_flags(p)
     p.set_defaults(run=run)
 
@@ -92,6 +95,8 @@ def run(args) -> int:
         clash = [f for f in ("input", "init", "scalar", "seed") if getattr(args, f)]
         if clash:
             raise common.UsageError(f"--inputs-from gives every input; it does not go with --{', --'.join(clash)}")
+    if args.require_gpu:
+        common.require_gpu("--require-gpu asks for a GPU")
     gpu = gpu_available()
     target = common.target_from(args, default=None if gpu else DEFAULT_TARGET)  # checked before any work
     result = common.load_file(args.file)
@@ -121,9 +126,9 @@ def run(args) -> int:
             entry["graphs"].append(rep)
             if not rep.get("ok", True):
                 status = max(status, common.EXIT_FAIL)
-    from cudnn_dsl.run.timing import environment
+    from cudnn_dsl.target.machine import environment
 
-    common.write_json(args.json, {"files": [entry], "environment": environment() if gpu else {}})
+    common.write_json(args.json, {"files": [entry]}, environment(args.device))
     return status
 
 
@@ -381,7 +386,7 @@ class _GpuRunner:
         saved = s.save(inst, first)
         if s.args.dump:
             from cudnn_dsl.interop.fe_export import frontend_json
-            from cudnn_dsl.run.timing import environment
+            from cudnn_dsl.target.machine import environment
 
             engine_id, knobs, blob = cg.planner.plan_of(exe)
             plan = {
@@ -516,7 +521,7 @@ class _CpuRunner:
         from cudnn_dsl.run.compare import reference_bytes
         from cudnn_dsl.run.partition import plan_for_target
         from cudnn_dsl.run.reference import drawn_values, run_reference
-        from cudnn_dsl.target.library import BackendUnavailable
+        from cudnn_dsl.target.library import BackendUnavailable, answering
         from dsl.diagnostics import DslError
 
         s, target = self.s, self.target
@@ -529,6 +534,9 @@ class _CpuRunner:
         try:
             with progress.item(name):
                 low, partition = plan_for_target(s.graph, inst, s.opts, target, progress, s.pin)
+            library = answering()
+            rep["cudnn"] = library.to_json()
+            print(f"  cuDNN      {library.version} ({library.path})")
             if partition is not None:
                 rep.update(common.parts_record(s.graph, partition))
                 print(f"  split      for {target.name} (no device): cuDNN declines it whole ({partition.declined})")
@@ -592,13 +600,13 @@ class _CpuRunner:
                 rep["ok"] = False
             if s.args.dump:
                 from cudnn_dsl.interop.fe_export import frontend_json
-                from cudnn_dsl.target.library import versions
+                from cudnn_dsl.target.machine import environment
 
                 try:
                     fe_json = frontend_json(s.graph, inst, target)
                 except (DslError, BackendUnavailable):  # cuDNN declined it above, and said so
                     fe_json = None
-                s.dump(inst, inputs, outs, fe_json=fe_json, env=versions(), partition=partition)
+                s.dump(inst, inputs, outs, fe_json=fe_json, env=environment(), partition=partition)
         print(
             f"  skipped    cuDNN execution and comparison{' and --isolate' if s.args.isolate else ''}: no CUDA GPU here"
         )

@@ -18,15 +18,20 @@ def register(p) -> None:
     x.add_argument(
         "--exhaustive",
         action="store_true",
-        help="after the heuristics' plans, every engine and knob combination cuDNN enumerates; resumes where the "
-        "last search of this graph on this GPU stopped (without a GPU: only asks cuDNN which it supports, for "
-        "--target)",
+        help="after the heuristics' plans, every engine and knob combination cuDNN enumerates; on a GPU, resumes "
+        "where the last search of this graph on this GPU stopped; without one, only asks cuDNN which it supports "
+        "for --target, from the first configuration each time (nothing timed, nothing recorded)",
     )
     x.add_argument("--max-configs", type=common.count, metavar="N", help="try at most N configurations (default 1000)")
     x.add_argument("--budget", type=common.real, metavar="SECONDS", help="stop after SECONDS of searching")
     x.add_argument("--top-k", type=common.count, default=10, metavar="K", help="report the K fastest (default 10)")
-    x.add_argument("--restart", action="store_true", help="forget what earlier searches tried")
+    x.add_argument("--restart", action="store_true", help="forget what earlier searches on this GPU tried")
     common.add_target_flags(p, "with --exhaustive and no GPU here: the GPU to ask cuDNN about (default h200)")
+    common.add_require_gpu_flag(
+        p,
+        "for GPU runners in CI; without it, tune lists what it would time (exit 1), and --exhaustive asks "
+        "cuDNN which configurations it supports (exit 0)",
+    )
     common.add_log_flags(p)
     add_quiet_flag(p)
     p.set_defaults(run=run)
@@ -36,6 +41,8 @@ def run(args) -> int:
     common.start_logging(args)
     common.check_reports(args)
     _check_search_flags(args)
+    if args.require_gpu:
+        common.require_gpu("--require-gpu asks for a GPU")
     from cudnn_dsl.target.library import DEFAULT_TARGET, gpu_available
 
     if not gpu_available():
@@ -48,7 +55,7 @@ def run(args) -> int:
     import attrs
 
     from cudnn_dsl.run.compiled import CompiledGraph
-    from cudnn_dsl.run.timing import environment
+    from cudnn_dsl.target.machine import environment
     from cudnn_dsl.tune.exhaustive import report as search_report
     from cudnn_dsl.tune.heuristics import exhaustive, partition_report, plot, report
 
@@ -97,7 +104,7 @@ def run(args) -> int:
                 print(f"  stored in {cg.planner.store.root}")
     if args.plot and results:
         plot(results, args.plot)
-    common.write_json(args.json, {"files": files, "environment": environment(args.device)})
+    common.write_json(args.json, {"files": files}, environment(args.device))
     return status
 
 
@@ -177,7 +184,9 @@ def _explore(args, target) -> int:
     from cudnn_dsl.tune.exhaustive import report, search_deviceless
 
     common.warn(
-        f"note: no CUDA GPU here: asking cuDNN which configurations it supports for {target.name}; none is timed"
+        f"note: no CUDA GPU here: asking cuDNN which configurations it supports for {target.name}; none is timed and "
+        f"nothing is recorded, so each search without a GPU starts at the first configuration"
+        + ("" if not args.restart else " (--restart changes nothing)")
     )
     clean, status = common.clean_files(args.files)
     files = [{"file": result.file, "graphs": []} for _, result in clean]

@@ -495,12 +495,12 @@ import torch
 {function}'''
 
 
-def _torch_function(graph: Graph, inst: Instance, fname: str, taken: set[str]) -> tuple[str, list[str]]:
-    """`def fname(inputs...)`, preceded by the module globals it reads: the reference of `graph` traced at
-    aten level with fake tensors, returning its outputs; and its parameters. Its parameters and globals take
-    names not in `taken` (the module's other names), and are added to it."""
+def traceable_reference(graph: Graph, inst: Instance, native: bool = False, device: str = "cpu"):
+    """The reference of one shape as a function of the graph's inputs in order, returning its outputs as a
+    tuple, and an example of each input on `device` (a scalar as a 0-dim tensor): what make_fx traces.
+    `native`: each op as a PyTorch user writes it (run_reference's native mode; a torch.compile pattern's
+    search, patterns.py)."""
     import torch
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     from cudnn_dsl.run.reference import run_reference
     from cudnn_dsl.target.memory import empty
@@ -508,13 +508,23 @@ def _torch_function(graph: Graph, inst: Instance, fname: str, taken: set[str]) -
     names = [v.name for v in graph.inputs]
 
     def fn(*args):
-        outs = run_reference(graph, inst, dict(zip(names, args)), "cpu")
+        outs = run_reference(graph, inst, dict(zip(names, args)), device, native=native)
         return tuple(outs[v.name] for v in graph.outputs)
 
-    examples = []
-    for v in graph.inputs:
-        t = inst.type(v.name)
-        examples.append(torch.tensor(float(v.scalar)) if v.kind == "scalar" else empty(t, "cpu"))
+    examples = [
+        torch.tensor(float(v.scalar)) if v.kind == "scalar" else empty(inst.type(v.name), device) for v in graph.inputs
+    ]
+    return fn, examples
+
+
+def _torch_function(graph: Graph, inst: Instance, fname: str, taken: set[str]) -> tuple[str, list[str]]:
+    """`def fname(inputs...)`, preceded by the module globals it reads: the reference of `graph` traced at
+    aten level with fake tensors, returning its outputs; and its parameters. Its parameters and globals take
+    names not in `taken` (the module's other names), and are added to it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    names = [v.name for v in graph.inputs]
+    fn, examples = traceable_reference(graph, inst)
     gm = make_fx(fn, tracing_mode="fake")(*examples)
     gm.graph.eliminate_dead_code()  # what feeds no output (the compare's masks of undefined elements)
     gm.recompile()

@@ -185,7 +185,8 @@ def _composite_k(nodes: list, tensors: dict[str, Tensor]) -> None:
 
 
 def _absorbed(nodes: list, tensors: dict[str, Tensor]) -> set[str]:
-    """Pass-by-value inputs that the language spells as an attribute of their node (epsilon, the sdpa scale)."""
+    """Pass-by-value inputs that the language spells as an attribute of their node (epsilon, the sdpa scale, but
+    for an sdpa's scale that the frontend holds in no attn_scale_value: that is the language's attn_scale)."""
     ports = {
         **dict.fromkeys(("LAYER_NORM", "RMS_NORM", "INSTANCE_NORM", "ADA_LAYER_NORM"), ("EPSILON",)),
         "BATCHNORM": ("EPSILON", "MOMENTUM"),
@@ -195,6 +196,8 @@ def _absorbed(nodes: list, tensors: dict[str, Tensor]) -> set[str]:
     }
     out = set()
     for nj in nodes:
+        if nj["tag"] in ("SDPA", "SDPA_BWD") and nj.get("attn_scale_value") is None:
+            continue
         for port in ports.get(nj["tag"], ()):
             ref = (nj.get("inputs") or {}).get(port)
             if ref is not None and tensors[str(ref)].by_value:

@@ -220,6 +220,7 @@ _SDPA_OPTIONAL = {
     "dropout_scale": "Dropout_scale",
     "page_table_k": "Page_table_K",
     "page_table_v": "Page_table_V",
+    "sink_token": "SINK_TOKEN",
 }
 
 
@@ -234,6 +235,14 @@ def _sdpa_scale(n: Node) -> str:
         return n.f32("attn_scale_value")
     # the scale as a pass-by-value input; none at all is no scaling
     return f32_text(n.value_of("Attn_scale") if n.tensor("Attn_scale") is not None else 1.0)
+
+
+def _sdpa_scale_attr(n: Node) -> tuple[str, str]:
+    """sdpa's and sdpa_backward's scale: the float the frontend was given (it holds it in attn_scale_value and a
+    tensor of its own), or the Attn_scale tensor the caller gave, the language's attn_scale input."""
+    if n.get("attn_scale_value") is None and n.tensor("Attn_scale") is not None:
+        return ("attn_scale", n.port("Attn_scale"))
+    return ("scale", _sdpa_scale(n))
 
 
 def _sdpa_stats(n: Node) -> bool:
@@ -280,7 +289,7 @@ def import_sdpa(n: Node) -> Call:
         raise n.fail("padding_mask and the SEQ_LEN inputs disagree", "padding_mask")
     stats = _sdpa_stats(n)
     attrs_ = [(k, v) for k, v in kwargs if v is not None] + _sdpa_ragged(n)
-    attrs_ += [("scale", _sdpa_scale(n)), *_sdpa_band(n), ("stats", bool_text(stats))]
+    attrs_ += [_sdpa_scale_attr(n), *_sdpa_band(n), ("stats", bool_text(stats))]
     if n.get("alibi_mask", False):
         attrs_.append(("alibi", "true"))
     if n.tensor("Page_table_K") is not None:
@@ -448,15 +457,17 @@ def import_sdpa_backward(n: Node) -> Call:
             raise n.fail(f"{field} (ragged Q/K/V): the language's sdpa_backward has no ragged offsets", field)
     args = tuple(n.port(p) for p in ("Q", "K", "V", "O", "dO", "Stats"))
     kwargs = [(k, n.port(p, optional=True)) for k, p in _SDPA_BWD_OPTIONAL.items()]
-    attrs_ = [(k, v) for k, v in kwargs if v is not None] + [("scale", _sdpa_scale(n)), *_sdpa_band(n)]
+    attrs_ = [(k, v) for k, v in kwargs if v is not None] + [_sdpa_scale_attr(n), *_sdpa_band(n)]
     if n.get("alibi_mask", False):
         attrs_.append(("alibi", "true"))
     if n.get("is_deterministic_algorithm", False):
         attrs_.append(("deterministic", "true"))
-    if n.tensor("dBias", "outputs") is not None:
-        attrs_.append(("dbias", "true"))
-        return Call("sdpa_backward", args, tuple(attrs_), ("dQ", "dK", "dV", "dBias"))
-    return Call("sdpa_backward", args, tuple(attrs_), ("dQ", "dK", "dV"))
+    outs = ("dQ", "dK", "dV")
+    for port, attr in (("dBias", "dbias"), ("DSINK_TOKEN", "dsink")):  # the results after dV, in the op's order
+        if n.tensor(port, "outputs") is not None:
+            attrs_.append((attr, "true"))
+            outs += (port,)
+    return Call("sdpa_backward", args, tuple(attrs_), outs)
 
 
 def import_rope_backward(n: Node) -> Call:

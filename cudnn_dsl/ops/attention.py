@@ -90,10 +90,10 @@ def _pack(values: torch.Tensor, out, offsets: torch.Tensor, lengths: torch.Tenso
     return buf[:n].as_strided(out.shape, out.strides), ~seen[:n].as_strided(out.shape, out.strides)
 
 
-def _scores(q, k, bias, a, len_q, len_kv):
+def _scores(q, k, scale, bias, a, len_q, len_kv):
     """sdpa's scaled scores with its bias, ALiBi and masks (-inf where masked), as the forward computes them
     and its backward recomputes them; k has q's heads."""
-    s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if bias is not None:
         s = s + bias
     if a["alibi"]:
@@ -101,30 +101,53 @@ def _scores(q, k, bias, a, len_q, len_kv):
     return s.masked_fill(~_sdpa_keep(a, q.shape[0], s, len_q, len_kv), float("-inf"))
 
 
+def _scale(a, attn_scale):
+    """The softmax scale: the attribute, or the attn_scale input (a host scalar: cuDNN's pass-by-value tensor)
+    where it is given."""
+    return a["scale"] if attn_scale is None else attn_scale
+
+
+def _log_sum_exp(s, sink, len_q):
+    """The softmax stats: log(sum exp(s)) over the keys, with exp(sink) added to the sum where there is a sink
+    (per head); -inf in a query row past seq_len_q, as cuDNN writes there."""
+    stats = torch.logsumexp(s, -1, keepdim=True)
+    if sink is None:
+        return stats
+    stats = torch.logaddexp(stats, sink.expand_as(stats))
+    if len_q is None:
+        return stats
+    return stats.masked_fill(_positions(s, 2) >= len_q.view(-1, 1, 1, 1), float("-inf"))
+
+
 def ref_sdpa(ins, a, outs):
     """softmax(q k^T * scale + bias + ALiBi, masked) [* dropout mask * scale] v, as the cuDNN Frontend's
     own test reference computes it. Rows with no key left (padded queries, an empty band) give O = 0
-    and stats = -inf, which is what cuDNN writes for padded queries since 9.14. Ragged (packed)
+    and stats = -inf, which is what cuDNN writes for padded queries since 9.14. A sink adds exp(sink) to
+    every row's denominator (an in-sequence row with no key left: O = 0, stats = sink). Ragged (packed)
     tensors are unpacked to padded ones, and O and the stats packed back (_pack)."""
     q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins[:10]
     ragged_q, ragged_k, ragged_v, ragged_o, ragged_stats = ins[10:15]
-    drawn = ins[17:]  # seeded dropout: the mask cuDNN drew (OpImpl.drawn)
+    sink, scale = ins[17], _scale(a, ins[18])
+    drawn = ins[19:]  # seeded dropout: the mask cuDNN drew (OpImpl.drawn)
     if drawn:
         drop_mask, drop_scale = drawn[0], 1.0 / (1.0 - a["dropout_probability"])
     q, k, v = (x if r is None else _unpack(x, r) for x, r in ((q, ragged_q), (k, ragged_k), (v, ragged_v)))
     h = q.shape[1]
     causal = a["right_bound"] == 0 and a["left_bound"] is None and a["diagonal_alignment"] == "top_left"
-    plain = not a["stats"] and not a["alibi"] and all(t is None for t in (len_q, drop_mask, table_k))
+    plain = not a["stats"] and not a["alibi"] and all(t is None for t in (len_q, drop_mask, table_k, sink, ins[18]))
     if plain and (a["right_bound"] is None and a["left_bound"] is None or causal and bias is None):
-        # what a PyTorch user writes (and what torch eager and torch.compile run in `bench`)
-        k, v = k.repeat_interleave(h // k.shape[1], 1), v.repeat_interleave(h // v.shape[1], 1)
-        return [F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=a["scale"])]
+        # what a PyTorch user writes (and what torch eager and torch.compile run in `bench`, and what a pattern
+        # searches for: patterns.py): K and V repeated only for grouped heads, the scale given only when not 1/sqrt(D)
+        if k.shape[1] != h or v.shape[1] != h:
+            k, v = k.repeat_interleave(h // k.shape[1], 1), v.repeat_interleave(h // v.shape[1], 1)
+        scale = None if a["scale"] == 1.0 / math.sqrt(q.shape[-1]) else a["scale"]
+        return [F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=scale)]
     if table_k is not None:
         k, v = _unpage(k, table_k, a["max_seq_len_kv"]), _unpage(v, table_v, a["max_seq_len_kv"])
     k = k.repeat_interleave(h // k.shape[1], 1)
     v = v.repeat_interleave(h // v.shape[1], 1)
-    s = _scores(q, k, bias, a, len_q, len_kv)
-    stats = torch.logsumexp(s, -1, keepdim=True)
+    s = _scores(q, k, scale, bias, a, len_q, len_kv)
+    stats = _log_sum_exp(s, sink, len_q)
     p = torch.exp(s - stats).masked_fill(stats.isneginf(), 0.0)  # an empty row: -inf - -inf
     if drop_mask is not None:
         p = p * drop_mask * drop_scale
@@ -181,8 +204,8 @@ def lower_sdpa_fp8(ctx, ins, a):
     return [res[0], res[3], res[1]] if a["stats"] else [res[0], res[3]]
 
 
-def _masks(ctx, a, bias, len_q, len_kv) -> dict:
-    """The frontend's arguments for what sdpa and sdpa_backward both take: bias, ALiBi, padding, band."""
+def _masks(ctx, a, bias, len_q, len_kv, sink) -> dict:
+    """The frontend's arguments for what sdpa and sdpa_backward both take: bias, ALiBi, padding, band, sink."""
     kw = {}
     if bias is not None:
         kw["bias"] = bias
@@ -191,6 +214,8 @@ def _masks(ctx, a, bias, len_q, len_kv) -> dict:
     if len_q is not None:
         kw.update(use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_kv)
     kw.update(_band(ctx, a, "diagonal_band_"))
+    if sink is not None:
+        kw["sink_token"] = sink
     return kw
 
 
@@ -211,7 +236,11 @@ def lower_sdpa(ctx, ins, a):
     for t, off in zip((q, k, v), ins[10:13]):
         if off is not None:
             t.set_ragged_offset(off)
-    kw = {"attn_scale": a["scale"], "generate_stats": a["stats"], **_masks(ctx, a, bias, len_q, len_kv)}
+    kw = {
+        "attn_scale": _scale(a, ins[18]),
+        "generate_stats": a["stats"],
+        **_masks(ctx, a, bias, len_q, len_kv, ins[17]),
+    }
     if drop_mask is not None:
         kw["dropout"] = (drop_mask, drop_scale)
     mask = None
@@ -255,23 +284,30 @@ def ref_sdpa_backward(ins, a, outs):
     dk = dS^T q * scale; grouped K/V heads sum their queries' gradients. A row with no key has P = 0. With
     dropout, cuDNN's graph scales rowsum(do * o) by dropout_scale_inv (the frontend's sdpa_backward node), and
     so does this: dS = P * (dP - rowsum(do * o) * scale * scale_inv), the usual gradient when scale_inv is
-    1 / scale."""
-    q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv = ins
+    1 / scale. The stats hold the sink (the forward's); its gradient, per head, is the sink's probability
+    times -rowsum, summed over the batch and the queries (a row past seq_len_q, stats -inf, adds none)."""
+    q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv, sink, attn_scale = ins
+    scale = _scale(a, attn_scale)
     h, hk, hv = q.shape[1], k.shape[1], v.shape[1]
     kr, vr = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hv, 1)
-    s = _scores(q, kr, bias, a, len_q, len_kv)
+    s = _scores(q, kr, scale, bias, a, len_q, len_kv)
     p = torch.exp(s - stats).masked_fill(stats.isneginf() | s.isneginf(), 0.0)
     keep = 1.0 if drop_mask is None else drop_mask * drop_scale
     rescale = 1.0 if drop_mask is None else drop_scale * drop_scale_inv
     dv = torch.matmul((p * keep).transpose(-1, -2), do)
     dp = torch.matmul(do, vr.transpose(-1, -2)) * keep
-    ds = p * (dp - (do * o).sum(-1, keepdim=True) * rescale)
-    dq = torch.matmul(ds, kr) * a["scale"]
-    dk = torch.matmul(ds.transpose(-1, -2), q) * a["scale"]
+    rows = (do * o).sum(-1, keepdim=True) * rescale
+    ds = p * (dp - rows)
+    dq = torch.matmul(ds, kr) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q) * scale
     b, skv = q.shape[0], k.shape[2]
     dk = dk.reshape(b, hk, h // hk, skv, k.shape[3]).sum(2)
     dv = dv.reshape(b, hv, h // hv, skv, v.shape[3]).sum(2)
-    return [dq, dk, dv, sum_to(ds, bias.shape)] if a["dbias"] else [dq, dk, dv]
+    grads = [dq, dk, dv] + ([sum_to(ds, bias.shape)] if a["dbias"] else [])
+    if a["dsink"]:
+        p_sink = torch.exp(sink - stats).masked_fill(stats.isneginf(), 0.0)
+        grads.append(-(p_sink * rows).sum((0, 2), keepdim=True))
+    return grads
 
 
 def undefined_sdpa_backward(ins, a, outs):
@@ -288,8 +324,8 @@ def undefined_sdpa_backward(ins, a, outs):
 
 
 def lower_sdpa_backward(ctx, ins, a):
-    q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv = ins
-    kw = {"attn_scale": a["scale"], **_masks(ctx, a, bias, len_q, len_kv)}
+    q, k, v, o, do, stats, bias, len_q, len_kv, drop_mask, drop_scale, drop_scale_inv, sink, attn_scale = ins
+    kw = {"attn_scale": _scale(a, attn_scale), **_masks(ctx, a, bias, len_q, len_kv, sink)}
     if drop_mask is not None:
         kw["dropout"] = (drop_mask, drop_scale, drop_scale_inv)
     if a["deterministic"]:
@@ -302,8 +338,14 @@ def lower_sdpa_backward(ctx, ins, a):
             stride=list(t.strides),
             data_type=cudnn_type(ctx.cudnn, t.dtype),
         )
+    if a["dsink"]:  # as dBias: the caller's descriptor, stamped by the lowering pass
+        h = ctx.in_types[0].shape[1]
+        kw["dSink_token"] = ctx.g.tensor(
+            name=f"{ctx.name}_dsink", dim=[1, h, 1, 1], stride=[h, 1, 1, 1], data_type=ctx.cudnn.data_type.FLOAT
+        )
     res = ctx.g.sdpa_backward(q, k, v, o, do, stats, **kw, **ctx.kw)
-    return [res[0], res[1], res[2]] + ([kw["dBias"]] if a["dbias"] else [])  # [dQ, dK, dV, dBias]
+    extra = [kw[k] for k, asked in (("dBias", a["dbias"]), ("dSink_token", a["dsink"])) if asked]
+    return [res[0], res[1], res[2], *extra]  # [dQ, dK, dV, dBias, dSink_token]
 
 
 def ref_rope_backward(ins, a, outs):

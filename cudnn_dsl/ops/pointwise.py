@@ -71,6 +71,10 @@ _RELU_DEFAULTS = {"negative_slope": 0.0, "lower_clip": 0.0, "upper_clip": None}
 
 def ref_relu(ins, a, outs):
     x, lo, hi = ins[0], a["lower_clip"], a["upper_clip"]
+    if all(
+        a[k] == v for k, v in _RELU_DEFAULTS.items()
+    ):  # what a PyTorch user writes (a pattern's search: patterns.py)
+        return [torch.relu(x)]
     y = torch.where(x <= lo, lo + a["negative_slope"] * (x - lo), x)
     return [y if hi is None else torch.where(x >= hi, torch.full_like(x, hi), y)]
 

@@ -130,6 +130,14 @@ def relayout(t: torch.Tensor, want: TensorType, device) -> torch.Tensor:
     return buf
 
 
+def stride_problem(shape, strides, declared) -> str | None:
+    """What is wrong with a tensor's strides against the declared ones, or None: a dim of size 1 (or 0) addresses
+    nothing, so its stride is free. The sizes and strides may be symbolic (a traced tensor's)."""
+    if all(d <= 1 or s == w for d, s, w in zip(shape, strides, declared)):
+        return None
+    return f"strides {list(declared)}, given {list(strides)}"
+
+
 def check_binding(name: str, t, want: TensorType, device: torch.device | None, loc: Loc | None = None) -> None:
     """Everything cuDNN will assume about a buffer, checked before it sees the pointer. With no
     device (the reference), only what the math needs: type, shape and dtype."""
@@ -146,9 +154,9 @@ def check_binding(name: str, t, want: TensorType, device: torch.device | None, l
     if device is not None and t.device != device:
         problems.append(f"device {device}, given {t.device}")
     if not problems and device is not None:
-        strides = tuple(t.stride())
-        if any(s != w and d > 1 for s, w, d in zip(strides, want.strides, want.shape)):
-            problems.append(f"strides {list(want.strides)}, given {list(strides)}")
+        misplaced = stride_problem(want.shape, t.stride(), want.strides)
+        if misplaced:
+            problems.append(misplaced)
         need = want.storage * itemsize(want.dtype)
         have = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
         if have < need:

@@ -26,11 +26,12 @@ from cudnn_dsl.run.parts import BoundParts, Parts, Whole, in_parts
 from cudnn_dsl.run.reference import drawn_values, run_reference
 from cudnn_dsl.store.files import StoreProblem
 from cudnn_dsl.store.plans import PartitionChoice, PlanStore
+from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.library import DEFAULT_TARGET, BackendUnavailable, Target
-from dsl.diagnostics import DslError
+from dsl.diagnostics import DslError, RuleError
 from dsl.ir import Graph, Instance, NotFound
 from dsl.options import Options
-from dsl.types import fmt_shape
+from dsl.types import LAYOUTS, dense_strides, fmt_shape, layout_order
 
 
 @attrs.define
@@ -88,6 +89,83 @@ def _device(device: int | str | None) -> tuple[torch.device | None, str]:
     return (d if d.index is not None else torch.device("cuda", torch.cuda.current_device())), ""
 
 
+def layout_name(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
+    """The named layout these strides are at this shape (a rank's own name first: nchw before row_major), else
+    the strides themselves; a dim of size 1 addresses nothing, so its stride is free."""
+    rank = len(shape)
+    names = {4: ("nchw", "nhwc"), 5: ("ncdhw", "ndhwc")}.get(rank, ()) + ("row_major", "col_major", "channels_last")
+    for name in (n for n in names if n in LAYOUTS):
+        try:
+            want = dense_strides(shape, layout_order(name, rank))
+        except RuleError:
+            continue
+        if all(d <= 1 or s == w for d, s, w in zip(shape, strides, want)):
+            return name
+    return f"strides {list(strides)}"
+
+
+@attrs.frozen
+class Spec:
+    """An input or output of a graph as a torch caller binds it (cg.inputs, cg.outputs): its torch dtype (a bool
+    tensor binds as its bit-packed uint8 bytes), its declared dims (a symbolic one by name), the first shape's
+    sizes and strides, and the layout they are."""
+
+    name: str
+    kind: str
+    dtype: Any
+    dims: tuple[int | str, ...]
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    layout: str
+    value: float | int | None = None
+    """a scalar's declared value"""
+    into: str | None = None
+    """the input an output is written over"""
+
+    def __repr__(self) -> str:
+        if self.kind == "scalar":
+            return f"scalar {self.name}: {self.dtype} = {self.value}"
+        where = f" in {self.into}" if self.into else ""
+        return f"{self.kind} {self.name}{where}: {self.dtype}{fmt_shape(self.dims)} {self.layout}"
+
+
+def _dims(graph: Graph, name: str) -> tuple[int | str, ...]:
+    """A value's dims over the typed shapes: an input's as declared; an output's as the first shape has them, a
+    symbol's name where a dim equals that symbol in every typed shape."""
+    declared = dict(graph.input_dims)
+    if name in declared:
+        return tuple(declared[name])
+    bindings = [dict(i.binding) for i in graph.instances]
+    shapes = [i.type(name).shape for i in graph.instances]
+    out = []
+    for axis, size in enumerate(shapes[0]):
+        sizes = [s[axis] for s in shapes]
+        same = [k for k in bindings[0] if len(set(sizes)) > 1 and all(b[k] == n for b, n in zip(bindings, sizes))]
+        out.append(same[0] if same else size)
+    return tuple(out)
+
+
+def specs(graph: Graph, values) -> dict[str, Spec]:
+    """name -> Spec of each of these values of the graph (of the first shape, for a dynamic graph)."""
+    inst = graph.instances[0]
+    out = {}
+    for v in values:
+        t = inst.type(v.name)
+        packed = t.dtype == "bool"
+        out[v.name] = Spec(
+            v.name,
+            v.kind,
+            torch.uint8 if packed and v.kind != "scalar" else torch_dtype(t.dtype),
+            () if v.kind == "scalar" else _dims(graph, v.name),
+            t.shape,
+            t.strides,
+            "bit-packed bool" if packed else layout_name(t.shape, t.strides),
+            getattr(v, "scalar", None),
+            getattr(v, "into", None),
+        )
+    return out
+
+
 def _named(tensors: dict | None, named: dict) -> dict:
     if tensors is not None and named:
         raise TypeError("give the tensors as one dict or as keywords, not both")
@@ -129,15 +207,22 @@ class CompiledGraph:
     # ---- specs ------------------------------------------------------------------
 
     @property
-    def inputs(self) -> dict[str, Any]:
-        """name -> TensorType of each input (of the first shape, for a dynamic graph)."""
-        inst = self.graph.instances[0]
-        return {v.name: inst.type(v.name) for v in self.graph.inputs}
+    def inputs(self) -> dict[str, Spec]:
+        """name -> Spec of each input, in the graph's order: a torch dtype, dims and layout (of the first shape,
+        for a dynamic graph), worked out when asked (planning reads the graph, never these)."""
+        return specs(self.graph, self.graph.inputs)
 
     @property
-    def outputs(self) -> dict[str, Any]:
-        inst = self.graph.instances[0]
-        return {v.name: inst.type(v.name) for v in self.graph.outputs}
+    def outputs(self) -> dict[str, Spec]:
+        """name -> Spec of each output, as `inputs`."""
+        return specs(self.graph, self.graph.outputs)
+
+    def __repr__(self) -> str:
+        where = str(self.device) if self.device is not None else "no GPU: the reference, and planning deviceless"
+        lines = [f"CompiledGraph '{self.graph.name}' ({self.graph.loc}) on {where}"]
+        lines += [f"  {s!r}" for s in (*self.inputs.values(), *self.outputs.values())]
+        lines += [f"  dim {s.name} in {s.text}" for s in self.graph.symbols]
+        return "\n".join(lines)
 
     def instance_for(self, tensors: dict[str, Any]) -> Instance:
         """The declared shape that the given inputs match; a clear error when none does."""

@@ -18,6 +18,7 @@ from cudnn_dsl.store.keys import graph_digest
 from cudnn_dsl.store.plans import PartitionChoice
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
+from dsl.ops import OPS
 from dsl.subgraph import CAST, cast_folded, subgraph
 from dsl.types import packed_row_major
 
@@ -109,7 +110,7 @@ class Partition:
             ops = ", ".join(f"{graph.nodes[i].op} (line {graph.nodes[i].loc.line})" for i in range(p.first, p.end))
             made = [o for o in (p.graph.outputs if p.graph else ()) if graph.value(o.name).kind != "output"]
             keep = f"; materializes {', '.join(v.name for v in made)}" if made else ""
-            out.append(f"part {k}: {ops} — {_where(graph, p)}{keep}")
+            out.append(f"part {k}: {ops} — {_where(graph, p)}{keep}{_advice(graph, p)}")
         return out
 
 
@@ -123,6 +124,12 @@ def _where(graph: Graph, p: Part) -> str:
     folded = [n for n in graph.nodes[p.first : p.end] if n.op == CAST and n.inputs[0] not in names]
     casts = "; ".join(f"{n.outputs[0]} written as {p.graph.instances[0].type(n.outputs[0]).dtype}" for n in folded)
     return f"cuDNN graph ({casts}: the cast folded in)" if folded else "cuDNN graph"
+
+
+def _advice(graph: Graph, p: Part) -> str:
+    """The registry's advice (OpSig.alone) for an op that runs in a part of its own, as its line ends."""
+    advice = OPS[graph.nodes[p.first].op].alone if p.end - p.first == 1 and p.kind != VIEW else ""
+    return f"; to fuse it, {advice}" if advice else ""
 
 
 def build_key(part: Graph) -> tuple:
@@ -301,8 +308,9 @@ def tuned_why(graph: Graph, choice: PartitionChoice) -> str:
 
 
 def short(message: str) -> str:
-    """cuDNN's reason without the backend's engine-by-engine dump."""
-    return message.split(" (the backend declined")[0][:240]
+    """cuDNN's reason without the backend's engine-by-engine dump (the rest whole: cuDNN's words are clipped where
+    they are caught, on a word boundary, and a reason of the project's own is short)."""
+    return message.split(" (the backend declined")[0]
 
 
 def plan_for_target(graph: Graph, inst: Instance, options, target, progress=None, pin=None):

@@ -4,8 +4,8 @@ One loop over the nodes (torch.fx Interpreter style). As a reference, inputs are
 float32 (float64 for double), every op runs in that precision without TF32, and a computed value is
 rounded to its dtype where cuDNN rounds it (`rounded_values`), so the next op reads what it reads on
 the GPU; every output is rounded to its dtype. With ``native=True`` the same loop is what a PyTorch
-user would write by hand — each op in the tensors' own dtypes, one kernel per op — the eager
-baseline of `bench`.
+user would write by hand — each op in the tensors' own dtypes, one kernel per op, differentiable — the
+eager baseline of `bench` and the search of a torch.compile pattern.
 """
 
 from __future__ import annotations
@@ -103,8 +103,10 @@ def run_reference(
                 env[v.name] = _wide(torch.as_tensor(value, device=device).reshape(instance.type(v.name).shape))
     rounded = frozenset() if native else rounded_values(graph, instance) if rounded is None else rounded
     precision = contextlib.nullcontext() if native else _full_precision()
+    # native: differentiable, as a user's code is (a pattern's search is traced with its backward: patterns.py)
+    grad = contextlib.nullcontext() if native else torch.no_grad()
     undefined: dict[str, torch.Tensor] = {}
-    with torch.no_grad(), precision:
+    with grad, precision:
         for index, node in enumerate(graph.nodes):
             ins = [env[i] if i else None for i in node.inputs]
             outs = [instance.type(o) for o in node.outputs]

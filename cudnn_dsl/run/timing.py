@@ -73,28 +73,3 @@ def host_time_us(fn, iterations: int = 200) -> float:
     torch.cuda.synchronize()
     times.sort()
     return times[len(times) // 2]
-
-
-def environment(device=None) -> dict:
-    """What a measurement ran on: GPU, driver, cuDNN backend and frontend, torch (for every JSON report)."""
-    import subprocess
-
-    from cudnn_dsl.target.library import versions
-
-    env = {"torch": torch.__version__, **versions()}
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(device)
-        try:
-            env["driver"] = (
-                subprocess.run(
-                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                    capture_output=True,
-                    text=True,
-                    timeout=10,
-                )
-                .stdout.strip()
-                .splitlines()[0]
-            )
-        except (OSError, subprocess.SubprocessError, IndexError):
-            env["driver"] = "?"
-    return env

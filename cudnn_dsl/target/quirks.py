@@ -19,18 +19,13 @@ from typing import Literal
 
 import attrs
 
-from cudnn_dsl.target.library import BackendUnavailable, load_cudnn
+from cudnn_dsl.target.library import BackendUnavailable, load_cudnn, version_text
 from dsl.autodiff import Avoid
 from dsl.diagnostics import Diagnostic
 from dsl.ir import Graph, Instance, Node
 from dsl.ops import OPS
 from dsl.subgraph import unconnected
 from dsl.types import TensorType
-
-
-def version_text(version: int) -> str:
-    """cuDNN's version number as words: 92801 -> '9.28.1'."""
-    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
 
 
 @attrs.frozen

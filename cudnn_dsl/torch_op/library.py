@@ -1,11 +1,14 @@
 """The `cudnn_dsl` namespace in torch.library, shared by the graph ops and their training ops: its one
-Library fragment, and a kernel's outputs as a schema returns them."""
+Library fragment, the tags of its ops, and a kernel's outputs as a schema returns them."""
 
 from __future__ import annotations
 
 import torch
 
 NAMESPACE = "cudnn_dsl"
+LAYOUT_TAGS = (torch.Tag.needs_exact_strides,)
+"""the tags of every op of the namespace: Inductor passes each argument with the strides eager mode gives it
+(not a layout of its choosing, padded or reordered), so that the layout contract (torch_op.layout) sees them"""
 _LIB: list = []
 """the one torch.library.Library fragment of the namespace, made on first use"""
 

@@ -27,6 +27,12 @@ class GraphModule(torch.nn.Module):
         self.held = tuple(state)
         self.free = tuple(n for n in self.op.arg_names if n not in state)
 
+    def extra_repr(self) -> str:
+        """The op, the graph, the inputs forward takes and the ones the module holds (with their shapes)."""
+        held = ", ".join(f"{n}: {tuple(getattr(self, n).shape)}" for n in self.held)
+        op = f"torch.ops.{self.op.qualname.replace('::', '.')}"
+        return f"op={op}, graph='{self.op.graph.name}', takes=({', '.join(self.free)}), holds=({held})"
+
     def forward(self, /, *args, **kwargs):
         named = dict(zip(self.free, args))
         named.update(kwargs)

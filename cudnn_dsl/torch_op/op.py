@@ -19,7 +19,11 @@ allocates; an output in place is its input's memory, returned as such by the Pyt
   every call; outputs are allocated per call, as a torch op's must be.
 - CPU kernel: the graph's **PyTorch reference** (cuDNN runs on CUDA tensors only), its outputs laid out
   as the CUDA kernel lays them out (bool bit-packed), so that opcheck and a model on the CPU run. It is
-  not cuDNN.
+  not cuDNN. Its arguments are checked as the CUDA kernel's are, once per kind of arguments.
+
+Every kernel holds the arguments to one layout contract (torch_op.layout): one laid out otherwise than
+declared is copied into its layout with a LayoutWarning, or refused by a strict op; the ops are tagged so
+that Inductor passes them the strides eager mode would (library.LAYOUT_TAGS).
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from cudnn_dsl.run.buffers import BindingError, view, written
-from cudnn_dsl.run.compiled import CompiledGraph
+from cudnn_dsl.run.buffers import BindingError, check_inputs, view, written
+from cudnn_dsl.run.compiled import CompiledGraph, specs
 from cudnn_dsl.run.launch import arguments
 from cudnn_dsl.run.launch_plan import LaunchPlan, LaunchPlans
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.memory import empty, stored
-from cudnn_dsl.torch_op.library import NAMESPACE, fragment, returned
+from cudnn_dsl.torch_op.layout import Layouts, Relaid, dense, laid_out
+from cudnn_dsl.torch_op.library import LAYOUT_TAGS, NAMESPACE, fragment, returned
 from cudnn_dsl.torch_op.training import grad_ops
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, NotFound, Program
@@ -48,10 +53,10 @@ _OPS: dict[str, TorchOp] = {}
 """op name -> its TorchOp: a graph of the same content and options is one op in a process"""
 
 
-def op_name(graph: Graph, options) -> str:
-    """The graph's name made a valid op name, and a hash of its checked content and options: a graph
-    compiled twice is one op, two graphs of one name are two."""
-    text = dump_ir(Program(graph.file, (graph,))) + repr(options)
+def op_name(graph: Graph, options, strict: bool = False) -> str:
+    """The graph's name made a valid op name, and a hash of its checked content, options and layout contract: a
+    graph compiled twice is one op, two graphs of one name are two."""
+    text = dump_ir(Program(graph.file, (graph,))) + repr(options) + (" strict" if strict else "")
     base = re.sub(r"[^A-Za-z0-9_]", "_", graph.name)
     return f"{'g_' if base[:1].isdigit() else ''}{base}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
@@ -105,17 +110,6 @@ def _fit(values: list[int], bindings: list[dict]):
     return None
 
 
-def _dense(shape, order) -> tuple:
-    """Packed strides for a shape that may hold symbolic sizes (dense_strides, without comparing them)."""
-    strides = [0] * len(shape)
-    step = 1
-    for axis in reversed(order):
-        strides[axis] = step
-        d = shape[axis]
-        step = step * (max(1, d) if isinstance(d, int) else d)
-    return tuple(strides)
-
-
 def _rules(graph: Graph, names: list[str]) -> dict | None:
     """name -> (dims, axis order) of each output, dims as _fit gives them; None when some output is not
     a packed layout of such dims in every shape (the fake kernel then specializes)."""
@@ -125,7 +119,7 @@ def _rules(graph: Graph, names: list[str]) -> dict | None:
     for name in names:
         types = [i.type(name) for i in insts]
         order = stride_order(types[0].strides)
-        if any(t.strides != _dense(t.shape, order) for t in types):
+        if any(t.strides != dense(t.shape, order) for t in types):
             return None
         dims = tuple(_fit([t.shape[k] for t in types], bindings) for k in range(len(types[0].shape)))
         if None in dims:
@@ -143,10 +137,14 @@ class TorchOp:
     `op.overload` is the OpOverload itself (`torch.ops.cudnn_dsl.<name>.default`), `op.schema` its schema.
     Called on inputs that require grad, it runs the graph's augmented forward op instead, whose backward
     is the derived backward graph (training.GradOps); its outputs then carry gradients.
+
+    A tensor argument laid out otherwise than the graph declares is copied into its layout, with a
+    LayoutWarning, on every device; a `strict` op raises a BindingError instead (torch_op.layout).
     """
 
-    def __init__(self, name: str, cg):
+    def __init__(self, name: str, cg, strict: bool = False):
         self.name = name
+        self.strict = strict
         self.graph: Graph = cg.graph
         self.options = cg.options
         self.compiled = {}
@@ -168,8 +166,11 @@ class TorchOp:
         self.rules = _rules(g, self.fresh) if g.symbols else None
         self.plain = not self.in_place
         """no output is written in place (the op returns its fresh outputs as the dispatcher gives them)"""
-        self.plans = LaunchPlans(len(self.tensor_names), self._first)
+        self.layouts = Layouts(g, self.tensor_names, strict)
+        self.plans = LaunchPlans(len(self.tensor_names), lambda values: self._kind(values, self._first))
         """the CUDA kernel's launch plans, one per kind of arguments"""
+        self.references = LaunchPlans(len(self.tensor_names), lambda values: self._kind(values, self._reference))
+        """the CPU kernel's runs of the reference, one per kind of arguments, as the CUDA kernel's"""
         self.launches = 0
         """how many times the CUDA kernel ran on the host (a CUDA-graph replay runs it on the device only)"""
         self._register()
@@ -178,6 +179,15 @@ class TorchOp:
     @property
     def qualname(self) -> str:
         return f"{NAMESPACE}::{self.name}"
+
+    def __repr__(self) -> str:
+        """The op's name and schema, then its arguments and outputs as the graph declares them."""
+        described = (*specs(self.graph, self.graph.inputs).values(), *specs(self.graph, self.graph.outputs).values())
+        layout = "strict" if self.strict else "a misplaced input copied"
+        lines = [f"TorchOp torch.ops.{NAMESPACE}.{self.name}{self.schema}, graph '{self.graph.name}', layout: {layout}"]
+        lines += [f"  {spec!r}" for spec in described]
+        lines += [f"  dim {s.name} in {s.text}" for s in self.graph.symbols]
+        return "\n".join(lines)
 
     def _schema(self) -> str:
         alias = {n: f"a{i}" for i, n in enumerate(self.mutated)}
@@ -195,7 +205,7 @@ class TorchOp:
 
     def _register(self) -> None:
         lib = fragment()
-        lib.define(self.name + self.schema)
+        lib.define(self.name + self.schema, tags=LAYOUT_TAGS)
         lib.impl(self.name, self.cuda_kernel, "CUDA")
         lib.impl(self.name, self.cpu_kernel, "CPU")
         torch.library.register_fake(self.qualname, self.fake_kernel, lib=lib)
@@ -270,6 +280,7 @@ class TorchOp:
         device = tensors[self.tensor_names[0]].device
         binding = self.graph.binding_of({k: tuple(tensors[k].shape) for k in self.tensor_names})
         self._check_fake(tensors, binding)
+        self.layouts.misplaced(tensors)
         if self.rules is None:
             inst = self._concrete(binding)
             outs = [empty(inst.type(n), device) for n in self.fresh]
@@ -278,7 +289,7 @@ class TorchOp:
             for n in self.fresh:
                 dims, order = self.rules[n]
                 shape = tuple(d if isinstance(d, int) else binding[d[0]] * d[1] + d[2] for d in dims)
-                strides = _dense(shape, order)
+                strides = dense(shape, order)
                 dtype = self.graph.instances[0].type(n).dtype
                 if dtype == "bool":  # cuDNN's packed bytes (bits.nbytes)
                     storage = 1 + sum((d - 1) * s for d, s in zip(shape, strides))
@@ -312,21 +323,26 @@ class TorchOp:
 
     def cpu_kernel(self, *args):
         """The PyTorch reference on the CPU, laid out as the CUDA kernel lays its outputs out: not cuDNN."""
-        tensors = self.named(args)
+        return returned(self.references(args + self.defaults[len(args) - len(self.tensor_names) :]))
+
+    def _reference(self, values: tuple):
+        """The CPU kernel's run of arguments of this kind (checked): the reference, outputs stored as cuDNN's."""
         cg = self._serving(torch.device("cpu"))
-        inst = cg.instance_for(tensors)
-        values = cg.reference(tensors)
-        outs = []
-        for v in self.graph.outputs:
-            t = inst.type(v.name)
-            value = stored(values[v.name], t)
-            if v.into is not None:
-                view(self.graph.value(v.into), inst, tensors).copy_(value)
-            else:
-                buf = empty(t, "cpu")
-                buf.copy_(value)
-                outs.append(buf)
-        return returned(outs)
+        inst = cg.instance_for(self.named(values))
+
+        def run(values: tuple) -> list[torch.Tensor]:
+            tensors = self.named(values)
+            got = cg.reference(tensors)
+            outs = []
+            for v in self.graph.outputs:
+                value = stored(got[v.name], inst.type(v.name))
+                if v.into is not None:
+                    view(self.graph.value(v.into), inst, tensors).copy_(value)
+                else:
+                    outs.append(empty(inst.type(v.name), "cpu").copy_(value))
+            return outs
+
+        return run
 
     def cuda_kernel(self, *args):
         """cuDNN on CUDA tensors: the arguments in the schema's order (trailing scalars may be left out)."""
@@ -335,6 +351,19 @@ class TorchOp:
             args = args + self.defaults[len(args) - len(self.tensor_names) :]
         return returned(self.plans(args))
 
+    def _kind(self, values: tuple, make):
+        """The run of a new kind of arguments (LaunchPlans' key): their names, dtypes and shapes checked, then
+        their layouts (torch_op.layout: one laid out otherwise is copied per call, or refused); `make` makes
+        the run on arguments in their declared layouts."""
+        named = self.named(values)
+        check_inputs(self.graph, self._serving(values[0].device).instance_for(named), named, None)
+        at = {n: k for k, n in enumerate(self.tensor_names)}
+        laid = {at[n]: s for n, s in self.layouts.misplaced(named).items()}
+        if not laid:
+            return make(values)
+        run = make(tuple(laid_out(v, laid[k]) if k in laid else v for k, v in enumerate(values)))
+        return Relaid(run, laid, [at[n] for n in self.mutated])
+
     def _first(self, values: tuple) -> LaunchPlan:
         """The launch plan for arguments of this kind, their every property checked (a BindingError says what
         is wrong); its plans, workspaces and intermediates made here, off the graph pools."""
@@ -342,8 +371,8 @@ class TorchOp:
         return _off_graph_pools(lambda: self._serving(device).launch_plan(named), device)
 
     def derived(self, graph: Graph) -> TorchOp:
-        """The op of a graph derived from this one (its training path's), with this op's options."""
-        return as_torch_op(CompiledGraph(graph, self.options))
+        """The op of a graph derived from this one (its training path's), with this op's options and contract."""
+        return as_torch_op(CompiledGraph(graph, self.options), strict=self.strict)
 
     def forget(self, device: torch.device) -> None:
         """Drops the launch plans made for a device (its compiled graph was replaced)."""
@@ -376,13 +405,15 @@ def _grad_op(name: str, wrt: tuple[str, ...]) -> str:
     return grad_ops(_OPS[name], wrt).name
 
 
-def as_torch_op(cg) -> TorchOp:
-    """A compiled graph (cudnn_dsl.compile) as a torch operator; the same graph and options give the same
-    op in a process. The op runs cuDNN on CUDA tensors and the PyTorch reference on CPU tensors."""
-    name = op_name(cg.graph, cg.options)
+def as_torch_op(cg, *, strict: bool = False) -> TorchOp:
+    """A compiled graph (cudnn_dsl.compile) as a torch operator; the same graph, options and `strict` give the
+    same op in a process. The op runs cuDNN on CUDA tensors and the PyTorch reference on CPU tensors. An
+    argument laid out otherwise than declared is copied into its layout with a LayoutWarning, or with
+    `strict` refused (a BindingError), on every device."""
+    name = op_name(cg.graph, cg.options, strict)
     op = _OPS.get(name)
     if op is None:
-        op = _OPS[name] = TorchOp(name, cg)
+        op = _OPS[name] = TorchOp(name, cg, strict)
     if cg.device is not None and op.compiled.get(cg.device) is not cg:  # the latest graph serves its device
         op.compiled[cg.device] = cg
         op.forget(cg.device)

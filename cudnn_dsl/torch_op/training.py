@@ -13,7 +13,8 @@ import torch
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.memory import empty
 from cudnn_dsl.target.quirks import backward_avoid, library_version
-from cudnn_dsl.torch_op.library import NAMESPACE, fragment, results, returned
+from cudnn_dsl.torch_op.layout import in_layout
+from cudnn_dsl.torch_op.library import LAYOUT_TAGS, NAMESPACE, fragment, results, returned
 from dsl.autodiff import Derived, derive
 
 VIEWS = {
@@ -22,8 +23,8 @@ VIEWS = {
     "flat_transposed": lambda t: t.reshape(*(1,) * (t.dim() - 2), -1, t.shape[-1]).transpose(-1, -2),
 }
 """the Derived.bind kinds of a forward value the backward reads, each with the view of it that is bound (derive
-declares a flattened value only where its declared strides make it a view; on the CPU, where the reference
-takes any strides, a tensor laid out otherwise is copied)"""
+declares a flattened value only where its declared strides make it a view; a value laid out otherwise, an input
+the forward copied into its layout, is copied into the backward's: backward_inputs)"""
 GRADS = {"grad": VIEWS["value"], "grad_transposed": VIEWS["transposed"]}
 """the Derived.bind kinds of an output's gradient (as given, or transposed), each with its view"""
 
@@ -40,24 +41,24 @@ def grads_read(d: Derived) -> set[str]:
 
 def backward_inputs(d: Derived, values: dict, grads: dict, scalars: dict, device, relayout: bool = True) -> dict:
     """The backward graph's inputs by name: the kept forward `values` and the outputs' `grads` (None or left
-    out: zero), each viewed as the backward reads it (VIEWS, GRADS), a gradient copied into its declared layout
-    (cuDNN reads that one; `relayout` off for fake tensors, which have no data); then the scalars the forward
-    was given."""
-    made: dict[str, torch.Tensor] = {}
+    out: zero), each viewed as the backward reads it (VIEWS, GRADS) and, where it is laid out otherwise,
+    copied into the backward's declared layout (autograd's gradients are any layout; `relayout` off for fake
+    tensors, which have no data); then the scalars the forward was given."""
+    declared = d.backward.instances[0]
+    zeros: dict[str, torch.Tensor] = {}
     bound: dict = {}
     for name, kind, of in d.bind:
         if kind in GRADS:
-            if of not in made:
-                t = d.forward.instances[0].type(of)
-                g = grads.get(of)
+            g = grads.get(of)
+            if g is None:
+                g = zeros.get(of)
                 if g is None:
-                    g = empty(t, device).zero_()
-                elif relayout and tuple(g.stride()) != t.strides:
-                    g = empty(t, device).copy_(g)
-                made[of] = g
-            bound[name] = GRADS[kind](made[of])
+                    g = zeros[of] = empty(d.forward.instances[0].type(of), device).zero_()
+            t = GRADS[kind](g)
         else:
-            bound[name] = VIEWS[kind](values[of])
+            t = VIEWS[kind](values[of])
+        want = declared.type(name)
+        bound[name] = in_layout(t, want.strides) if relayout and want.dtype != "bool" else t
     bound.update((v.name, scalars[v.name]) for v in d.backward.of_kind("scalar") if v.name in scalars)
     return bound
 
@@ -96,14 +97,17 @@ class GradOps:
         args = op.schema.split(" -> ")[0][1:-1]
         returns = ", ".join("Tensor" for _ in self.outputs + self.saved)  # one: `(Tensor)` is `Tensor`
         lib = fragment()
-        lib.define(f"{self.name}({args}) -> ({returns})")
+        lib.define(f"{self.name}({args}) -> ({returns})", tags=LAYOUT_TAGS)
         lib.impl(self.name, lambda *a: self.forward_kernel("cpu_kernel", a), "CPU")
         lib.impl(self.name, lambda *a: self.forward_kernel("cuda_kernel", a), "CUDA")
         torch.library.register_fake(
             f"{NAMESPACE}::{self.name}", lambda *a: self.forward_kernel("fake_kernel", a), lib=lib
         )
         scalars = "".join(", " + s for s in op.scalar_args())
-        lib.define(f"{self.backward_name}(Tensor[] kept, Tensor?[] grads, SymInt[] dims{scalars}) -> Tensor[]")
+        lib.define(
+            f"{self.backward_name}(Tensor[] kept, Tensor?[] grads, SymInt[] dims{scalars}) -> Tensor[]",
+            tags=LAYOUT_TAGS,
+        )
         lib.impl(self.backward_name, lambda *a: self.backward_kernel("cpu_kernel", a), "CPU")
         lib.impl(self.backward_name, lambda *a: self.backward_kernel("cuda_kernel", a), "CUDA")
         torch.library.register_fake(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dsl.ops import attention, conv, layout, matmul, norm, pointwise, reduction
 from dsl.ops.attention import BSHD, SDPA_ALIGNMENTS
-from dsl.ops.base import COMMON_ATTRS, At, Ctx, Family, OpSig, Out, Rule, Statistics, canonical
+from dsl.ops.base import COMMON_ATTRS, RETYPABLE, At, Ctx, Family, OpSig, Out, Rule, Statistics, canonical
 from dsl.ops.norm import norm_axes
 from dsl.ops.pointwise import INFIX
 from dsl.ops.reduction import REDUCTION_MODES
@@ -27,6 +27,7 @@ __all__ = [
     "NO_VJP",
     "OPS",
     "REDUCTION_MODES",
+    "RETYPABLE",
     "SDPA_ALIGNMENTS",
     "STATISTICS",
     "VJPS",

@@ -43,7 +43,7 @@ def _derive_band(ctx: Ctx) -> dict:
     unbounded) with its alignment. `causal`, `causal_bottom_right` and `sliding_window_length` are
     the frontend's older spellings of the band; they fold in here and the IR drops them."""
     a = ctx.attrs
-    out = {} if a["scale"] is not DERIVED else {"scale": 1.0 / math.sqrt(ctx.inputs[0].shape[-1])}
+    out = _derive_scale(ctx)
     left, right, align = a["left_bound"], a["right_bound"], a["diagonal_alignment"]
     if a["causal"] and a["causal_bottom_right"]:
         raise RuleError(
@@ -73,6 +73,56 @@ def _derive_band(ctx: Ctx) -> dict:
     elif not _given(align):
         align = "top_left"
     return out | {"left_bound": left, "right_bound": right, "diagonal_alignment": align}
+
+
+def _port(ctx: Ctx, name: str) -> TensorType | None:
+    """The optional input `name` of the op, None where not given or where the op has no such port."""
+    ports = OPS[ctx.op].inputs + OPS[ctx.op].optional
+    return ctx.inputs[ports.index(name)] if name in ports else None
+
+
+def _derive_scale(ctx: Ctx) -> dict:
+    """The softmax scale: as given, 1/sqrt(D) by default, or None where the attn_scale input carries it
+    (a host scalar, set per call)."""
+    given = ctx.attrs["scale"]
+    if _port(ctx, "attn_scale") is None:
+        return {} if given is not DERIVED else {"scale": 1.0 / math.sqrt(ctx.inputs[0].shape[-1])}
+    if given is not DERIVED:
+        raise RuleError(f"{ctx.op}: scale={given} and attn_scale are two forms of the scale; give one", "scale")
+    return {"scale": None}
+
+
+def _sdpa_sink_and_scale(ctx: Ctx) -> None:
+    """sink_token: one float logit per query head, [1, H, 1, 1], in every softmax denominator; attn_scale:
+    the scale, one float [1, 1, 1, 1] (a host scalar meets sdpa at rank 4; or an input in device memory)."""
+    h = ctx.inputs[0].shape[1]
+    for name, want, what in (
+        ("sink_token", (1, h, 1, 1), "one logit per query head"),
+        ("attn_scale", (1, 1, 1, 1), "one number"),
+    ):
+        t = _port(ctx, name)
+        if t is not None and (t.dtype != "float" or t.shape != want):
+            at = (OPS[ctx.op].inputs + OPS[ctx.op].optional).index(name)
+            raise RuleError(
+                f"{ctx.op}: {name} must be float{fmt_shape(want)}, {what}; got {t.dtype}{fmt_shape(t.shape)}", at
+            )
+
+
+def note_alignment(ctx: Ctx, given: dict) -> list[tuple[int | str, str]]:
+    """diagonal_alignment=bottom_right without a band: the frontend reads the alignment only where it shifts a
+    bound (attn_score_modifiers.h's sliding_window_mask), so the IR keeps its one form, top_left."""
+    bounds = ("left_bound", "right_bound", "sliding_window_length")
+    band = any(given.get(a) is not None for a in bounds) or given.get("causal") or given.get("causal_bottom_right")
+    if band or given.get("diagonal_alignment") != "bottom_right":
+        return []
+    return [
+        (
+            "diagonal_alignment",
+            f"{ctx.op}: diagonal_alignment=bottom_right has no effect here: it aligns the diagonal of a band "
+            "(left_bound, right_bound, causal or sliding_window_length), and this call has none; the graph holds "
+            "top_left, the same mask",
+        )
+    ]
 
 
 def derive_sdpa(ctx: Ctx) -> dict:
@@ -170,6 +220,7 @@ def infer_sdpa(ctx: Ctx) -> list[Out]:
     _sdpa_pair(ctx, 6, 7)
     _sdpa_optional(ctx, 6, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
     _sdpa_optional(ctx, 7, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
+    _sdpa_sink_and_scale(ctx)
     seeded = _sdpa_seeded(ctx)
     _sdpa_ragged(ctx)
     o_order = BSHD if ctx.inputs[13] is not None else stride_order(q.strides)
@@ -358,12 +409,18 @@ def infer_sdpa_backward(ctx: Ctx) -> list[Out]:
     _sdpa_optional(ctx, 9, scores, "[B or 1, H or 1, S_q or 1, S_kv or 1]", None)
     _sdpa_optional(ctx, 10, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
     _sdpa_optional(ctx, 11, (1, 1, 1, 1), "[1, 1, 1, 1]", ("float",))
+    _sdpa_sink_and_scale(ctx)
     outs = [Out(t.shape, stride_order(t.strides), t.dtype) for t in (q, k, v)]
     if ctx.attrs["dbias"]:
         bias = ctx.inputs[6]
         if bias is None:
             raise RuleError(f"{ctx.op}: dbias is the gradient of the bias: give the forward's bias (bias=...)", "dbias")
         outs.append(Out(bias.shape, stride_order(bias.strides)))
+    if ctx.attrs["dsink"]:
+        sink = ctx.inputs[12]
+        if sink is None:
+            raise RuleError(f"{ctx.op}: dsink is the gradient of the sink: give the forward's sink_token", "dsink")
+        outs.append(Out(sink.shape, row_major(4), "float"))
     return outs
 
 
@@ -379,7 +436,14 @@ def flops_sdpa_backward(ctx: Ctx, outs) -> int:
 # ---- the rows ----------------------------------------------------------------------
 
 _BAND_ATTRS = (
-    Attr("scale", "float", DERIVED, doc="softmax scale, attn_scale (default 1/sqrt(D))", hi=None),
+    Attr(
+        "scale",
+        "float",
+        DERIVED,
+        doc="softmax scale, attn_scale (default 1/sqrt(D); none where the attn_scale input carries it)",
+        hi=None,
+        optional=True,
+    ),
     Attr(
         "diagonal_alignment",
         "enum",
@@ -432,10 +496,14 @@ OPS = by_name(
             "ragged_stats",
             "dropout_seed",
             "dropout_offset",
+            "sink_token",
+            "attn_scale",
         ),
+        by_value=("dropout_scale", "attn_scale"),
         ragged=((10, 0, 4), (11, 1, 5), (12, 2, 5), (13, -1, 4), (14, -2, 4)),
         flops=flops_sdpa,
         derive=derive_sdpa,
+        notes=note_alignment,
         folded=_FOLDED,
         domains=domains_sdpa,
         attrs=(
@@ -471,9 +539,12 @@ OPS = by_name(
         # the given attributes: stats defaults to false; seeded dropout adds the mask cuDNN drew
         results=lambda a: 1 + bool(a.get("stats")) + (a.get("dropout_probability") is not None),
         doc="scaled dot-product attention: softmax(q k^T * scale + bias + masks) v. seq_len_q/seq_len_kv "
-        "(int32 [B,1,1,1], both or neither) mask padding; dropout_mask and dropout_scale ([1,1,1,1] float) "
+        "(int32 [B,1,1,1], both or neither) mask padding; dropout_mask and dropout_scale ([1,1,1,1] float, or a "
+        "float scalar) "
         "multiply the probabilities, or dropout_seed and dropout_offset (int64 [1,1,1,1]) with "
-        "dropout_probability draw the mask on the GPU; page_table_k/page_table_v (int32 [B,1,pages,1]) make k and v "
+        "dropout_probability draw the mask on the GPU; sink_token (float [1,H,1,1]) adds a logit per head to every "
+        "softmax denominator (attention sinks); attn_scale (a float scalar, set per call) is the scale in place of "
+        "`scale`; page_table_k/page_table_v (int32 [B,1,pages,1]) make k and v "
         "caches of blocks [N,H,block,D]; ragged_q/k/v/o/stats (int32 or int64 [B+1,1,1,1], with the lengths) "
         "place each sequence of a packed (THD) tensor",
     ),
@@ -483,6 +554,7 @@ OPS = by_name(
         infer_sdpa_fp8,
         flops=flops_sdpa,
         derive=_derive_band,
+        notes=note_alignment,
         folded=_FOLDED,
         positive=(3, 4, 5, 6, 7, 8),
         attrs=(
@@ -524,9 +596,20 @@ BACKWARD_OPS = by_name(
         "sdpa_backward",
         ("q", "k", "v", "o", "do", "stats"),
         infer_sdpa_backward,
-        optional=("bias", "seq_len_q", "seq_len_kv", "dropout_mask", "dropout_scale", "dropout_scale_inv"),
+        optional=(
+            "bias",
+            "seq_len_q",
+            "seq_len_kv",
+            "dropout_mask",
+            "dropout_scale",
+            "dropout_scale_inv",
+            "sink_token",
+            "attn_scale",
+        ),
+        by_value=("dropout_scale", "dropout_scale_inv", "attn_scale"),
         flops=flops_sdpa_backward,
         derive=_derive_band,
+        notes=note_alignment,
         folded=_FOLDED,
         domains=domains_sdpa_backward,
         attrs=(
@@ -539,12 +622,18 @@ BACKWARD_OPS = by_name(
                 doc="the same bits every run: no atomic accumulation of dq (use_deterministic_algorithm)",
             ),
             Attr("dbias", "bool", False, doc="also return the bias's gradient, bias's shape, fourth (dBias)"),
+            Attr(
+                "dsink",
+                "bool",
+                False,
+                doc="also return the sink's gradient, float [1,H,1,1], after dbias (dSink_token)",
+            ),
         ),
-        outputs=("dq", "dk", "dv", "dbias"),
-        results=lambda a: 4 if a.get("dbias") else 3,
+        outputs=("dq", "dk", "dv", "dbias", "dsink_token"),  # dbias and dsink_token each where asked for
+        results=lambda a: 3 + bool(a.get("dbias")) + bool(a.get("dsink")),
         doc="the gradients of sdpa(q, k, v, ...) from do, its output o and its softmax stats (sdpa's `stats=true`), "
-        "with the forward's scale, masks, bias and dropout (the frontend's backward also takes dropout_scale_inv, "
-        "1 / dropout_scale): dq, dk, dv like q, k, v",
+        "with the forward's scale (or attn_scale), masks, bias, sink and dropout (the frontend's backward also takes "
+        "dropout_scale_inv, 1 / dropout_scale): dq, dk, dv like q, k, v",
     ),
 )
 """the frontend's backward ops of attention: the loss gradient and what the forward saved"""
@@ -578,18 +667,19 @@ def _sdpa_keep(e, n, s, transposed: bool):
     return keep[0] if len(keep) == 1 else e.call("logical_and", *keep)
 
 
-_SDPA_BACKWARD_TAKES = ("bias", "seq_len_q", "seq_len_kv")
+_SDPA_BACKWARD_TAKES = ("bias", "seq_len_q", "seq_len_kv", "sink_token", "attn_scale")
 """sdpa's optional inputs that sdpa_backward is given as they are (dropout would need 1 / dropout_scale,
 pages and ragged offsets it does not take)"""
 
 
 def _sdpa(e, n):
-    """sdpa_backward from the saved output and softmax statistics, with the forward's scale, band, ALiBi,
-    bias (dbias where the bias wants a gradient), padding and grouped heads, when dq, dk and dv are all
-    wanted (an unread result of the fused op is not left dangling) and the output is in q's dtype (as the
-    op reads it); else the composite below."""
+    """sdpa_backward from the saved output and softmax statistics, with the forward's scale (or attn_scale),
+    band, ALiBi, bias (dbias where the bias wants a gradient), sink (dsink where it wants one), padding and
+    grouped heads, when dq, dk and dv are all wanted (an unread result of the fused op is not left dangling)
+    and the output is in q's dtype (as the op reads it); else the composite below."""
     q = n.ins[0]
-    given = dict(zip(OPS["sdpa"].optional, n.inputs[3:]))
+    optional = OPS["sdpa"].optional
+    given = dict(zip(optional, n.inputs[3:]))
     if (
         not all(n.need[:3])
         or n.outs[0].dtype != q.dtype
@@ -598,12 +688,17 @@ def _sdpa(e, n):
         return _sdpa_composite(e, n)
     (stats,) = e.stats(n, 1)
     bwd = OPS["sdpa_backward"]
-    attrs = {a.name: n.attrs[a.name] for a in bwd.attrs if a.name in n.attrs and a.name not in bwd.folded}
-    dbias = given["bias"] is not None and n.need[3]
+    attrs = {a.name: n.attrs[a.name] for a in bwd.attrs if n.attrs.get(a.name) is not None and a.name not in bwd.folded}
+    want = {k: given[k] is not None and n.need[3 + optional.index(k)] for k in ("bias", "sink_token")}
     ins = [e.fwd(i) for i in n.inputs[:3]] + [e.fwd(n.out), e.cast(n.dy, q.dtype), stats]
-    ins += [given[k] and e.fwd(given[k]) for k in _SDPA_BACKWARD_TAKES]
-    grads = e.call("sdpa_backward", *ins, **attrs, dbias=dbias)
-    return (*grads[:3], grads[3] if dbias else None, *(None,) * (len(n.inputs) - 4))
+    ins += [e.fwd(given[k]) if k in _SDPA_BACKWARD_TAKES and given[k] else None for k in bwd.optional]
+    grads = e.call("sdpa_backward", *ins, **attrs, dbias=want["bias"], dsink=want["sink_token"])
+    out: list[str | None] = [*grads[:3]] + [None] * len(optional)
+    extra = iter(grads[3:])
+    for k in ("bias", "sink_token"):  # the results after dv, in the op's order
+        if want[k]:
+            out[3 + optional.index(k)] = next(extra)
+    return tuple(out)
 
 
 def _sdpa_composite(e, n):
@@ -614,8 +709,8 @@ def _sdpa_composite(e, n):
     q, k, v = n.ins[:3]
     if any(i is not None for i in n.inputs[3:]) or n.attrs["alibi"] or k.shape[1] != q.shape[1]:
         raise RuleError(
-            "sdpa: dropout, pages and ragged offsets have no derived gradient; with a bias, padding, ALiBi or "
-            "grouped heads, q, k and v must all want theirs (sdpa_backward computes the three)"
+            "sdpa: dropout, pages and ragged offsets have no derived gradient; with a bias, padding, ALiBi, a "
+            "sink, attn_scale or grouped heads, q, k and v must all want theirs (sdpa_backward computes the three)"
         )
     qs, ks, vs = (e.fwd(i) for i in n.inputs[:3])
     (stats,) = e.stats(n, 1)

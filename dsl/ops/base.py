@@ -79,6 +79,12 @@ class OpSig:
     """fills the attributes whose default is DERIVED, from the input types"""
     lint: Callable[[tuple], list[tuple[int, str]]] | None = None
     """warnings about the declared inputs, as (input index, message); the checker locates them"""
+    notes: Callable[[Ctx, dict], list[tuple[int | str, str]]] | None = None
+    """what the checker notes about a call, from its types and canonical attributes and the attributes as given:
+    a reading of the shapes the call did not spell (a grouped convolution), an attribute given that has no effect
+    (so that none the user wrote vanishes in silence); as (culprit: an input index or an attribute name, text)"""
+    alone: str = ""
+    """advice for where cuDNN runs this op in a part of its own (or leaves it to torch): the spelling that fuses"""
     keeps_dtype: bool = False
     """cuDNN wants the result in the input's dtype (its layout ops do)"""
     result_dtype: str | None = None
@@ -91,6 +97,10 @@ class OpSig:
     """ragged offsets, as (offset input, the tensor it places: an input index, or -1 - k for output k,
     the lengths input): sequence b of that tensor starts at element offset[b], in place of b times
     its batch stride; generated offsets pack the sequences back to back (sdpa's THD layout)"""
+
+    by_value: tuple[str, ...] = ()
+    """optional inputs that a host `scalar` may feed, as cuDNN's pass-by-value tensor set per call (attention's
+    scale and dropout scales); a scalar feeds no other port of an op outside the pointwise family"""
 
     folded: tuple[str, ...] = ()
     """attributes that only spell others: `derive` folds them in and the IR drops them"""
@@ -127,6 +137,10 @@ class OpSig:
     @property
     def all_attrs(self) -> tuple[Attr, ...]:
         return self.attrs + COMMON_ATTRS
+
+
+RETYPABLE = ("pointwise", "matmul", "conv")
+"""the op families whose result cuDNN writes in whichever dtype the graph declares for it"""
 
 
 @attrs.frozen

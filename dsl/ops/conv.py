@@ -56,6 +56,22 @@ def infer_conv_fprop(ctx: Ctx) -> list[Out]:
     return [Out((x.shape[0], k, *spatial), stride_order(x.strides))]
 
 
+def note_groups(ctx: Ctx, given: dict) -> list[tuple[int | str, str]]:
+    """A grouped convolution is read off the channels (the language has no `groups=`): a mistyped channel count
+    would make one in silence."""
+    x, w = ctx.inputs
+    groups = x.shape[1] // w.shape[1]
+    if groups == 1:
+        return []
+    return [
+        (
+            1,
+            f"{ctx.op}: a grouped convolution, {groups} groups: the image has {x.shape[1]} channels and the weight "
+            f"{w.shape[1]} per group ([K, C/groups, ...]); a weight of {x.shape[1]} channels is ungrouped",
+        )
+    ]
+
+
 def infer_conv_dgrad(ctx: Ctx) -> list[Out]:
     dy, w = ctx.inputs
     _conv_rank(ctx, dy, 0, "gradient")
@@ -123,13 +139,18 @@ def infer_conv_wgrad(ctx: Ctx) -> list[Out]:
 
 def lint_channels_last(inputs: tuple) -> list[tuple[int, str]]:
     """cuDNN's tensor-core convolution engines want channels-last tensors. `inputs` holds, per
-    input declared in the file, (name, rank, layout or None, explicit strides?); None otherwise."""
+    input declared in the file, (name, rank, layout or None, explicit strides or None); None otherwise.
+    Strides are channels-last where the channels' is the smallest."""
     out = []
     for i, d in enumerate(inputs):
         if d is None:
             continue
-        name, rank, layout, strided = d
-        if not strided and rank in (4, 5) and layout not in ("nhwc", "ndhwc", "channels_last"):
+        name, rank, layout, strides = d
+        if strides is not None:
+            channels_last = strides[1] == min(strides)
+        else:
+            channels_last = layout in ("nhwc", "ndhwc", "channels_last")
+        if rank in (4, 5) and not channels_last:
             want = "nhwc" if rank == 4 else "ndhwc"
             out.append(
                 (i, f"convolution input '{name}' is not channels-last; cuDNN's tensor-core engines want '{want}'")
@@ -160,6 +181,7 @@ OPS = by_name(
         attrs=_SPATIAL_ATTRS,
         flops=flops_conv,
         lint=lint_channels_last,
+        notes=note_groups,
         doc="convolution forward: image [N,C,H,W] * weight [K,C/groups,R,S] -> [N,K,P,Q]",
     ),
     FAMILY.op(

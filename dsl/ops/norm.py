@@ -248,6 +248,8 @@ OPS = by_name(
         infer_batchnorm,
         doc="(x - mean) * inv_variance * scale + bias, per channel (axis 1)",
         positive=(2,),
+        alone="fold it into a per-channel scale s = inv_variance * scale and shift t = bias - mean * s, computed "
+        "once: `bias(scale(y, s), t)` fuses into a convolution's or matmul's epilogue (examples/residual_block.cdg)",
     ),
     FAMILY.op(
         "batchnorm",

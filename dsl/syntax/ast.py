@@ -117,8 +117,11 @@ class Layout:
 
 @attrs.frozen
 class Strides:
-    values: tuple[int, ...]
+    values: tuple[int | tuple[int | str, ...], ...]
+    """per axis, a number or the factors of a product of dims and numbers (`H*W*C`: ("H", "W", "C"))"""
     loc: Loc = _loc()
+    value_locs: tuple[Loc, ...] = attrs.field(default=(), eq=False, repr=False)
+    """where each value is written (empty for strides no file wrote)"""
 
 
 @attrs.frozen

@@ -191,7 +191,13 @@ class _ToAst(Transformer_NonRecursive):
         return ast.Layout(str(ch[0]), self._loc(meta))
 
     def strides(self, meta, ch):
-        return ast.Strides(tuple(self._int(t) for t in ch), self._loc(meta))
+        return ast.Strides(tuple(v for v, _ in ch), self._loc(meta), tuple(loc for _, loc in ch))
+
+    def stride(self, meta, ch):
+        """(a number, or a product's factors; where it is written)"""
+        factors = tuple(self._int(t) if t.type == "NUMBER" else str(t) for t in ch)
+        value = factors[0] if len(factors) == 1 and isinstance(factors[0], int) else factors
+        return value, self._loc(meta)
 
     def uid(self, meta, ch):
         return ast.Uid(self._int(ch[0]), self._loc(meta))

@@ -53,6 +53,11 @@ def _fmt_type(t: ast.TypeSpec) -> str:
     return t.dtype + "[" + ", ".join(str(d.value) for d in t.dims) + "]"
 
 
+def _fmt_stride(stride: int | tuple[int | str, ...]) -> str:
+    """A declared stride as written: `8`, or a product `H*W*C`."""
+    return str(stride) if isinstance(stride, int) else "*".join(map(str, stride))
+
+
 def _fmt_specs(specs, view: bool = False) -> str:
     """Specs as written, the place last; a view's offset always shown (`in qkv at 0`)."""
     out = []
@@ -60,7 +65,7 @@ def _fmt_specs(specs, view: bool = False) -> str:
         if isinstance(s, ast.Layout):
             out.append(s.name)
         elif isinstance(s, ast.Strides):
-            out.append("strides [" + ", ".join(map(str, s.values)) + "]")
+            out.append("strides [" + ", ".join(_fmt_stride(v) for v in s.values) + "]")
         elif isinstance(s, ast.Place):
             offset = s.offset if s.offset is not None or not view else 0
             out.append(f"in {s.target}" + (f" at {offset}" if offset is not None else ""))

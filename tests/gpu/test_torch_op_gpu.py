@@ -129,6 +129,31 @@ def test_the_checks_hold_on_every_call(private_store):
         op(misaligned, ins["w"], ins["b"])
 
 
+def test_the_cuda_kernel_keeps_the_layout_contract_of_the_cpu_and_fake_kernels(private_store):
+    """tests/test_torch_op_layout.py's graph and messages: a misplaced input copied with one warning (the result
+    cuDNN's on the declared layout), or refused by a strict op with the CPU's BindingError."""
+    import warnings
+
+    import torch
+
+    import cudnn_dsl
+    from cudnn_dsl.run.buffers import BindingError
+    from cudnn_dsl.torch_op.layout import LayoutWarning
+    from tests.test_torch_op_layout import COL, WARNING
+
+    x, w = torch.randn(2, 16, 8, device="cuda"), torch.randn(2, 8, 4, device="cuda")
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=COL, seed=1))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        op(x, w)
+        y = op(x, w)
+    assert [str(g.message) for g in got if issubclass(g.category, LayoutWarning)] == [WARNING]
+    close(y, x @ w, "float")
+    strict = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=COL, seed=1), strict=True)
+    with pytest.raises(BindingError, match=r"^'x': expected strides \[128, 1, 16\], given \[128, 8, 1\]$"):
+        strict(x, w)
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["whole", "in_parts"])
 def test_a_call_on_another_stream_moves_every_handle_to_it(private_store, split):
     """The op's launch plan sets a handle's stream only when the current one is another: a call on a side

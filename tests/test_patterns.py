@@ -1,0 +1,159 @@
+"""torch.compile patterns from .cdg graphs (cudnn_dsl.patterns), on the CPU: unmodified models compiled with
+fullgraph=True, their regions replaced by the graphs' ops (whose CPU kernel runs the reference), the report's
+replacements and near misses, and what docs/pytorch.md says of calling an op from PyTorch code."""
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cudnn_dsl
+from cudnn_dsl import patterns
+from dsl.diagnostics import DslError
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "torch_models"
+
+
+class ConvBnRelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.relu = torch.nn.ReLU()
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            self.bn.weight.uniform_(0.5, 1.5)
+            self.bn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return self.relu(self.bn(self.conv(x)))
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, heads=4, dim=64):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v = (torch.nn.Linear(dim, dim) for _ in range(3))
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (p(x).view(b, s, self.heads, d // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
+        o = F.scaled_dot_product_attention(q, k, v)
+        return self.out(o.transpose(1, 2).reshape(b, s, d))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    warnings.simplefilter("ignore", cudnn_dsl.DslWarning)
+    yield
+    torch._dynamo.reset()
+
+
+def test_conv_batchnorm_relu_is_replaced_and_a_channels_last_input_is_not():
+    torch.manual_seed(0)
+    model = ConvBnRelu().eval()
+    x = torch.randn(3, 4, 16, 16)  # N = 3: inside the graph's range 1..8
+    with patterns.install(EXAMPLES / "conv_bn_relu.cdg") as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+        torch.testing.assert_close(y, model(x))
+        assert [r.training for r in installed.report.replaced] == [False]
+        assert "test_patterns.py" in installed.report.replaced[0].where
+        torch._dynamo.reset()
+        nhwc = x.to(memory_format=torch.channels_last)
+        torch.testing.assert_close(torch.compile(model, fullgraph=True)(nhwc), model(nhwc))
+    assert len(installed.report.replaced) == 1
+    [missed] = installed.report.missed
+    assert "'x' has strides" in missed.why
+
+
+def test_attention_is_replaced_for_inference_and_for_training():
+    torch.manual_seed(0)
+    model = Attention()
+    x = torch.randn(2, 16, 64)
+    with patterns.install(EXAMPLES / "*.cdg") as installed:
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x))
+        torch._dynamo.reset()
+        torch.compile(model, fullgraph=True)(x).square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).square().sum().backward()
+    for got, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(got, p.grad)
+    assert [r.training for r in installed.report.replaced] == [False, True]
+    assert all("attention" in r.graph for r in installed.report.replaced)
+
+
+def test_a_graph_written_in_place_is_refused_at_its_declaration(tmp_path):
+    src = tmp_path / "inplace.cdg"
+    src.write_text("graph g {\n  input x : float[4]\n  output y in x = relu(x)\n}\n")
+    with pytest.raises(DslError, match="cannot be a torch.compile pattern: an output is written in place") as e:
+        patterns.install(src)
+    assert "inplace.cdg:1:1" in str(e.value)
+
+
+def test_no_file_matching_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        patterns.install(tmp_path / "*.cdg")
+
+
+# ---- docs/pytorch.md: calling a graph's op from PyTorch code ----------------------------------------
+
+
+def test_batchnorm_folded_into_scale_and_shift():
+    torch.manual_seed(0)
+    bn = ConvBnRelu().bn.eval()
+    cg = cudnn_dsl.compile(text=FOLDED)
+    op = cudnn_dsl.as_torch_op(cg)
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    shift = bn.bias - bn.running_mean * scale
+    y = torch.randn(2, 8, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(op(y, scale.view(1, -1, 1, 1), shift.view(1, -1, 1, 1)), bn(y))
+        with pytest.raises(cudnn_dsl.BindingError, match="expected shape"):  # [C] is not [1, C, 1, 1]
+            op(y, scale, shift)
+
+
+FOLDED = """graph folded {
+  io float
+  input y : float[2, 8, 4, 4]
+  input scale : float[1, 8, 1, 1]
+  input shift : float[1, 8, 1, 1]
+  output out = y * scale + shift
+}
+"""
+
+
+def test_linear_weight_is_col_major():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(32, 16)
+    cg = cudnn_dsl.compile(
+        text="graph lin {\n  io float\n  input x : float[1, 8, 32]\n  input w : float[1, 32, 16] col_major\n"
+        "  input b : float[1, 1, 16]\n  output y = matmul(x, w) + b\n}\n"
+    )
+    w = linear.weight.t().unsqueeze(0)  # the weight's own memory: no copy
+    assert w.data_ptr() == linear.weight.data_ptr() and w.stride()[1:] == (1, 32)
+    x = torch.randn(1, 8, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(cudnn_dsl.as_torch_op(cg)(x, w, linear.bias.view(1, 1, -1)), linear(x))
+
+
+def test_padding_lengths_are_a_key_padding_mask():
+    torch.manual_seed(0)
+    cg = cudnn_dsl.compile(
+        text="graph pad {\n  io float\n  input q : float[2, 2, 8, 16]\n  input k : float[2, 2, 8, 16]\n"
+        "  input v : float[2, 2, 8, 16]\n  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
+        "  output o = sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv)\n}\n"
+    )
+    q, k, v = (torch.randn(2, 2, 8, 16) for _ in range(3))
+    lengths = torch.tensor([8, 5], dtype=torch.int32)
+    keep = torch.arange(8)[None, :] < lengths[:, None]  # [B, S_kv]: the keys a sequence has
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+    full = torch.full((2, 1, 1, 1), 8, dtype=torch.int32)
+    got = cudnn_dsl.as_torch_op(cg)(q, k, v, full, lengths.view(2, 1, 1, 1))
+    torch.testing.assert_close(got, want)
