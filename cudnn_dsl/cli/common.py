@@ -1,5 +1,5 @@
 """What the commands share — loading files, choosing graphs and shapes, options and
-targets from flags, JSON reports, progress, and the one function that turns an exception into
+targets from flags, JSON reports, and the one function that turns an exception into
 a message and an exit code.
 
 Nothing here imports torch, cuDNN or even the language at module level: `check`, `fmt` and `--help`
@@ -536,19 +536,3 @@ def require_gpu(what: str) -> None:
         raise BackendUnavailable(
             f"{what}, and no CUDA GPU is usable here: {why}; `cudnn-dsl check --target h200 FILE` plans without one"
         )
-
-
-class Progress:
-    """One self-erasing status line on a terminal; silent when stderr is not one."""
-
-    def __init__(self, label: str):
-        self.label = label
-        self.tty = sys.stderr.isatty()
-
-    def __call__(self, step: str) -> None:
-        if self.tty:
-            print(f"\r\033[K  {self.label}: {step} ...", end="", file=sys.stderr, flush=True)
-
-    def done(self) -> None:
-        if self.tty:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)

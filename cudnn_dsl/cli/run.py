@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 from cudnn_dsl.cli import common
+from cudnn_dsl.cli.progress import Progress
 
 HELP = "compile with cuDNN, run on generated or given inputs, compare with the PyTorch reference"
 
@@ -357,15 +358,13 @@ class _GpuRunner:
         tensors = s.inputs(inst, cg.device, s.files(inst))
         before = snapshot(s.graph, tensors)  # launches overwrite the inputs of outputs in place
         pinned = self._pin(inst)
-        progress = common.Progress(name)
+        progress = Progress.of(s.args, total=1)
         cg.planner.progress = progress
-        try:
+        with progress.item(name):
             parts = cg.parts(inst)
-        finally:
-            progress.done()
         if isinstance(parts, Parts):
             return self._run_in_parts(inst, tensors, before, parts)
-        try:
+        with progress.item(name):
             graph_mode = s.args.cuda_graph or opts.cuda_graph
             if graph_mode:
                 replay = cg.capture(tensors)
@@ -373,8 +372,6 @@ class _GpuRunner:
             else:
                 bound = cg.bind(tensors)
                 outputs, launch, exe = bound.outputs, bound.run, bound.exe
-        finally:
-            progress.done()
         restore(tensors, before)  # a capture's warm-up launch has overwritten what outputs in place write
         launch()
         torch.cuda.synchronize(cg.device)
@@ -548,10 +545,11 @@ class _CpuRunner:
         files = s.files(inst)
         print(f"graph {name}")
         rep: dict = {"graph": s.graph.name, "binding": dict(inst.binding), "executed": False, "skipped": {}}
-        progress = common.Progress(name)
+        progress = Progress.of(s.args, total=1)
         partition = None
         try:
-            low, partition = plan_for_target(s.graph, inst, s.opts, target, progress, s.pin)
+            with progress.item(name):
+                low, partition = plan_for_target(s.graph, inst, s.opts, target, progress, s.pin)
             library = answering()
             rep["cudnn"] = library.to_json()
             print(f"  cuDNN      {library.version} ({library.path})")
@@ -582,8 +580,6 @@ class _CpuRunner:
             print(f"  plan       for {target.name} (no device): not planned (see the error)")
             common.report(e)
             rep.update(ok=False, error=[d.to_json() for d in e.diagnostics])
-        finally:
-            progress.done()
         need, have = reference_bytes(s.graph, inst), _available_memory()
         if s.args.no_reference:
             why = "--no-reference"

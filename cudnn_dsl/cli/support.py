@@ -4,6 +4,7 @@ whole, or where it splits and why — asked of the real cuDNN library, with no G
 from __future__ import annotations
 
 from cudnn_dsl.cli import common, sarif
+from cudnn_dsl.cli.progress import Progress, add_quiet_flag
 
 HELP = "say, per target GPU, whether cuDNN fuses each graph whole or where it splits it, and why (no GPU needed)"
 
@@ -36,6 +37,7 @@ def register(p) -> None:
         "cache directory",
     )
     common.add_log_flags(p)
+    add_quiet_flag(p)
     p.set_defaults(run=run)
 
 
@@ -136,39 +138,42 @@ def run(args) -> int:
     files, status = common.clean_files(args.files, checked)
     findings = [sarif.result("check", d) for d in checked]
     library = None
-    for path, result in files:
-        for g in common.select_graphs(result.program, args.graph):
-            options = g.options.with_values({"fallback": False}) if args.no_fallback else g.options
-            for inst in common.select_instances(g, args.shape):
-                print(f"{path}: graph {common.label(g, inst)}")
-                for target in targets:
-                    mark = ", unverified descriptor" if target.unverified else ""
-                    where = f"{target.name} (sm_{target.sm_version}{mark})"
-                    record = {"file": path, "graph": g.name, "binding": dict(inst.binding), "target": target.name}
-                    records.append(record)
-                    progress = common.Progress(f"{g.name} on {target.name}")
-                    try:
-                        low, partition = plan_for_target(g, inst, options, target, progress)
-                    except DslError as e:
-                        status = max(status, common.report(e))
-                        record["error"] = [d.to_json() for d in e.diagnostics]
-                        findings += [sarif.result("plan", d) for d in e.diagnostics]
-                        continue
-                    finally:
-                        progress.done()
-                    if library is None:
-                        library = answering()
-                        print(f"  answered by {library}")
-                    record["cudnn"] = library.to_json()
-                    if partition is None:
-                        record.update(fuses=True, plans=low.plan_count)
-                        print(f"  {where}: fuses — one cuDNN {library.version} graph, {low.plan_count} candidate plans")
-                        continue
-                    record.update(fuses=False, declined=partition.declined, **common.parts_record(g, partition))
-                    findings.append(sarif.result("split", common.split_note(g, inst, target, partition)))
-                    print(f"  {where}: {partition.how} — {declined_whole(partition.declined)}")
-                    print("".join(f"    {line}\n" for line in record["parts"]), end="")
-                    print(f"    {partition.counts.text}")
+    work = [  # every graph and shape chosen before any is planned
+        (path, g, inst)
+        for path, result in files
+        for g in common.select_graphs(result.program, args.graph)
+        for inst in common.select_instances(g, args.shape)
+    ]
+    progress = Progress.of(args, total=len(work) * len(targets))
+    for path, g, inst in work:
+        options = g.options.with_values({"fallback": False}) if args.no_fallback else g.options
+        print(f"{path}: graph {common.label(g, inst)}")
+        for target in targets:
+            mark = ", unverified descriptor" if target.unverified else ""
+            where = f"{target.name} (sm_{target.sm_version}{mark})"
+            record = {"file": path, "graph": g.name, "binding": dict(inst.binding), "target": target.name}
+            records.append(record)
+            try:
+                with progress.item(f"{path}: {common.label(g, inst)} on {target.name}"):
+                    low, partition = plan_for_target(g, inst, options, target, progress)
+            except DslError as e:
+                status = max(status, common.report(e))
+                record["error"] = [d.to_json() for d in e.diagnostics]
+                findings += [sarif.result("plan", d) for d in e.diagnostics]
+                continue
+            if library is None:
+                library = answering()
+                print(f"  answered by {library}")
+            record["cudnn"] = library.to_json()
+            if partition is None:
+                record.update(fuses=True, plans=low.plan_count)
+                print(f"  {where}: fuses — one cuDNN {library.version} graph, {low.plan_count} candidate plans")
+                continue
+            record.update(fuses=False, declined=partition.declined, **common.parts_record(g, partition))
+            findings.append(sarif.result("split", common.split_note(g, inst, target, partition)))
+            print(f"  {where}: {partition.how} — {declined_whole(partition.declined)}")
+            print("".join(f"    {line}\n" for line in record["parts"]), end="")
+            print(f"    {partition.counts.text}")
     common.write_json(args.json, {"support": records})
     if args.format == "sarif":
         sarif.write(args.output, findings)

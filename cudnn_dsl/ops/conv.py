@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from cudnn_dsl.ops.base import OpImpl
+from cudnn_dsl.target.lazy_torch import F, torch
 
 
 def _conv_args(a: dict) -> dict:

@@ -7,12 +7,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
 from cudnn_dsl.run.buffers import BindingError
 from cudnn_dsl.run.indices import Bounded, bounded_inputs, ragged_offsets
 from cudnn_dsl.target import portable
 from cudnn_dsl.target.dtypes import torch_dtype
+from cudnn_dsl.target.lazy_torch import torch
 from cudnn_dsl.target.memory import empty, stored
 from dsl.inits import Init, make
 from dsl.inits import default as default_init

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
 from cudnn_dsl.ops import IMPLS
 from cudnn_dsl.run.buffers import view
 from cudnn_dsl.run.compare import rounded_values
 from cudnn_dsl.target.bits import logical
 from cudnn_dsl.target.dtypes import torch_dtype
+from cudnn_dsl.target.lazy_torch import torch
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
 

@@ -97,6 +97,10 @@ class Target:
 
 
 def gpu_available() -> bool:
+    """Whether torch sees a CUDA GPU; without a CUDA driver to load there is none, and torch (seconds to import)
+    is not asked."""
+    if not _driver_loads():
+        return False
     import torch
 
     return torch.cuda.is_available()

@@ -3,13 +3,14 @@
 `run` calls these functions, and `emit --format cudnn` copies their source into the scripts it
 prints (emit.portable_source), so a script draws the inputs `run` draws for the same seed, bit for
 bit, and binds bool tensors as cuDNN reads them. Keep this module self-contained: it imports only
-the standard library and torch, and every name it defines is one the scripts get.
+the standard library and torch (lazy_torch's, imported on first use: a script imports its own), and every
+name it defines is one the scripts get.
 """
 
 import hashlib
 import math
 
-import torch
+from cudnn_dsl.target.lazy_torch import torch
 
 CHUNK = 1 << 22
 """elements drawn from one stream: big inputs are drawn in chunks (on every core, in `run`), each from its
