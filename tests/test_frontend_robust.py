@@ -91,8 +91,8 @@ def test_an_over_long_statement_with_a_comment_is_a_located_error():
     # statement limit, out of the parser: a traceback
     items = ", ".join(["1"] * (MAX_STATEMENT_TOKENS * 2 // 3 // 2))  # under the limit without the blanks
     r = check(f"graph g {{\n  input x : half[4]\n  output y = relu(x, foo=[{items}])  # note\n}}\n# end\n")
-    assert (
-        r.errors[0].message == "relu: unknown attribute 'foo'; it takes negative_slope, lower_clip, upper_clip, compute"
+    assert r.errors[0].message == (
+        "relu: unknown argument 'foo'; it takes attributes negative_slope, lower_clip, upper_clip, compute"
     )
     r = load(text="graph g {\n  # one\n  input x : half[4]  # two\n  output y = relu(x)\n}\n# three\n", stop="ast")
     assert r.module.comments == ((2, "# one"), (3, "# two"), (6, "# three"))
