@@ -78,6 +78,11 @@ def _header(graph: Graph) -> list:
     return out
 
 
+def _scalar_decl(name: str, dtype: str, value, dims: tuple[int, ...] | None) -> ast.ScalarDecl:
+    """`scalar NAME : DTYPE[DIMS] = VALUE`, its dims where declared."""
+    return ast.ScalarDecl(name, dtype, _num(value), (), dims=None if dims is None else tuple(map(ast.Dim, dims)))
+
+
 def _input(name: str, t: TensorType, *specs) -> ast.InputDecl:
     return ast.InputDecl(name, _type(t), (ast.Strides(t.strides), *specs))
 
@@ -105,7 +110,7 @@ def forward_stmts(
             init = (ast.InitSpec(v.init.dist, tuple(map(_num, v.init.args))),) if v.init else ()
             out.append(_input(v.name, inst.type(v.name), *init))
         elif v.kind == "scalar":
-            out.append(ast.ScalarDecl(v.name, v.dtype, _num(v.scalar), ()))
+            out.append(_scalar_decl(v.name, v.dtype, v.scalar, v.dims))
     for index, n in enumerate(graph.nodes):
         sig = OPS[n.op]
         compute = n.compute if n.compute != (sig.compute or graph.compute) else None
@@ -169,7 +174,7 @@ class Emit:
         self.taken = {v.name for v in graph.values} | {b.name for b in graph.buffers}
         self.types: dict[str, TensorType] = {}
         self.bind: dict[str, tuple[str, str]] = {}  # backward input -> (kind, forward value)
-        self.scalars: dict[str, tuple[str, float]] = {}  # backward scalar -> (dtype, value)
+        self.scalars: dict[str, tuple[str, float, tuple | None]] = {}  # backward scalar -> (dtype, value, dims)
         self.stmts: list[_Stmt] = []
         self.made: dict[str, _Stmt] = {}
         self.saved: set[str] = set()
@@ -188,7 +193,7 @@ class Emit:
         v = self.graph.value(name)
         if v.kind in ("scalar", "const"):
             if name not in self.scalars:
-                self.scalars[name] = (v.dtype, v.scalar)
+                self.scalars[name] = (v.dtype, v.scalar, v.dims)
             return name
         if name not in self.bind:
             self.bind[name] = ("value", name)
@@ -299,7 +304,7 @@ class Emit:
 
     def _scalar(self, value: float) -> str:
         name = self.fresh("c")
-        self.scalars[name] = ("float", float(value))
+        self.scalars[name] = ("float", float(value), None)
         return name
 
     def cast(self, g: str, dtype: str) -> str:
@@ -398,8 +403,8 @@ class Emit:
         out = _header(self.graph)
         for name in self.bind:
             out.append(_input(name, self.types[name]))
-        for name, (dtype, value) in self.scalars.items():
-            out.append(ast.ScalarDecl(name, dtype, _num(value), ()))
+        for name, (dtype, value, dims) in self.scalars.items():
+            out.append(_scalar_decl(name, dtype, value, dims))
         nodes = [(st.call[0], tuple(a for a in st.call[1] if isinstance(a, str)), st.targets) for st in self.stmts]
         for k in fusion_order(nodes, set(self.bind)):  # the VJPs' order, rearranged for the partitioner
             st = self.stmts[k]

@@ -196,7 +196,7 @@ def test_cli_round_trip_writes_a_canonical_file_and_never_overwrites(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "1 graph imported" in p.stderr
     text = out.read_text()
-    assert "scalar alpha : float = 0.5 uid=4" in text  # the scalar, by value
+    assert "scalar alpha : float[1, 1, 1] = 0.5 uid=4" in text  # the scalar, by value, with its dims
     assert "reduction(y, mode=amax)" in text
     assert run_cli("fmt", "--check", out).returncode == 0
     assert run_cli("check", out).returncode == 0
@@ -409,7 +409,7 @@ def test_a_scalar_without_its_value_asks_for_it(tmp_path, mm_json):
     assert "give it with --scalar alpha=VALUE" in err
     src = tmp_path / "g.json"
     p = run_cli("import", src, "--scalar", "alpha=0.25")
-    assert p.returncode == 0 and "scalar alpha : float = 0.25 uid=4" in p.stdout
+    assert p.returncode == 0 and "scalar alpha : float[1, 1, 1] = 0.25 uid=4" in p.stdout
     assert run_cli("import", src, "--scalar", "alpha=x").returncode == 2
     p = run_cli("import", src, "--scalar", "alpha=1", "--scalar", "beta=1")
     assert (
