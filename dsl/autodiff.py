@@ -84,6 +84,11 @@ def _header(graph: Graph) -> list:
     return out
 
 
+def _scalar_decl(name: str, dtype: str, value, dims: tuple[int, ...] | None) -> ast.ScalarDecl:
+    """`scalar NAME : DTYPE[DIMS] = VALUE`, its dims where declared."""
+    return ast.ScalarDecl(name, dtype, _num(value), (), dims=None if dims is None else tuple(map(ast.Dim, dims)))
+
+
 def _input(name: str, t: TensorType, *specs) -> ast.InputDecl:
     return ast.InputDecl(name, _type(t), (ast.Strides(t.strides), *specs))
 
@@ -116,7 +121,7 @@ def forward_stmts(
             place = (ast.Place(*v.view),) if v.view else ()
             out.append(_input(v.name, inst.type(v.name), *init, *place))
         elif v.kind == "scalar":
-            out.append(ast.ScalarDecl(v.name, v.dtype, _num(v.scalar), ()))
+            out.append(_scalar_decl(v.name, v.dtype, v.scalar, v.dims))
     for index, n in enumerate(graph.nodes):
         sig = OPS[n.op]
         compute = n.compute if n.compute != (sig.compute or graph.compute) else None
@@ -185,7 +190,7 @@ class Emit:
         self.buffers: dict[str, TensorType] = {}  # the backward's buffers: forward ones read, gradient ones written
         self.views: dict[str, tuple[str, int]] = {}  # a backward view -> (its buffer, element offset)
         self.into: dict[str, str] = {}  # an output -> the view it is written in place over
-        self.scalars: dict[str, tuple[str, float]] = {}  # backward scalar -> (dtype, value)
+        self.scalars: dict[str, tuple[str, float, tuple | None]] = {}  # backward scalar -> (dtype, value, dims)
         self.stmts: list[_Stmt] = []
         self.made: dict[str, _Stmt] = {}
         self.saved: set[str] = set()
@@ -221,7 +226,7 @@ class Emit:
         v = self.graph.value(name)
         if v.kind in ("scalar", "const"):
             if name not in self.scalars:
-                self.scalars[name] = (v.dtype, v.scalar)
+                self.scalars[name] = (v.dtype, v.scalar, v.dims)
             return name
         if v.kind == "virtual":
             self.saved.add(name)
@@ -333,7 +338,7 @@ class Emit:
 
     def _scalar(self, value: float) -> str:
         name = self.fresh("c")
-        self.scalars[name] = ("float", float(value))
+        self.scalars[name] = ("float", float(value), None)
         return name
 
     def cast(self, g: str, dtype: str) -> str:
@@ -432,8 +437,8 @@ class Emit:
         out = _header(self.graph) + [_buffer(b, t) for b, t in self.buffers.items()]
         out += [_input(name, self.types[name]) for name in self.bind if name not in self.buffers]
         out += [_input(name, self.types[name], ast.Place(*place)) for name, place in self.views.items()]
-        for name, (dtype, value) in self.scalars.items():
-            out.append(ast.ScalarDecl(name, dtype, _num(value), ()))
+        for name, (dtype, value, dims) in self.scalars.items():
+            out.append(_scalar_decl(name, dtype, value, dims))
         nodes = [(st.call[0], tuple(a for a in st.call[1] if isinstance(a, str)), st.targets) for st in self.stmts]
         inputs = set(self.bind) | set(self.views)
         for k in fusion_order(nodes, inputs):  # the VJPs' order, rearranged for the partitioner

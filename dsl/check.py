@@ -404,6 +404,8 @@ class _GraphChecker:
             if not isinstance(s, ast.Uid):
                 self.err("a scalar takes no layout, strides, place or init", s.loc)
         self._specs([s for s in st.specs if isinstance(s, ast.Uid)], -1, d)
+        if st.dims is not None:
+            d.by_value_dims = self._scalar_dims(st)
         if d.dtype is None:
             self.poisoned.add(st.name)
             return
@@ -412,6 +414,14 @@ class _GraphChecker:
         except RuleError as e:
             self.err(f"scalar '{st.name}': {e}", st.value.loc)
             self.poisoned.add(st.name)
+
+    def _scalar_dims(self, st: ast.ScalarDecl) -> tuple[int, ...] | None:
+        """A scalar's declared dims: ones, as it holds one value."""
+        for dim in st.dims:
+            if dim.value != 1:
+                self.err(f"scalar '{st.name}' holds one value: its dims are all 1, not {dim.value}", dim.loc)
+                return None
+        return tuple(d.value for d in st.dims)
 
     def stmt_OutputDecl(self, st: ast.OutputDecl) -> None:
         if st.name in self.outputs:
@@ -708,7 +718,9 @@ class _GraphChecker:
         values = []
         for name, d in self.decls.items():
             dtype = d.dtype if d.kind != "input" else None
-            values.append(Value(name, d.kind, uids[name], d.scalar, dtype, d.loc, view=d.view, init=d.init))
+            values.append(
+                Value(name, d.kind, uids[name], d.scalar, dtype, d.loc, view=d.view, init=d.init, dims=d.by_value_dims)
+            )
         for n in self.nodes:
             for o in n.outputs:
                 kind = "output" if o in self.outputs else "virtual"

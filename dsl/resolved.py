@@ -28,6 +28,8 @@ class Decl:
     uid: int | None = None
     uid_loc: Loc | None = None
     scalar: Any = None
+    by_value_dims: tuple[int, ...] | None = None
+    """a scalar's declared dims (`scalar s : float[1] = 0.5`)"""
     view: tuple[str, int] | None = None
     """(buffer, element offset) of an input declared `in BUFFER at OFFSET`"""
     view_loc: Loc | None = None

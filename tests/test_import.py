@@ -196,7 +196,7 @@ def test_cli_round_trip_writes_a_canonical_file_and_never_overwrites(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "1 graph imported" in p.stderr
     text = out.read_text()
-    assert "scalar alpha : float = 0.5 uid=4" in text  # the scalar, by value
+    assert "scalar alpha : float[1, 1, 1] = 0.5 uid=4" in text  # the scalar, by value, with its dims
     assert "reduction(y, mode=amax)" in text
     assert run_cli("fmt", "--check", out).returncode == 0
     assert run_cli("check", out).returncode == 0
@@ -242,7 +242,12 @@ def test_a_real_frontend_log_imports_every_graph_it_holds(tmp_path):
     assert (x.dtype, x.shape, x.strides) == ("half", (8, 64, 32, 32), (65536, 1, 2048, 64))
     out = conv.outputs[0]
     assert (out.name, out.uid, conv.instances[0].type(out.name).shape) == ("relu_0_OUT_0", 8, (8, 128, 32, 32))
-    assert conv.instances[0].attrs(0) == {"padding": (1, 1), "stride": (1, 1), "dilation": (1, 1)}
+    assert conv.instances[0].attrs(0) == {
+        "pre_padding": (1, 1),
+        "post_padding": (1, 1),
+        "stride": (1, 1),
+        "dilation": (1, 1),
+    }
     out = tmp_path / "log.cdg"
     out.write_text(p.stdout)
     p = run_cli("check", "--target", "h200", out)  # and cuDNN plans both for an H200
@@ -354,9 +359,19 @@ def test_unknown_pointwise_mode_is_an_error(tmp_path, mm_json):
 def test_a_setting_the_language_lacks_is_an_error(tmp_path, mm_json):
     err = _import_error(tmp_path, _edit(mm_json, lambda j: _node(j, "y").update(relu_upper_clip="40C00000")))
     assert "node 'y' (POINTWISE, nodes[3]): relu_upper_clip=\"40C00000\" has no spelling in the language" in err
+
+
+def test_padding_whose_sides_differ_imports_as_pre_and_post_padding(tmp_path):
+    """The frontend's JSON pads each side of its own (pre_padding, post_padding); sides alike are `padding`."""
     v1 = (FIXTURES / "frontend_v1.json").read_text()
-    err = _import_error(tmp_path, _edit(v1, lambda j: j["nodes"][0].update(pre_padding=[0, 0])))
-    assert "node '0' (CONV_FPROP, nodes[0]): pre_padding [0, 0] and post_padding [1, 1] differ" in err
+    src = tmp_path / "g.json"
+    src.write_text(_edit(v1, lambda j: j["nodes"][0].update(pre_padding=[0, 0])))
+    p = run_cli("import", src)
+    assert p.returncode == 0, p.stderr
+    assert "conv_fprop(x, w, pre_padding=[0, 0], post_padding=[1, 1], stride=[2, 2]" in p.stdout
+    g = program(text=p.stdout, file="v1.cdg").graphs[0]
+    assert g.instances[0].attrs(0)["pre_padding"] == (0, 0) and g.instances[0].attrs(0)["post_padding"] == (1, 1)
+    assert "conv_fprop(x, w, padding=[1, 1]" in run_cli("import", FIXTURES / "frontend_v1.json").stdout
 
 
 @pytest.mark.parametrize(
@@ -394,7 +409,7 @@ def test_a_scalar_without_its_value_asks_for_it(tmp_path, mm_json):
     assert "give it with --scalar alpha=VALUE" in err
     src = tmp_path / "g.json"
     p = run_cli("import", src, "--scalar", "alpha=0.25")
-    assert p.returncode == 0 and "scalar alpha : float = 0.25 uid=4" in p.stdout
+    assert p.returncode == 0 and "scalar alpha : float[1, 1, 1] = 0.25 uid=4" in p.stdout
     assert run_cli("import", src, "--scalar", "alpha=x").returncode == 2
     p = run_cli("import", src, "--scalar", "alpha=1", "--scalar", "beta=1")
     assert (
@@ -588,7 +603,11 @@ CASES = {
         _graph(
             "  input x : half[4, 32, 17, 17] nhwc\n  input w : half[64, 8, 3, 3] nhwc\n"
             "  output y = relu(conv_fprop(x, w, padding=[2, 2], stride=[2, 2], dilation=[2, 2]))"
-        )
+        ),
+        _graph(
+            "  input x : half[4, 32, 17, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
+            "  output y = relu(conv_fprop(x, w, pre_padding=[1, 0], post_padding=[2, 1], stride=[2, 1]))"
+        ),
     ],
     "conv_wgrad": [
         (
@@ -601,6 +620,11 @@ CASES = {
         _graph(
             "  input x : half[4, 32, 16, 16] nhwc\n  input dy : half[4, 64, 16, 16] nhwc\n"
             "  output dw : float = conv_wgrad(x, dy, padding=[1, 1])"
+        ),
+        _graph(
+            "  input x : half[4, 32, 17, 16] nhwc\n  input dy : half[4, 64, 9, 15] nhwc\n"
+            "  output dw : float = conv_wgrad(x, dy, pre_padding=[1, 0], post_padding=[2, 1], stride=[2, 1], "
+            "filter=[3, 3])"
         ),
     ],
     "reduction": [
@@ -696,6 +720,11 @@ CASES = {
                 "  output dx = conv_dgrad(dy, w, padding=[1, 1], stride=[2, 2], dilation=[2, 2], output_padding=[1, 0])"
             ),
             True,
+        ),
+        _graph(
+            "  input dy : half[4, 64, 9, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
+            "  output dx = conv_dgrad(dy, w, pre_padding=[1, 0], post_padding=[2, 1], stride=[2, 1], "
+            "output_padding=[1, 0])"
         ),
     ],
     "layernorm": [

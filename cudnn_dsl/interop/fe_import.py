@@ -235,7 +235,7 @@ def _declare(src: Source, j: Located, t: Tensor, scalars: dict[str, str]) -> str
                 pos,
             )
         text = value if isinstance(value, str) else f32_text(value) if t.dtype == "float" else number_text(value)
-        return f"scalar {t.name} : {t.dtype} = {text}{uid}"
+        return f"scalar {t.name} : {t.dtype}{ints_text(t.dims) if t.dims else ''} = {text}{uid}"
     if not t.dims or not t.strides:
         raise src.error(f"{what} has no {'strides' if t.dims else 'dims'}", pos)
     return f"input {t.name} : {t.dtype}{ints_text(t.dims)} strides {ints_text(t.strides)}{uid}"
@@ -375,7 +375,9 @@ def verify(program: Program, imported: list[Imported]) -> None:
                 continue
             ty = inst.type(t.name)
             checks = [("data_type", t.dtype, ty.dtype)]
-            if not t.by_value:  # a scalar takes the rank of the tensor it meets
+            if t.by_value:  # a scalar's declared dims are those cuDNN gets
+                checks += [("dim", t.dims, list(graph.value(t.name).dims or ()))]
+            else:
                 checks += [("dim", t.dims, list(ty.shape)), ("stride", t.strides, list(ty.strides))]
             what = f"tensor '{t.json.get('name', t.key)}'"
             if t.producer is not None:

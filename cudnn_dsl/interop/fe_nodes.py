@@ -141,50 +141,47 @@ def _relu(n: Node) -> tuple[str, list[tuple[str, str]]]:
 
 def _conv(op: str, ports: tuple[str, str], out: str) -> NodeRow:
     def convert(n: Node) -> Call:
-        pre, post = n.get("pre_padding", []), n.get("post_padding", [])
-        if list(pre) != list(post):
-            raise n.fail(
-                f"pre_padding {pre} and post_padding {post} differ; the language pads both sides alike", "pre_padding"
-            )
+        pre, post = list(n.get("pre_padding", [])), list(n.get("post_padding", []))
         if n.get("math_mode", "CROSS_CORRELATION") != "CROSS_CORRELATION":
             raise n.fail(
                 f"math_mode {n.get('math_mode')}: the language's convolutions are cross-correlations", "math_mode"
             )
-        attrs_ = (
-            ("padding", ints_text(pre)),
-            ("stride", ints_text(n.get("stride", []))),
-            ("dilation", ints_text(n.get("dilation", []))),
+        padding = (
+            (("padding", ints_text(pre)),)
+            if pre == post
+            else (("pre_padding", ints_text(pre)), ("post_padding", ints_text(post)))
         )
+        attrs_ = padding + (("stride", ints_text(n.get("stride", []))), ("dilation", ints_text(n.get("dilation", []))))
         if op == "conv_dgrad":
-            attrs_ += _output_padding(n, pre)
+            attrs_ += _output_padding(n, pre, post)
         if op == "conv_wgrad":
-            attrs_ += _filter(n, pre)
+            attrs_ += _filter(n, pre, post)
         return Call(op, tuple(n.port(p) for p in ports), attrs_, (out,))
 
     return NodeRow(convert, (op,))
 
 
-def _output_padding(n: Node, pad: list) -> tuple[tuple[str, str], ...]:
+def _output_padding(n: Node, pre: list, post: list) -> tuple[tuple[str, str], ...]:
     """The JSON has no output_padding: it has dX's dims, and those past the smallest dX that gives dY are it."""
     dy, w, dx = n.tensor("DY"), n.tensor("W"), n.tensor("DX", "outputs")
     if dx is None or not (dx.dims and dy.dims and w.dims):
         raise n.fail("its tensors have no dims in the JSON, so dX's size (output_padding) is unknown")
     stride, dil = n.get("stride", []), n.get("dilation", [])
-    spatial = zip(dy.dims[2:], w.dims[2:], dx.dims[2:], pad, stride, dil)
-    extra = [x - ((p - 1) * s - 2 * q + d * (r - 1) + 1) for p, r, x, q, s, d in spatial]
+    spatial = zip(dy.dims[2:], w.dims[2:], dx.dims[2:], pre, post, stride, dil)
+    extra = [x - ((p - 1) * s - a - b + d * (r - 1) + 1) for p, r, x, a, b, s, d in spatial]
     if any(e < 0 for e in extra):
         raise n.fail(f"dX dims {dx.dims} are smaller than any convolution giving dY {dy.dims}")
     return (("output_padding", ints_text(extra)),) if any(extra) else ()
 
 
-def _filter(n: Node, pad: list) -> tuple[tuple[str, str], ...]:
+def _filter(n: Node, pre: list, post: list) -> tuple[tuple[str, str], ...]:
     """The JSON has dW's dims; the language derives the largest filter that maps X to dY, so a smaller one
     (stride > 1 leaves a choice) is spelled out."""
     x, dy, dw = n.tensor("X"), n.tensor("DY"), n.tensor("DW", "outputs")
     if dw is None or not (dw.dims and dy.dims and x.dims):
         raise n.fail("its tensors have no dims in the JSON, so dW's size (filter) is unknown")
-    spatial = zip(x.dims[2:], dy.dims[2:], pad, n.get("stride", []), n.get("dilation", []))
-    largest = [(h + 2 * p - (o - 1) * s - 1) // d + 1 for h, o, p, s, d in spatial]
+    spatial = zip(x.dims[2:], dy.dims[2:], pre, post, n.get("stride", []), n.get("dilation", []))
+    largest = [(h + a + b - (o - 1) * s - 1) // d + 1 for h, o, a, b, s, d in spatial]
     return () if largest == dw.dims[2:] else (("filter", ints_text(dw.dims[2:])),)
 
 

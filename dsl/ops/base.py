@@ -178,7 +178,7 @@ def canonical(sig: OpSig, given: dict, inputs: tuple[TensorType | None, ...]) ->
     out: dict[str, Any] = {}
     for a in sig.attrs:
         v = given.get(a.name, a.default)
-        if a.kind == "spatial":
+        if a.kind == "spatial" and v is not None:
             n = len(inputs[0].shape) - 2
             if isinstance(v, int):
                 v = (v,) * n

@@ -195,6 +195,8 @@ class ScalarDecl:
     specs: tuple[TensorSpec, ...]
     loc: Loc = _loc()
     dtype_loc: Loc = _loc()
+    dims: tuple[Dim, ...] | None = None
+    """the pass-by-value tensor's dims as cuDNN gets them (`scalar s : float[1] = 0.5`); None: the rank it meets"""
 
 
 @attrs.frozen

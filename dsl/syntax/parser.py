@@ -182,8 +182,8 @@ class _ToAst(Transformer_NonRecursive):
         return ast.InputDecl(str(ch[0]), ch[1], tuple(ch[2:]), self._loc(meta))
 
     def scalar_decl(self, meta, ch):
-        name, dtype, value, *specs = ch
-        return ast.ScalarDecl(str(name), str(dtype), value, tuple(specs), self._loc(meta), self._t(dtype))
+        name, ty, value, *specs = ch
+        return ast.ScalarDecl(str(name), ty.dtype, value, tuple(specs), self._loc(meta), ty.dtype_loc, dims=ty.dims)
 
     def output_decl(self, meta, ch):
         name, rest = ch[0], list(ch[1:])

@@ -89,7 +89,8 @@ def fmt_stmt(st) -> str:
     if isinstance(st, ast.InputDecl):
         return f"input {st.name} : {_fmt_type(st.type)}{_fmt_specs(st.specs, view=True)}"
     if isinstance(st, ast.ScalarDecl):
-        return f"scalar {st.name} : {st.dtype} = {fmt_value(st.value)}{_fmt_specs(st.specs)}"
+        dims = "" if st.dims is None else "[" + ", ".join(str(d.value) for d in st.dims) + "]"
+        return f"scalar {st.name} : {st.dtype}{dims} = {fmt_value(st.value)}{_fmt_specs(st.specs)}"
     if isinstance(st, ast.OutputDecl):
         text = f"output {st.name}"
         if st.type is not None:
@@ -248,7 +249,8 @@ def dump_ir(program: Program) -> str:
                 init = f" init={v.init}" if v.init else ""
                 out.append(f"  %{v.name} = input uid={v.uid} : {t} strides={st}{_place(v)}{init}")
             else:
-                out.append(f"  %{v.name} = {v.kind} uid={v.uid} : {v.dtype} value={v.scalar}")
+                dims = "" if v.dims is None else "[" + ", ".join(map(str, v.dims)) + "]"
+                out.append(f"  %{v.name} = {v.kind} uid={v.uid} : {v.dtype}{dims} value={v.scalar}")
         for index, n in enumerate(g.nodes):
             ins = ", ".join("%" + i if i else "_" for i in n.inputs)
             res = ", ".join("%" + o for o in n.outputs)
@@ -329,6 +331,7 @@ def to_json(program: Program) -> dict:
                         "uid": v.uid,
                         "scalar": v.scalar,
                         "dtype": v.dtype,
+                        "dims": list(v.dims) if v.dims is not None else None,
                         "view": list(v.view) if v.view else None,
                         "into": v.into,
                     }
