@@ -94,8 +94,11 @@ def test_an_import_whose_scalar_dims_differ_from_the_file_is_reported():
     assert "scalar sc : float[1] = 0.125 uid=9" in text
     [t] = [t for t in imported[0].tensors if t.name == "sc"]
     t.json["dim"] = [1, 1]
-    problems = verify(program(text=text, file="s.cdg"), imported, "s.json")
-    assert problems == ["s.json: tensor 'sc': the JSON has dims [1, 1], the imported graph [1]"]
+    with pytest.raises(DslError) as e:
+        verify(program(text=text, file="s.cdg"), imported)
+    [d] = e.value.diagnostics
+    assert d.message == "tensor 'sc': dim [1, 1] contradicts its graph: the imported graph has [1]"
+    assert d.loc.file == "s.json"
 
 
 def _json_with_scalar(dims: list[int]) -> dict:
