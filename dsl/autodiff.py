@@ -463,7 +463,7 @@ class Emit:
             self._rename(names[v], v)
         lines = []
         for v in (v.name for v in self.graph.values if v.name in recomputed | self.saved):
-            size = _kib(self._bytes({v}))
+            size = _size(self._bytes({v}))
             if v in recomputed:
                 lines.append(
                     f"recomputes {v} ({made_by[v].op}) in the backward, fused with what reads it: {size} unsaved"
@@ -602,8 +602,11 @@ class Emit:
         self.made[new] = self.made.pop(old)
 
 
-def _kib(n: int) -> str:
-    return f"{n / 1024:g} KiB"
+def _size(n: int) -> str:
+    """'96 bytes', '256 KiB', '1.5 MiB'."""
+    if n < 1024:
+        return f"{n} bytes"
+    return f"{n / 1024:g} KiB" if n < 1024 * 1024 else f"{n / 1024 / 1024:g} MiB"
 
 
 def _reject(graph: Graph, active: set[str]) -> None:
