@@ -23,7 +23,7 @@ import attrs
 
 from dsl.diagnostics import Diagnostic, DslError, RuleError
 from dsl.ir import Graph, Instance
-from dsl.ops import EMIT_STATISTICS, NO_VJP, OPS, RETYPABLE, STATISTICS, VJPS, At, Ctx, canonical
+from dsl.ops import EMIT_STATISTICS, NO_VJP, OPS, RECOMPUTE, RETYPABLE, STATISTICS, VJPS, At, Ctx, canonical
 from dsl.options import OPTIONS, Options
 from dsl.subgraph import fusion_order
 from dsl.syntax import ast
@@ -47,6 +47,8 @@ class Derived:
     zeroed: no view reads the rest, whose gradient is zero)."""
     grads: tuple[tuple[str, str], ...]
     """(forward input or buffer, the backward output or buffer that is its gradient)"""
+    choices: tuple[str, ...] = ()
+    """per intermediate the backward reads: whether the forward saves it or the backward recomputes it, and why"""
 
 
 # ---- text: statements of a graph, written from types and canonical attributes -------------
@@ -158,6 +160,9 @@ FUSES_REDUCTION = ("pointwise", "matmul", "conv")
 """the op families a reduction fuses after in one cuDNN graph (over their results, unmaterialized)"""
 DTYPE_FREE = ("pointwise", "reduction")
 """the op families that compute in their own dtype, whatever dtype they read"""
+FUSES_PROLOGUE = ("pointwise", "reduction")
+"""the op families a recomputed pointwise prologue fuses into in one cuDNN graph (a matmul, a convolution or a
+norm's backward op reads its operands from memory)"""
 
 
 def accumulation(dtype: str) -> str:
@@ -433,6 +438,97 @@ class Emit:
         total = self.call("reduction", flat, mode="sum", axes=(0, 2, 3), dtype=dtype)
         return self.reshape(total, (1,) * (len(t.shape) - 1) + (n,))
 
+    def recompute(self) -> tuple[str, ...]:
+        """Replaces saved intermediates by their recomputation in the backward, where each is made by a cheap op
+        (RECOMPUTE), only ops that fuse with it read it (FUSES_PROLOGUE), and what the forward must save instead
+        (the non-cheap values its recomputation reaches) is fewer bytes. Returns a line per saved intermediate."""
+        made_by = {o: n for n in self.graph.nodes for o in n.outputs}
+        kept, plan, reasons = set(self.saved), set(), {}
+        for v in (v.name for v in self.graph.values if v.name in self.saved):
+            reasons[v] = self._refusal(v, made_by)
+            if reasons[v]:
+                continue
+            more, reached = set(plan), set()
+            self._reach(v, made_by, kept - {v}, more, reached)
+            after = (kept - {v}) | reached
+            if self._bytes(after) < self._bytes(kept):
+                kept, plan = after, more
+            else:
+                reasons[v] = f"recomputing it would save {', '.join(sorted(reached))} instead"
+        recomputed = plan & self.saved
+        for v in recomputed:
+            b = self.reads.pop(("value", v))
+            del self.bind[b], self.types[b]
+        self.saved -= recomputed
+        start, names = len(self.stmts), {}
+        for v in sorted(recomputed):
+            self._recomputed(v, made_by, plan, names)
+        self.stmts = self.stmts[start:] + self.stmts[:start]  # they read forward values only: first is in order
+        for v in recomputed:
+            self._rename(names[v], v)
+        lines = []
+        for v in (v.name for v in self.graph.values if v.name in recomputed | self.saved):
+            size = _size(self._bytes({v}))
+            if v in recomputed:
+                lines.append(
+                    f"recomputes {v} ({made_by[v].op}) in the backward, fused with what reads it: {size} unsaved"
+                )
+            else:
+                why = reasons.get(v) or self._refusal(v, made_by)
+                lines.append(f"saves {v} ({made_by[v].op}, {size}): {why}")
+        return tuple(lines)
+
+    def _refusal(self, v: str, made_by: dict) -> str:
+        """Why the saved intermediate v is not recomputed, or '' where it may be."""
+        op = made_by[v].op
+        if op not in RECOMPUTE or len(made_by[v].outputs) > 1:
+            return "not a cheap op to recompute"
+        if any(name == v and kind != "value" for kind, name in self.reads):
+            return "read as a view of its memory"
+        b = self.reads["value", v]
+        for st in self.stmts:
+            if b in st.call[1] and OPS[st.call[0]].family not in FUSES_PROLOGUE:
+                return f"read from memory by {st.call[0]}"
+        return ""
+
+    def _reach(self, v: str, made_by: dict, kept: set, plan: set, reached: set) -> None:
+        """Adds to `plan` v and the intermediates recomputed with it, to `reached` the saved values they read."""
+        plan.add(v)
+        for i in made_by[v].inputs:
+            if i is None or self.graph.value(i).kind != "virtual" or i in plan:
+                continue
+            if i in kept or made_by[i].op not in RECOMPUTE or len(made_by[i].outputs) > 1:
+                reached.add(i)
+            else:
+                self._reach(i, made_by, kept, plan, reached)
+
+    def _recomputed(self, v: str, made_by: dict, plan: set, names: dict) -> str:
+        """The backward value that recomputes forward value v (emitted once), in v's dtype."""
+        if v in names:
+            return names[v]
+        n = made_by[v]
+        consts = {c.name: c.scalar for c in self.graph.of_kind("const")}
+        args = tuple(
+            None
+            if i is None
+            else consts[i]
+            if i in consts
+            else self._recomputed(i, made_by, plan, names)
+            if i in plan
+            else self.fwd(i)
+            for i in n.inputs
+        )
+        g = RECOMPUTE[n.op](self, n.op, args, dict(self.inst.attrs(self.graph.nodes.index(n))))
+        want = self.inst.type(v).dtype
+        if self.types[g].dtype != want:
+            self.made[g].dtype = want
+            self.types[g] = attrs.evolve(self.types[g], dtype=want)
+        names[v] = g
+        return g
+
+    def _bytes(self, values: set[str]) -> int:
+        return sum(itemsize(self.inst.type(v).dtype) * math.prod(self.inst.type(v).shape) for v in values)
+
     def stmts_ast(self) -> list:
         out = _header(self.graph) + [_buffer(b, t) for b, t in self.buffers.items()]
         out += [_input(name, self.types[name]) for name in self.bind if name not in self.buffers]
@@ -511,6 +607,13 @@ class Emit:
         self.made[new] = self.made.pop(old)
 
 
+def _size(n: int) -> str:
+    """'96 bytes', '256 KiB', '1.5 MiB'."""
+    if n < 1024:
+        return f"{n} bytes"
+    return f"{n / 1024:g} KiB" if n < 1024 * 1024 else f"{n / 1024 / 1024:g} MiB"
+
+
 def _reject(graph: Graph, active: set[str]) -> None:
     """What a derived backward does not handle yet, located: an output written in place that a gradient flows
     from (a running statistic passes none)."""
@@ -566,12 +669,14 @@ def derive(
     suffix: str = "",
     *,
     avoid: Avoid,
+    recompute: bool = True,
 ) -> Derived:
     """The augmented forward and the backward of one shape of `graph` (the only one when inst is None),
     with gradients for `wrt` (default: every float input), named `<graph>_forward<suffix>` and
     `<graph>_backward<suffix>`; a norm's gradients by the frontend's backward op unless `avoid` says why
-    not (the caller asks the quirks table for the cuDNN that will plan or run the graphs). DslError, at the
-    op, when a gradient must pass an op that has no VJP."""
+    not (the caller asks the quirks table for the cuDNN that will plan or run the graphs); a cheap intermediate
+    recomputed in the backward rather than saved where that fuses and saves bytes (Emit.recompute), unless
+    `recompute` is False. DslError, at the op, when a gradient must pass an op that has no VJP."""
     inst = inst or graph.instance()
     floats = {v.name for v in graph.values if v.kind not in ("scalar", "const") and is_float(inst.type(v.name).dtype)}
     inputs = float_inputs(graph, inst)
@@ -635,6 +740,7 @@ def derive(
             new = e.output(old, inst.type(w), f"grad_{w}")
             grads = {k: new if g == old else g for k, g in grads.items()}
             outs.append((w, new))
+    choices = e.recompute() if recompute else ()
     e.prune()
     if not outs:
         raise DslError(
@@ -659,6 +765,7 @@ def derive(
         bwd_text,
         bind,
         tuple(outs),
+        choices,
     )
 
 

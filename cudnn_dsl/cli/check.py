@@ -108,6 +108,7 @@ def _backward(program) -> tuple[tuple, int]:
                 status = max(status, common.report(e))
                 continue
             print(f"# {common.label(g, inst)}: the forward, saving what the backward reads; then the backward")
+            print("".join(f"# {line}\n" for line in d.choices), end="")
             print(d.forward_text + "\n" + d.backward_text)
             graphs += [d.forward, d.backward]
     return tuple(graphs), status

@@ -11,6 +11,7 @@ from dsl.ops.base import (
     Ctx,
     Family,
     Out,
+    Recompute,
     Rule,
     Statistics,
     by_name,
@@ -742,6 +743,7 @@ def _sdpa_composite(e, n):
 
 
 VJPS: dict[str, Rule] = {"rope": _rope, "sdpa": _sdpa}
+RECOMPUTE: dict[str, Recompute] = {}
 NO_VJP = {
     "sdpa_fp8": "it waits for the frontend's dedicated backward op in the registry (sdpa_fp8_backward)",
     **{op: SECOND_ORDER for op in BACKWARD_OPS},

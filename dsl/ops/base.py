@@ -272,6 +272,16 @@ class At:
 
 Rule = Callable[..., tuple[str | None, ...]]
 
+Recompute = Callable[..., str]
+"""`RECOMPUTE[op](e, op, args, attrs)`: a cheap op's result computed again in the backward graph from `args` (backward
+names, numbers, None for an optional input not given) with the node's canonical `attrs`, in registry ops that fuse
+with the pointwise ops reading it; dsl.autodiff chooses it over saving the result where that saves bytes"""
+
+
+def recompute_as_itself(e, op: str, args: tuple, attrs: dict) -> str:
+    """A pointwise op, recomputed as it is."""
+    return e.call(op, *args, **attrs)
+
 
 def x_of(e, n: At) -> str:
     """The node's first input, saved by the forward."""

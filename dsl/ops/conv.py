@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from dsl.diagnostics import RuleError
-from dsl.ops.base import SECOND_ORDER, Ctx, Family, OpSig, Out, Rule, by_name
+from dsl.ops.base import SECOND_ORDER, Ctx, Family, OpSig, Out, Recompute, Rule, by_name
 from dsl.types import TensorType, fmt_shape, stride_order
 from dsl.values import DERIVED, Attr
 
@@ -284,4 +284,5 @@ def _conv_fprop(e, n):
 
 
 VJPS: dict[str, Rule] = {"conv_fprop": _conv_fprop}
+RECOMPUTE: dict[str, Recompute] = {}
 NO_VJP = {"conv_dgrad": SECOND_ORDER, "conv_wgrad": SECOND_ORDER}

@@ -12,6 +12,7 @@ from dsl.ops.base import (
     Ctx,
     Family,
     Out,
+    Recompute,
     Rule,
     Statistics,
     by_name,
@@ -420,6 +421,12 @@ def _batchnorm_inference(e, n):
     )
 
 
+def _batchnorm_inference_pointwise(e, op, args, attrs):
+    """batchnorm_inference recomputed as its pointwise form, which fuses with the pointwise ops reading it."""
+    x, mean, inv, scale, bias = args
+    return e.call("add", e.call("mul", e.call("mul", e.call("sub", x, mean), inv), scale), bias)
+
+
 def _genstats(e, n):
     """sum = Σ x and sq_sum = Σ x² over every axis but the channels: dx = dsum + 2 x dsq_sum, each term where a
     gradient flows (the caller broadcasts a lone dsum to x's shape)."""
@@ -443,6 +450,7 @@ VJPS: dict[str, Rule] = {
     ),
     "batchnorm_inference": _batchnorm_inference,
 }
+RECOMPUTE: dict[str, Recompute] = {"batchnorm_inference": _batchnorm_inference_pointwise}
 NO_VJP = {
     **{op: SECOND_ORDER for op in BACKWARD_OPS},
 }

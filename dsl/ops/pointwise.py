@@ -13,8 +13,10 @@ from dsl.ops.base import (
     Family,
     OpSig,
     Out,
+    Recompute,
     Rule,
     by_name,
+    recompute_as_itself,
     same_kind,
     x_of,
     y_of,
@@ -359,6 +361,8 @@ VJPS: dict[str, Rule] = {
     **{op: _stop for op in ("logical_and", "logical_or", "logical_not")},
 }
 
+RECOMPUTE: dict[str, Recompute] = {op: recompute_as_itself for op in OPS}
+"""every pointwise op recomputes as itself"""
 NO_VJP: dict[str, str] = {
     **{op: SECOND_ORDER for op in BACKWARD_OPS},
 }
