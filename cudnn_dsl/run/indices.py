@@ -10,10 +10,10 @@ inputs), with a located error naming the tensor, the element and the bound.
 from __future__ import annotations
 
 import attrs
-import torch
 
 from cudnn_dsl.run.buffers import BindingError, view
 from cudnn_dsl.target import portable
+from cudnn_dsl.target.lazy_torch import torch
 from dsl.ir import Graph, Instance
 from dsl.ops import OPS, Ctx
 from dsl.types import TensorType, fmt_shape
