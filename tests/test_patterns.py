@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import cudnn_dsl
 from cudnn_dsl import patterns
+from cudnn_dsl.target.dtypes import tolerance
 from dsl.diagnostics import DslError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "torch_models"
@@ -69,6 +70,33 @@ def test_conv_batchnorm_relu_is_replaced_and_a_channels_last_input_is_not():
     assert len(installed.report.replaced) == 1
     [missed] = installed.report.missed
     assert "'x' has strides" in missed.why
+
+
+def test_half_channels_last_conv_batchnorm_relu_is_replaced():
+    """The form cuDNN fuses whole on an H200: the model after `.half()` and channels_last, its inputs so."""
+    torch.manual_seed(0)
+    model = ConvBnRelu().eval().half().to(memory_format=torch.channels_last)
+    x = torch.randn(5, 4, 16, 16, dtype=torch.half).to(memory_format=torch.channels_last)
+    with patterns.install(EXAMPLES / "conv_bn_relu_half.cdg") as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    assert [r.graph.split()[0] for r in installed.report.replaced] == ["conv_bn_relu_half"]
+    assert installed.report.missed == []
+    # the graph keeps the convolution's sum in float where the model rounds it to half: half's tolerance
+    atol, rtol = tolerance("half")
+    torch.testing.assert_close(y, model(x), atol=atol, rtol=rtol)
+
+
+def test_a_model_in_another_dtype_is_a_near_miss():
+    """The float graph's ops, op for op, in a double model: reported with the dtype, not replaced."""
+    torch.manual_seed(0)
+    model = ConvBnRelu().eval().double()
+    x = torch.randn(2, 4, 16, 16, dtype=torch.double)
+    with patterns.install(EXAMPLES / "conv_bn_relu.cdg") as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    assert installed.report.replaced == []
+    [missed] = installed.report.missed
+    assert "'x' is torch.float64, the graph declares torch.float32" in missed.why
+    torch.testing.assert_close(y, model(x))
 
 
 def test_attention_is_replaced_for_inference_and_for_training():
