@@ -13,38 +13,9 @@ import cudnn_dsl
 from cudnn_dsl import patterns
 from cudnn_dsl.target.dtypes import tolerance
 from dsl.diagnostics import DslError
+from examples.torch_models.models import Attention, ConvBnRelu
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "torch_models"
-
-
-class ConvBnRelu(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.relu = torch.nn.ReLU()
-        with torch.no_grad():
-            self.bn.running_mean.uniform_(-1, 1)
-            self.bn.running_var.uniform_(0.5, 2)
-            self.bn.weight.uniform_(0.5, 1.5)
-            self.bn.bias.uniform_(-0.5, 0.5)
-
-    def forward(self, x):
-        return self.relu(self.bn(self.conv(x)))
-
-
-class Attention(torch.nn.Module):
-    def __init__(self, heads=4, dim=64):
-        super().__init__()
-        self.heads = heads
-        self.q, self.k, self.v = (torch.nn.Linear(dim, dim) for _ in range(3))
-        self.out = torch.nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = (p(x).view(b, s, self.heads, d // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
-        o = F.scaled_dot_product_attention(q, k, v)
-        return self.out(o.transpose(1, 2).reshape(b, s, d))
 
 
 @pytest.fixture(autouse=True)
