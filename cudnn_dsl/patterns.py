@@ -34,7 +34,15 @@ import attrs
 import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
-from torch._inductor.pattern_matcher import Match, PatternMatcherPass, fwd_only, joint_fwd_bwd, register_replacement
+from torch._inductor.pattern_matcher import (
+    Match,
+    PatternMatcherPass,
+    fwd_only,
+    gen_pattern,
+    joint_fwd_bwd,
+    register_graph_pattern,
+    register_replacement,
+)
 
 from cudnn_dsl.api import compile as compile_graph
 from cudnn_dsl.interop.emit import traceable_reference
@@ -79,6 +87,11 @@ class Report:
 
     replaced: list[Replaced] = attrs.field(factory=list)
     missed: list[NearMiss] = attrs.field(factory=list)
+
+    def miss(self, near: NearMiss) -> None:
+        """A near miss, once: a region the checks of two patterns both see is one region."""
+        if near not in self.missed:
+            self.missed.append(near)
 
     def __str__(self) -> str:
         lines = [str(r) for r in self.replaced] + [str(m) for m in self.missed]
@@ -137,6 +150,13 @@ class GraphPattern:
 
     def register(self, into: PatternMatcherPass) -> None:
         register_replacement(self.search, self.replace, self.examples, fwd_only, into, extra_check=self.valid)
+        # Inductor re-traces a match's search in the matched dtypes before `valid` sees it, and that trace
+        # casts to the declared ones: a region in another dtype never reaches `valid`. The search as first
+        # traced (integers unchecked) finds it, after the replacement above, to report it; it replaces nothing.
+        found = register_graph_pattern(
+            gen_pattern(self.search, self.examples, fwd_only), self.in_other_dtype, pass_dict=into
+        )
+        found(self.report_other_dtype)
         floats = [k for k, e in enumerate(self.examples) if e.is_floating_point()]
         for wanting in {tuple(floats), tuple(floats[1:])} - {()}:
             examples = [e.clone().requires_grad_(k in wanting) for k, e in enumerate(self.examples)]
@@ -149,20 +169,36 @@ class GraphPattern:
 
     def valid(self, match: Match, training: bool = False) -> bool:
         """Whether the matched inputs are what the graph declares; the report says what was done."""
-        where = _where(match.output_nodes()[0] or match.nodes[-1])
-        why = self.mismatch({n: match.kwargs[n].meta["val"] for n in self.op.tensor_names})
+        where = _where(_last(match))
+        why = self.mismatch(_matched(match, self.op.tensor_names))
         if why is None:
             self.report.replaced.append(Replaced(self.label, where, training))
         else:
-            self.report.missed.append(NearMiss(self.label, where, why))
+            self.report.miss(NearMiss(self.label, where, why))
         return why is None
+
+    def in_other_dtype(self, match: Match) -> bool:
+        return self.dtype_mismatch(_matched(match, self.op.tensor_names)) is not None
+
+    def report_other_dtype(self, match: Match, *args, **kwargs) -> None:
+        """A region of the graph's ops in other dtypes, as a near miss; the graph is left as it is."""
+        why = self.dtype_mismatch(_matched(match, self.op.tensor_names))
+        self.report.miss(NearMiss(self.label, _where(_last(match)), why))
+
+    def dtype_mismatch(self, values: dict[str, torch.Tensor]) -> str | None:
+        for name, t in self.types.items():
+            value, want = values[name], torch_dtype(t.dtype)
+            if value.dtype != want:
+                return f"'{name}' is {value.dtype}, the graph declares {want}"
+        return None
 
     def mismatch(self, values: dict[str, torch.Tensor]) -> str | None:
         """What in these inputs breaks the graph's declarations; None when nothing does."""
+        why = self.dtype_mismatch(values)
+        if why is not None:
+            return why
         for name, t in self.types.items():
-            value, want = values[name], torch_dtype(self.types[name].dtype)
-            if value.dtype != want:
-                return f"'{name}' is {value.dtype}, the graph declares {want}"
+            value = values[name]
             if value.dim() > len(t.shape):
                 return f"'{name}' has {value.dim()} dims, the graph declares {len(t.shape)}"
         values = {n: _unit_dims(v, len(self.types[n].shape)) for n, v in values.items()}
@@ -194,6 +230,16 @@ class GraphPattern:
                     if not inside:
                         return f"'{name}': {dim} = {size} is not a value the graph declares"
         return None
+
+
+def _last(match: Match) -> torch.fx.Node:
+    """A match's output node: the region's last op."""
+    return match.output_nodes()[0] or match.nodes[-1]
+
+
+def _matched(match: Match, names) -> dict[str, torch.Tensor]:
+    """The matched inputs' (fake) values by name."""
+    return {n: match.kwargs[n].meta["val"] for n in names}
 
 
 def _unit_dims(t: torch.Tensor, rank: int) -> torch.Tensor:

@@ -11,39 +11,11 @@ import torch.nn.functional as F
 
 import cudnn_dsl
 from cudnn_dsl import patterns
+from cudnn_dsl.target.dtypes import tolerance
 from dsl.diagnostics import DslError
+from examples.torch_models.models import Attention, ConvBnRelu
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "torch_models"
-
-
-class ConvBnRelu(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.relu = torch.nn.ReLU()
-        with torch.no_grad():
-            self.bn.running_mean.uniform_(-1, 1)
-            self.bn.running_var.uniform_(0.5, 2)
-            self.bn.weight.uniform_(0.5, 1.5)
-            self.bn.bias.uniform_(-0.5, 0.5)
-
-    def forward(self, x):
-        return self.relu(self.bn(self.conv(x)))
-
-
-class Attention(torch.nn.Module):
-    def __init__(self, heads=4, dim=64):
-        super().__init__()
-        self.heads = heads
-        self.q, self.k, self.v = (torch.nn.Linear(dim, dim) for _ in range(3))
-        self.out = torch.nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = (p(x).view(b, s, self.heads, d // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
-        o = F.scaled_dot_product_attention(q, k, v)
-        return self.out(o.transpose(1, 2).reshape(b, s, d))
 
 
 @pytest.fixture(autouse=True)
@@ -62,13 +34,40 @@ def test_conv_batchnorm_relu_is_replaced_and_a_channels_last_input_is_not():
         y = torch.compile(model, fullgraph=True)(x)
         torch.testing.assert_close(y, model(x))
         assert [r.training for r in installed.report.replaced] == [False]
-        assert "test_patterns.py" in installed.report.replaced[0].where
+        assert "models.py:" in installed.report.replaced[0].where  # the model's line
         torch._dynamo.reset()
         nhwc = x.to(memory_format=torch.channels_last)
         torch.testing.assert_close(torch.compile(model, fullgraph=True)(nhwc), model(nhwc))
     assert len(installed.report.replaced) == 1
     [missed] = installed.report.missed
     assert "'x' has strides" in missed.why
+
+
+def test_half_channels_last_conv_batchnorm_relu_is_replaced():
+    """The form cuDNN fuses whole on an H200: the model after `.half()` and channels_last, its inputs so."""
+    torch.manual_seed(0)
+    model = ConvBnRelu().eval().half().to(memory_format=torch.channels_last)
+    x = torch.randn(5, 4, 16, 16, dtype=torch.half).to(memory_format=torch.channels_last)
+    with patterns.install(EXAMPLES / "conv_bn_relu_half.cdg") as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    assert [r.graph.split()[0] for r in installed.report.replaced] == ["conv_bn_relu_half"]
+    assert installed.report.missed == []
+    # the graph keeps the convolution's sum in float where the model rounds it to half: half's tolerance
+    atol, rtol = tolerance("half")
+    torch.testing.assert_close(y, model(x), atol=atol, rtol=rtol)
+
+
+def test_a_model_in_another_dtype_is_a_near_miss():
+    """The float graph's ops, op for op, in a double model: reported with the dtype, not replaced."""
+    torch.manual_seed(0)
+    model = ConvBnRelu().eval().double()
+    x = torch.randn(2, 4, 16, 16, dtype=torch.double)
+    with patterns.install(EXAMPLES / "conv_bn_relu.cdg") as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    assert installed.report.replaced == []
+    [missed] = installed.report.missed
+    assert "'x' is torch.float64, the graph declares torch.float32" in missed.why
+    torch.testing.assert_close(y, model(x))
 
 
 def test_attention_is_replaced_for_inference_and_for_training():
