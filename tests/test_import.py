@@ -6,8 +6,11 @@ compared with the original.
 """
 
 import json
+import os
 import re
+import stat
 import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -923,3 +926,18 @@ def test_a_tensor_the_json_gives_otherwise_than_its_graph_is_refused_at_its_fiel
     line = int(re.search(rf"{re.escape(str(fe))}:(\d+):\d+: error", p.stderr).group(1))
     assert text.splitlines()[line - 1].strip().startswith(f'"{field}"'), (line, p.stderr)
     assert "<imported>" not in p.stderr
+
+
+def test_import_into_a_fifo_writes_through_it_without_force(tmp_path):
+    """A FIFO holds nothing to keep: it is written into, and stays a FIFO."""
+    fe = tmp_path / "mm.json"
+    fe.write_text(run_cli("emit", ROOT / "examples" / "matmul_epilogue.cdg", "--format", "fe-json").stdout)
+    fifo = tmp_path / "out.cdg"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    p = run_cli("import", fe, "-o", fifo)
+    reader.join(timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and "reduction(y, mode=amax)" in got[0]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import stat
 import sys
 import traceback
 from collections.abc import Callable
@@ -456,6 +458,8 @@ def check_writable(path: str | None, flag: str) -> None:
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {path}: is a directory")
+    if is_stream(p):
+        return
     if any(parent.exists() and not parent.is_dir() for parent in p.parents):
         raise UsageError(f"{flag} {path}: {next(q for q in p.parents if q.exists())} is not a directory")
 
@@ -494,9 +498,30 @@ def write_text(path: str, text: str) -> None:
     if path == "-":
         print(text, file=_json_out[-1] if _json_out else sys.stdout)
         return
-    from cudnn_dsl.store.files import atomic_write
+    write_file(Path(path), text + "\n")
 
-    atomic_write(Path(path), text + "\n")
+
+def is_stream(path: Path) -> bool:
+    """Whether path, its links followed, names something there that is neither a regular file nor a directory: a
+    device, FIFO or socket, /dev/stdout or /proc/self/fd/N."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def write_file(path: Path, text: str) -> None:
+    """An output file written atomically; a stream (is_stream) is written into where it is, since replacing it
+    with a regular file would take the device, FIFO or pipe away from whoever reads it."""
+    if not is_stream(path):
+        from cudnn_dsl.store.files import atomic_write
+
+        atomic_write(path, text)
+        return
+    sys.stdout.flush()  # what is already printed comes first where the path is stdout
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def machine_stdout(args) -> bool:

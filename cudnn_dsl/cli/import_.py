@@ -107,7 +107,7 @@ def run(args) -> int:
     if args.force and not args.output:
         raise common.UsageError("--force goes with -o")
     out = Path(args.output) if args.output else None
-    if out is not None and out.exists() and not args.force:
+    if out is not None and out.exists() and not common.is_stream(out) and not args.force:
         raise common.UsageError(f"{out} exists; pass --force to replace it")
     if args.from_torch or args.example:
         return _from_torch(args, out)
@@ -139,9 +139,7 @@ def run(args) -> int:
     if out is None:
         sys.stdout.write(cdg)
         return common.EXIT_OK
-    from cudnn_dsl.store.files import atomic_write
-
-    atomic_write(out, cdg)
+    common.write_file(out, cdg)
     print(f"{out}: {len(graphs)} graph{'s' if len(graphs) != 1 else ''} imported from {args.file}", file=sys.stderr)
     return common.EXIT_OK
 
@@ -170,8 +168,6 @@ def _from_torch(args, out: Path | None) -> int:
     if out is None:
         sys.stdout.write(imported.text)
         return common.EXIT_OK
-    from cudnn_dsl.store.files import atomic_write
-
-    atomic_write(out, imported.text)
+    common.write_file(out, imported.text)
     print(f"{out}: imported from {args.from_torch}", file=sys.stderr)
     return common.EXIT_OK
