@@ -46,6 +46,7 @@ from torch._inductor.pattern_matcher import (
 
 from cudnn_dsl.api import compile as compile_graph
 from cudnn_dsl.interop.emit import traceable_reference
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import drawn_values
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.torch_op.op import TorchOp, as_torch_op
@@ -112,7 +113,7 @@ def _refusal(graph: Graph, op: TorchOp) -> str | None:
     inst = graph.instances[0]
     if op.in_place:
         return "an output is written in place"
-    if len(op.tensor_names) != len(graph.inputs) - len(op.scalars):
+    if any(v.view is not None for v in graph.values if v.kind == "input"):
         return "an input is a view of a buffer"
     if any(inst.type(v.name).dtype == "bool" for v in graph.values if v.kind in ("input", "output")):
         return "a bool tensor is bit-packed, as cuDNN keeps it, not a torch bool"
@@ -129,8 +130,11 @@ class GraphPattern:
         self.label = f"{self.graph.name} ({self.graph.loc})"
         inst = self.graph.instances[0]
         self.types = {n: inst.type(n) for n in op.tensor_names}
-        fn, examples = traceable_reference(self.graph, inst, native=True, device=device)
-        self.examples = [e for v, e in zip(self.graph.inputs, examples) if v.kind != "scalar"]
+        fn, _ = traceable_reference(self.graph, inst, native=True, device=device)
+        # Inductor runs the search on its examples: drawn as `run` draws inputs, so that index inputs (page
+        # tables, ragged offsets, sequence lengths) are valid.
+        drawn = generate_inputs(self.graph, inst, device)
+        self.examples = [drawn[n] for n in op.tensor_names]
         scalars = {v.name: float(v.scalar) for v in op.scalars}
         order = [v.name for v in self.graph.inputs]
 
@@ -256,16 +260,44 @@ def _hint(size) -> int:
 class _Pass(CustomGraphPass):
     """The installed patterns as Inductor's joint-graph custom pass, after the pass it replaced."""
 
-    def __init__(self, patterns: PatternMatcherPass, before):
+    def __init__(self, patterns: list[PatternMatcherPass], before):
         self.patterns, self.before = patterns, before
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.before is not None:
             self.before(graph)
-        self.patterns.apply(graph)
+        for p in self.patterns:
+            p.apply(graph)
 
     def uuid(self):
         return None  # no FX graph cache: a cached graph would skip the pass, and the report with it
+
+
+class _Stack:
+    """The pattern sets installed, in order, as one pass: rebuilt from those still installed when one is
+    uninstalled, in any order, after the pass found when the first of them was installed."""
+
+    def __init__(self):
+        self.sets: list[Installed] = []
+        self.before = None
+
+    def push(self, installed: Installed) -> None:
+        if not self.sets:
+            self.before = inductor_config.joint_custom_post_pass
+        self.sets.append(installed)
+        self.set_pass()
+
+    def remove(self, installed: Installed) -> None:
+        if installed in self.sets:
+            self.sets.remove(installed)
+            self.set_pass()
+
+    def set_pass(self) -> None:
+        matchers = [s.matcher for s in self.sets]
+        inductor_config.joint_custom_post_pass = _Pass(matchers, self.before) if matchers else self.before
+
+
+_STACK = _Stack()
 
 
 class Installed:
@@ -273,14 +305,13 @@ class Installed:
 
     def __init__(self, graphs: list[GraphPattern], report: Report):
         self.graphs, self.report = graphs, report
-        matcher = PatternMatcherPass(pass_name="cudnn_dsl_patterns")
+        self.matcher = PatternMatcherPass(pass_name="cudnn_dsl_patterns")
         for g in graphs:
-            g.register(matcher)
-        self._before = inductor_config.joint_custom_post_pass
-        inductor_config.joint_custom_post_pass = _Pass(matcher, self._before)
+            g.register(self.matcher)
+        _STACK.push(self)
 
     def uninstall(self) -> None:
-        inductor_config.joint_custom_post_pass = self._before
+        _STACK.remove(self)
 
     def __enter__(self) -> Installed:
         return self

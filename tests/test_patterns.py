@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._inductor import config as inductor_config
 
 import cudnn_dsl
 from cudnn_dsl import patterns
@@ -94,6 +95,58 @@ def test_a_graph_written_in_place_is_refused_at_its_declaration(tmp_path):
     with pytest.raises(DslError, match="cannot be a torch.compile pattern: an output is written in place") as e:
         patterns.install(src)
     assert "inplace.cdg:1:1" in str(e.value)
+
+
+def test_a_graph_reading_a_buffer_through_views_is_refused_at_its_declaration(tmp_path):
+    src = tmp_path / "views.cdg"
+    src.write_text(
+        "graph g {\n  buffer q : float[8]\n  input q1 : float[4] in q at 0\n  input q2 : float[4] in q at 4\n"
+        "  output y = q1 + q2\n}\n"
+    )
+    with pytest.raises(DslError, match="cannot be a torch.compile pattern: an input is a view of a buffer") as e:
+        patterns.install(src)
+    assert "views.cdg:1:1" in str(e.value)
+
+
+PAGED = """graph paged {
+  input q : float[2, 2, 4, 8]
+  input kc : float[6, 2, 3, 8]
+  input vc : float[6, 2, 3, 8]
+  input lq : int32[2, 1, 1, 1]
+  input lkv : int32[2, 1, 1, 1]
+  input tk : int32[2, 1, 3, 1]
+  input tv : int32[2, 1, 3, 1]
+  output o = sdpa(q, kc, vc, seq_len_q=lq, seq_len_kv=lkv, page_table_k=tk, page_table_v=tv)
+}
+"""
+
+
+def test_a_paged_graph_is_traced_on_valid_page_tables_and_lengths(tmp_path):
+    """Inductor runs the search on its examples: drawn as `run` draws inputs, index inputs within their op's
+    values (uninitialised, a page table indexes outside the cache)."""
+    src = tmp_path / "paged.cdg"
+    src.write_text(PAGED)
+    with patterns.install(src) as installed:
+        [graph] = installed.graphs
+        ex = dict(zip(graph.op.tensor_names, graph.examples))
+        assert sorted(ex["tk"].flatten().tolist()) == list(range(6))  # the cache's blocks, each once
+        assert 1 <= int(ex["lkv"].min()) and int(ex["lkv"].max()) <= 9
+
+
+def test_installed_sets_uninstall_in_any_order():
+    src = EXAMPLES / "conv_bn_relu.cdg"
+    before = inductor_config.joint_custom_post_pass
+    a, b = patterns.install(src), patterns.install(src)
+    a.uninstall()
+    assert inductor_config.joint_custom_post_pass.patterns == [b.matcher]
+    b.uninstall()
+    assert inductor_config.joint_custom_post_pass is before
+    c = patterns.install(src)
+    with patterns.install(src) as d:
+        assert inductor_config.joint_custom_post_pass.patterns == [c.matcher, d.matcher]
+    c.uninstall()
+    c.uninstall()  # twice: nothing more to remove
+    assert inductor_config.joint_custom_post_pass is before
 
 
 def test_no_file_matching_is_an_error(tmp_path):
