@@ -941,3 +941,68 @@ def test_import_into_a_fifo_writes_through_it_without_force(tmp_path):
     reader.join(timeout=60)
     assert p.returncode == 0, p.stderr
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and "reduction(y, mode=amax)" in got[0]
+
+
+def _set_node(field: str, value):
+    def change(j: dict) -> None:
+        j["nodes"][0][field] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change,field,words",
+    [  # nodes[0]: the convolution; b: the bias, made a pass-by-value scalar below
+        (_set_node("stride", [1.7, 1]), "stride", "stride [1.7, 1]: 1.7 is not an integer"),
+        (_set_node("dilation", [1.2, 1]), "dilation", "dilation [1.2, 1]: 1.2 is not an integer"),
+        (_set_node("pre_padding", [1.9, 1]), "pre_padding", "pre_padding [1.9, 1]: 1.9 is not an integer"),
+        (_set_node("post_padding", [True, 1]), "post_padding", "post_padding [true, 1]: true is not an integer"),
+        (_set_node("stride", "1,1"), "stride", 'stride "1,1" is not a list of integers'),
+        (_set("w", "uid", 1), "uid", "uid 1 is given to both x and w"),
+    ],
+)
+def test_a_field_of_the_wrong_kind_is_refused_at_it(conv_bias_relu_json, change, field, words, tmp_path):
+    j = json.loads(json.dumps(conv_bias_relu_json))
+    change(j)
+    text = json.dumps(j, indent=1)
+    err = _import_error(tmp_path, text)
+    assert words in err, err
+    line = int(re.search(r"g\.json:(\d+):\d+: error", err).group(1))
+    assert text.splitlines()[line - 1].strip().startswith(f'"{field}"'), err
+
+
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ({"index": 1, "value": "hello"}, 'pass_by_value.value "hello" must be an integer, for int32'),
+        ({"index": 0, "value": 2.5}, "pass_by_value.value 2.5 must be an integer, for int64"),
+        ({"index": 3, "value": [1, 2]}, "pass_by_value.value [1, 2] must be a number or the value's bytes as hex"),
+        ({"index": 3, "value": "ZZZZZZZZ"}, 'pass_by_value.value "ZZZZZZZZ" must be a number or the value\'s bytes'),
+    ],
+)
+def test_a_pass_by_value_of_the_wrong_kind_says_what_it_must_be(conv_bias_relu_json, value, words, tmp_path):
+    j = json.loads(json.dumps(conv_bias_relu_json))
+    _set("b", "is_pass_by_value", True)(j)
+    _set("b", "pass_by_value", value)(j)
+    err = _import_error(tmp_path, json.dumps(j, indent=1))
+    assert "tensor 'b': " + words in err, err
+    assert "int()" not in err and "fromhex" not in err
+
+
+@pytest.mark.parametrize(
+    "edit,field,words",
+    [
+        ({"left_bound": 3.5}, "left_bound", "left_bound 3.5 is not an integer"),
+        ({"right_bound": 0.5}, "right_bound", "right_bound 0.5 is not an integer"),
+        ({"attn_scale_value": "ZZZZZZZZ"}, "attn_scale_value", "must be a number or the value's bytes as hex, 8"),
+    ],
+)
+def test_an_sdpa_field_of_the_wrong_kind_is_refused_at_it(tmp_path, h200, edit, field, words):
+    from cudnn_dsl.interop.fe_export import frontend_json
+
+    g = program(text=CASES["sdpa"][0], file="c.cdg").graphs[0]
+    text = _edit(frontend_json(g, g.instances[0], h200), lambda j: j["nodes"][-1].update(edit))
+    err = _import_error(tmp_path, text)
+    assert words in err and "fromhex" not in err, err
+    line = int(re.search(r"g\.json:(\d+):\d+: error", err).group(1))
+    assert text.splitlines()[line - 1].strip().startswith(f'"{field}"'), err

@@ -101,6 +101,9 @@ def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) ->
             why, field = problem
             pos = src.field(t, field) if field else getattr(t, "pos", j.pos)
             raise src.error(f"tensors[{json.dumps(key)}] is not a tensor: {why}", pos)
+        if key in tensors:  # a list's tensors are keyed by uid, so nodes could not tell these apart
+            first = tensors[key].json.get("name") or key
+            raise src.error(f"uid {key} is given to both {first} and {t.get('name') or key}", src.field(t, "uid"))
         tensors[key] = Tensor(key, ident(t.get("name") or f"t{t.get('uid', key)}", used), t)
     for i, nj in enumerate(nodes):
         if not isinstance(nj, dict) or not isinstance(nj.get("tag"), str):

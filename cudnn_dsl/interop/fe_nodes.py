@@ -116,7 +116,7 @@ def import_pointwise(n: Node) -> Call:
     if op in ("swish", "swish_backward"):
         attrs_.append(("beta", n.f32("swish_beta", 1.0)))
     if op == "gen_index":
-        attrs_.append(("axis", str(int(n.get("axis")))))
+        attrs_.append(("axis", str(n.integer("axis", required=True))))
     return Call(op, tuple(i for i in ins if i is not None), tuple(attrs_), ("OUT_0",))
 
 
@@ -141,7 +141,7 @@ def _relu(n: Node) -> tuple[str, list[tuple[str, str]]]:
 
 def _conv(op: str, ports: tuple[str, str], out: str) -> NodeRow:
     def convert(n: Node) -> Call:
-        pre, post = list(n.get("pre_padding", [])), list(n.get("post_padding", []))
+        pre, post = n.integers("pre_padding"), n.integers("post_padding")
         if n.get("math_mode", "CROSS_CORRELATION") != "CROSS_CORRELATION":
             raise n.fail(
                 f"math_mode {n.get('math_mode')}: the language's convolutions are cross-correlations", "math_mode"
@@ -151,7 +151,10 @@ def _conv(op: str, ports: tuple[str, str], out: str) -> NodeRow:
             if pre == post
             else (("pre_padding", ints_text(pre)), ("post_padding", ints_text(post)))
         )
-        attrs_ = padding + (("stride", ints_text(n.get("stride", []))), ("dilation", ints_text(n.get("dilation", []))))
+        attrs_ = padding + (
+            ("stride", ints_text(n.integers("stride"))),
+            ("dilation", ints_text(n.integers("dilation"))),
+        )
         if op == "conv_dgrad":
             attrs_ += _output_padding(n, pre, post)
         if op == "conv_wgrad":
@@ -290,7 +293,7 @@ def import_sdpa(n: Node) -> Call:
     if n.get("alibi_mask", False):
         attrs_.append(("alibi", "true"))
     if n.tensor("Page_table_K") is not None:
-        attrs_.append(("max_seq_len_kv", str(int(n.get("max_seq_len_kv")))))
+        attrs_.append(("max_seq_len_kv", str(n.integer("max_seq_len_kv", required=True))))
     elif n.get("max_seq_len_kv") is not None:
         raise n.fail("max_seq_len_kv without page tables", "max_seq_len_kv")
     for field in ("max_total_seq_len_q", "max_total_seq_len_kv"):
@@ -318,9 +321,9 @@ def _sdpa_band(n: Node) -> list[tuple[str, str]]:
         if n.get("causal_mask_bottom_right", False):
             return [("causal_bottom_right", "true")]
         return [("causal", "true")] if n.get("causal_mask") else []
-    left, right = n.get("left_bound"), n.get("right_bound")
+    left, right = n.integer("left_bound"), n.integer("right_bound")
     if left is None:
-        left = n.get("sliding_window_length")
+        left = n.integer("sliding_window_length")
     align = str(n.get("diagonal_alignment", "TOP_LEFT")).lower()
     out = []
     if right == 0:
@@ -329,9 +332,9 @@ def _sdpa_band(n: Node) -> list[tuple[str, str]]:
         if align != "top_left":  # the language's default
             out.append(("diagonal_alignment", align))
         if right is not None:
-            out.append(("right_bound", str(int(right))))
+            out.append(("right_bound", str(right)))
     if left is not None:
-        out.append(("left_bound", str(int(left))))
+        out.append(("left_bound", str(left)))
     return out
 
 
@@ -374,7 +377,7 @@ def import_genstats(n: Node) -> Call:
 
 def import_rope(n: Node) -> Call:
     attrs_ = (
-        ("rope_dim", str(int(n.get("rope_dim")))),
+        ("rope_dim", str(n.integer("rope_dim", required=True))),
         ("output_scale", n.f32("output_scale", 1.0)),
     )
     return Call("rope", (n.port("INPUT"), n.port("FREQS")), attrs_, ("OUTPUT",))
@@ -388,7 +391,9 @@ def import_concatenate(n: Node) -> Call:
     ports = sorted((n.j.get("inputs") or {}), key=lambda p: int(p) if p.isdigit() else -1)
     if not ports or any(not p.isdigit() for p in ports):
         raise n.fail(f"inputs {ports}: a concatenation's inputs are numbered")
-    return Call("concatenate", tuple(n.port(p) for p in ports), (("axis", str(int(n.get("axis")))),), ("Y",))
+    return Call(
+        "concatenate", tuple(n.port(p) for p in ports), (("axis", str(n.integer("axis", required=True))),), ("Y",)
+    )
 
 
 def import_batchnorm_inference(n: Node) -> Call:
@@ -397,7 +402,7 @@ def import_batchnorm_inference(n: Node) -> Call:
 
 
 def import_transpose(n: Node) -> Call:
-    return Call("transpose", (n.port("X"),), (("perm", ints_text(n.get("permutation", []))),), ("Y",))
+    return Call("transpose", (n.port("X"),), (("perm", ints_text(n.integers("permutation"))),), ("Y",))
 
 
 def import_reshape(n: Node) -> Call:
@@ -469,7 +474,7 @@ def import_sdpa_backward(n: Node) -> Call:
 
 def import_rope_backward(n: Node) -> Call:
     attrs_ = (
-        ("rope_dim", str(int(n.get("rope_dim")))),
+        ("rope_dim", str(n.integer("rope_dim", required=True))),
         ("output_scale", n.f32("output_scale", 1.0)),
     )
     return Call("rope_backward", (n.port("DY"), n.port("FREQS")), attrs_, ("DX",))
