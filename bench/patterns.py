@@ -93,10 +93,11 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=200, help="samples timed per contender (the median is kept)")
     a = p.parse_args()
     warnings.simplefilter("ignore", cudnn_dsl.DslWarning)
-    out = {"meta": environment(), "device": a.device, "iterations": a.iterations}
+    models = [one_model(label, f, make, a.device, a.iterations) for label, (f, make) in MODELS.items()]
+    out = {"meta": environment(), "device": a.device, "iterations": a.iterations, "models": models}  # after the
+    # runs: the environment names the libraries they loaded
     if a.device == "cpu":
         out["meta"]["note"] = "CPU tensors: the replaced region runs the graph's reference, not cuDNN"
-    out["models"] = [one_model(label, f, make, a.device, a.iterations) for label, (f, make) in MODELS.items()]
     print(out["meta"])
     print(f"time per call (µs, median of {a.iterations}), inference:")
     print(f"  {'model':46} " + " ".join(f"{c:>10}" for c in CONTENDERS) + f" {'compiled / replaced':>20}")
