@@ -116,7 +116,7 @@ def one_graph(label: str, source: str, binding, gpu: bool, iterations: int) -> d
     ins = cg.allocate_inputs(binding)
     args = tuple(ins[n] for n in op.tensor_names)
     out_name = cg.graph.outputs[0].name
-    dtype = cg.graph.value(out_name).dtype  # the language's dtype, which compare's tolerances are keyed by
+    dtype = cg.graph.instances[0].type(out_name).dtype  # the language's dtype, which compare's tolerances are keyed by
 
     contenders = {
         "bound": (lambda: bound.run()),
