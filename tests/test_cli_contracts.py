@@ -146,6 +146,16 @@ def test_require_gpu_fails_at_once_and_says_why(args):
     assert p.stdout == ""  # nothing planned, listed or run first
 
 
+@NO_GPU
+@pytest.mark.parametrize("args", [["tune", "--require-gpu", MATMUL], ["bench", MATMUL]])
+def test_a_command_that_needs_a_gpu_still_writes_its_json_report_saying_why(args):
+    p = cli(*args, "--json", "-")
+    assert p.returncode == 1, p.stderr
+    report = json.loads(p.stdout)
+    assert report["schema_version"] == common.SCHEMA_VERSION and report["environment"]["gpu"] == "none"
+    assert f"no CUDA GPU is usable here: {gpu_problem()}" in report["error"]
+
+
 def test_require_gpu_is_in_the_help_of_every_command_that_needs_a_gpu():
     for command in ("run", "tune", "bench"):
         text = " ".join(cli(command, "--help").stdout.split())

@@ -56,7 +56,7 @@ def run(args) -> int:
     if args.rounds < 1 or args.samples < 1:
         raise common.UsageError("--rounds and --samples must be at least 1")
     common.check_reports(args)
-    common.require_gpu("bench measures on a GPU")
+    common.require_gpu("bench measures on a GPU", args.json)
     from cudnn_dsl.target.machine import environment
     from cudnn_dsl.tune.bench import bench_graph, peak_tflops_bf16, plot, table
 

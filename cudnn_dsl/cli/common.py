@@ -551,13 +551,14 @@ def add_require_gpu_flag(p, otherwise: str) -> None:
     )
 
 
-def require_gpu(what: str) -> None:
-    """A BackendUnavailable (exit 1) that says why, where no CUDA GPU is usable."""
+def require_gpu(what: str, json_path: str | None = None) -> None:
+    """A BackendUnavailable (exit 1) that says why, where no CUDA GPU is usable; the --json report at `json_path`
+    says it too (a CI job reading the report finds why it holds no figures)."""
     from cudnn_dsl.target.library import BackendUnavailable
     from cudnn_dsl.target.machine import gpu_problem
 
     why = gpu_problem()
     if why:
-        raise BackendUnavailable(
-            f"{what}, and no CUDA GPU is usable here: {why}; `cudnn-dsl check --target h200 FILE` plans without one"
-        )
+        message = f"{what}, and no CUDA GPU is usable here: {why}"
+        write_json(json_path, {"error": message})
+        raise BackendUnavailable(f"{message}; `cudnn-dsl check --target h200 FILE` plans without one")

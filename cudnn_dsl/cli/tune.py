@@ -42,14 +42,14 @@ def run(args) -> int:
     common.check_reports(args)
     _check_search_flags(args)
     if args.require_gpu:
-        common.require_gpu("--require-gpu asks for a GPU")
+        common.require_gpu("--require-gpu asks for a GPU", args.json)
     from cudnn_dsl.target.library import DEFAULT_TARGET, gpu_available
 
     if not gpu_available():
         if args.exhaustive:
             return _explore(args, common.target_from(args, DEFAULT_TARGET))
         _alternatives(args, common.target_from(args, DEFAULT_TARGET))  # then the error: nothing was timed
-    common.require_gpu("tune times plans on a GPU")
+    common.require_gpu("tune times plans on a GPU", args.json)
     if args.target or args.device_properties:
         common.warn("note: --target and --device-properties ignored: this machine has a GPU, and tune times on it")
     import attrs
