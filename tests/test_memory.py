@@ -393,3 +393,14 @@ def test_init_on_a_view_or_a_bad_spec_on_a_buffer_is_a_located_error(old, new, c
     line = next(k for k, row in enumerate(text.splitlines(), 1) if new.strip() in row)
     col = text.splitlines()[line - 1].rindex(culprit) + 1
     assert (error.loc.line, error.loc.col) == (line, col) and error.message.startswith(message), error
+
+
+@pytest.mark.parametrize("command", ["run", "emit"])
+def test_init_flag_on_a_view_names_its_buffer(command):
+    from pathlib import Path
+
+    from tests.cli_util import run_cli
+
+    p = run_cli(command, Path(__file__).parents[1] / "examples" / "rope_in_place.cdg", "--init", "q1=randn")
+    assert p.returncode == 2, p.stderr
+    assert "--init q1=randn: 'q1' is a view, drawn with its buffer: name buffer 'q'" in p.stderr

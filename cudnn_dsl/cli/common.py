@@ -396,11 +396,28 @@ def real(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def views_drawn_with_buffers(graphs) -> dict[str, str]:
+    """What --init says of a view: it is drawn with its buffer, which the flag names."""
+    return {
+        v.name: f"'{v.name}' is a view, drawn with its buffer: name buffer '{v.view[0]}'"
+        for g in graphs
+        for v in g.of_kind("input")
+        if v.view
+    }
+
+
 def named_values(
-    items, flag: str, valid: list[str], convert: Callable[[str], Any], *, unnamed_ok: bool = False
+    items,
+    flag: str,
+    valid: list[str],
+    convert: Callable[[str], Any],
+    *,
+    unnamed_ok: bool = False,
+    instead: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """--flag NAME=VALUE (repeated) -> {NAME: convert(VALUE)}; with unnamed_ok, a bare VALUE is
-    every name's. A name that is not valid is a usage error naming the valid ones."""
+    every name's. A name that is not valid is a usage error naming the valid ones, or saying what to name
+    `instead` (a view: its buffer)."""
     out: dict[str, Any] = {}
     for item in items or ():
         name, sep, text = item.partition("=")
@@ -408,6 +425,8 @@ def named_values(
             if not unnamed_ok:
                 raise UsageError(f"{flag} takes NAME=VALUE, got '{item}'")
             name, text = "", item
+        if name and name not in valid and name in (instead or {}):
+            raise UsageError(f"{flag} {item}: {instead[name]}")
         if name and name not in valid:
             raise UsageError(f"{flag} {item}: no '{name}' here; the names are {', '.join(valid) or 'none'}")
         try:

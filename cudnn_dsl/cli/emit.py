@@ -116,7 +116,13 @@ def _inits(args, g) -> dict:
     from dsl.diagnostics import RuleError
     from dsl.inits import check_dtype
 
-    inits = common.named_values(args.init, "--init", [v.name for v in g.device_inputs], common.init_value)
+    inits = common.named_values(
+        args.init,
+        "--init",
+        [v.name for v in g.device_inputs],
+        common.init_value,
+        instead=common.views_drawn_with_buffers([g]),
+    )
     for name, init in inits.items():
         try:
             check_dtype(init, g.instances[0].type(name).dtype)

@@ -173,7 +173,8 @@ class _Names:
         outputs, inputs = union("output"), union("input")
         self.atol = common.named_values(args.atol, "--atol", outputs, common.option_value("atol"), unnamed_ok=True)
         self.rtol = common.named_values(args.rtol, "--rtol", outputs, common.option_value("rtol"), unnamed_ok=True)
-        self.inits = common.named_values(args.init, "--init", inputs, common.init_value)
+        views = common.views_drawn_with_buffers(graphs)
+        self.inits = common.named_values(args.init, "--init", inputs, common.init_value, instead=views)
         self.no_compare = set(args.no_compare or ())
         for n in sorted(self.no_compare - set(outputs)):
             raise common.UsageError(f"--no-compare {n}: no '{n}' here; the outputs are {', '.join(outputs)}")
