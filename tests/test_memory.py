@@ -404,3 +404,15 @@ def test_init_flag_on_a_view_names_its_buffer(command):
     p = run_cli(command, Path(__file__).parents[1] / "examples" / "rope_in_place.cdg", "--init", "q1=randn")
     assert p.returncode == 2, p.stderr
     assert "--init q1=randn: 'q1' is a view, drawn with its buffer: name buffer 'q'" in p.stderr
+
+
+def test_input_flag_on_a_fifo_says_it_is_not_a_regular_file(tmp_path):
+    import os
+    from pathlib import Path
+
+    from tests.cli_util import run_cli
+
+    fifo = tmp_path / "x.pt"
+    os.mkfifo(fifo)
+    p = run_cli("run", Path(__file__).parents[1] / "examples" / "conv_bias_relu.cdg", "--input", f"x={fifo}")
+    assert p.returncode == 2 and f"--input x={fifo}: not a regular file" in p.stderr, p.stderr

@@ -154,7 +154,8 @@ def _load(name: str, path: str):
     from cudnn_dsl.run.inputs import load_tensor
 
     if not Path(path).is_file():
-        raise common.UsageError(f"--input {name}={path}: no such file")
+        what = "not a regular file" if Path(path).exists() else "no such file"
+        raise common.UsageError(f"--input {name}={path}: {what}")
     try:
         return load_tensor(path)
     except BindingError as e:

@@ -106,7 +106,7 @@ def load_tensor(path: str | Path) -> torch.Tensor:
     """A tensor from .pt, .npy or .safetensors (a file of one dense tensor); no pickled code runs."""
     path = Path(path)
     if not path.is_file():
-        raise BindingError(f"{path}: no such file")
+        raise BindingError(f"{path}: {'not a regular file' if path.exists() else 'no such file'}")
     try:
         if path.suffix == ".pt":
             t = torch.load(path, map_location="cpu", weights_only=True)
