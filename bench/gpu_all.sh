@@ -2,8 +2,8 @@
 # Everything this project runs on the GPU machine, in one go. Usage, from the repo root:
 #   OUT=out bash bench/gpu_all.sh
 # Leaves in $OUT: pytest_gpu.txt, log.txt (every report), bench.json/.png, bench-cold.json, tune.json/.png,
-# reuse.json, eject.json, torch_op.json. Plans go to a private store, so the run starts cold. GPU_TESTS=paths runs only
-# those test files.
+# reuse.json, eject.json, torch_op.json, patterns.json. Plans go to a private store, so the run starts cold.
+# GPU_TESTS=paths runs only those test files.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -38,6 +38,8 @@ section "bench/eject_parity.py"
 python3 bench/eject_parity.py --json "$OUT/eject.json" 2>&1 | tail -3 | tee -a "$LOG"
 section "bench/torch_op.py (host cost per call of the torch op path)"
 timeout 300 python3 bench/torch_op.py --json "$OUT/torch_op.json" 2>&1 | tee -a "$LOG" | tail -7
+section "bench/patterns.py (the example models compiled, without and with their regions replaced)"
+timeout 300 python3 bench/patterns.py --json "$OUT/patterns.json" 2>&1 | tee -a "$LOG" | tail -4
 section "bare bmm (the stretch goal's yardstick)"
 python3 - <<'PY' 2>&1 | tee -a "$LOG"
 import statistics, torch

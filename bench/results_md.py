@@ -84,10 +84,11 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def cudnn_version(v: int | None) -> str:
-    """cuDNN's version number as the library gives it (91900: 9.19.0; before cuDNN 9, 8907: 8.9.7)."""
-    if not v:
-        return "—"
+def cudnn_version(v: int | str | None) -> str:
+    """cuDNN's version number as the library gives it (91900: 9.19.0; before cuDNN 9, 8907: 8.9.7); a report
+    made where no cuDNN was loaded says so in words."""
+    if not v or isinstance(v, str):
+        return v or "—"
     major, minor, patch = (
         (v // 10000, v % 10000 // 100, v % 100) if v >= 10000 else (v // 1000, v % 1000 // 100, v % 100)
     )

@@ -595,13 +595,14 @@ def main(argv=None) -> int:
     if a.host_cost:
         print(json.dumps(host_cost(a.model[0], a.batch, iterations, a.target)))
         return 0
-    result = {"environment": environment(), "models": {}}
+    result = {"models": {}}
     for name in a.model or sorted(SPECS):
         r = run_model(name, a.device, a.steps, a.lr, iterations, not a.no_compile, a.batch, not a.no_autotune, a.target)
         if not a.no_host_cost:
             r["host_cost"] = host_cost_apart(name, a.batch, max(iterations, 50), a.target)
         result["models"][name] = r
         print_report(name, r, a.steps)
+    result = {"environment": environment(), **result}  # after the runs: it names the libraries they loaded
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

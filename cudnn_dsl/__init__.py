@@ -20,6 +20,7 @@ _EXPORTS = {
     "BackendUnavailable": "cudnn_dsl.target.library",
     "DslError": "dsl.diagnostics",
     "load": "dsl.pipeline",
+    "from_torch": "cudnn_dsl.interop.from_torch",
     "as_torch_op": "cudnn_dsl.torch_op.op",
     "TorchOp": "cudnn_dsl.torch_op.op",
     "GraphModule": "cudnn_dsl.torch_op.module",

@@ -34,10 +34,19 @@ import attrs
 import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
-from torch._inductor.pattern_matcher import Match, PatternMatcherPass, fwd_only, joint_fwd_bwd, register_replacement
+from torch._inductor.pattern_matcher import (
+    Match,
+    PatternMatcherPass,
+    fwd_only,
+    gen_pattern,
+    joint_fwd_bwd,
+    register_graph_pattern,
+    register_replacement,
+)
 
 from cudnn_dsl.api import compile as compile_graph
 from cudnn_dsl.interop.emit import traceable_reference
+from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import drawn_values
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.torch_op.op import TorchOp, as_torch_op
@@ -80,6 +89,11 @@ class Report:
     replaced: list[Replaced] = attrs.field(factory=list)
     missed: list[NearMiss] = attrs.field(factory=list)
 
+    def miss(self, near: NearMiss) -> None:
+        """A near miss, once: a region the checks of two patterns both see is one region."""
+        if near not in self.missed:
+            self.missed.append(near)
+
     def __str__(self) -> str:
         lines = [str(r) for r in self.replaced] + [str(m) for m in self.missed]
         return "\n".join(lines) or "no region matched an installed graph"
@@ -99,7 +113,7 @@ def _refusal(graph: Graph, op: TorchOp) -> str | None:
     inst = graph.instances[0]
     if op.in_place:
         return "an output is written in place"
-    if len(op.tensor_names) != len(graph.inputs) - len(op.scalars):
+    if any(v.view is not None for v in graph.values if v.kind == "input"):
         return "an input is a view of a buffer"
     if any(inst.type(v.name).dtype == "bool" for v in graph.values if v.kind in ("input", "output")):
         return "a bool tensor is bit-packed, as cuDNN keeps it, not a torch bool"
@@ -116,8 +130,11 @@ class GraphPattern:
         self.label = f"{self.graph.name} ({self.graph.loc})"
         inst = self.graph.instances[0]
         self.types = {n: inst.type(n) for n in op.tensor_names}
-        fn, examples = traceable_reference(self.graph, inst, native=True, device=device)
-        self.examples = [e for v, e in zip(self.graph.inputs, examples) if v.kind != "scalar"]
+        fn, _ = traceable_reference(self.graph, inst, native=True, device=device)
+        # Inductor runs the search on its examples: drawn as `run` draws inputs, so that index inputs (page
+        # tables, ragged offsets, sequence lengths) are valid.
+        drawn = generate_inputs(self.graph, inst, device)
+        self.examples = [drawn[n] for n in op.tensor_names]
         scalars = {v.name: float(v.scalar) for v in op.scalars}
         order = [v.name for v in self.graph.inputs]
 
@@ -137,6 +154,13 @@ class GraphPattern:
 
     def register(self, into: PatternMatcherPass) -> None:
         register_replacement(self.search, self.replace, self.examples, fwd_only, into, extra_check=self.valid)
+        # Inductor re-traces a match's search in the matched dtypes before `valid` sees it, and that trace
+        # casts to the declared ones: a region in another dtype never reaches `valid`. The search as first
+        # traced (integers unchecked) finds it, after the replacement above, to report it; it replaces nothing.
+        found = register_graph_pattern(
+            gen_pattern(self.search, self.examples, fwd_only), self.in_other_dtype, pass_dict=into
+        )
+        found(self.report_other_dtype)
         floats = [k for k, e in enumerate(self.examples) if e.is_floating_point()]
         for wanting in {tuple(floats), tuple(floats[1:])} - {()}:
             examples = [e.clone().requires_grad_(k in wanting) for k, e in enumerate(self.examples)]
@@ -149,20 +173,36 @@ class GraphPattern:
 
     def valid(self, match: Match, training: bool = False) -> bool:
         """Whether the matched inputs are what the graph declares; the report says what was done."""
-        where = _where(match.output_nodes()[0] or match.nodes[-1])
-        why = self.mismatch({n: match.kwargs[n].meta["val"] for n in self.op.tensor_names})
+        where = _where(_last(match))
+        why = self.mismatch(_matched(match, self.op.tensor_names))
         if why is None:
             self.report.replaced.append(Replaced(self.label, where, training))
         else:
-            self.report.missed.append(NearMiss(self.label, where, why))
+            self.report.miss(NearMiss(self.label, where, why))
         return why is None
+
+    def in_other_dtype(self, match: Match) -> bool:
+        return self.dtype_mismatch(_matched(match, self.op.tensor_names)) is not None
+
+    def report_other_dtype(self, match: Match, *args, **kwargs) -> None:
+        """A region of the graph's ops in other dtypes, as a near miss; the graph is left as it is."""
+        why = self.dtype_mismatch(_matched(match, self.op.tensor_names))
+        self.report.miss(NearMiss(self.label, _where(_last(match)), why))
+
+    def dtype_mismatch(self, values: dict[str, torch.Tensor]) -> str | None:
+        for name, t in self.types.items():
+            value, want = values[name], torch_dtype(t.dtype)
+            if value.dtype != want:
+                return f"'{name}' is {value.dtype}, the graph declares {want}"
+        return None
 
     def mismatch(self, values: dict[str, torch.Tensor]) -> str | None:
         """What in these inputs breaks the graph's declarations; None when nothing does."""
+        why = self.dtype_mismatch(values)
+        if why is not None:
+            return why
         for name, t in self.types.items():
-            value, want = values[name], torch_dtype(self.types[name].dtype)
-            if value.dtype != want:
-                return f"'{name}' is {value.dtype}, the graph declares {want}"
+            value = values[name]
             if value.dim() > len(t.shape):
                 return f"'{name}' has {value.dim()} dims, the graph declares {len(t.shape)}"
         values = {n: _unit_dims(v, len(self.types[n].shape)) for n, v in values.items()}
@@ -196,6 +236,16 @@ class GraphPattern:
         return None
 
 
+def _last(match: Match) -> torch.fx.Node:
+    """A match's output node: the region's last op."""
+    return match.output_nodes()[0] or match.nodes[-1]
+
+
+def _matched(match: Match, names) -> dict[str, torch.Tensor]:
+    """The matched inputs' (fake) values by name."""
+    return {n: match.kwargs[n].meta["val"] for n in names}
+
+
 def _unit_dims(t: torch.Tensor, rank: int) -> torch.Tensor:
     """A tensor of fewer dims than declared, with unit dims in front: the same broadcast to torch (which
     aligns trailing dims), and the explicit rank the graph declares."""
@@ -210,16 +260,44 @@ def _hint(size) -> int:
 class _Pass(CustomGraphPass):
     """The installed patterns as Inductor's joint-graph custom pass, after the pass it replaced."""
 
-    def __init__(self, patterns: PatternMatcherPass, before):
+    def __init__(self, patterns: list[PatternMatcherPass], before):
         self.patterns, self.before = patterns, before
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.before is not None:
             self.before(graph)
-        self.patterns.apply(graph)
+        for p in self.patterns:
+            p.apply(graph)
 
     def uuid(self):
         return None  # no FX graph cache: a cached graph would skip the pass, and the report with it
+
+
+class _Stack:
+    """The pattern sets installed, in order, as one pass: rebuilt from those still installed when one is
+    uninstalled, in any order, after the pass found when the first of them was installed."""
+
+    def __init__(self):
+        self.sets: list[Installed] = []
+        self.before = None
+
+    def push(self, installed: Installed) -> None:
+        if not self.sets:
+            self.before = inductor_config.joint_custom_post_pass
+        self.sets.append(installed)
+        self.set_pass()
+
+    def remove(self, installed: Installed) -> None:
+        if installed in self.sets:
+            self.sets.remove(installed)
+            self.set_pass()
+
+    def set_pass(self) -> None:
+        matchers = [s.matcher for s in self.sets]
+        inductor_config.joint_custom_post_pass = _Pass(matchers, self.before) if matchers else self.before
+
+
+_STACK = _Stack()
 
 
 class Installed:
@@ -227,14 +305,13 @@ class Installed:
 
     def __init__(self, graphs: list[GraphPattern], report: Report):
         self.graphs, self.report = graphs, report
-        matcher = PatternMatcherPass(pass_name="cudnn_dsl_patterns")
+        self.matcher = PatternMatcherPass(pass_name="cudnn_dsl_patterns")
         for g in graphs:
-            g.register(matcher)
-        self._before = inductor_config.joint_custom_post_pass
-        inductor_config.joint_custom_post_pass = _Pass(matcher, self._before)
+            g.register(self.matcher)
+        _STACK.push(self)
 
     def uninstall(self) -> None:
-        inductor_config.joint_custom_post_pass = self._before
+        _STACK.remove(self)
 
     def __enter__(self) -> Installed:
         return self

@@ -6,20 +6,24 @@ canonical .cdg text and as checked IR: the forward, made to also output the inte
 backward reads (saved values), and the backward, whose inputs are the forward values it reads and
 the gradients of the forward's outputs (`grad_<output>`), and whose outputs are the gradients of
 the forward's float inputs (in the input's dtype; a sum of narrower values in float, the only output
-cuDNN's reductions plan with, which torch autograd casts to the input's dtype). Both are written with
-every type, stride and attribute explicit, so the text is the whole truth and re-checks to the same graph.
+cuDNN's reductions plan with, which torch autograd casts to the input's dtype); a buffer's gradient is a
+buffer of the backward, its views' gradients written in place over views of it at the same offsets. Both
+are written with every type, stride and attribute explicit, so the text is the whole truth and re-checks
+to the same graph.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from array import array
 from collections.abc import Callable
 
 import attrs
 
 from dsl.diagnostics import Diagnostic, DslError, RuleError
 from dsl.ir import Graph, Instance
-from dsl.ops import EMIT_STATISTICS, NO_VJP, OPS, RETYPABLE, STATISTICS, VJPS, At, Ctx, canonical
+from dsl.ops import EMIT_STATISTICS, NO_VJP, OPS, RECOMPUTE, RETYPABLE, STATISTICS, VJPS, At, Ctx, canonical
 from dsl.options import OPTIONS, Options
 from dsl.subgraph import fusion_order
 from dsl.syntax import ast
@@ -38,9 +42,13 @@ class Derived:
     """per backward input: (its name, what it is, the forward value). What it is: 'value'; 'transposed' (its last two
     axes swapped); 'flat_transposed' ([B.., M, K] read as [1.., K, B*M]: its batch dims merged into its rows, then
     transposed); 'grad' or 'grad_transposed' (an output's gradient, as it is or transposed). Each is a view of the
-    value's memory."""
+    value's memory. A forward buffer is bound as a 'value' and read through views; 'buffer_grad' is the gradient
+    buffer of a forward buffer, which the backward writes whole, 'buffer_grad_zeroed' one it writes in part (bound
+    zeroed: no view reads the rest, whose gradient is zero)."""
     grads: tuple[tuple[str, str], ...]
-    """(forward input, the backward output that is its gradient)"""
+    """(forward input or buffer, the backward output or buffer that is its gradient)"""
+    choices: tuple[str, ...] = ()
+    """per intermediate the backward reads: whether the forward saves it or the backward recomputes it, and why"""
 
 
 # ---- text: statements of a graph, written from types and canonical attributes -------------
@@ -78,8 +86,17 @@ def _header(graph: Graph) -> list:
     return out
 
 
+def _scalar_decl(name: str, dtype: str, value, dims: tuple[int, ...] | None) -> ast.ScalarDecl:
+    """`scalar NAME : DTYPE[DIMS] = VALUE`, its dims where declared."""
+    return ast.ScalarDecl(name, dtype, _num(value), (), dims=None if dims is None else tuple(map(ast.Dim, dims)))
+
+
 def _input(name: str, t: TensorType, *specs) -> ast.InputDecl:
     return ast.InputDecl(name, _type(t), (ast.Strides(t.strides), *specs))
+
+
+def _buffer(name: str, t: TensorType) -> ast.BufferDecl:
+    return ast.BufferDecl(name, _type(t), ())
 
 
 def _result(name: str, t: TensorType, expr, output: bool, into: str | None = None):
@@ -99,13 +116,14 @@ def forward_stmts(
     consts = {v.name: v.scalar for v in graph.of_kind("const")}
     into = {v.name: v.into for v in graph.in_place}
     typed = {**dict(inst.types), **types}
-    out = _header(graph)
+    out = _header(graph) + [_buffer(b.name, inst.type(b.name)) for b in graph.buffers]
     for v in graph.values:
         if v.kind == "input":
             init = (ast.InitSpec(v.init.dist, tuple(map(_num, v.init.args))),) if v.init else ()
-            out.append(_input(v.name, inst.type(v.name), *init))
+            place = (ast.Place(*v.view),) if v.view else ()
+            out.append(_input(v.name, inst.type(v.name), *init, *place))
         elif v.kind == "scalar":
-            out.append(ast.ScalarDecl(v.name, v.dtype, _num(v.scalar), ()))
+            out.append(_scalar_decl(v.name, v.dtype, v.scalar, v.dims))
     for index, n in enumerate(graph.nodes):
         sig = OPS[n.op]
         compute = n.compute if n.compute != (sig.compute or graph.compute) else None
@@ -142,6 +160,9 @@ FUSES_REDUCTION = ("pointwise", "matmul", "conv")
 """the op families a reduction fuses after in one cuDNN graph (over their results, unmaterialized)"""
 DTYPE_FREE = ("pointwise", "reduction")
 """the op families that compute in their own dtype, whatever dtype they read"""
+FUSES_PROLOGUE = ("pointwise", "reduction")
+"""the op families a recomputed pointwise prologue fuses into in one cuDNN graph (a matmul, a convolution or a
+norm's backward op reads its operands from memory)"""
 
 
 def accumulation(dtype: str) -> str:
@@ -166,10 +187,15 @@ class Emit:
 
     def __init__(self, graph: Graph, inst: Instance, avoid: Avoid):
         self.graph, self.inst, self.avoid = graph, inst, avoid
-        self.taken = {v.name for v in graph.values} | {b.name for b in graph.buffers}
+        self.known = {v.name for v in graph.values}  # the forward's values (not the statistics it may gain)
+        self.taken = self.known | {b.name for b in graph.buffers}
         self.types: dict[str, TensorType] = {}
         self.bind: dict[str, tuple[str, str]] = {}  # backward input -> (kind, forward value)
-        self.scalars: dict[str, tuple[str, float]] = {}  # backward scalar -> (dtype, value)
+        self.reads: dict[tuple[str, str], str] = {}  # (kind, forward value) -> the backward input reading it
+        self.buffers: dict[str, TensorType] = {}  # the backward's buffers: forward ones read, gradient ones written
+        self.views: dict[str, tuple[str, int]] = {}  # a backward view -> (its buffer, element offset)
+        self.into: dict[str, str] = {}  # an output -> the view it is written in place over
+        self.scalars: dict[str, tuple[str, float, tuple | None]] = {}  # backward scalar -> (dtype, value, dims)
         self.stmts: list[_Stmt] = []
         self.made: dict[str, _Stmt] = {}
         self.saved: set[str] = set()
@@ -183,41 +209,46 @@ class Emit:
         self.taken.add(name)
         return name
 
+    def _read(self, kind: str, name: str, t: TensorType) -> str:
+        """The backward input that reads forward value `name` as `kind` (Derived.bind), of type t: bound to the
+        value, or where the value is a view, a view of type t on its buffer at its offset (the buffer bound)."""
+        if (kind, name) in self.reads:
+            return self.reads[kind, name]
+        b = name if kind == "value" else self.fresh(f"{name}_t")
+        view = self.graph.value(name).view if name in self.known else None
+        if view is None:
+            self.bind[b] = (kind, name)
+        else:
+            self.views[b] = view
+            self.buffers[view[0]] = self.inst.type(view[0])
+            self.bind[view[0]] = ("value", view[0])
+        self.types[b] = t
+        self.reads[kind, name] = b
+        return b
+
     def fwd(self, name: str) -> str:
-        """A forward value as the backward reads it: an input, a scalar, or a saved result."""
+        """A forward value as the backward reads it: an input, a view, a scalar, or a saved result."""
         v = self.graph.value(name)
         if v.kind in ("scalar", "const"):
             if name not in self.scalars:
-                self.scalars[name] = (v.dtype, v.scalar)
+                self.scalars[name] = (v.dtype, v.scalar, v.dims)
             return name
-        if name not in self.bind:
-            self.bind[name] = ("value", name)
-            self.types[name] = self.inst.type(name)
-            if v.kind == "virtual":
-                self.saved.add(name)
-        return name
+        if v.kind == "virtual":
+            self.saved.add(name)
+        return self._read("value", name, self.inst.type(name))
 
     def fwd_t(self, name: str) -> str:
         """A forward value with its last two axes swapped: a declared view of the same memory."""
-        for b, (kind, of) in self.bind.items():
-            if kind == "transposed" and of == name:
-                return b
-        known = name in {v.name for v in self.graph.values}  # else a statistic the derived forward gains
+        known = name in self.known  # else a statistic the derived forward gains
         if known and self.graph.value(name).kind == "virtual":
             self.saved.add(name)
         t = self.inst.type(name) if known else self.types[name]
         swap = lambda s: s[:-2] + (s[-1], s[-2])  # noqa: E731
-        b = self.fresh(f"{name}_t")
-        self.bind[b] = ("transposed", name)
-        self.types[b] = TensorType(t.dtype, swap(t.shape), swap(t.strides))
-        return b
+        return self._read("transposed", name, TensorType(t.dtype, swap(t.shape), swap(t.strides)))
 
     def fwd_flat_t(self, name: str) -> str | None:
         """A forward value [B.., M, K] read as [1.., K, B*M], its batch dims merged into its rows and its last
         two axes swapped: a declared view of the same memory, or None where its strides allow no such view."""
-        for b, (kind, of) in self.bind.items():
-            if kind == "flat_transposed" and of == name:
-                return b
         t = self.inst.type(name)
         row_stride = merged_stride(t.shape[:-1], t.strides[:-1])
         if row_stride is None:
@@ -226,10 +257,8 @@ class Emit:
             self.saved.add(name)
         k, k_stride, rows = t.shape[-1], t.strides[-1], math.prod(t.shape[:-1])
         lead = (max(k * k_stride, rows * row_stride),) * (len(t.shape) - 2)
-        b = self.fresh(f"{name}_t")
-        self.bind[b] = ("flat_transposed", name)
-        self.types[b] = TensorType(t.dtype, (1,) * len(lead) + (k, rows), lead + (k_stride, row_stride))
-        return b
+        flat = TensorType(t.dtype, (1,) * len(lead) + (k, rows), lead + (k_stride, row_stride))
+        return self._read("flat_transposed", name, flat)
 
     def stats(self, n: At, k: int) -> tuple[str, ...]:
         """An op's first k statistics, saved: its own results (a norm in training phase); else results the
@@ -263,6 +292,21 @@ class Emit:
         self.bind[b] = ("grad_transposed", of)
         self.types[b] = TensorType(t.dtype, t.shape[:-2] + t.shape[:-3:-1], t.strides[:-2] + t.strides[:-3:-1])
         return b
+
+    def grad_buffer(self, buffer: str, whole: bool) -> str:
+        """The gradient of a forward buffer: a buffer of its type, which the backward writes `whole` or in part."""
+        b = self.fresh(f"grad_{buffer}")
+        self.bind[b] = ("buffer_grad" if whole else "buffer_grad_zeroed", buffer)
+        self.buffers[b] = self.inst.type(buffer)
+        return b
+
+    def place(self, g: str, view, buffer: str) -> str:
+        """Makes g, the gradient of forward view `view`, an output written into the gradient `buffer` at the view's
+        offset and strides (a view of it, the output in place)."""
+        slot = self.fresh(f"grad_{view.name}_view")
+        self.views[slot] = (buffer, view.view[1])
+        self.types[slot] = t = self.inst.type(view.name)
+        return self.output(g, t, f"grad_{view.name}", into=slot)
 
     def grad_of_output(self, name: str) -> str:
         b = self.fresh(f"grad_{name}")
@@ -299,7 +343,7 @@ class Emit:
 
     def _scalar(self, value: float) -> str:
         name = self.fresh("c")
-        self.scalars[name] = ("float", float(value))
+        self.scalars[name] = ("float", float(value), None)
         return name
 
     def cast(self, g: str, dtype: str) -> str:
@@ -394,22 +438,114 @@ class Emit:
         total = self.call("reduction", flat, mode="sum", axes=(0, 2, 3), dtype=dtype)
         return self.reshape(total, (1,) * (len(t.shape) - 1) + (n,))
 
+    def recompute(self) -> tuple[str, ...]:
+        """Replaces saved intermediates by their recomputation in the backward, where each is made by a cheap op
+        (RECOMPUTE), only ops that fuse with it read it (FUSES_PROLOGUE), and what the forward must save instead
+        (the non-cheap values its recomputation reaches) is fewer bytes. Returns a line per saved intermediate."""
+        made_by = {o: n for n in self.graph.nodes for o in n.outputs}
+        kept, plan, reasons = set(self.saved), set(), {}
+        for v in (v.name for v in self.graph.values if v.name in self.saved):
+            reasons[v] = self._refusal(v, made_by)
+            if reasons[v]:
+                continue
+            more, reached = set(plan), set()
+            self._reach(v, made_by, kept - {v}, more, reached)
+            after = (kept - {v}) | reached
+            if self._bytes(after) < self._bytes(kept):
+                kept, plan = after, more
+            else:
+                reasons[v] = f"recomputing it would save {', '.join(sorted(reached))} instead"
+        recomputed = plan & self.saved
+        for v in recomputed:
+            b = self.reads.pop(("value", v))
+            del self.bind[b], self.types[b]
+        self.saved -= recomputed
+        start, names = len(self.stmts), {}
+        for v in sorted(recomputed):
+            self._recomputed(v, made_by, plan, names)
+        self.stmts = self.stmts[start:] + self.stmts[:start]  # they read forward values only: first is in order
+        for v in recomputed:
+            self._rename(names[v], v)
+        lines = []
+        for v in (v.name for v in self.graph.values if v.name in recomputed | self.saved):
+            size = _size(self._bytes({v}))
+            if v in recomputed:
+                lines.append(
+                    f"recomputes {v} ({made_by[v].op}) in the backward, fused with what reads it: {size} unsaved"
+                )
+            else:
+                why = reasons.get(v) or self._refusal(v, made_by)
+                lines.append(f"saves {v} ({made_by[v].op}, {size}): {why}")
+        return tuple(lines)
+
+    def _refusal(self, v: str, made_by: dict) -> str:
+        """Why the saved intermediate v is not recomputed, or '' where it may be."""
+        op = made_by[v].op
+        if op not in RECOMPUTE or len(made_by[v].outputs) > 1:
+            return "not a cheap op to recompute"
+        if any(name == v and kind != "value" for kind, name in self.reads):
+            return "read as a view of its memory"
+        b = self.reads["value", v]
+        for st in self.stmts:
+            if b in st.call[1] and OPS[st.call[0]].family not in FUSES_PROLOGUE:
+                return f"read from memory by {st.call[0]}"
+        return ""
+
+    def _reach(self, v: str, made_by: dict, kept: set, plan: set, reached: set) -> None:
+        """Adds to `plan` v and the intermediates recomputed with it, to `reached` the saved values they read."""
+        plan.add(v)
+        for i in made_by[v].inputs:
+            if i is None or self.graph.value(i).kind != "virtual" or i in plan:
+                continue
+            if i in kept or made_by[i].op not in RECOMPUTE or len(made_by[i].outputs) > 1:
+                reached.add(i)
+            else:
+                self._reach(i, made_by, kept, plan, reached)
+
+    def _recomputed(self, v: str, made_by: dict, plan: set, names: dict) -> str:
+        """The backward value that recomputes forward value v (emitted once), in v's dtype."""
+        if v in names:
+            return names[v]
+        n = made_by[v]
+        consts = {c.name: c.scalar for c in self.graph.of_kind("const")}
+        args = tuple(
+            None
+            if i is None
+            else consts[i]
+            if i in consts
+            else self._recomputed(i, made_by, plan, names)
+            if i in plan
+            else self.fwd(i)
+            for i in n.inputs
+        )
+        g = RECOMPUTE[n.op](self, n.op, args, dict(self.inst.attrs(self.graph.nodes.index(n))))
+        want = self.inst.type(v).dtype
+        if self.types[g].dtype != want:
+            self.made[g].dtype = want
+            self.types[g] = attrs.evolve(self.types[g], dtype=want)
+        names[v] = g
+        return g
+
+    def _bytes(self, values: set[str]) -> int:
+        return sum(itemsize(self.inst.type(v).dtype) * math.prod(self.inst.type(v).shape) for v in values)
+
     def stmts_ast(self) -> list:
-        out = _header(self.graph)
-        for name in self.bind:
-            out.append(_input(name, self.types[name]))
-        for name, (dtype, value) in self.scalars.items():
-            out.append(ast.ScalarDecl(name, dtype, _num(value), ()))
+        out = _header(self.graph) + [_buffer(b, t) for b, t in self.buffers.items()]
+        out += [_input(name, self.types[name]) for name in self.bind if name not in self.buffers]
+        out += [_input(name, self.types[name], ast.Place(*place)) for name, place in self.views.items()]
+        for name, (dtype, value, dims) in self.scalars.items():
+            out.append(_scalar_decl(name, dtype, value, dims))
         nodes = [(st.call[0], tuple(a for a in st.call[1] if isinstance(a, str)), st.targets) for st in self.stmts]
-        for k in fusion_order(nodes, set(self.bind)):  # the VJPs' order, rearranged for the partitioner
+        inputs = set(self.bind) | set(self.views)
+        for k in fusion_order(nodes, inputs):  # the VJPs' order, rearranged for the partitioner
             st = self.stmts[k]
             op, args, given = st.call
             call = _call(op, args, given)
             if len(st.targets) > 1:
                 out.append(ast.Assign(st.targets, call))
-                out += [_result(name, t, None, True) for name, t in st.outputs.items()]
+                out += [_result(name, t, None, True, self.into.get(name)) for name, t in st.outputs.items()]
             elif st.output is not None:
-                out.append(_result(st.targets[0], st.output, call, True))
+                out.append(_result(st.targets[0], st.output, call, True, self.into.get(st.targets[0])))
             else:
                 t = self.types[st.targets[0]]
                 out.append(
@@ -430,24 +566,29 @@ class Emit:
                 kept.append(st)
         self.stmts = kept[::-1]
 
-    def output(self, g: str, t: TensorType, name: str) -> str:
+    def output(self, g: str, t: TensorType, name: str, into: str | None = None) -> str:
         """Makes g an output of type t (dtype, shape, strides; a sum of narrower values in float, as it is
-        computed), or writes an identity to one. A result of an op of several (a backward op's) is made an
-        output as it is: an identity after a fused op such as sdpa_backward would not fuse."""
-        if self._summed(g):
+        computed, unless it is written `into` a view of a buffer: then cast to the buffer's dtype), or writes an
+        identity to one. A result of an op of several (a backward op's) is made an output as it is: an identity
+        after a fused op such as sdpa_backward would not fuse."""
+        if self._summed(g) and into is not None:
+            g = self.call("identity", g)
+        elif self._summed(g):
             t = attrs.evolve(t, dtype=accumulation(t.dtype))
         st = self.made.get(g)
         if st is not None and len(st.targets) > 1 and g not in st.outputs and self.types[g].shape == t.shape:
             new = self.fresh(name)
             self._rename(g, new)
             st.outputs[new] = self.types[new] = t
-            return new
-        if st is None or st.output is not None or len(st.targets) > 1:
-            g = self.call("identity", g)
-            st = self.made[g]
-        st.output, st.dtype = t, t.dtype
-        new = self.fresh(name)
-        self._rename(g, new)
+        else:
+            if st is None or st.output is not None or len(st.targets) > 1:
+                g = self.call("identity", g)
+                st = self.made[g]
+            st.output, st.dtype = t, t.dtype
+            new = self.fresh(name)
+            self._rename(g, new)
+        if into is not None:
+            self.into[new] = into
         return new
 
     def _summed(self, g: str) -> bool:
@@ -466,13 +607,53 @@ class Emit:
         self.made[new] = self.made.pop(old)
 
 
+def _size(n: int) -> str:
+    """'96 bytes', '256 KiB', '1.5 MiB'."""
+    if n < 1024:
+        return f"{n} bytes"
+    return f"{n / 1024:g} KiB" if n < 1024 * 1024 else f"{n / 1024 / 1024:g} MiB"
+
+
 def _reject(graph: Graph, active: set[str]) -> None:
-    """What a derived backward does not handle yet, located: views, and an output written in place that a
-    gradient flows from (a running statistic passes none)."""
+    """What a derived backward does not handle yet, located: an output written in place that a gradient flows
+    from (a running statistic passes none)."""
     for v in graph.values:
-        if v.view is not None or v.into is not None and v.name in active:
-            what = "reads a buffer through a view" if v.view else "is written in place and has a gradient"
-            raise DslError(Diagnostic("error", f"'{v.name}' {what}; a graph with one has no derived backward", v.loc))
+        if v.into is not None and v.name in active:
+            raise DslError(
+                Diagnostic(
+                    "error",
+                    f"'{v.name}' is written in place and has a gradient; a graph with one has no derived backward",
+                    v.loc,
+                )
+            )
+
+
+def _covers(inst: Instance, buffer: str, views) -> bool:
+    """Whether the views of `buffer` whose gradients are written into its gradient reach every element of it (the
+    rest is zero). DslError at a view that reaches an element twice, its own (a stride 0) or another view's: the
+    gradients meeting there would add in memory, which a backward graph's outputs do not."""
+    owner = array("I", bytes(4 * math.prod(inst.type(buffer).shape)))  # element -> 1 + the view that reaches it
+    for k, v in enumerate(views, 1):
+        t = inst.type(v.name)
+        axis = max(range(len(t.shape)), key=lambda a: t.shape[a])  # one slice along it per index of the others
+        n, step = t.shape[axis], t.strides[axis]
+        others = [(d, s) for a, (d, s) in enumerate(zip(t.shape, t.strides)) if a != axis]
+        for index in itertools.product(*(range(d) for d, _ in others)):
+            start = v.view[1] + sum(i * s for i, (_, s) in zip(index, others))
+            run = slice(start, start + (n - 1) * step + 1, step or 1)
+            met = next((o for o in owner[run] if o), 0) if step or n == 1 else k
+            if met:
+                other = "itself" if met == k else f"view '{views[met - 1].name}'"
+                raise DslError(
+                    Diagnostic(
+                        "error",
+                        f"view '{v.name}' of '{buffer}' reaches an element that {other} reaches too: their "
+                        f"gradients would add in memory, which a derived backward does not write",
+                        v.loc,
+                    )
+                )
+            owner[run] = array("I", [k]) * n
+    return 0 not in owner
 
 
 #: (the frontend's backward op, x's type, the scale's type, the normalized axes) -> why the derived backward takes
@@ -488,12 +669,14 @@ def derive(
     suffix: str = "",
     *,
     avoid: Avoid,
+    recompute: bool = True,
 ) -> Derived:
     """The augmented forward and the backward of one shape of `graph` (the only one when inst is None),
     with gradients for `wrt` (default: every float input), named `<graph>_forward<suffix>` and
     `<graph>_backward<suffix>`; a norm's gradients by the frontend's backward op unless `avoid` says why
-    not (the caller asks the quirks table for the cuDNN that will plan or run the graphs). DslError, at the
-    op, when a gradient must pass an op that has no VJP."""
+    not (the caller asks the quirks table for the cuDNN that will plan or run the graphs); a cheap intermediate
+    recomputed in the backward rather than saved where that fuses and saves bytes (Emit.recompute), unless
+    `recompute` is False. DslError, at the op, when a gradient must pass an op that has no VJP."""
     inst = inst or graph.instance()
     floats = {v.name for v in graph.values if v.kind not in ("scalar", "const") and is_float(inst.type(v.name).dtype)}
     inputs = float_inputs(graph, inst)
@@ -507,7 +690,7 @@ def derive(
                     graph.loc,
                 )
             )
-    active = set(wrt)
+    active = set(wrt) | {v.name for v in graph.views if v.view[0] in wrt}
     for n in graph.nodes:
         if any(i in active for i in n.inputs):
             results = n.outputs[:1] if n.op in STATISTICS else n.outputs
@@ -543,11 +726,21 @@ def derive(
             g = e.sum_to(g, name)
             grads[name] = e.call("add", grads[name], g) if name in grads else g
     outs = []
-    for w in (w for w in wrt if w in grads):
-        old = grads[w]
-        new = e.output(old, inst.type(w), f"grad_{w}")
-        grads = {k: new if g == old else g for k, g in grads.items()}
-        outs.append((w, new))
+    for w in wrt:
+        views = [v for v in graph.views if v.view[0] == w and v.name in grads]
+        if views:  # a buffer: its views' gradients written into its gradient, at their offsets
+            buffer = e.grad_buffer(w, _covers(inst, w, views))
+            for v in views:
+                old = grads[v.name]
+                new = e.place(old, v, buffer)
+                grads = {k: new if g == old else g for k, g in grads.items()}
+            outs.append((w, buffer))
+        elif w in grads:
+            old = grads[w]
+            new = e.output(old, inst.type(w), f"grad_{w}")
+            grads = {k: new if g == old else g for k, g in grads.items()}
+            outs.append((w, new))
+    choices = e.recompute() if recompute else ()
     e.prune()
     if not outs:
         raise DslError(
@@ -572,9 +765,11 @@ def derive(
         bwd_text,
         bind,
         tuple(outs),
+        choices,
     )
 
 
 def float_inputs(graph: Graph, inst: Instance) -> tuple[str, ...]:
-    """The inputs `derive` can give gradients (all of them by default): the float tensor inputs."""
-    return tuple(v.name for v in graph.of_kind("input") if is_float(inst.type(v.name).dtype))
+    """What `derive` can give gradients (all of them by default): the float tensors the caller binds, inputs and
+    buffers (a view's gradient is written into its buffer's, at its offset)."""
+    return tuple(v.name for v in graph.device_inputs if is_float(inst.type(v.name).dtype))

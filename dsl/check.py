@@ -295,7 +295,12 @@ class _GraphChecker:
             self.err("a buffer's dims are numbers (its views have fixed offsets and strides)", symbolic[0].loc)
         if dtype == "bool":  # cuDNN keeps bools bit-packed: a view's address would fall inside a byte
             self.err("a buffer of bool is bit-packed (eight elements a byte) and cannot hold views", st.type.dtype_loc)
-        self.buffers[st.name] = BufferDecl(st.name, dtype, dims, st.loc)
+        buf = self.buffers[st.name] = BufferDecl(st.name, dtype, dims, st.loc)
+        for s in st.specs:
+            if isinstance(s, ast.InitSpec):
+                self._init(s, buf)
+            else:
+                self.err("a buffer takes init= only: it is dense and row-major, and its views are placed", s.loc)
         if dtype in (None, "bool") or dims is None or symbolic:
             self.poisoned.add(st.name)  # its views stay silent
 
@@ -351,8 +356,8 @@ class _GraphChecker:
             self.used.add(place.target)  # its memory is the output's: no input left unused
 
     def _init(self, s: ast.InitSpec, target) -> None:
-        if getattr(target, "kind", None) != "input":
-            self.err("only an input takes init= (how `run` fills it)", s.loc)
+        if not isinstance(target, BufferDecl) and getattr(target, "kind", None) != "input":
+            self.err("only an input or a buffer takes init= (how `run` fills it)", s.loc)
         elif target.init is not None:
             self.err("init given twice", s.loc)
         elif s.dist not in DISTS:
@@ -378,6 +383,10 @@ class _GraphChecker:
         d.dtype = self.dtype(st.type.dtype, st.type.dtype_loc)
         dims = self._dims(st.type.dims)
         place, specs = self._place(st.specs, f"input '{st.name}'")
+        if place is not None:  # one draw fills a buffer: a view's own would be drawn over, or draw over it
+            for s in (s for s in specs if isinstance(s, ast.InitSpec)):
+                self.err(f"a view is drawn with its buffer: put init= on buffer '{place.target}'", s.loc)
+            specs = [s for s in specs if not isinstance(s, ast.InitSpec)]
         self._specs(specs, len(st.type.dims), d)
         if place is not None:
             self._view(d, place, dims)
@@ -395,6 +404,8 @@ class _GraphChecker:
             if not isinstance(s, ast.Uid):
                 self.err("a scalar takes no layout, strides, place or init", s.loc)
         self._specs([s for s in st.specs if isinstance(s, ast.Uid)], -1, d)
+        if st.dims is not None:
+            d.by_value_dims = self._scalar_dims(st)
         if d.dtype is None:
             self.poisoned.add(st.name)
             return
@@ -403,6 +414,14 @@ class _GraphChecker:
         except RuleError as e:
             self.err(f"scalar '{st.name}': {e}", st.value.loc)
             self.poisoned.add(st.name)
+
+    def _scalar_dims(self, st: ast.ScalarDecl) -> tuple[int, ...] | None:
+        """A scalar's declared dims: ones, as it holds one value."""
+        for dim in st.dims:
+            if dim.value != 1:
+                self.err(f"scalar '{st.name}' holds one value: its dims are all 1, not {dim.value}", dim.loc)
+                return None
+        return tuple(d.value for d in st.dims)
 
     def stmt_OutputDecl(self, st: ast.OutputDecl) -> None:
         if st.name in self.outputs:
@@ -699,7 +718,9 @@ class _GraphChecker:
         values = []
         for name, d in self.decls.items():
             dtype = d.dtype if d.kind != "input" else None
-            values.append(Value(name, d.kind, uids[name], d.scalar, dtype, d.loc, view=d.view, init=d.init))
+            values.append(
+                Value(name, d.kind, uids[name], d.scalar, dtype, d.loc, view=d.view, init=d.init, dims=d.by_value_dims)
+            )
         for n in self.nodes:
             for o in n.outputs:
                 kind = "output" if o in self.outputs else "virtual"
@@ -728,7 +749,7 @@ class _GraphChecker:
             nodes,
             tuple(instances),
             self.gdef.loc,
-            tuple(Buffer(b.name, b.loc) for b in self.buffers.values()),
+            tuple(Buffer(b.name, b.loc, b.init) for b in self.buffers.values()),
             input_dims=tuple((name, d.dims) for name, d in self.decls.items() if d.kind == "input"),
             typer=_typer(resolved, tuple(dict(instances[0].binding))) if any(s.span for s in used) else None,
         )

@@ -94,7 +94,7 @@ class Typer:
         return Typed({**self.types, **self.scalars}, tuple(self.node_attrs))
 
     def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
-        if t.numel * itemsize(t.dtype) > INT64_MAX or t.storage * itemsize(t.dtype) > INT64_MAX:
+        if t.too_large:
             self.sink.error(f"'{name}' {fmt_shape(t.shape)} is too large: its size overflows a 64-bit integer", loc)
             return True
         return False

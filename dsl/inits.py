@@ -42,6 +42,13 @@ DISTS = {
         Dist("sparse", ("p",), (0.9,), "uniform in [-1, 1) with a fraction p of the elements 0"),
         Dist("full", ("value",), (None,), "every element the same value (a per-sequence length, a constant)"),
         Dist(
+            "permutation",
+            ("lo", "hi"),
+            (None, None),
+            "lo to hi in a random order, each once, the order repeated past hi - lo + 1 elements "
+            "(the default of page tables: the blocks of the cache)",
+        ),
+        Dist(
             "arange",
             ("start", "step"),
             (0.0, 1.0),
@@ -64,7 +71,7 @@ class Init:
     def bounds(self) -> tuple[float, float] | None:
         """The least and greatest value it draws; None when unbounded (randn) or unknown before the shape (arange)."""
         a = self.args
-        if self.dist in ("uniform", "randint"):
+        if self.dist in ("uniform", "randint", "permutation"):
             return a[0], a[1]
         if self.dist == "full":
             return a[0], a[0]
@@ -91,13 +98,18 @@ def make(name: str, args: tuple[float, ...]) -> Init:
     missing = [p for p, v in zip(d.params, full) if v is None]
     if missing:
         raise RuleError(f"{name} needs {', '.join(d.params)}; {', '.join(missing)} missing")
-    if name == "randint":
-        _check_randint_range(full)
+    if name in ("randint", "permutation"):
+        _check_randint_range(name, full)
     a = [_finite(name, d.params[i], v, i) for i, v in enumerate(full)]
-    if name in ("uniform", "randint") and a[0] > a[1]:
+    if name in ("uniform", "randint", "permutation") and a[0] > a[1]:
         raise RuleError(f"{name}: lo ({num_text(a[0])}) is greater than hi ({num_text(a[1])})", at=1)
-    if name == "randint" and not all(v.is_integer() for v in a):
-        raise RuleError("randint: lo and hi must be integers", at=0 if not a[0].is_integer() else 1)
+    if name in ("randint", "permutation") and not all(v.is_integer() for v in a):
+        raise RuleError(f"{name}: lo and hi must be integers", at=0 if not a[0].is_integer() else 1)
+    if name == "permutation" and a[1] - a[0] >= PERMUTATION_LIMIT:
+        raise RuleError(
+            f"permutation: {num_text(a[1] - a[0] + 1)} values are too many to order; at most {PERMUTATION_LIMIT}",
+            at=1,
+        )
     if name == "uniform" and not math.isfinite(a[1] - a[0]):
         raise RuleError("uniform: hi - lo is out of range of a 64-bit float", at=1)
     if name == "randn" and a[1] < 0:
@@ -117,15 +129,17 @@ def _finite(dist: str, param: str, v: float, at: int) -> float:
     return x
 
 
-#: randint's bounds are held as floats: beyond 2**53 a float skips integers
+#: randint's (and permutation's) bounds are held as floats: beyond 2**53 a float skips integers
 RANDINT_LIMIT = 2**53
+#: the most values a permutation orders: it is drawn whole (a cache's blocks are far fewer)
+PERMUTATION_LIMIT = 2**24
 
 
-def _check_randint_range(given: tuple[float, ...]) -> None:
+def _check_randint_range(name: str, given: tuple[float, ...]) -> None:
     for i, v in enumerate(given):
         if not -RANDINT_LIMIT <= v <= RANDINT_LIMIT:
             raise RuleError(
-                f"randint: {DISTS['randint'].params[i]} {v} is out of range: lo and hi must be from "
+                f"{name}: {DISTS[name].params[i]} {v} is out of range: lo and hi must be from "
                 f"-2**53 to 2**53 ({RANDINT_LIMIT}), the integers a 64-bit float holds exactly",
                 at=i,
             )

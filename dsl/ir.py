@@ -78,6 +78,9 @@ class Value:
     """an output written over the memory of this input"""
     init: Init | None = None
     """an input's declared distribution (`init=`); None: the default for its dtype"""
+    dims: tuple[int, ...] | None = None
+    """a scalar's declared dims, as cuDNN gets its pass-by-value tensor (the C++ frontend's `graph.tensor(x)` is
+    [1]); None: ones at the rank of the tensors it meets"""
 
 
 @attrs.frozen
@@ -87,6 +90,8 @@ class Buffer:
 
     name: str
     loc: Loc = _loc()
+    init: Init | None = None
+    """the buffer's declared distribution (`init=`), its views' too; None: the default for its dtype"""
     kind = "buffer"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import threading
 from pathlib import Path
 
 import attrs
@@ -79,26 +80,40 @@ def read_source(path: str | os.PathLike) -> tuple[str, Diagnostic | None]:
         return text, Diagnostic("error", why, Loc(str(path), line, col, line, col + 1))
 
 
+class _Paused:
+    """The loads in progress, in any thread, and whether the collector was on before the first of them."""
+
+    lock = threading.Lock()
+    loads = 0
+    was_enabled = False
+
+
 @contextlib.contextmanager
-def _no_cycle_collection():
+def no_cycle_collection():
     """Parsing and checking build a tree, an AST and an IR of a few dozen objects per op, all alive at once,
     and make next to no reference cycles (reference counting frees their garbage). Left on, the cyclic
     collector's full passes walk that whole growing heap again and again, a cost that grows faster than the
-    file (over a quarter of the time at 100,000 ops). It is turned back on, if it was on, afterwards."""
-    enabled = gc.isenabled()
-    gc.disable()
+    file (over a quarter of the time at 100,000 ops). The collector is process-wide: the first of overlapping
+    loads (threads) turns it off and the last one out restores it as it found it, however each ends."""
+    with _Paused.lock:
+        if _Paused.loads == 0:
+            _Paused.was_enabled = gc.isenabled()
+            gc.disable()
+        _Paused.loads += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _Paused.lock:
+            _Paused.loads -= 1
+            if _Paused.loads == 0 and _Paused.was_enabled:
+                gc.enable()
 
 
 def load(
     path: str | os.PathLike | None = None, *, text: str | None = None, file: str | None = None, stop: str = "ir"
 ) -> Result:
     """Parses (and, unless stop="ast", checks) a file or a text. `file` names a text in messages."""
-    with _no_cycle_collection():
+    with no_cycle_collection():
         return _load(path, text, file, stop)
 
 

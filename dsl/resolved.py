@@ -28,6 +28,8 @@ class Decl:
     uid: int | None = None
     uid_loc: Loc | None = None
     scalar: Any = None
+    by_value_dims: tuple[int, ...] | None = None
+    """a scalar's declared dims (`scalar s : float[1] = 0.5`)"""
     view: tuple[str, int] | None = None
     """(buffer, element offset) of an input declared `in BUFFER at OFFSET`"""
     view_loc: Loc | None = None
@@ -75,6 +77,8 @@ class BufferDecl:
     dtype: str
     dims: tuple[int, ...]
     loc: Loc
+    init: Init | None = None
+    """how `run` fills the buffer, and so every view of it (`init=`)"""
 
 
 @attrs.frozen

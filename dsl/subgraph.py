@@ -10,6 +10,7 @@ outputs (the runner binds an output in place to its input's memory).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 import attrs
@@ -153,22 +154,30 @@ def fusion_order(nodes: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]], 
       of its own, and placed early it readies more ops for the next run;
     - then a new run starts: at a matmul, conv or other op before a pointwise op (which may yet join a
       run), and at an op that readies one of its readers before one that does not.
-    Among equals, the op whose inputs were made last, then the one given first: deterministic."""
+    Among equals, the op whose inputs were made last, then the one given first: deterministic.
+    A step looks at the ready pointwise ops and reductions and at their neighbours; the other ready nodes wait
+    in a heap by `start` (a key that only grows, as nodes are placed): what is ready, and what the run reads, is
+    kept up to date, so a long graph costs about its length, not its length times the nodes waiting."""
     made_by = {o: k for k, (_, _, outs) in enumerate(nodes) for o in outs}
     deps = [{made_by[i] for i in ins if i in made_by} for _, ins, _ in nodes]
-    readers = [[c for c in range(len(nodes)) if k in deps[c]] for k in range(len(nodes))]
+    readers: list[list[int]] = [[] for _ in nodes]
+    for c, ds in enumerate(deps):
+        for d in ds:
+            readers[d].append(c)
     family = [OPS[op].family for op, _, _ in nodes]
     pos: dict[int, int] = {}
+    waiting = [len(ds) for ds in deps]  # the unplaced nodes each node reads
+    ready: dict[str, set[int]] = {"pointwise": set(), "reduction": set(), "other": set()}
+    starts: list[tuple] = []  # every ready node by -start (stale entries skipped: a key only grows)
+    key: dict[int, tuple] = {}
     run: set[int] = set()
+    run_pointwise, run_inputs = True, set()  # whether the run is of pointwise ops alone; the inputs it reads
 
     def latest(k: int) -> tuple[int, int]:
         return max((pos[d] for d in deps[k]), default=-1), -k
 
     def joins(k: int) -> bool:
-        if deps[k] & run:
-            return True
-        pointwise = all(family[r] == "pointwise" for r in run)
-        return pointwise and any(i in inputs and i in nodes[r][1] for r in run for i in nodes[k][1])
+        return bool(deps[k] & run) or run_pointwise and any(i in run_inputs for i in nodes[k][1])
 
     def feeds(k: int) -> bool:
         return any(family[c] == "pointwise" and deps[c] & run for c in readers[k])
@@ -177,20 +186,53 @@ def fusion_order(nodes: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]], 
         readies = not readers[k] or any(deps[c] - {k} <= pos.keys() for c in readers[k])
         return family[k] != "pointwise", readies, *latest(k)
 
-    while len(pos) < len(nodes):
-        ready = [k for k in range(len(nodes)) if k not in pos and deps[k] <= pos.keys()]
-        pointwise = [k for k in ready if family[k] == "pointwise"]
+    def wait(k: int) -> None:
+        """(Re)files a ready node by its start key."""
+        if key.get(k) != (now := start(k)):
+            key[k] = now
+            heapq.heappush(starts, (tuple(-x for x in now), k))
+
+    def first_to_start() -> int:
+        while starts[0][1] in pos or tuple(-x for x in starts[0][0]) != key[starts[0][1]]:
+            heapq.heappop(starts)
+        return starts[0][1]
+
+    def placed(k: int) -> None:
+        pos[k] = len(pos)
+        ready[_kind(family[k])].discard(k)
+        for c in readers[k]:
+            waiting[c] -= 1
+            if not waiting[c]:
+                ready[_kind(family[c])].add(c)
+                wait(c)
+            for d in deps[c]:  # k may have made c's other operands start readier
+                if d not in pos and not waiting[d]:
+                    wait(d)
+
+    for k in range(len(nodes)):
+        if not deps[k]:
+            ready[_kind(family[k])].add(k)
+            wait(k)
+    while any(ready.values()):
+        pointwise = ready["pointwise"]
         grow = [k for k in pointwise if joins(k)] or [k for k in pointwise if feeds(k)]
-        reductions = [k for k in ready if family[k] == "reduction"]
+        reductions = ready["reduction"]
         ends = [k for k in reductions if deps[k] & run]
         if grow:
             k = max(grow, key=latest)
-            run.add(k)
         else:
-            k = max(ends or reductions or ready, key=start)
-            run = set() if family[k] == "reduction" else {k}
-        pos[k] = len(pos)
+            k = max(ends or reductions, key=start) if reductions else first_to_start()
+            run, run_pointwise, run_inputs = set(), True, set()
+        if grow or family[k] != "reduction":
+            run.add(k)
+            run_pointwise = run_pointwise and family[k] == "pointwise"
+            run_inputs |= {i for i in nodes[k][1] if i in inputs}
+        placed(k)
     return sorted(pos, key=pos.get)
+
+
+def _kind(family: str) -> str:
+    return family if family in ("pointwise", "reduction") else "other"
 
 
 def one_op_graphs(graph: Graph, inst: Instance) -> list[tuple[Node, Graph]]:

@@ -225,5 +225,10 @@ class TensorType:
     def storage(self) -> int:
         return storage_elements(self.shape, self.strides)
 
+    @property
+    def too_large(self) -> bool:
+        """Whether its size in bytes, of its elements or of the memory its strides span, overflows an int64."""
+        return max(self.numel, self.storage) * itemsize(self.dtype) > INT64_MAX
+
     def __str__(self) -> str:
         return f"{self.dtype}{fmt_shape(self.shape)}"

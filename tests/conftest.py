@@ -1,4 +1,4 @@
-"""Shared test setup: the `gpu` marker, and `--update-goldens`."""
+"""Shared test setup: the `gpu` and `network` markers, and `--update-goldens`."""
 
 import pytest
 
@@ -12,6 +12,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Tests that download hundreds of MB from the package index run only when asked for by name.
+    if "network" not in (config.getoption("markexpr") or ""):
+        fetch = pytest.mark.skip(reason="installs from the package index: run with `pytest -m network`")
+        for item in items:
+            if "network" in item.keywords:
+                item.add_marker(fetch)
     try:
         import torch
 

@@ -94,12 +94,18 @@ TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (3e-2, 3e-2), torch.bfloat16:
 
 
 def autograd_grads(graph, inst, inputs: dict, grads: dict) -> dict:
-    """torch autograd through the registry's references, in float64."""
+    """torch autograd through the registry's references, in float64; a buffer's gradient through torch's own
+    views of it (as_strided)."""
     from cudnn_dsl.ops import IMPLS
 
     env = {}
+    for b in graph.buffers:  # torch's as_strided views of it carry their gradients into its own
+        env[b.name] = inputs[b.name].detach().double().requires_grad_(inputs[b.name].is_floating_point())
     for v in graph.values:
-        if v.kind == "input":
+        if v.view is not None:
+            t = inst.type(v.name)
+            env[v.name] = env[v.view[0]].as_strided(t.shape, t.strides, v.view[1])
+        elif v.kind == "input":
             env[v.name] = inputs[v.name].detach().double().requires_grad_(inputs[v.name].is_floating_point())
         elif v.kind in ("scalar", "const"):
             env[v.name] = torch.tensor(v.scalar, dtype=torch.float64).reshape(inst.type(v.name).shape)

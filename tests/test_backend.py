@@ -83,6 +83,8 @@ def _copy(warm_cache, tmp_path) -> Path:
 
 def test_a_library_planted_in_the_cache_is_never_run(warm_cache, tmp_path):
     cache = _copy(warm_cache, tmp_path)
+    if shutil.which("cc") is None:
+        pytest.skip("making the planted library needs a C compiler")
     marker = tmp_path / "PLANTED"
     src = tmp_path / "planted.c"
     src.write_text(PLANTED.format(marker))
@@ -97,7 +99,7 @@ def test_a_library_planted_in_the_cache_is_never_run(warm_cache, tmp_path):
     proc = check_fields(_env(cache, TMPDIR=str(tmp)))
     assert not marker.exists(), "the planted library ran"
     _planned(proc)
-    assert list(tmp.iterdir()) == [], "the private build directory was left behind"
+    assert list(tmp.iterdir()) == [], "a file was left in the temporary directory"
 
 
 def test_damaged_cache_files_are_rebuilt_and_said_once(warm_cache, tmp_path):
@@ -121,25 +123,31 @@ def test_a_symbol_list_that_is_not_plain_names_is_refused(warm_cache, tmp_path):
     marker = tmp_path / "INJECTED"
     for p in lists:
         d = json.loads(p.read_text())
-        # A consistent checksum: only the check of each name stands between this text and the C compiler.
+        # A consistent checksum: only the check of each name stands between this text and the stand-in.
         d["names"].append(
             f'cuX(void); __attribute__((constructor)) static void p(void) {{ system("touch {marker}"); }} int cuY'
         )
         d["sha256"] = hashlib.sha256("\n".join(d["names"]).encode()).hexdigest()
         p.write_text(json.dumps(d))
     proc = _load(_env(cache))
-    assert not marker.exists(), "text from the cache reached the compiler"
+    assert not marker.exists(), "text from the cache reached the stand-in"
     assert "loaded" in proc.stdout.splitlines(), proc.stdout + proc.stderr
     assert len(_notes(proc)) == 1 and "damaged" in _notes(proc)[0], proc.stderr
 
 
-def test_a_temporary_directory_others_can_write_is_refused(tmp_path):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o777)  # world-writable and not sticky: another user could swap the library before it loads
-    proc = _load(_env(tmp_path / "cache", TMPDIR=str(shared)))
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert "unavailable:" in proc.stdout and "TMPDIR" in proc.stdout, proc.stdout
+def test_the_stand_in_is_a_library_only_this_process_holds(warm_cache, tmp_path):
+    """The no-device libcuda.so.1 is made in memory (no compiler, no file): mapped from a sealed memfd."""
+    code = """
+        maps = [line.split(maxsplit=5)[-1].strip() for line in open("/proc/self/maps") if "libcuda.so.1" in line]
+        print("mapped:", sorted(set(maps)))
+    """
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o700)
+    proc = _load(_env(_copy(warm_cache, tmp_path), TMPDIR=str(tmp), PATH=str(tmp_path)), code)
+    assert proc.stdout.splitlines() == ["loaded", "mapped: ['/memfd:libcuda.so.1 (deleted)']"], (
+        proc.stdout + proc.stderr
+    )
+    assert list(tmp.iterdir()) == []
 
 
 # ---- D2: a cache directory that cannot be written ---------------------------------------------------------------
@@ -319,20 +327,22 @@ def test_a_damaged_library_is_reported_with_advice_and_nothing_is_loaded(tmp_pat
     assert lines[2] == "loaded: []"
 
 
-def test_no_c_compiler_is_reported_with_advice(tmp_path):
-    proc = _load(_env(tmp_path / "cache", PATH=str(tmp_path)))
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert "unavailable:" in proc.stdout and "C compiler" in proc.stdout, proc.stdout
+def test_planning_without_a_gpu_needs_no_c_compiler(tmp_path):
+    """No cc, gcc or anything else on PATH: cuDNN still plans for an H200."""
+    _planned(check_fields(_env(tmp_path / "cache", PATH=str(tmp_path))))
 
 
 def test_a_failed_load_can_be_retried_in_the_same_process(tmp_path):
+    """A damaged libcudnn.so.9 first on $LD_LIBRARY_PATH (where the frontend looks first) is refused; once the
+    path is put right, the same process loads the installed one."""
+    (tmp_path / "libcudnn.so.9").write_bytes(b"")
     code = """
         import os
-        os.environ["PATH"] = os.environ["SAVED_PATH"]
+        del os.environ["LD_LIBRARY_PATH"]
         load_cudnn()
         print("retried")
     """
-    proc = _load(_env(tmp_path / "cache", PATH=str(tmp_path), SAVED_PATH=os.environ["PATH"]), code)
-    assert proc.stdout.splitlines()[0].startswith("unavailable:") and "retried" in proc.stdout, (
-        proc.stdout + proc.stderr
-    )
+    proc = _load(_env(tmp_path / "cache", LD_LIBRARY_PATH=str(tmp_path)), code)
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("unavailable:") and "libcudnn.so.9 is damaged" in first, proc.stdout + proc.stderr
+    assert "retried" in proc.stdout, proc.stdout + proc.stderr

@@ -108,3 +108,51 @@ def test_resnet_backward_splits_into_fewer_parts_for_h200():
     assert ["conv_dgrad", "relu_backward", "reduction"] in fused and ["conv_dgrad", "add"] in fused
     assert ["relu_backward", "reduction"] in fused
     assert len(partition.parts) == 5 and not partition.fallbacks
+
+
+# ---- the order costs about the graph's length: no scan of every node, or of every waiting node, per step ----
+
+
+def _steps(fn) -> int:
+    """The lines fn() executes, loop iterations included (comprehensions too): its work, counted alike on any
+    machine and under any load, where a wall clock would not be."""
+    import sys
+
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        count += 1
+        return tracer
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(previous)
+    return count
+
+
+def _chain(n: int) -> str:
+    """A forward chain of n ops, pointwise and matmuls: its backward's weight gradients wait while the chain's
+    gradient goes on, so the nodes ready at once grow with n."""
+    ops = ["relu({})", "matmul({}, w)", "{} * w", "tanh({})"]
+    lines = [f"  t{i} = " + ops[i % 4].format(f"t{i - 1}" if i else "x") for i in range(n)]
+    return (
+        "graph g {\n  input x : float[1, 16, 16]\n  input w : float[1, 16, 16]\n"
+        + "\n".join(lines)
+        + (f"\n  output y = relu(t{n - 1})\n}}\n")
+    )
+
+
+def test_fusion_order_work_grows_linearly_with_the_backward():
+    def work(n: int) -> int:
+        g = _backward(text=_chain(n))
+        nodes = [(nd.op, tuple(i for i in nd.inputs if i), nd.outputs) for nd in g.nodes]
+        inputs = {v.name for v in g.inputs}
+        return _steps(lambda: fusion_order(nodes, inputs))
+
+    small, big = work(50), work(200)
+    # 4x the ops, ~4x the work (a scan of every node per step made it ~13x, of the waiting nodes ~8x)
+    assert big <= 4 * 1.25 * small, (small, big)

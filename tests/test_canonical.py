@@ -18,13 +18,19 @@ CONV = (
 )
 
 
-def test_four_spellings_of_a_default_convolution_are_one_graph():
-    spellings = ["", ", padding=0", ", padding=[0, 0]", ", padding=[0, 0], stride=[1, 1], dilation=1"]
+def test_five_spellings_of_a_default_convolution_are_one_graph():
+    spellings = [
+        "",
+        ", padding=0",
+        ", padding=[0, 0]",
+        ", padding=[0, 0], stride=[1, 1], dilation=1",
+        ", pre_padding=0, post_padding=[0, 0]",
+    ]
     graphs = [program(text=CONV % extra, file="g.cdg").graphs[0] for extra in spellings]
     dumps = {dump_ir(program(text=CONV % extra, file="g.cdg")) for extra in spellings}
     digests = {graph_digest(g, g.instances[0]) for g in graphs}
     assert len(dumps) == 1 and len(digests) == 1
-    assert "{dilation=[1, 1], padding=[0, 0], stride=[1, 1]}" in dumps.pop()
+    assert "{dilation=[1, 1], post_padding=[0, 0], pre_padding=[0, 0], stride=[1, 1]}" in dumps.pop()
 
 
 def test_attributes_are_filled_expanded_and_normalized():

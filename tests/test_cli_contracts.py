@@ -2,9 +2,12 @@
 --require-gpu, --version, SARIF from check and support, and what tune --exhaustive promises without a GPU."""
 
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
+import threading
 from importlib import metadata
 from pathlib import Path
 
@@ -90,6 +93,35 @@ def test_a_failed_file_still_reports_the_environment():
     assert p.returncode == 1 and data["schema_version"] == common.SCHEMA_VERSION and data["environment"]["gpu"]
 
 
+# ---- a report into a FIFO, a device or stdout -----------------------------------------------------
+
+
+def test_a_json_report_into_a_fifo_goes_through_it_and_leaves_it_a_fifo(tmp_path):
+    fifo = tmp_path / "report"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    p = cli("check", "--json", fifo, MATMUL)
+    reader.join(timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and len(list(tmp_path.iterdir())) == 1  # no temporary file left
+    assert json.loads(got[0])["schema_version"] == common.SCHEMA_VERSION
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["check", "--json", "/dev/stdout", MATMUL], ["check", "--format", "sarif", "--output", "/dev/stdout", MATMUL]],
+)
+def test_a_report_to_dev_stdout_is_written_into_the_pipe(args):
+    """/dev/stdout is then a pipe (/proc/self/fd/1), which the report is written into, not put in place of."""
+    p = subprocess.run([sys.executable, "-m", "cudnn_dsl", *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    start = p.stdout.index("{\n")  # after the human report, where that goes to stdout too
+    report, _ = json.JSONDecoder().raw_decode(p.stdout[start:])
+    assert "schema_version" in report or "runs" in report
+
+
 # ---- --require-gpu ------------------------------------------------------------------------------
 
 
@@ -112,6 +144,16 @@ def test_require_gpu_fails_at_once_and_says_why(args):
     assert p.returncode == 1, (p.stdout, p.stderr)
     assert f"no CUDA GPU is usable here: {why}" in p.stderr
     assert p.stdout == ""  # nothing planned, listed or run first
+
+
+@NO_GPU
+@pytest.mark.parametrize("args", [["tune", "--require-gpu", MATMUL], ["bench", MATMUL]])
+def test_a_command_that_needs_a_gpu_still_writes_its_json_report_saying_why(args):
+    p = cli(*args, "--json", "-")
+    assert p.returncode == 1, p.stderr
+    report = json.loads(p.stdout)
+    assert report["schema_version"] == common.SCHEMA_VERSION and report["environment"]["gpu"] == "none"
+    assert f"no CUDA GPU is usable here: {gpu_problem()}" in report["error"]
 
 
 def test_require_gpu_is_in_the_help_of_every_command_that_needs_a_gpu():

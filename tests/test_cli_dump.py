@@ -1,5 +1,6 @@
-"""`run --dump` and `run --inputs-from` against a hostile directory: links planted where the dump writes, special
-files, oversized or deeply nested files and crafted scalars where it reads; and a reproduction that fails."""
+"""`run --dump`, `run --save-outputs` and `run --inputs-from` against a hostile directory: links planted where the
+dump or the outputs are written, special files, oversized or deeply nested files and crafted scalars where it
+reads; and a reproduction that fails."""
 
 import os
 
@@ -82,3 +83,27 @@ def test_a_reproduction_that_does_not_reproduce_fails(sc, dumped):
     torch.save({"y": ref["y"] + 1}, dumped / "g.reference.pt")
     p = run_cli("run", sc, "--inputs-from", dumped)
     assert p.returncode == 1 and "reference differ from the dump's in: y" in p.stdout
+
+
+def test_saved_outputs_never_write_through_a_link(tmp_path, sc):
+    """`--save-outputs DIR`: a link planted under an output's name is refused, not followed (torch.save on the
+    path wrote the file it points to)."""
+    d, target = tmp_path / "out", tmp_path / "precious"
+    d.mkdir()
+    target.write_text("precious")
+    (d / "g.y.reference.pt").symlink_to(target)
+    p = run_cli("run", sc, "--save-outputs", d)
+    assert p.returncode == 2 and f"--save-outputs {d}: g.y.reference.pt is a symbolic link" in p.stderr, p.stderr
+    assert target.read_text() == "precious" and (d / "g.y.reference.pt").is_symlink()
+    assert sorted(f.name for f in d.iterdir()) == ["g.y.reference.pt"]
+
+
+def test_saved_outputs_are_not_replaced_unless_forced(tmp_path, sc):
+    d = tmp_path / "out"
+    assert run_cli("run", sc, "--save-outputs", d).returncode == 0
+    before = (d / "g.y.reference.pt").read_bytes()
+    p = run_cli("run", sc, "--save-outputs", d, "--seed", "3")
+    assert p.returncode == 2 and "it already holds g.y.reference.pt" in p.stderr and "--force" in p.stderr
+    assert (d / "g.y.reference.pt").read_bytes() == before
+    assert run_cli("run", sc, "--save-outputs", d, "--seed", "3", "--force").returncode == 0
+    assert (d / "g.y.reference.pt").read_bytes() != before

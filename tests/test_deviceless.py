@@ -79,6 +79,8 @@ def test_check_target_command_plans_each_graph_and_shape():
     import subprocess
     import sys
 
+    from cudnn_dsl.target.library import answering
+
     files = [ROOT / "examples" / "dynamic_shapes.cdg", ROOT / "examples" / "layernorm.cdg"]
     p = subprocess.run(
         [sys.executable, "-m", "cudnn_dsl", "check", "--target", "h200", *map(str, files)],
@@ -87,7 +89,8 @@ def test_check_target_command_plans_each_graph_and_shape():
         cwd=ROOT,
     )
     assert p.returncode == 0, p.stderr
-    assert p.stdout.count("cuDNN plans for NVIDIA H200 (sm_90)") == 6  # 4 batch sizes + 2 norms
+    assert p.stdout.count(" plans for NVIDIA H200 (sm_90)") == 6  # 4 batch sizes + 2 norms
+    assert p.stdout.count(f"answered by {answering()}") == 2  # once per file
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

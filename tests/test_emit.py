@@ -296,6 +296,19 @@ def test_the_ejected_script_packs_ragged_offsets_as_run_does():
     assert got["offset_kv"].flatten()[-1] <= got["k"].untyped_storage().nbytes() // 2
 
 
+def test_the_ejected_script_draws_page_tables_as_run_does():
+    """A permutation of the cache's blocks in both (drawn like any int32 input they were random, negative too)."""
+    from tests.test_sdpa import PLAIN_PAGED
+
+    [g] = graphs(PLAIN_PAGED)
+    inst = g.instances[0]
+    got = run_module(emit_cudnn(g, inst))["make_buffers"](device="cpu", seed=2)
+    want = generate_inputs(g, inst, "cpu", 2)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert sorted(got["tk"].flatten().tolist()) == list(range(6))
+
+
 def test_a_torch_parts_scalar_is_made_on_the_buffers_device():
     """A declared scalar read by a part left to torch: its reference reshapes it to the tensors' rank, and a CPU
     tensor of rank 4 does not meet tensors of another device (CUDA on a GPU; here, meta ones say the same)."""
@@ -410,7 +423,7 @@ def test_emit_plans_for_the_target_and_ejects_the_parts(tmp_path):
     )
     p = run_cli("emit", gs)  # no engine runs genstats alone, and fallback is off: whole, the refusal said
     assert p.returncode == 1 and "fallback to torch is off" in p.stderr and "def build(handle)" in p.stdout
-    assert "declines" in p.stderr
+    assert "the script below builds the graph whole, which is not planned for NVIDIA H200" in p.stderr
 
 
 def test_emit_takes_runs_seed_init_and_constraint_flags(tmp_path):
@@ -462,3 +475,107 @@ def test_run_dump_ejects_what_runs_the_parts_and_the_inits_of_the_run(tmp_path):
     text = script.read_text()
     assert "def build_part2(handle)" in text and "draw_values('randn', (0.0, 2.0)" in text
     assert 'def make_buffers(device="cuda", seed=4)' in text
+
+
+# R7: names of Python's builtins and of the modules a script imports.
+
+BUILTIN_NAMES = (
+    "graph g {\n  option workspace_limit = 1048576\n  input range : float[1, 8, 8]\n"
+    "  input Exception : float[1, 8, 8]\n  input open : float[1, 8, 8]\n"
+    "  int = matmul(range, Exception)\n  exec = relu(open)\n  torch = int + exec\n"
+    "  output RuntimeError = torch * 2.0\n}\n"
+)
+
+
+def _bound(script: str) -> set[str]:
+    """Every name the script binds, but for its own imports of modules."""
+    bound = set()
+    for n in ast.walk(ast.parse(script)):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            bound.add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, ast.ImportFrom):
+            bound |= {a.asname or a.name for a in n.names}
+        elif isinstance(n, ast.Import):
+            bound |= {a.asname for a in n.names if a.asname and a.asname != a.name}
+    return bound
+
+
+@pytest.mark.parametrize("fmt", ["cudnn", "torch"])
+def test_names_of_builtins_and_modules_are_renamed_in_the_scripts(fmt, tmp_path):
+    import builtins
+
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "b.cdg"
+    f.write_text(BUILTIN_NAMES)
+    flags = [
+        "--exclude-engine",
+        "4",
+        "--deterministic",
+        "--seed",
+        "3",
+        "--init",
+        "open=uniform(0,1)",
+        "--target",
+        "h200",
+    ]
+    p = run_cli("emit", f, "--format", fmt, *(flags if fmt == "cudnn" else ()))
+    assert p.returncode == 0, p.stderr
+    compile(p.stdout, "emitted.py", "exec")
+    assert "for i in range(" in p.stdout or fmt == "torch"
+    shadowed = _bound(p.stdout) & (set(dir(builtins)) | {"torch", "cudnn", "math", "hashlib"})
+    assert not shadowed, shadowed
+    [g] = graphs(f.read_text())
+    if fmt == "torch":  # it runs, and computes what the reference computes
+        torch_matches_reference(g, g.instances[0])
+    else:
+        cudnn_module(g, g.instances[0])
+
+
+# option shape_mode = dynamic: the scripts build as a run builds, in cuDNN's dynamic-shape mode.
+
+DYNAMIC = (
+    "graph d {\n  option shape_mode = MODE\n  dim B in {8, 16}\n  input a : bf16[B, 64, 64]\n"
+    "  input b : bf16[1, 64, 64]\n  output y = matmul(a, b)\n}\n"
+)
+
+
+def _pygraph_keywords(script: str) -> dict:
+    [call] = [
+        n
+        for n in ast.walk(ast.parse(script))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "pygraph"
+    ]
+    return {k.arg: ast.unparse(k.value) for k in call.keywords}
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "auto", "static"])
+def test_emit_builds_in_dynamic_shape_mode_as_a_run_does(mode, tmp_path):
+    import json
+
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "d.cdg"
+    f.write_text(DYNAMIC.replace("MODE", mode))
+    dynamic = mode == "dynamic"  # auto starts static, as a Planner does
+    p = run_cli("emit", f, "--shape", "B=8")
+    assert p.returncode == 0, p.stderr
+    kw = _pygraph_keywords(p.stdout)
+    assert (kw.get("is_dynamic_shape_enabled"), kw.get("kernel_cache")) == (
+        ("True", "kernel_cache") if dynamic else (None, None)
+    )
+    tree = ast.parse(p.stdout)
+    [build] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "build"]
+    assert [a.arg for a in build.args.args] == ["handle", "kernel_cache"] if dynamic else ["handle"]
+    # the one cache the builds share is made once, before build(), and given to it
+    assert ("kernel_cache = cudnn.create_kernel_cache()\n    g = build(handle, kernel_cache)" in p.stdout) is dynamic
+    run_module(p.stdout)
+    p = run_cli("emit", f, "--shape", "B=8", "--format", "fe-json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["context"]["is_dynamic_shape_enabled"] is dynamic

@@ -12,8 +12,8 @@ import pytest
 
 from dsl.check import check as check_module
 from dsl.diagnostics import DslError, Sink
-from dsl.pipeline import load
-from dsl.syntax.parser import MAX_SOURCE_BYTES, MAX_STATEMENT_TOKENS
+from dsl.pipeline import SourceUnreadable, load, no_cycle_collection
+from dsl.syntax.parser import MAX_DEPTH, MAX_SOURCE_BYTES, MAX_STATEMENT_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,6 +65,37 @@ def test_a_file_over_the_size_limit_is_refused_at_once():
 def test_deep_nesting_is_refused_with_a_location():
     r = check("graph g {\n  input x : half[4]\n  output y = " + "relu(" * 300 + "x" + ")" * 300 + "\n}\n")
     assert "nested more than 200 levels" in r.errors[0].message and r.errors[0].loc.line == 3
+
+
+def nested_list(depth: int) -> str:
+    return "graph g {\n  input x : half[4]\n  output y = relu(x, foo=" + "[" * depth + "1" + "]" * depth + ")\n}\n"
+
+
+@pytest.mark.parametrize("command", [("fmt", "--check"), ("check", "--emit", "ast"), ("check",)])
+def test_deeply_nested_lists_are_refused_with_a_location_by_every_command(command, tmp_path):
+    # ~2,450 levels (the most a statement's 5,000 tokens hold) once crashed fmt and the AST dump: exit 70
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "deep.cdg"
+    f.write_text(nested_list(2450))
+    p = run_cli(*command, f)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert f"deep.cdg:3:{25 + MAX_DEPTH}: error: value nested more than {MAX_DEPTH} levels deep" in p.stderr
+    f.write_text(nested_list(MAX_DEPTH - 1))  # within the limit (the call is a level): the command gets through
+    p = run_cli(*command, f)
+    assert "nested more than" not in p.stderr and "internal error" not in p.stderr, p.stderr
+
+
+def test_an_over_long_statement_with_a_comment_is_a_located_error():
+    # the comments were collected by a second lexing pass that counted the blanks as tokens and raised past the
+    # statement limit, out of the parser: a traceback
+    items = ", ".join(["1"] * (MAX_STATEMENT_TOKENS * 2 // 3 // 2))  # under the limit without the blanks
+    r = check(f"graph g {{\n  input x : half[4]\n  output y = relu(x, foo=[{items}])  # note\n}}\n# end\n")
+    assert r.errors[0].message == (
+        "relu: unknown argument 'foo'; it takes attributes negative_slope, lower_clip, upper_clip, compute"
+    )
+    r = load(text="graph g {\n  # one\n  input x : half[4]  # two\n  output y = relu(x)\n}\n# three\n", stop="ast")
+    assert r.module.comments == ((2, "# one"), (3, "# two"), (6, "# three"))
 
 
 def unknown_names(n: int) -> str:
@@ -130,6 +161,28 @@ def test_parse_and_check_run_no_cycle_collection():
         gc.callbacks.remove(count)
     # at most the young objects' pass on the way out, once the collector is back on (left on, it runs hundreds)
     assert r.ok and passes in ([], [0]) and gc.isenabled(), passes
+
+
+def test_the_collector_is_restored_on_every_path_and_by_the_last_of_overlapping_loads(tmp_path):
+    with pytest.raises(ValueError):
+        load(text="graph g {}\n", stop="nowhere")
+    with pytest.raises(SourceUnreadable):
+        load(tmp_path)  # a directory
+    assert gc.isenabled()
+    # two loads overlapping in time (threads), the first ending first: still off until the second ends
+    first, second = no_cycle_collection(), no_cycle_collection()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+    gc.disable()  # off by the caller's choice: left off
+    try:
+        load(text="graph g {\n  input x : half[4]\n  output y = relu(x)\n}\n")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("literal,words", [("1e999", "too large"), ("1e-999", "too small")])

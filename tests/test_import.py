@@ -6,8 +6,11 @@ compared with the original.
 """
 
 import json
+import os
 import re
+import stat
 import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -169,7 +172,7 @@ def test_emit_fe_json_then_import_is_the_same_graph(path, graph_name, binding, h
 
     assert fmt_module(parse(cdg, "imported.cdg")) == cdg  # canonical: `fmt --check` clean
     back = program(text=cdg, file="imported.cdg")
-    assert verify(back, imported, "x") == []
+    verify(back, imported)
     g2 = back.graphs[0]
     inst2 = g2.instances[0]
     assert set(_not_carried(g)) <= set(NOT_CARRIED)
@@ -196,7 +199,7 @@ def test_cli_round_trip_writes_a_canonical_file_and_never_overwrites(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "1 graph imported" in p.stderr
     text = out.read_text()
-    assert "scalar alpha : float = 0.5 uid=4" in text  # the scalar, by value
+    assert "scalar alpha : float[1, 1, 1] = 0.5 uid=4" in text  # the scalar, by value, with its dims
     assert "reduction(y, mode=amax)" in text
     assert run_cli("fmt", "--check", out).returncode == 0
     assert run_cli("check", out).returncode == 0
@@ -242,12 +245,17 @@ def test_a_real_frontend_log_imports_every_graph_it_holds(tmp_path):
     assert (x.dtype, x.shape, x.strides) == ("half", (8, 64, 32, 32), (65536, 1, 2048, 64))
     out = conv.outputs[0]
     assert (out.name, out.uid, conv.instances[0].type(out.name).shape) == ("relu_0_OUT_0", 8, (8, 128, 32, 32))
-    assert conv.instances[0].attrs(0) == {"padding": (1, 1), "stride": (1, 1), "dilation": (1, 1)}
+    assert conv.instances[0].attrs(0) == {
+        "pre_padding": (1, 1),
+        "post_padding": (1, 1),
+        "stride": (1, 1),
+        "dilation": (1, 1),
+    }
     out = tmp_path / "log.cdg"
     out.write_text(p.stdout)
     p = run_cli("check", "--target", "h200", out)  # and cuDNN plans both for an H200
     assert p.returncode == 0, p.stderr
-    assert p.stdout.count("cuDNN plans for NVIDIA H200") == 2
+    assert p.stdout.count(" plans for NVIDIA H200") == 2
 
 
 def test_a_graph_pasted_into_a_bug_report_is_found(tmp_path, mm_json):
@@ -354,9 +362,19 @@ def test_unknown_pointwise_mode_is_an_error(tmp_path, mm_json):
 def test_a_setting_the_language_lacks_is_an_error(tmp_path, mm_json):
     err = _import_error(tmp_path, _edit(mm_json, lambda j: _node(j, "y").update(relu_upper_clip="40C00000")))
     assert "node 'y' (POINTWISE, nodes[3]): relu_upper_clip=\"40C00000\" has no spelling in the language" in err
+
+
+def test_padding_whose_sides_differ_imports_as_pre_and_post_padding(tmp_path):
+    """The frontend's JSON pads each side of its own (pre_padding, post_padding); sides alike are `padding`."""
     v1 = (FIXTURES / "frontend_v1.json").read_text()
-    err = _import_error(tmp_path, _edit(v1, lambda j: j["nodes"][0].update(pre_padding=[0, 0])))
-    assert "node '0' (CONV_FPROP, nodes[0]): pre_padding [0, 0] and post_padding [1, 1] differ" in err
+    src = tmp_path / "g.json"
+    src.write_text(_edit(v1, lambda j: j["nodes"][0].update(pre_padding=[0, 0])))
+    p = run_cli("import", src)
+    assert p.returncode == 0, p.stderr
+    assert "conv_fprop(x, w, pre_padding=[0, 0], post_padding=[1, 1], stride=[2, 2]" in p.stdout
+    g = program(text=p.stdout, file="v1.cdg").graphs[0]
+    assert g.instances[0].attrs(0)["pre_padding"] == (0, 0) and g.instances[0].attrs(0)["post_padding"] == (1, 1)
+    assert "conv_fprop(x, w, padding=[1, 1]" in run_cli("import", FIXTURES / "frontend_v1.json").stdout
 
 
 @pytest.mark.parametrize(
@@ -394,7 +412,7 @@ def test_a_scalar_without_its_value_asks_for_it(tmp_path, mm_json):
     assert "give it with --scalar alpha=VALUE" in err
     src = tmp_path / "g.json"
     p = run_cli("import", src, "--scalar", "alpha=0.25")
-    assert p.returncode == 0 and "scalar alpha : float = 0.25 uid=4" in p.stdout
+    assert p.returncode == 0 and "scalar alpha : float[1, 1, 1] = 0.25 uid=4" in p.stdout
     assert run_cli("import", src, "--scalar", "alpha=x").returncode == 2
     p = run_cli("import", src, "--scalar", "alpha=1", "--scalar", "beta=1")
     assert (
@@ -431,16 +449,20 @@ def _set_dims(name, dims):
 
 
 def test_a_graph_that_does_not_check_is_not_written(tmp_path, mm_json):
-    # the output's dims in the JSON disagree with its op: the language's checker says so, at the .cdg line
+    # the output's dims in the JSON disagree with its op: the language's checker says so, at the JSON's field
     err = _import_error(tmp_path, _edit(mm_json, _set_dims("y", [16, 512, 256])))
-    assert "error: output 'y' is declared [16, 512, 256]" in err
+    assert re.search(r"g\.json:\d+:\d+: error: tensor 'y': output 'y' is declared \[16, 512, 256\]", err), err
     assert "the graph imported from g.json does not check (above); nothing written" in err
 
 
 def test_an_import_that_is_not_the_same_graph_is_not_written(tmp_path, mm_json):
     # an intermediate's dims, which the .cdg file does not spell: the comparison with the JSON finds them
     err = _import_error(tmp_path, _edit(mm_json, _set_dims("matmul_0", [16, 512, 256])))
-    assert "g.json: tensor 'matmul_0': the JSON has dims [16, 512, 256], the imported graph [16, 512, 512]" in err
+    assert re.search(
+        r"g\.json:\d+:\d+: error: tensor 'matmul_0': dim \[16, 512, 256\] contradicts its graph: node 'matmul_0' "
+        r"\(MATMUL, nodes\[0\]\) makes \[16, 512, 512\]",
+        err,
+    ), err
     assert "the imported graph is not the one g.json describes (above); nothing written" in err
 
 
@@ -584,7 +606,11 @@ CASES = {
         _graph(
             "  input x : half[4, 32, 17, 17] nhwc\n  input w : half[64, 8, 3, 3] nhwc\n"
             "  output y = relu(conv_fprop(x, w, padding=[2, 2], stride=[2, 2], dilation=[2, 2]))"
-        )
+        ),
+        _graph(
+            "  input x : half[4, 32, 17, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
+            "  output y = relu(conv_fprop(x, w, pre_padding=[1, 0], post_padding=[2, 1], stride=[2, 1]))"
+        ),
     ],
     "conv_wgrad": [
         (
@@ -597,6 +623,11 @@ CASES = {
         _graph(
             "  input x : half[4, 32, 16, 16] nhwc\n  input dy : half[4, 64, 16, 16] nhwc\n"
             "  output dw : float = conv_wgrad(x, dy, padding=[1, 1])"
+        ),
+        _graph(
+            "  input x : half[4, 32, 17, 16] nhwc\n  input dy : half[4, 64, 9, 15] nhwc\n"
+            "  output dw : float = conv_wgrad(x, dy, pre_padding=[1, 0], post_padding=[2, 1], stride=[2, 1], "
+            "filter=[3, 3])"
         ),
     ],
     "reduction": [
@@ -692,6 +723,11 @@ CASES = {
                 "  output dx = conv_dgrad(dy, w, padding=[1, 1], stride=[2, 2], dilation=[2, 2], output_padding=[1, 0])"
             ),
             True,
+        ),
+        _graph(
+            "  input dy : half[4, 64, 9, 16] nhwc\n  input w : half[64, 32, 3, 3] nhwc\n"
+            "  output dx = conv_dgrad(dy, w, pre_padding=[1, 0], post_padding=[2, 1], stride=[2, 1], "
+            "output_padding=[1, 0])"
         ),
     ],
     "layernorm": [
@@ -807,7 +843,7 @@ def test_every_imported_op_round_trips_through_the_frontend(op, text, unplanned,
     fe = frontend_json(g, inst, h200, plans=not unplanned)
     cdg, imported = to_cdg(fe, f"{op}.json")
     back = program(text=cdg, file="imported.cdg")
-    assert verify(back, imported, "x") == []
+    verify(back, imported)
     assert _listing(back.graphs[0], back.graphs[0].instances[0]) == _listing(g, inst)
 
 
@@ -845,3 +881,128 @@ def test_import_starts_fast_without_torch_or_cudnn():
     assert "HEAVY [] 0" in p.stderr, p.stderr[-500:]
     p = run_cli("import", "--help")
     assert p.returncode == 0 and "CUDNN_FRONTEND_LOG_INFO=1" in p.stdout and "--force" in p.stdout
+
+
+# ---- R9: a tensor the JSON gives otherwise than its graph makes it, refused at its field ---------------------
+
+
+@pytest.fixture(scope="module")
+def conv_bias_relu_json(tmp_path_factory) -> dict:
+    p = run_cli("emit", ROOT / "examples" / "conv_bias_relu.cdg", "--format", "fe-json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def _set(tensor: str, field: str, value):
+    def change(j: dict) -> None:
+        t = next(t for t in j["tensors"] if t["name"] == tensor)
+        t[field] = value(t[field]) if callable(value) else value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change,field,words",
+    [  # y: the conv's virtual result; bias_0: the bias's; out: the graph's output
+        (_set("y", "dim", lambda d: d[:2] + [57] + d[3:]), "dim", "node 'y' (CONV_FPROP, nodes[0]) makes"),
+        (_set("bias_0", "stride", lambda s: [s[0] + 1] + s[1:]), "stride", "contradicts its graph"),
+        (_set("bias_0", "stride", lambda s: [2**62] + s[1:]), "stride", "its size overflows a 64-bit integer"),
+        (_set("out", "dim", lambda d: [d[0] + 1] + d[1:]), "dim", "output 'out' is declared [33, 256, 56, 56]"),
+        (_set("out", "stride", lambda s: [2**62] + s[1:]), "stride", "its size overflows a 64-bit integer"),
+        (_set("bias_0", "is_virtual", "TRAINING"), "is_virtual", 'is_virtual "TRAINING" is not true or false'),
+        (_set("x", "is_pass_by_value", 1), "is_pass_by_value", "is_pass_by_value 1 is not true or false"),
+    ],
+)
+def test_a_tensor_the_json_gives_otherwise_than_its_graph_is_refused_at_its_field(
+    conv_bias_relu_json, change, field, words, tmp_path
+):
+    j = json.loads(json.dumps(conv_bias_relu_json))
+    change(j)
+    fe = tmp_path / "bad.json"
+    text = json.dumps(j, indent=1)
+    fe.write_text(text)
+    p = run_cli("import", fe)
+    assert p.returncode == 1 and words in p.stderr, p.stderr
+    line = int(re.search(rf"{re.escape(str(fe))}:(\d+):\d+: error", p.stderr).group(1))
+    assert text.splitlines()[line - 1].strip().startswith(f'"{field}"'), (line, p.stderr)
+    assert "<imported>" not in p.stderr
+
+
+def test_import_into_a_fifo_writes_through_it_without_force(tmp_path):
+    """A FIFO holds nothing to keep: it is written into, and stays a FIFO."""
+    fe = tmp_path / "mm.json"
+    fe.write_text(run_cli("emit", ROOT / "examples" / "matmul_epilogue.cdg", "--format", "fe-json").stdout)
+    fifo = tmp_path / "out.cdg"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    p = run_cli("import", fe, "-o", fifo)
+    reader.join(timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and "reduction(y, mode=amax)" in got[0]
+
+
+def _set_node(field: str, value):
+    def change(j: dict) -> None:
+        j["nodes"][0][field] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change,field,words",
+    [  # nodes[0]: the convolution; b: the bias, made a pass-by-value scalar below
+        (_set_node("stride", [1.7, 1]), "stride", "stride [1.7, 1]: 1.7 is not an integer"),
+        (_set_node("dilation", [1.2, 1]), "dilation", "dilation [1.2, 1]: 1.2 is not an integer"),
+        (_set_node("pre_padding", [1.9, 1]), "pre_padding", "pre_padding [1.9, 1]: 1.9 is not an integer"),
+        (_set_node("post_padding", [True, 1]), "post_padding", "post_padding [true, 1]: true is not an integer"),
+        (_set_node("stride", "1,1"), "stride", 'stride "1,1" is not a list of integers'),
+        (_set("w", "uid", 1), "uid", "uid 1 is given to both x and w"),
+    ],
+)
+def test_a_field_of_the_wrong_kind_is_refused_at_it(conv_bias_relu_json, change, field, words, tmp_path):
+    j = json.loads(json.dumps(conv_bias_relu_json))
+    change(j)
+    text = json.dumps(j, indent=1)
+    err = _import_error(tmp_path, text)
+    assert words in err, err
+    line = int(re.search(r"g\.json:(\d+):\d+: error", err).group(1))
+    assert text.splitlines()[line - 1].strip().startswith(f'"{field}"'), err
+
+
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ({"index": 1, "value": "hello"}, 'pass_by_value.value "hello" must be an integer, for int32'),
+        ({"index": 0, "value": 2.5}, "pass_by_value.value 2.5 must be an integer, for int64"),
+        ({"index": 3, "value": [1, 2]}, "pass_by_value.value [1, 2] must be a number or the value's bytes as hex"),
+        ({"index": 3, "value": "ZZZZZZZZ"}, 'pass_by_value.value "ZZZZZZZZ" must be a number or the value\'s bytes'),
+    ],
+)
+def test_a_pass_by_value_of_the_wrong_kind_says_what_it_must_be(conv_bias_relu_json, value, words, tmp_path):
+    j = json.loads(json.dumps(conv_bias_relu_json))
+    _set("b", "is_pass_by_value", True)(j)
+    _set("b", "pass_by_value", value)(j)
+    err = _import_error(tmp_path, json.dumps(j, indent=1))
+    assert "tensor 'b': " + words in err, err
+    assert "int()" not in err and "fromhex" not in err
+
+
+@pytest.mark.parametrize(
+    "edit,field,words",
+    [
+        ({"left_bound": 3.5}, "left_bound", "left_bound 3.5 is not an integer"),
+        ({"right_bound": 0.5}, "right_bound", "right_bound 0.5 is not an integer"),
+        ({"attn_scale_value": "ZZZZZZZZ"}, "attn_scale_value", "must be a number or the value's bytes as hex, 8"),
+    ],
+)
+def test_an_sdpa_field_of_the_wrong_kind_is_refused_at_it(tmp_path, h200, edit, field, words):
+    from cudnn_dsl.interop.fe_export import frontend_json
+
+    g = program(text=CASES["sdpa"][0], file="c.cdg").graphs[0]
+    text = _edit(frontend_json(g, g.instances[0], h200), lambda j: j["nodes"][-1].update(edit))
+    err = _import_error(tmp_path, text)
+    assert words in err and "fromhex" not in err, err
+    line = int(re.search(r"g\.json:(\d+):\d+: error", err).group(1))
+    assert text.splitlines()[line - 1].strip().startswith(f'"{field}"'), err

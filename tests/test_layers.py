@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+from cudnn_dsl.target import library
 from dsl.ops import OPS
 
 
@@ -51,17 +52,8 @@ BUILD_STEPS = {
     "build_plan_at_index",
     "deserialize",
 }
-#: the cuDNN Frontend internals the pinned-version fast launch uses (run.launch.raw_pointers), and the
-#: plan index the frontend keeps (build.planner.selected_index): theirs, not another module of ours
-FRONTEND_INTERNALS = {
-    "_normalize",
-    "_uid_to_data",
-    "_lowered_graph",
-    "_materialize_backend_plan",
-    "_plan_index",
-    "_plans",
-    "_execute_with_raw_ptrs",
-}
+#: the cuDNN Frontend internals the runtime reads, as the loader checks them at import (target.library)
+FRONTEND_INTERNALS = {n for where, names in library.FRONTEND_INTERNALS.items() for n in (*where.split("."), *names)}
 #: Lark's loader of serialized tables (what its own standalone parsers call): dsl.syntax.parser._lark
 LARK_INTERNALS = {"_load_from_dict"}
 #: torch's raw current device and stream, read per launch without making a Stream object (run.launch)

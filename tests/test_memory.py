@@ -348,3 +348,71 @@ def test_a_result_of_several_is_marked_in_place_after_the_fact():
     )
     g, inst = one(text)
     assert g.value("st").into == "lse" and inst.type("st") == inst.type("lse")
+
+
+# ---- how a buffer is drawn -----------------------------------------------------------------------
+
+DRAWN = """graph d {
+  buffer t : float[2, 8] init=uniform(2, 3)
+  input a : float[2, 4] strides [8, 1] in t at 0
+  input b : float[2, 4] strides [8, 1] in t at 4
+  output y = a + b
+}
+"""
+
+
+def test_a_buffers_init_draws_it_whole_in_run_and_in_the_ejected_script():
+    from tests.test_emit import run_module
+
+    g, inst = one(DRAWN)
+    assert str(g.value("t").init) == "uniform(2, 3)" and g.value("a").init is None
+    t = generate_inputs(g, inst, "cpu", seed=3)["t"]
+    assert 2 <= t.min() and t.max() < 3  # the default, uniform(-1, 1), reaches neither
+    script = run_module(emit_cudnn(g, inst))["make_buffers"](device="cpu", seed=3)
+    assert torch.equal(script["t"], t)
+    assert "buffer t : float[2, 8] init=uniform(2, 3)" in fmt_module(parse(DRAWN, "d.cdg"))
+
+
+@pytest.mark.parametrize(
+    "old, new, culprit, message",
+    [
+        (
+            "in t at 0\n",
+            "in t at 0 init=randn\n",
+            "init=randn",
+            "a view is drawn with its buffer: put init= on buffer 't'",
+        ),
+        ("uniform(2, 3)\n", "uniform(2, 3) nhwc\n", "nhwc", "a buffer takes init= only"),
+        ("uniform(2, 3)\n", "full(1) init=full(2)\n", "init=full(2)", "init given twice"),
+        ("uniform(2, 3)\n", "randint(0.5, 2)\n", "0.5", "init: randint: lo and hi must be integers"),
+    ],
+)
+def test_init_on_a_view_or_a_bad_spec_on_a_buffer_is_a_located_error(old, new, culprit, message):
+    text = DRAWN.replace(old, new, 1)
+    [error] = [d for d in load(text=text, file="d.cdg").diagnostics if d.severity == "error"]
+    line = next(k for k, row in enumerate(text.splitlines(), 1) if new.strip() in row)
+    col = text.splitlines()[line - 1].rindex(culprit) + 1
+    assert (error.loc.line, error.loc.col) == (line, col) and error.message.startswith(message), error
+
+
+@pytest.mark.parametrize("command", ["run", "emit"])
+def test_init_flag_on_a_view_names_its_buffer(command):
+    from pathlib import Path
+
+    from tests.cli_util import run_cli
+
+    p = run_cli(command, Path(__file__).parents[1] / "examples" / "rope_in_place.cdg", "--init", "q1=randn")
+    assert p.returncode == 2, p.stderr
+    assert "--init q1=randn: 'q1' is a view, drawn with its buffer: name buffer 'q'" in p.stderr
+
+
+def test_input_flag_on_a_fifo_says_it_is_not_a_regular_file(tmp_path):
+    import os
+    from pathlib import Path
+
+    from tests.cli_util import run_cli
+
+    fifo = tmp_path / "x.pt"
+    os.mkfifo(fifo)
+    p = run_cli("run", Path(__file__).parents[1] / "examples" / "conv_bias_relu.cdg", "--input", f"x={fifo}")
+    assert p.returncode == 2 and f"--input x={fifo}: not a regular file" in p.stderr, p.stderr

@@ -154,7 +154,7 @@ def test_import_of_deeply_nested_json_is_located(tmp_path, nest, words):
             lambda j: j["nodes"][2].update(relu_upper_clip="3F"),
             "relu_upper_clip",
             '"relu_upper_clip": "3F"',
-            "not a float32's 8 hex digits",
+            "must be a number or the value's bytes as hex, 8 digits for float",
         ),
     ],
 )

@@ -8,42 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._inductor import config as inductor_config
 
 import cudnn_dsl
 from cudnn_dsl import patterns
+from cudnn_dsl.target.dtypes import tolerance
 from dsl.diagnostics import DslError
+from examples.torch_models.models import Attention, ConvBnRelu
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "torch_models"
-
-
-class ConvBnRelu(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.relu = torch.nn.ReLU()
-        with torch.no_grad():
-            self.bn.running_mean.uniform_(-1, 1)
-            self.bn.running_var.uniform_(0.5, 2)
-            self.bn.weight.uniform_(0.5, 1.5)
-            self.bn.bias.uniform_(-0.5, 0.5)
-
-    def forward(self, x):
-        return self.relu(self.bn(self.conv(x)))
-
-
-class Attention(torch.nn.Module):
-    def __init__(self, heads=4, dim=64):
-        super().__init__()
-        self.heads = heads
-        self.q, self.k, self.v = (torch.nn.Linear(dim, dim) for _ in range(3))
-        self.out = torch.nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = (p(x).view(b, s, self.heads, d // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
-        o = F.scaled_dot_product_attention(q, k, v)
-        return self.out(o.transpose(1, 2).reshape(b, s, d))
 
 
 @pytest.fixture(autouse=True)
@@ -62,13 +35,40 @@ def test_conv_batchnorm_relu_is_replaced_and_a_channels_last_input_is_not():
         y = torch.compile(model, fullgraph=True)(x)
         torch.testing.assert_close(y, model(x))
         assert [r.training for r in installed.report.replaced] == [False]
-        assert "test_patterns.py" in installed.report.replaced[0].where
+        assert "models.py:" in installed.report.replaced[0].where  # the model's line
         torch._dynamo.reset()
         nhwc = x.to(memory_format=torch.channels_last)
         torch.testing.assert_close(torch.compile(model, fullgraph=True)(nhwc), model(nhwc))
     assert len(installed.report.replaced) == 1
     [missed] = installed.report.missed
     assert "'x' has strides" in missed.why
+
+
+def test_half_channels_last_conv_batchnorm_relu_is_replaced():
+    """The form cuDNN fuses whole on an H200: the model after `.half()` and channels_last, its inputs so."""
+    torch.manual_seed(0)
+    model = ConvBnRelu().eval().half().to(memory_format=torch.channels_last)
+    x = torch.randn(5, 4, 16, 16, dtype=torch.half).to(memory_format=torch.channels_last)
+    with patterns.install(EXAMPLES / "conv_bn_relu_half.cdg") as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    assert [r.graph.split()[0] for r in installed.report.replaced] == ["conv_bn_relu_half"]
+    assert installed.report.missed == []
+    # the graph keeps the convolution's sum in float where the model rounds it to half: half's tolerance
+    atol, rtol = tolerance("half")
+    torch.testing.assert_close(y, model(x), atol=atol, rtol=rtol)
+
+
+def test_a_model_in_another_dtype_is_a_near_miss():
+    """The float graph's ops, op for op, in a double model: reported with the dtype, not replaced."""
+    torch.manual_seed(0)
+    model = ConvBnRelu().eval().double()
+    x = torch.randn(2, 4, 16, 16, dtype=torch.double)
+    with patterns.install(EXAMPLES / "conv_bn_relu.cdg") as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    assert installed.report.replaced == []
+    [missed] = installed.report.missed
+    assert "'x' is torch.float64, the graph declares torch.float32" in missed.why
+    torch.testing.assert_close(y, model(x))
 
 
 def test_attention_is_replaced_for_inference_and_for_training():
@@ -95,6 +95,58 @@ def test_a_graph_written_in_place_is_refused_at_its_declaration(tmp_path):
     with pytest.raises(DslError, match="cannot be a torch.compile pattern: an output is written in place") as e:
         patterns.install(src)
     assert "inplace.cdg:1:1" in str(e.value)
+
+
+def test_a_graph_reading_a_buffer_through_views_is_refused_at_its_declaration(tmp_path):
+    src = tmp_path / "views.cdg"
+    src.write_text(
+        "graph g {\n  buffer q : float[8]\n  input q1 : float[4] in q at 0\n  input q2 : float[4] in q at 4\n"
+        "  output y = q1 + q2\n}\n"
+    )
+    with pytest.raises(DslError, match="cannot be a torch.compile pattern: an input is a view of a buffer") as e:
+        patterns.install(src)
+    assert "views.cdg:1:1" in str(e.value)
+
+
+PAGED = """graph paged {
+  input q : float[2, 2, 4, 8]
+  input kc : float[6, 2, 3, 8]
+  input vc : float[6, 2, 3, 8]
+  input lq : int32[2, 1, 1, 1]
+  input lkv : int32[2, 1, 1, 1]
+  input tk : int32[2, 1, 3, 1]
+  input tv : int32[2, 1, 3, 1]
+  output o = sdpa(q, kc, vc, seq_len_q=lq, seq_len_kv=lkv, page_table_k=tk, page_table_v=tv)
+}
+"""
+
+
+def test_a_paged_graph_is_traced_on_valid_page_tables_and_lengths(tmp_path):
+    """Inductor runs the search on its examples: drawn as `run` draws inputs, index inputs within their op's
+    values (uninitialised, a page table indexes outside the cache)."""
+    src = tmp_path / "paged.cdg"
+    src.write_text(PAGED)
+    with patterns.install(src) as installed:
+        [graph] = installed.graphs
+        ex = dict(zip(graph.op.tensor_names, graph.examples))
+        assert sorted(ex["tk"].flatten().tolist()) == list(range(6))  # the cache's blocks, each once
+        assert 1 <= int(ex["lkv"].min()) and int(ex["lkv"].max()) <= 9
+
+
+def test_installed_sets_uninstall_in_any_order():
+    src = EXAMPLES / "conv_bn_relu.cdg"
+    before = inductor_config.joint_custom_post_pass
+    a, b = patterns.install(src), patterns.install(src)
+    a.uninstall()
+    assert inductor_config.joint_custom_post_pass.patterns == [b.matcher]
+    b.uninstall()
+    assert inductor_config.joint_custom_post_pass is before
+    c = patterns.install(src)
+    with patterns.install(src) as d:
+        assert inductor_config.joint_custom_post_pass.patterns == [c.matcher, d.matcher]
+    c.uninstall()
+    c.uninstall()  # twice: nothing more to remove
+    assert inductor_config.joint_custom_post_pass is before
 
 
 def test_no_file_matching_is_an_error(tmp_path):

@@ -262,7 +262,7 @@ def test_defaults_follow_the_dtype_and_the_registrys_positive_hints():
             "init=rand(1)",
             "init=rand(1)",
             "unknown distribution 'rand' (did you mean 'randn'?); the distributions are uniform, randn, "
-            "randint, bernoulli, sparse, full, arange",
+            "randint, bernoulli, sparse, full, permutation, arange",
         ),
         ("init=randint(0.5, 2)", "0.5", "init: randint: lo and hi must be integers"),
         ("init=uniform(1, 0)", "0", "init: uniform: lo (1) is greater than hi (0)"),
@@ -281,9 +281,17 @@ def test_init_is_for_inputs_and_fits_their_dtype():
     text = "graph g {\n  input i : int8[4] init=full(300)\n  output y = identity(i)\n}\n"
     assert "init: full(300) draws 300, out of range for int8 (-128 to 127)" in _errors(text)
     text = "graph g {\n  input x : half[4]\n  output y : half init=randn = x * 2\n}\n"
-    assert "p.cdg:3:19: error: only an input takes init=" in _errors(text)
+    assert "p.cdg:3:19: error: only an input or a buffer takes init=" in _errors(text)
     text = "graph g {\n  input x : half[4] init=randn(0,\n  output y = x\n}\n"
     assert "syntax error" in _errors(text)
+
+
+def test_a_permutation_draws_each_value_once_then_repeats_the_order():
+    v = draw_input(parse("permutation(3, 7)"), TensorType("int32", (12,), (1,)), 0, "p").tolist()
+    assert sorted(v[:5]) == [3, 4, 5, 6, 7] and v[5:10] == v[:5] and v[10:] == v[:2]
+    with pytest.raises(Exception, match="permutation: 16777217 values are too many to order") as e:
+        parse("permutation(0, 16777216)")
+    assert type(e.value).__name__ == "RuleError"
 
 
 def test_the_command_line_parses_distributions_without_eval():

@@ -38,7 +38,10 @@ def test_a_graph_cudnn_runs_wrong_is_declined_at_the_op_naming_the_row(case):
     g = graph(body)
     d = declined(g, g.instances[0], SEEN)
     assert d is not None and words in d.message and "option split = true" in d.message
-    assert f"(quirk {row}, not verified clean on cuDNN 9.19.0)" in d.message
+    # cuDNN was not asked: the project refuses the graph, for a known defect of that version, naming the row
+    assert d.message.startswith(
+        f"cudnn-dsl refuses to build this graph: a known defect of cuDNN 9.19.0 runs it wrong (quirk {row})"
+    )
     assert d.loc.line >= 6  # at an op of the body, not the graph
 
 
@@ -59,7 +62,7 @@ def test_a_wrong_result_row_verified_clean_nowhere_applies_on_a_newer_library(ca
     assert ROWS[row].kind == "wrong_result" and not ROWS[row].clean
     g = graph(body)
     d = declined(g, g.instances[0], NEWER)
-    assert d is not None and f"(quirk {row}, not verified clean on cuDNN 9.28.0)" in d.message
+    assert d is not None and f"a known defect of cuDNN 9.28.0 runs it wrong (quirk {row})" in d.message
 
 
 @pytest.mark.parametrize(
@@ -133,9 +136,10 @@ def test_deviceless_planning_splits_a_declined_graph_into_parts_that_run_right(h
     g = graph(DEFECTS["made_then_broadcast"][0])
     low, partition = plan_for_target(g, g.instances[0], g.options, h200)
     assert low is None and "runs it wrong" in partition.declined
-    assert f"quirk pointwise_made_value_broadcast, not verified clean on cuDNN {version_text(here)}" in (
+    assert f"a known defect of cuDNN {version_text(here)} runs it wrong (quirk pointwise_made_value_broadcast)" in (
         partition.declined
     )
+    assert partition.reason.startswith("it is not built whole (cudnn-dsl refuses to build this graph")
     assert [(p.first, p.end) for p in partition.parts] == [(0, 1), (1, 3)]
     for p in partition.parts:
         assert p.graph is None or declined(p.graph, p.graph.instances[0], here) is None
@@ -300,3 +304,28 @@ def here() -> int:
     from cudnn_dsl.target.library import load_cudnn
 
     return load_cudnn().backend_version()
+
+
+# ---- what the commands say of a graph a row declines, and what emit writes for it ---------------------------
+
+
+def test_the_commands_say_the_project_refuses_a_graph_a_row_declines_and_emit_writes_its_json(tmp_path):
+    """cuDNN was not asked, so no report says it declines; emit --format fe-json writes the JSON (what a bug
+    report about the defect needs) and exits 1, as its help says, and import reads it back."""
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "u.cdg"
+    f.write_text(defect_text(DEFECTS["unconnected"][0]))
+    for command in (("check", "--target", "h200"), ("support", "--target", "h200"), ("emit",), ("run",)):
+        p = run_cli(*command, f)
+        said = p.stdout + p.stderr
+        assert "is not built whole (cudnn-dsl refuses to build this graph" in said, (command, said)
+        assert not re.search(r"cuDNN[^.(]*declines", said), (command, said)
+    p = run_cli("emit", f, "--format", "fe-json")
+    assert p.returncode == 1 and p.stdout.startswith("{") and '"json_version": "2.0"' in p.stdout
+    assert "error: cudnn-dsl refuses to build this graph" in p.stderr and "quirk unconnected_computations" in p.stderr
+    assert "taken before planning, as cudnn-dsl refuses to plan it" in p.stderr
+    fe = tmp_path / "u.json"
+    fe.write_text(p.stdout)
+    p = run_cli("import", fe)
+    assert p.returncode == 0 and "relu(" in p.stdout, p.stderr

@@ -414,6 +414,38 @@ def test_generated_page_tables_index_the_caches():
         assert 1 <= int(ins["lkv"].min()) and int(ins["lkv"].max()) <= 9  # max_seq_len_kv: 3 pages of 3
 
 
+def test_generated_page_tables_are_a_permutation_of_the_blocks():
+    """Distinct blocks while the cache has enough (drawn as any int32, they were random and negative too)."""
+    for n, used in ((6, list(range(6))), (9, None), (4, list(range(4)))):
+        g = paged(n=n)
+        tk = generate_inputs(g, g.instances[0], "cpu", seed=3)["tk"].flatten().tolist()
+        assert len(set(tk)) == min(n, 6) and all(0 <= b < n for b in tk), (n, tk)
+        assert used is None or sorted(set(tk)) == used
+
+
+@pytest.mark.parametrize(
+    "name, values, words",
+    [
+        ("tk", [0, 1, 2, 3, 4, -1], "'tk' (page_table_k of sdpa): element [1, 0, 2, 0] is -1, outside 0 to 5"),
+        ("tv", [0, 1, 2, 6, 4, 5], "'tv' (page_table_v of sdpa): element [1, 0, 0, 0] is 6, outside 0 to 5"),
+        ("lkv", [9, 10], "'lkv' (seq_len_kv of sdpa): element [1, 0, 0, 0] is 10, outside 1 to 9"),
+        ("lq", [0, 5], "'lq' (seq_len_q of sdpa): element [0, 0, 0, 0] is 0, outside 1 to 5"),
+    ],
+)
+def test_bound_index_inputs_are_checked_before_the_reference_and_the_torch_op(name, values, words):
+    import cudnn_dsl
+    from cudnn_dsl.run.buffers import BindingError
+
+    cg = cudnn_dsl.compile(text=PLAIN_PAGED)
+    ins = cg.allocate_inputs()
+    ins[name] = torch.tensor(values, dtype=torch.int32).view(ins[name].shape)
+    line = PLAIN_PAGED.splitlines().index(next(r for r in PLAIN_PAGED.splitlines() if f" {name} :" in r)) + 1
+    for call in (cg.reference, cudnn_dsl.as_torch_op(cg)):  # the op's CPU kernel is the reference
+        with pytest.raises(BindingError, match=re.escape(words)) as e:
+            call(**ins)
+        assert e.value.loc.line == line
+
+
 @pytest.mark.parametrize(
     "text_,words",
     [
@@ -492,6 +524,58 @@ def test_run_packs_the_offsets_of_lengths_given_by_input(tmp_path):
     assert ins["rq"].flatten().tolist() == [0, 80, 144] and ins["ro"].flatten().tolist() == [0, 40, 72]
     want = generate_inputs(g, g.instances[0], "cpu", 0)  # what is not given is as drawn
     assert torch.equal(ins["lkv"], want["lkv"]) and torch.equal(ins["rk"], want["rk"])
+
+
+@pytest.mark.parametrize(
+    "name, values, words",
+    [
+        ("rq", [-16, 64, 144], "'rq' (ragged_q of sdpa): element [0, 0, 0, 0] is -16; an offset is at least 0"),
+        (
+            "rq",
+            [64, 0, 80],
+            "'rq' (ragged_q of sdpa): sequence 0 of 'q' (3 rows of 'lq', from element 64) ends at element 112, past "
+            "element [1, 0, 0, 0], 0, where the next starts",
+        ),
+        ("ro", [0, 24, 81], "'ro' (ragged_o of sdpa): element [2, 0, 0, 0] is 81, past the end of 'o' (80 elements)"),
+        (
+            "rs",
+            [0, 6, 12],
+            "'rs' (ragged_stats of sdpa): sequence 1 of 'st' (5 rows of 'lq', from element 6) ends at element 16",
+        ),
+    ],
+)
+def test_ragged_offsets_are_checked_before_the_reference(name, values, words):
+    import cudnn_dsl
+    from cudnn_dsl.run.buffers import BindingError
+
+    cg = cudnn_dsl.compile(text=RAGGED.format(dt="float", extra=", causal=true"))
+    ins = cg.allocate_inputs()
+    cg.reference(**ins)  # packed from the drawn lengths: inside
+    ins["lq"] = torch.tensor([3, 5], dtype=torch.int32).view(2, 1, 1, 1)
+    for packed, offsets in (("rq", [0, 48, 128]), ("ro", [0, 24, 64]), ("rs", [0, 6, 16]), (name, values)):
+        ins[packed] = torch.tensor(offsets, dtype=ins[packed].dtype).view(3, 1, 1, 1)
+    with pytest.raises(BindingError, match=re.escape(words)):
+        cg.reference(**ins)
+
+
+def test_run_checks_index_inputs_given_by_file_and_from_a_dump(tmp_path):
+    """`run --input` and `run --inputs-from`: a block index past the cache is refused at its declaration
+    before the reference reads it (the reference indexed the cache with it; -1 read the last block)."""
+    from tests.cli_util import run_cli
+
+    f = tmp_path / "p.cdg"
+    f.write_text(PLAIN_PAGED)
+    bad = tmp_path / "tk.pt"
+    torch.save(torch.tensor([0, 1, 2, 3, 4, -1], dtype=torch.int32).view(2, 1, 3, 1), bad)
+    p = run_cli("run", str(f), "--input", f"tk={bad}")
+    assert p.returncode == 1 and f"{f}:7:3: error: 'tk' (page_table_k of sdpa): element [1, 0, 2, 0] is -1" in p.stderr
+    d = tmp_path / "d"
+    assert run_cli("run", str(f), "--dump", str(d)).returncode == 0
+    dumped = torch.load(d / "p.inputs.pt")
+    dumped["tv"] = torch.tensor([6, 1, 2, 3, 4, 5], dtype=torch.int32).view(2, 1, 3, 1)
+    torch.save(dumped, d / "p.inputs.pt")
+    p = run_cli("run", str(f), "--inputs-from", str(d))
+    assert p.returncode == 1 and "'tv' (page_table_v of sdpa): element [0, 0, 0, 0] is 6, outside 0 to 5" in p.stderr
 
 
 def test_one_offset_input_packs_only_tensors_of_equal_rows():

@@ -1,8 +1,8 @@
 """The torch op's layout contract, on the CPU: an argument laid out otherwise than declared is copied into its
 layout with one LayoutWarning, or refused by a strict op, alike on CPU tensors (the reference kernel), meta
 tensors and fake tensors of either device (the fake kernel, as torch.compile traces a CUDA model); the ops'
-stride tag, which keeps Inductor from choosing another layout. tests/gpu/test_torch_op_gpu.py holds the CUDA
-kernel to the same contract."""
+stride tag, which keeps Inductor from choosing another layout; the autograd.Function path (differentiable), held to
+the same contract. tests/gpu/test_torch_op_gpu.py holds the CUDA kernel to it."""
 
 import contextlib
 import warnings
@@ -13,6 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cudnn_dsl
 from cudnn_dsl.run.buffers import BindingError
+from cudnn_dsl.torch_op.autograd import differentiable
 from cudnn_dsl.torch_op.layout import LayoutWarning
 
 COL = """
@@ -132,3 +133,47 @@ def test_opcheck_passes_on_the_op_the_docs_show_with_a_misplaced_input_and_gradi
         torch.library.opcheck(op.overload, (x, w))
         torch.library.opcheck(op.overload, (x.requires_grad_(), w))
     torch.library.opcheck(getattr(torch.ops.cudnn_dsl, op.name), (x.transpose(1, 2).contiguous().transpose(1, 2), w))
+
+
+# ---- the autograd.Function path (torch_op.autograd.differentiable): the same contract ---------------------
+
+
+def fresh_differentiable(text: str = COL, strict: bool = False):
+    return differentiable(text=text, seed=next(_SEEDS), strict=strict)
+
+
+def test_the_differentiable_path_copies_a_misplaced_input_with_one_warning_and_its_gradient_flows():
+    f = fresh_differentiable()
+    x, w = torch.randn(2, 16, 8, requires_grad=True), torch.randn(2, 8, 4)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        f(x=x, w=w)
+        f(x=x, w=w)["y"].sum().backward()
+    assert [str(g.message) for g in got if issubclass(g.category, LayoutWarning)] == [
+        WARNING.replace("as_torch_op(cg, strict=True)", "differentiable(..., strict=True)")
+    ]
+    torch.testing.assert_close(x.grad, torch.ones(2, 16, 4) @ w.transpose(1, 2))
+
+
+def test_a_strict_differentiable_refuses_a_misplaced_input_as_the_op_does():
+    f = fresh_differentiable(strict=True)
+    with pytest.raises(BindingError, match=r"^'x': expected strides \[128, 1, 16\], given \[128, 8, 1\]$") as e:
+        f(x=torch.randn(2, 16, 8), w=torch.randn(2, 8, 4))
+    assert (e.value.loc.line, e.value.loc.col) == (3, 3)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_differentiable_path_copies_an_input_written_in_place_back(grad):
+    """x is a running statistic: written in place, no gradient of it (d's flows through z)."""
+    text = "graph ip {\n  input x : float[4, 8]\n  input d : float[4, 8]\n  output y in x = x + 1\n"
+    text += "  output z = d * 2\n}\n"
+    f = fresh_differentiable(text)
+    x, d = torch.randn(8, 4).t(), torch.randn(4, 8, requires_grad=grad)  # x column-major, declared row-major
+    want = x + 1
+    with pytest.warns(LayoutWarning, match="'x': expected strides \\[8, 1\\], given \\[1, 4\\]"):
+        got = f(x=x, d=d)
+    torch.testing.assert_close(x, want)
+    torch.testing.assert_close(got["y"], want)
+    if grad:
+        got["z"].sum().backward()
+        torch.testing.assert_close(d.grad, torch.full((4, 8), 2.0))

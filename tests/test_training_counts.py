@@ -17,6 +17,8 @@ TARGETS = {
     ("resnet_block", "all"): (2, 5),
     ("transformer_block", "weights"): (6, 8),
     ("transformer_block", "all"): (6, 12),
+    ("packed_qkv", "all"): (1, 1),
+    ("conv_bn_relu", "all"): (1, 3),
 }
 
 

@@ -118,12 +118,12 @@ def lower(
     scratch: dict[str, int] = {}
     next_uid = [max([v.uid for v in graph.values] + [u for n in graph.nodes for _, u in n.uids]) + 1]
 
-    def by_value(name: str, uid: int, value: float, dtype: str, rank: int):
+    def by_value(name: str, uid: int, value: float, dtype: str, dims: list[int]):
         host[uid] = (value, dtype)
         return g.tensor(
             name=name,
-            dim=[1] * rank,
-            stride=[1] * rank,
+            dim=dims,
+            stride=[1] * len(dims),
             data_type=cudnn_type(cudnn, dtype),
             is_pass_by_value=True,
             uid=uid,
@@ -133,7 +133,7 @@ def lower(
         if uid is None:
             uid = next_uid[0]
             next_uid[0] += 1
-        return by_value(f"const_uid{uid}", uid, value, "float", rank)
+        return by_value(f"const_uid{uid}", uid, value, "float", [1] * rank)
 
     for v in graph.values:
         if v.kind == "input":
@@ -143,8 +143,8 @@ def lower(
                 name=v.name, dim=dims, stride=strides, data_type=cudnn_type(cudnn, t.dtype), uid=v.uid
             )
         elif v.kind in ("scalar", "const"):
-            rank = max(len(instance.type(v.name).shape), MIN_RANK)
-            tensors[v.name] = by_value(v.name, v.uid, v.scalar, v.dtype, rank)
+            dims = v.dims or (1,) * max(len(instance.type(v.name).shape), MIN_RANK)
+            tensors[v.name] = by_value(v.name, v.uid, v.scalar, v.dtype, list(dims))
     for index, node in enumerate(graph.nodes):
         in_types = [instance.type(i) if i else None for i in node.inputs]
         ctx = LowerCtx(cudnn, g, node, in_types, node.compute, new_constant)

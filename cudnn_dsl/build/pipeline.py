@@ -27,6 +27,13 @@ STAGES = ("lowered", *STEPS, "executable")
 Executable of a Planner"""
 
 
+def dynamic_shapes(graph: Graph, options: Options) -> bool:
+    """Whether the graph's shapes build in cuDNN's dynamic-shape mode, sharing one kernel cache: option shape_mode
+    = dynamic on a graph with symbolic dims (under `auto` a Planner turns the mode on once a plan compiles its
+    kernel at run time)."""
+    return bool(graph.symbols) and options.shape_mode == "dynamic"
+
+
 def compile_shape(
     graph: Graph,
     inst: Instance,

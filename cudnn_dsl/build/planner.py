@@ -22,7 +22,7 @@ from cudnn_dsl.build.constraints import (
 )
 from cudnn_dsl.build.lower import Lowered, clean, override_args
 from cudnn_dsl.build.override import OverrideDeclined
-from cudnn_dsl.build.pipeline import compile_override, compile_shape
+from cudnn_dsl.build.pipeline import compile_override, compile_shape, dynamic_shapes
 from cudnn_dsl.build.space import add_plan
 from cudnn_dsl.build.steps import check_support_within, selected_index
 from cudnn_dsl.store.files import StoreProblem
@@ -144,7 +144,7 @@ class Planner:
         self.progress = progress
         self.plan_spec: PlanSpec | None = None
         """the one plan to build (run --plan): neither looked up in nor saved to the store"""
-        self.use_kernel_cache = bool(graph.symbols) and options.shape_mode == "dynamic"
+        self.use_kernel_cache = dynamic_shapes(graph, options)
         """build in cuDNN's dynamic-shape mode, sharing one kernel cache across the shapes (auto turns it on
         once a plan turns out to compile its kernel at run time)"""
         self.use_override = bool(graph.symbols) and options.shape_mode == "override"

@@ -4,6 +4,7 @@ torch.compile in its three modes, on the same buffers, in one process."""
 from __future__ import annotations
 
 from cudnn_dsl.cli import common
+from cudnn_dsl.cli.progress import Progress, add_quiet_flag
 
 HELP = (
     "time the graph against hand-written cuDNN, torch eager and torch.compile (default, max-autotune, reduce-overhead)"
@@ -40,11 +41,12 @@ def register(p) -> None:
         p, "bench fails so anyway, and takes the flag so that one CI line fits run, tune and bench"
     )
     common.add_log_flags(p)
+    add_quiet_flag(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from cudnn_dsl.tune.bench import BASELINES
+    from cudnn_dsl.tune.contenders import BASELINES
 
     common.start_logging(args)
     against = tuple(x.strip() for x in args.against.split(",") if x.strip()) if args.against else BASELINES
@@ -54,7 +56,7 @@ def run(args) -> int:
     if args.rounds < 1 or args.samples < 1:
         raise common.UsageError("--rounds and --samples must be at least 1")
     common.check_reports(args)
-    common.require_gpu("bench measures on a GPU")
+    common.require_gpu("bench measures on a GPU", args.json)
     from cudnn_dsl.target.machine import environment
     from cudnn_dsl.tune.bench import bench_graph, peak_tflops_bf16, plot, table
 
@@ -70,9 +72,11 @@ def run(args) -> int:
         f"{env['gpu']}, driver {env['driver']}, cuDNN {env['cudnn_backend']}, frontend {env['cudnn_frontend']}, "
         f"torch {env['torch']}" + (f"; measured bf16 matmul peak {peak:.0f} TFLOP/s" if peak else "")
     )
+    progress = Progress.of(args, total=len(work))
     for path, g, inst, opts in work:
         try:
-            res = bench_graph(g, inst, against, args.rounds, args.samples, opts, cold_l2=args.cold_l2)
+            with progress.item(f"{path}: {common.label(g, inst)}"):
+                res = bench_graph(g, inst, against, args.rounds, args.samples, opts, cold_l2=args.cold_l2)
         except Exception as e:  # noqa: BLE001 - a graph cuDNN declines is reported; the others still run
             status = max(status, common.report(e))
             continue

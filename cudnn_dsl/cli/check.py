@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from cudnn_dsl.cli import common, sarif
+from cudnn_dsl.cli.progress import Progress, add_quiet_flag
 
 HELP = "parse and check .cdg files; print every inferred shape, or the errors"
 
@@ -26,6 +27,7 @@ def register(p) -> None:
     common.add_plan_flag(p)
     sarif.add_flags(p)
     common.add_log_flags(p)
+    add_quiet_flag(p)
     p.set_defaults(run=run)
 
 
@@ -50,10 +52,12 @@ def run(args) -> int:
         raise common.UsageError("--emit plans lists cuDNN's plans for a GPU: give --target (e.g. --target h200)")
     status = common.EXIT_OK
     files, findings = [], []
+    progress = Progress.of(args, total=len(args.files))  # a file is a unit: its shapes are known once it is read
     for path in args.files:
         result = common.load_each(path, stop="ast" if args.emit == "ast" else "ir")
         if result is None:
             status = max(status, common.EXIT_USAGE)
+            progress.skip()
             continue
         diagnostics = [d.to_json() for d in result.diagnostics]
         entry = {"file": result.file, "diagnostics": diagnostics, "graphs": [], "plans": [], "shape_modes": []}
@@ -61,6 +65,7 @@ def run(args) -> int:
         findings += [sarif.result("check", d) for d in result.diagnostics]
         if not result.ok:
             status = max(status, common.EXIT_FAIL)
+            progress.skip()
             continue
         if args.emit == "ast":
             print(dump_ast(result.module.graphs))
@@ -75,14 +80,14 @@ def run(args) -> int:
         elif args.emit == "lowering":
             _lowering(result.program, args)
         elif args.emit == "plans":
-            status = max(status, _plans(result.program, target, args, pin))
+            status = max(status, _plans(result.program, target, args, pin, progress))
             continue  # the plans stand instead of --target's report
         elif args.json:
             entry["graphs"] = to_json(result.program)["graphs"]
         else:
             print(summary(result.program))
         if target is not None:
-            status = max(status, _plan(planned, target, entry, findings, args, pin))
+            status = max(status, _plan(planned, target, entry, findings, args, pin, progress))
     common.write_json(args.json, {"files": files})
     if args.format == "sarif":
         sarif.write(args.output, findings)
@@ -103,6 +108,7 @@ def _backward(program) -> tuple[tuple, int]:
                 status = max(status, common.report(e))
                 continue
             print(f"# {common.label(g, inst)}: the forward, saving what the backward reads; then the backward")
+            print("".join(f"# {line}\n" for line in d.choices), end="")
             print(d.forward_text + "\n" + d.backward_text)
             graphs += [d.forward, d.backward]
     return tuple(graphs), status
@@ -119,7 +125,7 @@ def _lowering(program, args) -> None:
             print(emit_cudnn(g, inst, options), end="")
 
 
-def _plans(program, target, args, pin) -> int:
+def _plans(program, target, args, pin, progress) -> int:
     """Prints the name of every plan cuDNN offers the target for every shape of every graph, whole (the pipeline's
     planned stage): the chosen one marked *, those the constraints or --plan leave out marked -. A graph cuDNN
     declines whole is reported as the error it is."""
@@ -127,19 +133,17 @@ def _plans(program, target, args, pin) -> int:
     from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
 
-    status = common.EXIT_OK
+    status, part = common.EXIT_OK, _share(program, progress)
     for g in program.graphs:
         options = common.options_from(args, g.options)
         for inst in g.instances:
             name = common.label(g, inst)
-            progress = common.Progress(name)
             try:
-                low = compile_shape(g, inst, options, target, progress=progress, pin=pin)
+                with progress.item(f"{g.file}: {name}", part):
+                    low = compile_shape(g, inst, options, target, progress=progress, pin=pin)
             except (DslError, BackendUnavailable) as e:  # said, and the other graphs and shapes still planned
                 status = max(status, common.report(e))
                 continue
-            finally:
-                progress.done()
             left = "" if low.allowed is None else "; - left out by the plan constraints or --plan"
             print(
                 f"# {name}: {low.plan_count} plans for {target.name} (sm_{target.sm_version}); * the chosen one{left}"
@@ -152,48 +156,64 @@ def _plans(program, target, args, pin) -> int:
     return status
 
 
-def _plan(program, target, entry: dict, findings: list, args, pin) -> int:
+def _share(program, progress) -> float:
+    """The part of its file's unit of progress each shape of the program is (a file of no shape is done now)."""
+    shapes = sum(len(g.instances) for g in program.graphs)
+    if not shapes:
+        progress.skip()
+    return 1 / max(shapes, 1)
+
+
+def _plan(program, target, entry: dict, findings: list, args, pin, progress) -> int:
     """Asks the real cuDNN library for the target's plans for every shape of every graph (into entry's
     "plans"), and says the shape mode of each graph with symbolic dims (into its "shape_modes"); its refusals and
     splits go into `findings` too, as SARIF results."""
     from cudnn_dsl.build.steps import timings_text
-    from cudnn_dsl.run.partition import plan_for_target
-    from cudnn_dsl.target.library import BackendUnavailable
+    from cudnn_dsl.run.partition import declined_whole, plan_for_target
+    from cudnn_dsl.target.library import BackendUnavailable, answering
     from dsl.diagnostics import DslError
 
-    status, records, quiet = common.EXIT_OK, entry["plans"], bool(args.json)
+    status, records, quiet, library = common.EXIT_OK, entry["plans"], bool(args.json), None
+    part = _share(program, progress)
     for g in program.graphs:
         if g.symbols:
             status = max(status, _shape_mode(g, target, entry["shape_modes"], findings, args))
         for inst in g.instances:
             name = common.label(g, inst)
-            progress = common.Progress(name)
+            options = common.options_from(args, g.options)
             try:
-                low, partition = plan_for_target(g, inst, common.options_from(args, g.options), target, progress, pin)
+                with progress.item(f"{g.file}: {name}", part):
+                    low, partition = plan_for_target(g, inst, options, target, progress, pin)
             except (DslError, BackendUnavailable) as e:  # said, and the other graphs and files still planned
                 status = max(status, common.report(e))
                 findings += [sarif.result("plan", d) for d in _diagnostics(e, g, target)]
                 why = [d.to_json() for d in e.diagnostics] if isinstance(e, DslError) else str(e)
                 records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, "error": why})
                 continue
-            finally:
-                progress.done()
+            if library is None:
+                library = answering()
+                if not quiet:
+                    print(f"  answered by {library}")
             if partition is not None:
                 parts = common.parts_record(g, partition)
-                records.append({"graph": g.name, "binding": dict(inst.binding), "target": target.name, **parts})
+                records.append(
+                    {"graph": g.name, "binding": dict(inst.binding), "target": target.name, **parts}
+                    | {"cudnn": library.to_json()}
+                )
                 findings.append(sarif.result("split", common.split_note(g, inst, target, partition)))
                 if not quiet:
-                    print(f"  cuDNN for {target.name} declines graph {name} whole ({partition.declined}); it runs as:")
+                    print(f"  {declined_whole(partition.declined, f'graph {name}', target.name)}; it runs as:")
                     print("".join(f"    {line}\n" for line in parts["parts"]), end="")
                     print(f"    {partition.counts.text}")
                 continue
-            record = common.plan_record(g, inst, target, low)
+            record = common.plan_record(g, inst, target, low) | {"cudnn": library.to_json()}
             records.append(record)
             if not quiet:
                 skipped = "".join(f"\n    {k} skipped: {why}" for k, why in low.skipped.items())
                 print(
-                    f"  cuDNN plans for {target.name} (sm_{target.sm_version}), graph {name}: {low.plan_count} "
-                    f"candidates, first {record['first_plan']}\n    {timings_text(low.timings)}{skipped}"
+                    f"  cuDNN {library.version} plans for {target.name} (sm_{target.sm_version}), graph {name}: "
+                    f"{low.plan_count} candidates, first {record['first_plan']}\n"
+                    f"    {timings_text(low.timings)}{skipped}"
                 )
     return status
 

@@ -1,5 +1,5 @@
 """What the commands share — loading files, choosing graphs and shapes, options and
-targets from flags, JSON reports, progress, and the one function that turns an exception into
+targets from flags, JSON reports, and the one function that turns an exception into
 a message and an exit code.
 
 Nothing here imports torch, cuDNN or even the language at module level: `check`, `fmt` and `--help`
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import stat
 import sys
 import traceback
 from collections.abc import Callable
@@ -394,11 +396,28 @@ def real(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def views_drawn_with_buffers(graphs) -> dict[str, str]:
+    """What --init says of a view: it is drawn with its buffer, which the flag names."""
+    return {
+        v.name: f"'{v.name}' is a view, drawn with its buffer: name buffer '{v.view[0]}'"
+        for g in graphs
+        for v in g.of_kind("input")
+        if v.view
+    }
+
+
 def named_values(
-    items, flag: str, valid: list[str], convert: Callable[[str], Any], *, unnamed_ok: bool = False
+    items,
+    flag: str,
+    valid: list[str],
+    convert: Callable[[str], Any],
+    *,
+    unnamed_ok: bool = False,
+    instead: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """--flag NAME=VALUE (repeated) -> {NAME: convert(VALUE)}; with unnamed_ok, a bare VALUE is
-    every name's. A name that is not valid is a usage error naming the valid ones."""
+    every name's. A name that is not valid is a usage error naming the valid ones, or saying what to name
+    `instead` (a view: its buffer)."""
     out: dict[str, Any] = {}
     for item in items or ():
         name, sep, text = item.partition("=")
@@ -406,6 +425,8 @@ def named_values(
             if not unnamed_ok:
                 raise UsageError(f"{flag} takes NAME=VALUE, got '{item}'")
             name, text = "", item
+        if name and name not in valid and name in (instead or {}):
+            raise UsageError(f"{flag} {item}: {instead[name]}")
         if name and name not in valid:
             raise UsageError(f"{flag} {item}: no '{name}' here; the names are {', '.join(valid) or 'none'}")
         try:
@@ -456,6 +477,8 @@ def check_writable(path: str | None, flag: str) -> None:
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {path}: is a directory")
+    if is_stream(p):
+        return
     if any(parent.exists() and not parent.is_dir() for parent in p.parents):
         raise UsageError(f"{flag} {path}: {next(q for q in p.parents if q.exists())} is not a directory")
 
@@ -494,9 +517,30 @@ def write_text(path: str, text: str) -> None:
     if path == "-":
         print(text, file=_json_out[-1] if _json_out else sys.stdout)
         return
-    from cudnn_dsl.store.files import atomic_write
+    write_file(Path(path), text + "\n")
 
-    atomic_write(Path(path), text + "\n")
+
+def is_stream(path: Path) -> bool:
+    """Whether path, its links followed, names something there that is neither a regular file nor a directory: a
+    device, FIFO or socket, /dev/stdout or /proc/self/fd/N."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def write_file(path: Path, text: str) -> None:
+    """An output file written atomically; a stream (is_stream) is written into where it is, since replacing it
+    with a regular file would take the device, FIFO or pipe away from whoever reads it."""
+    if not is_stream(path):
+        from cudnn_dsl.store.files import atomic_write
+
+        atomic_write(path, text)
+        return
+    sys.stdout.flush()  # what is already printed comes first where the path is stdout
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def machine_stdout(args) -> bool:
@@ -526,29 +570,14 @@ def add_require_gpu_flag(p, otherwise: str) -> None:
     )
 
 
-def require_gpu(what: str) -> None:
-    """A BackendUnavailable (exit 1) that says why, where no CUDA GPU is usable."""
+def require_gpu(what: str, json_path: str | None = None) -> None:
+    """A BackendUnavailable (exit 1) that says why, where no CUDA GPU is usable; the --json report at `json_path`
+    says it too (a CI job reading the report finds why it holds no figures)."""
     from cudnn_dsl.target.library import BackendUnavailable
     from cudnn_dsl.target.machine import gpu_problem
 
     why = gpu_problem()
     if why:
-        raise BackendUnavailable(
-            f"{what}, and no CUDA GPU is usable here: {why}; `cudnn-dsl check --target h200 FILE` plans without one"
-        )
-
-
-class Progress:
-    """One self-erasing status line on a terminal; silent when stderr is not one."""
-
-    def __init__(self, label: str):
-        self.label = label
-        self.tty = sys.stderr.isatty()
-
-    def __call__(self, step: str) -> None:
-        if self.tty:
-            print(f"\r\033[K  {self.label}: {step} ...", end="", file=sys.stderr, flush=True)
-
-    def done(self) -> None:
-        if self.tty:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
+        message = f"{what}, and no CUDA GPU is usable here: {why}"
+        write_json(json_path, {"error": message})
+        raise BackendUnavailable(f"{message}; `cudnn-dsl check --target h200 FILE` plans without one")

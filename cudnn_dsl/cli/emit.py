@@ -17,9 +17,9 @@ def register(p) -> None:
         help="cudnn: the frontend calls, built and run once (default; a graph cuDNN declines whole, as the "
         "graphs it splits into, run in order); torch: the reference function; fe-json: "
         "the graph as the cuDNN Frontend serializes it (for anyone with the frontend alone; needs the cuDNN library; "
-        "written even when cuDNN finds no plan for the graph, with exit 1); cpp: a C++ project (the frontend's "
-        "C++ calls, a CMake file, a main that plans for --target without a GPU or runs the graph on run's inputs) "
-        "written to the -o directory",
+        "written even when the graph gets no plan, with exit 1: cuDNN finds none, or cudnn-dsl refuses a graph a "
+        "known defect of cuDNN runs wrong); cpp: a C++ project (the frontend's C++ calls, a CMake file, a main "
+        "that plans for --target without a GPU or runs the graph on run's inputs) written to the -o directory",
     )
     p.add_argument("-o", "--output", metavar="DIR", help="cpp: the directory the C++ project is written to")
     p.add_argument("--graph", help="the graph to emit (needed when the file has several)")
@@ -122,7 +122,13 @@ def _inits(args, g) -> dict:
     from dsl.diagnostics import RuleError
     from dsl.inits import check_dtype
 
-    inits = common.named_values(args.init, "--init", [v.name for v in g.device_inputs], common.init_value)
+    inits = common.named_values(
+        args.init,
+        "--init",
+        [v.name for v in g.device_inputs],
+        common.init_value,
+        instead=common.views_drawn_with_buffers([g]),
+    )
     for name, init in inits.items():
         try:
             check_dtype(init, g.instances[0].type(name).dtype)
@@ -148,7 +154,9 @@ def _cudnn(g, inst, target, options, inits) -> int:
             common.warn(f"cannot ask cuDNN whether it takes the graph whole ({e}); the script builds it whole")
         except DslError as e:
             status = common.report(e)
-            common.warn(f"the script below builds the graph whole, which cuDNN for {target.name} declines")
+            common.warn(
+                f"the script below builds the graph whole, which is not planned for {target.name} (the error above)"
+            )
     print(emit_cudnn(g, inst, options, partition, inits), end="")
     return status
 
@@ -172,9 +180,11 @@ def _cpp(g, inst, target, options, inits, directory: str) -> int:
 
 
 def _fe_json(g, inst, target) -> int:
-    """The frontend's JSON; when cuDNN finds no plan, still the graph's JSON (taken before planning), which is
-    what a bug report about that refusal needs, with the refusal on stderr and exit 1."""
+    """The frontend's JSON; when the graph gets no plan (cuDNN finds none, or a known defect of cuDNN has
+    cudnn-dsl refuse it), still the graph's JSON (taken before planning), which is what a bug report about that
+    refusal or defect needs, with the refusal on stderr and exit 1."""
     from cudnn_dsl.interop.fe_export import frontend_json
+    from cudnn_dsl.target.quirks import known_defect
     from dsl.diagnostics import DslError
 
     try:
@@ -189,5 +199,6 @@ def _fe_json(g, inst, target) -> int:
             raise e from None
         print(text, end="")
         common.report(e)
-        common.warn("the graph's JSON above is taken before planning, as cuDNN found no plan for it")
+        why = "cudnn-dsl refuses to plan it" if known_defect(e.diagnostics[0].message) else "cuDNN found no plan for it"
+        common.warn(f"the graph's JSON above is taken before planning, as {why}")
         return common.EXIT_FAIL

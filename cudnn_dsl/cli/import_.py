@@ -1,4 +1,5 @@
-"""`cudnn-dsl import FILE`: a cuDNN Frontend graph (its JSON, or a frontend log) as a .cdg file."""
+"""`cudnn-dsl import FILE`: a cuDNN Frontend graph (its JSON, or a frontend log) as a .cdg file; `--from-torch`:
+a traced PyTorch function or module."""
 
 from __future__ import annotations
 
@@ -30,7 +31,22 @@ def register(p) -> None:
     p.add_argument(
         "file",
         metavar="FILE",
+        nargs="?",
         help="frontend graph JSON, a frontend log, or text holding the JSON ('-': standard input)",
+    )
+    p.add_argument(
+        "--from-torch",
+        metavar="FILE.py:NAME",
+        help="instead of FILE: the function, nn.Module (instance, or class made with no arguments, put in eval "
+        "mode) NAME of a Python file, traced by torch.export on --example inputs; the file is imported (its code "
+        "runs, as pytest runs a test file)",
+    )
+    p.add_argument(
+        "--example",
+        action="append",
+        metavar="TYPE",
+        help="with --from-torch, one per argument in order: DTYPE[DIMS] [LAYOUT], as a .cdg input declares it "
+        "('half[2, 64, 56, 56] nhwc'); drawn from a seeded normal distribution",
     )
     p.add_argument("-o", "--output", metavar="OUT.cdg", help="write the .cdg file here (default: print it)")
     p.add_argument("--force", action="store_true", help="with -o: replace OUT.cdg if it exists")
@@ -84,14 +100,19 @@ def _text(data: bytes, what: str) -> str:
 
 
 def run(args) -> int:
-    from cudnn_dsl.interop.fe_import import to_cdg, verify
+    from cudnn_dsl.interop.fe_import import in_json, to_cdg, verify
+    from dsl.diagnostics import DslError
     from dsl.pipeline import load
 
     if args.force and not args.output:
         raise common.UsageError("--force goes with -o")
     out = Path(args.output) if args.output else None
-    if out is not None and out.exists() and not args.force:
+    if out is not None and out.exists() and not common.is_stream(out) and not args.force:
         raise common.UsageError(f"{out} exists; pass --force to replace it")
+    if args.from_torch or args.example:
+        return _from_torch(args, out)
+    if args.file is None:
+        raise common.UsageError("import takes FILE, or --from-torch FILE.py:NAME")
     text = _read(args.file)
     common.SOURCES[args.file] = text
     name = args.name or ("stdin" if args.file == "-" else Path(args.file).name.split(".")[0])
@@ -102,21 +123,51 @@ def run(args) -> int:
     if unknown:
         raise common.UsageError(f"--scalar {', '.join(unknown)}: {args.file} has no pass-by-value tensor of that name")
     result = load(text=cdg, file=str(out or "<imported>"))
-    if result.diagnostics:  # the checker's warnings too (a convolution input that is not channels-last)
-        print(result.render(), file=sys.stderr)
+    common.SOURCES[result.file] = cdg
+    said = in_json(result.diagnostics, cdg, graphs)  # the checker's warnings too (an input not channels-last)
+    if said:
+        common.report(DslError(said))
     if not result.ok:
         common.warn(f"error: the graph imported from {args.file} does not check (above); nothing written")
         return common.EXIT_FAIL
-    problems = verify(result.program, graphs, args.file)
-    if problems:
-        print("\n".join(problems), file=sys.stderr)
+    try:
+        verify(result.program, graphs)
+    except DslError as e:
+        common.report(e)
         common.warn(f"error: the imported graph is not the one {args.file} describes (above); nothing written")
         return common.EXIT_FAIL
     if out is None:
         sys.stdout.write(cdg)
         return common.EXIT_OK
-    from cudnn_dsl.store.files import atomic_write
-
-    atomic_write(out, cdg)
+    common.write_file(out, cdg)
     print(f"{out}: {len(graphs)} graph{'s' if len(graphs) != 1 else ''} imported from {args.file}", file=sys.stderr)
+    return common.EXIT_OK
+
+
+def _from_torch(args, out: Path | None) -> int:
+    """`--from-torch FILE.py:NAME --example TYPE ...`: a traced PyTorch function or module as a .cdg file."""
+    from cudnn_dsl.interop.from_torch import example_tensor, from_torch, load_callable
+    from dsl.diagnostics import DslError
+
+    if not args.from_torch or args.file is not None or args.scalar:
+        raise common.UsageError("--from-torch FILE.py:NAME takes --example inputs, and no FILE or --scalar")
+    try:
+        fn = load_callable(args.from_torch)
+        examples = [example_tensor(t, seed=i) for i, t in enumerate(args.example or ())]
+    except ValueError as e:
+        raise common.UsageError(str(e)) from None
+    if hasattr(fn, "eval"):  # an imported graph is an inference graph (BatchNorm's running statistics)
+        fn.eval()
+    try:
+        imported = from_torch(fn, examples, name=args.name)
+    except DslError as e:
+        for d in e.diagnostics:  # so that the message quotes the user's line
+            if d.loc.file.endswith(".py") and Path(d.loc.file).is_file():
+                common.SOURCES[d.loc.file] = Path(d.loc.file).read_text(errors="replace")
+        raise
+    if out is None:
+        sys.stdout.write(imported.text)
+        return common.EXIT_OK
+    common.write_file(out, imported.text)
+    print(f"{out}: imported from {args.from_torch}", file=sys.stderr)
     return common.EXIT_OK

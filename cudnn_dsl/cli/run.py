@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 from cudnn_dsl.cli import common
+from cudnn_dsl.cli.progress import Progress
 
 HELP = "compile with cuDNN, run on generated or given inputs, compare with the PyTorch reference"
 
@@ -64,7 +65,11 @@ def register(p) -> None:
         help="write what reproduces this run elsewhere into DIR: the file, the "
         "frontend's graph JSON, the plan, inputs, outputs, reference, ejected scripts, environment",
     )
-    p.add_argument("--force", action="store_true", help="with --dump: replace a dump of the same graph in DIR")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --dump or --save-outputs: replace a dump of the same graph, or saved outputs, in DIR",
+    )
     p.add_argument(
         "--inputs-from",
         metavar="DIR",
@@ -86,8 +91,8 @@ def run(args) -> int:
     for flag, d in (("--save-outputs", args.save_outputs), ("--dump", args.dump)):
         if d and Path(d).exists() and not Path(d).is_dir():
             raise common.UsageError(f"{flag} {d}: not a directory")
-    if args.force and not args.dump:
-        raise common.UsageError("--force goes with --dump")
+    if args.force and not (args.dump or args.save_outputs):
+        raise common.UsageError("--force goes with --dump or --save-outputs")
     if args.inputs_from:
         if not Path(args.inputs_from).is_dir():
             raise common.UsageError(f"--inputs-from {args.inputs_from}: no such directory")
@@ -149,7 +154,8 @@ def _load(name: str, path: str):
     from cudnn_dsl.run.inputs import load_tensor
 
     if not Path(path).is_file():
-        raise common.UsageError(f"--input {name}={path}: no such file")
+        what = "not a regular file" if Path(path).exists() else "no such file"
+        raise common.UsageError(f"--input {name}={path}: {what}")
     try:
         return load_tensor(path)
     except BindingError as e:
@@ -168,7 +174,8 @@ class _Names:
         outputs, inputs = union("output"), union("input")
         self.atol = common.named_values(args.atol, "--atol", outputs, common.option_value("atol"), unnamed_ok=True)
         self.rtol = common.named_values(args.rtol, "--rtol", outputs, common.option_value("rtol"), unnamed_ok=True)
-        self.inits = common.named_values(args.init, "--init", inputs, common.init_value)
+        views = common.views_drawn_with_buffers(graphs)
+        self.inits = common.named_values(args.init, "--init", inputs, common.init_value, instead=views)
         self.no_compare = set(args.no_compare or ())
         for n in sorted(self.no_compare - set(outputs)):
             raise common.UsageError(f"--no-compare {n}: no '{n}' here; the outputs are {', '.join(outputs)}")
@@ -227,7 +234,15 @@ class _Setup:
         return out
 
     def inputs(self, inst, device, files: dict) -> dict:
-        """Generated inputs, the --input files in their place, and the --scalar values; or a dump's inputs."""
+        """Generated inputs, the --input files in their place, and the --scalar values; or a dump's inputs. The
+        index inputs' values are checked here, before the reference or a launch reads them."""
+        from cudnn_dsl.run.indices import check_indices
+
+        tensors = self._inputs(inst, device, files)
+        check_indices(self.graph, inst, tensors)
+        return tensors
+
+    def _inputs(self, inst, device, files: dict) -> dict:
         from cudnn_dsl.debug import dump
         from cudnn_dsl.run.buffers import BindingError, converted, relayout
         from cudnn_dsl.run.inputs import generate_inputs
@@ -302,20 +317,24 @@ class _Setup:
         print(f"  dump       {len(written)} files in {self.args.dump}")
 
     def save(self, inst, outputs: dict, suffix: str = "") -> list[str]:
+        import io
+
         import torch
 
-        from cudnn_dsl.debug.dump import stem
+        from cudnn_dsl.debug import dump
 
         if not self.args.save_outputs:
             return []
-        d = Path(self.args.save_outputs)
-        d.mkdir(parents=True, exist_ok=True)
-        paths = []
+        files = {}
         for name, t in outputs.items():
-            path = d / f"{stem(self.graph, inst)}.{name}{suffix}.pt"
-            torch.save(t.cpu(), path)
-            paths.append(str(path))
-        return paths
+            buf = io.BytesIO()
+            torch.save(t.detach().cpu(), buf)
+            files[f"{dump.stem(self.graph, inst)}.{name}{suffix}.pt"] = buf.getvalue()
+        try:
+            written = dump.write_new(Path(self.args.save_outputs), files, "--save-outputs", self.args.force)
+        except dump.Refused as e:
+            raise common.UsageError(str(e)) from None
+        return [str(p) for p in written]
 
 
 class _GpuRunner:
@@ -341,15 +360,13 @@ class _GpuRunner:
         tensors = s.inputs(inst, cg.device, s.files(inst))
         before = snapshot(s.graph, tensors)  # launches overwrite the inputs of outputs in place
         pinned = self._pin(inst)
-        progress = common.Progress(name)
+        progress = Progress.of(s.args, total=1)
         cg.planner.progress = progress
-        try:
+        with progress.item(name):
             parts = cg.parts(inst)
-        finally:
-            progress.done()
         if isinstance(parts, Parts):
             return self._run_in_parts(inst, tensors, before, parts)
-        try:
+        with progress.item(name):
             graph_mode = s.args.cuda_graph or opts.cuda_graph
             if graph_mode:
                 replay = cg.capture(tensors)
@@ -357,8 +374,6 @@ class _GpuRunner:
             else:
                 bound = cg.bind(tensors)
                 outputs, launch, exe = bound.outputs, bound.run, bound.exe
-        finally:
-            progress.done()
         restore(tensors, before)  # a capture's warm-up launch has overwritten what outputs in place write
         launch()
         torch.cuda.synchronize(cg.device)
@@ -522,9 +537,9 @@ class _CpuRunner:
     def run(self, inst) -> dict:
         from cudnn_dsl.build.steps import timings_text
         from cudnn_dsl.run.compare import reference_bytes
-        from cudnn_dsl.run.partition import plan_for_target
+        from cudnn_dsl.run.partition import declined_whole, plan_for_target
         from cudnn_dsl.run.reference import drawn_values, run_reference
-        from cudnn_dsl.target.library import BackendUnavailable
+        from cudnn_dsl.target.library import BackendUnavailable, answering
         from dsl.diagnostics import DslError
 
         s, target = self.s, self.target
@@ -532,13 +547,17 @@ class _CpuRunner:
         files = s.files(inst)
         print(f"graph {name}")
         rep: dict = {"graph": s.graph.name, "binding": dict(inst.binding), "executed": False, "skipped": {}}
-        progress = common.Progress(name)
+        progress = Progress.of(s.args, total=1)
         partition = None
         try:
-            low, partition = plan_for_target(s.graph, inst, s.opts, target, progress, s.pin)
+            with progress.item(name):
+                low, partition = plan_for_target(s.graph, inst, s.opts, target, progress, s.pin)
+            library = answering()
+            rep["cudnn"] = library.to_json()
+            print(f"  cuDNN      {library.version} ({library.path})")
             if partition is not None:
                 rep.update(common.parts_record(s.graph, partition))
-                print(f"  split      for {target.name} (no device): cuDNN declines it whole ({partition.declined})")
+                print(f"  split      for {target.name} (no device): {declined_whole(partition.declined)}")
                 for line in rep["parts"]:
                     print(f"  split      {line}")
                 print(f"  split      {partition.counts.text}")
@@ -559,12 +578,10 @@ class _CpuRunner:
             rep["skipped"]["plan"] = str(e)
         except _Split:
             pass
-        except DslError as e:  # cuDNN declines the graph: said, and the reference still runs
-            print(f"  plan       for {target.name} (no device): cuDNN declines this graph (see the error)")
+        except DslError as e:  # the graph is declined (the error says by whom): said, and the reference still runs
+            print(f"  plan       for {target.name} (no device): not planned (see the error)")
             common.report(e)
             rep.update(ok=False, error=[d.to_json() for d in e.diagnostics])
-        finally:
-            progress.done()
         need, have = reference_bytes(s.graph, inst), _available_memory()
         if s.args.no_reference:
             why = "--no-reference"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cudnn_dsl.cli import common
+from cudnn_dsl.cli.progress import Progress, add_quiet_flag
 
 HELP = "build and time every candidate plan on the GPU (or every engine and knob: --exhaustive); keep the fastest"
 
@@ -32,6 +33,7 @@ def register(p) -> None:
         "cuDNN which configurations it supports (exit 0)",
     )
     common.add_log_flags(p)
+    add_quiet_flag(p)
     p.set_defaults(run=run)
 
 
@@ -40,14 +42,14 @@ def run(args) -> int:
     common.check_reports(args)
     _check_search_flags(args)
     if args.require_gpu:
-        common.require_gpu("--require-gpu asks for a GPU")
+        common.require_gpu("--require-gpu asks for a GPU", args.json)
     from cudnn_dsl.target.library import DEFAULT_TARGET, gpu_available
 
     if not gpu_available():
         if args.exhaustive:
             return _explore(args, common.target_from(args, DEFAULT_TARGET))
         _alternatives(args, common.target_from(args, DEFAULT_TARGET))  # then the error: nothing was timed
-    common.require_gpu("tune times plans on a GPU")
+    common.require_gpu("tune times plans on a GPU", args.json)
     if args.target or args.device_properties:
         common.warn("note: --target and --device-properties ignored: this machine has a GPU, and tune times on it")
     import attrs
@@ -69,21 +71,20 @@ def run(args) -> int:
             continue
         for g in common.select_graphs(result.program, args.graph):
             work.append((files[-1], g, common.options_from(args, g.options), common.select_instances(g, args.shape)))
+    progress = Progress.of(args, total=sum(len(instances) for *_, instances in work))
     for entry, g, opts, instances in work:
         cg = CompiledGraph(g, opts, args.device, use_store=not args.no_cache)
+        cg.planner.progress = progress
         for inst in instances:
-            progress = common.Progress(common.label(g, inst))
-            cg.planner.progress = progress
             try:
-                if args.exhaustive:
-                    r = exhaustive(cg, inst, **_limits(args), restart=args.restart, progress=progress)
-                else:
-                    r, parts = _tune(cg, inst, progress)
+                with progress.item(common.label(g, inst)):
+                    if args.exhaustive:
+                        r = exhaustive(cg, inst, **_limits(args), restart=args.restart, progress=progress)
+                    else:
+                        r, parts = _tune(cg, inst, progress)
             except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still run
                 status = max(status, common.report(e))
                 continue
-            finally:
-                progress.done()
             if args.exhaustive:
                 entry["graphs"].append(attrs.asdict(r))
                 print(search_report(r, args.top_k))
@@ -133,18 +134,28 @@ def _alternatives(args, target) -> None:
 
     common.warn(f"note: no CUDA GPU here: the partitions tune would time, as cuDNN plans them for {target.name}")
     clean, _ = common.clean_files(args.files)
-    for _, result in clean:
-        for g in common.select_graphs(result.program, args.graph):
-            opts = common.options_from(args, g.options)
-            for inst in common.select_instances(g, args.shape):
-                try:
-                    rows = deviceless_alternatives(g, inst, opts, target)
-                except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still listed
-                    common.report(e)
-                    continue
-                print(f"graph {common.label(g, inst)}: partitions tune would time")
-                for label, how in rows:
-                    print(f"  {label:52} {how}")
+    work = _deviceless_work(args, clean)
+    progress = Progress.of(args, total=len(work))
+    for _, g, inst, opts in work:
+        try:
+            with progress.item(common.label(g, inst)):
+                rows = deviceless_alternatives(g, inst, opts, target)
+        except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still listed
+            common.report(e)
+            continue
+        print(f"graph {common.label(g, inst)}: partitions tune would time")
+        for label, how in rows:
+            print(f"  {label:52} {how}")
+
+
+def _deviceless_work(args, clean) -> list:
+    """(the file's index in `clean`, graph, shape, options) of every shape chosen, before any is planned."""
+    return [
+        (k, g, inst, common.options_from(args, g.options))
+        for k, (_, result) in enumerate(clean)
+        for g in common.select_graphs(result.program, args.graph)
+        for inst in common.select_instances(g, args.shape)
+    ]
 
 
 def _check_search_flags(args) -> None:
@@ -177,22 +188,18 @@ def _explore(args, target) -> int:
         f"nothing is recorded, so each search without a GPU starts at the first configuration"
         + ("" if not args.restart else " (--restart changes nothing)")
     )
-    files = []
     clean, status = common.clean_files(args.files)
-    for _, result in clean:
-        files.append({"file": result.file, "graphs": []})
-        for g in common.select_graphs(result.program, args.graph):
-            opts = common.options_from(args, g.options)
-            for inst in common.select_instances(g, args.shape):
-                progress = common.Progress(common.label(g, inst))
-                try:
-                    r = search_deviceless(g, inst, opts, target, **_limits(args), progress=progress)
-                except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still run
-                    status = max(status, common.report(e))
-                    continue
-                finally:
-                    progress.done()
-                files[-1]["graphs"].append(attrs.asdict(r))
-                print(report(r, args.top_k))
+    files = [{"file": result.file, "graphs": []} for _, result in clean]
+    work = _deviceless_work(args, clean)
+    progress = Progress.of(args, total=len(work))
+    for k, g, inst, opts in work:
+        try:
+            with progress.item(common.label(g, inst)):
+                r = search_deviceless(g, inst, opts, target, **_limits(args), progress=progress)
+        except Exception as e:  # noqa: BLE001 - one graph's failure is reported; the others still run
+            status = max(status, common.report(e))
+            continue
+        files[k]["graphs"].append(attrs.asdict(r))
+        print(report(r, args.top_k))
     common.write_json(args.json, {"files": files, "target": target.name})
     return status

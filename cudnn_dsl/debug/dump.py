@@ -39,7 +39,7 @@ PT_OVERHEAD = 1 << 20
 
 
 class Refused(Exception):
-    """A dump directory that would be written through a link, or that already holds this dump."""
+    """A directory that would be written through a link, or that already holds what a write would replace."""
 
 
 def _saved(tensors: dict) -> bytes:
@@ -50,22 +50,34 @@ def _saved(tensors: dict) -> bytes:
     return buf.getvalue()
 
 
-def _check_names(directory: Path, names: list[str], manifest: str, replace: bool) -> None:
-    """Refuses a name in `directory` that is not a regular file (a link would be written through, or a file
-    outside the dump replaced by the wish of whoever planted it), and, unless `replace`, a dump already there."""
-    for name in names:
+def write_new(
+    directory: Path, files: dict[str, str | bytes], flag: str, replace: bool, marker: tuple[str, str] | None = None
+) -> list[Path]:
+    """Writes `files` (name -> text or bytes) into `directory` (made when missing) and returns their paths: each
+    a new regular file in place of its name, so that a link planted there never redirects a write. Refused,
+    with nothing written, when a name is a link or not a regular file (whoever planted it would choose what is
+    replaced), and, unless `replace`, when what this write replaces is there: `marker`, (the name that says
+    so, what it is), else any of the names."""
+    for name in files:
         try:
             st = os.lstat(directory / name)
         except FileNotFoundError:
             continue
         if not stat.S_ISREG(st.st_mode):
             kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-            raise Refused(f"--dump {directory}: {name} is {kind}; a dump writes only regular files of its own")
-    if not replace and (directory / manifest).exists():
-        raise Refused(
-            f"--dump {directory}: it already holds a dump of this graph ({manifest}); remove it, choose another "
-            f"directory, or pass --force to replace it"
-        )
+            raise Refused(f"{flag} {directory}: {name} is {kind}; {flag} writes only regular files of its own")
+    there = [marker] if marker else [(name, name) for name in files]
+    for name, what in there:
+        if not replace and (directory / name).exists():
+            raise Refused(
+                f"{flag} {directory}: it already holds {what}"
+                + (f" ({name})" if what != name else "")
+                + "; remove it, choose another directory, or pass --force to replace it"
+            )
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        atomic_write(directory / name, data, follow_symlinks=False)  # a link planted since the check is replaced
+    return [directory / name for name in files]
 
 
 def write(
@@ -116,11 +128,7 @@ def write(
         "files": sorted(files),
     }
     files[f"{s}.manifest.json"] = json.dumps(manifest, indent=1)  # last: a dump is whole once its manifest is there
-    _check_names(directory, list(files), f"{s}.manifest.json", replace)
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        atomic_write(directory / name, data, follow_symlinks=False)  # a link planted since the check is replaced
-    return [directory / name for name in files]
+    return write_new(directory, files, "--dump", replace, (f"{s}.manifest.json", "a dump of this graph"))
 
 
 def _read(directory: Path, name: str, limit: int) -> bytes | None:

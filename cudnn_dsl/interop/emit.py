@@ -12,7 +12,7 @@ import keyword
 import math
 import re
 
-from cudnn_dsl.build.pipeline import compile_shape
+from cudnn_dsl.build.pipeline import compile_shape, dynamic_shapes
 from cudnn_dsl.target.dtypes import torch_dtype_name
 from dsl.ir import Graph, Instance
 from dsl.types import DTYPE_RANGE, is_float
@@ -51,11 +51,24 @@ def _name(s: str) -> str:
     return s
 
 
+_HEAD = """import hashlib
+import math
+
+import cudnn
+import torch
+"""
+
+#: names a script reads that it does not bind itself: a .cdg name never takes one (a tensor named `range` would
+#: break the script's own loop, one named `Exception` its retries)
+_SHADOWED = frozenset(dir(builtins)) | {alias.name for st in ast.parse(_HEAD).body for alias in st.names}
+
+
 def _ident(hint: str, taken: set[str], reserved=frozenset()) -> str:
     """A fresh identifier for a .cdg name: the name itself when Python allows it and it is free, else
-    prefixed `t_` (keywords, `__debug__`, `reserved`) and/or suffixed `_2`, `_3`, ... (taken)."""
+    prefixed `t_` (keywords, builtins, the modules a script imports, `reserved`) and/or suffixed `_2`, `_3`,
+    ... (taken)."""
     base = re.sub(r"[^0-9A-Za-z_]", "_", hint) or "t"
-    if base[0].isdigit() or keyword.iskeyword(base) or base == "__debug__" or base in reserved:
+    if base[0].isdigit() or keyword.iskeyword(base) or base in _SHADOWED or base in reserved:
         base = "t_" + base
     name, k = base, 1
     while name in taken:
@@ -66,7 +79,7 @@ def _ident(hint: str, taken: set[str], reserved=frozenset()) -> str:
 
 
 class _Script:
-    RESERVED = frozenset({"cudnn", "torch", "g", "handle"})  # the names build() itself uses
+    RESERVED = frozenset({"g", "handle", "kernel_cache", "i"})  # the names build() itself binds
 
     def __init__(self):
         self.lines: list[str] = []
@@ -134,17 +147,20 @@ def _build_step(o, policy: str) -> str:
 
 
 def _graph_function(fname: str, graph: Graph, inst: Instance, o, doc: str) -> tuple[str, dict, dict]:
-    """`def fname(handle)` building `graph` with the frontend (the lowering pass run against a recorder);
-    also its pass-by-value tensors, uid -> (value, dtype), and its scratch tensors, name -> uid."""
+    """`def fname(handle)` building `graph` with the frontend (the lowering pass run against a recorder), in
+    dynamic-shape mode `def fname(handle, kernel_cache)`, as a run builds it; also its pass-by-value tensors,
+    uid -> (value, dtype), and its scratch tensors, name -> uid."""
     script = _Script()
-    low = compile_shape(graph, inst, o, stop="lowered", handle=_Sym(script, "handle"), cudnn=_Sym(script, "cudnn"))
+    cache = _Sym(script, "kernel_cache") if dynamic_shapes(graph, o) else None
+    handle, cudnn = _Sym(script, "handle"), _Sym(script, "cudnn")
+    low = compile_shape(graph, inst, o, stop="lowered", handle=handle, cudnn=cudnn, kernel_cache=cache)
     policy = "ALL" if o.build_policy == "all" else "HEURISTICS_CHOICE"
     body = "\n".join("    " + line for line in script.lines)
     modes = ", ".join(f"cudnn.heur_mode.{_name(m)}" for m in o.modes())
     ws_limit = (
         f"\n    g.deselect_workspace_greater_than({_lit(o.workspace_limit)})" if o.workspace_limit is not None else ""
     )
-    text = f'''def {fname}(handle):
+    text = f'''def {fname}(handle{", kernel_cache" if cache is not None else ""}):
     """{doc}"""
 {body}
     g.validate()
@@ -246,13 +262,6 @@ _PRINT = """    for name in OUTPUTS:
         print(f"{name}: shape {tuple(t.shape)}, mean {t.mean().item():.4g}, max |x| {t.abs().max().item():.4g}")
 """
 
-_HEAD = """import hashlib
-import math
-
-import cudnn
-import torch
-"""
-
 
 def portable_source() -> str:
     """The constants and functions of cudnn_dsl.target.portable as written there: what a script draws its inputs
@@ -266,6 +275,12 @@ def portable_source() -> str:
     return "\n\n\n".join(ast.get_source_segment(text, n) for n in nodes)
 
 
+_DYNAMIC = """
+
+    In cuDNN's dynamic-shape mode (option shape_mode = dynamic), as `cudnn-dsl run` builds it: give the builds of
+    every shape of the graph one `kernel_cache` (cudnn.create_kernel_cache()), and they share its kernels."""
+
+
 def emit_cudnn(graph: Graph, inst: Instance, options=None, partition=None, inits=None) -> str:
     """A runnable script: build the graph with the cuDNN Frontend, run it once, print the outputs. With a
     `partition` (partition.plan_for_target's, of a graph cuDNN declines whole), the script builds each
@@ -273,8 +288,10 @@ def emit_cudnn(graph: Graph, inst: Instance, options=None, partition=None, inits
     o = options or graph.options
     if partition is not None:
         return _emit_parts(graph, inst, o, partition, inits)
+    dynamic = dynamic_shapes(graph, o)
     doc = "validate -> build_operation_graph -> create_execution_plans -> check_support -> build_plans."
-    build, host, scratch = _graph_function("build", graph, inst, o, doc)
+    build, host, scratch = _graph_function("build", graph, inst, o, doc + (_DYNAMIC if dynamic else ""))
+    cache = "\n    kernel_cache = cudnn.create_kernel_cache()" if dynamic else ""
     shape = f" ({_doc(inst.label)})" if inst.binding else ""
     return f'''"""Graph '{_doc(graph.name)}'{shape} built with the cuDNN Frontend directly.
 
@@ -308,8 +325,8 @@ def execute(g, handle, buffers, workspace, scalars):
 
 if __name__ == "__main__":
     handle = cudnn.create_handle()
-    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
-    g = build(handle)
+    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream){cache}
+    g = build(handle{", kernel_cache" if dynamic else ""})
     buffers = make_buffers()
     workspace = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device="cuda")
     execute(g, handle, buffers, workspace, host_scalars())
@@ -317,9 +334,9 @@ if __name__ == "__main__":
 {_PRINT}'''
 
 
-#: the module names of a script: a part's traced reference takes none of them
+#: the module names a script binds (its imports are _SHADOWED): a part's traced reference takes none of them
 _SCRIPT_GLOBALS = frozenset(
-    {"hashlib", "math", "cudnn", "torch", "UIDS", "INPUTS", "OUTPUTS", "BOOLS", "INTERMEDIATES", "TORCH_PARTS"}
+    {"UIDS", "INPUTS", "OUTPUTS", "BOOLS", "INTERMEDIATES", "TORCH_PARTS"}
     | {"host_scalars", "build", "make_buffers", "execute", "handle", "graphs", "buffers", "workspace", "size", "name"}
     | {"CHUNK", "stream_seed", "draw", "draw_values", "pack_bool", "unpack_bool", "inf", "nan", "t"}
     | {"ragged_span", "packed_offsets"}
@@ -331,7 +348,7 @@ def _emit_parts(graph: Graph, inst: Instance, o, partition, inits) -> str:
     traced reference, a view as its operand's memory, the tensors between parts allocated in their inferred
     dtype, the parts run in order."""
     from cudnn_dsl.run.buffers import written
-    from cudnn_dsl.run.partition import CUDNN, VIEW
+    from cudnn_dsl.run.partition import CUDNN, VIEW, declined_whole
     from dsl.subgraph import subgraph
 
     taken = set(_SCRIPT_GLOBALS)
@@ -371,7 +388,7 @@ def _emit_parts(graph: Graph, inst: Instance, o, partition, inits) -> str:
     body = "\n\n".join(functions)
     return f'''"""Graph '{_doc(graph.name)}'{shape} built with the cuDNN Frontend directly, as {_parts(len(partition.parts))} run in order.
 
-cuDNN declines the graph whole ({_doc(partition.declined)}); the parts are those deviceless planning found:
+{_doc(declined_whole(partition.declined, "the graph"))}; the parts are those deviceless planning found:
 {lines}
 Emitted by `cudnn-dsl emit --format cudnn` from {_doc(graph.file)}. Standalone: needs only torch and cudnn.
 """

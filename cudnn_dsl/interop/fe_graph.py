@@ -3,7 +3,7 @@ frontend's values turned into the language's spellings."""
 
 from __future__ import annotations
 
-import re
+import json
 import struct
 from collections.abc import Callable
 
@@ -103,9 +103,8 @@ class Node:
     def fail(self, message: str, field: str | None = None) -> DslError:
         """An error about this node, at its `field` when given (a node's only nested objects are its
         ports, whose keys are port names, so the first such key after the node's start is the field)."""
-        pos = getattr(self.j, "pos", 0)
-        found = re.compile(rf'"{re.escape(field)}"\s*:').search(self.src.text, pos) if field else None
-        return self.src.error(f"{self.where()}: {message}", found.start() if found else pos)
+        pos = self.src.field(self.j, field) if field else getattr(self.j, "pos", 0)
+        return self.src.error(f"{self.where()}: {message}", pos)
 
     def get(self, field: str, default=None):
         self.read.add(field)
@@ -119,6 +118,29 @@ class Node:
             return f32_text(f32_from_json(self.get(field, default)))
         except ValueError as e:
             raise self.fail(f"{field}: {e}", field) from None
+
+    def integers(self, field: str) -> list[int]:
+        """An integer list field (a stride), [] where absent; refused at the field where it holds anything else."""
+        v = self.get(field, [])
+        if not isinstance(v, list):
+            raise self.fail(f"{field} {json.dumps(v)} is not a list of integers", field)
+        for x in v:
+            self._refuse_non_integer(field, x, f"{field} {json.dumps(v)}: {json.dumps(x)}")
+        return v
+
+    def integer(self, field: str, *, required: bool = False) -> int | None:
+        """An integer field (a bound), None where absent; refused at the field where it is anything else."""
+        v = self.get(field)
+        if v is None and required:
+            raise self.fail(f"has no {field}")
+        if v is not None:
+            self._refuse_non_integer(field, v, f"{field} {json.dumps(v)}")
+        return v
+
+    def _refuse_non_integer(self, field: str, x, said: str) -> None:
+        # JSON's true and 1.0 are no integers: int() would take them, and 1.7, silently
+        if not isinstance(x, int) or isinstance(x, bool):
+            raise self.fail(f"{said} is not an integer", field)
 
     def tensor(self, port: str, side: str = "inputs") -> Tensor | None:
         ref = (self.j.get(side) or {}).get(port)

@@ -32,8 +32,10 @@ from cudnn_dsl.interop.fe_nodes import (
     NODES,
     ragged_offset,
 )
+from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Program
 from dsl.ops import OPS
+from dsl.types import TensorType
 
 #: words the grammar reserves, and the literals true/false: a tensor name is never one of them
 _RESERVED = {"graph", "io", "intermediate", "compute", "option", "dim", "input", "scalar", "output", "strides"}
@@ -64,8 +66,11 @@ class Imported:
     name: str
     lines: tuple[str, ...]
     tensors: tuple[Tensor, ...]
+    nodes: tuple[dict, ...]
     where: str
     """'json_version 2.0, frontend 13200, cuDNN 9.28.1'"""
+    src: Source
+    """the text it was read from, where its tensors and nodes are located"""
 
 
 def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) -> Imported:
@@ -93,7 +98,12 @@ def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) ->
     for key, t in entries:
         problem = _tensor_problem(t)
         if problem:
-            raise src.error(f"tensors[{json.dumps(key)}] is not a tensor: {problem}", getattr(t, "pos", j.pos))
+            why, field = problem
+            pos = src.field(t, field) if field else getattr(t, "pos", j.pos)
+            raise src.error(f"tensors[{json.dumps(key)}] is not a tensor: {why}", pos)
+        if key in tensors:  # a list's tensors are keyed by uid, so nodes could not tell these apart
+            first = tensors[key].json.get("name") or key
+            raise src.error(f"uid {key} is given to both {first} and {t.get('name') or key}", src.field(t, "uid"))
         tensors[key] = Tensor(key, ident(t.get("name") or f"t{t.get('uid', key)}", used), t)
     for i, nj in enumerate(nodes):
         if not isinstance(nj, dict) or not isinstance(nj.get("tag"), str):
@@ -137,7 +147,7 @@ def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) ->
             raise node.fail(str(e)) from None
     fe, be = j.get("cudnn_frontend_version", "?"), j.get("cudnn_backend_version", "?")
     where = f"json_version {version}, frontend {fe}, cuDNN {be}"
-    return Imported(name, tuple(lines), tuple(tensors.values()), where)
+    return Imported(name, tuple(lines), tuple(tensors.values()), tuple(nodes), where, src)
 
 
 def _ints_from(v, low: int) -> bool:
@@ -148,21 +158,27 @@ def _ints_from(v, low: int) -> bool:
 MAX_RANK = 8
 
 
-def _tensor_problem(t) -> str | None:
-    """What makes a JSON value not a frontend tensor, or None."""
+def _tensor_problem(t) -> tuple[str, str | None] | None:
+    """What makes a JSON value not a frontend tensor, and the field it is in; or None."""
     if not isinstance(t, dict):
-        return "not an object"
+        return "not an object", None
     dims, strides, uid = t.get("dim") or [], t.get("stride") or [], t.get("uid")
     if isinstance(dims, list) and len(dims) > MAX_RANK:
-        return f"dim has {len(dims)} dims; cuDNN's tensors have at most {MAX_RANK}"
+        return f"dim has {len(dims)} dims; cuDNN's tensors have at most {MAX_RANK}", "dim"
     if not _ints_from(dims, 1):
-        return f"dim {json.dumps(dims)} is not a list of positive integers"
+        return f"dim {json.dumps(dims)} is not a list of positive integers", "dim"
     if not _ints_from(strides, 0) or (strides and len(strides) != len(dims)):
-        return f"stride {json.dumps(strides)} is not one integer >= 0 per dim"
+        return f"stride {json.dumps(strides)} is not one integer >= 0 per dim", "stride"
+    dtype = language_dtype(t.get("data_type"))
+    if dtype and strides and TensorType(dtype, tuple(dims), tuple(strides)).too_large:
+        return f"dim {json.dumps(dims)} and stride {json.dumps(strides)}: its size overflows a 64-bit integer", "stride"
     if uid is not None and not _ints_from([uid], 0):
-        return f"uid {json.dumps(uid)} is not an integer >= 0"
+        return f"uid {json.dumps(uid)} is not an integer >= 0", "uid"
     if not isinstance(t.get("name") or "", str):
-        return f"name {json.dumps(t.get('name'))} is not a string"
+        return f"name {json.dumps(t.get('name'))} is not a string", "name"
+    for flag in ("is_virtual", "is_pass_by_value"):  # read as truth values: a string would be taken as true
+        if t.get(flag) is not None and not isinstance(t.get(flag), bool):
+            return f"{flag} {json.dumps(t.get(flag))} is not true or false", flag
     return None
 
 
@@ -222,7 +238,7 @@ def _declare(src: Source, j: Located, t: Tensor, scalars: dict[str, str]) -> str
                 pos,
             )
         text = value if isinstance(value, str) else f32_text(value) if t.dtype == "float" else number_text(value)
-        return f"scalar {t.name} : {t.dtype} = {text}{uid}"
+        return f"scalar {t.name} : {t.dtype}{ints_text(t.dims) if t.dims else ''} = {text}{uid}"
     if not t.dims or not t.strides:
         raise src.error(f"{what} has no {'strides' if t.dims else 'dims'}", pos)
     return f"input {t.name} : {t.dtype}{ints_text(t.dims)} strides {ints_text(t.strides)}{uid}"
@@ -308,31 +324,73 @@ def to_cdg(
             imported.append(import_graph(src, j, gname, scalars or {}))
         except MALFORMED as e:  # a field of the wrong type where nothing more precise catches it
             raise src.error(f"not the cuDNN Frontend's graph JSON: {type(e).__name__}: {e}", j.pos) from None
-    out = [f"# Imported by `cudnn-dsl import` from {file}"]
-    for g in imported:
-        out += ["", f"# {g.where}", f"graph {g.name} {{"] + [f"  {line}" if line else "" for line in g.lines] + ["}"]
-    raw = "\n".join(out) + "\n"
+    raw = cdg_text(f"Imported by `cudnn-dsl import` from {file}", [(g.where, g.name, g.lines) for g in imported])
     return fmt_module(parse(raw, "<imported>")), imported
 
 
-def verify(program: Program, imported: list[Imported], src_file: str) -> list[str]:
-    """Where the checked .cdg disagrees with the JSON about a tensor the JSON describes (dtype, dims,
-    strides): the import must be the same graph, not a plausible one."""
+def cdg_text(header: str, graphs) -> str:
+    """A .cdg file (not yet canonical) of graphs given as (comment, name, statements), under a header comment:
+    what every importer writes."""
+    out = [f"# {header}"]
+    for where, name, lines in graphs:
+        out += ["", f"# {where}", f"graph {name} {{"] + [f"  {line}" if line else "" for line in lines] + ["}"]
+    return "\n".join(out) + "\n"
+
+
+_GRAPH_LINE = re.compile(r"\s*graph\s+(\w+)")
+_DECLARES = re.compile(r"\s*(?:(?:input|output|scalar)\s+(\w+)|(\w+)\s*(?::[^=]*)?=)")
+
+
+def in_json(diagnostics, cdg: str, imported: list[Imported]) -> list[Diagnostic]:
+    """The checker's diagnostics of the imported text, each one on a statement that declares a tensor of the JSON
+    located at that tensor's field in the JSON instead (its dims or strides, when it speaks of them): what a user
+    reads is the file, not the text made of it."""
+    lines = cdg.splitlines()
+    graphs = {g.name: g for g in imported}
+    out = []
+    for d in diagnostics:
+        above = lines[: d.loc.line]
+        graph = next((m.group(1) for line in reversed(above) if (m := _GRAPH_LINE.match(line))), None)
+        m = _DECLARES.match(lines[d.loc.line - 1]) if 0 < d.loc.line <= len(lines) else None
+        g = graphs.get(graph)
+        t = next((t for t in g.tensors if m and t.name in m.groups()), None) if g else None
+        if t is None:
+            out.append(d)
+            continue
+        field = "stride" if "stride" in d.message else "dim" if re.search(r"\[\d", d.message) else "name"
+        named = t.json.get("name", t.key)
+        message = f"tensor '{named}'{f' (imported as {t.name!r})' if t.name != named else ''}: {d.message}"
+        out.append(Diagnostic(d.severity, message, g.src.loc(g.src.field(t.json, field)), d.notes))
+    return out
+
+
+def verify(program: Program, imported: list[Imported]) -> None:
+    """Refuses, at the field of the JSON, a tensor the JSON describes otherwise than the checked .cdg types it
+    (dtype, dims, strides): a virtual or output tensor the JSON gives other dims or strides than its producer
+    makes, say. The import must be the same graph, not a plausible one. DslError with every such field."""
     problems = []
     for graph, g in zip(program.graphs, imported):
         inst = graph.instances[0]
         names = {v.name for v in graph.values}
+        nodes = g.nodes
         for t in g.tensors:
             if t.name not in names:
                 continue
             ty = inst.type(t.name)
             checks = [("data_type", t.dtype, ty.dtype)]
-            if not t.by_value:  # a scalar takes the rank of the tensor it meets
-                checks += [("dims", t.dims, list(ty.shape)), ("strides", t.strides, list(ty.strides))]
-            for what, want, got in checks:
+            if t.by_value:  # a scalar's declared dims are those cuDNN gets
+                checks += [("dim", t.dims, list(graph.value(t.name).dims or ()))]
+            else:
+                checks += [("dim", t.dims, list(ty.shape)), ("stride", t.strides, list(ty.strides))]
+            what = f"tensor '{t.json.get('name', t.key)}'"
+            if t.producer is not None:
+                made = nodes[t.producer]
+                by = f"node '{made.get('name', '')}' ({made.get('tag')}, nodes[{t.producer}]) makes"
+            else:
+                by = "the imported graph has"
+            for field, want, got in checks:
                 if want and want != got:
-                    problems.append(
-                        f"{src_file}: tensor '{t.json.get('name', t.key)}': the JSON has {what} {want}, "
-                        f"the imported graph {got}"
-                    )
-    return problems
+                    message = f"{what}: {field} {json.dumps(want)} contradicts its graph: {by} {json.dumps(got)}"
+                    problems.append(Diagnostic("error", message, g.src.loc(g.src.field(t.json, field))))
+    if problems:
+        raise DslError(problems)

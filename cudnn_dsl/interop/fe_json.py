@@ -25,11 +25,14 @@ _VARIANT = {0: "int64", 1: "int32", 2: "half", 3: "float", 4: "double", 5: "bf16
 
 def f32_from_json(v) -> float:
     """A float the frontend wrote: its float32 bits as 8 hex digits ('3F000000'), or a plain number."""
-    if isinstance(v, str):
-        if len(v) != 8:
-            raise ValueError(f"'{v[:24]}' is not a float32's 8 hex digits")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    try:
         return struct.unpack(">f", bytes.fromhex(v))[0]
-    return float(v)
+    except (TypeError, ValueError, struct.error):
+        raise ValueError(
+            f"{json.dumps(v)[:24]} must be a number or the value's bytes as hex, 8 digits for float"
+        ) from None
 
 
 def by_value_json(value: float, dtype: str) -> dict:
@@ -47,8 +50,17 @@ def value_from_json(pbv) -> float | int | None:
         return None
     index, v = pbv.get("index"), pbv["value"]
     if index == 3:
-        return f32_from_json(v)
-    return int(v) if index in (0, 1) else float(v)
+        try:
+            return f32_from_json(v)
+        except ValueError as e:
+            raise ValueError(f"pass_by_value.value {e}") from None
+    integer = index in (0, 1)
+    if not isinstance(v, int if integer else (int, float)) or isinstance(v, bool):
+        dtype = _VARIANT.get(index, f"index {index}")
+        raise ValueError(
+            f"pass_by_value.value {json.dumps(v)[:24]} must be {'an integer' if integer else 'a number'}, for {dtype}"
+        )
+    return v if integer else float(v)
 
 
 # ---- the JSON, with where each object starts ------------------------------------------------------------
@@ -154,6 +166,13 @@ class Source:
 
     def error(self, message: str, pos: int = 0) -> DslError:
         return DslError(Diagnostic("error", message, self.loc(pos)))
+
+    def field(self, obj: Located, field: str) -> int:
+        """Where `obj`'s `field` is written (the first such key after the object's start: the frontend's tensors
+        and nodes nest no object holding their own keys); the object's start when it has none."""
+        pos = getattr(obj, "pos", 0)
+        found = re.compile(rf'"{re.escape(field)}"\s*:').search(self.text, pos)
+        return found.start() if found else pos
 
 
 def find_graphs(src: Source) -> list[Located]:

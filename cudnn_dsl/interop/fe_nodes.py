@@ -116,7 +116,7 @@ def import_pointwise(n: Node) -> Call:
     if op in ("swish", "swish_backward"):
         attrs_.append(("beta", n.f32("swish_beta", 1.0)))
     if op == "gen_index":
-        attrs_.append(("axis", str(int(n.get("axis")))))
+        attrs_.append(("axis", str(n.integer("axis", required=True))))
     return Call(op, tuple(i for i in ins if i is not None), tuple(attrs_), ("OUT_0",))
 
 
@@ -141,50 +141,50 @@ def _relu(n: Node) -> tuple[str, list[tuple[str, str]]]:
 
 def _conv(op: str, ports: tuple[str, str], out: str) -> NodeRow:
     def convert(n: Node) -> Call:
-        pre, post = n.get("pre_padding", []), n.get("post_padding", [])
-        if list(pre) != list(post):
-            raise n.fail(
-                f"pre_padding {pre} and post_padding {post} differ; the language pads both sides alike", "pre_padding"
-            )
+        pre, post = n.integers("pre_padding"), n.integers("post_padding")
         if n.get("math_mode", "CROSS_CORRELATION") != "CROSS_CORRELATION":
             raise n.fail(
                 f"math_mode {n.get('math_mode')}: the language's convolutions are cross-correlations", "math_mode"
             )
-        attrs_ = (
-            ("padding", ints_text(pre)),
-            ("stride", ints_text(n.get("stride", []))),
-            ("dilation", ints_text(n.get("dilation", []))),
+        padding = (
+            (("padding", ints_text(pre)),)
+            if pre == post
+            else (("pre_padding", ints_text(pre)), ("post_padding", ints_text(post)))
+        )
+        attrs_ = padding + (
+            ("stride", ints_text(n.integers("stride"))),
+            ("dilation", ints_text(n.integers("dilation"))),
         )
         if op == "conv_dgrad":
-            attrs_ += _output_padding(n, pre)
+            attrs_ += _output_padding(n, pre, post)
         if op == "conv_wgrad":
-            attrs_ += _filter(n, pre)
+            attrs_ += _filter(n, pre, post)
         return Call(op, tuple(n.port(p) for p in ports), attrs_, (out,))
 
     return NodeRow(convert, (op,))
 
 
-def _output_padding(n: Node, pad: list) -> tuple[tuple[str, str], ...]:
+def _output_padding(n: Node, pre: list, post: list) -> tuple[tuple[str, str], ...]:
     """The JSON has no output_padding: it has dX's dims, and those past the smallest dX that gives dY are it."""
     dy, w, dx = n.tensor("DY"), n.tensor("W"), n.tensor("DX", "outputs")
     if dx is None or not (dx.dims and dy.dims and w.dims):
         raise n.fail("its tensors have no dims in the JSON, so dX's size (output_padding) is unknown")
     stride, dil = n.get("stride", []), n.get("dilation", [])
-    spatial = zip(dy.dims[2:], w.dims[2:], dx.dims[2:], pad, stride, dil)
-    extra = [x - ((p - 1) * s - 2 * q + d * (r - 1) + 1) for p, r, x, q, s, d in spatial]
+    spatial = zip(dy.dims[2:], w.dims[2:], dx.dims[2:], pre, post, stride, dil)
+    extra = [x - ((p - 1) * s - a - b + d * (r - 1) + 1) for p, r, x, a, b, s, d in spatial]
     if any(e < 0 for e in extra):
         raise n.fail(f"dX dims {dx.dims} are smaller than any convolution giving dY {dy.dims}")
     return (("output_padding", ints_text(extra)),) if any(extra) else ()
 
 
-def _filter(n: Node, pad: list) -> tuple[tuple[str, str], ...]:
+def _filter(n: Node, pre: list, post: list) -> tuple[tuple[str, str], ...]:
     """The JSON has dW's dims; the language derives the largest filter that maps X to dY, so a smaller one
     (stride > 1 leaves a choice) is spelled out."""
     x, dy, dw = n.tensor("X"), n.tensor("DY"), n.tensor("DW", "outputs")
     if dw is None or not (dw.dims and dy.dims and x.dims):
         raise n.fail("its tensors have no dims in the JSON, so dW's size (filter) is unknown")
-    spatial = zip(x.dims[2:], dy.dims[2:], pad, n.get("stride", []), n.get("dilation", []))
-    largest = [(h + 2 * p - (o - 1) * s - 1) // d + 1 for h, o, p, s, d in spatial]
+    spatial = zip(x.dims[2:], dy.dims[2:], pre, post, n.get("stride", []), n.get("dilation", []))
+    largest = [(h + a + b - (o - 1) * s - 1) // d + 1 for h, o, a, b, s, d in spatial]
     return () if largest == dw.dims[2:] else (("filter", ints_text(dw.dims[2:])),)
 
 
@@ -293,7 +293,7 @@ def import_sdpa(n: Node) -> Call:
     if n.get("alibi_mask", False):
         attrs_.append(("alibi", "true"))
     if n.tensor("Page_table_K") is not None:
-        attrs_.append(("max_seq_len_kv", str(int(n.get("max_seq_len_kv")))))
+        attrs_.append(("max_seq_len_kv", str(n.integer("max_seq_len_kv", required=True))))
     elif n.get("max_seq_len_kv") is not None:
         raise n.fail("max_seq_len_kv without page tables", "max_seq_len_kv")
     for field in ("max_total_seq_len_q", "max_total_seq_len_kv"):
@@ -321,9 +321,9 @@ def _sdpa_band(n: Node) -> list[tuple[str, str]]:
         if n.get("causal_mask_bottom_right", False):
             return [("causal_bottom_right", "true")]
         return [("causal", "true")] if n.get("causal_mask") else []
-    left, right = n.get("left_bound"), n.get("right_bound")
+    left, right = n.integer("left_bound"), n.integer("right_bound")
     if left is None:
-        left = n.get("sliding_window_length")
+        left = n.integer("sliding_window_length")
     align = str(n.get("diagonal_alignment", "TOP_LEFT")).lower()
     out = []
     if right == 0:
@@ -332,9 +332,9 @@ def _sdpa_band(n: Node) -> list[tuple[str, str]]:
         if align != "top_left":  # the language's default
             out.append(("diagonal_alignment", align))
         if right is not None:
-            out.append(("right_bound", str(int(right))))
+            out.append(("right_bound", str(right)))
     if left is not None:
-        out.append(("left_bound", str(int(left))))
+        out.append(("left_bound", str(left)))
     return out
 
 
@@ -377,7 +377,7 @@ def import_genstats(n: Node) -> Call:
 
 def import_rope(n: Node) -> Call:
     attrs_ = (
-        ("rope_dim", str(int(n.get("rope_dim")))),
+        ("rope_dim", str(n.integer("rope_dim", required=True))),
         ("output_scale", n.f32("output_scale", 1.0)),
     )
     return Call("rope", (n.port("INPUT"), n.port("FREQS")), attrs_, ("OUTPUT",))
@@ -391,7 +391,9 @@ def import_concatenate(n: Node) -> Call:
     ports = sorted((n.j.get("inputs") or {}), key=lambda p: int(p) if p.isdigit() else -1)
     if not ports or any(not p.isdigit() for p in ports):
         raise n.fail(f"inputs {ports}: a concatenation's inputs are numbered")
-    return Call("concatenate", tuple(n.port(p) for p in ports), (("axis", str(int(n.get("axis")))),), ("Y",))
+    return Call(
+        "concatenate", tuple(n.port(p) for p in ports), (("axis", str(n.integer("axis", required=True))),), ("Y",)
+    )
 
 
 def import_batchnorm_inference(n: Node) -> Call:
@@ -400,7 +402,7 @@ def import_batchnorm_inference(n: Node) -> Call:
 
 
 def import_transpose(n: Node) -> Call:
-    return Call("transpose", (n.port("X"),), (("perm", ints_text(n.get("permutation", []))),), ("Y",))
+    return Call("transpose", (n.port("X"),), (("perm", ints_text(n.integers("permutation"))),), ("Y",))
 
 
 def import_reshape(n: Node) -> Call:
@@ -472,7 +474,7 @@ def import_sdpa_backward(n: Node) -> Call:
 
 def import_rope_backward(n: Node) -> Call:
     attrs_ = (
-        ("rope_dim", str(int(n.get("rope_dim")))),
+        ("rope_dim", str(n.integer("rope_dim", required=True))),
         ("output_scale", n.f32("output_scale", 1.0)),
     )
     return Call("rope_backward", (n.port("DY"), n.port("FREQS")), attrs_, ("DX",))

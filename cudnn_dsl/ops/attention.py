@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import math
 
-import torch
-import torch.nn.functional as F
-
 from cudnn_dsl.ops.base import OpImpl, sum_to
 from cudnn_dsl.target.dtypes import cudnn_type
+from cudnn_dsl.target.lazy_torch import F, torch
 from dsl.ops import BSHD
 from dsl.types import dense_strides, storage_elements
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
-import torch
+
+from cudnn_dsl.target.lazy_torch import torch
 
 
 @attrs.frozen

@@ -2,29 +2,53 @@
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from cudnn_dsl.ops.base import OpImpl
+from cudnn_dsl.target.lazy_torch import F, torch
 
 
 def _conv_args(a: dict) -> dict:
-    return {"padding": list(a["padding"]), "stride": list(a["stride"]), "dilation": list(a["dilation"])}
+    """The frontend's keywords: `padding` where both sides are alike, as a hand-written script has them."""
+    padding = _symmetric(a)
+    sides = {"padding": padding} if padding is not None else {k: list(a[k]) for k in ("pre_padding", "post_padding")}
+    return {**sides, "stride": list(a["stride"]), "dilation": list(a["dilation"])}
+
+
+def _symmetric(a: dict) -> list[int] | None:
+    """The padding torch's convolutions and the frontend's `padding` take (both sides alike), or None where the
+    sides differ."""
+    return list(a["pre_padding"]) if a["pre_padding"] == a["post_padding"] else None
+
+
+def _pad(x, a: dict):
+    """x with its spatial dims zero-padded, `pre_padding` before and `post_padding` after (F.pad lists the last
+    dim first)."""
+    return F.pad(x, [p for pair in zip(reversed(a["pre_padding"]), reversed(a["post_padding"])) for p in pair])
 
 
 def ref_conv_fprop(ins, a, outs):
     x, w = ins
     conv = (F.conv1d, F.conv2d, F.conv3d)[x.dim() - 3]
-    return [conv(x, w, None, a["stride"], a["padding"], a["dilation"], x.shape[1] // w.shape[1])]
+    groups = x.shape[1] // w.shape[1]
+    padding = _symmetric(a)
+    if padding is None:
+        x, padding = _pad(x, a), 0
+    return [conv(x, w, None, a["stride"], padding, a["dilation"], groups)]
 
 
 def _conv_backward(dy, x, w, a, which: int):
-    """One gradient of a convolution (0: data, 1: weight) from aten, the shapes of the others given by x and w."""
+    """One gradient of a convolution (0: data, 1: weight) from aten, the shapes of the others given by x and w.
+    Padding whose sides differ is a convolution of the padded image without padding: its data gradient, cropped
+    back to the image, is the image's."""
     mask = [which == 0, which == 1, False]
     n = dy.dim() - 2
-    return torch.ops.aten.convolution_backward(
-        dy, x, w, None, a["stride"], a["padding"], a["dilation"], False, [0] * n, 1, mask
+    padding = _symmetric(a)
+    image = x if padding is not None else _pad(x, a)
+    grad = torch.ops.aten.convolution_backward(
+        dy, image, w, None, a["stride"], padding or [0] * n, a["dilation"], False, [0] * n, 1, mask
     )[which]
+    if which == 1 or padding is not None:
+        return grad
+    return grad[(slice(None), slice(None), *(slice(p, p + h) for p, h in zip(a["pre_padding"], x.shape[2:])))]
 
 
 def ref_conv_dgrad(ins, a, outs):

@@ -3,10 +3,8 @@ adalayernorm, batchnorm_inference and genstats, and of their backward ops."""
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from cudnn_dsl.ops.base import OpImpl, sum_to
+from cudnn_dsl.target.lazy_torch import F, torch
 from dsl.ops import norm_axes
 
 

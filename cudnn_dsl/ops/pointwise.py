@@ -5,45 +5,44 @@ from __future__ import annotations
 
 import math
 
-import torch
-import torch.nn.functional as F
-
 from cudnn_dsl.ops.base import OpImpl
+from cudnn_dsl.target.lazy_torch import F, torch
 
+# Each reference a lambda, so that torch is imported when one first runs, not when a lowering reads a table.
 _UNARY_REF = {
-    "gelu": F.gelu,
+    "gelu": lambda x: F.gelu(x),
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-    "elu": F.elu,
-    "softplus": F.softplus,
-    "exp": torch.exp,
-    "log": torch.log,
-    "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt,
-    "abs": torch.abs,
-    "neg": torch.neg,
-    "reciprocal": torch.reciprocal,
-    "erf": torch.erf,
-    "sin": torch.sin,
-    "cos": torch.cos,
-    "floor": torch.floor,
-    "ceil": torch.ceil,
-    "tan": torch.tan,
+    "sigmoid": lambda x: torch.sigmoid(x),
+    "tanh": lambda x: torch.tanh(x),
+    "elu": lambda x: F.elu(x),
+    "softplus": lambda x: F.softplus(x),
+    "exp": lambda x: torch.exp(x),
+    "log": lambda x: torch.log(x),
+    "sqrt": lambda x: torch.sqrt(x),
+    "rsqrt": lambda x: torch.rsqrt(x),
+    "abs": lambda x: torch.abs(x),
+    "neg": lambda x: torch.neg(x),
+    "reciprocal": lambda x: torch.reciprocal(x),
+    "erf": lambda x: torch.erf(x),
+    "sin": lambda x: torch.sin(x),
+    "cos": lambda x: torch.cos(x),
+    "floor": lambda x: torch.floor(x),
+    "ceil": lambda x: torch.ceil(x),
+    "tan": lambda x: torch.tan(x),
     "identity": lambda x: x.clone(),
 }
 _BINARY_REF = {
-    "add": torch.add,
-    "sub": torch.sub,
-    "mul": torch.mul,
-    "div": torch.div,
-    "max": torch.maximum,
-    "min": torch.minimum,
-    "pow": torch.pow,
-    "mod": torch.fmod,
+    "add": lambda a, b: torch.add(a, b),
+    "sub": lambda a, b: torch.sub(a, b),
+    "mul": lambda a, b: torch.mul(a, b),
+    "div": lambda a, b: torch.div(a, b),
+    "max": lambda a, b: torch.maximum(a, b),
+    "min": lambda a, b: torch.minimum(a, b),
+    "pow": lambda a, b: torch.pow(a, b),
+    "mod": lambda a, b: torch.fmod(a, b),
     "add_square": lambda a, b: a + b * b,
-    "bias": torch.add,
-    "scale": torch.mul,
+    "bias": lambda a, b: torch.add(a, b),
+    "scale": lambda a, b: torch.mul(a, b),
 }
 #: language name -> cuDNN Frontend builder name, where they differ
 CUDNN_NAME = {"gelu_tanh": "gelu_approx_tanh", "gelu_tanh_backward": "gelu_approx_tanh_backward"}
@@ -118,12 +117,12 @@ def lower_gen_index(ctx, ins, a):
 # dtype of its first input, rounded to bool when it is an output.
 
 _COMPARE_REF = {
-    "cmp_eq": torch.eq,
-    "cmp_neq": torch.ne,
-    "cmp_gt": torch.gt,
-    "cmp_ge": torch.ge,
-    "cmp_lt": torch.lt,
-    "cmp_le": torch.le,
+    "cmp_eq": lambda a, b: torch.eq(a, b),
+    "cmp_neq": lambda a, b: torch.ne(a, b),
+    "cmp_gt": lambda a, b: torch.gt(a, b),
+    "cmp_ge": lambda a, b: torch.ge(a, b),
+    "cmp_lt": lambda a, b: torch.lt(a, b),
+    "cmp_le": lambda a, b: torch.le(a, b),
     "logical_and": lambda a, b: torch.logical_and(a != 0, b != 0),
     "logical_or": lambda a, b: torch.logical_or(a != 0, b != 0),
 }

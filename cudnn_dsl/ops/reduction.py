@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 from cudnn_dsl.ops.base import OpImpl
+from cudnn_dsl.target.lazy_torch import torch
 
 
 def ref_reduction(ins, a, outs):

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from cudnn_dsl.target import bits
 from cudnn_dsl.target.dtypes import from_torch, torch_dtype
+from cudnn_dsl.target.lazy_torch import torch
 from cudnn_dsl.target.memory import empty, stored
 from dsl.diagnostics import Loc, RuleError
 from dsl.ir import Graph, Instance

@@ -4,10 +4,10 @@ element named; how precise an output can be given what its ops read."""
 from __future__ import annotations
 
 import attrs
-import torch
 
 from cudnn_dsl.target import bits
 from cudnn_dsl.target.dtypes import tolerance
+from cudnn_dsl.target.lazy_torch import torch
 from dsl.ir import Graph, Instance
 from dsl.options import Options
 from dsl.types import is_float, itemsize

@@ -18,6 +18,7 @@ from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.build.planner import Executable, Planner
 from cudnn_dsl.run.buffers import BindingError, check_binding, check_inputs, outputs_of, snapshot, view
 from cudnn_dsl.run.compare import Comparison, compare_outputs
+from cudnn_dsl.run.indices import check_indices
 from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.launch import Bound, arguments, number
 from cudnn_dsl.run.launch_plan import LaunchPlan, LaunchPlans
@@ -270,10 +271,11 @@ class CompiledGraph:
         return compile_shape(self.graph, self.graph.instance(binding), self.options, target)
 
     def bind_outputs(self, inst: Instance, tensors: dict, out: dict | None = None) -> dict[str, torch.Tensor]:
-        """Checks every input (and given output) buffer; returns the outputs, allocated where not given
-        (an output in place is its input's memory)."""
+        """Checks every input (and given output) buffer, and the index inputs' values; returns the outputs,
+        allocated where not given (an output in place is its input's memory)."""
         device = self._planner().device
         check_inputs(self.graph, inst, tensors, device)
+        check_indices(self.graph, inst, tensors)
         out = out or {}
         for v in self.graph.outputs:
             if v.name in out:
@@ -392,11 +394,13 @@ class CompiledGraph:
         return found
 
     def reference(self, tensors: dict | None = None, drawn: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
-        """The PyTorch reference on the inputs' own device (checked like a binding: names, shapes, dtypes);
-        `drawn`: what a launch drew on the device (`drawn`), for the graphs whose reference needs it."""
+        """The PyTorch reference on the inputs' own device (checked like a binding: names, shapes, dtypes, the
+        index inputs' values); `drawn`: what a launch drew on the device (`drawn`), for the graphs whose
+        reference needs it."""
         tensors = _named(tensors, named)
         inst = self.instance_for(tensors)
         check_inputs(self.graph, inst, tensors, None)
+        check_indices(self.graph, inst, tensors)
         devices = {t.device for t in tensors.values() if isinstance(t, torch.Tensor)}
         if len(devices) > 1:
             raise BindingError(

@@ -7,17 +7,17 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
 from cudnn_dsl.run.buffers import BindingError
+from cudnn_dsl.run.indices import Bounded, bounded_inputs, ragged_offsets
 from cudnn_dsl.target import portable
 from cudnn_dsl.target.dtypes import torch_dtype
+from cudnn_dsl.target.lazy_torch import torch
 from cudnn_dsl.target.memory import empty, stored
 from dsl.inits import Init, make
 from dsl.inits import default as default_init
 from dsl.ir import Graph, Instance
-from dsl.ops import OPS, Ctx
-from dsl.types import DTYPE_RANGE, TensorType, fmt_shape, is_float
+from dsl.ops import OPS
+from dsl.types import DTYPE_RANGE, TensorType, is_float
 
 
 def _positive_inputs(graph: Graph) -> set[str]:
@@ -31,31 +31,23 @@ def _positive_inputs(graph: Graph) -> set[str]:
     return out
 
 
-def _domains(graph: Graph, instance: Instance) -> dict[str, tuple[int, int]]:
-    """Integer inputs whose op allows only some values (sdpa's sequence lengths), by name."""
-    out = {}
-    for index, n in enumerate(graph.nodes):
-        sig = OPS[n.op]
-        if sig.domains is None:
-            continue
-        types = tuple(instance.type(i) if i else None for i in n.inputs)
-        for i, bounds in sig.domains(Ctx(n.op, types, instance.attrs(index))).items():
-            if n.inputs[i]:
-                out[n.inputs[i]] = bounds
-    return out
-
-
 def input_inits(graph: Graph, instance: Instance, inits: dict[str, Init] | None = None) -> dict[str, Init]:
     """How each input is drawn: `inits` (run --init), else the file's `init=`, else the default of its
     dtype (positive values where an op of the registry wants them)."""
-    inits, positive, domains = inits or {}, _positive_inputs(graph), _domains(graph, instance)
+    inits, positive, bounded = inits or {}, _positive_inputs(graph), bounded_inputs(graph, instance)
     return {  # a buffer is drawn once for all its views
         v.name: inits.get(v.name)
-        or getattr(v, "init", None)
-        or (make("randint", domains[v.name]) if v.name in domains else None)
+        or v.init
+        or (_within(bounded[v.name]) if v.name in bounded else None)
         or default_init(instance.type(v.name).dtype, v.name in positive)
         for v in graph.device_inputs
     }
+
+
+def _within(b: Bounded) -> Init:
+    """What an index input is drawn from by default: its op's values (a page table: the cache's blocks, each
+    once while there are enough)."""
+    return make("permutation" if b.blocks else "randint", (b.lo, b.hi))
 
 
 def draw_input(init: Init, t: TensorType, seed: int, name: str) -> torch.Tensor:
@@ -69,29 +61,6 @@ def draw_input(init: Init, t: TensorType, seed: int, name: str) -> torch.Tensor:
     return portable.draw_values(*args)
 
 
-def _ragged(graph: Graph, instance: Instance) -> dict[str, tuple[TensorType, str]]:
-    """Ragged offset inputs by name (OpSig.ragged): the type of the tensor each places, and its lengths.
-    One offset input may place several tensors whose sequences it packs alike (q and o of equal rows)."""
-    out: dict[str, tuple[TensorType, str]] = {}
-    for n in graph.nodes:
-        for off, port, lengths in OPS[n.op].ragged:
-            if off < len(n.inputs) and n.inputs[off] and n.inputs[lengths]:
-                name, placed = n.inputs[off], n.inputs[port] if port >= 0 else n.outputs[-1 - port]
-                t = instance.type(placed)
-                if name in out and _spans(out[name][0]) != _spans(t):
-                    raise BindingError(
-                        f"ragged offsets '{name}' place tensors whose sequences take different room "
-                        f"({fmt_shape(out[name][0].shape)} and {fmt_shape(t.shape)}): give each its own offsets",
-                        graph.value(name).loc,
-                    )
-                out[name] = (t, n.inputs[lengths])
-    return out
-
-
-def _spans(t: TensorType) -> tuple[int, int]:
-    return portable.ragged_span(t.shape, t.strides)
-
-
 def packed_offsets(t: TensorType, lengths: torch.Tensor) -> torch.Tensor:
     """Offsets [B+1] that pack sequences of these lengths back to back in a buffer of type t."""
     return portable.packed_offsets(lengths, t.shape, t.strides)
@@ -102,9 +71,9 @@ def packed_ragged(graph: Graph, instance: Instance, inits: dict[str, Init] | Non
     (the type of the tensor they place, the name of its lengths). The ejected scripts draw them alike."""
     drawn = input_inits(graph, instance, inits)
     return {
-        name: (placed, lengths)
-        for name, (placed, lengths) in _ragged(graph, instance).items()
-        if not (inits or {}).get(name) and getattr(graph.value(name), "init", None) is None and name in drawn
+        name: (r.type, r.lengths)
+        for name, r in ragged_offsets(graph, instance).items()
+        if not (inits or {}).get(name) and graph.value(name).init is None and name in drawn
     }
 
 
@@ -137,7 +106,7 @@ def load_tensor(path: str | Path) -> torch.Tensor:
     """A tensor from .pt, .npy or .safetensors (a file of one dense tensor); no pickled code runs."""
     path = Path(path)
     if not path.is_file():
-        raise BindingError(f"{path}: no such file")
+        raise BindingError(f"{path}: {'not a regular file' if path.exists() else 'no such file'}")
     try:
         if path.suffix == ".pt":
             t = torch.load(path, map_location="cpu", weights_only=True)

@@ -219,7 +219,7 @@ def raw_pointers(exe: Executable, pack: dict[int, Any]) -> Pointers | None:
     pygraph.execute re-normalizes the variant pack on every call (~15 µs on the H200); for a bound graph the
     frontend normalizes it here once (every UID the backend reads must have a buffer, in the backend's order),
     its pointers are copied into an array of ours, and the backend launch is called on that array directly.
-    These are frontend internals of the pinned version (nvidia-cudnn-frontend 1.32.0): if any is missing, None
+    These are frontend internals (target.library.FRONTEND_INTERNALS, checked at import): if any is missing, None
     sends the caller to the public path.
     """
     g = exe.low.g

@@ -16,6 +16,7 @@ import attrs
 
 from cudnn_dsl.store.keys import graph_digest
 from cudnn_dsl.store.plans import PartitionChoice
+from cudnn_dsl.target.quirks import known_defect
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
 from dsl.ops import OPS
@@ -63,6 +64,14 @@ class Counts:
         return f"{launches} ({self.graphs} distinct graph{_s(self.graphs)}), {views}, {torch_}"
 
 
+def declined_whole(declined: str, what: str = "it", target: str = "") -> str:
+    """'cuDNN for NVIDIA H200 declines graph g whole (why)'; where the project's table of cuDNN's defects
+    (target.quirks) declined it, cuDNN was not asked: 'graph g is not built whole (why)'."""
+    if known_defect(declined):
+        return f"{what} is not built whole ({declined})"
+    return f"cuDNN{f' for {target}' if target else ''} declines {what} whole ({declined})"
+
+
 def _s(n: int) -> str:
     return "" if n == 1 else "s"
 
@@ -71,7 +80,8 @@ def _s(n: int) -> str:
 class Partition:
     parts: tuple[Part, ...]
     declined: str
-    """cuDNN's reason for declining the whole graph ('' when it takes it whole, and the split was chosen)"""
+    """why the whole graph is declined, by cuDNN or by the project's table of its defects ('' when cuDNN takes
+    it whole, and the split was chosen)"""
     chosen: str = ""
     """why this split was chosen over another ('tuned: split after matmul, 18.1 µs vs 24.3 µs whole')"""
 
@@ -82,7 +92,7 @@ class Partition:
 
     @property
     def reason(self) -> str:
-        return self.chosen or f"cuDNN declines it whole ({self.declined})"
+        return self.chosen or declined_whole(self.declined)
 
     @property
     def how(self) -> str:
@@ -254,7 +264,7 @@ def split_at(
         else:
             node = graph.nodes[i]
             raise DslError(
-                Diagnostic("error", f"cuDNN declines part {k} ({node.op} onwards) of this split: {why}", node.loc)
+                Diagnostic("error", f"part {k} ({node.op} onwards) of this split is not built: {why}", node.loc)
             )
     return Partition(tuple(parts), declined, chosen)
 

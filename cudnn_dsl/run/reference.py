@@ -4,23 +4,29 @@ One loop over the nodes (torch.fx Interpreter style). As a reference, inputs are
 float32 (float64 for double), every op runs in that precision without TF32, and a computed value is
 rounded to its dtype where cuDNN rounds it (`rounded_values`), so the next op reads what it reads on
 the GPU; every output is rounded to its dtype. With ``native=True`` the same loop is what a PyTorch
-user would write by hand — each op in the tensors' own dtypes, one kernel per op, differentiable — the
-eager baseline of `bench` and the search of a torch.compile pattern.
+user would write by hand — each op in the tensors' own dtypes (a value declared narrower cast to it), one
+kernel per op, differentiable — the eager baseline of `bench` and the search of a torch.compile pattern.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-import torch
-
 from cudnn_dsl.ops import IMPLS
 from cudnn_dsl.run.buffers import view
 from cudnn_dsl.run.compare import rounded_values
 from cudnn_dsl.target.bits import logical
 from cudnn_dsl.target.dtypes import torch_dtype
+from cudnn_dsl.target.lazy_torch import torch
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
+
+
+def _narrowed(r: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Native: a value declared narrower than torch computed it (a half sum of float statistics) is cast to
+    its dtype and stays so, as a user's `.half()`; one declared wider is left as torch computed it."""
+    narrower = r.is_floating_point() and dtype.is_floating_point and dtype.itemsize < r.dtype.itemsize
+    return r.to(dtype) if narrower else r
 
 
 @contextlib.contextmanager
@@ -123,7 +129,11 @@ def run_reference(
                 where = f"while executing `{', '.join(node.outputs)} = {node.op}(...)` in the reference"
                 raise DslError(Diagnostic("error", f"{where}: {e}", node.loc)) from None
             for name, r in zip(node.outputs, results):
-                env[name] = r.to(torch_dtype(instance.type(name).dtype)).to(r.dtype) if name in rounded else r
+                dtype = torch_dtype(instance.type(name).dtype)
+                if native:
+                    env[name] = _narrowed(r, dtype)
+                else:
+                    env[name] = r.to(dtype).to(r.dtype) if name in rounded else r
     kept = (
         [v for v in graph.values if v.name in env and v.kind in ("input", "virtual", "output")]
         if every

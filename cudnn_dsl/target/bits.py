@@ -8,8 +8,7 @@ tensor is a uint8 buffer of ceil(extent / 8) bytes, and the reference and the co
 
 from __future__ import annotations
 
-import torch
-
+from cudnn_dsl.target.lazy_torch import torch
 from cudnn_dsl.target.portable import pack_bool, unpack_bool
 from dsl.types import TensorType
 

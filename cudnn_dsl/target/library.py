@@ -1,26 +1,20 @@
 """Loading the real cuDNN Frontend, with or without a GPU, and device targets.
 
 Without a GPU, cuDNN can still plan for a described device ("deviceless"): the frontend gets a
-serialized device descriptor and an SM version. One cuDNN sublibrary links against the CUDA
-driver, so on a machine without one we build a small stand-in ``libcuda.so.1`` whose every ``cu*``
-function answers CUDA_ERROR_NO_DEVICE (100), just so the library loads; nothing is faked at the
-cuDNN level.
-
-The stand-in is code that gets run, so it is never taken from the cache directory (which other
-users, or a restored CI cache, may have written): each process builds it in a new private
-temporary directory (~0.1 s), checks it, loads it and deletes the directory. Only the list of
-``cu*`` names, which takes ~1 s to scan out of cuDNN, is cached, and each name is checked before
-it reaches the compiler.
+serialized device descriptor and an SM version, and a no-device libcuda.so.1 (target.driver) stands
+in for the CUDA driver so that the library loads. The cuDNN library is looked for where the
+frontend looks (the directories of $LD_LIBRARY_PATH, then the installed package), so the one checked
+and loaded here is the one that answers; `answering()` names it.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
-import hashlib
+import importlib.metadata
 import importlib.util
 import json
-import mmap
 import os
 import re
 import shutil
@@ -28,11 +22,12 @@ import stat
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 from pathlib import Path
 
 import attrs
+
+from cudnn_dsl.target.driver import StandInUnavailable, load_stand_in
 
 DEVICES_DIR = Path(__file__).parent / "devices"
 _MAX_DESCRIPTOR = 1 << 20
@@ -102,9 +97,70 @@ class Target:
 
 
 def gpu_available() -> bool:
+    """Whether torch sees a CUDA GPU; without a CUDA driver to load there is none, and torch (seconds to import)
+    is not asked."""
+    if not _driver_loads():
+        return False
     import torch
 
     return torch.cuda.is_available()
+
+
+# ---- loading cuDNN ----------------------------------------------------------------------------------------------
+
+FRONTEND_RELEASE = (1, 32)
+"""the cuDNN Frontend release cudnn-dsl runs on, any patch of it (pyproject.toml requires the same, a test holds
+the two together): the runtime reads the internals below, and the release before lowers rmsnorm otherwise"""
+
+FRONTEND_INTERNALS = {
+    "pygraph": ("_normalize", "_uid_to_data", "_lowered_graph", "_materialize_backend_plan", "_plan_index", "_plans"),
+    "_pybind_module.backend_graph": ("_execute_with_raw_ptrs",),
+}
+"""the frontend's private names the runtime reads (run.launch.raw_pointers, build.steps.selected_index), on a
+new pygraph and on the C++ graph's class: checked when the frontend is imported"""
+
+CUDNN_LIB = "libcudnn.so.9"
+CUDNN_PACKAGES = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")
+"""the cuDNN wheels, one per CUDA major (cudnn-dsl's extras deviceless-cu13 and deviceless-cu12)"""
+
+# Loaded before libcudnn so that it finds them, where installed; each with the package to reinstall when damaged.
+_NEEDED = (
+    ("nvidia/cu13/lib/libcublasLt.so.13", "nvidia-cublas"),
+    ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia-cuda-nvrtc"),
+    ("nvidia/cublas/lib/libcublasLt.so.12", "nvidia-cublas-cu12"),
+    ("nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "nvidia-cuda-nvrtc-cu12"),
+)
+_INSTALL = "pip install 'cudnn-dsl[deviceless-cu13]' (or [deviceless-cu12] beside a CUDA 12 torch)"
+_LOCK = threading.Lock()
+
+
+def frontend_requirement() -> str:
+    """The frontend versions cudnn-dsl supports, as a pip requirement."""
+    major, minor = FRONTEND_RELEASE
+    return f"nvidia-cudnn-frontend>={major}.{minor},<{major}.{minor + 1}"
+
+
+def frontend_refusal(version: str, missing: list[str]) -> str | None:
+    """Why cudnn-dsl cannot run on the frontend of this version lacking these internals; None when it can."""
+    try:
+        release = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:
+        release = ()
+    if release == FRONTEND_RELEASE and not missing:
+        return None
+    lacks = f", which lacks {', '.join(missing)}" if missing else ""
+    return (
+        f"the cuDNN Frontend installed is {version}{lacks}; cudnn-dsl supports {frontend_requirement()}: "
+        f"pip install '{frontend_requirement()}'"
+    )
+
+
+def _missing_internals(cudnn) -> list[str]:
+    graph = cudnn.pygraph()
+    owners = {"pygraph": graph, "_pybind_module.backend_graph": cudnn._pybind_module.backend_graph}
+    return [
+        f"{where}.{n}" for where, names in FRONTEND_INTERNALS.items() for n in names if not hasattr(owners[where], n)
+    ]
 
 
 def _site_dirs() -> list[Path]:
@@ -120,6 +176,15 @@ def _find_lib(rel: str) -> Path | None:
     return None
 
 
+def cudnn_library() -> Path | None:
+    """The libcudnn.so.9 the frontend loads: the first in a directory of $LD_LIBRARY_PATH, else the installed
+    package's (nvidia/cudnn/lib)."""
+    for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        if d and (p := Path(d) / CUDNN_LIB).exists():
+            return p
+    return _find_lib(f"nvidia/cudnn/lib/{CUDNN_LIB}")
+
+
 def _driver_loads() -> bool:
     # Also true once the stand-in is loaded: the loader matches "libcuda.so.1" to its soname.
     try:
@@ -127,178 +192,6 @@ def _driver_loads() -> bool:
         return True
     except OSError:
         return False
-
-
-def _note(text: str) -> None:
-    print(f"cudnn-dsl: note: {text}", file=sys.stderr)
-
-
-# ---- the stand-in libcuda.so.1 ----------------------------------------------------------------------------------
-
-_CU_NAME = re.compile(r"cu[A-Z][A-Za-z0-9_]{2,}")
-_SYMBOLS_FORMAT = 1
-
-
-def _digest(names: list[str]) -> str:
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()
-
-
-def read_regular(path: Path, limit: int = 1 << 22) -> bytes:
-    # O_NONBLOCK and the type check: a FIFO planted at this path must not hang us; O_NOFOLLOW: nor a link lead away.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        return f.read(limit)
-
-
-def _driver_symbols(lib_dir: Path) -> list[str]:
-    """The cu* names cuDNN's libraries mention, cached under cache_dir(), keyed by the libraries' sizes and times.
-
-    The list is data, never code: a cached list is used only when every entry is a plain cu* identifier and its
-    checksum matches. A damaged list is scanned again, and a cache that cannot be written is skipped; either is
-    said in one line on stderr."""
-    from cudnn_dsl.store.files import atomic_write
-    from cudnn_dsl.store.keys import cache_dir
-
-    libs = sorted(lib_dir.glob("libcudnn*.so*"))
-    signature = [_SYMBOLS_FORMAT, str(lib_dir), [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in libs]]
-    path = cache_dir() / "no-device-driver" / f"{hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]}.json"
-    damaged = None
-    try:
-        d = json.loads(read_regular(path))
-        names = d["names"]
-        if (
-            isinstance(names, list)
-            and names
-            and all(isinstance(n, str) and _CU_NAME.fullmatch(n) for n in names)
-            and d["sha256"] == _digest(names)
-        ):
-            return names
-        damaged = "not a list of cu* names with their checksum"
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        pass  # no cache yet, or none possible: the write below says which
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        damaged = str(e) or type(e).__name__
-
-    pattern = re.compile(_CU_NAME.pattern.encode())
-    found: set[bytes] = set()
-    try:
-        for lib in libs:  # ~1 GB: map it rather than read it
-            with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                found.update(pattern.findall(m))
-    except (OSError, ValueError) as e:
-        raise BackendUnavailable(
-            f"cannot read the cuDNN libraries in {lib_dir} ({e}); "
-            "reinstall them: pip install --force-reinstall nvidia-cudnn-cu13"
-        ) from None
-    names = sorted(n.decode() for n in found)
-    if not names:
-        raise BackendUnavailable(
-            f"the cuDNN libraries in {lib_dir} name no CUDA driver functions; "
-            "reinstall them: pip install --force-reinstall nvidia-cudnn-cu13"
-        )
-    try:
-        atomic_write(path, json.dumps({"names": names, "sha256": _digest(names)}))
-    except OSError as e:
-        _note(
-            f"cannot write the cache directory {cache_dir()} ({e.strerror or e}); cuDNN's driver symbols are not "
-            "cached, so every deviceless run scans cuDNN again (~1 s)"
-        )
-        return names
-    if damaged:
-        _note(f"{path} was damaged ({damaged}); scanned cuDNN again and rewrote it")
-    return names
-
-
-def _private_base() -> str | None:
-    """$XDG_RUNTIME_DIR when it is this user's own (mode 0700), else None: the system temporary directory."""
-    d = os.environ.get("XDG_RUNTIME_DIR")
-    try:
-        st = os.stat(d) if d else None
-    except OSError:
-        return None
-    return d if st and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077 else None
-
-
-def _check_private(lib: Path) -> None:
-    """Refuses the library unless it is this user's and only this user (or root) could have written any
-    directory above it, so that nobody else can have changed it between building and loading. A world-writable
-    directory is allowed only with the sticky bit (like /tmp), which stops others from renaming what we own
-    inside it."""
-    uid = os.getuid()
-    for p in (lib, *lib.parents):
-        st = os.lstat(p)
-        owners = (uid,) if p == lib else (0, uid)
-        writable_by_others = st.st_mode & 0o022 and not (p != lib and st.st_mode & stat.S_ISVTX)
-        if st.st_uid not in owners or writable_by_others:
-            raise BackendUnavailable(
-                f"{p} could be changed by other users, so the no-device libcuda built below it "
-                "might not be ours when it loads; set TMPDIR to a directory only you can write"
-            )
-
-
-def cudnn_library() -> Path:
-    """The installed libcudnn.so.9 (the pip package's); BackendUnavailable when there is none."""
-    lib = _find_lib(_NEEDED[-1][0])
-    if lib is None:
-        raise BackendUnavailable("the cuDNN library is not installed: pip install nvidia-cudnn-cu13")
-    return lib
-
-
-def stand_in_source(names: list[str] | None = None) -> str:
-    """The C source of the stand-in libcuda.so.1: one function answering CUDA_ERROR_NO_DEVICE, exported under
-    every cu* name cuDNN mentions (`names`, else those of the installed cuDNN); it compiles in ~0.1 s. The
-    C++ projects `emit --format cpp` writes build it too."""
-    if names is None:
-        names = _driver_symbols(cudnn_library().parent)
-    return "int cudnn_dsl_no_device(void) { return 100; }\n" + "".join(
-        f'int {n}(void) __attribute__((alias("cudnn_dsl_no_device")));\n' for n in names
-    )
-
-
-def _load_stand_in_driver(lib_dir: Path) -> None:
-    """Builds the stand-in libcuda.so.1 in a new private directory, checks it, loads it, and removes the directory."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise BackendUnavailable(
-            "planning without a GPU needs a C compiler to build a no-device libcuda.so.1: "
-            "install gcc (e.g. apt-get install gcc), or run where the NVIDIA driver is installed"
-        )
-    names = _driver_symbols(lib_dir)
-    try:
-        where = Path(tempfile.mkdtemp(prefix="cudnn-dsl-", dir=_private_base())).resolve()  # mode 0700
-    except OSError as e:
-        raise BackendUnavailable(
-            f"cannot make a private temporary directory ({e}); set TMPDIR to a directory you can write"
-        ) from None
-    try:
-        src, lib = where / "nodevice.c", where / "libcuda.so.1"
-        src.write_text(stand_in_source(names))
-        cmd = [cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode:
-            raise BackendUnavailable(
-                f"building the no-device libcuda.so.1 with {cc} failed: {proc.stderr.strip()[:500]}"
-            )
-        lib.chmod(0o500)
-        _check_private(lib)
-        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
-    except OSError as e:
-        raise BackendUnavailable(f"cannot build or load the no-device libcuda.so.1 in {where}: {e}") from None
-    finally:
-        shutil.rmtree(where, ignore_errors=True)  # a loaded library stays mapped; nothing is left to tamper with
-
-
-# ---- loading cuDNN ----------------------------------------------------------------------------------------------
-
-# Loaded before libcudnn so that it finds them; each with the package to reinstall when it is damaged.
-_NEEDED = (
-    ("nvidia/cu13/lib/libcublasLt.so.13", "nvidia-cublas"),
-    ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia-cuda-nvrtc"),
-    ("nvidia/cudnn/lib/libcudnn.so.9", "nvidia-cudnn-cu13"),
-)
-_LOCK = threading.Lock()
 
 
 def _check_elf(lib: Path, package: str) -> None:
@@ -328,24 +221,29 @@ def _load_cudnn():
         if importlib.util.find_spec("cudnn") is None:
             raise ImportError
     except (ImportError, ValueError):
-        raise BackendUnavailable("the cuDNN Frontend is not installed: pip install nvidia-cudnn-frontend") from None
-    libs = [(p, package) for rel, package in _NEEDED if (p := _find_lib(rel)) is not None]
-    cudnn_lib = _find_lib(_NEEDED[-1][0])
+        raise BackendUnavailable(
+            f"the cuDNN Frontend is not installed: pip install '{frontend_requirement()}'"
+        ) from None
+    cudnn_lib = cudnn_library()
+    package = "the cuDNN package (nvidia-cudnn-cu13 or -cu12)"
+    libs = [(p, pkg) for rel, pkg in _NEEDED if (p := _find_lib(rel)) is not None]
+    libs += [(cudnn_lib, package)] if cudnn_lib is not None else []
     need_stand_in = not _driver_loads()
     if need_stand_in and cudnn_lib is None:
-        raise BackendUnavailable(
-            "the cuDNN library is not installed: pip install nvidia-cudnn-cu13 (or pip install 'cudnn-dsl[deviceless]')"
-        )
-    for lib, package in libs:
-        _check_elf(lib, package)
+        raise BackendUnavailable(f"the cuDNN library is not installed: {_INSTALL}")
+    for lib, pkg in libs:
+        _check_elf(lib, pkg)
     if need_stand_in:
-        _load_stand_in_driver(cudnn_lib.parent)
-    for lib, package in libs:
+        try:
+            load_stand_in(cudnn_lib.parent)
+        except StandInUnavailable as e:
+            raise BackendUnavailable(f"planning without a GPU needs a no-device libcuda.so.1: {e}") from None
+    for lib, pkg in libs:
         try:
             ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
             raise BackendUnavailable(
-                f"cannot load {lib}: {e}; reinstall it: pip install --force-reinstall {package}"
+                f"cannot load {lib}: {e}; reinstall it: pip install --force-reinstall {pkg}"
             ) from None
     try:
         import cudnn
@@ -353,13 +251,46 @@ def _load_cudnn():
         raise BackendUnavailable(
             f"the cuDNN Frontend failed to load: {e}; reinstall it: pip install --force-reinstall nvidia-cudnn-frontend"
         ) from None
+    if why := frontend_refusal(cudnn.__version__, _missing_internals(cudnn)):
+        raise BackendUnavailable(why)
     try:
         cudnn.backend_version()
     except Exception as e:  # noqa: BLE001 - the library reports "not found" in several ways
-        raise BackendUnavailable(
-            f"the cuDNN library was not found by the frontend: {e}; pip install nvidia-cudnn-cu13"
-        ) from None
+        raise BackendUnavailable(f"the cuDNN library was not found by the frontend: {e}; {_INSTALL}") from None
     return cudnn
+
+
+def version_text(version: int) -> str:
+    """cuDNN's version number as words: 92801 -> '9.28.1'."""
+    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+
+
+@attrs.frozen
+class Library:
+    """The cuDNN library that answers in this process."""
+
+    version: str
+    """as version_text gives it: '9.28.1'"""
+    path: str
+    """the file it was loaded from (two, joined by ' and ', would be two copies in one process: a broken install)"""
+
+    def __str__(self) -> str:
+        return f"cuDNN {self.version} ({self.path})"
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "path": self.path}
+
+
+def answering() -> Library:
+    """The cuDNN library the frontend plans and runs with here, as the process has it mapped."""
+    cudnn = load_cudnn()
+    try:
+        with open("/proc/self/maps") as f:
+            mapped = [line.split(maxsplit=5)[-1].strip() for line in f if line.rstrip().endswith("/" + CUDNN_LIB)]
+    except OSError:
+        mapped = []
+    path = " and ".join(dict.fromkeys(mapped)) or str(cudnn_library())
+    return Library(version_text(cudnn.backend_version()), path)
 
 
 def versions() -> dict:
@@ -381,9 +312,80 @@ def device_properties(target: Target):
         ) from None
 
 
+# The cached properties are the frontend's (nanobind) objects: freed before the interpreter tears the frontend
+# down, which reports each one still alive then as leaked.
+atexit.register(device_properties.cache_clear)
+
+
 def local_device_info() -> str:
     """The serialized cuDNN descriptor of this machine's GPU (`cudnn-dsl device-info`)."""
     cudnn = load_cudnn()
     if not gpu_available():
         raise BackendUnavailable("no CUDA GPU is visible here; run device-info on the machine you target")
     return cudnn.create_device_properties(0).serialize()
+
+
+# ---- other versions of cuDNN, side by side -----------------------------------------------------------------------
+
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,3}")
+
+
+def installed_cudnn() -> tuple[str, str]:
+    """(package, version) of the cuDNN wheel installed here, CUDA 13's first; its version is '' when none is."""
+    for package in CUDNN_PACKAGES:
+        try:
+            return package, importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return CUDNN_PACKAGES[0], ""
+
+
+def matches(version: str, asked: str) -> bool:
+    """Whether a library's version is the one asked for: '9.20' is every 9.20.x."""
+    return version.split(".")[: len(asked.split("."))] == asked.split(".")
+
+
+def side_by_side(asked: str) -> Path:
+    """Where `support --cudnn` keeps the cuDNN of version `asked` (pip's --target), under cache_dir()."""
+    from cudnn_dsl.store.keys import cache_dir
+
+    if not _VERSION.fullmatch(asked):
+        raise ValueError(f"{asked!r} is not a cuDNN version (e.g. 9.20 or 9.20.0)")
+    return cache_dir() / "cudnn" / f"{installed_cudnn()[0]}-{asked}"
+
+
+def side_by_side_library(home: Path) -> Path:
+    """The directory of libcudnn.so.9 in a side-by-side install, once it is checked to be this user's alone: its
+    libraries are loaded, so nobody else may have been able to write them."""
+    lib_dir = home / "nvidia" / "cudnn" / "lib"
+    if not (lib_dir / CUDNN_LIB).is_file():
+        raise BackendUnavailable(f"{home} holds no {CUDNN_LIB}; remove it and fetch again")
+    uid = os.getuid()
+    for p in home.parents:
+        st = os.stat(p)
+        if st.st_uid not in (0, uid) or st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise BackendUnavailable(f"{p} could be changed by other users: cuDNN is not loaded from below it")
+    for p in (home, *home.rglob("*")):
+        st = os.lstat(p)
+        if st.st_uid != uid or st.st_mode & 0o022 or stat.S_ISLNK(st.st_mode):
+            raise BackendUnavailable(f"{p} is not this user's alone (or is a link): cuDNN is not loaded from {home}")
+    return lib_dir
+
+
+def fetch(asked: str) -> Path:
+    """Installs the cuDNN wheel of version `asked` (its latest patch) with pip into side_by_side(asked), without its
+    dependencies (it uses the installed CUDA libraries). A failed install leaves nothing there."""
+    home = side_by_side(asked)
+    package = installed_cudnn()[0]
+    home.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = home.with_name(home.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(partial)]
+    proc = subprocess.run([*cmd, f"{package}=={asked}.*"], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        shutil.rmtree(partial, ignore_errors=True)
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise BackendUnavailable(f"pip could not install {package}=={asked}.*: {tail[0]}")
+    partial.chmod(0o700)
+    os.replace(partial, home)
+    return home

@@ -6,10 +6,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-import torch
-
 from cudnn_dsl.target import bits
 from cudnn_dsl.target.dtypes import torch_dtype
+from cudnn_dsl.target.lazy_torch import torch
 from dsl.types import TensorType
 
 

@@ -3,13 +3,14 @@
 `run` calls these functions, and `emit --format cudnn` copies their source into the scripts it
 prints (emit.portable_source), so a script draws the inputs `run` draws for the same seed, bit for
 bit, and binds bool tensors as cuDNN reads them. Keep this module self-contained: it imports only
-the standard library and torch, and every name it defines is one the scripts get.
+the standard library and torch (lazy_torch's, imported on first use: a script imports its own), and every
+name it defines is one the scripts get.
 """
 
 import hashlib
 import math
 
-import torch
+from cudnn_dsl.target.lazy_torch import torch
 
 CHUNK = 1 << 22
 """elements drawn from one stream: big inputs are drawn in chunks (on every core, in `run`), each from its
@@ -31,6 +32,9 @@ def draw(dist, args, n, gen, start=0):
         return torch.randn(n, generator=gen) * a[1] + a[0]
     if dist == "randint":
         return torch.randint(int(a[0]), int(a[1]) + 1, (n,), generator=gen)
+    if dist == "permutation":  # every chunk draws the one order (draw_values seeds them alike)
+        order = torch.randperm(int(a[1] - a[0]) + 1, generator=gen)
+        return order[torch.arange(start, start + n) % order.numel()] + int(a[0])
     if dist == "bernoulli":
         return torch.rand(n, generator=gen) < a[0]
     if dist == "sparse":
@@ -51,9 +55,8 @@ def draw_values(dist, args, shape, dtype, seed, name, clamp=None, chunks=map):
     out = torch.empty(n, dtype=dtype)
 
     def chunk(start):
-        v = draw(
-            dist, args, min(CHUNK, n - start), torch.Generator().manual_seed(stream_seed(seed, name, start)), start
-        )
+        stream = stream_seed(seed, name, 0 if dist == "permutation" else start)
+        v = draw(dist, args, min(CHUNK, n - start), torch.Generator().manual_seed(stream), start)
         if dtype == torch.bool:
             v = v != 0
         elif clamp is not None and v.is_floating_point():

@@ -19,7 +19,7 @@ from typing import Literal
 
 import attrs
 
-from cudnn_dsl.target.library import BackendUnavailable, load_cudnn
+from cudnn_dsl.target.library import BackendUnavailable, load_cudnn, version_text
 from dsl.autodiff import Avoid
 from dsl.diagnostics import Diagnostic
 from dsl.ir import Graph, Instance, Node
@@ -27,10 +27,13 @@ from dsl.ops import OPS
 from dsl.subgraph import unconnected
 from dsl.types import TensorType
 
+KNOWN_DEFECT = "cudnn-dsl refuses to build this graph"
+"""how the refusal of a 'plan' row begins: the project declines the graph, cuDNN was not asked"""
 
-def version_text(version: int) -> str:
-    """cuDNN's version number as words: 92801 -> '9.28.1'."""
-    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+
+def known_defect(message: str) -> bool:
+    """Whether a refusal is a 'plan' row's (the project's, for a known defect of cuDNN), not cuDNN's own."""
+    return message.startswith(KNOWN_DEFECT)
 
 
 @attrs.frozen
@@ -75,15 +78,16 @@ class Quirk:
         return f"quirk {self.name}, not verified clean on {on}"
 
     def declines(self, graph: Graph, inst: Instance, version: int) -> Diagnostic | None:
-        """Why cuDNN `version` would run this graph wrong, at the op (a 'plan' row); None when it does not apply."""
+        """Why cuDNN `version` would run this graph wrong, at the op (a 'plan' row); None when it does not apply.
+        cuDNN is not asked: the message says the project refuses the graph (KNOWN_DEFECT), and names the row."""
         found = self.fires(graph, inst) if self.applies(version) else None
         if found is None:
             return None
         node, why = found
         return Diagnostic(
             "error",
-            f"cuDNN builds this graph but runs it wrong ({self.tag(version)}): {why}; `option split = true` runs it "
-            "as graphs that run right",
+            f"{KNOWN_DEFECT}: a known defect of cuDNN {version_text(version)} runs it wrong (quirk {self.name}): "
+            f"{why}; `option split = true` runs it as graphs that run right",
             node.loc,
         )
 

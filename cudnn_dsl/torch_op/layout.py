@@ -58,10 +58,11 @@ def _declared(graph: Graph, name: str) -> Callable[[tuple], tuple]:
 
 class Layouts:
     """The declared strides of a graph op's tensor arguments (bool ones aside: their packed bytes are checked
-    as such everywhere), and the contract on them: `misplaced` says which arguments to copy, or raises."""
+    as such everywhere), and the contract on them: `misplaced` says which arguments to copy, or raises. The
+    warning names `refusing`, the call that makes the caller strict."""
 
-    def __init__(self, graph: Graph, names: Sequence[str], strict: bool):
-        self.graph, self.strict = graph, strict
+    def __init__(self, graph: Graph, names: Sequence[str], strict: bool, refusing: str):
+        self.graph, self.strict, self.refusing = graph, strict, refusing
         inst = graph.instances[0]
         self.declared = {n: _declared(graph, n) for n in names if inst.type(n).dtype != "bool"}
         self.warned: set[tuple[str, str]] = set()
@@ -83,7 +84,7 @@ class Layouts:
             self._warn(
                 t.device.type,
                 f"{v.loc}: graph '{self.graph.name}': '{name}': expected {problem}; copied into the declared "
-                f"layout on every call with these strides (as_torch_op(cg, strict=True) refuses it)",
+                f"layout on every call with these strides ({self.refusing} refuses it)",
             )
             out[name] = want
         return out

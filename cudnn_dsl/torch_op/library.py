@@ -25,5 +25,5 @@ def returned(outs: list):
 
 
 def results(result) -> tuple:
-    """A kernel's result as a tuple (one tensor, or several)."""
-    return (result,) if isinstance(result, torch.Tensor) else tuple(result)
+    """A kernel's result as a tuple (nothing, one tensor, or several): `returned` undone."""
+    return () if result is None else (result,) if isinstance(result, torch.Tensor) else tuple(result)

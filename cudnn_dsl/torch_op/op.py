@@ -166,7 +166,7 @@ class TorchOp:
         self.rules = _rules(g, self.fresh) if g.symbols else None
         self.plain = not self.in_place
         """no output is written in place (the op returns its fresh outputs as the dispatcher gives them)"""
-        self.layouts = Layouts(g, self.tensor_names, strict)
+        self.layouts = Layouts(g, self.tensor_names, strict, "as_torch_op(cg, strict=True)")
         self.plans = LaunchPlans(len(self.tensor_names), lambda values: self._kind(values, self._first))
         """the CUDA kernel's launch plans, one per kind of arguments"""
         self.references = LaunchPlans(len(self.tensor_names), lambda values: self._kind(values, self._reference))

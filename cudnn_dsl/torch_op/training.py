@@ -27,6 +27,9 @@ declares a flattened value only where its declared strides make it a view; a val
 the forward copied into its layout, is copied into the backward's: backward_inputs)"""
 GRADS = {"grad": VIEWS["value"], "grad_transposed": VIEWS["transposed"]}
 """the Derived.bind kinds of an output's gradient (as given, or transposed), each with its view"""
+BUFFER_GRADS = {"buffer_grad": lambda t: t, "buffer_grad_zeroed": torch.Tensor.zero_}
+"""the Derived.bind kinds of a buffer's gradient, each with how its memory is made ready: the backward writes the
+one whole, the other in part (the rest is zero)"""
 
 
 def values_read(d: Derived) -> tuple[str, ...]:
@@ -43,7 +46,8 @@ def backward_inputs(d: Derived, values: dict, grads: dict, scalars: dict, device
     """The backward graph's inputs by name: the kept forward `values` and the outputs' `grads` (None or left
     out: zero), each viewed as the backward reads it (VIEWS, GRADS) and, where it is laid out otherwise,
     copied into the backward's declared layout (autograd's gradients are any layout; `relayout` off for fake
-    tensors, which have no data); then the scalars the forward was given."""
+    tensors, which have no data), and the buffers the backward writes a buffer's gradient into; then the scalars the
+    forward was given."""
     declared = d.backward.instances[0]
     zeros: dict[str, torch.Tensor] = {}
     bound: dict = {}
@@ -55,6 +59,8 @@ def backward_inputs(d: Derived, values: dict, grads: dict, scalars: dict, device
                 if g is None:
                     g = zeros[of] = empty(d.forward.instances[0].type(of), device).zero_()
             t = GRADS[kind](g)
+        elif kind in BUFFER_GRADS:
+            t = BUFFER_GRADS[kind](empty(d.forward.instances[0].type(of), device))
         else:
             t = VIEWS[kind](values[of])
         want = declared.type(name)
@@ -164,7 +170,7 @@ class GradOps:
             d, dict(zip(self.kept, kept)), dict(zip(self.outputs, grads)), scalars, device, kernel != "fake_kernel"
         )
         result = getattr(bwd, kernel)(*bwd.positional((), bound))
-        got = dict(zip(bwd.fresh, results(result)))
+        got = {**bound, **dict(zip(bwd.fresh, results(result)))}  # a buffer's gradient: the one bound, written
         # a gradient summed in float for a narrower input is returned in the input's dtype: what the autograd
         # engine would cast it to, and what a compiled backward (Inductor) takes it to be
         return [got[name].to(self.dtypes[w]) for w, name in d.grads]

@@ -29,22 +29,11 @@ from cudnn_dsl.run.timing import cold_time_us, gpu_time_us, host_time_us, l2_flu
 from cudnn_dsl.target.bits import logical
 from cudnn_dsl.target.library import load_cudnn
 from cudnn_dsl.target.memory import empty
+from cudnn_dsl.tune.contenders import BASELINES, COMPILE_MODES, LABELS
 from cudnn_dsl.tune.heuristics import work
 from cudnn_dsl.tune.plots import Panel, draw
 from dsl.ir import Graph, Instance, shape_label
 from dsl.options import Options
-
-#: contender -> the torch.compile mode it uses (None: not torch.compile)
-COMPILE_MODES = {"compile": "default", "max-autotune": "max-autotune", "reduce-overhead": "reduce-overhead"}
-BASELINES = ("cudnn", "torch", *COMPILE_MODES)
-LABELS = {
-    "cudnn-dsl": "cudnn-dsl",
-    "cudnn": "hand-written cuDNN",
-    "torch": "torch eager",
-    "compile": "torch.compile",
-    "max-autotune": "compile max-autotune",
-    "reduce-overhead": "compile reduce-ovh.",
-}
 
 
 @attrs.define

@@ -19,7 +19,7 @@ from cudnn_dsl.run.buffers import restore, snapshot
 from cudnn_dsl.run.compare import compare_outputs
 from cudnn_dsl.run.compiled import CompiledGraph, capture
 from cudnn_dsl.run.launch import Launch, candidates_pack, plan_runner
-from cudnn_dsl.run.partition import ANCHOR, cut_label, short, tuned_why
+from cudnn_dsl.run.partition import ANCHOR, cut_label, declined_whole, short, tuned_why
 from cudnn_dsl.run.parts import Parts
 from cudnn_dsl.run.timing import gpu_time_us, replay_time_us
 from cudnn_dsl.store.files import StoreProblem
@@ -243,7 +243,7 @@ def tune_partitions(
     result = PartitionTune(g.name, dict(inst.binding), [])
     seen = set()
     if declined:
-        result.alternatives.append(Alternative((), "whole", error=f"cuDNN declines it whole ({declined})"))
+        result.alternatives.append(Alternative((), "whole", error=declined_whole(declined)))
     ways = ([None] if declined else [()]) + ([ANCHOR] if len(g.nodes) > 1 else [])  # fewest parts, or whole
     for way in ways:
         try:  # the cut points of each way (finding them builds each part once)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dsl.ops import attention, conv, layout, matmul, norm, pointwise, reduction
 from dsl.ops.attention import BSHD, SDPA_ALIGNMENTS
-from dsl.ops.base import COMMON_ATTRS, RETYPABLE, At, Ctx, Family, OpSig, Out, Rule, Statistics, canonical
+from dsl.ops.base import COMMON_ATTRS, RETYPABLE, At, Ctx, Family, OpSig, Out, Recompute, Rule, Statistics, canonical
 from dsl.ops.norm import norm_axes
 from dsl.ops.pointwise import INFIX
 from dsl.ops.reduction import REDUCTION_MODES
@@ -26,6 +26,7 @@ __all__ = [
     "INFIX",
     "NO_VJP",
     "OPS",
+    "RECOMPUTE",
     "REDUCTION_MODES",
     "RETYPABLE",
     "SDPA_ALIGNMENTS",
@@ -36,6 +37,7 @@ __all__ = [
     "Family",
     "OpSig",
     "Out",
+    "Recompute",
     "Rule",
     "Statistics",
     "canonical",
@@ -53,6 +55,8 @@ BACKWARD_OPS = {name: sig for m in FAMILY_MODULES for name, sig in m.BACKWARD_OP
 
 VJPS: dict[str, Rule] = {op: rule for m in FAMILY_MODULES for op, rule in m.VJPS.items()}
 """the vector-Jacobian product of each op, in terms of registry ops (dsl.ops.base says how a rule reads)"""
+RECOMPUTE: dict[str, Recompute] = {op: rule for m in FAMILY_MODULES for op, rule in m.RECOMPUTE.items()}
+"""how each cheap op is computed again in a backward graph instead of saved (dsl.ops.base.Recompute)"""
 NO_VJP: dict[str, str] = {op: why for m in FAMILY_MODULES for op, why in m.NO_VJP.items()}
 """the ops with no VJP rule, and why"""
 

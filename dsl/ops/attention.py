@@ -11,6 +11,7 @@ from dsl.ops.base import (
     Ctx,
     Family,
     Out,
+    Recompute,
     Rule,
     Statistics,
     by_name,
@@ -506,6 +507,7 @@ OPS = by_name(
         notes=note_alignment,
         folded=_FOLDED,
         domains=domains_sdpa,
+        block_tables=(8, 9),
         attrs=(
             *_BAND_ATTRS,
             Attr("alibi", "bool", False, doc="add the ALiBi bias, slope per head (use_alibi_mask)"),
@@ -741,6 +743,7 @@ def _sdpa_composite(e, n):
 
 
 VJPS: dict[str, Rule] = {"rope": _rope, "sdpa": _sdpa}
+RECOMPUTE: dict[str, Recompute] = {}
 NO_VJP = {
     "sdpa_fp8": "it waits for the frontend's dedicated backward op in the registry (sdpa_fp8_backward)",
     **{op: SECOND_ORDER for op in BACKWARD_OPS},

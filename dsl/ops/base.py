@@ -107,7 +107,10 @@ class OpSig:
     domains: Callable[[Ctx], dict[int, tuple[int, int]]] | None = None
     """integer inputs' valid values [lo, hi], by input index, from the input types and canonical
     attributes (sdpa's sequence lengths are in [1, S], its page tables index K/V's blocks);
-    generated test data stays inside"""
+    generated test data stays inside, and the values a caller binds are checked against them"""
+    block_tables: tuple[int, ...] = ()
+    """inputs among `domains` that list blocks of a cache (sdpa's page tables): generated as a random
+    permutation of the blocks, so that no two sequences share one while the cache has enough"""
 
     @property
     def ports(self) -> str:
@@ -175,7 +178,7 @@ def canonical(sig: OpSig, given: dict, inputs: tuple[TensorType | None, ...]) ->
     out: dict[str, Any] = {}
     for a in sig.attrs:
         v = given.get(a.name, a.default)
-        if a.kind == "spatial":
+        if a.kind == "spatial" and v is not None:
             n = len(inputs[0].shape) - 2
             if isinstance(v, int):
                 v = (v,) * n
@@ -268,6 +271,16 @@ class At:
 
 
 Rule = Callable[..., tuple[str | None, ...]]
+
+Recompute = Callable[..., str]
+"""`RECOMPUTE[op](e, op, args, attrs)`: a cheap op's result computed again in the backward graph from `args` (backward
+names, numbers, None for an optional input not given) with the node's canonical `attrs`, in registry ops that fuse
+with the pointwise ops reading it; dsl.autodiff chooses it over saving the result where that saves bytes"""
+
+
+def recompute_as_itself(e, op: str, args: tuple, attrs: dict) -> str:
+    """A pointwise op, recomputed as it is."""
+    return e.call(op, *args, **attrs)
 
 
 def x_of(e, n: At) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from dsl.diagnostics import RuleError
-from dsl.ops.base import SECOND_ORDER, Ctx, Family, OpSig, Out, Rule, by_name
+from dsl.ops.base import SECOND_ORDER, Ctx, Family, OpSig, Out, Recompute, Rule, by_name
 from dsl.types import TensorType, fmt_shape, stride_order
 from dsl.values import DERIVED, Attr
 
@@ -21,7 +21,22 @@ FAMILY = Family(
 
 
 def _conv_params(ctx: Ctx):
-    return ctx.attrs["padding"], ctx.attrs["stride"], ctx.attrs["dilation"]
+    """(padding at the start, padding at the end, stride, dilation), per spatial dim."""
+    a = ctx.attrs
+    return a["pre_padding"], a["post_padding"], a["stride"], a["dilation"]
+
+
+def derive_padding(ctx: Ctx) -> dict:
+    """The padding in its one IR form, both sides: `padding` pads both alike (the frontend's set_padding), and
+    `pre_padding` / `post_padding` each override a side; the IR drops `padding`."""
+    a = ctx.attrs
+    sides = {"pre_padding": a["pre_padding"], "post_padding": a["post_padding"]}
+    given = [name for name, v in sides.items() if v is not None]
+    if given and any(a["padding"]):
+        raise RuleError(
+            f"{ctx.op}: give 'padding' (both sides alike) or '{given[0]}' and its other side, not both", given[0]
+        )
+    return {name: a["padding"] if v is None else v for name, v in sides.items()}
 
 
 def _conv_rank(ctx: Ctx, t: TensorType, i: int, what: str) -> None:
@@ -46,10 +61,10 @@ def infer_conv_fprop(ctx: Ctx) -> list[Out]:
     groups = c // wc
     if k % groups:
         raise RuleError(f"{ctx.op}: {k} output channels do not divide into {groups} groups", 1)
-    pad, stride, dil = _conv_params(ctx)
+    pre, post, stride, dil = _conv_params(ctx)
     spatial = []
     for i, (h, r) in enumerate(zip(x.shape[2:], w.shape[2:])):
-        o = (h + 2 * pad[i] - dil[i] * (r - 1) - 1) // stride[i] + 1
+        o = (h + pre[i] + post[i] - dil[i] * (r - 1) - 1) // stride[i] + 1
         if o < 1:
             raise RuleError(f"{ctx.op}: filter {r} (dilation {dil[i]}) is larger than the padded input {h}", 1)
         spatial.append(o)
@@ -79,7 +94,7 @@ def infer_conv_dgrad(ctx: Ctx) -> list[Out]:
         raise RuleError(f"{ctx.op}: filter {fmt_shape(w.shape)} and gradient {fmt_shape(dy.shape)} differ in rank", 1)
     if dy.shape[1] != w.shape[0]:
         raise RuleError(f"{ctx.op}: gradient has {dy.shape[1]} channels, filter has {w.shape[0]} outputs", 1)
-    pad, stride, dil = _conv_params(ctx)
+    pre, post, stride, dil = _conv_params(ctx)
     extra = ctx.attrs["output_padding"]
     for i, e in enumerate(extra):
         if e >= stride[i]:
@@ -89,7 +104,7 @@ def infer_conv_dgrad(ctx: Ctx) -> list[Out]:
                 "output_padding",
             )
     spatial = [
-        (o - 1) * stride[i] - 2 * pad[i] + dil[i] * (r - 1) + 1 + extra[i]
+        (o - 1) * stride[i] - pre[i] - post[i] + dil[i] * (r - 1) + 1 + extra[i]
         for i, (o, r) in enumerate(zip(dy.shape[2:], w.shape[2:]))
     ]
     if any(s < 1 for s in spatial):
@@ -97,20 +112,22 @@ def infer_conv_dgrad(ctx: Ctx) -> list[Out]:
     return [Out((dy.shape[0], w.shape[1], *spatial), stride_order(dy.strides))]
 
 
-def _wgrad_filter(x: TensorType, dy: TensorType, pad, stride, dil) -> tuple[int, ...]:
+def _wgrad_filter(x: TensorType, dy: TensorType, pre, post, stride, dil) -> tuple[int, ...]:
     """The filter size that maps x to dy (the largest, when stride leaves a choice)."""
     return tuple(
-        (h + 2 * p - (o - 1) * s - 1) // d + 1 for h, o, p, s, d in zip(x.shape[2:], dy.shape[2:], pad, stride, dil)
+        (h + a + b - (o - 1) * s - 1) // d + 1
+        for h, o, a, b, s, d in zip(x.shape[2:], dy.shape[2:], pre, post, stride, dil)
     )
 
 
 def derive_conv_wgrad(ctx: Ctx) -> dict:
     x, dy = ctx.inputs
+    padding = derive_padding(ctx)
     if ctx.attrs["filter"] is not DERIVED:
-        return {}
+        return padding
     if len(x.shape) != len(dy.shape):
-        return {"filter": (1,) * (len(x.shape) - 2)}  # the shape rule reports the rank mismatch
-    return {"filter": _wgrad_filter(x, dy, *_conv_params(ctx))}
+        return padding | {"filter": (1,) * (len(x.shape) - 2)}  # the shape rule reports the rank mismatch
+    return padding | {"filter": _wgrad_filter(x, dy, *_conv_params(Ctx(ctx.op, ctx.inputs, ctx.attrs | padding)))}
 
 
 def infer_conv_wgrad(ctx: Ctx) -> list[Out]:
@@ -118,15 +135,15 @@ def infer_conv_wgrad(ctx: Ctx) -> list[Out]:
     _conv_rank(ctx, x, 0, "image")
     if len(x.shape) != len(dy.shape) or x.shape[0] != dy.shape[0]:
         raise RuleError(f"{ctx.op}: image {fmt_shape(x.shape)} and gradient {fmt_shape(dy.shape)} do not match", 1)
-    pad, stride, dil = _conv_params(ctx)
+    pre, post, stride, dil = _conv_params(ctx)
     filt = ctx.attrs["filter"]
     if len(filt) != len(x.shape) - 2:
         raise RuleError(
             f"{ctx.op}: 'filter' has {len(filt)} values, the image has {len(x.shape) - 2} spatial dims", "filter"
         )
     fits = all(
-        r >= 1 and (h + 2 * p - d * (r - 1) - 1) // s + 1 == o
-        for r, h, o, p, s, d in zip(filt, x.shape[2:], dy.shape[2:], pad, stride, dil)
+        r >= 1 and (h + a + b - d * (r - 1) - 1) // s + 1 == o
+        for r, h, o, a, b, s, d in zip(filt, x.shape[2:], dy.shape[2:], pre, post, stride, dil)
     )
     if not fits:
         raise RuleError(
@@ -168,10 +185,28 @@ def flops_conv(ctx: Ctx, outs) -> int:
 # ---- the rows ----------------------------------------------------------------------
 
 _SPATIAL_ATTRS = (
-    Attr("padding", "spatial", 0, doc="zero padding per spatial dim", lo=0),
+    Attr("padding", "spatial", 0, doc="zero padding per spatial dim, at both ends alike", lo=0),
+    Attr(
+        "pre_padding",
+        "spatial",
+        None,
+        doc="zero padding per spatial dim at the start (default: padding)",
+        lo=0,
+        optional=True,
+    ),
+    Attr(
+        "post_padding",
+        "spatial",
+        None,
+        doc="zero padding per spatial dim at the end (default: padding)",
+        lo=0,
+        optional=True,
+    ),
     Attr("stride", "spatial", 1, doc="stride per spatial dim", lo=1),
     Attr("dilation", "spatial", 1, doc="dilation per spatial dim", lo=1),
 )
+_FOLDED = ("padding",)
+"""padding on both sides alike, which derive_padding folds into pre_padding and post_padding"""
 
 OPS = by_name(
     FAMILY.op(
@@ -179,6 +214,8 @@ OPS = by_name(
         ("image", "weight"),
         infer_conv_fprop,
         attrs=_SPATIAL_ATTRS,
+        derive=derive_padding,
+        folded=_FOLDED,
         flops=flops_conv,
         lint=lint_channels_last,
         notes=note_groups,
@@ -198,6 +235,8 @@ OPS = by_name(
                 lo=0,
             ),
         ),
+        derive=derive_padding,
+        folded=_FOLDED,
         flops=flops_conv,
         lint=lint_channels_last,
         doc="convolution data gradient: dy [N,K,P,Q], weight [K,C,R,S] -> dx [N,C,H,W]",
@@ -208,6 +247,7 @@ OPS = by_name(
         infer_conv_wgrad,
         flops=flops_conv,
         derive=derive_conv_wgrad,
+        folded=_FOLDED,
         lint=lint_channels_last,
         attrs=_SPATIAL_ATTRS
         + (Attr("filter", "ints", DERIVED, doc="filter spatial size (inferred from the shapes when omitted)", lo=1),),
@@ -226,23 +266,23 @@ def _conv_fprop(e, n):
         raise RuleError(
             f"conv_fprop: a grouped convolution ({x.shape[1] // w.shape[1]} groups) has no derived backward"
         )
-    pad, stride, dil = n.attrs["padding"], n.attrs["stride"], n.attrs["dilation"]
+    pre, post, stride, dil = (n.attrs[a] for a in ("pre_padding", "post_padding", "stride", "dilation"))
+    geometry = {"stride": stride, "dilation": dil, "pre_padding": pre, "post_padding": post}
     dx = dw = None
     if n.need[0]:
         size = [
-            (o - 1) * s - 2 * p + d * (r - 1) + 1
-            for o, r, p, s, d in zip(n.outs[0].shape[2:], w.shape[2:], pad, stride, dil)
+            (o - 1) * s - a - b + d * (r - 1) + 1
+            for o, r, a, b, s, d in zip(n.outs[0].shape[2:], w.shape[2:], pre, post, stride, dil)
         ]
         extra = [h - s for h, s in zip(x.shape[2:], size)]
         dy = e.cast(n.dy, w.dtype)
-        dx = e.call(
-            "conv_dgrad", dy, e.fwd(n.inputs[1]), padding=pad, stride=stride, dilation=dil, output_padding=extra
-        )
+        dx = e.call("conv_dgrad", dy, e.fwd(n.inputs[1]), **geometry, output_padding=extra)
     if n.need[1]:
         dy = e.cast(n.dy, x.dtype)
-        dw = e.call("conv_wgrad", e.fwd(n.inputs[0]), dy, padding=pad, stride=stride, dilation=dil, filter=w.shape[2:])
+        dw = e.call("conv_wgrad", e.fwd(n.inputs[0]), dy, **geometry, filter=w.shape[2:])
     return dx, dw
 
 
 VJPS: dict[str, Rule] = {"conv_fprop": _conv_fprop}
+RECOMPUTE: dict[str, Recompute] = {}
 NO_VJP = {"conv_dgrad": SECOND_ORDER, "conv_wgrad": SECOND_ORDER}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from dsl.diagnostics import RuleError
-from dsl.ops.base import Ctx, Family, OpSig, Out, Rule, by_name, row_major
+from dsl.ops.base import Ctx, Family, OpSig, Out, Recompute, Rule, by_name, row_major
 from dsl.types import fmt_shape, stride_order
 from dsl.values import REQUIRED, Attr
 
@@ -146,4 +146,5 @@ VJPS: dict[str, Rule] = {
     "concatenate": _concatenate,
     "reshape": lambda e, n: (e.reshape(n.dy, n.ins[0].shape),),
 }
+RECOMPUTE: dict[str, Recompute] = {}
 NO_VJP = {"slice": "its gradient pads with zeros, which no registry op does"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from dsl.diagnostics import RuleError
-from dsl.ops.base import Ctx, Family, OpSig, Out, Rule, by_name, row_major
+from dsl.ops.base import Ctx, Family, OpSig, Out, Recompute, Rule, by_name, row_major
 from dsl.types import broadcast, fmt_shape
 
 FAMILY = Family("matmul", ("matmul",), "half/bf16 data with float compute, and inner dims that are multiples of 8")
@@ -77,4 +77,5 @@ def _weight_grad(e, n):
 
 
 VJPS: dict[str, Rule] = {"matmul": _matmul}
+RECOMPUTE: dict[str, Recompute] = {}
 NO_VJP: dict[str, str] = {}

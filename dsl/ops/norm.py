@@ -12,12 +12,14 @@ from dsl.ops.base import (
     Ctx,
     Family,
     Out,
+    Recompute,
     Rule,
     Statistics,
     by_name,
     flops_per_element,
     same_kind,
     same_shape,
+    x_of,
 )
 from dsl.types import TensorType, fmt_shape, stride_order
 from dsl.values import Attr
@@ -419,7 +421,24 @@ def _batchnorm_inference(e, n):
     )
 
 
+def _batchnorm_inference_pointwise(e, op, args, attrs):
+    """batchnorm_inference recomputed as its pointwise form, which fuses with the pointwise ops reading it."""
+    x, mean, inv, scale, bias = args
+    return e.call("add", e.call("mul", e.call("mul", e.call("sub", x, mean), inv), scale), bias)
+
+
+def _genstats(e, n):
+    """sum = Σ x and sq_sum = Σ x² over every axis but the channels: dx = dsum + 2 x dsq_sum, each term where a
+    gradient flows (the caller broadcasts a lone dsum to x's shape)."""
+    dsum, dsq = n.dys
+    squares = e.call("mul", e.call("mul", x_of(e, n), dsq), 2.0) if dsq is not None else None
+    if squares is not None and dsum is not None:
+        return (e.call("add", squares, dsum),)
+    return (squares if squares is not None else dsum,)
+
+
 VJPS: dict[str, Rule] = {
+    "genstats": _genstats,
     "layernorm": _norm(centered=True, dedicated="layernorm_backward"),
     "rmsnorm": _norm(centered=False, dedicated="rmsnorm_backward"),
     "adalayernorm": _norm(centered=True, dedicated="adalayernorm_backward"),
@@ -431,7 +450,7 @@ VJPS: dict[str, Rule] = {
     ),
     "batchnorm_inference": _batchnorm_inference,
 }
+RECOMPUTE: dict[str, Recompute] = {"batchnorm_inference": _batchnorm_inference_pointwise}
 NO_VJP = {
-    "genstats": "its statistics feed a norm's backward, not derived yet",
     **{op: SECOND_ORDER for op in BACKWARD_OPS},
 }

@@ -13,8 +13,10 @@ from dsl.ops.base import (
     Family,
     OpSig,
     Out,
+    Recompute,
     Rule,
     by_name,
+    recompute_as_itself,
     same_kind,
     x_of,
     y_of,
@@ -339,6 +341,12 @@ VJPS: dict[str, Rule] = {
         lambda e, n: e.call("div", e.call("mul", e.call("mul", n.dy, e.fwd(n.inputs[1])), y_of(e, n)), x_of(e, n)),
         lambda e, n: e.call("mul", e.call("mul", n.dy, y_of(e, n)), e.call("log", x_of(e, n))),
     ),
+    "mod": _binary(  # C's fmod: a = trunc(a / b) * b + y, so dy/db = -trunc(a / b) = -(a - y) / b
+        lambda e, n: n.dy,
+        lambda e, n: e.call(
+            "neg", e.call("mul", n.dy, e.call("div", e.call("sub", x_of(e, n), y_of(e, n)), e.fwd(n.inputs[1])))
+        ),
+    ),
     "add_square": _binary(lambda e, n: n.dy, lambda e, n: e.call("mul", e.call("mul", n.dy, e.fwd(n.inputs[1])), 2.0)),
     "bias": _binary(lambda e, n: n.dy, lambda e, n: n.dy),
     "scale": _binary(
@@ -353,7 +361,8 @@ VJPS: dict[str, Rule] = {
     **{op: _stop for op in ("logical_and", "logical_or", "logical_not")},
 }
 
+RECOMPUTE: dict[str, Recompute] = {op: recompute_as_itself for op in OPS}
+"""every pointwise op recomputes as itself"""
 NO_VJP: dict[str, str] = {
-    "mod": "its gradient in b needs trunc(a / b), which no registry op computes",
     **{op: SECOND_ORDER for op in BACKWARD_OPS},
 }

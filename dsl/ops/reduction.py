@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from dsl.diagnostics import RuleError
-from dsl.ops.base import Ctx, Family, OpSig, Out, Rule, by_name, x_of, y_of
+from dsl.ops.base import Ctx, Family, OpSig, Out, Recompute, Rule, by_name, x_of, y_of
 from dsl.types import stride_order
 from dsl.values import DERIVED, REQUIRED, Attr
 
@@ -70,4 +70,5 @@ def _reduction(e, n):
 
 
 VJPS: dict[str, Rule] = {"reduction": _reduction}
+RECOMPUTE: dict[str, Recompute] = {}
 NO_VJP: dict[str, str] = {}

@@ -195,6 +195,8 @@ class ScalarDecl:
     specs: tuple[TensorSpec, ...]
     loc: Loc = _loc()
     dtype_loc: Loc = _loc()
+    dims: tuple[Dim, ...] | None = None
+    """the pass-by-value tensor's dims as cuDNN gets them (`scalar s : float[1] = 0.5`); None: the rank it meets"""
 
 
 @attrs.frozen
@@ -208,10 +210,12 @@ class OutputDecl:
 
 @attrs.frozen
 class BufferDecl:
-    """`buffer qkv : half[...]`: memory bound once, read through views."""
+    """`buffer qkv : half[...] [init=...]`: memory bound once, read through views."""
 
     name: str
     type: TypeSpec
+    specs: tuple[TensorSpec, ...]
+    """as the grammar reads them; the checker takes init= only"""
     loc: Loc = _loc()
 
 

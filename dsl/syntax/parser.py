@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import json
@@ -50,7 +51,7 @@ are ~0.4 MB"""
 MAX_STATEMENT_TOKENS = 5000
 """tokens in one statement; checked while lexing, so a runaway line cannot exhaust memory"""
 MAX_DEPTH = 200
-"""expression nesting; later passes recurse over expressions"""
+"""nesting of expressions and of the values in them (lists of lists); later passes recurse over both"""
 
 
 class _TooLong(Exception):
@@ -76,13 +77,27 @@ class _NewlinesInBrackets(PostLex):
             yield tok
 
 
+_COMMENTS: contextvars.ContextVar[list[tuple[int, str]]] = contextvars.ContextVar("comments")
+"""the comments of the text being parsed, collected by the lexer as it skips them (one pass, under the limits of
+the parse itself)"""
+
+
+def _comment(tok: Token) -> None:
+    _COMMENTS.get().append((tok.line, str(tok).rstrip()))
+
+
+def _per_parse() -> dict:
+    """The options a parser takes afresh wherever it is built or loaded (objects, not tables)."""
+    return {"postlex": _NewlinesInBrackets(), "lexer_callbacks": {"COMMENT": _comment}}
+
+
 _GRAMMAR = Path(__file__).parent / "grammar.lark"
 _TABLES = Path(__file__).parent / "grammar_tables.json"
 _LARK_OPTIONS = dict(parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=False)
 
 
 def _build() -> Lark:
-    return Lark(_GRAMMAR.read_text(), postlex=_NewlinesInBrackets(), **_LARK_OPTIONS)
+    return Lark(_GRAMMAR.read_text(), **_per_parse(), **_LARK_OPTIONS)
 
 
 def _int_keys(d: dict) -> dict:
@@ -101,7 +116,7 @@ def _lark() -> Lark:
         return _build()
     if tables.get("grammar_sha256") != digest:
         return _build()
-    return Lark._load_from_dict(tables["data"], tables["memo"], postlex=_NewlinesInBrackets())
+    return Lark._load_from_dict(tables["data"], tables["memo"], **_per_parse())
 
 
 def write_tables() -> None:
@@ -110,7 +125,7 @@ def write_tables() -> None:
     from lark.lexer import TerminalDef
 
     data, memo = _build().memo_serialize([TerminalDef, Rule])
-    data["options"] = {k: v for k, v in data["options"].items() if k != "postlex"}
+    data["options"] = {k: v for k, v in data["options"].items() if k not in _per_parse()}
     digest = hashlib.sha256(_GRAMMAR.read_bytes()).hexdigest()
     text = json.dumps({"grammar_sha256": digest, "data": data, "memo": memo}, sort_keys=True, separators=(",", ":"))
     _TABLES.write_text(text + "\n")
@@ -167,8 +182,8 @@ class _ToAst(Transformer_NonRecursive):
         return ast.InputDecl(str(ch[0]), ch[1], tuple(ch[2:]), self._loc(meta))
 
     def scalar_decl(self, meta, ch):
-        name, dtype, value, *specs = ch
-        return ast.ScalarDecl(str(name), str(dtype), value, tuple(specs), self._loc(meta), self._t(dtype))
+        name, ty, value, *specs = ch
+        return ast.ScalarDecl(str(name), ty.dtype, value, tuple(specs), self._loc(meta), ty.dtype_loc, dims=ty.dims)
 
     def output_decl(self, meta, ch):
         name, rest = ch[0], list(ch[1:])
@@ -177,7 +192,7 @@ class _ToAst(Transformer_NonRecursive):
         return ast.OutputDecl(str(name), type_, tuple(rest), expr, self._loc(meta))
 
     def buffer_decl(self, meta, ch):
-        return ast.BufferDecl(str(ch[0]), ch[1], self._loc(meta))
+        return ast.BufferDecl(str(ch[0]), ch[1], tuple(ch[2:]), self._loc(meta))
 
     def place(self, meta, ch):
         offset = self._int(ch[1]) if len(ch) > 1 else None
@@ -285,6 +300,7 @@ def parse(text: str, file: str = "<string>") -> ast.Module:
             )
         )
     comments: list[tuple[int, str]] = []
+    collecting = _COMMENTS.set(comments)
     try:
         tree = _lark().parse(text)
     except UnexpectedInput as e:
@@ -294,42 +310,47 @@ def parse(text: str, file: str = "<string>") -> ast.Module:
         raise DslError(
             Diagnostic("error", f"statement longer than {MAX_STATEMENT_TOKENS} tokens; split it into named steps", loc)
         ) from None
+    finally:
+        _COMMENTS.reset(collecting)
     try:
         graphs = _ToAst(file).transform(tree)
     except VisitError as e:  # an error raised inside a transformer method
         raise e.orig_exc from None
     _check_depth(graphs)
-    for tok in _lark().lex(text, dont_ignore=True) if "#" in text else ():
-        if tok.type == "COMMENT":
-            comments.append((tok.line, str(tok).rstrip()))
     return ast.Module(file, graphs, tuple(comments))
 
 
 def _check_depth(graphs) -> None:
-    """Later passes recurse over expressions; refuse, with a location, any nested too deeply."""
+    """Later passes (the checker, the printer, the dumps) recurse over expressions and the values in them;
+    refuse, at the node past the limit, any nested too deeply (an iterative walk: no recursion here)."""
     for g in graphs:
         for st in g.stmts:
-            expr = getattr(st, "expr", None)
-            stack, deepest = [(expr, 1)] if expr is not None else [], 0
+            roots = [getattr(st, field, None) for field in ("expr", "value")]
+            stack = [(root, 1) for root in roots if root is not None]
             while stack:
                 e, d = stack.pop()
-                deepest = max(deepest, d)
-                if deepest > MAX_DEPTH:
+                if d > MAX_DEPTH:
+                    what = "value" if isinstance(e, ast.ListValue) else "expression"
                     raise DslError(
-                        Diagnostic(
-                            "error",
-                            f"expression nested more than {MAX_DEPTH} levels deep; split it into named steps",
-                            st.loc,
-                        )
+                        Diagnostic("error", f"{what} nested more than {MAX_DEPTH} levels deep; {_FLATTEN[what]}", e.loc)
                     )
-                kids = (
-                    e.args
-                    if isinstance(e, ast.Call)
-                    else (e.lhs, e.rhs)
-                    if isinstance(e, ast.BinOp)
-                    else ((e.operand,) if isinstance(e, ast.Neg) else ())
-                )
-                stack.extend((k, d + 1) for k in kids)
+                stack.extend((k, d + 1) for k in _nested(e) if _nested(k))  # a name or a number is no level
+
+
+_FLATTEN = {"expression": "split it into named steps", "value": "no attribute or option takes such a value"}
+
+
+def _nested(e) -> tuple:
+    """The expressions and values directly inside `e`."""
+    if isinstance(e, ast.Call):
+        return (*e.args, *(k.value for k in e.kwargs))
+    if isinstance(e, ast.BinOp):
+        return (e.lhs, e.rhs)
+    if isinstance(e, ast.Neg):
+        return (e.operand,)
+    if isinstance(e, ast.ListValue):
+        return e.items
+    return ()
 
 
 def _syntax_diagnostic(e: UnexpectedInput, text: str, file: str) -> Diagnostic:

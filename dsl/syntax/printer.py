@@ -89,7 +89,8 @@ def fmt_stmt(st) -> str:
     if isinstance(st, ast.InputDecl):
         return f"input {st.name} : {_fmt_type(st.type)}{_fmt_specs(st.specs, view=True)}"
     if isinstance(st, ast.ScalarDecl):
-        return f"scalar {st.name} : {st.dtype} = {fmt_value(st.value)}{_fmt_specs(st.specs)}"
+        dims = "" if st.dims is None else "[" + ", ".join(str(d.value) for d in st.dims) + "]"
+        return f"scalar {st.name} : {st.dtype}{dims} = {fmt_value(st.value)}{_fmt_specs(st.specs)}"
     if isinstance(st, ast.OutputDecl):
         text = f"output {st.name}"
         if st.type is not None:
@@ -97,7 +98,7 @@ def fmt_stmt(st) -> str:
         text += _fmt_specs(st.specs)
         return text + (f" = {fmt_expr(st.expr)}" if st.expr is not None else "")
     if isinstance(st, ast.BufferDecl):
-        return f"buffer {st.name} : {_fmt_type(st.type)}"
+        return f"buffer {st.name} : {_fmt_type(st.type)}{_fmt_specs(st.specs)}"
     if isinstance(st, ast.Assign):
         typed = f" : {_fmt_type(st.type)}" if st.type is not None else ""
         return f"{', '.join(st.targets)}{typed} = {fmt_expr(st.expr)}"
@@ -240,14 +241,16 @@ def dump_ir(program: Program) -> str:
         for s in g.symbols:
             out.append(f"  dim {s.name} in {s.text}")
         for b in g.buffers:
-            out.append(f"  %{b.name} = buffer : {_type_str(g, b.name)[0]}")
+            init = f" init={b.init}" if b.init else ""
+            out.append(f"  %{b.name} = buffer : {_type_str(g, b.name)[0]}{init}")
         for v in g.of_kind("input", "scalar", "const"):
             if v.kind == "input":
                 t, st = _type_str(g, v.name)
                 init = f" init={v.init}" if v.init else ""
                 out.append(f"  %{v.name} = input uid={v.uid} : {t} strides={st}{_place(v)}{init}")
             else:
-                out.append(f"  %{v.name} = {v.kind} uid={v.uid} : {v.dtype} value={v.scalar}")
+                dims = "" if v.dims is None else "[" + ", ".join(map(str, v.dims)) + "]"
+                out.append(f"  %{v.name} = {v.kind} uid={v.uid} : {v.dtype}{dims} value={v.scalar}")
         for index, n in enumerate(g.nodes):
             ins = ", ".join("%" + i if i else "_" for i in n.inputs)
             res = ", ".join("%" + o for o in n.outputs)
@@ -328,6 +331,7 @@ def to_json(program: Program) -> dict:
                         "uid": v.uid,
                         "scalar": v.scalar,
                         "dtype": v.dtype,
+                        "dims": list(v.dims) if v.dims is not None else None,
                         "view": list(v.view) if v.view else None,
                         "into": v.into,
                     }

@@ -155,3 +155,35 @@ def test_resnet_block_backward_fuses_each_dgrad_with_its_reader(private_store):
     parts = pair.backward.parts(pair.backward.graph.instances[0])
     assert isinstance(parts, Parts)  # dgrad and wgrad are never one cuDNN graph
     print("\n".join(parts.lines))  # which fusions this cuDNN ran, for the record
+
+
+def test_conv_statistics_backward_on_cudnn(private_store):
+    """genstats's VJP: the conv's output gradient gains dsum + 2 y dsq_sum (pointwise ops), then dgrad and
+    wgrad read it."""
+    text = """graph conv_stats {
+  io half
+  compute float
+  input x : half[4, 32, 16, 16] nhwc
+  input w : half[64, 32, 3, 3] nhwc
+  y = conv_fprop(x, w, padding=1)
+  s, sq = genstats(y)
+  output y
+  output s
+  output sq
+}
+"""
+    assert {"conv_dgrad", "conv_wgrad"} <= set(_backward_ops(check_grads(text, "cuda")))
+
+
+def test_mod_backward_on_cudnn(private_store):
+    """mod's VJP in b, -dy * (a - y) / b: trunc(a / b) from the remainder cuDNN computed. Where a / b is within
+    a rounding of an integer, cuDNN's and the float64 reference's trunc may differ by one: a few flips."""
+    text = """graph modg {
+  io half
+  compute float
+  input a : half[8, 64, 128] init=uniform(0.5, 2)
+  input b : half[8, 64, 128] init=uniform(0.5, 2)
+  output y = mod(a, b)
+}
+"""
+    check_grads(text, "cuda", flips=0.001)

@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("private_store")]
 ROOT = Path(__file__).resolve().parents[2]
 
 VIEWED_IN_PLACE = (
-    "graph viewed {\n  io bf16\n  buffer buf : bf16[2, 8, 1024, 1, 1]\n"
-    "  input x : bf16[8, 1024, 1, 1] strides [1024, 1, 1024, 1024] in buf at 8192 init=randn(0, 2)\n"
+    "graph viewed {\n  io bf16\n  buffer buf : bf16[2, 8, 1024, 1, 1] init=randn(0, 2)\n"
+    "  input x : bf16[8, 1024, 1, 1] strides [1024, 1, 1024, 1024] in buf at 8192\n"
     "  input s : float[1, 1024, 1, 1] nhwc\n  input b : float[1, 1024, 1, 1] nhwc\n"
     "  input acc : bf16[8, 1024, 1, 1] nhwc\n  output y in acc = gelu(layernorm(x, s, b))\n}\n"
 )

@@ -15,7 +15,7 @@ def _imported():
 
     cdg, graphs = to_cdg(LOG.read_text(), str(LOG), name="from_log")
     prog = program(text=cdg, file="from_log.cdg")
-    assert verify(prog, graphs, str(LOG)) == []
+    verify(prog, graphs)  # a located DslError where the log and the .cdg disagree
     return cdg, [g.name for g in prog.graphs]
 
 

@@ -19,5 +19,5 @@ def test_split_the_graph_runs_right(case, private_store):
     cg = cudnn_dsl.compile(text=text, split=True)
     results = cg.check(cg.allocate_inputs(seed=3))
     assert results and all(c.mismatches == 0 for c in results), results
-    with pytest.raises(DslError, match=f"quirk {ROW_OF[case]}, .*{words}"):
+    with pytest.raises(DslError, match=rf"quirk {ROW_OF[case]}\): .*{words}"):
         cudnn_dsl.compile(text=text, split=False)(cg.allocate_inputs(seed=3))

@@ -185,12 +185,13 @@ def test_fp8_attention(keys, extra):
 
 def _packed(cg, tensors, name: str, placed: str) -> None:
     """tensors[name] := the offsets that pack `placed`'s sequences back to back (their lengths given)."""
-    from cudnn_dsl.run.inputs import _ragged, packed_offsets
+    from cudnn_dsl.run.indices import ragged_offsets
+    from cudnn_dsl.run.inputs import packed_offsets
 
     inst = cg.graph.instances[0]
-    t, lengths = _ragged(cg.graph, inst)[name]
-    assert t == inst.type(placed)
-    tensors[name] = packed_offsets(t, tensors[lengths].cpu()).view(-1, 1, 1, 1).to(tensors[name])
+    r = ragged_offsets(cg.graph, inst)[name]
+    assert r.type == inst.type(placed)
+    tensors[name] = packed_offsets(r.type, tensors[r.lengths].cpu()).view(-1, 1, 1, 1).to(tensors[name])
 
 
 def test_the_ragged_example_with_lengths_of_every_kind():
@@ -331,3 +332,33 @@ def test_bench_checks_seeded_dropout_on_the_mask_and_says_torch_cannot_run_it(tm
     rows = {r["name"]: r for r in res["rows"]}
     assert rows["cudnn-dsl"]["check"] == "ok", rows["cudnn-dsl"]
     assert "seeded dropout: the reference needs cuDNN's mask" in (rows["torch"]["error"] or ""), rows["torch"]
+
+
+PAGED = (
+    "graph t {\n  io bf16\n  input q : bf16[2, 8, 256, 128]\n  input kc : bf16[64, 2, 64, 128]\n"
+    "  input vc : bf16[64, 2, 64, 128]\n  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"
+    "  input tk : int32[2, 1, 8, 1]\n  input tv : int32[2, 1, 8, 1]\n"
+    "  o, st = sdpa(q, kc, vc, seq_len_q=lq, seq_len_kv=lkv, page_table_k=tk, page_table_v=tv, causal=true, "
+    "stats=true)\n  output o\n  output st\n}\n"
+)
+
+
+def test_a_block_index_past_the_cache_is_refused_before_any_launch():
+    # generated tables (a permutation of the 64 blocks) run and match; one entry past the cache is refused by
+    # the call, by bind and by the torch op's first call, at the table's declaration, before cuDNN reads it
+    import cudnn_dsl
+    from cudnn_dsl.run.buffers import BindingError
+
+    cg = cudnn_dsl.compile(text=PAGED, split=False)
+    tensors = cg.allocate_inputs()
+    assert sorted(tensors["tk"].flatten().tolist()) == sorted(set(tensors["tk"].flatten().tolist()))
+    for r in cg.check(**tensors):
+        assert r.ok, r
+    bad = {**tensors, "tk": tensors["tk"].clone()}
+    bad["tk"].view(-1)[-1] = 64
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=PAGED, split=False))
+    for call in (cg, cg.bind, op):
+        with pytest.raises(BindingError, match=re.escape("'tk' (page_table_k of sdpa): element [1, 0, 7, 0] is 64")):
+            call(**bad)
+    outs = op(**tensors)  # the first call of a good kind: checked, then launched
+    assert outs[0].shape == (2, 8, 256, 128)
