@@ -1,5 +1,5 @@
-"""A C++ project of a graph — the cudnn_frontend::graph::Graph calls, a CMake file and a `main` that plans it (for
-a target, without a device) or runs it on the inputs `run` draws.
+"""A C++ project of graphs — their cudnn_frontend::graph::Graph calls, a CMake file and a `main` that plans them (for
+a target, without a device) or runs them on the inputs `run` draws.
 
 As for the Python script (emit.py), the real lowering pass runs against a recorder, which here writes each call it
 receives as C++; a frontend call the recorder has no C++ spelling for is refused at the op that makes it.
@@ -7,6 +7,7 @@ receives as C++; a frontend call the recorder has no C++ spelling for is refused
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import math
 import re
@@ -19,9 +20,12 @@ from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.interop.emit import bound_uids, own_memory
 from cudnn_dsl.interop.fe_nodes import POINTWISE
 from cudnn_dsl.ops.pointwise import CUDNN_NAME
-from cudnn_dsl.target.library import BackendUnavailable, Target, cudnn_library, stand_in_source
+from cudnn_dsl.target.bits import nbytes as bool_nbytes
+from cudnn_dsl.target.driver import StandInUnavailable, stand_in_image
+from cudnn_dsl.target.library import BackendUnavailable, Target, cudnn_library
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
+from dsl.types import TensorType, itemsize
 
 #: the pygraph's enums (cudnn.NAME.VALUE) as the C++ frontend names them; the values are spelled alike
 _ENUMS = {
@@ -252,67 +256,73 @@ def define_graph(graph: Graph, inst: Instance, options) -> tuple[str, dict, dict
 
 
 @attrs.frozen
-class Memory:
-    """One allocation of the C++ main: its name, size in bytes, and the input file it starts from (or none)."""
+class Twin:
+    """One graph of a C++ project: its section of graphs.cpp and its input files."""
 
     name: str
-    nbytes: int
-    file: str | None
+    """what main calls it (unique in a project)"""
+    code: str
+    """its namespace in graphs.cpp: define_graph and the Twin main plans and runs"""
+    inputs: dict[str, bytes]
+    """its input files, by path in the project"""
 
 
-def _limit(workspace_limit) -> int:
-    return -1 if workspace_limit is None else int(workspace_limit)
+def namespace(name: str) -> str:
+    """The C++ namespace of the twin called `name`."""
+    return "twin_" + re.sub(r"[^0-9A-Za-z_]", "_", name)
 
 
-def _memories(graph: Graph, inst: Instance, options, inits, scratch) -> tuple[list[Memory], dict[str, bytes]]:
-    """The allocations (`own_memory`'s names) and the input files: every input drawn as `run` draws it
-    (run.inputs.generate_inputs, on the CPU), written as the bytes of its memory."""
+def _nbytes(t: TensorType) -> int:
+    return bool_nbytes(t) if t.dtype == "bool" else t.storage * itemsize(t.dtype)
+
+
+def _memory(t) -> bytes:
+    """A CPU tensor's memory, as cuDNN reads it (the whole of its storage)."""
+    storage = t.untyped_storage()
+    return ctypes.string_at(storage.data_ptr(), storage.nbytes())
+
+
+def _memories(graph: Graph, inst: Instance, options, inits, scratch, where: str) -> tuple[list[str], dict]:
+    """The initializers of the allocations (`own_memory`'s names) and the input files, under `where`: every
+    input drawn as `run` draws it (run.inputs.generate_inputs, on the CPU), written as the bytes of its memory."""
     from cudnn_dsl.run.inputs import generate_inputs
-    from cudnn_dsl.target.memory import empty
 
     drawn = generate_inputs(graph, inst, "cpu", options.seed, inits)
     memories, files = [], {}
     for k, name in enumerate(own_memory(graph, scratch)):
-        t = empty(inst.type(name), "cpu")
-        nbytes = t.untyped_storage().nbytes()
-        file = None
+        file = "nullptr"
         if name in drawn:
-            file = f"inputs/{k}.bin"
-            files[file] = bytes(drawn[name].untyped_storage())
-        memories.append(Memory(name, nbytes, file))
+            files[f"{where}/{k}.bin"] = _memory(drawn[name])
+            file = _cstr(f"{where}/{k}.bin")
+        memories.append(f"{{{_cstr(name)}, {_nbytes(inst.type(name))}, {file}}}")
     return memories, files
 
 
-def _views(graph: Graph, inst: Instance) -> list[tuple[str, str, int]]:
-    """(view, buffer, byte offset) of each view, and (output, the value it overwrites, 0) of each in-place output."""
-    from cudnn_dsl.target.dtypes import torch_dtype
-
+def _views(graph: Graph, inst: Instance) -> list[str]:
+    """{view, buffer, byte offset} of each view, and {output, the value it overwrites, 0} of each in-place output."""
     out = []
     for v in graph.views:
         t = inst.type(v.name)
         if t.dtype == "bool":
             raise DslError(Diagnostic("error", "emit --format cpp: a view of a bool buffer is not written yet", v.loc))
-        out.append((v.name, v.view[0], v.view[1] * torch_dtype(t.dtype).itemsize))
-    out += [(v.name, v.into, 0) for v in graph.in_place]
-    return out
+        out.append(f"{{{_cstr(v.name)}, {_cstr(v.view[0])}, {v.view[1] * itemsize(t.dtype)}}}")
+    return out + [f"{{{_cstr(v.name)}, {_cstr(v.into)}, 0}}" for v in graph.in_place]
 
 
-def _host_bytes(value, dtype: str) -> list[int]:
+def _host_bytes(value, dtype: str) -> str:
     from cudnn_dsl.target.memory import host_scalar
 
-    return list(bytes(host_scalar(value, dtype).untyped_storage()))
+    return ", ".join(map(str, _memory(host_scalar(value, dtype))))
 
 
-def _frontend_include() -> Path:
-    spec = importlib.util.find_spec("cudnn")
-    if spec is None or spec.origin is None:
-        raise BackendUnavailable("the cuDNN Frontend is not installed: pip install nvidia-cudnn-frontend")
-    return Path(spec.origin).parents[1] / "include"
+def _list(items: list[str], indent: str = "        ") -> str:
+    """A braced initializer list, an item a line."""
+    return "{}" if not items else "{\n" + "".join(f"{indent}{item},\n" for item in items) + indent[4:] + "}"
 
 
-def emit_cpp(graph: Graph, inst: Instance, options, target: Target, inits=None, partition=None) -> dict[str, bytes]:
-    """The files of the C++ project, by relative path. `target`: what main plans for without a device. A graph
-    cuDNN takes only in parts (`partition`) is refused at the graph."""
+def twin(name: str, graph: Graph, inst: Instance, options, target: Target, inits=None, partition=None) -> Twin:
+    """The twin of one shape of a graph, called `name` in its project. A graph cuDNN for `target` takes only in
+    parts (`partition`) is refused at the graph."""
     if partition is not None:
         raise DslError(
             Diagnostic(
@@ -323,71 +333,110 @@ def emit_cpp(graph: Graph, inst: Instance, options, target: Target, inits=None, 
             )
         )
     body, host, scratch = define_graph(graph, inst, options)
-    memories, files = _memories(graph, inst, options, inits, scratch)
-    outputs = [v.name for v in graph.outputs]
-    lines = [
-        f"// Graph {_cstr(graph.name)} ({inst.label or 'one shape'}) from {_cstr(graph.file)}:",
-        "// emitted by `cudnn-dsl emit --format cpp`; main.cpp includes it.",
-        "#pragma once",
+    ns = namespace(name)
+    memories, files = _memories(graph, inst, options, inits, scratch, f"inputs/{ns}")
+    modes = [f"fe::HeurMode_t::{m}" for m in options.modes()]
+    engines = [str(int(e)) for e in sorted(set(options.exclude_engines or ()))]
+    bound = [f"{{{_cstr(n)}, {uid}}}" for n, uid in bound_uids(graph, scratch)]
+    scalars = [f"{{{uid}, {{{_host_bytes(v, dt)}}}}}" for uid, (v, dt) in host.items()]
+    outputs = [f"{{{_cstr(v.name)}, {_nbytes(inst.type(v.name))}}}" for v in graph.outputs]
+    code = f"""// Graph {_cstr(graph.name)} ({inst.label or "one shape"}) from {_cstr(graph.file)}.
+namespace {ns} {{
+
+void define_graph(fe::graph::Graph& g) {{
+{body}
+}}
+
+const Twin twin{{
+    .name = {_cstr(name)},
+    .define_graph = define_graph,
+    .heuristic_modes = {{{", ".join(modes)}}},
+    .excluded_engines = {{{", ".join(engines)}}},
+    .constrained = {_cpp(bool(options.constraints))},
+    .build_all = {_cpp(options.build_policy == "all")},
+    .workspace_limit = {-1 if options.workspace_limit is None else int(options.workspace_limit)},
+    .deterministic = {_cpp(bool(options.deterministic))},
+    .no_runtime_compilation = {_cpp(bool(options.no_runtime_compilation))},
+    .memories = {_list(memories)},
+    .views = {_list(_views(graph, inst))},
+    .bound = {_list(bound)},
+    .host_scalars = {_list(scalars)},
+    .outputs = {_list(outputs)},
+}};
+
+}}  // namespace {ns}
+"""
+    return Twin(name, code, files)
+
+
+def project(twins: list[Twin], target: Target) -> dict[str, bytes]:
+    """The files of a C++ project of these twins, by relative path. `target`: what main plans for without a
+    device. ValueError when two twins' names give one namespace."""
+    spaces = [namespace(t.name) for t in twins]
+    if len(set(spaces)) < len(spaces):
+        raise ValueError(f"twins' names must give distinct C++ namespaces: {', '.join(t.name for t in twins)}")
+    sources = resources.files("cudnn_dsl.interop").joinpath("cpp")
+    graphs = [
+        "// The graphs of this project, emitted by `cudnn-dsl emit --format cpp`: each one's frontend calls",
+        "// (define_graph) and what main plans and runs it with (twin.h says what each field means).",
+        '#include "twin.h"',
         "",
-        "namespace emitted {",
+        "namespace fe = cudnn_frontend;",
         "",
-        f"inline const char* const GRAPH_NAME = {_cstr(graph.name)};",
-        f"inline const char* const TARGET_NAME = {_cstr(target.name)};",
-        f"constexpr int32_t TARGET_SM_VERSION = {int(target.sm_version)};",
-        "inline const std::vector<fe::HeurMode_t> HEURISTIC_MODES = {"
-        + ", ".join(f"fe::HeurMode_t::{m}" for m in options.modes() if m.isidentifier())
-        + "};",
-        "inline const std::vector<int64_t> EXCLUDED_ENGINES = {"
-        + ", ".join(str(int(e)) for e in sorted(set(options.exclude_engines or ())))
-        + "};",
-        f"constexpr bool CONSTRAINED = {_cpp(bool(options.constraints))};  // a walk over the plans left, as run's",
-        f"constexpr bool BUILD_ALL = {_cpp(options.build_policy == 'all')};",
-        f"constexpr int64_t WORKSPACE_LIMIT = {_limit(options.workspace_limit)};  // -1: none",
-        f"constexpr bool DETERMINISTIC = {_cpp(bool(options.deterministic))};",
-        f"constexpr bool NO_RUNTIME_COMPILATION = {_cpp(bool(options.no_runtime_compilation))};",
+        f"const char* const TARGET_NAME = {_cstr(target.name)};",
+        f"const int32_t TARGET_SM_VERSION = {int(target.sm_version)};",
         "",
-        "// Memory of its own: name, bytes, the input file it is read from (nullptr: left uninitialised).",
-        "inline const std::vector<Memory> MEMORIES = {",
-        *(f"    {{{_cstr(m.name)}, {m.nbytes}, {_cstr(m.file) if m.file else 'nullptr'}}}," for m in memories),
-        "};",
-        "// Views into another's memory: name, whose, byte offset (an in-place output: the value it overwrites).",
-        "inline const std::vector<View> VIEWS = {",
-        *(f"    {{{_cstr(n)}, {_cstr(b)}, {off}}}," for n, b, off in _views(graph, inst)),
-        "};",
-        "// The variant pack: name -> uid of every tensor bound.",
-        "inline const std::vector<Bound> BOUND = {",
-        *(f"    {{{_cstr(n)}, {uid}}}," for n, uid in bound_uids(graph, scratch)),
-        "};",
-        "// Pass-by-value scalars: uid, the bytes cuDNN reads from host memory.",
-        "inline const std::vector<HostScalar> HOST_SCALARS = {",
-        *(f"    {{{uid}, {{{', '.join(map(str, _host_bytes(v, dt)))}}}}}," for uid, (v, dt) in host.items()),
-        "};",
-        "inline const std::vector<const char*> OUTPUTS = {" + ", ".join(map(_cstr, outputs)) + "};",
-        "",
-        "inline void define_graph(fe::graph::Graph& g) {",
-        body,
-        "}",
-        "",
-        "}  // namespace emitted",
+        *(t.code for t in twins),
+        "const std::vector<const Twin*> TWINS = {" + ", ".join(f"&{ns}::twin" for ns in spaces) + "};",
         "",
     ]
-    files["graph.h"] = "\n".join(lines).encode()
+    files = {rel: data for t in twins for rel, data in t.inputs.items()}
+    files["graphs.cpp"] = "\n".join(graphs).encode()
+    for name in ("twin.h", "main.cpp"):
+        files[name] = sources.joinpath(name).read_bytes()
     files["device.json"] = target.descriptor.encode()
-    files["nodevice.c"] = stand_in_source().encode()
-    files["main.cpp"] = resources.files("cudnn_dsl.interop").joinpath("cpp/main.cpp").read_bytes()
-    files["CMakeLists.txt"] = _cmake(graph.name).encode()
+    files["CMakeLists.txt"] = _cmake().encode()
+    files[STAND_IN] = _stand_in()
     return files
 
 
-def _cmake(name: str) -> str:
-    """The CMake project: main, and the stand-in libcuda.so.1 it loads where no driver is; the frontend's and
-    cuDNN's paths default to the pip packages the emitter ran with."""
+def emit_cpp(graph: Graph, inst: Instance, options, target: Target, inits=None, partition=None) -> dict[str, bytes]:
+    """The C++ project of one graph (the twin's name is the graph's), by relative path."""
+    return project([twin(graph.name, graph, inst, options, target, inits, partition)], target)
+
+
+STAND_IN = "nodevice/libcuda.so.1"
+"""the project's file of the no-device libcuda.so.1 (target.driver), which main loads where no driver is"""
+
+
+def _cudnn() -> Path:
     lib = cudnn_library()
-    project = re.sub(r"[^0-9A-Za-z_]", "_", name) or "graph"
-    return f"""# The C++ twin of graph {name!r}, emitted by `cudnn-dsl emit --format cpp`.
+    if lib is None:
+        raise BackendUnavailable("the cuDNN library is not installed: pip install nvidia-cudnn-cu13")
+    return lib
+
+
+def _stand_in() -> bytes:
+    try:
+        return stand_in_image(_cudnn().parent)
+    except StandInUnavailable as e:
+        raise BackendUnavailable(f"a C++ project needs a no-device libcuda.so.1: {e}") from None
+
+
+def _frontend_include() -> Path:
+    spec = importlib.util.find_spec("cudnn")
+    if spec is None or spec.origin is None:
+        raise BackendUnavailable("the cuDNN Frontend is not installed: pip install nvidia-cudnn-frontend")
+    return Path(spec.origin).parents[1] / "include"
+
+
+def _cmake() -> str:
+    """The CMake project: main, from two translation units (its graphs, and main.cpp), which build in parallel; the
+    frontend's and cuDNN's paths default to the pip packages the emitter ran with."""
+    lib = _cudnn()
+    return f"""# C++ twins of cudnn-dsl graphs, emitted by `cudnn-dsl emit --format cpp`.
 cmake_minimum_required(VERSION 3.18)
-project(cudnn_dsl_{project} LANGUAGES C CXX)
+project(cudnn_dsl_twins LANGUAGES CXX)
 
 set(CUDNN_FRONTEND_INCLUDE_DIR "{_frontend_include()}" CACHE PATH "the cuDNN Frontend's headers")
 set(CUDNN_INCLUDE_DIR "{lib.parent.parent / "include"}" CACHE PATH "cuDNN's headers")
@@ -401,22 +450,12 @@ find_library(NVRTC_LIBRARY NAMES nvrtc libnvrtc.so.13 HINTS "{lib.parents[2] / "
 find_library(CUDART_LIBRARY cudart HINTS ENV CUDA_HOME PATH_SUFFIXES lib lib64
              PATHS /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda-13.0/lib REQUIRED)
 
-# Target names: main and nodevice, after a prefix a project holding several twins sets (add_subdirectory).
-set(main "${{CUDNN_DSL_PREFIX}}main")
-set(nodevice "${{CUDNN_DSL_PREFIX}}nodevice")
-
-# Answers CUDA_ERROR_NO_DEVICE to every driver call: main loads it where no libcuda.so.1 does, so cuDNN loads.
-add_library(${{nodevice}} SHARED nodevice.c)
-set_target_properties(${{nodevice}} PROPERTIES OUTPUT_NAME cuda NO_SONAME ON LINK_FLAGS "-Wl,-soname,libcuda.so.1"
-                      SUFFIX ".so.1" LIBRARY_OUTPUT_DIRECTORY "${{CMAKE_CURRENT_BINARY_DIR}}/nodevice")
-
-add_executable(${{main}} main.cpp)
-set_target_properties(${{main}} PROPERTIES OUTPUT_NAME main CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
-                      BUILD_RPATH "{lib.parent}")
-target_include_directories(${{main}} PRIVATE "${{CMAKE_CURRENT_SOURCE_DIR}}" "${{CUDNN_FRONTEND_INCLUDE_DIR}}"
-                           "${{CUDNN_INCLUDE_DIR}}" "${{CUDA_RUNTIME_INCLUDE_DIR}}" "${{NVRTC_INCLUDE_DIR}}")
-target_compile_definitions(${{main}} PRIVATE NO_DEVICE_DRIVER="$<TARGET_FILE:${{nodevice}}>"
-                           PROJECT_DIR="${{CMAKE_CURRENT_SOURCE_DIR}}")
-target_link_libraries(${{main}} PRIVATE "${{CUDNN_LIBRARY}}" "${{NVRTC_LIBRARY}}" "${{CUDART_LIBRARY}}" dl)
-add_dependencies(${{main}} ${{nodevice}})
+add_executable(main main.cpp graphs.cpp)
+set_target_properties(main PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON BUILD_RPATH "{lib.parent}")
+target_include_directories(main PRIVATE "${{CUDNN_FRONTEND_INCLUDE_DIR}}" "${{CUDNN_INCLUDE_DIR}}"
+                           "${{CUDA_RUNTIME_INCLUDE_DIR}}" "${{NVRTC_INCLUDE_DIR}}")
+# main reads device.json and inputs/ from here, and loads the no-device libcuda.so.1 where no driver provides one.
+target_compile_definitions(main PRIVATE PROJECT_DIR="${{CMAKE_CURRENT_SOURCE_DIR}}"
+                           NO_DEVICE_DRIVER="${{CMAKE_CURRENT_SOURCE_DIR}}/{STAND_IN}")
+target_link_libraries(main PRIVATE "${{CUDNN_LIBRARY}}" "${{NVRTC_LIBRARY}}" "${{CUDART_LIBRARY}}" dl)
 """

@@ -174,12 +174,18 @@ def elf_image(names: list[str], machine: str | None = None) -> bytes:
     return bytes(image)
 
 
+def stand_in_image(lib_dir: Path) -> bytes:
+    """The stand-in for the cuDNN libraries in lib_dir, for this processor: what load_stand_in loads, and the file
+    the C++ projects of `emit --format cpp` load where there is no driver."""
+    return elf_image(driver_symbols(lib_dir))
+
+
 def load_stand_in(lib_dir: Path) -> None:
     """Makes the stand-in for the cuDNN libraries in lib_dir and loads it, as libcuda.so.1, for the process.
 
     The image goes into a memory file sealed against any change, is read back and compared, and is loaded from
     the file descriptor: no path another process could swap it at."""
-    image = elf_image(driver_symbols(lib_dir))
+    image = stand_in_image(lib_dir)
     seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
     try:
         fd = os.memfd_create("libcuda.so.1", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
