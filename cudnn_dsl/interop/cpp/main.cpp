@@ -242,8 +242,9 @@ int main(int argc, char** argv) {
     auto properties = deviceless ? target_properties() : nullptr;
     for (const Twin* twin : chosen) {
         fe::graph::Graph g;
-        twin->define_graph(g);
+        // Before the ops: each op takes the graph's SM version when it is added (attention asks the device else).
         if (deviceless) g.set_device_properties(properties).set_sm_version(TARGET_SM_VERSION);
+        twin->define_graph(g);
         int64_t index = plan(*twin, g, handle, deviceless, pin_text ? &pin : nullptr);
         std::string name;
         check(index < 0 ? g.get_plan_name(name) : g.get_plan_name_at_index(index, name), "get_plan_name");
