@@ -40,7 +40,8 @@ def run_unit(unit: Unit, sweep: str, attempt: int = 1, skip: frozenset = frozens
 
 def provenance(sweep: str, attempt: int, device=None) -> dict:
     """Where and on what a record was made."""
-    import cudnn_dsl
+    from importlib import metadata
+
     from cudnn_dsl.target.library import answering
     from cudnn_dsl.target.machine import environment
 
@@ -50,7 +51,7 @@ def provenance(sweep: str, attempt: int, device=None) -> dict:
         "host": socket.gethostname(),
         "cudnn": library.version,
         "cudnn_frontend": env["cudnn_frontend"],
-        "cudnn_dsl": cudnn_dsl.__version__,
+        "cudnn_dsl": metadata.version("cudnn-dsl"),
         "torch": env["torch"],
         "gpu": env["gpu"],
         "driver": env["driver"],
@@ -182,7 +183,7 @@ def failure(unit: Unit, binding: tuple, outcome: str, why: str, sweep: str, atte
     return Record(unit.mode, key, graph.name, dict(binding), unit.id, outcome, {"error": why[:2000]}, prov)
 
 
-def main() -> int:
+def main() -> None:
     """The local executor's worker loop (see the module's docstring)."""
     out = sys.stdout
     sys.stdout = sys.stderr  # what cuDNN, torch or a warning prints stays off the protocol
@@ -195,8 +196,7 @@ def main() -> int:
             out.flush()
         out.write(json.dumps({"done": unit.id}) + "\n")
         out.flush()
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
