@@ -145,8 +145,10 @@ def _table(at: _At, doc: dict, name: str, required: bool = False) -> dict:
 
 def _only(at: _At, table: dict, known: set[str], where: str) -> None:
     extra = sorted(set(table) - known)
+    if extra and not where:
+        raise at.error(f"[{extra[0]}]", f"unknown table (known: {', '.join(sorted(known))})")
     if extra:
-        raise at.error(f"{where} {extra[0]}".strip(), f"unknown key (known: {', '.join(sorted(known))})")
+        raise at.error(f"{where} {extra[0]}", f"unknown key (known: {', '.join(sorted(known))})")
 
 
 def _get(at: _At, table: dict, where: str, key: str, kind: type, default):

@@ -22,6 +22,8 @@ from dsl.ir import Graph, Instance, NotFound
 
 SUPPORT_S = 2.2
 """seconds of one deviceless plan: the median of the examples on two CPU cores (docs/fleet.md)"""
+SHOWN = 20
+"""skipped shapes listed per reason in a summary"""
 CANDIDATE_S = 0.5
 """seconds to build and time one candidate plan on a GPU: the examples' total build time over their candidate
 count on the H200 (docs/results/tune-h200.json, build_s.plans)"""
@@ -109,9 +111,15 @@ class Work:
             f"mode {self.spec.mode}, estimated {_duration(total)} of worker time"
         ]
         lines += [f"  {_duration(u.estimate_s):>8}  {u.label}" for u in self.units]
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)}:")
-            lines += [f"  {s.label}: {s.why}" for s in self.skipped]
+        by_why: dict[str, list[str]] = {}
+        for s in self.skipped:
+            by_why.setdefault(s.why, []).append(s.label)
+        if by_why:
+            lines.append(f"skipped {len(self.skipped)} shapes:")
+        for why, labels in by_why.items():
+            lines += [f"  {label}: {why}" for label in labels[:SHOWN]]
+            if len(labels) > SHOWN:
+                lines.append(f"  ... and {len(labels) - SHOWN} more: {why} (--json lists them all)")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -156,13 +164,15 @@ def plan(spec: Spec, stored: Callable[[str, dict], bool] | None = None, progress
         bundled = {Target.from_file(p).name: Target.from_file(p) for p in sorted(DEVICES_DIR.glob("*.json"))}
         lanes = [(gpu, "", "", bundled.get(gpu)) for gpu, _ in spec.tune_targets]
 
+    _check_shape_names(spec, graphs)
     units, skipped, seen = [], [], {}
     for file, source, g in graphs:
         instances = _instances(spec, file, g)
         for name, descriptor, cudnn, target in lanes:
             group = []
             for inst in instances:
-                label = f"{spec.relative(file)}:{g.name} {inst.label} on {name}" + (f" cuDNN {cudnn}" if cudnn else "")
+                shape = f" {inst.label}" if inst.binding else ""
+                label = f"{spec.relative(file)}:{g.name}{shape} on {name}" + (f" cuDNN {cudnn}" if cudnn else "")
                 why, estimate = _why_skipped(spec, file, g, inst, name, cudnn, target, label, seen, stored, progress)
                 if why:
                     skipped.append(Skipped(label, why))
@@ -194,6 +204,17 @@ def _target(spec: Spec, name: str):
         return Target.from_file(name) if "/" in name else Target.named(name)
     except (UnknownTarget, DescriptorFileError) as e:
         raise SpecError(f"{spec.path}: [plan_targets] targets: {e}") from None
+
+
+def _check_shape_names(spec: Spec, graphs) -> None:
+    """A [shapes] table must name a graph of the sweep: a misspelt one would silently sweep every shape."""
+    names = {n for file, _, g in graphs for n in (f"{spec.relative(file)}:{g.name}", g.name)}
+    for name, _ in spec.shapes:
+        if name not in names:
+            raise SpecError(
+                f"{spec.path}: [shapes.{name!r}]: no graph of the sweep is called that (name one as 'file.cdg:graph' "
+                f"relative to the spec, or by its graph name: {', '.join(sorted(n for n in names if ':' not in n))})"
+            )
 
 
 def _instances(spec: Spec, file: str, g: Graph) -> list[Instance]:
