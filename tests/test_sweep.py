@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from cli_util import run_cli
+
 from cudnn_dsl import sweep
 from cudnn_dsl.run.partition import plan_for_target
 from cudnn_dsl.store.keys import PlanKey
