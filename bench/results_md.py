@@ -10,8 +10,8 @@ Usage: python bench/results_md.py [--check] [--plot]
 `render(results_dir)` reads JSON with the standard library alone (no torch, no cuDNN), so that
 tests/test_results_doc.py can check the page against it quickly. Which section a file gets is chosen by
 its name (MATCH): bench-cold-*.json, bench-*.json, eject-parity-*.json, tune-exhaustive-*.json, tune-*.json,
-reuse-*.json, partition-*.json, torch-op-*.json, train-*.json and frontend*.json; a JSON of another name is
-listed at the end, with the logs (*.txt).
+reuse-*.json, partition-*.json, torch-op-*.json, train-*.json, frontend*.json and sweep-*.json; a JSON of
+another name is listed at the end, with the logs (*.txt).
 """
 
 from __future__ import annotations
@@ -596,6 +596,40 @@ def per_step_table(counted: dict) -> str:
     return table(headers + ["torch kernels per step, cudnn-dsl", "torch kernels per step, torch"], rows)
 
 
+def sweep(path: Path, data: dict) -> str:
+    rows = [
+        [
+            "`cudnn-dsl support FILES --target ...`, one process",
+            data["shapes"],
+            num(data["support_one_process_s"]),
+            "1.00x",
+        ],
+        [
+            f"`cudnn-dsl sweep`, local executor, {data['workers']} workers",
+            data["planned"],
+            num(data["sweep_s"]),
+            times(data["support_one_process_s"], data["sweep_s"]),
+        ],
+        [
+            "`cudnn-dsl sweep` again (the store answers every shape)",
+            0,
+            num(data["sweep_again_s"]),
+            times(data["support_one_process_s"], data["sweep_again_s"]),
+        ],
+    ]
+    return join(
+        [
+            heading("A deviceless sweep", path),
+            f"`bench/sweep.py`: {len(data['examples'])} examples ({', '.join(data['examples'])}) planned for "
+            f"{len(data['targets'])} targets ({', '.join(data['targets'])}) without a GPU, on {data['cores']} cores "
+            f"(load average {num(data['load_average'][0])} at the end), each command a fresh process timed from start "
+            f"to exit. The sweep plans {data['deduplicated']} fewer shapes: the same graph content at the same shape "
+            f"is planned once. Its manifest: `{data['manifest']}`.",
+            table(["run", "shapes planned", "seconds", "speed-up"], rows),
+        ]
+    )
+
+
 def frontend(path: Path, data: dict) -> str:
     where = ", ".join(x for x in (data.get("machine"), data.get("python") and f"Python {data['python']}") if x)
     rows, prev = [], None
@@ -630,9 +664,10 @@ MATCH: list[tuple[str, Callable[[Path, dict], str]]] = [
     ("torch-op-", torch_op),
     ("train-", train),
     ("frontend", frontend),
+    ("sweep-", sweep),
 ]
 #: the sections in the page's order
-ORDER = [bench, bench_cold, eject_parity, tune, tune_exhaustive, reuse, partition, torch_op, train, frontend]
+ORDER = [bench, bench_cold, eject_parity, tune, tune_exhaustive, reuse, partition, torch_op, train, frontend, sweep]
 
 #: log file-name prefix -> what it holds
 LOGS = {

@@ -19,7 +19,7 @@ def register(p) -> None:
         "store; `sweep merge DIR... --into STORE` merges staging directories or stores (set union: any order gives "
         "one manifest) and prints the manifest's digest."
     )
-    p.add_argument("spec", metavar="SPEC.toml|merge", help="the sweep spec, or `merge`")
+    p.add_argument("spec", nargs="?", metavar="SPEC.toml|merge", help="the sweep spec, or `merge`")
     p.add_argument("sources", nargs="*", metavar="DIR", help="merge: staging directories or stores to merge")
     p.add_argument("--into", metavar="STORE", help="merge: the store to merge into")
     p.add_argument("--dry-run", action="store_true", help="print the work (after planning on the CPU) and stop")
@@ -54,8 +54,10 @@ def run(args) -> int:
         raise common.UsageError("--address goes with --executor ray")
     if args.workers and args.executor != "local":
         raise common.UsageError("--workers goes with --executor local")
-    if args.resume and (args.dry_run or args.retune):
-        raise common.UsageError("--resume runs a planned sweep: --dry-run and --retune go with a spec")
+    if args.resume and (args.spec or args.dry_run or args.retune):
+        raise common.UsageError("--resume ID runs a planned sweep: no spec, --dry-run or --retune with it")
+    if not args.resume and not args.spec:
+        raise common.UsageError("sweep takes a spec (SPEC.toml), `merge DIR... --into STORE`, or --resume ID")
     progress = Progress.of(args, total=0)
     if args.resume:
         result = sweep.resume(args.resume, _executor(args), staging=args.staging, progress=progress)

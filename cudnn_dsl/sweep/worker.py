@@ -185,8 +185,11 @@ def failure(unit: Unit, binding: tuple, outcome: str, why: str, sweep: str, atte
 
 def main() -> None:
     """The local executor's worker loop (see the module's docstring)."""
-    out = sys.stdout
-    sys.stdout = sys.stderr  # what cuDNN, torch or a warning prints stays off the protocol
+    # The protocol gets a descriptor of its own; fd 1 becomes stderr, so that what cuDNN's C code, torch or a
+    # warning prints (at the C level too) never lands among the protocol's lines.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     for line in sys.stdin:
         job = json.loads(line)
         unit = Unit.from_json(job["unit"])
