@@ -60,7 +60,7 @@ def run(args) -> int:
         raise common.UsageError("sweep takes a spec (SPEC.toml), `merge DIR... --into STORE`, or --resume ID")
     progress = Progress.of(args, total=0)
     if args.resume:
-        result = sweep.resume(args.resume, _executor(args), staging=args.staging, progress=progress)
+        result = sweep.resume(args.resume, _executor(args, {}), staging=args.staging, progress=progress)
         return _report(args, result, environment())
     try:
         spec = sweep.Spec.load(args.spec)
@@ -73,7 +73,8 @@ def run(args) -> int:
         return common.EXIT_OK
     store = "" if args.no_merge else args.store
     print(f"staging: {args.staging or _staging(work.id)}  (resume with --resume {work.id})")
-    result = sweep.run(work, _executor(args), staging=args.staging, store=store, progress=progress)
+    executor = _executor(args, dict(spec.tune_targets))
+    result = sweep.run(work, executor, staging=args.staging, store=store, progress=progress)
     return _report(args, result, environment())
 
 
@@ -83,14 +84,15 @@ def _staging(sweep_id: str) -> str:
     return str(staging_of(sweep_id))
 
 
-def _executor(args):
+def _executor(args, gpus: dict[str, int]):
+    """The executor --executor names; `gpus`: how many GPUs of each type the spec lets a local sweep use."""
     from cudnn_dsl import sweep
 
     if args.executor == "ray":
         from cudnn_dsl.sweep.on_ray import RayExecutor
 
         return RayExecutor(address=args.address)
-    return sweep.LocalExecutor(workers=args.workers)
+    return sweep.LocalExecutor(workers=args.workers, gpus=gpus)
 
 
 def _report(args, result, env) -> int:
