@@ -112,6 +112,8 @@ def run(args) -> int:
     names = _Names(graphs, args)  # every flag is checked before any work: names, values, options, shapes
     loaded = {name: _load(name, path) for name, path in names.files.items()}
     setups = [_Setup(g, args, loaded, names) for g in graphs]
+    if args.dump:  # a directory the dump would be refused is said before any planning
+        _check_dump(args, setups)
     _say_ignored(args, gpu)
     if not gpu:
         common.warn(
@@ -139,6 +141,17 @@ def run(args) -> int:
 #: flags that only mean something when the graph runs on a GPU here, and the planning flags that mean nothing then
 _GPU_ONLY = ("device", "cuda_graph", "no_cache", "rebuild", "warmup", "iterations", "build_policy")
 _NO_GPU_ONLY = ("target", "device_properties")
+
+
+def _check_dump(args, setups) -> None:
+    from cudnn_dsl.debug import dump
+
+    for setup in setups:
+        for inst in setup.instances:
+            try:
+                dump.check_dump(Path(args.dump), Path(setup.graph.file), setup.graph, inst, args.force)
+            except dump.Refused as e:
+                raise common.UsageError(str(e)) from None
 
 
 def _say_ignored(args, gpu: bool) -> None:
