@@ -6,7 +6,9 @@ import base64
 import functools
 import hashlib
 import http.server
+import json
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -250,3 +252,135 @@ def test_run_require_tuned_refuses_before_planning_and_passes_once_the_fleet_has
     r = run_cli("run", tmp_path / "served.cdg", "--no-reference", "--target", "a100")
     assert r.returncode == 1 and "4 of 4 shapes" in r.stderr and "NVIDIA A100" in r.stderr
     assert run_cli("run", cdg, "--require-tuned", "--no-cache").returncode == 2
+
+
+# ---- signed manifests, cache verify, cache pull ----
+
+
+def _key_pair(tmp_path, name="fleet"):
+    """An Ed25519 key in OpenSSH's format (as ssh-keygen -t ed25519 writes it) and a trusted-keys file of its
+    public key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = tmp_path / f"{name}.key"
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    trusted = tmp_path / f"{name}.trusted"
+    trusted.write_text(f"# the fleet's keys\n{public.decode()} {name} signer\n")
+    return private, trusted
+
+
+def test_a_manifest_signed_by_a_trusted_key_lets_its_plans_load_as_they_are(tmp_path, served):
+    from cudnn_dsl.store import signing
+
+    pytest.importorskip("cryptography")
+    root, url = served
+    m = merge([_staging(tmp_path / "staging", tune_record(8))], root)
+    key, trusted = _key_pair(tmp_path)
+    other_key, other_trusted = _key_pair(tmp_path, "other")
+    r = run_cli("cache", "sign", f"{root}@sha256:{m.digest}", "--key", key)
+    assert r.returncode == 0, r.stderr
+    assert signing.check(open_tree(url), m.digest, str(trusted)) == signing.Status(
+        "fleet signer", "signed by trusted key fleet signer"
+    )
+    assert "none of them trusted" in signing.check(open_tree(url), m.digest, str(other_trusted)).text
+    g = _graph()
+    key8 = plan_key(g, g.instance({"N": 8}), g.options, *H200)
+    hit = Fleet((Pin(url, m.digest),), str(trusted)).lookup(key8, [])
+    assert hit.signer == "fleet signer" and not hit.entry.imported and "serialized plan" in hit.source
+    notes = []
+    untrusted = Fleet((Pin(url, m.digest),), str(other_trusted)).lookup(key8, notes)
+    assert untrusted.entry.imported and "none of them trusted here" in notes[0]
+    # a second signer is added beside the first; a changed signature is damage
+    assert run_cli("cache", "sign", f"{root}@sha256:{m.digest}", "--key", other_key).returncode == 0
+    sig = root / "manifests" / f"{m.digest}.sig"
+    assert len(json.loads(sig.read_text())["signatures"]) == 2
+    d = json.loads(sig.read_text())
+    d["signatures"][0]["signature"] = base64.b64encode(b"\0" * 64).decode()
+    sig.write_text(json.dumps(d))
+    status = signing.check(open_tree(url), m.digest, str(trusted))
+    assert status.bad and not status.signer and "does not verify" in status.text
+    # a manifest that is not there, or a key that is not Ed25519, is not signed
+    assert run_cli("cache", "sign", f"{root}@sha256:{'0' * 64}", "--key", key).returncode == 1
+    (tmp_path / "rsa").write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    assert "private key" in run_cli("cache", "sign", f"{root}@sha256:{m.digest}", "--key", tmp_path / "rsa").stderr
+
+
+def test_without_cryptography_a_signed_manifest_is_treated_as_unsigned(tmp_path, monkeypatch):
+    from cudnn_dsl.store import signing
+
+    pytest.importorskip("cryptography")
+    m = merge([_staging(tmp_path / "staging", tune_record(8))], tmp_path / "store")
+    key, trusted = _key_pair(tmp_path)
+    signing.sign(open_tree(tmp_path / "store"), m.digest, str(key))
+    for name in [n for n in sys.modules if n.split(".")[0] == "cryptography"] + ["cryptography"]:
+        monkeypatch.setitem(sys.modules, name, None)  # an import of it fails, as where it is not installed
+    status = signing.check(open_tree(tmp_path / "store"), m.digest, str(trusted))
+    assert not status.signer and not status.bad and "cryptography" in status.text and "unsigned" in status.text
+    with pytest.raises(StoreProblem, match="cudnn-dsl\\[fleet\\]"):
+        signing.sign(open_tree(tmp_path / "store"), m.digest, str(key))
+
+
+def test_cache_verify_checks_what_the_manifest_names_and_its_coverage(tmp_path, memory_store):
+    staging = _staging(tmp_path / "staging", tune_record(8), tune_record(16))
+    m = merge([staging], memory_store)
+    cdg = EXAMPLES / "dynamic_shapes.cdg"
+    r = run_cli("cache", "verify", memory_store, "--coverage", cdg, "--json", tmp_path / "v.json")
+    assert r.returncode == 1 and "coverage: 2 of 4" in r.stdout and "missing  " in r.stdout
+    v = json.loads((tmp_path / "v.json").read_text())
+    assert v["verify"]["manifest"] == f"sha256:{m.digest}" and v["verify"]["entries"] == 2
+    assert v["verify"]["measurements"] == 2 and not v["verify"]["problems"]
+    assert [c["shape"] for c in v["coverage"] if c["cudnn"]] == ["N=8", "N=16"]
+    assert run_cli("cache", "verify", f"{memory_store}@sha256:{m.digest}").returncode == 0
+    other = run_cli("cache", "verify", memory_store, "--coverage", cdg, "--gpu", "NVIDIA A100-SXM4-80GB")
+    assert other.returncode == 1 and "coverage: 0 of 4" in other.stdout
+    # a measurement changed, and an entry gone: damage, exit 1
+    tree = open_tree(memory_store)
+    (keydir, _), *_ = tree.listing("measurements")
+    ((record, _),) = tree.listing(f"measurements/{keydir}")
+    tree.write(f"measurements/{keydir}/{record}", b"{}")
+    r = run_cli("cache", "verify", memory_store)
+    assert r.returncode == 1 and "changed since it was written" in r.stderr
+    entry = tree.listing("entries")[0][0]
+    tree.fs.rm(f"{tree.root}/entries/{entry}")
+    r = run_cli("cache", "verify", memory_store)
+    assert r.returncode == 1 and "which is missing" in r.stderr
+    # a pin that matches no manifest is refused
+    assert run_cli("cache", "verify", f"{memory_store}@sha256:{'0' * 64}").returncode == 1
+    assert run_cli("cache", "verify", f"{memory_store}@sha256:xyz").returncode == 2
+
+
+def test_cache_pull_copies_one_gpu_types_plans_into_the_local_store(tmp_path, monkeypatch, served):
+    from cudnn_dsl.sweep.local import local_gpus
+
+    monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / "cache"))
+    root, url = served
+    a100 = attrs_evolve_gpu(tune_record(8), "NVIDIA A100-SXM4-80GB")
+    m = merge([_staging(tmp_path / "staging", tune_record(8), tune_record(16), a100)], root)
+    pin = f"{url}@sha256:{m.digest}"
+    r = run_cli("cache", "pull", pin, "--gpu", "NVIDIA H200", "--json", tmp_path / "p.json")
+    assert r.returncode == 0, r.stderr
+    assert "pulled 2 plans for NVIDIA H200" in r.stdout and "left 1 plans" in r.stdout
+    rows = PlanStore(tmp_path / "cache" / "plans").listing()
+    assert len(rows) == 2 and all(row.tuned and row.imported and row.gpu == "NVIDIA H200" for row in rows)
+    again = run_cli("cache", "pull", pin, "--gpu", "NVIDIA H200")
+    assert "pulled 0 plans" in again.stdout and "2 were already here" in again.stdout
+    # only the graphs of some files: none of these is the conv
+    r = run_cli("cache", "pull", pin, "--gpu", "NVIDIA A100-SXM4-80GB", "--graphs", EXAMPLES / "sdpa.cdg")
+    assert "pulled 0 plans" in r.stdout and "left 3 plans of other GPUs or graphs" in r.stdout
+    if not local_gpus():
+        r = run_cli("cache", "pull", pin, "--gpu", "auto")
+        assert r.returncode == 2 and "nvidia-smi lists no GPU" in r.stderr
+    assert run_cli("cache", "pull", url, "--gpu", "NVIDIA H200").returncode == 2  # a deployment pins a manifest
+    assert run_cli("cache", "pull", pin).returncode == 2
+    assert run_cli("cache", "ls", "--gpu", "x").returncode == 2
+
+
+def attrs_evolve_gpu(r: Record, gpu: str) -> Record:
+    import attrs
+
+    return attrs.evolve(r, key=attrs.evolve(r.key, gpu=gpu, compute_capability="8.0"))

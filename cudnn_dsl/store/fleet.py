@@ -27,7 +27,7 @@ import attrs
 from cudnn_dsl.store import signing
 from cudnn_dsl.store.files import StoreProblem, loads
 from cudnn_dsl.store.keys import PlanKey
-from cudnn_dsl.store.plans import ENTRY_LIMIT, Entry
+from cudnn_dsl.store.plans import ENTRY_LIMIT, Entry, PlanStore
 from cudnn_dsl.store.remote import Tree, open_tree
 
 ENV = "CUDNN_DSL_STORE"
@@ -139,16 +139,43 @@ def read_entry(tree: Tree, sha: str) -> dict:
     return d
 
 
-def plan_entry(tree: Tree, row: dict, key: PlanKey | None = None) -> Entry:
-    """The plan store entry a manifest's row names (for `key`, when given), checked whole."""
-    d = read_entry(tree, row["sha256"])
+def plan_entry(tree: Tree, keyid: str, row: dict) -> Entry:
+    """The plan store entry a manifest's row for key `keyid` names, checked whole."""
+    where = tree.join(entry_name(row["sha256"]))
     try:
-        entry = Entry.from_json(d)
+        entry = Entry.from_json(read_entry(tree, row["sha256"]))
     except ValueError as e:
-        raise StoreProblem(f"entry {tree.join(entry_name(row['sha256']))}: {e}") from None
-    if key is not None and entry.key != key:
-        raise StoreProblem(f"entry {tree.join(entry_name(row['sha256']))} was made for another key")
+        raise StoreProblem(f"entry {where}: {e}") from None
+    if entry.key.id != keyid:
+        raise StoreProblem(f"entry {where} was made for key {entry.key.id}, not {keyid}")
     return entry
+
+
+@attrs.frozen
+class Pulled:
+    written: int
+    kept: int
+    """local tuned plans left in place (force replaces them)"""
+    same: int
+    """plans the local store already had"""
+    left: int
+    """the manifest's plans of other GPUs, or of graphs not asked for"""
+    signer: str
+    """the trusted key that signed the manifest ('' : its plans will be rebuilt from engine id + knobs)"""
+
+
+def pull(
+    pin: Pin, gpus: set[str], digests: set[str] | None, store: PlanStore, trusted_keys: str | None, force: bool = False
+) -> Pulled:
+    """Copies the pinned manifest's plans for these GPU types (and graph digests, unless None) into the local plan
+    store, for a serving image. Every entry is fetched and checked before any is written."""
+    tree = open_tree(pin.url)
+    rows = read_manifest(tree, pin.digest)["plans"]
+    signer = signing.check(tree, pin.digest, trusted_keys).signer if trusted_keys else ""
+    chosen = {k: r for k, r in rows.items() if r.get("gpu") in gpus and (digests is None or r.get("digest") in digests)}
+    entries = [attrs.evolve(plan_entry(tree, k, r), imported=not signer) for k, r in sorted(chosen.items())]
+    counts = store.take(entries, force)
+    return Pulled(counts["written"], counts["kept"], counts["same"], len(rows) - len(chosen), signer)
 
 
 @attrs.frozen
@@ -196,7 +223,7 @@ class Fleet:
                 row = manifest["plans"].get(key.id)
                 if row is None:
                     continue
-                entry = plan_entry(tree, row, key)
+                entry = plan_entry(tree, key.id, row)
             except StoreProblem as e:
                 self._failed[pin] = str(e)
                 notes.append(f"fleet store {pin.short}: {e}; not used")
