@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_util import run_cli
 from tests.helpers import matches
 
 pytestmark = [pytest.mark.gpu]
@@ -81,6 +82,10 @@ def test_a_pinned_remote_plan_is_rebuilt_here_and_copied_into_the_local_store(fl
     # the next process finds it in the local store, a plan made here
     again = cudnn_dsl.compile(MM)
     assert again.executable(again.graph.instances[0]).source == "plan store (serialized plan)"
+    # run --require-tuned looks it up for this GPU, then serves it
+    r = run_cli("run", MM, "--require-tuned")
+    assert r.returncode == 0 and "from plan store (serialized plan)" in r.stdout, r.stderr
+    assert run_cli("run", ROOT / "examples" / "conv_bias_relu.cdg", "--require-tuned").returncode == 1
 
 
 def test_a_signed_manifest_from_a_trusted_key_loads_the_serialized_plan(fleet, tmp_path, monkeypatch):
