@@ -12,8 +12,6 @@ docs/fleet.md has the spec, the store's layout and the rules of the merge.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from cudnn_dsl.sweep.local import LocalExecutor
 from cudnn_dsl.sweep.merge import Merged, merge, stored
 from cudnn_dsl.sweep.run import Result, resume, run
@@ -26,5 +24,5 @@ __all__ = ["LocalExecutor", "Merged", "Result", "Spec", "SpecError", "Unit", "Wo
 
 def plan(spec: Spec, *, skip_stored: bool = True, progress=None) -> Work:
     """The spec's work, planned on the CPU; shapes the spec's store already answers are skipped unless told not."""
-    has = stored(Path(spec.store)) if skip_stored and spec.store and "://" not in spec.store else None
+    has = stored(spec.store) if skip_stored and spec.store else None
     return _plan(spec, has, progress)

@@ -8,29 +8,22 @@ of times, by any number of hosts give one manifest and one digest. Nothing is ov
 that disagree for one key are a conflict with no winner, and one plan measured more than 20% apart on two hosts is
 flagged. Damaged files are reported, never read.
 
-The layout of a fleet store (entries and manifests are named by their sha256 too, so a pinned manifest stays
-readable after later merges):
-
-    measurements/<key id>/<sha256>.json   records (sweep.records)
-    entries/<sha256>.json                 the chosen plan of a key (a plan store entry) or support answer
-    manifests/<sha256>.json               {key id: entry} for every key, conflicts, flags
-    LATEST                                sha256:<digest of the newest manifest>
+The store's layout is store.fleet's; a store, and each source, is a path or a URL (store.remote).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import math
-import os
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
 
-from cudnn_dsl.store.files import StoreProblem, atomic_write
+from cudnn_dsl.store.files import StoreProblem
+from cudnn_dsl.store.fleet import LATEST, entry_name, latest_digest, manifest_name, read_manifest
 from cudnn_dsl.store.keys import FORMAT
+from cudnn_dsl.store.remote import Tree, open_tree
 from cudnn_dsl.sweep import records as rec
 from cudnn_dsl.sweep.records import Damaged, Record, canonical, sha256
 
@@ -53,26 +46,27 @@ class Merged:
     damaged: list[Damaged]
 
 
-def merge(sources: Iterable[Path], into: Path) -> Merged:
+def merge(sources: Iterable[Path | str], into: Path | str | Tree) -> Merged:
     """Copies every record of sources into the store `into`, then writes its entries and manifest (Merged)."""
-    into = Path(into)
+    tree = open_tree(into)
+    if not tree.writable:
+        raise StoreProblem(f"cannot write {tree.url}/: an http(s) store is read-only (merge into its source)")
     added, damaged = 0, []
-    with _locked(into):
+    with tree.lock():
         for src in sources:
-            records, bad = rec.read_all(Path(src))
+            records, bad = rec.read_all(src)
             damaged += bad
             for r in records:
-                added += not (into / "measurements" / r.key.id / f"{r.id}.json").is_file()
-                rec.write(into, r)
-        records, bad = rec.read_all(into)
+                added += rec.write(tree, r)
+        records, bad = rec.read_all(tree)
         damaged += bad
         manifest, entries = build_manifest(records)
         for data in entries:
-            _write_once(into / "entries" / f"{sha256(data)}.json", data)
+            tree.write_once(entry_name(sha256(data)), data)
         data = canonical(manifest)
         digest = sha256(data)
-        _write_once(into / "manifests" / f"{digest}.json", data)
-        _write(into / "LATEST", f"sha256:{digest}\n".encode())
+        tree.write_once(manifest_name(digest), data)
+        tree.write(LATEST, f"sha256:{digest}\n".encode())
     return Merged(digest, manifest, added, damaged)
 
 
@@ -105,24 +99,14 @@ def build_manifest(records: list[Record]) -> tuple[dict, list[bytes]]:
     return manifest, entries
 
 
-def latest(store: Path) -> tuple[str, dict] | None:
+def latest(store: Path | str | Tree) -> tuple[str, dict] | None:
     """(digest, manifest) of a store's newest manifest, checked against its name; None for a store without one."""
-    from cudnn_dsl.store.files import loads, read_regular
-
-    pointer = read_regular(Path(store) / "LATEST", 128, "fleet store pointer")
-    if pointer is None:
-        return None
-    digest = pointer.decode("ascii", "replace").strip().removeprefix("sha256:")
-    data = read_regular(Path(store) / "manifests" / f"{digest}.json", 256 << 20, "manifest")
-    if data is None or sha256(data) != digest:
-        raise StoreProblem(f"the manifest {digest[:64]} that {store}/LATEST names is missing or damaged")
-    try:
-        return digest, loads(data)
-    except ValueError as e:
-        raise StoreProblem(f"manifest {digest}: {e}") from None
+    tree = open_tree(store)
+    digest = latest_digest(tree)
+    return None if digest is None else (digest, read_manifest(tree, digest))
 
 
-def stored(store: Path):
+def stored(store: Path | str | Tree):
     """Whether a store's newest manifest answers a key (sweep.units.plan's `stored`): same pool, digest, GPU and
     constraints, and a cuDNN of the version asked ('' : any)."""
     from cudnn_dsl.target.library import matches, version_text
@@ -223,31 +207,3 @@ def support_answer(rs: list[Record]) -> tuple[dict | None, list[Record], dict | 
     first = group[0]
     entry = {"format": MANIFEST_FORMAT, "kind": "support", "key": first.key.to_json(), "outcome": first.outcome}
     return {**entry, "result": first.result}, group, None
-
-
-def _write_once(path: Path, data: bytes) -> None:
-    """Content-named files are written once; one already there is the same bytes (or damage verify reports)."""
-    if not path.is_file():
-        _write(path, data)
-
-
-def _write(path: Path, data: bytes) -> None:
-    try:
-        atomic_write(path, data, follow_symlinks=False)
-    except OSError as e:
-        raise StoreProblem(f"cannot write {path}: {e.strerror or e}") from None
-
-
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    """One merger at a time computes and writes a store's manifest (a lock on the directory)."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise StoreProblem(f"cannot write to the fleet store {root}: {e.strerror or e}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import attrs
 
-from cudnn_dsl.store.files import StoreProblem, atomic_write, loads, read_regular, scan_dir
+from cudnn_dsl.store.files import StoreProblem, loads
 from cudnn_dsl.store.keys import PlanKey, is_entry_id
+from cudnn_dsl.store.remote import Tree, open_tree
 from cudnn_dsl.store.schema import check_fields
 
 RECORD_FORMAT = 1
@@ -124,16 +125,10 @@ class Record:
         return self.unit, json.dumps(self.binding, sort_keys=True)
 
 
-def write(root: Path, record: Record) -> Path:
-    """Writes the record under root/measurements (a copy already there is left alone); its path."""
+def write(root: Path | str | Tree, record: Record) -> bool:
+    """Writes the record under root/measurements unless a copy is there already; whether it did."""
     data = record.data
-    path = root / "measurements" / record.key.id / f"{sha256(data)}.json"
-    if not path.is_file():
-        try:
-            atomic_write(path, data, follow_symlinks=False)
-        except OSError as e:
-            raise StoreProblem(f"cannot write the measurement {path}: {e.strerror or e}") from None
-    return path
+    return open_tree(root).write_once(f"measurements/{record.key.id}/{sha256(data)}.json", data)
 
 
 @attrs.frozen
@@ -142,29 +137,31 @@ class Damaged:
     why: str
 
 
-def read_all(root: Path) -> tuple[list[Record], list[Damaged]]:
+def read_all(root: Path | str | Tree) -> tuple[list[Record], list[Damaged]]:
     """Every record under root/measurements, and every file there that is not one (changed since it was written,
     not JSON, not a record, filed under another key, not a regular file), in path order."""
+    tree = open_tree(root)
     records, damaged = [], []
-    for keydir in scan_dir(root / "measurements"):
-        if not keydir.is_dir(follow_symlinks=False) or not is_entry_id(keydir.name):
-            damaged.append(Damaged(keydir.path, "not a key directory"))
+    for keydir, is_dir in tree.listing("measurements"):
+        if not is_dir or not is_entry_id(keydir):
+            damaged.append(Damaged(tree.join(f"measurements/{keydir}"), "not a key directory"))
             continue
-        for f in scan_dir(Path(keydir.path)):
-            why, record = _read_one(Path(f.path), keydir.name)
+        for name, _ in tree.listing(f"measurements/{keydir}"):
+            rel = f"measurements/{keydir}/{name}"
+            why, record = _read_one(tree, rel, name, keydir)
             if record is None:
-                damaged.append(Damaged(f.path, why))
+                damaged.append(Damaged(tree.join(rel), why))
             else:
                 records.append(record)
     return records, damaged
 
 
-def _read_one(path: Path, keyid: str) -> tuple[str, Record | None]:
-    m = _NAME.fullmatch(path.name)
+def _read_one(tree: Tree, rel: str, name: str, keyid: str) -> tuple[str, Record | None]:
+    m = _NAME.fullmatch(name)
     if m is None:
         return "not a record's name", None
     try:
-        data = read_regular(path, RECORD_LIMIT, "measurement")
+        data = tree.read(rel, RECORD_LIMIT, "measurement")
     except StoreProblem as e:
         return str(e), None
     if data is None:

@@ -139,5 +139,5 @@ def _execute(sweep_id, units, staging, store, executor, timeout_s, retries, prog
     expected = sum(len(u.bindings) for u in units)
     if len(latest) < expected:
         unfinished.append(f"{expected - len(latest)} shapes have no record (the executor stopped early)")
-    merged = merge([staging], Path(store)) if store else None
+    merged = merge([staging], store) if store else None
     return Result(sweep_id, staging, counts, unfinished, merged, time.monotonic() - t0)
