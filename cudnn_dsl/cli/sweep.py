@@ -132,9 +132,9 @@ def _merge(args) -> int:
     if not args.sources or not args.into:
         raise common.UsageError("sweep merge takes the directories to merge and --into STORE")
     for src in args.sources:
-        if not Path(src).is_dir():
+        if "://" not in src and not Path(src).is_dir():
             raise common.UsageError(f"sweep merge: {src} is not a directory")
-    m = sweep.merge([Path(s) for s in args.sources], Path(args.into))
+    m = sweep.merge(args.sources, args.into)
     _print_merged(m)
     common.write_json(
         args.json,

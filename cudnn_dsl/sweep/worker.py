@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+from cudnn_dsl.build.planner import plan_key
 from cudnn_dsl.store.keys import PlanKey, graph_digest
 from cudnn_dsl.sweep.records import Record
 from cudnn_dsl.sweep.units import Unit
@@ -25,8 +26,10 @@ from cudnn_dsl.sweep.units import Unit
 
 def run_unit(unit: Unit, sweep: str, attempt: int = 1, skip: frozenset = frozenset()) -> Iterator[Record]:
     """A record per shape of the unit but those in skip (sorted (dim, value) tuples already recorded)."""
+    from cudnn_dsl.store.fleet import ENV
     from dsl.pipeline import load
 
+    os.environ.pop(ENV, None)  # a worker measures: a pinned fleet store must not answer for it
     graph = load(text=unit.source, file=unit.file).program.graph(unit.graph)
     for binding in unit.bindings:
         if binding in skip:
@@ -83,7 +86,7 @@ def _support(unit: Unit, graph, inst, sweep: str, attempt: int) -> Record:
 
     d = json.loads(unit.descriptor)
     target = Target(unit.target, unit.descriptor, d["deviceVer"] // 10)
-    key = _key(graph, inst, target.name, f"{target.sm_version // 10}.{target.sm_version % 10}")
+    key = plan_key(graph, inst, graph.options, target.name, f"{target.sm_version // 10}.{target.sm_version % 10}")
     try:
         low, partition = plan_for_target(graph, inst, graph.options, target)
     except DslError as e:
@@ -116,7 +119,7 @@ def _tune(unit: Unit, graph, inst, sweep: str, attempt: int) -> Record:
     device = torch.cuda.current_device()
     gpu = torch.cuda.get_device_name(device)
     major, minor = torch.cuda.get_device_capability(device)
-    key = _key(graph, inst, gpu, f"{major}.{minor}")
+    key = plan_key(graph, inst, graph.options, gpu, f"{major}.{minor}")
     with tempfile.TemporaryDirectory(prefix="cudnn-dsl-sweep-") as d:
         store = PlanStore(os.path.join(d, "plans"))
         cg = CompiledGraph(graph, graph.options, device, store=store)
