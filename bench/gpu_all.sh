@@ -48,3 +48,32 @@ a = torch.rand(16, 512, 1024, device="cuda", dtype=torch.bfloat16)
 b = torch.rand(16, 1024, 512, device="cuda", dtype=torch.bfloat16)
 print(f"bare bmm 16x512x1024x512 bf16 (torch.bmm): {statistics.median(gpu_time_us(lambda: torch.bmm(a, b), 30, 3, 10)):.1f} µs")
 PY
+section "cudnn-dsl sweep, mode tune (a worker per GPU), against the single-process tune above"
+SWEEP_DIR="${TMPDIR:-/tmp}/cudnn-dsl-sweep-$$"
+mkdir -p "$SWEEP_DIR"
+cat > "$SWEEP_DIR/sweep.toml" <<TOML
+[sweep]
+name = "gpu-all"
+graphs = ["$PWD/examples/conv_bias_relu.cdg", "$PWD/examples/matmul_epilogue.cdg", "$PWD/examples/sdpa.cdg", "$PWD/examples/dynamic_shapes.cdg"]
+mode = "tune"
+store = "store"
+[tune_targets]
+"$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" = 0
+TOML
+cdsl sweep "$SWEEP_DIR/sweep.toml" --json "$OUT/sweep-tune.json" >> "$LOG" 2>&1 || echo "sweep exit status $?" | tee -a "$LOG"
+python3 - "$SWEEP_DIR/store" "$OUT/tune.json" <<'PY' 2>&1 | tee -a "$LOG"
+import json, sys
+from pathlib import Path
+store, tuned = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
+latest = (store / "LATEST").read_text().strip().removeprefix("sha256:")
+manifest = json.loads((store / "manifests" / f"{latest}.json").read_text())
+winners = {(g["graph"], json.dumps(g["binding"], sort_keys=True)): g["winner"]["name"]
+           for f in tuned["files"] for g in f["graphs"] if g.get("winner")}
+for row in manifest["plans"].values():
+    entry = json.loads((store / "entries" / f"{row['sha256']}.json").read_text())
+    alone = winners.get((row["graph"], json.dumps(row["binding"], sort_keys=True)), "(not tuned alone)")
+    print(f"{row['graph']} {row['binding']}: sweep {entry['plan_name']} {entry['timing']['median_us']:.1f} us; "
+          f"tune alone {alone}")
+uuids = {json.loads(p.read_text())["provenance"].get("gpu_uuid") for p in (store / "measurements").rglob("*.json")}
+print(f"{len(manifest['plans'])} plans in manifest sha256:{latest}; GPU UUIDs in the records: {sorted(map(str, uuids))}")
+PY

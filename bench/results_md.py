@@ -10,8 +10,8 @@ Usage: python bench/results_md.py [--check] [--plot]
 `render(results_dir)` reads JSON with the standard library alone (no torch, no cuDNN), so that
 tests/test_results_doc.py can check the page against it quickly. Which section a file gets is chosen by
 its name (MATCH): bench-cold-*.json, bench-*.json, eject-parity-*.json, tune-exhaustive-*.json, tune-*.json,
-reuse-*.json, partition-*.json, torch-op-*.json, train-*.json and frontend*.json; a JSON of another name is
-listed at the end, with the logs (*.txt).
+reuse-*.json, partition-*.json, torch-op-*.json, train-*.json, frontend*.json, sweep-*.json and
+backward-forms-*.json; a JSON of another name is listed at the end, with the logs (*.txt).
 """
 
 from __future__ import annotations
@@ -596,6 +596,62 @@ def per_step_table(counted: dict) -> str:
     return table(headers + ["torch kernels per step, cudnn-dsl", "torch kernels per step, torch"], rows)
 
 
+def sweep(path: Path, data: dict) -> str:
+    rows = [
+        [
+            "`cudnn-dsl support FILES --target ...`, one process",
+            data["shapes"],
+            num(data["support_one_process_s"]),
+            "1.00x",
+        ],
+        [
+            f"`cudnn-dsl sweep`, local executor, {data['workers']} workers",
+            data["planned"],
+            num(data["sweep_s"]),
+            times(data["support_one_process_s"], data["sweep_s"]),
+        ],
+        [
+            "`cudnn-dsl sweep` again (the store answers every shape)",
+            0,
+            num(data["sweep_again_s"]),
+            times(data["support_one_process_s"], data["sweep_again_s"]),
+        ],
+    ]
+    return join(
+        [
+            heading("A deviceless sweep", path),
+            f"`bench/sweep.py`: {len(data['examples'])} examples ({', '.join(data['examples'])}) planned for "
+            f"{len(data['targets'])} targets ({', '.join(data['targets'])}) without a GPU, on {data['cores']} cores "
+            f"(load average {num(data['load_average'][0])} at the end), each command a fresh process timed from start "
+            f"to exit. The sweep plans {data['deduplicated']} fewer shapes: the same graph content at the same shape "
+            f"is planned once. Its manifest: `{data['manifest']}`.",
+            table(["run", "shapes planned", "seconds", "speed-up"], rows),
+        ]
+    )
+
+
+def backward_forms(path: Path, data: dict) -> str:
+    def word(r: dict) -> str:
+        if r.get("declined"):
+            return "declined"
+        if r.get("failed"):
+            return f"fails at launch: {short(r['failed'])}"
+        if not r.get("ran"):
+            return f"plans ({r['plans']} candidates), not run"
+        return "runs, matches the reference" if r["matches"] else f"runs, MISMATCH: {short(r['worst'])}"
+
+    rows = [[f["form"], word(f["written"]), word(f["avoided"])] for f in data["forms"]]
+    return join(
+        [
+            heading("The backward forms on this cuDNN", path),
+            f"`bench/backward_forms.py` with {data['cudnn']}: each form the derived backward writes, and the form it "
+            "avoids (tests/test_backward_forms.py, where the installed library plans the first and declines the "
+            "second without a device), each planned whole by this cuDNN on the GPU and run against the reference.",
+            table(["form", "the form written", "the form avoided"], rows),
+        ]
+    )
+
+
 def frontend(path: Path, data: dict) -> str:
     where = ", ".join(x for x in (data.get("machine"), data.get("python") and f"Python {data['python']}") if x)
     rows, prev = [], None
@@ -630,9 +686,24 @@ MATCH: list[tuple[str, Callable[[Path, dict], str]]] = [
     ("torch-op-", torch_op),
     ("train-", train),
     ("frontend", frontend),
+    ("sweep-", sweep),
+    ("backward-forms-", backward_forms),
 ]
 #: the sections in the page's order
-ORDER = [bench, bench_cold, eject_parity, tune, tune_exhaustive, reuse, partition, torch_op, train, frontend]
+ORDER = [
+    bench,
+    bench_cold,
+    eject_parity,
+    tune,
+    tune_exhaustive,
+    reuse,
+    partition,
+    torch_op,
+    train,
+    frontend,
+    sweep,
+    backward_forms,
+]
 
 #: log file-name prefix -> what it holds
 LOGS = {

@@ -260,22 +260,26 @@ class Emit:
         flat = TensorType(t.dtype, (1,) * len(lead) + (k, rows), lead + (k_stride, row_stride))
         return self._read("flat_transposed", name, flat)
 
-    def stats(self, n: At, k: int) -> tuple[str, ...]:
-        """An op's first k statistics, saved: its own results (a norm in training phase); else results the
-        forward gains by computing it with EMIT_STATISTICS's attribute set (the same y)."""
+    def stats(self, n: At, k: int, first: int = 0) -> tuple[str, ...]:
+        """An op's statistics from the first-th up to the k-th, saved: its own results (a norm in training phase);
+        else those it returns and after them the results the forward gains by computing it with EMIT_STATISTICS's
+        attribute set (the same y; sdpa_fp8 returns its amax and gains its softmax stats)."""
         switch = EMIT_STATISTICS.get(n.node.op)
-        if switch is None or n.attrs[switch[0]] == switch[1]:
-            return tuple(self.fwd(o) for o in n.node.outputs[1 : 1 + k])
+        have = n.node.outputs[1 : 1 + k]
+        if switch is None or n.attrs[switch[0]] == switch[1] or len(have) == k:
+            return tuple(self.fwd(o) for o in have[first:])
         if n.index not in self.trained:
             sig = OPS[n.node.op]
             full = {**n.attrs, switch[0]: switch[1]}
-            outs = sig.infer(Ctx(n.node.op, n.ins, full))[1:]
-            names = tuple(self.fresh(f"{n.out}_{s}") for s in sig.outputs[1:])
+            given = len(n.node.outputs)
+            outs = sig.infer(Ctx(n.node.op, n.ins, full))[given:]
+            names = tuple(self.fresh(f"{n.out}_{s}") for s in sig.outputs[given:])
             for name, out in zip(names, outs):
                 self.bind[name] = ("value", name)
                 self.types[name] = TensorType(out.dtype, out.shape, dense_strides(out.shape, out.order))
             self.trained[n.index] = names
-        return self.trained[n.index][:k]
+        gained = self.trained[n.index][: k - len(have)]
+        return tuple(self.fwd(o) for o in have[first:]) + gained[max(0, first - len(have)) :]
 
     def transposed(self, g: str) -> str:
         """A backward value with its last two axes swapped: a view where it is an output's gradient, else a
@@ -323,7 +327,7 @@ class Emit:
     def call(self, op: str, *args, dtype: str | None = None, **given):
         """Emits `op(args, attrs)`; returns its result's name (a tuple of names for several). A negative
         number becomes a host scalar (a literal cannot be negative); None is an optional input not given."""
-        args = tuple(self._scalar(a) if isinstance(a, (int, float)) and a < 0 else a for a in args)
+        args = tuple(self.scalar(a) if isinstance(a, (int, float)) and a < 0 else a for a in args)
         sig = OPS[op]
         rank = max(len(self.types[a].shape) for a in args if isinstance(a, str) and a not in self.scalars)
         ins = tuple(None if a is None else self._arg_type(a, rank) for a in args)
@@ -341,8 +345,9 @@ class Emit:
         self.made.update((n, st) for n in names)
         return names[0] if len(names) == 1 else names
 
-    def _scalar(self, value: float) -> str:
-        name = self.fresh("c")
+    def scalar(self, value: float, base: str = "c") -> str:
+        """A float host scalar of the backward graph holding `value`, which a caller may set per call by its name."""
+        name = self.fresh(base)
         self.scalars[name] = ("float", float(value), None)
         return name
 
@@ -537,12 +542,17 @@ class Emit:
             out.append(_scalar_decl(name, dtype, value, dims))
         nodes = [(st.call[0], tuple(a for a in st.call[1] if isinstance(a, str)), st.targets) for st in self.stmts]
         inputs = set(self.bind) | set(self.views)
+        read = {a for _, args, _ in nodes for a in args}
         for k in fusion_order(nodes, inputs):  # the VJPs' order, rearranged for the partitioner
             st = self.stmts[k]
             op, args, given = st.call
             call = _call(op, args, given)
             if len(st.targets) > 1:
-                out.append(ast.Assign(st.targets, call))
+                # results nothing reads go unnamed (sdpa_fp8_backward's amaxes): the checker names them itself
+                named = len(st.targets)
+                while named > 1 and st.targets[named - 1] not in read and st.targets[named - 1] not in st.outputs:
+                    named -= 1
+                out.append(ast.Assign(st.targets[:named], call))
                 out += [_result(name, t, None, True, self.into.get(name)) for name, t in st.outputs.items()]
             elif st.output is not None:
                 out.append(_result(st.targets[0], st.output, call, True, self.into.get(st.targets[0])))

@@ -556,7 +556,7 @@ class _GraphChecker:
             uids,
         )
         if sig.family != "pointwise":
-            by_value = {len(sig.inputs) + sig.optional.index(p) for p in sig.by_value}
+            by_value = {(sig.inputs + sig.optional).index(p) for p in sig.by_value}
             for i, (name, a) in enumerate(zip(arg_names, exprs)):
                 if a is None or i in by_value:
                     continue

@@ -80,6 +80,13 @@ class Options:
     no_runtime_compilation: bool = _option(
         "bool", False, "only plans cuDNN does not mark RUNTIME_COMPILATION (no kernel compiled at build time)"
     )
+    require_store_hit: bool = _option(
+        "bool",
+        False,
+        "serve tuned plans only: before anything is built, every shape is looked up in the plan store, then the "
+        "pinned fleet stores (CUDNN_DSL_STORE), and the shapes with no tuned plan for this GPU are refused in one "
+        "error (run --require-tuned)",
+    )
 
     def modes(self, tuning: bool = False) -> tuple[str, ...]:
         """The heuristic modes to ask: the file's or the command line's, else A then FALLBACK for a

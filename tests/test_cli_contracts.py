@@ -47,7 +47,14 @@ def json_commands(tmp_path) -> dict[str, list]:
         "support": ["support", "--target", "h200", MATMUL],
         "cache": ["cache", "ls"],
         "bench": ["bench", MATMUL, "--against", "torch", "--rounds", "1", "--samples", "1", "--no-peak"],
+        "sweep": ["sweep", _tune_spec(tmp_path), "--dry-run"],  # tune mode: planned deviceless, so cuDNN answers
     }
+
+
+def _tune_spec(tmp_path) -> Path:
+    spec = tmp_path / "sweep.toml"
+    spec.write_text(f'[sweep]\ngraphs = ["{MATMUL}"]\nmode = "tune"\n[tune_targets]\n"NVIDIA H200" = 1\n')
+    return spec
 
 
 def test_the_list_below_is_every_command_with_a_json_report(tmp_path):
@@ -56,7 +63,7 @@ def test_the_list_below_is_every_command_with_a_json_report(tmp_path):
     assert with_json == set(json_commands(tmp_path))
 
 
-@pytest.mark.parametrize("command", ["check", "run", "tune", "support", "cache", "bench"])
+@pytest.mark.parametrize("command", ["check", "run", "tune", "support", "cache", "bench", "sweep"])
 def test_every_json_report_has_the_schema_version_and_the_one_environment_block(command, tmp_path, monkeypatch):
     monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / "cache"))
     if command == "bench" and not torch.cuda.is_available():

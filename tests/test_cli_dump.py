@@ -36,6 +36,7 @@ def test_a_dump_never_writes_through_a_link(tmp_path, sc, name):
     assert p.returncode == 2 and f"--dump {d}: {name} is a symbolic link" in p.stderr
     assert target.read_text() == "precious" and (d / name).is_symlink()
     assert sorted(f.name for f in d.iterdir()) == [name]  # refused before anything is written
+    assert "compare" not in p.stdout and "plan" not in p.stdout  # and before the graph was planned or run
 
 
 def test_a_second_dump_of_the_graph_is_refused_unless_forced(sc, dumped):
@@ -47,6 +48,15 @@ def test_a_second_dump_of_the_graph_is_refused_unless_forced(sc, dumped):
     assert p.returncode == 0, p.stderr
     assert (dumped / "g.inputs.pt").read_bytes() != before
     assert run_cli("run", sc, "--force").returncode == 2
+
+
+def test_a_forced_dump_leaves_none_of_the_dump_it_replaces(sc, dumped):
+    (dumped / "g.outputs.pt").write_bytes((dumped / "g.inputs.pt").read_bytes())  # as a GPU run's dump holds
+    (dumped / "notes.txt").write_text("mine")
+    p = run_cli("run", sc, "--dump", dumped, "--force")
+    assert p.returncode == 0, p.stderr
+    assert not (dumped / "g.outputs.pt").exists()  # outputs of another run would pass for this one's
+    assert (dumped / "notes.txt").read_text() == "mine"  # what is not the dump's is left alone
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])

@@ -52,6 +52,7 @@ def test_examples_use_what_the_json_cannot_carry():
 UNSPELLED = {
     ("sdpa_fp8", "causal_bottom_right"): "the H200 plans no bottom-right FP8 attention (Blackwell only), and "
     "the frontend writes its JSON only when planning; it shares _sdpa_band with sdpa, whose case has it",
+    ("sdpa_fp8_backward", "causal_bottom_right"): "as sdpa_fp8's: Blackwell-only in FP8 (sdpa_fp8_bwd.h)",
 }
 
 
@@ -596,6 +597,10 @@ _BACKWARD_CASES = {
         ),
     ],
 }
+_FP8_BWD_FACTORS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "l", "m")
+"""sdpa_fp8_backward's twelve factors, as CASES names them"""
+_FP8_BWD_ARGS = ", ".join(_FP8_BWD_FACTORS)
+
 #: op -> graphs that use it, with attributes away from their defaults where the op has any; True: the frontend
 #: finds no engine for it here, so its JSON is taken before planning
 CASES = {
@@ -810,6 +815,24 @@ CASES = {
                 "diagonal_alignment=top_left, left_bound=32, right_bound=8",
             )
         ),
+    ],
+    "sdpa_fp8_backward": [
+        (
+            _graph(
+                "".join(f"  input {n} : fp8_e4m3[1, 2, 128, 128]\n" for n in ("q", "k", "v", "o", "do"))
+                + "  input st : float[1, 2, 128, 1]\n"
+                + "".join(f"  input {n} : float[1, 1, 1, 1]\n" for n in _FP8_BWD_FACTORS)
+                + f"  dq, dk, dv, aq, ak, av, ap = sdpa_fp8_backward(q, k, v, o, do, st, {_FP8_BWD_ARGS}, {band})\n"
+                + "".join(f"  output {n}\n" for n in ("dq", "dk", "dv", "aq", "ak", "av"))
+                + "  output ap",
+                "fp8_e4m3",
+            ),
+            False,
+        )
+        for band in (
+            "causal=true, sliding_window_length=64, scale=0.125, deterministic=true",
+            "diagonal_alignment=top_left, left_bound=32, right_bound=8",
+        )
     ],
     **_BACKWARD_CASES,
 }

@@ -91,6 +91,8 @@ def test_support_cudnn_without_fetch_says_how_to_get_a_missing_version(tmp_path)
     proc = _cli("support", "--cudnn", "9.1", "examples/conv_bias_relu.cdg", env={"CUDNN_DSL_CACHE_DIR": str(tmp_path)})
     assert proc.returncode == 2 and "pass --fetch" in proc.stderr, proc.stderr
     assert not any(tmp_path.iterdir()), "nothing is fetched without --fetch"
+    empty = _cli("support", "--cudnn", "", "examples/conv_bias_relu.cdg", env={"CUDNN_DSL_CACHE_DIR": str(tmp_path)})
+    assert empty.returncode == 2 and "--cudnn '' names no version" in empty.stderr, empty.stderr
 
 
 #: the cuDNN that torch 2.13's CUDA build pins: what a plain `pip install torch` plans with

@@ -165,6 +165,7 @@ FLOORS = (
     ("cudnn_dsl.run",),
     ("cudnn_dsl.interop",),
     ("cudnn_dsl.tune", "cudnn_dsl.debug"),
+    ("cudnn_dsl.sweep",),
     ("cudnn_dsl.api",),
     ("cudnn_dsl.torch_op",),
     ("cudnn_dsl.patterns",),

@@ -1,9 +1,13 @@
 """Planning one graph: a Planner turns each shape into an Executable.
 
 A Planner owns what a graph's builds share (the cuDNN handle on its device, the dynamic-shape kernel
-cache, the plan store) and turns one shape of a graph into an Executable: from the store (serialized
-plan, then engine id and knobs), else from the heuristics, through the pipeline's stages on its GPU
-(build.pipeline, whose executable stage it is). Tuning asks it for the candidates and adopts a winner.
+cache, the plan store) and turns one shape of a graph into an Executable: from the local plan store
+(serialized plan, then engine id and knobs), else from a pinned fleet store (store.fleet: engine id and
+knobs, or the serialized plan of a manifest signed by a trusted key; copied into the local store), else
+from the heuristics, through the pipeline's stages on its GPU (build.pipeline, whose executable stage it
+is). Tuning asks it for the candidates and adopts a winner. With `option require_store_hit`, every shape to
+be served is looked up along the same chain before anything is built, and the ones with no tuned plan are
+refused in one error.
 """
 
 from __future__ import annotations
@@ -26,12 +30,17 @@ from cudnn_dsl.build.pipeline import compile_override, compile_shape, dynamic_sh
 from cudnn_dsl.build.space import add_plan
 from cudnn_dsl.build.steps import check_support_within, selected_index
 from cudnn_dsl.store.files import StoreProblem
+from cudnn_dsl.store.fleet import Fleet, Hit
 from cudnn_dsl.store.kernels import load_kernel_cache_text, save_kernel_cache_text
 from cudnn_dsl.store.keys import PlanKey, graph_digest
 from cudnn_dsl.store.plans import Entry, PlanStore
 from cudnn_dsl.target.library import BackendUnavailable, load_cudnn, versions
+from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
 from dsl.options import Options
+
+FROM_BLOB = "plan store (serialized plan)"
+"""the source of a plan loaded from its serialized form"""
 
 # ---- executables -------------------------------------------------------------------------
 
@@ -134,6 +143,7 @@ class Planner:
         use_store: bool = True,
         rebuild: bool = False,
         progress: Callable[[str], None] | None = None,
+        fleet: Fleet | None = None,
     ):
         self.graph, self.options, self.device = graph, options, device
         self.store = store or PlanStore()
@@ -157,6 +167,8 @@ class Planner:
         self._exes: dict[tuple, Executable] = {}
         self.kernel_cache_loaded = False
         self.kernel_cache_notes: list[str] = []
+        self.fleet = fleet if fleet is not None else Fleet.from_env() if use_store else Fleet()
+        """the pinned fleet stores asked after the local store (CUDNN_DSL_STORE)"""
 
     # ---- what every build shares ----------------------------------------------------------
 
@@ -176,19 +188,23 @@ class Planner:
 
         return torch.cuda.get_device_name(self.device)
 
-    def key(self, inst: Instance) -> PlanKey:
+    @property
+    def compute_capability(self) -> str:
         import torch
 
-        v = versions()
         major, minor = torch.cuda.get_device_capability(self.device)
-        return PlanKey(
-            graph_digest(self.graph, inst),
-            self.device_name,
-            f"{major}.{minor}",
-            v["cudnn_backend"],
-            v["cudnn_frontend"],
-            self.options.constraints,
+        return f"{major}.{minor}"
+
+    def key(self, inst: Instance) -> PlanKey:
+        return plan_key(self.graph, inst, self.options, self.device_name, self.compute_capability)
+
+    def require_tuned(self, instances) -> None:
+        """NotTuned, naming every shape of these with no tuned plan for this GPU along the lookup chain."""
+        missing = untuned(
+            self.graph, instances, self.options, self.device_name, self.compute_capability, self.store, self.fleet
         )
+        if missing is not None:
+            raise NotTuned([missing])
 
     def stage(self, inst: Instance, stop: str, dynamic: bool | None = None, **planning) -> Lowered:
         """The shape at the pipeline's stage `stop` (lowered, or planned through a step) on this GPU: in
@@ -317,14 +333,19 @@ class Planner:
         )
 
     def _from_store(self, inst: Instance, key: PlanKey, notes: list[str]) -> tuple[Executable | None, bool]:
-        """The stored plan as an executable, or None; and whether the stored entry is unusable (to be replaced)."""
+        """The stored plan as an executable (the local store's, else a pinned fleet store's), or None; and whether
+        the local entry is unusable (to be replaced)."""
+        replace = False
         try:
             entry = self.store.get(key)
         except StoreProblem as e:
             notes.append(f"plan store: {e}; rebuilding")
-            return None, True
+            entry, replace = None, True
+        hit = self.fleet.lookup(key, notes) if entry is None else None
+        if hit is not None:
+            entry = hit.entry
         if entry is None:
-            return None, False
+            return None, replace
         over = over_workspace_limit(entry.workspace, self.options)
         if over:  # right for other runs: kept
             notes.append(f"stored plan {entry.plan_name} {over}; building another")
@@ -335,11 +356,28 @@ class Planner:
             # so a plan from someone else's bundle is never loaded: its engine and knobs are built on this graph.
             exe = self._from_engine(low, entry, notes)
             if exe is not None:
-                exe.source = "plan store (imported engine id + knobs, rebuilt here)"
+                exe.source = hit.source if hit else "plan store (imported engine id + knobs, rebuilt here)"
                 self._persist(key, exe, tuned=entry.tuned, timing=entry.timing, force=True)
-            return exe, exe is None
-        exe = self._from_blob(low, entry, notes) or self._from_engine(low, entry, notes)
+        else:
+            exe = self._from_blob(low, entry, notes) or self._from_engine(low, entry, notes)
+            if exe is not None and hit is not None:
+                self._keep(hit, exe, replace)
+        if exe is not None and hit is not None:
+            exe.notes.append(f"plan of key {key.id} from fleet store {hit.pin.text}, copied into the local plan store")
         return exe, exe is None
+
+    def _keep(self, hit: Hit, exe: Executable, replace: bool) -> None:
+        """A trusted fleet store's plan, copied into the local store: as fetched when its serialized plan loaded,
+        else the plan rebuilt here from its engine and knobs."""
+        if exe.source == FROM_BLOB:
+            exe.source = hit.source
+            try:
+                self.store.put(hit.entry, force=replace)
+            except StoreProblem as e:
+                exe.notes.append(f"plan not stored: {e}")
+        else:
+            exe.source = f"fleet store {hit.pin.short} (engine id + knobs)"
+            self._persist(hit.entry.key, exe, tuned=hit.entry.tuned, timing=hit.entry.timing, force=True)
 
     def _from_blob(self, low: Lowered, entry: Entry, notes: list[str]) -> Executable | None:
         """The serialized plan: no heuristics query, no kernel compilation."""
@@ -355,7 +393,7 @@ class Planner:
         timings = {"deserialize": time.perf_counter() - t0}
         loaded = Lowered(low.graph, low.instance, g, low.host_values, timings, scratch=low.scratch)
         workspace = max(entry.workspace, _workspace_of(g))
-        exe = self.executable_of(loaded, "plan store (serialized plan)", notes, workspace)
+        exe = self.executable_of(loaded, FROM_BLOB, notes, workspace)
         exe.plan_name = entry.plan_name
         return exe
 
@@ -517,6 +555,57 @@ class Planner:
             save_kernel_cache_text(self._kernel_cache_path(), self._kc.serialize())
         except Exception as e:  # noqa: BLE001 - not every cache can serialize; the run goes on
             self.kernel_cache_notes.append(f"kernel cache not saved: {clean(e, 300)}")
+
+
+# ---- keys, and the serving check --------------------------------------------------------
+
+
+def plan_key(graph: Graph, inst: Instance, options: Options, gpu: str, compute_capability: str) -> PlanKey:
+    """The plan store key of one shape on a GPU (by name and compute capability, as torch gives them), with the
+    cuDNN this process loaded: a Planner's on its device, and on a CPU the key a serving GPU would look up."""
+    v = versions()
+    return PlanKey(
+        graph_digest(graph, inst), gpu, compute_capability, v["cudnn_backend"], v["cudnn_frontend"], options.constraints
+    )
+
+
+class NotTuned(DslError):
+    """Shapes to be served with no tuned plan along the lookup chain (option require_store_hit, run --require-tuned):
+    a diagnostic per graph, at the graph, a note per shape."""
+
+
+def untuned(
+    graph: Graph, instances, options: Options, gpu: str, compute_capability: str, store: PlanStore, fleet: Fleet
+) -> Diagnostic | None:
+    """The error naming each shape with no tuned plan for this GPU, neither in the local store (a tuned entry, or
+    the partition tune kept) nor in a pinned fleet store; None when every shape has one. Nothing is built."""
+    instances = list(instances)
+    missing, notes = [], []
+    for inst in instances:
+        key = plan_key(graph, inst, options, gpu, compute_capability)
+        if _tuned_locally(store, key, notes):
+            continue
+        hit = fleet.lookup(key, notes)
+        if hit is None or not hit.entry.tuned:
+            missing.append(f"{inst.label or 'its one shape'} on {gpu} (plan key {key.id})")
+    if not missing:
+        return None
+    pinned = ", ".join(p.short for p in fleet.pins)
+    where = f"the plan store {store.root}" + (f" or the fleet stores {pinned}" if pinned else " (no CUDNN_DSL_STORE)")
+    message = (
+        f"graph '{graph.name}': {len(missing)} of {len(instances)} shapes have no tuned plan in {where}, and option "
+        f"require_store_hit asks for one; nothing was built"
+    )
+    return Diagnostic("error", message, graph.loc, tuple((line, None) for line in missing + notes))
+
+
+def _tuned_locally(store: PlanStore, key: PlanKey, notes: list[str]) -> bool:
+    try:
+        entry = store.get(key)
+        return (entry is not None and entry.tuned) or store.get_partition(key) is not None
+    except StoreProblem as e:
+        notes.append(f"plan store: {e}")
+        return False
 
 
 def _workspace_of(g) -> int:

@@ -20,6 +20,7 @@ COMMANDS = {
     "tune": "tune",
     "bench": "bench",
     "support": "support",
+    "sweep": "sweep",
     "cache": "cache",
     "device-info": "device_info",
 }

@@ -46,6 +46,13 @@ def register(p) -> None:
     p.add_argument("--cuda-graph", action="store_true", help="capture the execution in a CUDA graph and time replays")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the plan store")
     p.add_argument("--rebuild", action="store_true", help="ignore stored plans; build and store anew")
+    p.add_argument(
+        "--require-tuned",
+        action="store_true",
+        help="serve tuned plans only (option require_store_hit): before anything is built, refuse the run, naming "
+        "every shape with no tuned plan for this GPU (without one: the --target's) in the plan store or the pinned "
+        "fleet stores (CUDNN_DSL_STORE)",
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference and the comparison")
     p.add_argument(
         "--isolate",
@@ -99,6 +106,8 @@ def run(args) -> int:
         clash = [f for f in ("input", "init", "scalar", "seed") if getattr(args, f)]
         if clash:
             raise common.UsageError(f"--inputs-from gives every input; it does not go with --{', --'.join(clash)}")
+    if args.require_tuned and (args.no_cache or args.rebuild):
+        raise common.UsageError("--require-tuned serves stored plans: it does not go with --no-cache or --rebuild")
     if args.require_gpu:
         common.require_gpu("--require-gpu asks for a GPU")
     gpu = gpu_available()
@@ -112,6 +121,9 @@ def run(args) -> int:
     names = _Names(graphs, args)  # every flag is checked before any work: names, values, options, shapes
     loaded = {name: _load(name, path) for name, path in names.files.items()}
     setups = [_Setup(g, args, loaded, names) for g in graphs]
+    if args.dump:  # a directory the dump would be refused is said before any planning
+        _check_dump(args, setups)
+    _require_tuned(setups, args, gpu, target)
     _say_ignored(args, gpu)
     if not gpu:
         common.warn(
@@ -141,12 +153,47 @@ _GPU_ONLY = ("device", "cuda_graph", "no_cache", "rebuild", "warmup", "iteration
 _NO_GPU_ONLY = ("target", "device_properties")
 
 
+def _check_dump(args, setups) -> None:
+    from cudnn_dsl.debug import dump
+
+    for setup in setups:
+        for inst in setup.instances:
+            try:
+                dump.check_dump(Path(args.dump), Path(setup.graph.file), setup.graph, inst, args.force)
+            except dump.Refused as e:
+                raise common.UsageError(str(e)) from None
+
+
 def _say_ignored(args, gpu: bool) -> None:
     unused = [n for n in (_NO_GPU_ONLY if gpu else _GPU_ONLY) if getattr(args, n, None) not in (None, False)]
     if unused:
         flags = ", ".join("--" + n.replace("_", "-") for n in unused)
         why = "they are for planning without a GPU, and this machine has one" if gpu else "no CUDA GPU here"
         common.warn(f"note: {flags} ignored: {why}")
+
+
+def _require_tuned(setups, args, gpu: bool, target) -> None:
+    """--require-tuned, or option require_store_hit: every shape of the run looked up before any build, for this
+    GPU or, without one, the target; NotTuned names every one, of every graph, with no tuned plan."""
+    wanted = [s for s in setups if s.opts.require_store_hit]
+    if not wanted:
+        return
+    from cudnn_dsl.build.planner import NotTuned, untuned
+    from cudnn_dsl.store.fleet import Fleet
+    from cudnn_dsl.store.plans import PlanStore
+
+    if gpu:
+        import torch
+
+        device = torch.cuda.current_device() if args.device is None else args.device
+        name, (major, minor) = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+        cc = f"{major}.{minor}"
+    else:
+        name, cc = target.name, f"{target.sm_version // 10}.{target.sm_version % 10}"
+    store, fleet = PlanStore(), Fleet.from_env()
+    errors = [d for s in wanted if (d := untuned(s.graph, s.instances, s.opts, name, cc, store, fleet)) is not None]
+    if errors:
+        raise NotTuned(errors)
 
 
 def _load(name: str, path: str):
@@ -192,6 +239,8 @@ class _Setup:
     """One graph's share of the flags, converted and checked once: options, shapes, tolerances, inits, scalars."""
 
     def __init__(self, graph, args, loaded: dict, names: _Names):
+        import attrs
+
         from cudnn_dsl.run.buffers import BindingError, scalar_value
         from dsl.diagnostics import RuleError
         from dsl.inits import check_dtype
@@ -203,6 +252,8 @@ class _Setup:
         self.graph, self.args = graph, args
         self.from_dump = Path(args.inputs_from) if args.inputs_from else None
         self.opts = common.options_from(args, graph.options)
+        if args.require_tuned:
+            self.opts = attrs.evolve(self.opts, require_store_hit=True)
         self.pin = common.plan_spec(args)
         self.instances = common.select_instances(graph, args.shape)
         self.loaded = mine(loaded, "input")
@@ -339,11 +390,14 @@ class _Setup:
 
 class _GpuRunner:
     def __init__(self, setup: _Setup):
+        import attrs
+
         from cudnn_dsl.run.compiled import CompiledGraph
 
         self.s = setup
         a = setup.args
-        self.cg = CompiledGraph(setup.graph, setup.opts, a.device, use_store=not a.no_cache, rebuild=a.rebuild)
+        opts = attrs.evolve(setup.opts, require_store_hit=False)  # required of this run's shapes, all graphs at once
+        self.cg = CompiledGraph(setup.graph, opts, a.device, use_store=not a.no_cache, rebuild=a.rebuild)
         self.cg.planner.plan_spec = setup.pin
 
     def run(self, inst) -> dict:

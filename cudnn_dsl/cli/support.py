@@ -127,7 +127,7 @@ def run(args) -> int:
     from dsl.diagnostics import DslError
 
     common.start_logging(args)
-    if args.cudnn:
+    if args.cudnn is not None:
         return _per_version(args)
     if args.fetch:
         raise common.UsageError("--fetch installs the versions --cudnn names: give --cudnn too")

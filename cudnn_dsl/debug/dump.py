@@ -50,6 +50,42 @@ def _saved(tensors: dict) -> bytes:
     return buf.getvalue()
 
 
+def check_new(directory: Path, names, flag: str, replace: bool, marker: tuple[str, str] | None = None) -> None:
+    """Refused when write_new could not write these names into directory (a link or special file among them, or,
+    unless `replace`, what the write would replace already there); a command checks before any work."""
+    for name in names:
+        try:
+            st = os.lstat(directory / name)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise Refused(f"{flag} {directory}: {name} is {kind}; {flag} writes only regular files of its own")
+    there = [marker] if marker else [(name, name) for name in names]
+    for name, what in there:
+        if not replace and (directory / name).exists():
+            raise Refused(
+                f"{flag} {directory}: it already holds {what}"
+                + (f" ({name})" if what != name else "")
+                + "; remove it, choose another directory, or pass --force to replace it"
+            )
+
+
+KINDS = ("cudnn.py", "torch.py", "inputs.pt", "reference.pt", "outputs.pt", "fe.json", "plan.json", "manifest.json")
+"""the files of one shape's dump, after its stem"""
+
+
+def dump_names(source: Path, graph: Graph, inst: Instance) -> list[str]:
+    """Every file a dump of this shape may hold."""
+    return [source.name, "environment.json", *(f"{stem(graph, inst)}.{k}" for k in KINDS)]
+
+
+def check_dump(directory: Path, source: Path, graph: Graph, inst: Instance, replace: bool) -> None:
+    """Refused when write could not write this shape's dump into directory."""
+    marker = (f"{stem(graph, inst)}.manifest.json", "a dump of this graph")
+    check_new(directory, dump_names(source, graph, inst), "--dump", replace, marker)
+
+
 def write_new(
     directory: Path, files: dict[str, str | bytes], flag: str, replace: bool, marker: tuple[str, str] | None = None
 ) -> list[Path]:
@@ -58,22 +94,7 @@ def write_new(
     with nothing written, when a name is a link or not a regular file (whoever planted it would choose what is
     replaced), and, unless `replace`, when what this write replaces is there: `marker`, (the name that says
     so, what it is), else any of the names."""
-    for name in files:
-        try:
-            st = os.lstat(directory / name)
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-            raise Refused(f"{flag} {directory}: {name} is {kind}; {flag} writes only regular files of its own")
-    there = [marker] if marker else [(name, name) for name in files]
-    for name, what in there:
-        if not replace and (directory / name).exists():
-            raise Refused(
-                f"{flag} {directory}: it already holds {what}"
-                + (f" ({name})" if what != name else "")
-                + "; remove it, choose another directory, or pass --force to replace it"
-            )
+    check_new(directory, files, flag, replace, marker)
     directory.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         atomic_write(directory / name, data, follow_symlinks=False)  # a link planted since the check is replaced
@@ -128,7 +149,11 @@ def write(
         "files": sorted(files),
     }
     files[f"{s}.manifest.json"] = json.dumps(manifest, indent=1)  # last: a dump is whole once its manifest is there
-    return write_new(directory, files, "--dump", replace, (f"{s}.manifest.json", "a dump of this graph"))
+    check_dump(directory, source, graph, inst, replace)
+    written = write_new(directory, files, "--dump", replace, (f"{s}.manifest.json", "a dump of this graph"))
+    for name in set(dump_names(source, graph, inst)) - set(files):  # a replaced dump's files this one has not
+        (directory / name).unlink(missing_ok=True)  # check_dump saw each is a regular file, if there
+    return written
 
 
 def _read(directory: Path, name: str, limit: int) -> bytes | None:

@@ -92,7 +92,6 @@ LEFT_OUT_BACKWARD = {
     **{f"{op}_summary_bwd": _PYTHON_ENGINES for op in ("gdn", "gdn2", "gdp", "kda", "mamba2")},
     "sdpa_mxfp8_backward": _BLOCK_SCALED,
     "moe_grouped_matmul_bwd": LEFT_OUT["moe_grouped_matmul"],
-    "sdpa_fp8_backward": "not yet (FP8 attention's gradients, with their descales and amaxes)",
 }
 
 

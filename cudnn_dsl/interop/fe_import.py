@@ -184,11 +184,11 @@ def _tensor_problem(t) -> tuple[str, str | None] | None:
 
 def _composite_k(nodes: list, tensors: dict[str, Tensor]) -> None:
     """The frontend's composite sdpa (chosen for a dropout mask, among others) transposes K in place to [B, H, D, S]
-    and its JSON shows that K; its sdpa_backward does so to K and V. Put them back as the language (and the
-    frontend's caller) gave them."""
+    and its JSON shows that K; its sdpa_backward and sdpa_fp8_backward do so to K and V. Put them back as the
+    language (and the frontend's caller) gave them."""
     for nj in nodes:
         composite = nj["tag"] == "SDPA" and nj.get("implementation") == "COMPOSITE"
-        ports = ("K",) if composite else ("K", "V") if nj["tag"] == "SDPA_BWD" else ()
+        ports = ("K",) if composite else ("K", "V") if nj["tag"] in ("SDPA_BWD", "SDPA_FP8_BWD") else ()
         for port in ports:
             ref = (nj.get("inputs") or {}).get(port)
             if ref is None:
@@ -209,6 +209,7 @@ def _absorbed(nodes: list, tensors: dict[str, Tensor]) -> set[str]:
         "SDPA": ("Attn_scale",),
         "SDPA_FP8_FWD": ("Attn_scale",),
         "SDPA_BWD": ("Attn_scale",),
+        "SDPA_FP8_BWD": ("Attn_scale",),
     }
     out = set()
     for nj in nodes:

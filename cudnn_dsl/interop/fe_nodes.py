@@ -12,6 +12,12 @@ _F32_ONE = "3F800000"
 #: sdpa_fp8's inputs, in the language's order
 _SDPA_FP8 = ("Q", "K", "V", "Descale_Q", "Descale_K", "Descale_V", "Descale_S", "Scale_S", "Scale_O")
 
+#: sdpa_fp8_backward's inputs, in the language's order
+_SDPA_FP8_BWD = (
+    *("Q", "K", "V", "O", "dO", "Stats", "Descale_Q", "Descale_K", "Descale_V", "Descale_O", "Descale_dO"),
+    *("Descale_S", "Descale_dP", "Scale_S", "Scale_dQ", "Scale_dK", "Scale_dV", "Scale_dP"),
+)
+
 #: pointwise mode -> language op (unary or binary, as the registry has it)
 POINTWISE = {
     "ADD": "add",
@@ -472,6 +478,15 @@ def import_sdpa_backward(n: Node) -> Call:
     return Call("sdpa_backward", args, tuple(attrs_), outs)
 
 
+def import_sdpa_fp8_backward(n: Node) -> Call:
+    _unsupported(n, (*_SDPA_FP8_BWD, "Attn_scale"))
+    attrs_ = [("scale", _sdpa_scale(n)), *_sdpa_band(n)]
+    if n.get("is_deterministic_algorithm", False):
+        attrs_.append(("deterministic", "true"))
+    outs = ("dQ", "dK", "dV", "Amax_dQ", "Amax_dK", "Amax_dV", "Amax_dP")
+    return Call("sdpa_fp8_backward", tuple(n.port(p) for p in _SDPA_FP8_BWD), tuple(attrs_), outs)
+
+
 def import_rope_backward(n: Node) -> Call:
     attrs_ = (
         ("rope_dim", str(n.integer("rope_dim", required=True))),
@@ -488,6 +503,7 @@ BACKWARD_NODES: dict[str, NodeRow] = {
     "INSTANCE_NORM_BPROP": _norm_backward("instancenorm_backward"),
     "ADA_LAYER_NORM_BPROP": _norm_backward("adalayernorm_backward"),
     "SDPA_BWD": NodeRow(import_sdpa_backward, ("sdpa_backward",)),
+    "SDPA_FP8_BWD": NodeRow(import_sdpa_fp8_backward, ("sdpa_fp8_backward",)),
 }
 
 

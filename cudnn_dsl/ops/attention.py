@@ -1,5 +1,5 @@
 """Attention ops: the torch references and cuDNN lowerings of sdpa, sdpa_fp8 and rope, and of their backward
-ops sdpa_backward and rope_backward."""
+ops sdpa_backward, sdpa_fp8_backward and rope_backward."""
 
 from __future__ import annotations
 
@@ -358,10 +358,53 @@ def lower_rope_backward(ctx, ins, a):
     return [ctx.g.rope_backward(ins[0], ins[1], output_scale=a["output_scale"], rope_dim=a["rope_dim"], **ctx.kw)]
 
 
+def _e4m3(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to fp8_e4m3, the dtype FP8 attention quantizes P and dS to, kept in x's dtype."""
+    return x.to(torch.float8_e4m3fn).to(x.dtype)
+
+
+def _grouped(g: torch.Tensor, heads: int) -> torch.Tensor:
+    """A gradient over q's heads summed to `heads` (grouped-query K/V: each K/V head serves h / heads queries)."""
+    b, h, s, d = g.shape
+    return g.reshape(b, heads, h // heads, s, d).sum(2)
+
+
+def ref_sdpa_fp8_backward(ins, a, outs):
+    """The frontend's FP8 backward graph (sdpa_fp8_bwd.h's expansion), untiled: P = exp(s - stats) from the descaled
+    scores, quantized as the forward quantized it; D = rowsum(do * o) * descale_do * descale_o;
+    dS = P * (do v^T * descale_do * descale_v - D) * scale, quantized with scale_dp to e4m3 (descale_dp undoes it);
+    dv = P8^T do, dq = dS8 k, dk = dS8^T q, each times its operands' descales, its amax taken, then times its scale."""
+    q, k, v, o, do, stats = ins[:6]
+    descale_q, descale_k, descale_v, descale_o, descale_do, descale_s, descale_dp = ins[6:13]
+    scale_s, scale_dq, scale_dk, scale_dv, scale_dp = ins[13:]
+    h = q.shape[1]
+    kr, vr = k.repeat_interleave(h // k.shape[1], 1), v.repeat_interleave(h // v.shape[1], 1)
+    s = torch.matmul(q, kr.transpose(-1, -2)) * (descale_q * descale_k * a["scale"])
+    s = s.masked_fill(~_sdpa_keep(a, q.shape[0], s, None, None), float("-inf"))
+    p = torch.exp(s - stats).masked_fill(s.isneginf(), 0.0)
+    dv = torch.matmul(_e4m3(p * scale_s).transpose(-1, -2), do) * descale_s * descale_do
+    rows = (do * o).sum(-1, keepdim=True) * descale_do * descale_o
+    ds = p * (torch.matmul(do, vr.transpose(-1, -2)) * descale_do * descale_v - rows) * a["scale"]
+    ds8 = _e4m3(ds * scale_dp) * descale_dp
+    dq = torch.matmul(ds8, kr) * descale_k
+    dk = _grouped(torch.matmul(ds8.transpose(-1, -2), q) * descale_q, k.shape[1])
+    dv = _grouped(dv, v.shape[1])
+    amax = [t.abs().amax().reshape(1, 1, 1, 1) for t in (dq, dk, dv, ds)]
+    return [dq * scale_dq, dk * scale_dk, dv * scale_dv, *amax]
+
+
+def lower_sdpa_fp8_backward(ctx, ins, a):
+    kw = {"attn_scale": a["scale"], **_band(ctx, a, "")}
+    if a["deterministic"]:
+        kw["use_deterministic_algorithm"] = True
+    return list(ctx.g.sdpa_fp8_backward(*ins, **kw, **ctx.kw))  # dQ, dK, dV, amax_dQ, amax_dK, amax_dV, amax_dP
+
+
 IMPLS: dict[str, OpImpl] = {
     "sdpa": OpImpl(ref_sdpa, lower_sdpa, undefined_sdpa, drawn=drawn_sdpa),
     "sdpa_fp8": OpImpl(ref_sdpa_fp8, lower_sdpa_fp8),
     "rope": OpImpl(ref_rope, lower_rope),
     "rope_backward": OpImpl(ref_rope_backward, lower_rope_backward),
     "sdpa_backward": OpImpl(ref_sdpa_backward, lower_sdpa_backward, undefined_sdpa_backward),
+    "sdpa_fp8_backward": OpImpl(ref_sdpa_fp8_backward, lower_sdpa_fp8_backward),
 }

@@ -204,6 +204,8 @@ class CompiledGraph:
         """binding -> why it runs whole or in these parts, where tune chose ('tuned: whole, 20.1 µs vs ...')"""
         self.notes: list[str] = []
         """what the runtime said on the way (a stored partition that could not be used)"""
+        if self.planner is not None and self.options.require_store_hit:
+            self.planner.require_tuned(graph.instances)
 
     # ---- specs ------------------------------------------------------------------
 
@@ -372,7 +374,8 @@ class CompiledGraph:
 
     def _part(self, part: Graph) -> CompiledGraph:
         p = self._planner()
-        return CompiledGraph(part, self.options, self.device, p.progress, p.use_store, p.rebuild, p.store)
+        options = attrs.evolve(self.options, require_store_hit=False)  # the whole graph's plan is what was required
+        return CompiledGraph(part, options, self.device, p.progress, p.use_store, p.rebuild, p.store)
 
     def __call__(self, tensors: dict | None = None, out: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
         tensors = _named(tensors, named)

@@ -247,15 +247,17 @@ class PlanStore:
         except ValueError as e:
             raise StoreProblem(f"corrupt plan entry {p.name}: {e}") from None
 
-    def _place(self, entry: Entry, force: bool) -> str:
-        """Writes entry unless the stored one should stay: 'written', 'kept' (tuned here) or 'same'."""
+    def _place(self, entry: Entry, force: bool, elsewhere: bool = False) -> str:
+        """Writes entry unless the stored one should stay: 'written', 'kept' (tuned here) or 'same'. An entry
+        made elsewhere (imported, or `elsewhere`: a signed fleet store's) never replaces a local tuned one."""
         try:
             old = self.get(entry.key)
         except StoreProblem:
             old = None  # damaged: not worth keeping
-        if old is not None and entry.imported and old.same_plan(entry):
+        elsewhere = elsewhere or entry.imported
+        if old is not None and elsewhere and old.same_plan(entry):
             return "same"  # keeps the local copy, which is not marked imported
-        if old is not None and old.tuned and not force and (entry.imported or not entry.tuned):
+        if old is not None and old.tuned and not force and (elsewhere or not entry.tuned):
             return "kept"
         text = json.dumps(entry.to_json(), indent=1)
         if len(text) > ENTRY_LIMIT:
@@ -457,16 +459,22 @@ class PlanStore:
             raise StoreProblem(f"cannot write {dest}: {e.strerror or e}") from None
         return Exported(len(entries), len(caches), skipped)
 
+    def take(self, entries: list[Entry], force: bool = False) -> dict[str, int]:
+        """Stores entries made elsewhere (a bundle's, a fleet store's), under one lock: how many were written,
+        kept (a local tuned entry they would replace, unless force) and the same plan as the one here."""
+        counts = {"written": 0, "kept": 0, "same": 0}
+        with self._locked():
+            for entry in entries:
+                counts[self._place(entry, force, elsewhere=True)] += 1
+        return counts
+
     def import_(self, src: Path, *, force: bool = False, kernels: bool = False) -> Imported:
         """Checks the whole bundle, then stores its entries (marked imported: the planner rebuilds them from their
         engine and knobs, never loading their blobs). A local tuned entry is kept unless force. Its kernel caches
         are compiled code, merged into the local ones only with kernels=True (a bundle you trust). StoreProblem,
         with nothing written, when any part of the bundle is wrong: the message names the first bad entry."""
         entries, caches = _read_bundle(Path(src))
-        counts = {"written": 0, "kept": 0, "same": 0}
-        with self._locked():
-            for entry in entries:
-                counts[self._place(attrs.evolve(entry, imported=True), force)] += 1
+        counts = self.take([attrs.evolve(entry, imported=True) for entry in entries], force)
         for name, text in caches if kernels else ():
             save_kernel_cache_text(self.kernels / name, text)
         return Imported(

@@ -1,5 +1,5 @@
 """Attention ops: signatures, shape rules, flop counts and VJP rules of sdpa, sdpa_fp8 and rope, and of
-their backward ops sdpa_backward and rope_backward."""
+their backward ops sdpa_backward, sdpa_fp8_backward and rope_backward."""
 
 from __future__ import annotations
 
@@ -328,16 +328,44 @@ def infer_sdpa_fp8(ctx: Ctx) -> list[Out]:
     q, k, v = _sdpa_qkv(ctx)
     if q.dtype != "fp8_e4m3":  # e5m2 would change the dtype P is quantized to: not modelled
         raise RuleError(f"{ctx.op}: q, k and v must be fp8_e4m3, got {q.dtype}", 0)
-    for i in range(3, 9):
-        t = ctx.inputs[i]
-        if t.shape != (1, 1, 1, 1) or t.dtype != "float":
-            name = OPS[ctx.op].inputs[i]
-            raise RuleError(f"{ctx.op}: {name} must be float[1, 1, 1, 1], got {t.dtype}{fmt_shape(t.shape)}", i)
+    _fp8_factors(ctx, range(3, 9))
     b, h, s, _ = q.shape
     outs = [Out((b, h, s, v.shape[3]), stride_order(q.strides)), Out((1, 1, 1, 1), row_major(4), "float")]
     if ctx.attrs["stats"]:
         outs.append(Out((b, h, s, 1), row_major(4), "float"))
     return outs
+
+
+def _fp8_factors(ctx: Ctx, ports) -> None:
+    """FP8 attention's scales and descales: one float each, [1, 1, 1, 1]."""
+    for i in ports:
+        t = ctx.inputs[i]
+        if t.shape != (1, 1, 1, 1) or t.dtype != "float":
+            name = OPS[ctx.op].inputs[i]
+            raise RuleError(f"{ctx.op}: {name} must be float[1, 1, 1, 1], got {t.dtype}{fmt_shape(t.shape)}", i)
+
+
+def infer_sdpa_fp8_backward(ctx: Ctx) -> list[Out]:
+    """q, k, v as sdpa_fp8 takes them; o (the forward's, times its scale_o) and do [B, H, S_q, D_v] fp8_e4m3 (an
+    fp8_e5m2 do would change the dtype dS is quantized to: not modelled); stats [B, H, S_q, 1] float; the twelve
+    factors float [1, 1, 1, 1]. Results: dq, dk, dv like q, k, v (cuDNN 9.28 writes half/bf16 ones on Blackwell
+    only), then the four amaxes, float [1, 1, 1, 1]."""
+    q, k, v = _sdpa_qkv(ctx)
+    b, h, s, _ = q.shape
+    o_shape = (b, h, s, v.shape[3])
+    for i in (0, 3, 4):
+        name = OPS[ctx.op].inputs[i]
+        if i:
+            _sdpa_rank4(ctx, i, name)
+            same_shape(ctx, OPS[ctx.op], i, o_shape, "attention's output: [B, H, S_q, D_v]")
+        if ctx.inputs[i].dtype != "fp8_e4m3":
+            raise RuleError(f"{ctx.op}: {name} must be fp8_e4m3, got {ctx.inputs[i].dtype}", i)
+    same_shape(ctx, OPS[ctx.op], 5, (b, h, s, 1), "the forward's softmax stats: [B, H, S_q, 1]")
+    if ctx.inputs[5].dtype != "float":
+        raise RuleError(f"{ctx.op}: stats is {ctx.inputs[5].dtype}; the forward's softmax stats are float", 5)
+    _fp8_factors(ctx, range(6, 18))
+    grads = [Out(t.shape, stride_order(t.strides), t.dtype) for t in (q, k, v)]
+    return grads + [Out((1, 1, 1, 1), row_major(4), "float")] * 4
 
 
 def derive_rope(ctx: Ctx) -> dict:
@@ -638,6 +666,46 @@ BACKWARD_OPS = by_name(
         "dropout_scale_inv, 1 / dropout_scale): dq, dk, dv like q, k, v",
     ),
 )
+BACKWARD_OPS |= by_name(
+    FAMILY.op(
+        "sdpa_fp8_backward",
+        (
+            "q",
+            "k",
+            "v",
+            "o",
+            "do",
+            "stats",
+            "descale_q",
+            "descale_k",
+            "descale_v",
+            "descale_o",
+            "descale_do",
+            "descale_s",
+            "descale_dp",
+            "scale_s",
+            "scale_dq",
+            "scale_dk",
+            "scale_dv",
+            "scale_dp",
+        ),
+        infer_sdpa_fp8_backward,
+        flops=flops_sdpa_backward,
+        derive=_derive_band,
+        notes=note_alignment,
+        folded=_FOLDED,
+        positive=tuple(range(6, 18)),
+        by_value=("descale_dp", "scale_dp"),
+        attrs=(*_BAND_ATTRS, BACKWARD_OPS["sdpa_backward"].attr("deterministic")),
+        outputs=("dq", "dk", "dv", "amax_dq", "amax_dk", "amax_dv", "amax_dp"),
+        results=lambda a: 7,
+        doc="the gradients of sdpa_fp8(q, k, v, ...) from do (fp8, do * descale_do the loss gradient of the "
+        "forward's O before scale_o), its output o (o * descale_o that O) and its stats (sdpa_fp8's `stats=true`), "
+        "with the forward's scale, band, descales and scale_s: P is quantized as the forward did, dS with scale_dp "
+        "(descale_dp undoes it; a float scalar may feed either); dq, dk, dv like q, k, v, times scale_dq, scale_dk, "
+        "scale_dv; each amax the max |x| before its scale",
+    ),
+)
 """the frontend's backward ops of attention: the loss gradient and what the forward saved"""
 OPS |= BACKWARD_OPS
 
@@ -742,9 +810,33 @@ def _sdpa_composite(e, n):
     return (*grads, *(None,) * (len(n.inputs) - 3))
 
 
-VJPS: dict[str, Rule] = {"rope": _rope, "sdpa": _sdpa}
+def _sdpa_fp8(e, n):
+    """sdpa_fp8_backward, for the gradients of the forward as written, P's quantization passed straight through.
+    The forward's O before scale_o is o * (1 / scale_o) and its loss gradient grad_o * scale_o (descale_o, descale_do);
+    q's gradient is descale_q times that of q * descale_q, which cuDNN computes (scale_dq = descale_q; k, v alike).
+    dS is quantized with the host scalars scale_dp and descale_dp, 1.0 unless a call sets them; the amaxes go unread."""
+    if not all(n.need[:3]):
+        raise RuleError(
+            "sdpa_fp8: sdpa_fp8_backward computes q's, k's and v's gradients together; all three must want theirs"
+        )
+    if n.outs[0].dtype != "fp8_e4m3":
+        raise RuleError(
+            f"sdpa_fp8: sdpa_fp8_backward reads o in fp8_e4m3, as the forward writes it; o is {n.outs[0].dtype}"
+        )
+    (stats,) = e.stats(n, 2, first=1)  # after the amax
+    q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o = (e.fwd(i) for i in n.inputs)
+    bwd = OPS["sdpa_fp8_backward"]
+    attrs = {a.name: n.attrs[a.name] for a in bwd.attrs if n.attrs.get(a.name) is not None and a.name not in bwd.folded}
+    grads = e.call(
+        "sdpa_fp8_backward",
+        *(q, k, v, e.fwd(n.out), n.dy, stats),
+        *(descale_q, descale_k, descale_v, e.call("reciprocal", scale_o), scale_o, descale_s),
+        *(e.scalar(1.0, "descale_dp"), scale_s, descale_q, descale_k, descale_v, e.scalar(1.0, "scale_dp")),
+        **attrs,
+    )
+    return (*grads[:3], *(None,) * 6)
+
+
+VJPS: dict[str, Rule] = {"rope": _rope, "sdpa": _sdpa, "sdpa_fp8": _sdpa_fp8}
 RECOMPUTE: dict[str, Recompute] = {}
-NO_VJP = {
-    "sdpa_fp8": "it waits for the frontend's dedicated backward op in the registry (sdpa_fp8_backward)",
-    **{op: SECOND_ORDER for op in BACKWARD_OPS},
-}
+NO_VJP = {op: SECOND_ORDER for op in BACKWARD_OPS}

@@ -99,7 +99,7 @@ class OpSig:
     its batch stride; generated offsets pack the sequences back to back (sdpa's THD layout)"""
 
     by_value: tuple[str, ...] = ()
-    """optional inputs that a host `scalar` may feed, as cuDNN's pass-by-value tensor set per call (attention's
+    """inputs that a host `scalar` may feed, as cuDNN's pass-by-value tensor set per call (attention's
     scale and dropout scales); a scalar feeds no other port of an op outside the pointwise family"""
 
     folded: tuple[str, ...] = ()

@@ -1,0 +1,28 @@
+"""Sweeps: many graphs × shapes × GPU types or (target, cuDNN) pairs planned on the CPU, run by an executor (this
+machine's workers, or Ray), their measurements merged into one fleet store whose manifest deployments pin.
+
+    from cudnn_dsl import sweep
+    work = sweep.plan(sweep.Spec.load("sweep.toml"))
+    print(work.summary())
+    result = sweep.run(work, sweep.LocalExecutor())
+    print(result.merged.digest)
+
+docs/fleet.md has the spec, the store's layout and the rules of the merge.
+"""
+
+from __future__ import annotations
+
+from cudnn_dsl.sweep.local import LocalExecutor
+from cudnn_dsl.sweep.merge import Merged, merge, stored
+from cudnn_dsl.sweep.run import Result, resume, run
+from cudnn_dsl.sweep.spec import Spec, SpecError
+from cudnn_dsl.sweep.units import Unit, Work
+from cudnn_dsl.sweep.units import plan as _plan
+
+__all__ = ["LocalExecutor", "Merged", "Result", "Spec", "SpecError", "Unit", "Work", "merge", "plan", "resume", "run"]
+
+
+def plan(spec: Spec, *, skip_stored: bool = True, progress=None) -> Work:
+    """The spec's work, planned on the CPU; shapes the spec's store already answers are skipped unless told not."""
+    has = stored(spec.store) if skip_stored and spec.store else None
+    return _plan(spec, has, progress)
