@@ -1,6 +1,6 @@
 """emit --format cpp: a project's files (the inputs run draws, the stand-in driver, refusals at their place), and,
 marked slow, every example's C++ twin built in one project and planned without a device, its plan name equal to
-the Python path's for the same target. On a GPU, a twin's outputs equal `run`'s bit for bit with the same plan."""
+the Python path's for the same target (tests/gpu/test_emit_cpp_gpu.py: on a GPU, its outputs equal `run`'s)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from cudnn_dsl.target.driver import CUDA_ERROR_NO_DEVICE
 from cudnn_dsl.target.library import Target
 from dsl.diagnostics import DslError
 from dsl.pipeline import load
+from tests.cli_util import run_cli
 
 ROOT = Path(__file__).parent.parent
 TARGET = "h200"
@@ -34,11 +35,11 @@ EXAMPLES = [
 TOOLS = pytest.mark.skipif(not shutil.which("cmake") or not shutil.which("c++"), reason="needs cmake and c++")
 
 
-def _graph(file: Path, name: str):
+def graph_of(file: Path, name: str):
     return next(g for g in load(str(file)).program.graphs if g.name == name)
 
 
-def _key(file: Path, name: str) -> str:
+def key(file: Path, name: str) -> str:
     """The twin's name in the project of every example: its file under examples/, and its graph."""
     return f"{file.relative_to(ROOT / 'examples').with_suffix('')}:{name}"
 
@@ -53,7 +54,7 @@ def test_project_files(tmp_path):
     """A twin's input files hold the memory of the inputs run draws, and the project's stand-in driver answers
     CUDA_ERROR_NO_DEVICE."""
     file = ROOT / "examples/conv_bias_relu.cdg"
-    g = _graph(file, "conv_bias_relu")
+    g = graph_of(file, "conv_bias_relu")
     inst = g.instances[0]
     files = emit_cpp(g, inst, g.options, Target.named(TARGET))
     drawn = generate_inputs(g, inst, "cpu", g.options.seed)
@@ -68,8 +69,25 @@ def test_project_files(tmp_path):
     assert driver.cuInit(0) == driver.cuDeviceGetCount(None) == CUDA_ERROR_NO_DEVICE
 
 
+def test_cli_writes_the_project(tmp_path):
+    """`emit --format cpp -o DIR` writes emit_cpp's files; -o goes with cpp alone; a split graph is refused."""
+    file = ROOT / "examples/conv_bias_relu.cdg"
+    r = run_cli("emit", "--format", "cpp", file, "-o", tmp_path / "p")
+    assert r.returncode == 0, r.stderr
+    assert f"cmake -S {tmp_path / 'p'}" in r.stderr
+    g = graph_of(file, "conv_bias_relu")
+    files = emit_cpp(g, g.instances[0], g.options, Target.named(TARGET))
+    written = {str(p.relative_to(tmp_path / "p")): p.read_bytes() for p in (tmp_path / "p").rglob("*") if p.is_file()}
+    assert written == files
+    assert "give it with -o DIR" in run_cli("emit", "--format", "cpp", file).stderr
+    assert "give it with -o DIR" in run_cli("emit", file, "-o", tmp_path / "q").stderr
+    split = ROOT / "examples/training/resnet_block.cdg"
+    r = run_cli("emit", "--format", "cpp", split, "--shape", "N=4", "-o", tmp_path / "r")
+    assert r.returncode == 1 and f"{split}:3:1: error: emit --format cpp writes a graph cuDNN takes whole" in r.stderr
+
+
 def test_twins_need_distinct_namespaces():
-    g = _graph(ROOT / "examples/conv_bias_relu.cdg", "conv_bias_relu")
+    g = graph_of(ROOT / "examples/conv_bias_relu.cdg", "conv_bias_relu")
     target = Target.named(TARGET)
     a, b = (twin(name, g, g.instances[0], g.options, target) for name in ("a-b", "a_b"))
     assert namespace(a.name) == namespace(b.name)
@@ -91,89 +109,40 @@ def test_unspelled_call_is_located(tmp_path):
     assert str(e.value).startswith(f"{src}:5:")
 
 
-@pytest.fixture(scope="session")
-def built(tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    """One C++ project holding every example's twin (named FILE:GRAPH), built once; and the examples refused,
-    with why (a graph cuDNN takes only in parts, a frontend call the emitter has no C++ spelling for)."""
-    top = tmp_path_factory.mktemp("cpp")
+def build_examples(top: Path) -> dict[str, str]:
+    """Builds one C++ project holding every example's twin (named FILE:GRAPH) in `top`; returns the examples
+    refused, with why (a graph cuDNN takes only in parts, a frontend call the emitter has no C++ spelling for)."""
     target, refused, twins = Target.named(TARGET), {}, []
     for file, name in EXAMPLES:
-        g = _graph(file, name)
+        g = graph_of(file, name)
         inst = g.instances[0]
         try:
             partition = plan_for_target(g, inst, g.options, target)[1]
-            twins.append(twin(_key(file, name), g, inst, g.options, target, None, partition))
+            twins.append(twin(key(file, name), g, inst, g.options, target, None, partition))
         except DslError as e:
-            refused[_key(file, name)] = str(e)
+            refused[key(file, name)] = str(e)
     _write(top, project(twins, target))
     subprocess.run(["cmake", "-S", top, "-B", top / "build"], check=True, capture_output=True)
     subprocess.run(["cmake", "--build", top / "build", "-j2"], check=True, capture_output=True)
-    return top, refused
+    return refused
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    top = tmp_path_factory.mktemp("cpp")
+    return top, build_examples(top)
 
 
 @TOOLS
 @pytest.mark.slow
-@pytest.mark.parametrize(("file", "name"), EXAMPLES, ids=[_key(f, n) for f, n in EXAMPLES])
+@pytest.mark.parametrize(("file", "name"), EXAMPLES, ids=[key(f, n) for f, n in EXAMPLES])
 def test_plan_name_equals_python(built, file, name):
     top, refused = built
-    key = _key(file, name)
-    if key in refused:
-        assert "emit --format cpp" in refused[key], refused[key]
-        pytest.skip(f"refused: {refused[key].splitlines()[0]}")
-    g = _graph(file, name)
+    named = key(file, name)
+    if named in refused:
+        assert "emit --format cpp" in refused[named], refused[named]
+        pytest.skip(f"refused: {refused[named].splitlines()[0]}")
+    g = graph_of(file, name)
     expected = first_plan_name(compile_shape(g, g.instances[0], g.options, Target.named(TARGET)))
-    out = subprocess.run([top / "build/main", key, "--deviceless"], check=True, capture_output=True, text=True)
-    assert out.stdout == f"graph {key}: plan {expected} for {Target.named(TARGET).name}\n"
-
-
-def _bits(x):
-    """A tensor's elements as integers of their width: equal exactly where the bytes are."""
-    import torch
-
-    return (
-        x
-        if x.dtype == torch.bool
-        else x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
-    )
-
-
-@TOOLS
-@pytest.mark.gpu
-@pytest.mark.parametrize(("file", "name"), EXAMPLES, ids=[_key(f, n) for f, n in EXAMPLES])
-def test_outputs_equal_run_bit_for_bit(built, file, name, tmp_path):
-    """The twin's outputs, on the GPU, against the same graph run by cudnn_dsl: the inputs run draws (the twin
-    reads them from the files emit wrote with the same generator), the plan cudnn_dsl ran (its engine id and
-    knobs, pinned with main's --plan), each output's elements compared as bytes, but those the reference marks
-    unspecified. Planned at the one static shape the twin is, as the twin builds it."""
-    import torch
-
-    from cudnn_dsl.api import compile as compile_graph
-    from cudnn_dsl.target import bits
-    from cudnn_dsl.target.memory import as_type, empty
-
-    top, refused = built
-    key = _key(file, name)
-    if key in refused:
-        pytest.skip("refused")
-    g = _graph(file, name)
-    inst = g.instances[0]
-    cg = compile_graph(str(file), graph=name, shape_mode="static")
-    inputs = generate_inputs(g, inst, "cuda", g.options.seed)
-    undefined = getattr(cg.reference({k: v.clone() for k, v in inputs.items()}), "undefined", {})
-    results = cg(**inputs)
-    engine, knobs, _ = cg.planner.plan_of(cg.executable(inst))
-    pin = f"{engine}:" + ",".join(f"{k}={v}" for k, v in knobs.items())
-    out = subprocess.run(
-        [top / "build/main", key, "--plan", pin, "--outputs", tmp_path], check=True, capture_output=True, text=True
-    ).stdout
-    for v in g.outputs:
-        t = inst.type(v.name)
-        data = (tmp_path / key / f"{v.name}.bin").read_bytes()
-        memory = empty(t, "cpu")
-        assert len(data) == memory.untyped_storage().nbytes(), (v.name, out)
-        ctypes.memmove(memory.data_ptr(), data, len(data))
-        got = bits.logical(as_type(memory, t), t)
-        want = bits.logical(results[v.name], t).cpu()
-        if (mask := undefined.get(v.name)) is not None:
-            got, want = got.masked_fill(mask.cpu(), 0), want.masked_fill(mask.cpu(), 0)
-        assert torch.equal(_bits(got), _bits(want)), (v.name, pin, out)
+    out = subprocess.run([top / "build/main", named, "--deviceless"], check=True, capture_output=True, text=True)
+    assert out.stdout == f"graph {named}: plan {expected} for {Target.named(TARGET).name}\n"

@@ -3,9 +3,10 @@ CUDA_ERROR_NO_DEVICE, so that cuDNN loads on a machine without the NVIDIA driver
 
 One cuDNN sublibrary links against the CUDA driver; nothing is faked at the cuDNN level. The library is an ELF
 image made in memory (no C compiler, nothing prebuilt): one function returning 100, exported under each `cu*` name
-cuDNN mentions. It is code that gets run, so it never touches a directory: it is written into a sealed memory file
-(memfd), read back and compared, and loaded from there. Only the list of names, which takes ~1 s to scan out of
-cuDNN, is cached, and each name is checked before it is used.
+cuDNN mentions. It is code that gets run, so this process never puts it in a directory: it is written into a sealed
+memory file (memfd), read back and compared, and loaded from there. Only the list of names, which takes ~1 s to scan
+out of cuDNN, is cached, and each name is checked before it is used. (`emit --format cpp` writes the image into the
+C++ project the user names, beside the sources they build and run: docs/cpp.md.)
 """
 
 from __future__ import annotations
