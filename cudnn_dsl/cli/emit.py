@@ -174,7 +174,7 @@ def _cpp(g, inst, target, options, inits, directory: str) -> int:
     out = Path(directory)
     for rel, data in files.items():
         atomic_write(out / rel, data)
-    build = f"cmake -S {out} -B {out}/build && cmake --build {out}/build"
+    build = f"cmake -S {out} -B {out}/build && cmake --build {out}/build -j2 && {out}/build/main"
     common.warn(f"wrote the C++ project of graph '{g.name}' to {out}: {build}")
     return common.EXIT_OK
 

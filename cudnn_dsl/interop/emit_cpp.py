@@ -20,7 +20,6 @@ from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.interop.emit import bound_uids, own_memory
 from cudnn_dsl.interop.fe_nodes import POINTWISE
 from cudnn_dsl.ops.pointwise import CUDNN_NAME
-from cudnn_dsl.target.bits import nbytes as bool_nbytes
 from cudnn_dsl.target.driver import StandInUnavailable, stand_in_image
 from cudnn_dsl.target.library import BackendUnavailable, Target, cudnn_library
 from dsl.diagnostics import Diagnostic, DslError
@@ -273,7 +272,10 @@ def namespace(name: str) -> str:
 
 
 def _nbytes(t: TensorType) -> int:
-    return bool_nbytes(t) if t.dtype == "bool" else t.storage * itemsize(t.dtype)
+    """The bytes of a buffer of type t, as `run` allocates it (worked out on the meta device: nothing allocated)."""
+    from cudnn_dsl.target.memory import empty
+
+    return empty(t, "meta").untyped_storage().nbytes()
 
 
 def _memory(t) -> bytes:
