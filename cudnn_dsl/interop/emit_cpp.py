@@ -21,7 +21,7 @@ from cudnn_dsl.interop.emit import bound_uids, own_memory
 from cudnn_dsl.interop.fe_nodes import POINTWISE
 from cudnn_dsl.ops.pointwise import CUDNN_NAME
 from cudnn_dsl.target.driver import StandInUnavailable, stand_in_image
-from cudnn_dsl.target.library import BackendUnavailable, Target, cudnn_library
+from cudnn_dsl.target.library import CUDNN_PACKAGES, BackendUnavailable, Target, cudnn_library
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
 from dsl.types import TensorType, itemsize
@@ -414,7 +414,7 @@ STAND_IN = "nodevice/libcuda.so.1"
 def _cudnn() -> Path:
     lib = cudnn_library()
     if lib is None:
-        raise BackendUnavailable("the cuDNN library is not installed: pip install nvidia-cudnn-cu13")
+        raise BackendUnavailable(f"the cuDNN library is not installed: pip install {' or '.join(CUDNN_PACKAGES)}")
     return lib
 
 
