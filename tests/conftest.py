@@ -1,4 +1,4 @@
-"""Shared test setup: the `gpu` and `network` markers, and `--update-goldens`."""
+"""Shared test setup: the `gpu`, `network` and `slow` markers, and `--update-goldens`."""
 
 import pytest
 
@@ -12,12 +12,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    # Tests that download hundreds of MB from the package index run only when asked for by name.
-    if "network" not in (config.getoption("markexpr") or ""):
-        fetch = pytest.mark.skip(reason="installs from the package index: run with `pytest -m network`")
-        for item in items:
-            if "network" in item.keywords:
-                item.add_marker(fetch)
+    # Tests that download hundreds of MB from the package index, or take minutes, run only when asked for by name.
+    asked = config.getoption("markexpr") or ""
+    for marker, why in (("network", "installs from the package index"), ("slow", "takes minutes")):
+        if marker not in asked:
+            skip_it = pytest.mark.skip(reason=f"{why}: run with `pytest -m {marker}`")
+            for item in items:
+                if marker in item.keywords:
+                    item.add_marker(skip_it)
     try:
         import torch
 

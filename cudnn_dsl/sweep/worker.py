@@ -78,9 +78,12 @@ def _key(graph, inst, gpu: str, cc: str) -> PlanKey:
 
 def _support(unit: Unit, graph, inst, sweep: str, attempt: int) -> Record:
     from cudnn_dsl.run.partition import plan_for_target
-    from cudnn_dsl.target.library import Target
+    from cudnn_dsl.target.library import BackendUnavailable, Target, answering, matches
     from dsl.diagnostics import DslError
 
+    library = answering()
+    if unit.cudnn and not matches(library.version, unit.cudnn):  # a node without that version's library
+        raise BackendUnavailable(f"asked for cuDNN {unit.cudnn}, but {library} answers in this worker")
     d = json.loads(unit.descriptor)
     target = Target(unit.target, unit.descriptor, d["deviceVer"] // 10)
     key = _key(graph, inst, target.name, f"{target.sm_version // 10}.{target.sm_version % 10}")
