@@ -37,3 +37,37 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def update_goldens(request):
     return request.config.getoption("--update-goldens")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A Ray cluster of real processes on this machine, every node on 127.0.0.1: a head of two CPUs and a node of
+    one. This process is its driver."""
+    import os
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when ray is imported: Ray's own address lookups
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+    from sweep_util import FAST_HEALTH, LOOPBACK
+
+    cluster = Cluster(initialize_head=True, head_node_args={**LOOPBACK, "num_cpus": 2, "_system_config": FAST_HEALTH})
+    cluster.add_node(**LOOPBACK, num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def fault_free(tmp_path_factory):
+    """The sweep of sweep_util.support_spec run by the local executor without faults: its Result."""
+    from sweep_util import support_spec
+
+    from cudnn_dsl import sweep
+
+    d = tmp_path_factory.mktemp("fault_free")
+    result = sweep.run(
+        sweep.plan(sweep.Spec.load(support_spec(d))), sweep.LocalExecutor(workers=2), staging=d / "staging"
+    )
+    assert result.complete and result.counts == {"ok": 15}, result.unfinished
+    return result
