@@ -37,8 +37,6 @@ LOOK_S = 2.0
 TOKEN = 0.001
 """how much of `accelerator_type:<T>` a task asks, as Ray's own `accelerator_type=` does: the node's GPUs, not this
 resource, bound how many tasks run there"""
-STARTED = "started"
-"""a task's first message: the unit's time limit counts from it, not from its submission"""
 
 _GPU_MODEL = re.compile(r"\w+\s+((?:[A-Z]+\s+)*[A-Z0-9]*\d[A-Z0-9]*)")
 
@@ -74,9 +72,10 @@ def task_options(lane: tuple[str, str]) -> dict:
     return options
 
 
-def sweep_unit(unit: Unit, sweep: str, attempt: int, skip: frozenset) -> Iterator[object]:
-    """A task's body: STARTED, then the record of each shape not in skip as it is made."""
-    yield STARTED
+def sweep_unit(unit: Unit, sweep: str, attempt: int, skip: frozenset) -> Iterator[float | Record]:
+    """A task's body: the time it starts (the unit's time limit counts from then, not from its submission), then
+    the record of each shape not in skip as it is made."""
+    yield time.time()
     yield from run_unit(unit, sweep, attempt, skip)
 
 
@@ -179,11 +178,12 @@ class _Driver:
             soonest = min(f.deadline for f in self.flights.values())
             wait = max(0.0, min(LOOK_S, soonest - time.monotonic()))
             ready, _ = self.ray.wait([f.task for f in self.flights.values()], num_returns=1, timeout=wait)
-            for task in ready:
-                self._next(self.flights[id(task)])
             now = time.monotonic()
-            for f in [f for f in self.flights.values() if f.deadline <= now]:
+            for f in [f for f in self.flights.values() if f.deadline <= now]:  # first: a record read late is late
                 self._drop(f, "timeout", f"past the unit time limit of {self.timeout_s:g} s")
+            for task in ready:
+                if id(task) in self.flights:
+                    self._next(self.flights[id(task)])
             if now - looked >= LOOK_S:
                 looked = now
                 self._look()
@@ -218,8 +218,9 @@ class _Driver:
             del self.flights[id(f.task)]
             self._retry(f, _first_line(e))
             return
-        if msg == STARTED:
-            f.deadline = time.monotonic() + self.timeout_s
+        if not isinstance(msg, Record):  # its start: the limit counts from then, so a driver reading late adds nothing
+            read_after = min(max(time.time() - msg, 0.0), LOOK_S)  # bounded: a node's clock may disagree with ours
+            f.deadline = time.monotonic() - read_after + self.timeout_s
             return
         f.skip.add(tuple(sorted(msg.binding.items())))
         self.on_record(msg)
