@@ -71,3 +71,14 @@ def fault_free(tmp_path_factory):
     )
     assert result.complete and result.counts == {"ok": 15}, result.unfinished
     return result
+
+
+@pytest.fixture(params=["local", "ray"])
+def executor(request):
+    """Each executor in turn: the local one (two workers), and Ray on the ray_cluster."""
+    from cudnn_dsl import sweep
+
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+        return sweep.RayExecutor()
+    return sweep.LocalExecutor(workers=2)

@@ -27,6 +27,35 @@ sweep.run(work, sweep.LocalExecutor(workers=1) if executor == "local" else sweep
 """
 
 
+class Hooked:
+    """A real executor whose records pass `act` first, from the n-th on, until it says it acted."""
+
+    def __init__(self, executor, n: int, act):
+        self.executor, self.n, self.act = executor, n, act
+        self.acted_at = None
+
+    def run(self, units, sweep_id, on_record, **kw):
+        seen = 0
+
+        def hooked(r):
+            nonlocal seen
+            on_record(r)
+            seen += 1
+            if self.acted_at is None and seen >= self.n and self.act():
+                self.acted_at = seen
+
+        self.executor.run(units, sweep_id, hooked, **kw)
+
+
+def import_ray():
+    """Ray, imported so that every node it starts in this process listens on 127.0.0.1 only (Ray reads
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when it is imported); the test is skipped without Ray."""
+    import pytest
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    return pytest.importorskip("ray")
+
+
 def support_spec(tmp_path: Path, extra: str = "", targets=TARGETS) -> Path:
     """dynamic_shapes.cdg (4 shapes, one unit per target) and sdpa.cdg (1 shape), on three targets: 6 units."""
     p = tmp_path / "sweep.toml"

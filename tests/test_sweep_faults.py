@@ -10,7 +10,7 @@ import time
 
 import attrs
 import pytest
-from sweep_util import descendants, kill_driver_after, no_temp_files, processes, recorded_once, support_spec
+from sweep_util import Hooked, descendants, kill_driver_after, no_temp_files, processes, recorded_once, support_spec
 
 from cudnn_dsl import sweep
 from cudnn_dsl.sweep import records as rec
@@ -110,34 +110,6 @@ def test_a_worker_whose_cudnn_is_not_its_units_records_errors(made):
 
 
 # ---- faults while a sweep runs, on each executor ---------------------------------------------------------------
-
-
-@pytest.fixture(params=["local", "ray"])
-def executor(request):
-    if request.param == "ray":
-        request.getfixturevalue("ray_cluster")
-        return sweep.RayExecutor()
-    return sweep.LocalExecutor(workers=2)
-
-
-class Hooked:
-    """A real executor whose records pass `act` first, from the n-th on, until it says it acted."""
-
-    def __init__(self, executor, n: int, act):
-        self.executor, self.n, self.act = executor, n, act
-        self.acted_at = None
-
-    def run(self, units, sweep_id, on_record, **kw):
-        seen = 0
-
-        def hooked(r):
-            nonlocal seen
-            on_record(r)
-            seen += 1
-            if self.acted_at is None and seen >= self.n and self.act():
-                self.acted_at = seen
-
-        self.executor.run(units, sweep_id, hooked, **kw)
 
 
 def _kill_a_worker(executor):
