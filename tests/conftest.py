@@ -14,7 +14,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     # Tests that download hundreds of MB from the package index, or take minutes, run only when asked for by name.
     asked = config.getoption("markexpr") or ""
-    for marker, why in (("network", "installs from the package index"), ("slow", "takes minutes")):
+    for marker, why in (("network", "installs from the package index"), ("slow", "takes minutes (and the ray extra)")):
         if marker not in asked:
             skip_it = pytest.mark.skip(reason=f"{why}: run with `pytest -m {marker}`")
             for item in items:

@@ -30,6 +30,7 @@ from cudnn_dsl.sweep.on_ray import accelerator_type, task_options
 from cudnn_dsl.target.library import DEVICES_DIR, Target, installed_cudnn, side_by_side
 
 
+@pytest.mark.slow  # with the Ray tests: it needs the ray extra
 def test_gpu_types_are_named_as_ray_names_them():
     import_ray()
     from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
