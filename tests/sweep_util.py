@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,12 +18,16 @@ LOOPBACK = {"node_ip_address": "127.0.0.1", "include_dashboard": False}
 FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
 """a removed node is seen dead in ~2 s, not Ray's ~15 s"""
 DRIVER = """
-import sys
+import os, signal, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
 from cudnn_dsl import sweep
-spec, executor = sys.argv[1], sys.argv[2]
+from sweep_util import Hooked
+spec, executor, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
 work = sweep.plan(sweep.Spec.load(spec))
-sweep.run(work, sweep.LocalExecutor(workers=1) if executor == "local" else sweep.RayExecutor(address=executor))
+real = sweep.LocalExecutor(workers=1) if executor == "local" else sweep.RayExecutor(address=executor)
+sweep.run(work, Hooked(real, n, lambda: os.kill(os.getpid(), signal.SIGKILL)))
 """
+"""a sweep's driver that SIGKILLs itself right after its n-th record is in staging"""
 
 
 class Hooked:
@@ -106,19 +109,10 @@ def record_files(staging: Path) -> set[str]:
 
 
 def kill_driver_after(spec: Path, executor: str, staging: Path, n: int, env: dict, limit_s: float = 240) -> set[str]:
-    """Runs a sweep's driver in a process of its own and SIGKILLs it once staging holds n records; the records
-    there then."""
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(spec), executor], env=env)
-    deadline = time.monotonic() + limit_s
-    try:
-        while len(record_files(staging)) < n:
-            assert proc.poll() is None, f"the driver ended (status {proc.returncode}) before {n} records"
-            assert time.monotonic() < deadline, f"fewer than {n} records in {limit_s} s"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
+    """Runs a sweep's driver in a process of its own, SIGKILLed right after its n-th record; the records then."""
+    cmd = [sys.executable, "-c", DRIVER, __file__, str(spec), executor, str(n)]
+    proc = subprocess.run(cmd, env=env, timeout=limit_s, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.returncode
     return record_files(staging)
 
 

@@ -144,7 +144,7 @@ def test_a_killed_driver_resumes_running_only_the_shapes_without_a_record(execut
     staging = staging_of(work.id)
     address = "local" if isinstance(executor, sweep.LocalExecutor) else executor_address()
     before = kill_driver_after(spec, address, staging, 5, dict(os.environ))
-    assert 5 <= len(before) < work.shapes
+    assert len(before) == 5
     result = sweep.resume(work.id, executor)
     assert result.complete and result.merged.digest == fault_free.merged.digest, result.unfinished
     records = recorded_once(staging, work)  # so the resume ran exactly the shapes that had no record
@@ -152,7 +152,7 @@ def test_a_killed_driver_resumes_running_only_the_shapes_without_a_record(execut
     units_split = {r.unit for r in records if r.id + ".json" in before} & {
         r.unit for r in records if r.id + ".json" not in before
     }
-    assert units_split, "the driver was killed between units: nothing resumed mid-unit"
+    assert units_split  # the kill came mid-unit: the resumed unit ran only its shapes without a record
     no_temp_files(tmp_path)
 
 
