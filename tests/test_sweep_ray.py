@@ -15,7 +15,6 @@ import pytest
 from sweep_util import (
     EXAMPLES,
     LOOPBACK,
-    Hooked,
     descendants,
     import_ray,
     no_temp_files,
@@ -64,19 +63,26 @@ def test_ray_and_local_executors_give_one_manifest_byte_for_byte(ray_cluster, fa
 
 @pytest.mark.slow
 def test_a_node_removed_mid_sweep_has_its_units_run_elsewhere(ray_cluster, fault_free, tmp_path):
-    extra = ray_cluster.add_node(**LOOPBACK, num_cpus=1)
+    extra = ray_cluster.add_node(**LOOPBACK, num_cpus=2)
     raylet = extra.all_processes["raylet"][0].process.pid
+    removed, stop = threading.Event(), threading.Event()
 
-    def remove_it_while_it_runs_a_unit() -> bool:
-        if not set(processes(b"ray::sweep_unit")) & descendants(raylet):
-            return False
-        ray_cluster.remove_node(extra)
-        return True
+    def remove_it_once_it_runs_a_unit():
+        while not stop.wait(0.05):
+            if set(processes(b"ray::sweep_unit")) & descendants(raylet):
+                ray_cluster.remove_node(extra)
+                removed.set()
+                return
 
+    watcher = threading.Thread(target=remove_it_once_it_runs_a_unit)
+    watcher.start()
     work = sweep.plan(sweep.Spec.load(support_spec(tmp_path)))
-    hooked = Hooked(sweep.RayExecutor(), 1, remove_it_while_it_runs_a_unit)
-    result = sweep.run(work, hooked, staging=tmp_path / "staging")
-    assert hooked.acted_at is not None, "no unit ran on the added node"
+    try:
+        result = sweep.run(work, sweep.RayExecutor(), staging=tmp_path / "staging")
+    finally:
+        stop.set()
+        watcher.join()
+    assert removed.is_set(), "no unit ran on the added node"
     assert result.complete and result.merged.digest == fault_free.merged.digest, result.unfinished
     records = recorded_once(tmp_path / "staging", work)
     assert max(r.provenance["attempt"] for r in records) == 2
