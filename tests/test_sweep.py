@@ -115,8 +115,11 @@ def test_a_local_sweep_plans_every_unit_as_the_library_does_then_resumes_to_noth
     # the store answers it all now; a resume finds every shape recorded
     assert {s.why for s in sweep.plan(spec).skipped} >= {"already in the store"} and not sweep.plan(spec).units
     before = sorted(p.name for p in result.staging.rglob("*.json"))
+    keydir = next((result.staging / "measurements").iterdir())
+    (keydir / f".{'0' * 64}.json.deadbeef.tmp").write_text('{"half a rec')  # a driver killed mid-write
     again = sweep.resume(work.id, sweep.LocalExecutor(workers=2))
     assert again.merged.digest == result.merged.digest and again.counts == result.counts
+    assert not again.merged.damaged and not list(keydir.glob("*.tmp"))
     assert sorted(p.name for p in result.staging.rglob("*.json")) == before
     assert not [p for p in tmp_path.rglob("*.tmp")]
 

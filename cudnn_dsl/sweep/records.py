@@ -15,7 +15,7 @@ from pathlib import Path
 
 import attrs
 
-from cudnn_dsl.store.files import StoreProblem, loads
+from cudnn_dsl.store.files import StoreProblem, is_temp, loads
 from cudnn_dsl.store.keys import PlanKey, is_entry_id
 from cudnn_dsl.store.remote import Tree, open_tree
 from cudnn_dsl.store.schema import check_fields
@@ -147,6 +147,8 @@ def read_all(root: Path | str | Tree) -> tuple[list[Record], list[Damaged]]:
             damaged.append(Damaged(tree.join(f"measurements/{keydir}"), "not a key directory"))
             continue
         for name, _ in tree.listing(f"measurements/{keydir}"):
+            if is_temp(name):  # a write a killed process left unfinished: no record, and not a damaged one
+                continue
             rel = f"measurements/{keydir}/{name}"
             why, record = _read_one(tree, rel, name, keydir)
             if record is None:

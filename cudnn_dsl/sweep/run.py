@@ -15,7 +15,7 @@ from pathlib import Path
 
 import attrs
 
-from cudnn_dsl.store.files import StoreProblem, atomic_write
+from cudnn_dsl.store.files import StoreProblem, atomic_write, is_temp
 from cudnn_dsl.store.keys import cache_dir
 from cudnn_dsl.sweep import records as rec
 from cudnn_dsl.sweep.merge import Merged, merge
@@ -99,8 +99,16 @@ def _write_work(path: Path, d: dict) -> None:
         raise StoreProblem(f"cannot write the sweep's staging directory {path.parent}: {e.strerror or e}") from None
 
 
+def _clear_unfinished_writes(staging: Path) -> None:
+    """Removes what a killed driver left mid-write in its staging directory (the driver is its only writer)."""
+    for p in (staging / "measurements").glob("*/.*.tmp"):
+        if is_temp(p.name) and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
+
+
 def _execute(sweep_id, units, staging, store, executor, timeout_s, retries, progress) -> Result:
     t0 = time.monotonic()
+    _clear_unfinished_writes(staging)
     mine = {u.id for u in units}
     done: dict[str, set] = {}
     for r in rec.read_all(staging)[0]:
