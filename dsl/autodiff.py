@@ -488,7 +488,9 @@ class Emit:
             return "read as a view of its memory"
         b = self.reads["value", v]
         for st in self.stmts:
-            if b in st.call[1] and OPS[st.call[0]].family not in FUSES_PROLOGUE:
+            sig, args = OPS[st.call[0]], st.call[1]
+            ports = [k for k, a in enumerate(args) if a == b]
+            if ports and sig.family not in FUSES_PROLOGUE and not set(ports) <= set(sig.prologue):
                 return f"read from memory by {st.call[0]}"
         return ""
 
