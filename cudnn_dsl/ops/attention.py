@@ -233,6 +233,10 @@ def _band(ctx, a, prefix: str) -> dict:
 
 def lower_sdpa(ctx, ins, a):
     q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins[:10]
+    for off, t in zip(ins[10:15], ctx.in_types[10:15]):
+        if t is not None and len(t.shape) == 1:  # cuDNN takes offsets of the placed tensor's rank: [B+1, 1, 1, 1]
+            off.set_dim([t.shape[0], 1, 1, 1])
+            off.set_stride([1, 1, 1, 1])
     for t, off in zip((q, k, v), ins[10:13]):
         if off is not None:
             t.set_ragged_offset(off)

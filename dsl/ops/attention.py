@@ -268,18 +268,19 @@ BSHD = (0, 2, 1, 3)
 
 
 def _sdpa_ragged(ctx: Ctx) -> None:
-    """Ragged offsets (THD): each int32/int64 [B+1, 1, 1, 1], with the padding lengths (they say where
-    a sequence ends), on a q, k or v packed as BSHD; ragged_stats with stats=true, no paged k/v."""
+    """Ragged offsets (THD): each int32/int64 [B+1] (as flashinfer passes them) or [B+1, 1, 1, 1], with the
+    padding lengths (they say where a sequence ends), on a q, k or v packed as BSHD; ragged_stats with
+    stats=true, no paged k/v."""
     names, base, b = OPS[ctx.op].optional, len(OPS[ctx.op].inputs), ctx.inputs[0].shape[0]
     for i in range(10, 15):
         t = ctx.inputs[i]
         if t is None:
             continue
         name = names[i - base]
-        if t.dtype not in ("int32", "int64") or t.shape != (b + 1, 1, 1, 1):
+        if t.dtype not in ("int32", "int64") or t.shape not in ((b + 1,), (b + 1, 1, 1, 1)):
             raise RuleError(
-                f"{ctx.op}: {name} must be int32 or int64[{b + 1}, 1, 1, 1], each sequence's first element "
-                f"and one past the last; got {t.dtype}{fmt_shape(t.shape)}",
+                f"{ctx.op}: {name} must be int32 or int64[{b + 1}] (or [{b + 1}, 1, 1, 1]), each sequence's first "
+                f"element and one past the last; got {t.dtype}{fmt_shape(t.shape)}",
                 i,
             )
         if ctx.inputs[4] is None:
@@ -575,7 +576,7 @@ OPS = by_name(
         "dropout_probability draw the mask on the GPU; sink_token (float [1,H,1,1]) adds a logit per head to every "
         "softmax denominator (attention sinks); attn_scale (a float scalar, set per call) is the scale in place of "
         "`scale`; page_table_k/page_table_v (int32 [B,1,pages,1]) make k and v "
-        "caches of blocks [N,H,block,D]; ragged_q/k/v/o/stats (int32 or int64 [B+1,1,1,1], with the lengths) "
+        "caches of blocks [N,H,block,D]; ragged_q/k/v/o/stats (int32 or int64 [B+1] or [B+1,1,1,1], with the lengths) "
         "place each sequence of a packed (THD) tensor",
     ),
     FAMILY.op(
