@@ -77,8 +77,6 @@ LEFT_OUT = {
     "kda_summary": _PYTHON_ENGINES,
     "mamba2": _PYTHON_ENGINES,
     "mamba2_summary": _PYTHON_ENGINES,
-    "block_scale_quantize": _BLOCK_SCALED,
-    "block_scale_dequantize": _BLOCK_SCALED,
     "sdpa_mxfp8": _BLOCK_SCALED,
     "moe_grouped_matmul": (
         "mixture-of-experts grouped GEMM: cuDNN 9.28's only engine for it creates a cuBLASLt handle while "

@@ -542,6 +542,11 @@ IMPORTED = {op: tag for tag, row in NODES.items() for op in row.ops}
 NOT_IMPORTED = {
     "bias": "the frontend's bias is its pointwise ADD: it imports as add (the same frontend call)",
     "scale": "the frontend's scale is its pointwise MUL: it imports as mul (the same frontend call)",
+    **dict.fromkeys(
+        ("block_scale_quantize", "block_scale_dequantize"),
+        "no importer row reads the frontend's BLOCK_SCALE_QUANTIZE / BLOCK_SCALE_DEQUANTIZE nodes (their block "
+        "size, axis and the scales' reordering)",
+    ),
 }
 
 
