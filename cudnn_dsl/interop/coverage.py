@@ -78,10 +78,6 @@ LEFT_OUT = {
     "mamba2": _PYTHON_ENGINES,
     "mamba2_summary": _PYTHON_ENGINES,
     "sdpa_mxfp8": _BLOCK_SCALED,
-    "moe_grouped_matmul": (
-        "mixture-of-experts grouped GEMM: cuDNN 9.28's only engine for it creates a cuBLASLt handle while "
-        "planning, so it plans on no target without a GPU (H200 and B200 decline it deviceless)"
-    ),
 }
 
 #: backward ops the language leaves out, and why
@@ -89,7 +85,6 @@ LEFT_OUT_BACKWARD = {
     **{f"{op}_bwd": _PYTHON_ENGINES for op in ("gdn", "gdn2", "gdp", "kda", "mamba2")},
     **{f"{op}_summary_bwd": _PYTHON_ENGINES for op in ("gdn", "gdn2", "gdp", "kda", "mamba2")},
     "sdpa_mxfp8_backward": _BLOCK_SCALED,
-    "moe_grouped_matmul_bwd": LEFT_OUT["moe_grouped_matmul"],
 }
 
 

@@ -547,6 +547,11 @@ NOT_IMPORTED = {
         "no importer row reads the frontend's BLOCK_SCALE_QUANTIZE / BLOCK_SCALE_DEQUANTIZE nodes (their block "
         "size, axis and the scales' reordering)",
     ),
+    **dict.fromkeys(
+        ("moe_grouped_matmul", "moe_grouped_matmul_bwd"),
+        "no importer row reads the frontend's MOE_GROUPED_MATMUL / MOE_GROUPED_MATMUL_BWD nodes (their mode, "
+        "top_k and gather inputs)",
+    ),
 }
 
 
