@@ -35,7 +35,7 @@ def ref_block_scale_dequantize(ins, a, outs):
     return [x * scale.repeat_interleave(BLOCK, dim=a["axis"])]
 
 
-def _f8_128x4(ctx, t):
+def f8_128x4(ctx, t):
     """t, a tensor of scales, in cuDNN's F8_128x4 order: its quantize writes no other for a rank-3 tensor, and
     its dequantize reads what the quantize writes."""
     t.set_reordering_type(ctx.cudnn.tensor_reordering.F8_128x4)
@@ -44,12 +44,12 @@ def _f8_128x4(ctx, t):
 
 def lower_block_scale_quantize(ctx, ins, a):
     out = ctx.g.block_scale_quantize(ins[0], block_size=BLOCK, axis=2, transpose=False, **ctx.kw)
-    return [out[0], _f8_128x4(ctx, out[1])]
+    return [out[0], f8_128x4(ctx, out[1])]
 
 
 def lower_block_scale_dequantize(ctx, ins, a):
     block = [1, BLOCK] if a["axis"] == -1 else [BLOCK, 1]
-    return [ctx.g.block_scale_dequantize(ins[0], _f8_128x4(ctx, ins[1]), block_size=block, **ctx.kw)]
+    return [ctx.g.block_scale_dequantize(ins[0], f8_128x4(ctx, ins[1]), block_size=block, **ctx.kw)]
 
 
 IMPLS: dict[str, OpImpl] = {

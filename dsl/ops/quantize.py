@@ -37,21 +37,35 @@ def _rank3(ctx: Ctx, i: int, what: str) -> None:
         )
 
 
-def _tiles(ctx: Ctx, i: int, rows: int, blocks: int, what: str) -> None:
-    """`rows` along the axis the blocks do not run and `blocks` per row: whole F8_128x4 tiles."""
-    if rows % TILE[0] or blocks % TILE[1]:
-        raise RuleError(
-            f"{ctx.op}: {what} has {rows} rows of {blocks} blocks; the scales' F8_128x4 layout needs rows in "
-            f"multiples of {TILE[0]} and blocks in multiples of {TILE[1]} ({TILE[1] * BLOCK} elements)",
-            i,
-        )
-
-
 def scale_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
     """The scales of a tensor of `shape` in blocks of BLOCK along `axis` (-1 or -2)."""
     out = list(shape)
     out[axis] //= BLOCK
     return tuple(out)
+
+
+def _whole_tiles(ctx: Ctx, i: int, name: str, rows: int, blocks: int) -> None:
+    if rows % TILE[0] or blocks % TILE[1]:
+        raise RuleError(
+            f"{ctx.op}: {name} has {rows} rows of {blocks} blocks; the scales' F8_128x4 layout needs rows in "
+            f"multiples of {TILE[0]} and blocks in multiples of {TILE[1]} ({TILE[1] * BLOCK} elements)",
+            i,
+        )
+
+
+def block_scales(ctx: Ctx, i: int, name: str, values: tuple[int, ...], axis: int) -> None:
+    """Input i, `name`, holds the scales of values of shape `values` in blocks along `axis` (-1 or -2): fp8_e8m0,
+    one per block, the axis the blocks do not run along (rows) and the blocks per row in whole F8_128x4 tiles."""
+    t, want = ctx.inputs[i], scale_shape(values, axis)
+    if t.shape != want:
+        raise RuleError(
+            f"{ctx.op}: {name} {fmt_shape(t.shape)} must be {fmt_shape(want)} (one scale per block of {BLOCK} "
+            f"along axis {axis} of {fmt_shape(values)})",
+            i,
+        )
+    if t.dtype != SCALE:
+        raise RuleError(f"{ctx.op}: {name} must be {SCALE}, got {t.dtype}", i)
+    _whole_tiles(ctx, i, name, want[-1 if axis == -2 else -2], want[axis])
 
 
 def infer_block_scale_quantize(ctx: Ctx) -> list[Out]:
@@ -63,7 +77,7 @@ def infer_block_scale_quantize(ctx: Ctx) -> list[Out]:
         raise RuleError(f"{ctx.op}: x must be half, bf16 or float, got {x.dtype}", 0)
     if x.shape[-1] % BLOCK:
         raise RuleError(f"{ctx.op}: x {fmt_shape(x.shape)} has {x.shape[-1]} columns, not blocks of {BLOCK}", 0)
-    _tiles(ctx, 0, x.shape[1], x.shape[2] // BLOCK, "x")
+    _whole_tiles(ctx, 0, "x", x.shape[1], x.shape[2] // BLOCK)
     order = stride_order(x.strides)
     return [Out(x.shape, order), Out(scale_shape(x.shape, -1), order, SCALE)]
 
@@ -72,25 +86,14 @@ def infer_block_scale_dequantize(ctx: Ctx) -> list[Out]:
     """x [B, R, C] fp8 in blocks of 32 along `axis`; scale its blocks' scales, fp8_e8m0: [B, R, C / 32] (axis -1)
     or [B, R / 32, C] (axis -2). The result is x * its block's scale, like x in the graph's dtype."""
     _rank3(ctx, 0, "x")
-    x, scale = ctx.inputs
-    axis = ctx.attrs["axis"]
+    x, axis = ctx.inputs[0], ctx.attrs["axis"]
     if x.dtype not in VALUES:
         raise RuleError(f"{ctx.op}: x must be {' or '.join(VALUES)}, got {x.dtype}", 0)
     if x.shape[axis] % BLOCK:
         raise RuleError(
             f"{ctx.op}: x {fmt_shape(x.shape)} has {x.shape[axis]} along axis {axis}, not blocks of {BLOCK}", 0
         )
-    want = scale_shape(x.shape, axis)
-    if scale.shape != want:
-        raise RuleError(
-            f"{ctx.op}: scale {fmt_shape(scale.shape)} must be {fmt_shape(want)} (one per block of "
-            f"{BLOCK} of x along axis {axis})",
-            1,
-        )
-    if scale.dtype != SCALE:
-        raise RuleError(f"{ctx.op}: scale must be {SCALE}, got {scale.dtype}", 1)
-    other = -1 if axis == -2 else -2
-    _tiles(ctx, 1, want[other], want[axis], "scale")
+    block_scales(ctx, 1, "scale", x.shape, axis)
     return [Out(x.shape, stride_order(x.strides))]
 
 
