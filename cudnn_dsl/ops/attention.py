@@ -1,4 +1,4 @@
-"""Attention ops: the torch references and cuDNN lowerings of sdpa, sdpa_fp8 and rope, and of their backward
+"""Attention ops: the torch references and cuDNN lowerings of sdpa, sdpa_fp8, sdpa_mxfp8 and rope, and of their backward
 ops sdpa_backward, sdpa_fp8_backward and rope_backward."""
 
 from __future__ import annotations

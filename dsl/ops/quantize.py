@@ -1,8 +1,9 @@
 """Block-scale quantization (MXFP8): signatures and shape rules of block_scale_quantize and block_scale_dequantize.
 
 MXFP8 holds fp8 values (e4m3 or e5m2) with one fp8_e8m0 scale (a power of two) per block of 32 consecutive
-elements of one axis. cuDNN keeps the scales of a [B, R, C] tensor in its F8_128x4 order, tiles of 128 rows by
-4 blocks; a scale tensor whose dims are whole tiles needs no padding, so its buffer is exactly its elements.
+elements of one axis. cuDNN keeps the scales in its F8_128x4 order, tiles of 128 rows by 4 blocks over the last
+two axes; a scale tensor whose dims are whole tiles needs no padding, so its buffer is exactly its elements
+(block_scales checks it, for this family and for sdpa_mxfp8).
 """
 
 from __future__ import annotations
