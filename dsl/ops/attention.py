@@ -1,4 +1,4 @@
-"""Attention ops: signatures, shape rules, flop counts and VJP rules of sdpa, sdpa_fp8 and rope, and of
+"""Attention ops: signatures, shape rules, flop counts and VJP rules of sdpa, sdpa_fp8, sdpa_mxfp8 and rope, and of
 their backward ops sdpa_backward, sdpa_fp8_backward and rope_backward."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from dsl.diagnostics import RuleError
+from dsl.ops import quantize
 from dsl.ops.base import (
     SECOND_ORDER,
     Ctx,
@@ -369,6 +370,27 @@ def infer_sdpa_fp8_backward(ctx: Ctx) -> list[Out]:
     return grads + [Out((1, 1, 1, 1), row_major(4), "float")] * 4
 
 
+def infer_sdpa_mxfp8(ctx: Ctx) -> list[Out]:
+    """q, k, v fp8 (MXFP8 values) as sdpa takes them; descale_q [B, H, S_q, D/32] and descale_k [B, H_k, S_kv, D/32]
+    their blocks of 32 along D, descale_v [B, H_v, S_kv/32, D_v] its blocks along the keys (the second matmul
+    sums over them), each fp8_e8m0 in whole F8_128x4 tiles. O [B, H, S_q, D_v] (bf16 unless declared half), then
+    amax_o float [1, 1, 1, 1] and, with stats, the softmax stats."""
+    q, k, v = _sdpa_qkv(ctx)
+    if q.dtype not in quantize.VALUES:
+        raise RuleError(f"{ctx.op}: q, k and v must be {' or '.join(quantize.VALUES)}, got {q.dtype}", 0)
+    for i, (t, axis) in enumerate(((q, -1), (k, -1), (v, -2))):
+        if t.shape[axis] % quantize.BLOCK:
+            raise RuleError(
+                f"{ctx.op}: {'qkv'[i]} {fmt_shape(t.shape)} is not in blocks of {quantize.BLOCK} along axis {axis}", i
+            )
+        quantize.block_scales(ctx, 3 + i, f"descale_{'qkv'[i]}", t.shape, axis)
+    b, h, s, _ = q.shape
+    outs = [Out((b, h, s, v.shape[3]), stride_order(q.strides)), Out((1, 1, 1, 1), row_major(4), "float")]
+    if ctx.attrs["stats"]:
+        outs.append(Out((b, h, s, 1), row_major(4), "float"))
+    return outs
+
+
 def derive_rope(ctx: Ctx) -> dict:
     """rope_dim left out, or 0 as the frontend spells it: the whole head dim, written down."""
     return {"rope_dim": ctx.inputs[0].shape[-1]} if ctx.attrs["rope_dim"] in (DERIVED, 0) else {}
@@ -612,6 +634,26 @@ OPS = by_name(
         "freqs [S, 1, 1, F]; the first D - rope_dim dims pass through (scaled)",
     ),
 )
+OPS |= by_name(
+    FAMILY.op(
+        "sdpa_mxfp8",
+        ("q", "k", "v", "descale_q", "descale_k", "descale_v"),
+        infer_sdpa_mxfp8,
+        flops=flops_sdpa,
+        derive=_derive_band,
+        notes=note_alignment,
+        folded=_FOLDED,
+        positive=(3, 4, 5),
+        attrs=OPS["sdpa_fp8"].attrs,
+        outputs=("o", "amax_o", "stats"),
+        statistics=Statistics(switch=("stats", True)),
+        results=lambda a: 3 if a.get("stats") else 2,
+        result_dtype="bf16",
+        doc="MXFP8 attention (sm_100+): q, k, v fp8 with fp8_e8m0 block scales (blocks of 32 along D for q and k, "
+        "along the keys for v); softmax(q k^T * scale) v on the dequantized values, O bf16 or half; "
+        "amax_o = max |O|",
+    ),
+)
 
 BACKWARD_OPS = by_name(
     FAMILY.op(
@@ -840,4 +882,8 @@ def _sdpa_fp8(e, n):
 
 VJPS: dict[str, Rule] = {"rope": _rope, "sdpa": _sdpa, "sdpa_fp8": _sdpa_fp8}
 RECOMPUTE: dict[str, Recompute] = {}
-NO_VJP = {op: SECOND_ORDER for op in BACKWARD_OPS}
+NO_VJP = {
+    "sdpa_mxfp8": "its backward op (sdpa_mxfp8_backward) reads q, k, v and dO transposed with block scales of their "
+    "own, and an O and dO in half precision, which the forward does not write; the registry has no row for it",
+    **{op: SECOND_ORDER for op in BACKWARD_OPS},
+}
