@@ -195,3 +195,16 @@ def test_check_for_the_h200_runs_the_block_scale_ops_as_torch_fallbacks_and_says
     assert p.returncode == 0, p.stderr
     assert "part 2: block_scale_quantize (line 5) — torch fallback" in p.stdout
     assert "to fuse it, quantize the result of a matmul in its graph, on sm_100+" in p.stdout
+
+
+def test_a_graph_that_reads_or_writes_scales_is_refused_a_run_one_without_is_not():
+    from cudnn_dsl.ops.quantize import tile_order_refusal
+
+    for text, scales in ((MXFP8_MATMUL, "sa, sb"), (FUSED, "s")):
+        g = program(text=text).graphs[0]
+        why = tile_order_refusal(g, g.instances[0])
+        assert f"reads or writes block scales ({scales})" in why and "F8_128x4 tile order" in why
+    plain = program(
+        text=FUSED.replace("y, s = block_scale_quantize(matmul(x, w))", "y = matmul(x, w)").replace("  output s\n", "")
+    ).graphs[0]
+    assert tile_order_refusal(plain, plain.instances[0]) == ""

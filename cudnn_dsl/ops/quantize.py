@@ -35,6 +35,22 @@ def ref_block_scale_dequantize(ins, a, outs):
     return [x * scale.repeat_interleave(BLOCK, dim=a["axis"])]
 
 
+def tile_order_refusal(graph, inst) -> str:
+    """Why a graph is not run on a GPU that runs block-scaled formats ('' : it is): scales it reads or writes are
+    in cuDNN's F8_128x4 tile order in memory, which the run time does not yet lay them out in, so cuDNN would read
+    them (or the caller would read them) in another order than the reference's. Planning is not affected."""
+    ends = [v.name for v in graph.values if v.kind in ("input", "output")]
+    scales = [name for name in ends if inst.type(name).dtype == "fp8_e8m0"]
+    if not scales:
+        return ""
+    return (
+        f"graph '{graph.name}' reads or writes block scales ({', '.join(scales)}) that cuDNN keeps in its F8_128x4 "
+        "tile order, and cudnn-dsl does not yet lay scales out in that order: it plans such graphs (`--target "
+        "b200`, `support`) but does not run them, since cuDNN would read or write the scales in another order than "
+        "the reference's"
+    )
+
+
 def f8_128x4(ctx, t):
     """t, a tensor of scales, in cuDNN's F8_128x4 order: its quantize writes no other for a rank-3 tensor, and
     its dequantize reads what the quantize writes."""
