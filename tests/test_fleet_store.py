@@ -384,3 +384,18 @@ def attrs_evolve_gpu(r: Record, gpu: str) -> Record:
     import attrs
 
     return attrs.evolve(r, key=attrs.evolve(r.key, gpu=gpu, compute_capability="8.0"))
+
+
+def test_sweep_merge_of_a_source_with_damage_reports_it_and_fails(tmp_path):
+    staging = _staging(tmp_path / "staging", tune_record(8))
+    keydir = next((staging / "measurements").iterdir())
+    os.mkfifo(keydir / f"{'b' * 64}.json")  # a FIFO named like a record: never opened
+    (keydir / f"{'c' * 64}.json").symlink_to("/etc/hostname")
+    r = run_cli("sweep", "merge", staging, "--into", tmp_path / "store", "--json", tmp_path / "out.json")
+    assert r.returncode == 1, r.stderr
+    damaged = json.loads((tmp_path / "out.json").read_text())["merge"]["damaged"]
+    assert [(Path(d["path"]).name, d["why"].rsplit("(", 1)[1]) for d in damaged] == [
+        (f"{'b' * 64}.json", "a FIFO)"),
+        (f"{'c' * 64}.json", "a symbolic link)"),
+    ]
+    assert "damaged:" in r.stderr and (tmp_path / "store" / "LATEST").is_file()

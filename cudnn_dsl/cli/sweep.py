@@ -126,6 +126,8 @@ def _print_merged(m) -> None:
 def _merge(args) -> int:
     from pathlib import Path
 
+    import attrs
+
     from cudnn_dsl import sweep
     from cudnn_dsl.target.machine import environment
 
@@ -144,7 +146,7 @@ def _merge(args) -> int:
                 "added": m.added,
                 "conflicts": m.manifest["conflicts"],
                 "flags": m.manifest["flags"],
-                "damaged": [d.__dict__ for d in m.damaged],
+                "damaged": [attrs.asdict(d) for d in m.damaged],
             }
         },
         environment(),
