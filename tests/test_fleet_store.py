@@ -399,3 +399,44 @@ def test_sweep_merge_of_a_source_with_damage_reports_it_and_fails(tmp_path):
         (f"{'c' * 64}.json", "a symbolic link)"),
     ]
     assert "damaged:" in r.stderr and (tmp_path / "store" / "LATEST").is_file()
+
+
+def _lying(store: Path, edit) -> str:
+    """A manifest made by hand from the store's newest one (`edit` changes it), written under its own digest and
+    made LATEST: the pin matches it, what it says is what a hostile or careless writer put there."""
+    digest = (store / "LATEST").read_text().strip().removeprefix("sha256:")
+    manifest = json.loads((store / "manifests" / f"{digest}.json").read_bytes())
+    edit(manifest)
+    data = json.dumps(manifest).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    (store / "manifests" / f"{digest}.json").write_bytes(data)
+    (store / "LATEST").write_text(f"sha256:{digest}\n")
+    return digest
+
+
+def _row(manifest: dict) -> dict:
+    (row,) = manifest["plans"].values()
+    return row
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda m: _row(m).update(cudnn_backend="x"), "field 'cudnn_backend' is 'x'"),
+        (lambda m: _row(m).update(gpu="NVIDIA A100-SXM4-80GB"), "its fields are those of key"),
+        (lambda m: m["support"].update(k={"sha256": "../../../etc/hostname"}), "names no entry by its sha256"),
+        (lambda m: m["support"].update(k=5), "not a JSON object"),
+    ],
+)
+def test_a_manifest_whose_rows_lie_about_their_key_is_not_used(tmp_path, edit, words):
+    store = tmp_path / "store"
+    merge([_staging(tmp_path / "staging", tune_record(8))], store)
+    digest = _lying(store, edit)
+    with pytest.raises(StoreProblem, match="is not a fleet store manifest: .*key"):
+        read_manifest(LocalTree(store), digest)
+    r = run_cli("cache", "verify", store, "--coverage", EXAMPLES / "dynamic_shapes.cdg")
+    assert r.returncode == 1 and words in r.stderr and "covered" not in r.stdout, r.stderr
+    spec = tmp_path / "sweep.toml"
+    spec.write_text(f'[sweep]\ngraphs = ["{EXAMPLES}/sdpa.cdg"]\nstore = "store"\n[plan_targets]\ntargets = ["h200"]\n')
+    r = run_cli("sweep", spec, "--dry-run")
+    assert r.returncode == 1 and words in r.stderr
