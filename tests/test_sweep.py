@@ -53,6 +53,8 @@ N = [8, 32]
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\nmode = "tune"', "name at least one GPU type"),
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\ntimeout_s = -1', "not a positive number of seconds"),
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\n[shapes.sdpa_causal]\nT = [0]', "must be a list of positive integers"),
+        ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\nretries = -1', "[sweep] retries: is -1, not a number of retries"),
+        ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\n[plan_targets]\ncudnn = ["abc"]', "cudnn: 'abc' is not a cuDNN version"),
         ("[sweep\n", "not TOML"),
         ("", "[sweep]: missing"),
         ("[other]\n", "[other]: unknown table"),
