@@ -440,3 +440,39 @@ def test_a_manifest_whose_rows_lie_about_their_key_is_not_used(tmp_path, edit, w
     spec.write_text(f'[sweep]\ngraphs = ["{EXAMPLES}/sdpa.cdg"]\nstore = "store"\n[plan_targets]\ntargets = ["h200"]\n')
     r = run_cli("sweep", spec, "--dry-run")
     assert r.returncode == 1 and words in r.stderr
+
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+    """Sends a file's headers, then a byte at a time, each well within the per-request timeout."""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        for _ in range(1000):
+            self.wfile.write(b" ")
+            self.wfile.flush()
+            threading.Event().wait(0.1)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_http_store_that_trickles_is_given_up_on_not_waited_for(monkeypatch):
+    import time
+
+    from cudnn_dsl.store import remote
+
+    monkeypatch.setattr(remote, "HTTP_FILE_S", 1.0)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(StoreProblem, match=r"LATEST: not sent whole within 1 s"):
+            HttpTree(url).read("LATEST", 1 << 20, "fleet store pointer")
+        assert time.monotonic() - t0 < 5
+    finally:
+        server.shutdown()
+        server.server_close()
