@@ -338,6 +338,10 @@ def test_cache_verify_checks_what_the_manifest_names_and_its_coverage(tmp_path, 
     assert run_cli("cache", "verify", f"{memory_store}@sha256:{m.digest}").returncode == 0
     other = run_cli("cache", "verify", memory_store, "--coverage", cdg, "--gpu", "NVIDIA A100-SXM4-80GB")
     assert other.returncode == 1 and "coverage: 0 of 4" in other.stdout
+    # a manifest with no tuned plan at all covers nothing, on any GPU
+    merge([], tmp_path / "empty")
+    none = run_cli("cache", "verify", tmp_path / "empty", "--coverage", cdg)
+    assert none.returncode == 1 and "coverage: 0 of 4" in none.stdout and "on any GPU" in none.stdout
     # a measurement changed, and an entry gone: damage, exit 1
     tree = open_tree(memory_store)
     (keydir, _), *_ = tree.listing("measurements")
