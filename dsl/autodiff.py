@@ -99,10 +99,13 @@ def _buffer(name: str, t: TensorType) -> ast.BufferDecl:
     return ast.BufferDecl(name, _type(t), ())
 
 
-def _result(name: str, t: TensorType, expr, output: bool, into: str | None = None):
-    """`output NAME : T strides [...] [in INPUT] = expr`, or `NAME : dtype = expr` for a virtual value."""
+def _result(name: str, t: TensorType, expr, output: bool, into: str | None = None, placed=None):
+    """`output NAME : T strides [...] [in BUFFER at OFFSET] = expr` (placed: (buffer, offset)), `output NAME : T
+    in INPUT = expr`, or `NAME : dtype = expr` for a virtual value."""
     if output:
-        specs = (ast.Place(into, None),) if into else (ast.Strides(t.strides),)  # in place: the input's layout
+        if into:
+            return ast.OutputDecl(name, _type(t), (ast.Place(into, None),), expr)  # in place: the input's layout
+        specs = (ast.Strides(t.strides),) + ((ast.Place(*placed),) if placed else ())
         return ast.OutputDecl(name, _type(t), specs, expr)
     return ast.Assign((name,), expr, type=_type(t, shape=False))
 
@@ -194,7 +197,7 @@ class Emit:
         self.reads: dict[tuple[str, str], str] = {}  # (kind, forward value) -> the backward input reading it
         self.buffers: dict[str, TensorType] = {}  # the backward's buffers: forward ones read, gradient ones written
         self.views: dict[str, tuple[str, int]] = {}  # a backward view -> (its buffer, element offset)
-        self.into: dict[str, str] = {}  # an output -> the view it is written in place over
+        self.placed: dict[str, tuple[str, int]] = {}  # an output -> (the gradient buffer it is in, its offset)
         self.scalars: dict[str, tuple[str, float, tuple | None]] = {}  # backward scalar -> (dtype, value, dims)
         self.stmts: list[_Stmt] = []
         self.made: dict[str, _Stmt] = {}
@@ -305,12 +308,10 @@ class Emit:
         return b
 
     def place(self, g: str, view, buffer: str) -> str:
-        """Makes g, the gradient of forward view `view`, an output written into the gradient `buffer` at the view's
-        offset and strides (a view of it, the output in place)."""
-        slot = self.fresh(f"grad_{view.name}_view")
-        self.views[slot] = (buffer, view.view[1])
-        self.types[slot] = t = self.inst.type(view.name)
-        return self.output(g, t, f"grad_{view.name}", into=slot)
+        """Makes g, the gradient of forward view `view`, an output placed in the gradient `buffer` at the view's
+        offset and strides."""
+        self.taken.add(f"grad_{view.name}_view")  # the name the checker gives the view it is written over
+        return self.output(g, self.inst.type(view.name), f"grad_{view.name}", placed=(buffer, view.view[1]))
 
     def grad_of_output(self, name: str) -> str:
         b = self.fresh(f"grad_{name}")
@@ -492,7 +493,9 @@ class Emit:
             return "read as a view of its memory"
         b = self.reads["value", v]
         for st in self.stmts:
-            if b in st.call[1] and OPS[st.call[0]].family not in FUSES_PROLOGUE:
+            sig, args = OPS[st.call[0]], st.call[1]
+            ports = [k for k, a in enumerate(args) if a == b]
+            if ports and sig.family not in FUSES_PROLOGUE and not set(ports) <= set(sig.prologue):
                 return f"read from memory by {st.call[0]}"
         return ""
 
@@ -553,9 +556,9 @@ class Emit:
                 while named > 1 and st.targets[named - 1] not in read and st.targets[named - 1] not in st.outputs:
                     named -= 1
                 out.append(ast.Assign(st.targets[:named], call))
-                out += [_result(name, t, None, True, self.into.get(name)) for name, t in st.outputs.items()]
+                out += [_result(name, t, None, True, placed=self.placed.get(name)) for name, t in st.outputs.items()]
             elif st.output is not None:
-                out.append(_result(st.targets[0], st.output, call, True, self.into.get(st.targets[0])))
+                out.append(_result(st.targets[0], st.output, call, True, placed=self.placed.get(st.targets[0])))
             else:
                 t = self.types[st.targets[0]]
                 out.append(
@@ -576,12 +579,12 @@ class Emit:
                 kept.append(st)
         self.stmts = kept[::-1]
 
-    def output(self, g: str, t: TensorType, name: str, into: str | None = None) -> str:
+    def output(self, g: str, t: TensorType, name: str, placed: tuple[str, int] | None = None) -> str:
         """Makes g an output of type t (dtype, shape, strides; a sum of narrower values in float, as it is
-        computed, unless it is written `into` a view of a buffer: then cast to the buffer's dtype), or writes an
+        computed, unless it is `placed` in a buffer: then cast to the buffer's dtype), or writes an
         identity to one. A result of an op of several (a backward op's) is made an output as it is: an identity
         after a fused op such as sdpa_backward would not fuse."""
-        if self._summed(g) and into is not None:
+        if self._summed(g) and placed is not None:
             g = self.call("identity", g)
         elif self._summed(g):
             t = attrs.evolve(t, dtype=accumulation(t.dtype))
@@ -597,8 +600,8 @@ class Emit:
             st.output, st.dtype = t, t.dtype
             new = self.fresh(name)
             self._rename(g, new)
-        if into is not None:
-            self.into[new] = into
+        if placed is not None:
+            self.placed[new] = placed
         return new
 
     def _summed(self, g: str) -> bool:

@@ -108,6 +108,14 @@ class _GraphChecker:
             if name not in self.user_names:
                 return name
 
+    def fresh_name(self, base: str) -> str:
+        """`base`, or `base_0`, `base_1`, ... : the first that the graph does not write or define."""
+        name, k = base, 0
+        while name in self.user_names or self.defined_at(name) is not None:
+            name, k = f"{base}_{k}", k + 1
+        self.user_names.add(name)
+        return name
+
     # ---- the pass ----------------------------------------------------------------
 
     def run(self) -> Graph | None:
@@ -319,7 +327,8 @@ class _GraphChecker:
         if buf.name in self.poisoned:
             self.poisoned.add(d.name)
         elif d.dtype is not None and d.dtype != buf.dtype:
-            self.err(f"view '{d.name}' is {d.dtype} but buffer '{buf.name}' is {buf.dtype}", place.loc)
+            what = f"output '{d.placed_for}'" if d.placed_for else f"view '{d.name}'"
+            self.err(f"{what} is {d.dtype} but buffer '{buf.name}' is {buf.dtype}", place.loc)
             self.poisoned.add(d.name)
         elif dims is not None and any(isinstance(x, str) for x in dims):
             self.err("a view's dims are numbers (its offset and strides are)", place.loc)
@@ -327,22 +336,27 @@ class _GraphChecker:
         else:
             d.view, d.view_loc = (buf.name, place.offset or 0), place.loc
 
-    def _into(self, o: OutDecl, place: ast.Place, specs) -> None:
-        """An output written over the memory of an input (`output y in x = ...`)."""
+    def _into(self, o: OutDecl, place: ast.Place, specs, type_: ast.TypeSpec | None) -> None:
+        """An output written over the memory of an input (`output y in x = ...`), or placed in a buffer
+        (`output y : T strides [...] in BUFFER at OFFSET`)."""
+        if place.target in self.buffers:
+            self._placed(o, place, specs, type_)
+            return
         target = self.decls.get(place.target)
         prev = next((p for p in self.outputs.values() if p.into == place.target), None)
-        if place.offset is not None:
+        if place.offset is not None and target is None:
+            self.err(f"unknown buffer '{place.target}'{self.sink.hint(place.target, self.buffers)}", place.loc)
+        elif place.offset is not None:
             self.err(
                 f"an output in place names the input it overwrites ('in {place.target}'); 'at' places views of buffers",
                 place.loc,
             )
         elif target is None or target.kind != "input":
-            what = (
-                "a buffer; name the view"
-                if place.target in self.buffers
-                else f"not an input{self.sink.hint(place.target, self.decls)}"
+            self.err(
+                f"output '{o.name}' in place: '{place.target}' is not an input or a buffer"
+                f"{self.sink.hint(place.target, [*self.decls, *self.buffers])}",
+                place.loc,
             )
-            self.err(f"output '{o.name}' in place: '{place.target}' is {what}", place.loc)
         elif any(not isinstance(s, ast.Uid) for s in specs):
             self.err(f"output '{o.name}' is written in place of '{place.target}' and takes its layout", place.loc)
         elif prev is not None:
@@ -354,6 +368,31 @@ class _GraphChecker:
         else:
             o.into, o.into_loc = place.target, place.loc
             self.used.add(place.target)  # its memory is the output's: no input left unused
+
+    def _placed(self, o: OutDecl, place: ast.Place, specs, type_: ast.TypeSpec | None) -> None:
+        """An output placed in a buffer: the checker declares the view of the buffer it is written over (named
+        after it, `NAME_view`), so that the output is one written in place of a view, with that view's proofs of
+        bounds, alignment and what other views read. The view takes the declared dims, strides or layout, and
+        dtype (the buffer's by default); the output keeps its uid."""
+        if type_ is None or type_.dims is None:
+            self.err(
+                f"output '{o.name}' placed in buffer '{place.target}' declares its dims and strides, as a view does "
+                f"('output {o.name} : DTYPE[DIMS] strides [...] in {place.target} at OFFSET')",
+                place.loc,
+            )
+            return
+        name = self.fresh_name(f"{o.name}_view")
+        d = Decl(name, "input", place.loc, dtype=o.dtype or self.buffers[place.target].dtype, placed_for=o.name)
+        self.decls[name] = d
+        dims = self._dims(type_.dims)
+        self._specs([s for s in specs if not isinstance(s, ast.Uid)], len(type_.dims), d)
+        self._specs([s for s in specs if isinstance(s, ast.Uid)], len(type_.dims), o)
+        self._view(d, place, dims)
+        if d.dtype is None or dims is None:
+            self.poisoned.add(name)
+        d.dims = dims or ()
+        o.into, o.into_loc = name, place.loc
+        self.used.add(name)
 
     def _init(self, s: ast.InitSpec, target) -> None:
         if not isinstance(target, BufferDecl) and getattr(target, "kind", None) != "input":
@@ -435,9 +474,10 @@ class _GraphChecker:
                 o.dims_loc = st.type.loc
         rank = len(st.type.dims) if st.type is not None and st.type.dims is not None else -1
         place, specs = self._place(st.specs, f"output '{st.name}'")
-        self._specs(specs, rank, o)
+        if place is None or place.target not in self.buffers:
+            self._specs(specs, rank, o)
         if place is not None:
-            self._into(o, place, specs)
+            self._into(o, place, specs, st.type)
         self.outputs[st.name] = o
         if st.expr is not None:
             self.assign((st.name,), st.expr, st.loc)

@@ -113,14 +113,14 @@ class Typer:
         end = offset + storage_elements(t.shape, t.strides)
         if end > size:
             self.sink.error(
-                f"view '{name}' {fmt_shape(t.shape)} strides {list(t.strides)} at {offset} reaches element {end - 1} "
+                f"{_view_name(d)} {fmt_shape(t.shape)} strides {list(t.strides)} at {offset} reaches element {end - 1} "
                 f"of buffer '{buf}', which holds {size}",
                 d.view_loc,
             )
             return False
         if offset * itemsize(t.dtype) % ALIGNMENT:
             self.sink.error(
-                f"view '{name}' at {offset} starts {offset * itemsize(t.dtype)} bytes into '{buf}', not a multiple "
+                f"{_view_name(d)} at {offset} starts {offset * itemsize(t.dtype)} bytes into '{buf}', not a multiple "
                 f"of {ALIGNMENT}: cuDNN wants {ALIGNMENT}-byte aligned tensors",
                 d.view_loc,
             )
@@ -128,7 +128,8 @@ class Typer:
         return True
 
     def other_views(self, name: str, o) -> None:
-        """An output in place of a view must not write what another view of the buffer reads."""
+        """An output in place of a view must not write what another view of the buffer reads, nor what
+        another output placed in the buffer writes."""
         target = self.r.decls[o.into]
         if target.view is None:
             return
@@ -136,16 +137,17 @@ class Typer:
             if other == o.into or d.view is None or d.view[0] != target.view[0] or other not in self.types:
                 continue
             shared = shares_elements(self.types[o.into], target.view[1], self.types[other], d.view[1])
+            does = "writes" if d.placed_for else "reads"
             if shared:
                 self.sink.error(
-                    f"output '{name}' in place of '{o.into}' overwrites elements that view '{other}' reads",
+                    f"output '{name}' {_place_text(o, target)} overwrites elements that {_view_name(d)} {does}",
                     o.into_loc,
-                    [(f"'{other}' is declared here", d.loc)],
+                    [(f"'{d.placed_for or other}' is declared here", d.loc)],
                 )
             elif shared is None:
                 self.sink.warning(
-                    f"output '{name}' in place of '{o.into}': no proof that it leaves alone what view '{other}' "
-                    "reads (their dims or strides differ)",
+                    f"output '{name}' {_place_text(o, target)}: no proof that it leaves alone what "
+                    f"{_view_name(d)} {does} (their dims or strides differ)",
                     o.into_loc,
                 )
 
@@ -239,16 +241,17 @@ class Typer:
                 return
             t = self.types[o.into]
             if (o.dtype or out.dtype or t.dtype) != t.dtype or out.shape != t.shape:
+                target = self.r.decls[o.into]
                 self.sink.error(
-                    f"output '{name}' is {o.dtype or out.dtype or ''}{fmt_shape(out.shape)}; written in place of "
-                    f"'{o.into}' {t}, it must have that dtype and shape",
+                    f"output '{name}' is {o.dtype or out.dtype or ''}{fmt_shape(out.shape)}; written "
+                    f"{_place_text(o, target)} {t}, it must have that dtype and shape",
                     o.into_loc,
                 )
                 return
             if overlap(t.shape, t.strides) is not None:
                 self.sink.error(
-                    f"output '{name}' cannot be written in place of '{o.into}': its strides {list(t.strides)} make "
-                    "elements share an address",
+                    f"output '{name}' cannot be written {_place_text(o, self.r.decls[o.into])}: its strides "
+                    f"{list(t.strides)} make elements share an address",
                     o.into_loc,
                 )
                 return
@@ -315,6 +318,16 @@ class Typer:
             p.loc,
         )
         return True
+
+
+def _view_name(d) -> str:
+    """A view as a message names it: the output placed in a buffer that it was declared for, or the view."""
+    return f"output '{d.placed_for}'" if d.placed_for else f"view '{d.name}'"
+
+
+def _place_text(o, target) -> str:
+    """Where an output is written, as written: 'in dqkv at 512' (placed in a buffer), 'in place of x'."""
+    return f"in '{target.view[0]}' at {target.view[1]}" if target.placed_for else f"in place of '{o.into}'"
 
 
 def _at(n, at: int | str | None) -> Loc:

@@ -34,6 +34,8 @@ class Decl:
     """(buffer, element offset) of an input declared `in BUFFER at OFFSET`"""
     view_loc: Loc | None = None
     init: Init | None = None
+    placed_for: str | None = None
+    """the output a view was declared for (`output y : ... in BUFFER at OFFSET`): the view it is written over"""
 
 
 @attrs.define

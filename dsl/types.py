@@ -16,6 +16,7 @@ DTYPES: dict[str, tuple[int, bool]] = {
     "double": (8, True),
     "fp8_e4m3": (1, True),
     "fp8_e5m2": (1, True),
+    "fp8_e8m0": (1, True),
     "int8": (1, False),
     "uint8": (1, False),
     "int32": (4, False),
@@ -33,6 +34,7 @@ DTYPE_ALIASES = {
     "float64": "double",
     "e4m3": "fp8_e4m3",
     "e5m2": "fp8_e5m2",
+    "e8m0": "fp8_e8m0",
 }
 
 #: layout name -> how it orders the axes of a tensor of rank r (outermost first), or None
@@ -55,6 +57,7 @@ DTYPE_RANGE: dict[str, tuple[float, float]] = {
     "double": (-1.7976931348623157e308, 1.7976931348623157e308),
     "fp8_e4m3": (-448.0, 448.0),
     "fp8_e5m2": (-57344.0, 57344.0),
+    "fp8_e8m0": (2.0**-127, 2.0**127),
     "int8": (-(2**7), 2**7 - 1),
     "uint8": (0, 2**8 - 1),
     "int32": (-(2**31), 2**31 - 1),

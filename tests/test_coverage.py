@@ -52,29 +52,3 @@ def test_backward_ops_have_a_table_of_their_own(pygraph):
 def test_the_count_is_of_the_table(pygraph, backward):
     n, m = coverage.count(pygraph, backward)
     assert m == len(coverage.rows(pygraph, backward)) and 0 < n <= m
-
-
-@pytest.mark.parametrize("target", ["h200", "b200"])
-def test_moe_grouped_matmuls_reason_holds_no_target_plans_its_wgrad_without_a_gpu(pygraph, target):
-    """The frontend's own MoE weight gradient (cudnn.gemm.swiglu_moe's wgrad graph), planned deviceless."""
-    from cudnn_dsl.target.library import Target, device_properties, load_cudnn
-
-    cudnn = load_cudnn()
-
-    s, n, k, experts = 256, 128, 64, 4
-    dt = cudnn.data_type
-    g = pygraph(
-        intermediate_data_type=dt.FLOAT,
-        compute_data_type=dt.FLOAT,
-        device_property=device_properties(Target.named(target)),
-    )
-    dy = g.tensor(name="doutput", dim=[1, s, n], stride=[s * n, n, 1], data_type=dt.BFLOAT16)
-    x = g.tensor(name="token", dim=[1, s, k], stride=[s * k, k, 1], data_type=dt.BFLOAT16)
-    offsets = g.tensor(name="first_token_offset", dim=[experts + 1, 1, 1], stride=[1, 1, 1], data_type=dt.INT32)
-    dw = g.moe_grouped_matmul_bwd(dy, x, offsets, compute_data_type=dt.FLOAT)
-    dw.set_dim([experts, k, n]).set_stride([k * n, 1, k]).set_output(True).set_data_type(dt.BFLOAT16)
-    g.validate()
-    g.build_operation_graph()
-    with pytest.raises(Exception, match="cublasLt"):
-        g.create_execution_plans([cudnn.heur_mode.A])
-    assert "cuBLASLt" in coverage.LEFT_OUT["moe_grouped_matmul"]

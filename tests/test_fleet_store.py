@@ -338,6 +338,10 @@ def test_cache_verify_checks_what_the_manifest_names_and_its_coverage(tmp_path, 
     assert run_cli("cache", "verify", f"{memory_store}@sha256:{m.digest}").returncode == 0
     other = run_cli("cache", "verify", memory_store, "--coverage", cdg, "--gpu", "NVIDIA A100-SXM4-80GB")
     assert other.returncode == 1 and "coverage: 0 of 4" in other.stdout
+    # a manifest with no tuned plan at all covers nothing, on any GPU
+    merge([], tmp_path / "empty")
+    none = run_cli("cache", "verify", tmp_path / "empty", "--coverage", cdg)
+    assert none.returncode == 1 and "coverage: 0 of 4" in none.stdout and "on any GPU" in none.stdout
     # a measurement changed, and an entry gone: damage, exit 1
     tree = open_tree(memory_store)
     (keydir, _), *_ = tree.listing("measurements")
@@ -384,3 +388,95 @@ def attrs_evolve_gpu(r: Record, gpu: str) -> Record:
     import attrs
 
     return attrs.evolve(r, key=attrs.evolve(r.key, gpu=gpu, compute_capability="8.0"))
+
+
+def test_sweep_merge_of_a_source_with_damage_reports_it_and_fails(tmp_path):
+    staging = _staging(tmp_path / "staging", tune_record(8))
+    keydir = next((staging / "measurements").iterdir())
+    os.mkfifo(keydir / f"{'b' * 64}.json")  # a FIFO named like a record: never opened
+    (keydir / f"{'c' * 64}.json").symlink_to("/etc/hostname")
+    r = run_cli("sweep", "merge", staging, "--into", tmp_path / "store", "--json", tmp_path / "out.json")
+    assert r.returncode == 1, r.stderr
+    damaged = json.loads((tmp_path / "out.json").read_text())["merge"]["damaged"]
+    assert [(Path(d["path"]).name, d["why"].rsplit("(", 1)[1]) for d in damaged] == [
+        (f"{'b' * 64}.json", "a FIFO)"),
+        (f"{'c' * 64}.json", "a symbolic link)"),
+    ]
+    assert "damaged:" in r.stderr and (tmp_path / "store" / "LATEST").is_file()
+
+
+def _lying(store: Path, edit) -> str:
+    """A manifest made by hand from the store's newest one (`edit` changes it), written under its own digest and
+    made LATEST: the pin matches it, what it says is what a hostile or careless writer put there."""
+    digest = (store / "LATEST").read_text().strip().removeprefix("sha256:")
+    manifest = json.loads((store / "manifests" / f"{digest}.json").read_bytes())
+    edit(manifest)
+    data = json.dumps(manifest).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    (store / "manifests" / f"{digest}.json").write_bytes(data)
+    (store / "LATEST").write_text(f"sha256:{digest}\n")
+    return digest
+
+
+def _row(manifest: dict) -> dict:
+    (row,) = manifest["plans"].values()
+    return row
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda m: _row(m).update(cudnn_backend="x"), "field 'cudnn_backend' is 'x'"),
+        (lambda m: _row(m).update(gpu="NVIDIA A100-SXM4-80GB"), "its fields are those of key"),
+        (lambda m: m["support"].update(k={"sha256": "../../../etc/hostname"}), "names no entry by its sha256"),
+        (lambda m: m["support"].update(k=5), "not a JSON object"),
+    ],
+)
+def test_a_manifest_whose_rows_lie_about_their_key_is_not_used(tmp_path, edit, words):
+    store = tmp_path / "store"
+    merge([_staging(tmp_path / "staging", tune_record(8))], store)
+    digest = _lying(store, edit)
+    with pytest.raises(StoreProblem, match="is not a fleet store manifest: .*key"):
+        read_manifest(LocalTree(store), digest)
+    r = run_cli("cache", "verify", store, "--coverage", EXAMPLES / "dynamic_shapes.cdg")
+    assert r.returncode == 1 and words in r.stderr and "covered" not in r.stdout, r.stderr
+    spec = tmp_path / "sweep.toml"
+    spec.write_text(f'[sweep]\ngraphs = ["{EXAMPLES}/sdpa.cdg"]\nstore = "store"\n[plan_targets]\ntargets = ["h200"]\n')
+    r = run_cli("sweep", spec, "--dry-run")
+    assert r.returncode == 1 and words in r.stderr
+
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+    """Sends a file's headers, then a byte at a time, each well within the per-request timeout."""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        for _ in range(1000):
+            self.wfile.write(b" ")
+            self.wfile.flush()
+            threading.Event().wait(0.1)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_http_store_that_trickles_is_given_up_on_not_waited_for(monkeypatch):
+    import time
+
+    from cudnn_dsl.store import remote
+
+    monkeypatch.setattr(remote, "HTTP_FILE_S", 1.0)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(StoreProblem, match=r"LATEST: not sent whole within 1 s"):
+            HttpTree(url).read("LATEST", 1 << 20, "fleet store pointer")
+        assert time.monotonic() - t0 < 5
+    finally:
+        server.shutdown()
+        server.server_close()

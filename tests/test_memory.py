@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cudnn_dsl.interop.emit import emit_cudnn, emit_torch
-from cudnn_dsl.run.buffers import BindingError, check_inputs, snapshot, with_views
+from cudnn_dsl.run.buffers import BindingError, check_inputs, outputs_of, snapshot, with_views
 from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.store.keys import graph_digest
@@ -416,3 +416,89 @@ def test_input_flag_on_a_fifo_says_it_is_not_a_regular_file(tmp_path):
     os.mkfifo(fifo)
     p = run_cli("run", Path(__file__).parents[1] / "examples" / "conv_bias_relu.cdg", "--input", f"x={fifo}")
     assert p.returncode == 2 and f"--input x={fifo}: not a regular file" in p.stderr, p.stderr
+
+
+# sdpa_backward writing dQ, dK and dV into one packed buffer, as the frontend's samples lay them out
+PLACED = """graph pb {
+  buffer qkv : float[2, 8, 3, 2, 16]
+  buffer dqkv : float[2, 8, 3, 2, 16]
+  input q : float[2, 2, 8, 16] strides [768, 16, 96, 1] in qkv at 0
+  input k : float[2, 2, 8, 16] strides [768, 16, 96, 1] in qkv at 32
+  input v : float[2, 2, 8, 16] strides [768, 16, 96, 1] in qkv at 64
+  input o : float[2, 2, 8, 16]
+  input do : float[2, 2, 8, 16]
+  input stats : float[2, 2, 8, 1]
+  dq, dk, dv = sdpa_backward(q, k, v, o, do, stats, causal=true)
+  output dq : float[2, 2, 8, 16] strides [768, 16, 96, 1] in dqkv at 0
+  output dk : float[2, 2, 8, 16] strides [768, 16, 96, 1] in dqkv at 32
+  output dv : float[2, 2, 8, 16] strides [768, 16, 96, 1] in dqkv at 64
+}
+"""
+
+
+def test_an_output_placed_in_a_buffer_is_one_written_over_a_view_of_it():
+    longhand = PLACED.replace(
+        "  dq, dk, dv",
+        "".join(
+            f"  input d{x}_view : float[2, 2, 8, 16] strides [768, 16, 96, 1] in dqkv at {32 * i}\n"
+            for i, x in enumerate("qkv")
+        )
+        + "  dq, dk, dv",
+    )
+    for x in "qkv":
+        longhand = longhand.replace(
+            f"output d{x} : float[2, 2, 8, 16] strides [768, 16, 96, 1] in dqkv at {32 * 'qkv'.index(x)}",
+            f"output d{x} in d{x}_view",
+        )
+    short, long_ = one(PLACED)[0], one(longhand)[0]
+    assert short == long_  # the IR holds one form: the view the checker declares, named after the output
+    assert [(o.name, short.value(o.into).view) for o in short.outputs] == [
+        ("dq", ("dqkv", 0)),
+        ("dk", ("dqkv", 32)),
+        ("dv", ("dqkv", 64)),
+    ]
+    assert [b.name for b in short.inputs] == ["qkv", "dqkv", "o", "do", "stats"]  # the caller binds the buffers
+
+
+def test_outputs_placed_in_one_buffer_hold_the_gradient_of_the_packed_buffer():
+    """dQ, dK, dV written where a launch writes them (outputs_of: their windows on dqkv) are torch autograd's
+    gradient of the packed qkv, through torch's views (the reference's numbers; cuDNN's: the GPU twin)."""
+
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(2, 8, 3, 2, 16, generator=gen, requires_grad=True)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    scores = (q @ k.transpose(-1, -2) * 0.25).masked_fill(torch.ones(8, 8).triu(1).bool(), float("-inf"))
+    o = torch.softmax(scores, -1) @ v
+    do = torch.randn(o.shape, generator=gen)
+    o.backward(do)
+    g, inst = one(PLACED)
+    dqkv = torch.full_like(qkv, float("nan"))  # every element is written
+    stats = torch.logsumexp(scores, -1, keepdim=True).detach()
+    t = {"qkv": qkv.detach(), "o": o.detach().contiguous(), "do": do, "stats": stats, "dqkv": dqkv}
+    check_inputs(g, inst, t, torch.device("cpu"))
+    windows = outputs_of(g, inst, t, "cpu")
+    assert windows["dk"].data_ptr() == dqkv.data_ptr() + 32 * 4 and windows["dk"].stride() == (768, 16, 96, 1)
+    for name, value in run_reference(g, inst, t, "cpu").items():
+        windows[name].copy_(value)
+    torch.testing.assert_close(dqkv, qkv.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        ("dqkv at 32", "dqkv at 0", "output 'dq' in 'dqkv' at 0 overwrites elements that output 'dk' writes"),
+        ("dqkv at 64", "dqkv at 6000", "output 'dv' [2, 2, 8, 16] strides [768, 16, 96, 1] at 6000 reaches element"),
+        ("dqkv at 32", "dqkv at 33", "output 'dk' at 33 starts 132 bytes into 'dqkv', not a multiple of 16"),
+        ("dk : float[2, 2, 8, 16] strides [768, 16, 96, 1] in dqkv", "dk in dqkv", "output 'dk' placed in buffer"),
+        (
+            "dk : float[2, 2, 8, 16] strides [768, 16, 96, 1] in dqkv at 32",
+            "dk : float[2, 2, 8, 16] strides [768, 16, 96, 1] in qkv at 32",
+            "output 'dk' in 'qkv' at 32 overwrites elements that view 'k' reads",
+        ),
+        ("in dqkv at 0", "in dqvk at 0", "unknown buffer 'dqvk' (did you mean 'dqkv'?)"),
+        ("dv : float", "dv : half", "output 'dv' is half but buffer 'dqkv' is float"),
+    ],
+)
+def test_an_output_placed_in_a_buffer_is_proved_inside_it_and_apart_from_the_other_views(old, new, message):
+    found = errors(PLACED.replace(old, new))
+    assert any(m.startswith(message) for m in found), found

@@ -103,3 +103,39 @@ def test_recomputing_saves_fewer_bytes_in_no_more_cudnn_graphs_on_an_h200(h200):
     assert _saved(recomputing, g) == {"c": 256 * 1024}  # the half convolution output
     assert graphs(recomputing.forward) == graphs(saving.forward) == 1
     assert graphs(recomputing.backward) <= graphs(saving.backward) == 3
+
+
+ZERO_CENTRED = "examples/training/zero_centred_rmsnorm.cdg"
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_a_zero_centred_gammas_plus_one_is_recomputed_before_the_norm_backward_and_matches_autograd(norm):
+    """gamma + 1 is read by rmsnorm_backward (layernorm_backward) as its scale, a port a pointwise prologue fuses
+    into (OpSig.prologue): the backward adds the 1 again and the forward saves only the statistics."""
+    text = (
+        open(ZERO_CENTRED).read().replace("[64, 512, 1, 1]", "[4, 16, 1, 1]").replace("[1, 512, 1, 1]", "[1, 16, 1, 1]")
+    )
+    if norm == "layernorm":
+        text = text.replace(
+            "  output y = rmsnorm(x, weight, epsilon=1e-5)",
+            "  input beta : float[1, 16, 1, 1]\n  output y = layernorm(x, weight, beta, epsilon=1e-5)",
+        )
+    f = check_grads(text, "cpu")
+    d = next(iter(f._pairs.values())).derived
+    assert d.choices == ("recomputes weight (add) in the backward, fused with what reads it: 64 bytes unsaved",)
+    assert [n.op for n in d.backward.nodes] == ["add", f"{norm}_backward"]
+    assert "weight" not in {v.name for v in d.forward.outputs}
+
+
+def test_the_zero_centred_norm_backward_is_one_cudnn_graph_on_an_h200_where_saving_the_weight_is_one_too(h200):
+    """The fusion the prologue row claims: cuDNN 9.28 plans add + rmsnorm_backward as one graph for an H200."""
+    from cudnn_dsl.run.partition import plan_for_target
+
+    g = program(ZERO_CENTRED).graph()
+    saving, recomputing = (derive(g, avoid=ON_H200, recompute=r) for r in (False, True))
+    assert _saved(saving, g) == {"weight": 512 * 4, "y_inv_variance": 64 * 4}
+    assert _saved(recomputing, g) == {"y_inv_variance": 64 * 4}
+    for d in (saving, recomputing):
+        for part in (d.forward, d.backward):
+            low, _ = plan_for_target(part, part.instances[0], part.options, h200)
+            assert low is not None, part.name  # whole

@@ -486,8 +486,10 @@ RAGGED = (
 )
 
 
-def ragged(extra=", causal=true", dt="float"):
-    return program(text=RAGGED.format(dt=dt, extra=extra), file="r.cdg").graphs[0]
+def ragged(extra=", causal=true", dt="float", offsets="[3, 1, 1, 1]"):
+    """The graph RAGGED, its offsets declared `offsets`: [3, 1, 1, 1], or [3] as flashinfer passes them."""
+    text_ = RAGGED.format(dt=dt, extra=extra).replace("[3, 1, 1, 1]", offsets)
+    return program(text=text_, file="r.cdg").graphs[0]
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:
@@ -592,11 +594,13 @@ def test_one_offset_input_packs_only_tensors_of_equal_rows():
     assert ins["rq"].flatten().tolist() == [0, *(ins["lq"].flatten().long() * 16).cumsum(0).tolist()]
 
 
+@pytest.mark.parametrize("offsets", ["[3, 1, 1, 1]", "[3]"])
 @pytest.mark.parametrize("extra,band", [(", causal=true", {"right": 0}), (", left_bound=2", {"left": 2})])
-def test_ragged_attention_is_each_packed_sequence_on_its_own(extra, band):
+def test_ragged_attention_is_each_packed_sequence_on_its_own(extra, band, offsets):
     """Sequences placed at chosen (not packed) offsets, with gaps: each one's attention by hand, from its
-    rows of the buffers, lands at its rows of O's and the stats' buffers; nothing else is compared."""
-    g = ragged(extra)
+    rows of the buffers, lands at its rows of O's and the stats' buffers; nothing else is compared. Offsets
+    [B+1] and [B+1, 1, 1, 1] are one thing."""
+    g = ragged(extra, offsets=offsets)
     inst = g.instances[0]
     ins = generate_inputs(g, inst, "cpu", seed=6)
     lens_q, lens_kv = [3, 5], [6, 2]
@@ -604,7 +608,7 @@ def test_ragged_attention_is_each_packed_sequence_on_its_own(extra, band):
     ins["lkv"] = torch.tensor(lens_kv, dtype=torch.int32).view(2, 1, 1, 1)
     starts = {"rq": [80, 0], "rk": [40, 0], "rv": [0, 30], "ro": [40, 0], "rs": [4, 10]}
     for name, (a, b) in starts.items():
-        ins[name] = torch.tensor([a, b, 0], dtype=ins[name].dtype).view(3, 1, 1, 1)
+        ins[name] = torch.tensor([a, b, 0], dtype=ins[name].dtype).view(ins[name].shape)
     out = run_reference(g, inst, ins, "cpu")
     o_buf, st_buf = torch.zeros(80), torch.zeros(20)
     o_buf.as_strided((2, 2, 5, 4), (40, 4, 8, 1)).copy_(out["o"])
@@ -641,7 +645,11 @@ BAD_RAGGED = RAGGED.format(dt="float", extra="")
 @pytest.mark.parametrize(
     "text_,words,at",
     [
-        (BAD_RAGGED.replace("rk : int64[3,", "rk : int64[2,"), "ragged_k must be int32 or int64\\[3, 1, 1, 1\\]", "rk"),
+        (
+            BAD_RAGGED.replace("rk : int64[3,", "rk : int64[2,"),
+            "ragged_k must be int32 or int64\\[3\\] \\(or \\[3, 1, 1, 1\\]\\)",
+            "rk",
+        ),
         (BAD_RAGGED.replace("rv : int64", "rv : float"), "ragged_v must be int32 or int64", "rv"),
         (
             BAD_RAGGED.replace("seq_len_q=lq, seq_len_kv=lkv, ", "")
@@ -676,8 +684,11 @@ def test_ragged_paged_keys_are_refused():
         program(text=text_, file="p.cdg")
 
 
+@pytest.mark.parametrize("offsets", ["[5, 1, 1, 1]", "[5]"])
 @pytest.mark.parametrize("stats", [False, True])
-def test_h200_plans_ragged_attention(stats):
+def test_h200_plans_ragged_attention(stats, offsets):
+    """1-D offsets reach cuDNN as [B+1, 1, 1, 1] (it declines them at rank 3, `MIN_RANK`'s padding: 'ragged dim
+    should match dim value + 1 of original tensor. All other offset dim values should be singleton')."""
     from cudnn_dsl.build.pipeline import compile_shape
     from cudnn_dsl.target.library import Target
 
@@ -687,8 +698,66 @@ def test_h200_plans_ragged_attention(stats):
         text_ = text_.replace("  o = sdpa(", "  input offset_st : int32[5, 1, 1, 1]\n  o, st = sdpa(")
         text_ = text_.replace("ragged_o=offset_q)", "ragged_o=offset_q, stats=true, ragged_stats=offset_st)")
         text_ = text_.replace("  output o\n", "  output o\n  output st\n")
-    g = program(text=text_, file=str(path)).graphs[0]
+    g = program(text=text_.replace("[5, 1, 1, 1]", offsets), file=str(path)).graphs[0]
     assert compile_shape(g, g.instances[0], g.options, Target.named("h200")).plan_count >= 1
+
+
+SHARED = Path(__file__).parent.parent / "examples" / "sdpa_ragged_paged.cdg"
+
+
+def _shared_small() -> str:
+    """examples/sdpa_ragged_paged.cdg at B=2, H=2, S=6, D=8 with caches of 5 blocks of 4 keys (pages of 3)."""
+    text_ = SHARED.read_text()
+    for old, new in (
+        ("int32[48]", "int32[20]"),
+        ("int32[4, 1, 1, 1] in meta at 4", "int32[2, 1, 1, 1] in meta at 4"),
+        ("int32[4, 1, 1, 1]", "int32[2, 1, 1, 1]"),
+        ("int32[5] in meta", "int32[3] in meta"),
+        ("int32[4, 1, 8, 1] in meta at 16", "int32[2, 1, 3, 1] in meta at 12"),
+        ("bf16[4, 8, 256, 128] strides [262144, 128, 1024, 1]", "float[2, 2, 6, 8] strides [96, 8, 16, 1]"),
+        ("bf16[32, 2, 64, 128]", "float[5, 1, 4, 8]"),
+    ):
+        text_ = text_.replace(old, new)
+    return text_.replace("io bf16", "io float")
+
+
+def test_index_inputs_in_one_shared_allocation_are_drawn_and_checked_through_their_views():
+    """The lengths, 1-D offsets and page table of examples/sdpa_ragged_paged.cdg as views of one int32 buffer:
+    each drawn with its op's values and the offsets packed from the drawn lengths, the reference the same as
+    with each a tensor of its own (the same values), and a value out of bounds refused at its view."""
+    from cudnn_dsl.run.buffers import BindingError
+    from cudnn_dsl.run.indices import check_indices
+
+    g = program(text=_shared_small(), file="s.cdg").graphs[0]
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", seed=2)
+    assert sorted(ins) == ["k_cache", "meta", "q", "v_cache"]
+    meta = ins["meta"].tolist()
+    lq, lkv, offsets, pages = meta[0:2], meta[4:6], meta[8:11], meta[12:18]
+    assert all(1 <= n <= 6 for n in lq) and all(1 <= n <= 12 for n in lkv) and set(pages) <= set(range(5))
+    assert offsets == [0, lq[0] * 16, (lq[0] + lq[1]) * 16]  # rows of 2 heads of 8, back to back
+    check_indices(g, inst, ins)
+    separate = (
+        _shared_small()
+        .replace("  buffer meta : int32[16]\n", "")
+        .replace(" in meta at 0", "")
+        .replace(" in meta at 4", "")
+        .replace(" in meta at 8", "")
+        .replace(" in meta at 12", "")
+    )
+    s = program(text=separate, file="s.cdg").graphs[0]
+    plain = {k: v for k, v in ins.items() if k != "meta"}
+    plain |= {
+        "seq_q": ins["meta"][0:2].view(2, 1, 1, 1),
+        "seq_kv": ins["meta"][4:6].view(2, 1, 1, 1),
+        "offset_q": ins["meta"][8:11],
+        "pages": ins["meta"][12:18].view(2, 1, 3, 1),
+    }
+    want = run_reference(s, s.instances[0], plain, "cpu")["o"]
+    torch.testing.assert_close(run_reference(g, inst, ins, "cpu")["o"], want)
+    ins["meta"][13] = 5  # a block past the cache of 5
+    with pytest.raises(BindingError, match=r"'pages' \(page_table_v of sdpa\): element \[0, 0, 1, 0\] is 5, outside 0"):
+        check_indices(g, inst, ins)
 
 
 # ---- FP8 attention -------------------------------------------------------------------------------

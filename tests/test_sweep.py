@@ -53,6 +53,8 @@ N = [8, 32]
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\nmode = "tune"', "name at least one GPU type"),
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\ntimeout_s = -1', "not a positive number of seconds"),
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\n[shapes.sdpa_causal]\nT = [0]', "must be a list of positive integers"),
+        ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\nretries = -1', "[sweep] retries: is -1, not a number of retries"),
+        ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\n[plan_targets]\ncudnn = ["abc"]', "cudnn: 'abc' is not a cuDNN version"),
         ("[sweep\n", "not TOML"),
         ("", "[sweep]: missing"),
         ("[other]\n", "[other]: unknown table"),
@@ -115,8 +117,11 @@ def test_a_local_sweep_plans_every_unit_as_the_library_does_then_resumes_to_noth
     # the store answers it all now; a resume finds every shape recorded
     assert {s.why for s in sweep.plan(spec).skipped} >= {"already in the store"} and not sweep.plan(spec).units
     before = sorted(p.name for p in result.staging.rglob("*.json"))
+    keydir = next((result.staging / "measurements").iterdir())
+    (keydir / f".{'0' * 64}.json.deadbeef.tmp").write_text('{"half a rec')  # a driver killed mid-write
     again = sweep.resume(work.id, sweep.LocalExecutor(workers=2))
     assert again.merged.digest == result.merged.digest and again.counts == result.counts
+    assert not again.merged.damaged and not list(keydir.glob("*.tmp"))
     assert sorted(p.name for p in result.staging.rglob("*.json")) == before
     assert not [p for p in tmp_path.rglob("*.tmp")]
 
@@ -196,3 +201,34 @@ def test_sweep_merge_of_a_staging_directory_gives_the_stores_digest(tmp_path, mo
     assert run_cli("sweep", "merge", tmp_path / "nowhere", "--into", tmp_path / "x").returncode == 2
     assert run_cli("sweep", p, "--into", tmp_path / "x").returncode == 2
     assert os.listdir(tmp_path / "other" / "manifests") == [out["manifest"].removeprefix("sha256:") + ".json"]
+    # a resume merges where it is told, or nowhere; a merge takes none of a sweep's flags
+    r = run_cli("sweep", "--resume", out["sweep"], "--store", tmp_path / "third", "--json", tmp_path / "again.json")
+    assert (
+        r.returncode == 0 and json.loads((tmp_path / "again.json").read_text())["sweep"]["manifest"] == out["manifest"]
+    )
+    assert (tmp_path / "third" / "LATEST").read_text().strip() == out["manifest"]
+    assert run_cli("sweep", "--resume", out["sweep"], "--store", tmp_path / "fourth", "--no-merge").returncode == 0
+    for flags in (["--dry-run"], ["--no-merge"], ["--executor", "ray"], ["--resume", out["sweep"]]):
+        r = run_cli("sweep", "merge", out["staging"], "--into", tmp_path / "fifth", *flags)
+        assert r.returncode == 2 and "not `sweep merge`" in r.stderr
+    assert not (tmp_path / "fourth").exists() and not (tmp_path / "fifth").exists()
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (None, "is not a sweep id"),
+        ("", "no sweep 0123456789abcdef to resume"),
+        ('{"units": [{"mode": "support"}]}', "no sweep 0123456789abcdef to resume"),
+        ('{"id": "fedcba9876543210", "units": []}', "holds sweep 'fedcba9876543210', not 0123456789abcdef"),
+    ],
+)
+def test_a_resume_of_no_sweep_says_so(tmp_path, monkeypatch, make, words):
+    monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / "cache"))
+    staging = tmp_path / "cache" / "sweeps" / "0123456789abcdef"
+    if make:
+        staging.mkdir(parents=True)
+        (staging / "work.json").write_text(make)
+    r = run_cli("sweep", "--resume", "../../x" if make is None else "0123456789abcdef")
+    assert r.returncode == 2 and words in r.stderr, r.stderr
+    assert not (tmp_path / "x").exists()

@@ -29,6 +29,7 @@ from cudnn_dsl.build.override import OverrideDeclined
 from cudnn_dsl.build.pipeline import compile_override, compile_shape, dynamic_shapes
 from cudnn_dsl.build.space import add_plan
 from cudnn_dsl.build.steps import check_support_within, selected_index
+from cudnn_dsl.ops.quantize import tile_order_refusal
 from cudnn_dsl.store.files import StoreProblem
 from cudnn_dsl.store.fleet import Fleet, Hit
 from cudnn_dsl.store.kernels import load_kernel_cache_text, save_kernel_cache_text
@@ -291,6 +292,9 @@ class Planner:
         return attrs.evolve(base, low=low, workspace=workspace, notes=[note], overrides=overrides)
 
     def _build(self, inst: Instance) -> Executable:
+        refusal = tile_order_refusal(self.graph, inst) if float(self.compute_capability) >= 10 else ""
+        if refusal:  # below sm_100 cuDNN itself refuses block-scaled formats, and says so
+            raise BackendUnavailable(refusal)
         key = self.key(inst) if self.use_store and self.plan_spec is None else None
         notes: list[str] = []
         replace = self.rebuild

@@ -11,6 +11,8 @@ from cudnn_dsl.cli.progress import Progress, add_quiet_flag
 HELP = "plan, tune or support-check many graphs, shapes and GPUs on workers (here, or Ray), merged into one store"
 
 EXECUTORS = ("local", "ray")
+SPEC_FLAGS = ("dry_run", "address", "workers", "resume", "store", "no_merge", "retune", "staging")
+"""the flags of running a sweep, which `sweep merge` refuses rather than ignores"""
 
 
 def register(p) -> None:
@@ -59,8 +61,14 @@ def run(args) -> int:
     if not args.resume and not args.spec:
         raise common.UsageError("sweep takes a spec (SPEC.toml), `merge DIR... --into STORE`, or --resume ID")
     progress = Progress.of(args, total=0)
+    store = "" if args.no_merge else args.store
     if args.resume:
-        result = sweep.resume(args.resume, _executor(args, {}), staging=args.staging, progress=progress)
+        try:
+            result = sweep.resume(
+                args.resume, _executor(args, {}), staging=args.staging, store=store, progress=progress
+            )
+        except sweep.NotResumable as e:
+            raise common.UsageError(f"--resume: {e}") from None
         return _report(args, result, environment())
     try:
         spec = sweep.Spec.load(args.spec)
@@ -71,8 +79,8 @@ def run(args) -> int:
     if args.dry_run:
         common.write_json(args.json, {"work": work.to_json()}, environment())
         return common.EXIT_OK
-    store = "" if args.no_merge else args.store
-    print(f"staging: {args.staging or _staging(work.id)}  (resume with --resume {work.id})")
+    again = f"--resume {work.id}" + (f" --staging {args.staging}" if args.staging else "")
+    print(f"staging: {args.staging or _staging(work.id)}  (resume with {again})")
     executor = _executor(args, dict(spec.tune_targets))
     result = sweep.run(work, executor, staging=args.staging, store=store, progress=progress)
     return _report(args, result, environment())
@@ -126,11 +134,16 @@ def _print_merged(m) -> None:
 def _merge(args) -> int:
     from pathlib import Path
 
+    import attrs
+
     from cudnn_dsl import sweep
     from cudnn_dsl.target.machine import environment
 
     if not args.sources or not args.into:
         raise common.UsageError("sweep merge takes the directories to merge and --into STORE")
+    spec_only = [f"--{k.replace('_', '-')}" for k in SPEC_FLAGS if getattr(args, k)]
+    if spec_only or args.executor != "local":
+        raise common.UsageError(f"{(spec_only or ['--executor'])[0]} goes with `sweep SPEC.toml`, not `sweep merge`")
     for src in args.sources:
         if "://" not in src and not Path(src).is_dir():
             raise common.UsageError(f"sweep merge: {src} is not a directory")
@@ -144,7 +157,7 @@ def _merge(args) -> int:
                 "added": m.added,
                 "conflicts": m.manifest["conflicts"],
                 "flags": m.manifest["flags"],
-                "damaged": [d.__dict__ for d in m.damaged],
+                "damaged": [attrs.asdict(d) for d in m.damaged],
             }
         },
         environment(),

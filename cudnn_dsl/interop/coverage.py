@@ -63,7 +63,6 @@ GRAPH_METHODS = frozenset(
 _PYTHON_ENGINES = (
     "linear attention / state space: only the frontend's own Python engines serve it, not the cuDNN library"
 )
-_BLOCK_SCALED = "block-scaled (MX) data formats: Blackwell-only (sm_100+), no engine on the H200"
 
 #: forward ops the language leaves out on purpose, and why
 LEFT_OUT = {
@@ -77,21 +76,14 @@ LEFT_OUT = {
     "kda_summary": _PYTHON_ENGINES,
     "mamba2": _PYTHON_ENGINES,
     "mamba2_summary": _PYTHON_ENGINES,
-    "block_scale_quantize": _BLOCK_SCALED,
-    "block_scale_dequantize": _BLOCK_SCALED,
-    "sdpa_mxfp8": _BLOCK_SCALED,
-    "moe_grouped_matmul": (
-        "mixture-of-experts grouped GEMM: cuDNN 9.28's only engine for it creates a cuBLASLt handle while "
-        "planning, so it plans on no target without a GPU (H200 and B200 decline it deviceless)"
-    ),
 }
 
 #: backward ops the language leaves out, and why
 LEFT_OUT_BACKWARD = {
     **{f"{op}_bwd": _PYTHON_ENGINES for op in ("gdn", "gdn2", "gdp", "kda", "mamba2")},
     **{f"{op}_summary_bwd": _PYTHON_ENGINES for op in ("gdn", "gdn2", "gdp", "kda", "mamba2")},
-    "sdpa_mxfp8_backward": _BLOCK_SCALED,
-    "moe_grouped_matmul_bwd": LEFT_OUT["moe_grouped_matmul"],
+    "sdpa_mxfp8_backward": "MXFP8 attention's backward reads q, k, v and dO transposed, each with block scales of "
+    "its own, and O and dO in half precision besides: not spelled",
 }
 
 

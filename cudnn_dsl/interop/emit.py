@@ -210,7 +210,7 @@ def own_memory(graph: Graph, extra=()) -> list[str]:
 def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
     """`make_buffers`: every input drawn as `run` draws it (portable.draw_values: same seed, same values),
     outputs and `extra` (a split graph's intermediates) empty, a bool tensor as cuDNN's packed bytes."""
-    from cudnn_dsl.run.inputs import input_inits, packed_ragged
+    from cudnn_dsl.run.inputs import input_inits, packed_ragged, view_inits
 
     own = own_memory(graph, extra)
 
@@ -230,7 +230,8 @@ def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
 
     allocs = "\n".join(f"        {_lit(n)}: {alloc(inst.type(n))}," for n in own)
     fills = "".join(fill(n, init) for n, init in input_inits(graph, inst, inits).items())
-    fills += "".join(  # ragged offsets as run draws them: the sequences packed back to back, inside the buffers
+    indices = "".join(fill(n, init) for n, init in view_inits(graph, inst, inits).items())  # over their buffers
+    indices += "".join(  # ragged offsets as run draws them: the sequences packed back to back, inside the buffers
         f"\n    buffers[{_lit(n)}].copy_(packed_offsets(buffers[{_lit(lengths)}].cpu(), {_lit(list(t.shape))}, "
         f"{_lit(list(t.strides))}).view({_lit(list(inst.type(n).shape))}))"
         for n, (t, lengths) in packed_ragged(graph, inst, inits).items()
@@ -242,7 +243,7 @@ def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
     bytes, eight elements a byte)."""
     buffers = {{
 {allocs}
-    }}{fills}{_views(graph, inst, "buffers")}{in_place}
+    }}{fills}{_views(graph, inst, "buffers")}{indices}{in_place}
     return buffers
 '''
 

@@ -542,6 +542,16 @@ IMPORTED = {op: tag for tag, row in NODES.items() for op in row.ops}
 NOT_IMPORTED = {
     "bias": "the frontend's bias is its pointwise ADD: it imports as add (the same frontend call)",
     "scale": "the frontend's scale is its pointwise MUL: it imports as mul (the same frontend call)",
+    **dict.fromkeys(
+        ("block_scale_quantize", "block_scale_dequantize", "sdpa_mxfp8"),
+        "no importer row reads the frontend's block-scaled nodes (BLOCK_SCALE_QUANTIZE, BLOCK_SCALE_DEQUANTIZE, "
+        "SDPA_MXFP8: their block size, axis and the scales' reordering)",
+    ),
+    **dict.fromkeys(
+        ("moe_grouped_matmul", "moe_grouped_matmul_bwd"),
+        "no importer row reads the frontend's MOE_GROUPED_MATMUL / MOE_GROUPED_MATMUL_BWD nodes (their mode, "
+        "top_k and gather inputs)",
+    ),
 }
 
 

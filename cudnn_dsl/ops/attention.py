@@ -1,4 +1,4 @@
-"""Attention ops: the torch references and cuDNN lowerings of sdpa, sdpa_fp8 and rope, and of their backward
+"""Attention ops: the torch references and cuDNN lowerings of sdpa, sdpa_fp8, sdpa_mxfp8 and rope, and of their backward
 ops sdpa_backward, sdpa_fp8_backward and rope_backward."""
 
 from __future__ import annotations
@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 
 from cudnn_dsl.ops.base import OpImpl, sum_to
+from cudnn_dsl.ops.quantize import f8_128x4
 from cudnn_dsl.target.dtypes import cudnn_type
 from cudnn_dsl.target.lazy_torch import F, torch
 from dsl.ops import BSHD
+from dsl.ops.quantize import BLOCK
 from dsl.types import dense_strides, storage_elements
 
 
@@ -204,6 +206,30 @@ def lower_sdpa_fp8(ctx, ins, a):
     return [res[0], res[3], res[1]] if a["stats"] else [res[0], res[3]]
 
 
+def ref_sdpa_mxfp8(ins, a, outs):
+    """softmax(q k^T * scale) v on the block-dequantized q, k, v, as the frontend's MXFP8 reference
+    (test/python/test_sdpa_mxfp8.py) computes it: the kernel's own rounding of P is not modelled."""
+    q, k, v = (t * s.repeat_interleave(BLOCK, dim=axis) for t, s, axis in zip(ins[:3], ins[3:], (-1, -1, -2)))
+    h = q.shape[1]
+    k, v = k.repeat_interleave(h // k.shape[1], 1), v.repeat_interleave(h // v.shape[1], 1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
+    s = s.masked_fill(~_sdpa_keep(a, q.shape[0], s, None, None), float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m).masked_fill(m.isneginf(), 0.0)
+    total = p.sum(-1, keepdim=True)
+    o = torch.matmul(p, v) / total.clamp(min=1.0)  # an empty row: 0 / 1
+    amax = o.abs().amax().reshape(1, 1, 1, 1)
+    return [o, amax, m + torch.log(total)] if a["stats"] else [o, amax]
+
+
+def lower_sdpa_mxfp8(ctx, ins, a):
+    q, k, v = ins[:3]
+    scales = {f"descale_{n}": f8_128x4(ctx, t) for n, t in zip("qkv", ins[3:])}
+    kw = {"attn_scale": a["scale"], "generate_stats": a["stats"], **_band(ctx, a, "diagonal_band_")}
+    res = ctx.g.sdpa_mxfp8(q=q, k=k, v=v, **scales, **kw, **ctx.kw)  # O, Stats, Amax_O
+    return [res[0], res[2], res[1]] if a["stats"] else [res[0], res[2]]
+
+
 def _masks(ctx, a, bias, len_q, len_kv, sink) -> dict:
     """The frontend's arguments for what sdpa and sdpa_backward both take: bias, ALiBi, padding, band, sink."""
     kw = {}
@@ -233,6 +259,10 @@ def _band(ctx, a, prefix: str) -> dict:
 
 def lower_sdpa(ctx, ins, a):
     q, k, v, bias, len_q, len_kv, drop_mask, drop_scale, table_k, table_v = ins[:10]
+    for off, t in zip(ins[10:15], ctx.in_types[10:15]):
+        if t is not None and len(t.shape) == 1:  # cuDNN takes offsets of the placed tensor's rank: [B+1, 1, 1, 1]
+            off.set_dim([t.shape[0], 1, 1, 1])
+            off.set_stride([1, 1, 1, 1])
     for t, off in zip((q, k, v), ins[10:13]):
         if off is not None:
             t.set_ragged_offset(off)
@@ -403,6 +433,7 @@ def lower_sdpa_fp8_backward(ctx, ins, a):
 IMPLS: dict[str, OpImpl] = {
     "sdpa": OpImpl(ref_sdpa, lower_sdpa, undefined_sdpa, drawn=drawn_sdpa),
     "sdpa_fp8": OpImpl(ref_sdpa_fp8, lower_sdpa_fp8),
+    "sdpa_mxfp8": OpImpl(ref_sdpa_mxfp8, lower_sdpa_mxfp8),
     "rope": OpImpl(ref_rope, lower_rope),
     "rope_backward": OpImpl(ref_rope_backward, lower_rope_backward),
     "sdpa_backward": OpImpl(ref_sdpa_backward, lower_sdpa_backward, undefined_sdpa_backward),

@@ -7,7 +7,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cudnn_dsl.run.buffers import BindingError
+from cudnn_dsl.run.buffers import BindingError, view
 from cudnn_dsl.run.indices import Bounded, bounded_inputs, ragged_offsets
 from cudnn_dsl.target import portable
 from cudnn_dsl.target.dtypes import torch_dtype
@@ -44,6 +44,17 @@ def input_inits(graph: Graph, instance: Instance, inits: dict[str, Init] | None 
     }
 
 
+def view_inits(graph: Graph, instance: Instance, inits: dict[str, Init] | None = None) -> dict[str, Init]:
+    """The index inputs that are views drawn on their own, over their buffer's draw: a page table or a sequence
+    length in a shared allocation takes its op's values (`_within`) where no init names the buffer."""
+    inits, bounded = inits or {}, bounded_inputs(graph, instance)
+    return {
+        v.name: _within(bounded[v.name])
+        for v in graph.views
+        if v.name in bounded and not inits.get(v.view[0]) and graph.value(v.view[0]).init is None
+    }
+
+
 def _within(b: Bounded) -> Init:
     """What an index input is drawn from by default: its op's values (a page table: the cache's blocks, each
     once while there are enough)."""
@@ -69,12 +80,14 @@ def packed_offsets(t: TensorType, lengths: torch.Tensor) -> torch.Tensor:
 def packed_ragged(graph: Graph, instance: Instance, inits: dict[str, Init] | None = None) -> dict[str, tuple]:
     """The ragged offset inputs whose generated values pack their sequences (no init names them): name ->
     (the type of the tensor they place, the name of its lengths). The ejected scripts draw them alike."""
-    drawn = input_inits(graph, instance, inits)
-    return {
-        name: (r.type, r.lengths)
-        for name, r in ragged_offsets(graph, instance).items()
-        if not (inits or {}).get(name) and graph.value(name).init is None and name in drawn
-    }
+    inits = inits or {}
+    out = {}
+    for name, r in ragged_offsets(graph, instance).items():
+        v = graph.value(name)
+        bound = graph.value(v.view[0]) if v.view else v  # a view's values are its buffer's draw
+        if not inits.get(bound.name) and bound.init is None:
+            out[name] = (r.type, r.lengths)
+    return out
 
 
 def generate_inputs(
@@ -96,9 +109,15 @@ def generate_inputs(
         out[name] = buf
     given = given or {}
     out.update(given)
+    for name, init in view_inits(graph, instance, inits).items():
+        v = graph.value(name)
+        if v.view[0] not in given:
+            view(v, instance, out).copy_(draw_input(init, instance.type(name), seed, name))
     for name, (placed, lengths) in packed_ragged(graph, instance, inits).items():
-        if name not in given:
-            out[name].copy_(packed_offsets(placed, out[lengths].cpu()).view(out[name].shape))
+        v = graph.value(name)
+        if (v.view[0] if v.view else name) not in given:
+            offsets = packed_offsets(placed, view(graph.value(lengths), instance, out).cpu())
+            view(v, instance, out).copy_(offsets.view(instance.type(name).shape))
     return out
 
 

@@ -102,6 +102,14 @@ def cleaned(v: object) -> object:
     return v
 
 
+_TEMP = re.compile(r"\..+\.tmp")
+
+
+def is_temp(name: str) -> bool:
+    """Whether a file name is one atomic_write gives its new text before the rename: left by a killed writer."""
+    return bool(_TEMP.fullmatch(name))
+
+
 def atomic_write(path: Path, text: str | bytes, *, follow_symlinks: bool = True) -> None:
     """Writes text (or bytes) so that a reader sees the old file or the new one, never a part.
 
@@ -118,7 +126,7 @@ def atomic_write(path: Path, text: str | bytes, *, follow_symlinks: bool = True)
     except FileNotFoundError:
         mode = None
     while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"  # is_temp's form
         try:
             # O_EXCL: a name planted meanwhile, a link included, is never opened
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666 if mode is None else 0o600)

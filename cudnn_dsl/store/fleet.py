@@ -29,6 +29,7 @@ from cudnn_dsl.store.files import StoreProblem, loads
 from cudnn_dsl.store.keys import PlanKey
 from cudnn_dsl.store.plans import ENTRY_LIMIT, Entry, PlanStore
 from cudnn_dsl.store.remote import Tree, open_tree
+from cudnn_dsl.store.schema import check_key
 
 ENV = "CUDNN_DSL_STORE"
 MANIFEST_LIMIT = 256 << 20
@@ -112,14 +113,32 @@ def read_manifest(tree: Tree, digest: str) -> dict:
         manifest = loads(data)
     except ValueError as e:
         raise StoreProblem(f"manifest {where}: {e}") from None
-    if not (
-        isinstance(manifest, dict)
-        and isinstance(manifest.get("plans"), dict)
-        and isinstance(manifest.get("support"), dict)
-        and all(isinstance(r, dict) and _DIGEST.fullmatch(str(r.get("sha256"))) for r in manifest["plans"].values())
-    ):
+    if not (isinstance(manifest, dict) and all(isinstance(manifest.get(p), dict) for p in ("plans", "support"))):
         raise StoreProblem(f"manifest {where} is not a fleet store manifest")
+    for pool in ("plans", "support"):
+        for keyid, row in manifest[pool].items():
+            why = _bad_row(keyid, row)
+            if why:
+                raise StoreProblem(f"manifest {where} is not a fleet store manifest: {pool} key {keyid!r:.40}: {why}")
     return manifest
+
+
+def _bad_row(keyid: str, row: object) -> str:
+    """Why a manifest's row is not one a merge writes ('' : it is). A row names its entry by sha256 and repeats the
+    key it is filed under, which coverage, pull and a sweep's skipping read: the key must be the one whose id files
+    it, so that what they read is what the entry holds (plan_entry checks the entry's key against the id too)."""
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    if not _DIGEST.fullmatch(str(row.get("sha256"))):
+        return "names no entry by its sha256"
+    key = {k: row[k] for k in attrs.fields_dict(PlanKey) if k in row}
+    try:
+        check_key(key)
+    except ValueError as e:
+        return str(e)
+    if PlanKey(**key).id != keyid:
+        return f"its fields are those of key {PlanKey(**key).id}"
+    return ""
 
 
 def read_entry(tree: Tree, sha: str) -> dict:

@@ -31,6 +31,7 @@ from cudnn_dsl.store.files import (
     atomic_write,
     clean,
     cleaned,
+    is_temp,
     loads,
     open_regular,
     read_regular,
@@ -408,7 +409,7 @@ class PlanStore:
             (self.root.parent / "partitions", ".json", "partitions"),
         ):
             for e in scan_dir(folder):
-                what = "temp_files" if e.name.startswith(".") and e.name.endswith(".tmp") else kind
+                what = "temp_files" if is_temp(e.name) else kind
                 if not e.name.endswith(suffix) and what != "temp_files":
                     continue
                 if not e.is_file(follow_symlinks=False):

@@ -12,16 +12,19 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from cudnn_dsl.store.files import StoreProblem, atomic_write, read_regular, scan_dir
+from cudnn_dsl.store.files import READ_CHUNK, StoreProblem, atomic_write, read_regular, scan_dir
 
 HTTP_TIMEOUT_S = 20.0
-"""seconds an HTTP store has to answer one request"""
+"""seconds an HTTP store has to answer one request, and to send each part of a file"""
+HTTP_FILE_S = 300.0
+"""seconds an HTTP store has to send one file whole: a server that trickles bytes would hold a reader forever"""
 
 
 class Tree:
@@ -180,7 +183,9 @@ class HttpTree(Tree):
                 size = r.headers.get("Content-Length")
                 if size is not None and size.isdigit() and int(size) > limit:
                     raise StoreProblem(f"{what} {url} is {size} bytes, over the {limit} byte limit")
-                data = r.read(limit + 1)
+                data = _read_within(r, limit + 1, time.monotonic() + HTTP_FILE_S)
+        except _TooSlow:
+            raise StoreProblem(f"cannot read {what} {url}: not sent whole within {HTTP_FILE_S:g} s") from None
         except urllib.error.HTTPError as e:
             if e.code in (404, 410):
                 return None
@@ -209,6 +214,23 @@ class HttpTree(Tree):
 
     def listing(self, rel: str) -> list[tuple[str, bool]]:
         raise StoreProblem(f"cannot list {self.join(rel)}: an http(s) store cannot be listed")
+
+
+class _TooSlow(Exception):
+    """A file not sent whole by its deadline (a socket's own timeout is a TimeoutError: one part not sent)."""
+
+
+def _read_within(response, size: int, deadline: float) -> bytes:
+    """Up to size bytes of the response; _TooSlow once the deadline passes."""
+    data = bytearray()
+    while len(data) < size:
+        if time.monotonic() > deadline:
+            raise _TooSlow
+        chunk = response.read1(min(READ_CHUNK, size - len(data)))  # what has arrived, so the deadline is seen
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
 
 
 def open_tree(where: str | os.PathLike | Tree) -> Tree:

@@ -48,12 +48,13 @@ _KEY_FIELDS: _Fields = {
     "cudnn_backend": (_int(0, 2**31 - 1), "a cuDNN version number"),
     "cudnn_frontend": (_str, "a string"),
 }
+_KEY_OPTIONAL: _Fields = {"constraints": (_str, "a string")}
 
 
 _ENTRY_FIELDS: _Fields = {
     "format": (lambda v: type(v) is int and v == FORMAT, f"format {FORMAT}"),
     "key": (
-        lambda v: check_fields(v, _KEY_FIELDS, "key", {"constraints": (_str, "a string")}) is None,
+        lambda v: check_key(v) is None,
         "a plan key",
     ),  # raises naming the bad key field
     "graph": (_str, "a string"),
@@ -92,7 +93,7 @@ _TRIED_OPTIONAL: _Fields = {
 
 SEARCH_FIELDS: _Fields = {
     "format": (lambda v: type(v) is int and v == FORMAT, f"format {FORMAT}"),
-    "key": (lambda v: check_fields(v, _KEY_FIELDS, "key", {"constraints": (_str, "a string")}) is None, "a plan key"),
+    "key": (lambda v: check_key(v) is None, "a plan key"),
     "graph": (_str, "a string"),
     "tried": (
         lambda v: type(v) is list and all(check_fields(t, _TRIED_FIELDS, "tried", _TRIED_OPTIONAL) is None for t in v),
@@ -103,7 +104,7 @@ SEARCH_FIELDS: _Fields = {
 
 PARTITION_FIELDS: _Fields = {
     "format": (lambda v: type(v) is int and v == FORMAT, f"format {FORMAT}"),
-    "key": (lambda v: check_fields(v, _KEY_FIELDS, "key", {"constraints": (_str, "a string")}) is None, "a plan key"),
+    "key": (lambda v: check_key(v) is None, "a plan key"),
     "graph": (_str, "a string"),
     "cuts": (
         lambda v: type(v) is list and all(type(c) is int and 0 < c < 1 << 20 for c in v) and v == sorted(set(v)),
@@ -149,6 +150,11 @@ def check_fields(d: object, fields: _Fields, what: str, optional: _Fields | None
     extra = sorted(set(d) - set(fields) - set(optional))
     if extra:
         raise ValueError(f"{what} has an unknown field {extra[0]!r:.60}")
+
+
+def check_key(d: object, what: str = "key") -> None:
+    """ValueError naming the first missing, unknown or wrong field of a plan key's JSON (store.keys.PlanKey)."""
+    check_fields(d, _KEY_FIELDS, what, _KEY_OPTIONAL)
 
 
 def check_entry(d: object) -> None:

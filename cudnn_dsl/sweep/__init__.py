@@ -14,12 +14,27 @@ from __future__ import annotations
 
 from cudnn_dsl.sweep.local import LocalExecutor
 from cudnn_dsl.sweep.merge import Merged, merge, stored
-from cudnn_dsl.sweep.run import Result, resume, run
+from cudnn_dsl.sweep.on_ray import RayExecutor
+from cudnn_dsl.sweep.run import NotResumable, Result, resume, run
 from cudnn_dsl.sweep.spec import Spec, SpecError
 from cudnn_dsl.sweep.units import Unit, Work
 from cudnn_dsl.sweep.units import plan as _plan
 
-__all__ = ["LocalExecutor", "Merged", "Result", "Spec", "SpecError", "Unit", "Work", "merge", "plan", "resume", "run"]
+__all__ = [
+    "LocalExecutor",
+    "Merged",
+    "NotResumable",
+    "RayExecutor",
+    "Result",
+    "Spec",
+    "SpecError",
+    "Unit",
+    "Work",
+    "merge",
+    "plan",
+    "resume",
+    "run",
+]
 
 
 def plan(spec: Spec, *, skip_stored: bool = True, progress=None) -> Work:

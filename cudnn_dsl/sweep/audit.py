@@ -81,17 +81,18 @@ class Covered:
     """the cuDNN versions the manifest has a plan of this shape for (none: not covered)"""
 
     def line(self) -> str:
-        where = f"{self.file}:{self.graph} {self.shape or '(one shape)'} on {self.gpu}"
+        where = f"{self.file}:{self.graph} {self.shape or '(one shape)'} on {self.gpu or 'any GPU'}"
         if not self.cudnn:
             return f"missing  {where}"
         return f"covered  {where} (cuDNN {', '.join(map(str, self.cudnn))})"
 
 
 def coverage(manifest: dict, graphs, gpus: list[str] | None = None) -> list[Covered]:
-    """For each (file, Graph) of `graphs`, each declared shape and each GPU type (the manifest's, unless given):
+    """For each (file, Graph) of `graphs`, each declared shape and each GPU type (the manifest's, unless given; ''
+    when it has none):
     the cuDNN versions the manifest holds a plan of it for, matched by graph content and plan constraints."""
     rows = list(manifest["plans"].values())
-    gpus = gpus or sorted({str(r.get("gpu")) for r in rows})
+    gpus = gpus or sorted({str(r.get("gpu")) for r in rows}) or [""]  # no GPU type: every shape is missing
     out = []
     for file, g in graphs:
         for inst in g.instances:

@@ -54,23 +54,30 @@ def local_gpus() -> list[Gpu]:
     return gpus
 
 
-def library_env(cudnn: str) -> dict[str, str]:
-    """The environment of a worker that plans with cuDNN `cudnn` ('' : the installed one): its library directory
-    first on LD_LIBRARY_PATH, where the frontend looks first (as `support --cudnn` runs each version)."""
+def library_dir(cudnn: str) -> str:
+    """The directory of the cuDNN library of version `cudnn` that a worker planning with it puts first on
+    LD_LIBRARY_PATH, where the frontend looks first (as `support --cudnn` runs each version); '' for the installed
+    one. BackendUnavailable when that version is not here."""
     from cudnn_dsl.target import library
 
-    env = dict(os.environ)
     _, here = library.installed_cudnn()
     if not cudnn or (here and library.matches(here, cudnn)):
-        return env
+        return ""
     home = library.side_by_side(cudnn)
     if not home.is_dir():
         raise library.BackendUnavailable(
             f"cuDNN {cudnn} is not here (nothing in {home}): `cudnn-dsl support --cudnn {cudnn} --fetch FILE` "
             "installs it there"
         )
-    lib = str(library.side_by_side_library(home))
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, (lib, env.get("LD_LIBRARY_PATH"))))
+    return str(library.side_by_side_library(home))
+
+
+def library_env(cudnn: str) -> dict[str, str]:
+    """The environment of a local worker that plans with cuDNN `cudnn` ('' : the installed one)."""
+    env = dict(os.environ)
+    lib = library_dir(cudnn)
+    if lib:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, (lib, env.get("LD_LIBRARY_PATH"))))
     return env
 
 

@@ -22,7 +22,7 @@ import attrs
 
 from cudnn_dsl.store.files import StoreProblem
 from cudnn_dsl.store.fleet import LATEST, entry_name, latest_digest, manifest_name, read_manifest
-from cudnn_dsl.store.keys import FORMAT
+from cudnn_dsl.store.keys import FORMAT, PlanKey
 from cudnn_dsl.store.remote import Tree, open_tree
 from cudnn_dsl.sweep import records as rec
 from cudnn_dsl.sweep.records import Damaged, Record, canonical, sha256
@@ -33,7 +33,6 @@ QUANTUM = 0.01
 DISAGREE = 1.2
 """one plan of one key measured this many times slower on one host than on another is flagged"""
 PLAN_KINDS = ("tune", "exhaustive")
-KEY_FIELDS = ("digest", "gpu", "compute_capability", "cudnn_backend", "cudnn_frontend", "constraints")
 
 
 @attrs.frozen
@@ -94,7 +93,7 @@ def build_manifest(records: list[Record]) -> tuple[dict, list[bytes]]:
             "sha256": sha256(data),
             "graph": min(r.graph for r in chosen),
             "binding": min((r.binding for r in chosen), key=canonical),
-            **{k: entry["key"].get(k, "") for k in KEY_FIELDS},
+            **{k: entry["key"].get(k, "") for k in attrs.fields_dict(PlanKey)},
         }
     return manifest, entries
 

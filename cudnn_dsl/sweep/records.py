@@ -15,10 +15,10 @@ from pathlib import Path
 
 import attrs
 
-from cudnn_dsl.store.files import StoreProblem, loads
+from cudnn_dsl.store.files import StoreProblem, is_temp, loads
 from cudnn_dsl.store.keys import PlanKey, is_entry_id
 from cudnn_dsl.store.remote import Tree, open_tree
-from cudnn_dsl.store.schema import check_fields
+from cudnn_dsl.store.schema import check_fields, check_key
 
 RECORD_FORMAT = 1
 RECORD_LIMIT = 96 << 20
@@ -35,17 +35,10 @@ Only ok records can be chosen; every outcome counts as done when a sweep resumes
 
 _NAME = re.compile(r"([0-9a-f]{64})\.json")
 
-_KEY_FIELDS = {
-    "digest": (lambda v: type(v) is str and len(v) == 64, "a graph digest"),
-    "gpu": (lambda v: type(v) is str, "a string"),
-    "compute_capability": (lambda v: type(v) is str, "a string"),
-    "cudnn_backend": (lambda v: type(v) is int and v >= 0, "a cuDNN version number"),
-    "cudnn_frontend": (lambda v: type(v) is str, "a string"),
-}
 _FIELDS = {
     "format": (lambda v: v == RECORD_FORMAT, f"format {RECORD_FORMAT}"),
     "kind": (lambda v: v in KINDS, " or ".join(KINDS)),
-    "key": (lambda v: check_fields(v, _KEY_FIELDS, "key", {"constraints": (_is_str, "a string")}) is None, "a key"),
+    "key": (lambda v: check_key(v) is None, "a plan key"),
     "graph": (lambda v: type(v) is str, "a string"),
     "binding": (lambda v: type(v) is dict and all(type(x) is int for x in v.values()), "a map of dims to integers"),
     "unit": (lambda v: type(v) is str and len(v) == 64, "a unit id"),
@@ -53,10 +46,6 @@ _FIELDS = {
     "result": (lambda v: type(v) is dict, "a JSON object"),
     "provenance": (lambda v: type(v) is dict, "a JSON object"),
 }
-
-
-def _is_str(v: object) -> bool:
-    return type(v) is str
 
 
 def canonical(d: object) -> bytes:
@@ -147,6 +136,8 @@ def read_all(root: Path | str | Tree) -> tuple[list[Record], list[Damaged]]:
             damaged.append(Damaged(tree.join(f"measurements/{keydir}"), "not a key directory"))
             continue
         for name, _ in tree.listing(f"measurements/{keydir}"):
+            if is_temp(name):  # a write a killed process left unfinished: no record, and not a damaged one
+                continue
             rel = f"measurements/{keydir}/{name}"
             why, record = _read_one(tree, rel, name, keydir)
             if record is None:

@@ -9,13 +9,14 @@ merges once.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
 
 import attrs
 
-from cudnn_dsl.store.files import StoreProblem, atomic_write
+from cudnn_dsl.store.files import StoreProblem, atomic_write, is_temp
 from cudnn_dsl.store.keys import cache_dir
 from cudnn_dsl.sweep import records as rec
 from cudnn_dsl.sweep.merge import Merged, merge
@@ -72,19 +73,32 @@ def run(work: Work, executor, *, staging: Path | None = None, store: str | None 
     )
 
 
-def resume(sweep_id: str, executor, *, staging: Path | None = None, progress=None) -> Result:
-    """Runs what a sweep's staging directory has no record of yet, then merges as the sweep would have."""
+class NotResumable(ValueError):
+    """A --resume ID that names no sweep's staging directory, or one whose work file is not a sweep's."""
+
+
+_SWEEP_ID = re.compile(r"[0-9a-f]{16}")
+"""Work.id's form: what names a staging directory, so no other text may become a path"""
+
+
+def resume(sweep_id: str, executor, *, staging: Path | None = None, store: str | None = None, progress=None) -> Result:
+    """Runs what a sweep's staging directory has no record of yet, then merges into `store` (the sweep's unless
+    given; '' : none)."""
+    if not _SWEEP_ID.fullmatch(sweep_id):
+        raise NotResumable(f"{sweep_id!r:.60} is not a sweep id (16 hex digits, as `sweep` printed it)")
     staging = Path(staging or staging_of(sweep_id))
     try:
         d = load_work(staging / "work.json")
-    except (ValueError, StoreProblem) as e:
-        raise ValueError(f"no sweep {sweep_id} to resume: {e}") from None
-    units = [Unit.from_json(u) for u in d["units"]]
+        units = [Unit.from_json(u) for u in d["units"]]
+    except (ValueError, TypeError, KeyError, StoreProblem) as e:
+        raise NotResumable(f"no sweep {sweep_id} to resume: {e}") from None
+    if d.get("id") != sweep_id:
+        raise NotResumable(f"{staging} holds sweep {str(d.get('id'))!r:.60}, not {sweep_id}")
     return _execute(
-        d["id"],
+        sweep_id,
         units,
         staging,
-        d.get("store", ""),
+        d.get("store", "") if store is None else store,
         executor,
         float(d.get("timeout_s", 1800)),
         int(d.get("retries", 3)),
@@ -99,8 +113,16 @@ def _write_work(path: Path, d: dict) -> None:
         raise StoreProblem(f"cannot write the sweep's staging directory {path.parent}: {e.strerror or e}") from None
 
 
+def _clear_unfinished_writes(staging: Path) -> None:
+    """Removes what a killed driver left mid-write in its staging directory (the driver is its only writer)."""
+    for p in (staging / "measurements").glob("*/.*.tmp"):
+        if is_temp(p.name) and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
+
+
 def _execute(sweep_id, units, staging, store, executor, timeout_s, retries, progress) -> Result:
     t0 = time.monotonic()
+    _clear_unfinished_writes(staging)
     mine = {u.id for u in units}
     done: dict[str, set] = {}
     for r in rec.read_all(staging)[0]:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import attrs
 
+from cudnn_dsl.target.library import check_version
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -86,6 +88,11 @@ class Spec:
         _only(at, plan, {"targets", "cudnn"}, "[plan_targets]")
         targets = tuple(_strings(at, plan, "[plan_targets]", "targets"))
         cudnn = tuple(_strings(at, plan, "[plan_targets]", "cudnn")) or ("",)
+        for v in filter(None, cudnn):
+            try:
+                check_version(v)
+            except ValueError as e:
+                raise at.error("[plan_targets] cudnn", str(e)) from None
         if mode == "support" and tune:
             raise at.error("[tune_targets]", "is for modes tune and exhaustive: mode support plans without a GPU")
         if mode != "support" and not tune:
@@ -106,7 +113,7 @@ class Spec:
             budgets=_budgets(at, _table(at, doc, "exhaustive")),
             budget_s=_positive(at, sweep, "[sweep]", "budget_s", 100.0),
             timeout_s=_positive(at, sweep, "[sweep]", "timeout_s", 1800.0),
-            retries=_get(at, sweep, "[sweep]", "retries", int, 3),
+            retries=_retries(at, sweep),
         )
 
     def shapes_of(self, file: str, graph: str) -> dict[str, tuple[int, ...]]:
@@ -165,6 +172,13 @@ def _positive(at: _At, table: dict, where: str, key: str, default: float) -> flo
     if type(v) not in (int, float) or not math.isfinite(v) or v <= 0:
         raise at.error(f"{where} {key}", f"is {v!r:.60}, not a positive number of seconds")
     return float(v)
+
+
+def _retries(at: _At, sweep: dict) -> int:
+    n = _get(at, sweep, "[sweep]", "retries", int, 3)
+    if n < 0:
+        raise at.error("[sweep] retries", f"is {n}, not a number of retries (0 or more)")
+    return n
 
 
 def _strings(at: _At, table: dict, where: str, key: str) -> list[str]:

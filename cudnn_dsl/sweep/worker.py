@@ -8,6 +8,7 @@ stderr, so the protocol's lines are the only ones on stdout.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -27,10 +28,9 @@ from cudnn_dsl.sweep.units import Unit
 def run_unit(unit: Unit, sweep: str, attempt: int = 1, skip: frozenset = frozenset()) -> Iterator[Record]:
     """A record per shape of the unit but those in skip (sorted (dim, value) tuples already recorded)."""
     from cudnn_dsl.store.fleet import ENV
-    from dsl.pipeline import load
 
     os.environ.pop(ENV, None)  # a worker measures: a pinned fleet store must not answer for it
-    graph = load(text=unit.source, file=unit.file).program.graph(unit.graph)
+    graph = graph_of(unit)
     for binding in unit.bindings:
         if binding in skip:
             continue
@@ -39,6 +39,14 @@ def run_unit(unit: Unit, sweep: str, attempt: int = 1, skip: frozenset = frozens
             yield (_support if unit.mode == "support" else _tune)(unit, graph, inst, sweep, attempt)
         except Exception as e:  # noqa: BLE001 - a failure of this shape is its result; a retry would fail alike
             yield failure(unit, binding, "error", f"{type(e).__name__}: {e}", sweep, attempt)
+
+
+@functools.lru_cache(maxsize=64)
+def graph_of(unit: Unit):
+    """The unit's checked graph; kept, since a driver recording why a unit's shapes failed asks once per shape."""
+    from dsl.pipeline import load
+
+    return load(text=unit.source, file=unit.file).program.graph(unit.graph)
 
 
 def provenance(sweep: str, attempt: int, device=None) -> dict:
@@ -81,9 +89,12 @@ def _key(graph, inst, gpu: str, cc: str) -> PlanKey:
 
 def _support(unit: Unit, graph, inst, sweep: str, attempt: int) -> Record:
     from cudnn_dsl.run.partition import plan_for_target
-    from cudnn_dsl.target.library import Target
+    from cudnn_dsl.target.library import BackendUnavailable, Target, answering, matches
     from dsl.diagnostics import DslError
 
+    library = answering()
+    if unit.cudnn and not matches(library.version, unit.cudnn):  # a node without that version's library
+        raise BackendUnavailable(f"asked for cuDNN {unit.cudnn}, but {library} answers in this worker")
     d = json.loads(unit.descriptor)
     target = Target(unit.target, unit.descriptor, d["deviceVer"] // 10)
     key = plan_key(graph, inst, graph.options, target.name, f"{target.sm_version // 10}.{target.sm_version % 10}")
@@ -177,9 +188,7 @@ def _failed(unit, key, graph, inst, outcome, why, sweep, attempt, device=None) -
 def failure(unit: Unit, binding: tuple, outcome: str, why: str, sweep: str, attempt: int) -> Record:
     """The record of a shape the executor could not get a record for (timeout, error, unschedulable): keyed by the
     graph's digest and the unit's GPU type or target, the versions left unknown (0, '')."""
-    from dsl.pipeline import load
-
-    graph = load(text=unit.source, file=unit.file).program.graph(unit.graph)
+    graph = graph_of(unit)
     inst = graph.instance(dict(binding))
     key = PlanKey(graph_digest(graph, inst), unit.target, "", 0, "", graph.options.constraints)
     prov = {"host": socket.gethostname(), "sweep": sweep, "attempt": attempt, "time": round(time.time(), 3)}

@@ -14,6 +14,7 @@ _NAMES = {
     "double": ("float64", "DOUBLE"),
     "fp8_e4m3": ("float8_e4m3fn", "FP8_E4M3"),
     "fp8_e5m2": ("float8_e5m2", "FP8_E5M2"),
+    "fp8_e8m0": ("float8_e8m0fnu", "FP8_E8M0"),
     "int8": ("int8", "INT8"),
     "uint8": ("uint8", "UINT8"),
     "int32": ("int32", "INT32"),

@@ -345,12 +345,17 @@ def matches(version: str, asked: str) -> bool:
     return version.split(".")[: len(asked.split("."))] == asked.split(".")
 
 
+def check_version(asked: str) -> None:
+    """ValueError unless `asked` is a cuDNN version as --cudnn and a sweep spec take it."""
+    if not _VERSION.fullmatch(asked):
+        raise ValueError(f"{asked!r} is not a cuDNN version (e.g. 9.20 or 9.20.0)")
+
+
 def side_by_side(asked: str) -> Path:
     """Where `support --cudnn` keeps the cuDNN of version `asked` (pip's --target), under cache_dir()."""
     from cudnn_dsl.store.keys import cache_dir
 
-    if not _VERSION.fullmatch(asked):
-        raise ValueError(f"{asked!r} is not a cuDNN version (e.g. 9.20 or 9.20.0)")
+    check_version(asked)
     return cache_dir() / "cudnn" / f"{installed_cudnn()[0]}-{asked}"
 
 

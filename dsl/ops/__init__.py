@@ -9,7 +9,7 @@ back-end row ever fills a default.
 
 from __future__ import annotations
 
-from dsl.ops import attention, conv, layout, matmul, norm, pointwise, reduction
+from dsl.ops import attention, conv, layout, matmul, norm, pointwise, quantize, reduction
 from dsl.ops.attention import BSHD, SDPA_ALIGNMENTS
 from dsl.ops.base import COMMON_ATTRS, RETYPABLE, At, Ctx, Family, OpSig, Out, Recompute, Rule, Statistics, canonical
 from dsl.ops.norm import norm_axes
@@ -44,7 +44,7 @@ __all__ = [
     "norm_axes",
 ]
 
-FAMILY_MODULES = (pointwise, conv, matmul, reduction, attention, norm, layout)
+FAMILY_MODULES = (pointwise, conv, matmul, reduction, attention, norm, layout, quantize)
 """one module per family, in the order the docs list them"""
 
 FAMILIES = {m.FAMILY.name: m.FAMILY for m in FAMILY_MODULES}

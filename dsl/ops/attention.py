@@ -1,4 +1,4 @@
-"""Attention ops: signatures, shape rules, flop counts and VJP rules of sdpa, sdpa_fp8 and rope, and of
+"""Attention ops: signatures, shape rules, flop counts and VJP rules of sdpa, sdpa_fp8, sdpa_mxfp8 and rope, and of
 their backward ops sdpa_backward, sdpa_fp8_backward and rope_backward."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from dsl.diagnostics import RuleError
+from dsl.ops import quantize
 from dsl.ops.base import (
     SECOND_ORDER,
     Ctx,
@@ -268,18 +269,19 @@ BSHD = (0, 2, 1, 3)
 
 
 def _sdpa_ragged(ctx: Ctx) -> None:
-    """Ragged offsets (THD): each int32/int64 [B+1, 1, 1, 1], with the padding lengths (they say where
-    a sequence ends), on a q, k or v packed as BSHD; ragged_stats with stats=true, no paged k/v."""
+    """Ragged offsets (THD): each int32/int64 [B+1] (as flashinfer passes them) or [B+1, 1, 1, 1], with the
+    padding lengths (they say where a sequence ends), on a q, k or v packed as BSHD; ragged_stats with
+    stats=true, no paged k/v."""
     names, base, b = OPS[ctx.op].optional, len(OPS[ctx.op].inputs), ctx.inputs[0].shape[0]
     for i in range(10, 15):
         t = ctx.inputs[i]
         if t is None:
             continue
         name = names[i - base]
-        if t.dtype not in ("int32", "int64") or t.shape != (b + 1, 1, 1, 1):
+        if t.dtype not in ("int32", "int64") or t.shape not in ((b + 1,), (b + 1, 1, 1, 1)):
             raise RuleError(
-                f"{ctx.op}: {name} must be int32 or int64[{b + 1}, 1, 1, 1], each sequence's first element "
-                f"and one past the last; got {t.dtype}{fmt_shape(t.shape)}",
+                f"{ctx.op}: {name} must be int32 or int64[{b + 1}] (or [{b + 1}, 1, 1, 1]), each sequence's first "
+                f"element and one past the last; got {t.dtype}{fmt_shape(t.shape)}",
                 i,
             )
         if ctx.inputs[4] is None:
@@ -366,6 +368,27 @@ def infer_sdpa_fp8_backward(ctx: Ctx) -> list[Out]:
     _fp8_factors(ctx, range(6, 18))
     grads = [Out(t.shape, stride_order(t.strides), t.dtype) for t in (q, k, v)]
     return grads + [Out((1, 1, 1, 1), row_major(4), "float")] * 4
+
+
+def infer_sdpa_mxfp8(ctx: Ctx) -> list[Out]:
+    """q, k, v fp8 (MXFP8 values) as sdpa takes them; descale_q [B, H, S_q, D/32] and descale_k [B, H_k, S_kv, D/32]
+    their blocks of 32 along D, descale_v [B, H_v, S_kv/32, D_v] its blocks along the keys (the second matmul
+    sums over them), each fp8_e8m0 in whole F8_128x4 tiles. O [B, H, S_q, D_v] (bf16 unless declared half), then
+    amax_o float [1, 1, 1, 1] and, with stats, the softmax stats."""
+    q, k, v = _sdpa_qkv(ctx)
+    if q.dtype not in quantize.VALUES:
+        raise RuleError(f"{ctx.op}: q, k and v must be {' or '.join(quantize.VALUES)}, got {q.dtype}", 0)
+    for i, (t, axis) in enumerate(((q, -1), (k, -1), (v, -2))):
+        if t.shape[axis] % quantize.BLOCK:
+            raise RuleError(
+                f"{ctx.op}: {'qkv'[i]} {fmt_shape(t.shape)} is not in blocks of {quantize.BLOCK} along axis {axis}", i
+            )
+        quantize.block_scales(ctx, 3 + i, f"descale_{'qkv'[i]}", t.shape, axis)
+    b, h, s, _ = q.shape
+    outs = [Out((b, h, s, v.shape[3]), stride_order(q.strides)), Out((1, 1, 1, 1), row_major(4), "float")]
+    if ctx.attrs["stats"]:
+        outs.append(Out((b, h, s, 1), row_major(4), "float"))
+    return outs
 
 
 def derive_rope(ctx: Ctx) -> dict:
@@ -575,7 +598,7 @@ OPS = by_name(
         "dropout_probability draw the mask on the GPU; sink_token (float [1,H,1,1]) adds a logit per head to every "
         "softmax denominator (attention sinks); attn_scale (a float scalar, set per call) is the scale in place of "
         "`scale`; page_table_k/page_table_v (int32 [B,1,pages,1]) make k and v "
-        "caches of blocks [N,H,block,D]; ragged_q/k/v/o/stats (int32 or int64 [B+1,1,1,1], with the lengths) "
+        "caches of blocks [N,H,block,D]; ragged_q/k/v/o/stats (int32 or int64 [B+1] or [B+1,1,1,1], with the lengths) "
         "place each sequence of a packed (THD) tensor",
     ),
     FAMILY.op(
@@ -609,6 +632,26 @@ OPS = by_name(
         flops=flops_per_element(4),
         doc="rotary embedding, halves rotated by the angles freqs[s, 0, 0, :rope_dim/2]; x [B, H, S, D], "
         "freqs [S, 1, 1, F]; the first D - rope_dim dims pass through (scaled)",
+    ),
+)
+OPS |= by_name(
+    FAMILY.op(
+        "sdpa_mxfp8",
+        ("q", "k", "v", "descale_q", "descale_k", "descale_v"),
+        infer_sdpa_mxfp8,
+        flops=flops_sdpa,
+        derive=_derive_band,
+        notes=note_alignment,
+        folded=_FOLDED,
+        positive=(3, 4, 5),
+        attrs=OPS["sdpa_fp8"].attrs,
+        outputs=("o", "amax_o", "stats"),
+        statistics=Statistics(switch=("stats", True)),
+        results=lambda a: 3 if a.get("stats") else 2,
+        result_dtype="bf16",
+        doc="MXFP8 attention (sm_100+): q, k, v fp8 with fp8_e8m0 block scales (blocks of 32 along D for q and k, "
+        "along the keys for v); softmax(q k^T * scale) v on the dequantized values, O bf16 or half; "
+        "amax_o = max |O|",
     ),
 )
 
@@ -839,4 +882,8 @@ def _sdpa_fp8(e, n):
 
 VJPS: dict[str, Rule] = {"rope": _rope, "sdpa": _sdpa, "sdpa_fp8": _sdpa_fp8}
 RECOMPUTE: dict[str, Recompute] = {}
-NO_VJP = {op: SECOND_ORDER for op in BACKWARD_OPS}
+NO_VJP = {
+    "sdpa_mxfp8": "its backward op (sdpa_mxfp8_backward) reads q, k, v and dO transposed with block scales of their "
+    "own, and an O and dO in half precision, which the forward does not write; the registry has no row for it",
+    **{op: SECOND_ORDER for op in BACKWARD_OPS},
+}

@@ -68,6 +68,10 @@ class OpSig:
     doc: str = ""
     positive: tuple[int, ...] = ()
     """inputs whose domain is positive (generated test data avoids 0 and negatives there)"""
+    prologue: tuple[int, ...] = ()
+    """inputs that a pointwise op recomputed in the backward fuses into, in one cuDNN graph, though the op
+    reads them from memory otherwise (a norm backward's scale: the zero-centred gamma's `+ 1`; cuDNN 9.28 plans
+    both for an H200, tests/test_recompute.py)"""
     flops: Callable[[Ctx, list], int] | None = None
     """floating-point operations for these input and output types (default: one per output element)"""
     results: Callable[[dict], int] | None = None

@@ -1,12 +1,13 @@
-"""Matmul: signature, shape rule, flop count and VJP rule of the batched matrix product."""
+"""Matmuls: signatures, shape rules, flop counts and VJP rules of the batched matrix product and of the
+mixture-of-experts grouped GEMM (moe_grouped_matmul) and its weight gradient (moe_grouped_matmul_bwd)."""
 
 from __future__ import annotations
 
 import math
 
 from dsl.diagnostics import RuleError
-from dsl.ops.base import Ctx, Family, OpSig, Out, Recompute, Rule, by_name, row_major
-from dsl.types import broadcast, fmt_shape
+from dsl.ops.base import SECOND_ORDER, Ctx, Family, OpSig, Out, Recompute, Rule, by_name, row_major
+from dsl.types import broadcast, fmt_shape, is_float
 
 FAMILY = Family("matmul", ("matmul",), "half/bf16 data with float compute, and inner dims that are multiples of 8")
 
@@ -49,7 +50,85 @@ OPS = by_name(
         doc="batched [..., M, K] @ [..., K, N] -> [..., M, N]",
     ),
 )
-BACKWARD_OPS: dict[str, OpSig] = {}
+
+
+# ---- mixture of experts --------------------------------------------------------------------------------------
+
+
+def _moe_rows(ctx: Ctx, rows: int, names: tuple[int, ...]) -> None:
+    """Inputs `names` are [1, T, *] token rows of one float dtype (the first's), and the offsets [E, 1, 1] int32."""
+    sig, first = OPS_MOE[ctx.op], ctx.inputs[names[0]]
+    for i in names:
+        t = ctx.inputs[i]
+        if len(t.shape) != 3 or t.shape[0] != 1 or t.shape[1] != rows:
+            raise RuleError(f"{ctx.op}: {sig.inputs[i]} {fmt_shape(t.shape)} must be [1, T, *]: T={rows} token rows", i)
+        if t.dtype != first.dtype or not is_float(t.dtype):
+            raise RuleError(f"{ctx.op}: {sig.inputs[i]} is {t.dtype}; the token rows are {first.dtype}", i)
+    off = ctx.inputs[2]
+    if len(off.shape) != 3 or off.shape[1:] != (1, 1) or off.dtype != "int32":
+        raise RuleError(f"{ctx.op}: first_token_offset must be int32[E, 1, 1], got {off}", 2)
+
+
+def infer_moe_grouped_matmul(ctx: Ctx) -> list[Out]:
+    """token [1, T, H], weight [E, H, N] of token's dtype, first_token_offset int32[E, 1, 1]: out [1, T, N]."""
+    token, weight, off = ctx.inputs
+    _moe_rows(ctx, token.shape[1], (0,))
+    e, h = off.shape[0], token.shape[2]
+    if len(weight.shape) != 3 or weight.shape[:2] != (e, h):
+        raise RuleError(
+            f"{ctx.op}: weight {fmt_shape(weight.shape)} must be [E, H, N] = [{e}, {h}, N] (one [H, N] per expert of "
+            "first_token_offset, H token's last dim)",
+            1,
+        )
+    if weight.dtype != token.dtype:
+        raise RuleError(f"{ctx.op}: dtype conflict: token is {token.dtype}, weight is {weight.dtype}", 1)
+    return [Out((1, token.shape[1], weight.shape[2]), row_major(3))]
+
+
+def infer_moe_grouped_matmul_bwd(ctx: Ctx) -> list[Out]:
+    """doutput [1, T, N], token [1, T, H] of its dtype, first_token_offset int32[E, 1, 1]: dweight [E, H, N]."""
+    dout, token, off = ctx.inputs
+    _moe_rows(ctx, dout.shape[1], (0, 1))
+    return [Out((off.shape[0], token.shape[2], dout.shape[2]), row_major(3))]
+
+
+def domains_moe(ctx: Ctx) -> dict[int, tuple[int, int]]:
+    """Expert e's rows start at first_token_offset[e], one of the T token rows or T itself (no rows)."""
+    return {2: (0, ctx.inputs[0].shape[1])}
+
+
+def flops_moe(ctx: Ctx, outs) -> int:
+    """2 T H N: every token row times one expert's [H, N]."""
+    a, b = ctx.inputs[0].shape, outs[0].shape
+    return 2 * a[1] * a[2] * b[2] if ctx.op == "moe_grouped_matmul" else 2 * a[1] * a[2] * b[1]
+
+
+_MOE_ROWS = (
+    "expert e takes the token rows [first_token_offset[e], first_token_offset[e + 1]) (the last expert to T); "
+    "the offsets ascend"
+)
+OPS_MOE = by_name(
+    FAMILY.op(
+        "moe_grouped_matmul",
+        ("token", "weight", "first_token_offset"),
+        infer_moe_grouped_matmul,
+        flops=flops_moe,
+        domains=domains_moe,
+        doc=f"mixture-of-experts grouped GEMM: [1, T, H] token rows times their expert's [H, N] of weight "
+        f"[E, H, N] -> [1, T, N]; {_MOE_ROWS}, and a row before the first is left unwritten",
+    ),
+    FAMILY.op(
+        "moe_grouped_matmul_bwd",
+        ("doutput", "token", "first_token_offset"),
+        infer_moe_grouped_matmul_bwd,
+        flops=flops_moe,
+        domains=domains_moe,
+        doc=f"moe_grouped_matmul's weight gradient: dweight[e] = token_e^T doutput_e [E, H, N] over expert e's rows "
+        f"({_MOE_ROWS}; an expert with none gets zeros)",
+    ),
+)
+OPS |= OPS_MOE
+BACKWARD_OPS: dict[str, OpSig] = {"moe_grouped_matmul_bwd": OPS["moe_grouped_matmul_bwd"]}
 
 
 def _matmul(e, n):
@@ -76,6 +155,16 @@ def _weight_grad(e, n):
     return e.call("matmul", a_t, e.reshape(dy, rows))
 
 
-VJPS: dict[str, Rule] = {"matmul": _matmul}
+def _moe_grouped_matmul(e, n):
+    """d token = the same grouped GEMM of dy by each expert's weight transposed (a view); d weight =
+    moe_grouped_matmul_bwd; the offsets are indices, with no gradient."""
+    token, weight, offsets = n.inputs
+    dy = e.cast(n.dy, n.ins[0].dtype)
+    d_token = e.call("moe_grouped_matmul", dy, e.fwd_t(weight), e.fwd(offsets)) if n.need[0] else None
+    d_weight = e.call("moe_grouped_matmul_bwd", dy, e.fwd(token), e.fwd(offsets)) if n.need[1] else None
+    return d_token, d_weight, None
+
+
+VJPS: dict[str, Rule] = {"matmul": _matmul, "moe_grouped_matmul": _moe_grouped_matmul}
 RECOMPUTE: dict[str, Recompute] = {}
-NO_VJP: dict[str, str] = {}
+NO_VJP: dict[str, str] = {"moe_grouped_matmul_bwd": SECOND_ORDER}

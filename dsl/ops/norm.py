@@ -312,6 +312,7 @@ BACKWARD_OPS = by_name(
         "layernorm_backward",
         ("dy", "x", "scale", "mean", "inv_variance"),
         infer_layernorm_backward,
+        prologue=(2,),  # the scale: a zero-centred gamma's + 1 fuses before it
         outputs=_NORM_BWD_OUTPUTS,
         results=lambda a: 3,
         flops=flops_per_element(9),
@@ -323,6 +324,7 @@ BACKWARD_OPS = by_name(
         ("dy", "x", "scale", "inv_variance"),
         infer_layernorm_backward,
         attrs=(Attr("dbias", "bool", False, doc="also return dbias, for an rmsnorm with a bias (has_dbias)"),),
+        prologue=(2,),  # the scale: a zero-centred gamma's + 1 fuses before it
         outputs=_NORM_BWD_OUTPUTS,
         results=lambda a: 3 if a.get("dbias") else 2,
         flops=flops_per_element(7),

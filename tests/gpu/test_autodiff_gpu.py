@@ -187,3 +187,13 @@ def test_mod_backward_on_cudnn(private_store):
 }
 """
     check_grads(text, "cuda", flips=0.001)
+
+
+def test_a_zero_centred_rmsnorm_backward_recomputes_the_weight_in_one_cudnn_graph(private_store):
+    """examples/training/zero_centred_rmsnorm.cdg: add + rmsnorm_backward, one graph cuDNN runs (split=False)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "training" / "zero_centred_rmsnorm.cdg").read_text()
+    f = check_grads(text, "cuda", split=False)
+    d = next(iter(f._pairs.values())).derived
+    assert [n.op for n in d.backward.nodes] == ["add", "rmsnorm_backward"]

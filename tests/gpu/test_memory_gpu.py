@@ -142,3 +142,48 @@ def test_an_output_in_place_of_an_input_no_op_reads(private_store):
     x, acc = torch.randn(1, 4, 8, device="cuda"), torch.zeros(1, 4, 8, device="cuda")
     out = cg(x=x, acc=acc)
     assert out["y"].data_ptr() == acc.data_ptr() and torch.equal(acc, torch.relu(x))
+
+
+PLACED = """
+graph packed_dqkv {
+  io half
+  compute float
+  buffer qkv : half[2, 128, 3, 4, 64]
+  buffer dqkv : half[2, 128, 3, 4, 64]
+  input q : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 0
+  input k : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 256
+  input v : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in qkv at 512
+  input o : half[2, 4, 128, 64]
+  input do : half[2, 4, 128, 64]
+  input stats : float[2, 4, 128, 1]
+  dq, dk, dv = sdpa_backward(q, k, v, o, do, stats, causal=true)
+  output dq : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in dqkv at 0
+  output dk : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in dqkv at 256
+  output dv : half[2, 4, 128, 64] strides [98304, 64, 768, 1] in dqkv at 512
+}
+"""
+
+
+def test_sdpa_backward_writes_dq_dk_and_dv_into_one_packed_buffer(private_store):
+    """The outputs placed in dqkv, as cuDNN writes them, are torch autograd's gradient of the packed qkv."""
+    import torch
+
+    import cudnn_dsl
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    qkv = (torch.rand(2, 128, 3, 4, 64, device="cuda", generator=gen) * 2 - 1).requires_grad_()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    scores = (q @ k.transpose(-1, -2) * 0.125).masked_fill(
+        torch.ones(128, 128, device="cuda").triu(1).bool(), float("-inf")
+    )
+    o = torch.softmax(scores, -1) @ v
+    do = torch.rand(o.shape, device="cuda", generator=gen) * 2 - 1
+    o.backward(do)
+    cg = cudnn_dsl.compile(PLACED)
+    dqkv = torch.full_like(qkv, float("nan"), dtype=torch.float16)
+    stats = torch.logsumexp(scores, -1, keepdim=True).detach()
+    half = {"qkv": qkv.detach().half(), "o": o.detach().half(), "do": do.half(), "stats": stats, "dqkv": dqkv}
+    out = cg(**half)
+    torch.cuda.synchronize()
+    assert out["dv"].data_ptr() == dqkv.data_ptr() + 512 * 2
+    torch.testing.assert_close(dqkv.float(), qkv.grad, atol=2e-2, rtol=2e-2)

@@ -249,6 +249,41 @@ def test_ragged_offsets_with_gaps_between_sequences():
     check_as_recorded(RECORDED, "ragged offsets with gaps", text, op="sdpa", given=given)
 
 
+def test_ragged_offsets_of_one_dimension_are_the_four_dimensional_ones():
+    # flashinfer's [B + 1] offsets: cuDNN gets them as the [B + 1, 1, 1, 1] view of the same memory
+    import torch
+
+    import cudnn_dsl
+
+    text = RAGGED.format(kv_strides="", off="int32", more="", extra="").replace("[3, 1, 1, 1]", "[3]")
+    cg = cudnn_dsl.compile(text, split=False)
+    tensors = cg.allocate_inputs()
+    assert tensors["rq"].shape == torch.Size([3])
+    for r in cg.check(**tensors):
+        assert r.ok, str(r)
+
+
+def test_index_inputs_in_one_shared_allocation():
+    # examples/sdpa_ragged_paged.cdg: lengths, 1-D ragged offsets and the page table as views of one int32
+    # buffer, each drawn through its view; a scheduler's own values bound in the same buffer
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(str(Path(__file__).resolve().parents[2] / "examples" / "sdpa_ragged_paged.cdg"))
+    tensors = cg.allocate_inputs()
+    assert sorted(tensors) == ["k_cache", "meta", "q", "v_cache"]
+    for r in cg.check(**tensors):
+        assert r.ok, f"generated: {r}"
+    meta = tensors["meta"]
+    meta[0:4] = torch.tensor([256, 1, 17, 100], dtype=torch.int32)  # the query lengths
+    meta[4:8] = torch.tensor([512, 64, 300, 100], dtype=torch.int32)
+    meta[8:13] = torch.tensor([0, 256, 257, 274, 374], dtype=torch.int32) * 1024  # rows of 8 heads of 128
+    meta[16:48] = torch.arange(32, dtype=torch.int32).flip(0)
+    for r in cg.check(**tensors):
+        assert r.ok, f"given: {r}"
+
+
 SEEDED = (
     "graph t {{\n  io bf16\n  input q : bf16[2, 8, 512, 128]\n  input k : bf16[2, 2, 512, 128]\n"
     "  input v : bf16[2, 2, 512, 128]\n  input seed : int64[1, 1, 1, 1]\n  input offset : int64[1, 1, 1, 1]\n"
