@@ -21,6 +21,11 @@ from dsl.ops import OPS
 from dsl.types import TensorType
 
 
+class NotLowered(Exception):
+    """A lowering refused by the recorder it runs against (an emitter), not by cuDNN: its words are said as they
+    are, at the op."""
+
+
 @attrs.define
 class LowerCtx:
     """What a lowering function gets: the cuDNN graph, the node, and helpers."""
@@ -152,7 +157,8 @@ def lower(
         try:
             outs = IMPLS[node.op].lower(ctx, ins, instance.attrs(index))
         except Exception as e:  # noqa: BLE001 - cuDNN's builders raise many types
-            raise DslError(Diagnostic("error", f"cuDNN rejected {node.op}: {clean(e)}", node.loc)) from None
+            why = f"{node.op}: {e}" if isinstance(e, NotLowered) else f"cuDNN rejected {node.op}: {clean(e)}"
+            raise DslError(Diagnostic("error", why, node.loc)) from None
         for name, t in zip(node.outputs, outs):
             _stamp(cudnn, t, graph.value(name), instance.type(name))
             tensors[name] = t

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import attrs
 
+from cudnn_dsl.build.lower import NotLowered
 from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.interop.emit import bound_uids, own_memory
 from cudnn_dsl.interop.fe_nodes import POINTWISE
@@ -78,7 +79,7 @@ _OPS = {
 }
 
 
-class Unspelled(Exception):
+class Unspelled(NotLowered):
     """A frontend call the C++ emitter has no spelling for (lower() locates it at its op)."""
 
 
@@ -220,7 +221,7 @@ class _GraphRecorder:
     def _setters(self, kw: dict) -> list[str]:
         for k, v in kw.items():
             if v is None or isinstance(v, tuple):
-                raise Unspelled(f"emit --format cpp: {k}={v!r} has no C++ spelling here yet")
+                raise Unspelled(f"emit --format cpp: the frontend's {k}= argument has no C++ spelling here yet")
         return [f".{_SETTERS.get(k, 'set_' + k)}({_cpp(v)})" for k, v in kw.items()]
 
     def _pointwise(self, mode: str, args, kw) -> _Tensor:
