@@ -674,7 +674,9 @@ class _GraphChecker:
         d = self.decls.get(name)
         if d is None or d.kind != "scalar":
             what = "no declared scalar" if d is None else f"a{'n' if d.kind[0] in 'aeiou' else ''} {d.kind}"
-            self.err(f"{sig.name}: attribute '{kw.name}' names '{name}', {what}: it takes a number or a scalar", kw.value.loc)
+            self.err(
+                f"{sig.name}: attribute '{kw.name}' names '{name}', {what}: it takes a number or a scalar", kw.value.loc
+            )
             return False
         if kw.uid is not None:
             self.err(f"{sig.name}: attribute '{kw.name}' takes the uid of scalar '{name}': put uid= on it", kw.uid_loc)
