@@ -442,7 +442,8 @@ def host_cost_apart(name: str, batch, iterations: int, target: str) -> dict:
     cmd += ["--target", target] + (["--batch", str(batch)] if batch else [])
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if done.returncode:
-        return {"failed": done.stderr.strip().splitlines()[-1][:500] if done.stderr.strip() else "no output"}
+        why = done.stderr.strip().splitlines()[-1][:500] if done.stderr.strip() else "no output"
+        return {"failed": why, "target": target}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -62,10 +62,16 @@ def _num(v: float | int) -> ast.Number:
     return ast.Number(v, repr(v))
 
 
-def _call(op: str, args, attrs_: dict, uids: dict | None = None, compute: str | None = None) -> ast.Call:
+def _call(
+    op: str, args, attrs_: dict, uids: dict | None = None, compute: str | None = None, scalars: dict | None = None
+) -> ast.Call:
+    """`op(args, attrs)`; an attribute in `scalars` names the declared scalar that carries it (`epsilon=eps`)."""
     sig = OPS[op]
+    scalars = scalars or {}
     kwargs = [
-        ast.Kwarg(k, from_python(sig.attr(k), v), uid=(uids or {}).get(k)) for k, v in attrs_.items() if v is not None
+        ast.Kwarg(k, ast.Ident(scalars[k]) if k in scalars else from_python(sig.attr(k), v), uid=(uids or {}).get(k))
+        for k, v in attrs_.items()
+        if v is not None
     ]
     if compute is not None:
         kwargs.append(ast.Kwarg("compute", ast.Ident(compute)))
@@ -136,7 +142,7 @@ def forward_stmts(
         if stats:
             attr, value = EMIT_STATISTICS[n.op]
             given[attr] = value
-        call = _call(n.op, args, given, dict(n.uids), compute)
+        call = _call(n.op, args, given, dict(n.uids), compute, dict(n.scalars))
         outputs = [o for o in n.outputs if graph.value(o).kind == "output" or o in saved] + list(stats)
         if len(n.outputs) == 1 and not stats:
             out.append(_result(n.outputs[0], inst.type(n.outputs[0]), call, bool(outputs), into.get(n.outputs[0])))

@@ -571,7 +571,8 @@ class _GraphChecker:
         arg_names += [None] * (n_max - len(arg_names))
         named_ok = self.named_inputs(sig, e, exprs, arg_names)
         uids: dict[str, tuple[int, Loc]] = {}
-        attrs_, attr_locs, ok = self.attrs(sig, e, uids)
+        scalars: dict[str, str] = {}
+        attrs_, attr_locs, ok = self.attrs(sig, e, uids, scalars)
         ok = ok and named_ok
         n_results = sig.count_results(attrs_)
         if len(targets) > n_results:
@@ -594,6 +595,7 @@ class _GraphChecker:
             attr_locs,
             ok and all(n is not None for n, a in zip(arg_names, exprs) if a is not None),
             uids,
+            scalars,
         )
         if sig.family != "pointwise":
             by_value = {(sig.inputs + sig.optional).index(p) for p in sig.by_value}
@@ -613,9 +615,9 @@ class _GraphChecker:
             self.produced[o] = (node, e.loc)
         return node
 
-    def attrs(self, sig: OpSig, e: ast.Call, uids: dict) -> tuple[dict, dict, bool]:
+    def attrs(self, sig: OpSig, e: ast.Call, uids: dict, scalars: dict) -> tuple[dict, dict, bool]:
         """The given attributes, converted (defaults and canonical forms come at typing); the uids given
-        to attributes go into `uids`."""
+        to attributes go into `uids`, the scalars named by attributes (`epsilon=eps`) into `scalars`."""
         out, locs, ok = {}, {}, True
         for kw in e.kwargs:
             if kw.name in sig.optional:
@@ -637,6 +639,9 @@ class _GraphChecker:
                 ok = False
                 continue
             locs[kw.name] = kw.loc
+            if a.tensor and isinstance(kw.value, ast.Ident):
+                ok = self.scalar_attr(sig, kw, out, scalars) and ok
+                continue
             try:
                 out[kw.name] = convert(a, kw.value)
             except RuleError as err:
@@ -661,6 +666,28 @@ class _GraphChecker:
                 )
                 ok = False
         return out, locs, ok
+
+    def scalar_attr(self, sig: OpSig, kw: ast.Kwarg, out: dict, scalars: dict) -> bool:
+        """`epsilon=eps`: the attribute is the value of the float scalar `eps`, and cuDNN gets that scalar's
+        pass-by-value tensor (its dims and uid, as a graph written with `graph.tensor(x)` gives them)."""
+        name = kw.value.name
+        d = self.decls.get(name)
+        if d is None or d.kind != "scalar":
+            what = "no declared scalar" if d is None else f"a{'n' if d.kind[0] in 'aeiou' else ''} {d.kind}"
+            self.err(
+                f"{sig.name}: attribute '{kw.name}' names '{name}', {what}: it takes a number or a scalar", kw.value.loc
+            )
+            return False
+        if kw.uid is not None:
+            self.err(f"{sig.name}: attribute '{kw.name}' takes the uid of scalar '{name}': put uid= on it", kw.uid_loc)
+            return False
+        self.used.add(name)
+        if d.dtype is not None and d.dtype != "float":
+            self.err(f"{sig.name}: attribute '{kw.name}' is a float; scalar '{name}' is {d.dtype}", kw.value.loc)
+            return False
+        out[kw.name] = float(d.scalar)
+        scalars[kw.name] = name
+        return True
 
     def named_inputs(self, sig: OpSig, e: ast.Call, exprs: list, names: list) -> bool:
         """Optional inputs given by name (`sdpa(q, k, v, seq_len_q=lens)`), put at their ports."""
@@ -768,7 +795,13 @@ class _GraphChecker:
                 values.append(Value(o, kind, uids[o], loc=self.produced[o][1], into=into))
         nodes = tuple(
             Node(
-                n.op, tuple(n.inputs), tuple(n.outputs), n.compute, n.loc, tuple((a, u) for a, (u, _) in n.uids.items())
+                n.op,
+                tuple(n.inputs),
+                tuple(n.outputs),
+                n.compute,
+                n.loc,
+                tuple((a, u) for a, (u, _) in n.uids.items()),
+                tuple(sorted(n.scalars.items())),
             )
             for n in self.nodes
         )

@@ -190,6 +190,9 @@ class Typer:
                 return ()
             else:
                 ins.append(st)
+        if any(self.scalar_type(s, tensor_rank, n.attr_locs[a]) is None for a, s in n.scalars.items()):
+            self.poisoned.update(n.outputs)
+            return ()
         try:
             full = canonical(sig, n.attrs, tuple(ins))
             outs = sig.infer(Ctx(n.op, tuple(ins), full))

@@ -106,6 +106,14 @@ class Node:
     loc: Loc = _loc()
     uids: tuple[tuple[str, int], ...] = ()
     """(attribute, uid) of each attribute lowered to a pass-by-value tensor with a declared uid"""
+    scalars: tuple[tuple[str, str], ...] = ()
+    """(attribute, scalar) of each attribute a declared scalar carries (`epsilon=eps`): cuDNN gets that scalar's
+    pass-by-value tensor, and the attribute is its value"""
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The values the node reads: the inputs given, then the scalars its attributes name."""
+        return tuple(i for i in self.inputs if i is not None) + tuple(s for _, s in self.scalars)
 
 
 def shape_label(binding) -> str:

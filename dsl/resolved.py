@@ -53,6 +53,8 @@ class PNode:
     ok: bool = True
     uids: dict = attrs.Factory(dict)
     """attribute -> (uid, loc) of an attribute given `uid=N`"""
+    scalars: dict = attrs.Factory(dict)
+    """attribute -> the scalar it names (`epsilon=eps`)"""
 
 
 @attrs.define

@@ -27,7 +27,7 @@ def subgraph(graph: Graph, inst: Instance, first: int, end: int, name: str) -> G
     """Nodes [first, end) of one shape of `graph`, as a one-shape graph named `name`."""
     nodes = graph.nodes[first:end]
     made = {o for n in nodes for o in n.outputs}
-    read = [i for n in nodes for i in n.inputs if i is not None and i not in made]
+    read = [i for n in nodes for i in n.reads if i not in made]
     later = {i for n in graph.nodes[end:] for i in n.inputs if i is not None}
     for n in nodes:  # cuDNN wants an op's statistics alike: one materialized (a later part reads it), all are
         if any(o in later or graph.value(o).kind == "output" for o in n.outputs[1:]):
@@ -60,7 +60,7 @@ def subgraph(graph: Graph, inst: Instance, first: int, end: int, name: str) -> G
 def _numbered(values: list[Value], nodes: tuple[Node, ...]) -> tuple[tuple[Value, ...], tuple[Node, ...]]:
     """The values in the order the nodes first name them, UIDs 1, 2, ... in that order, and the UIDs of
     attributes lowered to pass-by-value tensors after them: the canonical numbering of a part."""
-    order = list(dict.fromkeys(n for node in nodes for n in (*node.inputs, *node.outputs) if n is not None))
+    order = list(dict.fromkeys(n for node in nodes for n in (*node.reads, *node.outputs)))
     uid = {name: k for k, name in enumerate(order, 1)}
     by_name = {v.name: v for v in values}
     numbered, attr_uid = [], len(order)
@@ -241,12 +241,12 @@ def one_op_graphs(graph: Graph, inst: Instance) -> list[tuple[Node, Graph]]:
     they were, its results are outputs; UIDs are numbered afresh."""
     out = []
     for index, node in enumerate(graph.nodes):
-        names = list(dict.fromkeys(i for i in node.inputs if i))
+        names = list(dict.fromkeys(node.reads))
         values = []
         for uid, name in enumerate(names, 1):
             v = graph.value(name)
             kind = v.kind if v.kind in ("scalar", "const") else "input"
-            values.append(Value(name, kind, uid, v.scalar, v.dtype, v.loc))
+            values.append(Value(name, kind, uid, v.scalar, v.dtype, v.loc, dims=v.dims))
         values += [Value(o, "output", len(names) + k, loc=node.loc) for k, o in enumerate(node.outputs, 1)]
         types = tuple((v.name, inst.type(v.name)) for v in values)
         alone = Instance(inst.binding, types, (inst.node_attrs[index],))

@@ -125,7 +125,15 @@ def _listing(graph, inst) -> list:
     def desc(v):
         t = inst.type(v.name)
         shape, strides = ((t.shape[0], 1, 1, 1), (1, 1, 1, 1)) if v.name in flat else (t.shape, t.strides)
-        return (SAME_KIND.get(v.kind, v.kind), v.uid, t.dtype, shape, strides, _f32(v.scalar))
+        return (
+            SAME_KIND.get(v.kind, v.kind),
+            v.uid,
+            t.dtype,
+            shape,
+            strides,
+            _f32(v.scalar),
+            v.dims or shape,
+        )  # the dims cuDNN gets a scalar at
 
     out = []
     for v in sorted(graph.of_kind("input", "scalar", "const"), key=lambda v: v.uid):
@@ -136,7 +144,8 @@ def _listing(graph, inst) -> list:
         for o in node.outputs:
             index[o] = len(index)
         outs = [desc(graph.value(o)) for o in node.outputs]
-        out.append((SAME_CALL.get(node.op, node.op), [ref(x) for x in node.inputs], attrs, node.compute, outs))
+        scalars = [(a, ref(name)) for a, name in node.scalars]
+        out.append((SAME_CALL.get(node.op, node.op), [ref(x) for x in node.inputs], attrs, scalars, node.compute, outs))
     return out
 
 
@@ -749,6 +758,10 @@ CASES = {
     "layernorm": [
         _graph(_NORM + "  output y = layernorm(x, gamma, beta, epsilon=0.001)", "bf16"),
         _graph(
+            _NORM + "  scalar eps : float[1] = 0.001 uid=30\n  output y = layernorm(x, gamma, beta, epsilon=eps)",
+            "bf16",
+        ),
+        _graph(
             _NORM + "  y, m, iv = layernorm(x, gamma, beta, phase=training)\n  output y\n  output m\n  output iv",
             "bf16",
         ),
@@ -789,7 +802,17 @@ CASES = {
                 "  output y\n  output m\n  output iv\n  output nrm\n  output nrv"
             ),
             True,
-        )
+        ),
+        (
+            _graph(
+                "  input x : half[8, 64, 16, 16] nhwc\n"
+                + "".join(f"  input {n} : float[1, 64, 1, 1] nhwc\n" for n in ("gamma", "beta", "rm", "rv"))
+                + "  scalar eps : float[1] = 0.001 uid=30\n  scalar mom : float[1, 1] = 0.2 uid=31\n"
+                "  y, m, iv, nrm, nrv = batchnorm(x, gamma, beta, rm, rv, epsilon=eps, momentum=mom)\n"
+                "  output y\n  output m\n  output iv\n  output nrm\n  output nrv"
+            ),
+            True,
+        ),
     ],
     "genstats": [
         (_graph("  input x : half[8, 64, 16, 16] nhwc\n  s, sq = genstats(x)\n  output s\n  output sq"), True)

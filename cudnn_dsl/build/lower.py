@@ -36,6 +36,8 @@ class LowerCtx:
     in_types: list
     compute: str
     new_constant: Callable[[float, int, int | None], Any]
+    tensors: dict[str, Any] = attrs.Factory(dict)
+    """the graph's cuDNN tensors lowered so far, by name (a scalar an attribute names among them)"""
 
     @property
     def name(self) -> str:
@@ -57,7 +59,11 @@ class LowerCtx:
 
     def constant(self, value: float, attr: str | None = None):
         """A pass-by-value float tensor holding `value`; `attr` names the attribute it carries, whose
-        declared uid (`epsilon=1e-5 uid=7`) it takes; the registry marks such attributes `tensor`."""
+        declared uid (`epsilon=1e-5 uid=7`) it takes, or the declared scalar's own tensor where the attribute
+        names one (`epsilon=eps`); the registry marks such attributes `tensor`."""
+        named = dict(self.node.scalars)
+        if attr in named:
+            return self.tensors[named[attr]]
         return self.new_constant(value, self.rank, dict(self.node.uids).get(attr))
 
 
@@ -152,7 +158,7 @@ def lower(
             tensors[v.name] = by_value(v.name, v.uid, v.scalar, v.dtype, list(dims))
     for index, node in enumerate(graph.nodes):
         in_types = [instance.type(i) if i else None for i in node.inputs]
-        ctx = LowerCtx(cudnn, g, node, in_types, node.compute, new_constant)
+        ctx = LowerCtx(cudnn, g, node, in_types, node.compute, new_constant, tensors)
         ins = [tensors[i] if i else None for i in node.inputs]
         try:
             outs = IMPLS[node.op].lower(ctx, ins, instance.attrs(index))
@@ -167,7 +173,10 @@ def lower(
         written = list(stats) if declared is not None and declared.all_written(asked) else []
         if impl.drawn is not None:  # cuDNN's own random draws: the reference reads them (seeded dropout)
             written += [node.outputs[i] for i in impl.drawn(instance.attrs(index))]
-        for name in written:
+        computed = [
+            i for k, i in enumerate(node.inputs) if k in impl.in_memory and i and graph.value(i).kind == "virtual"
+        ]
+        for name in written + computed:
             if graph.value(name).kind != "output":
                 tensors[name].set_output(True)
                 scratch[name] = graph.value(name).uid

@@ -30,6 +30,7 @@ from cudnn_dsl.interop.fe_nodes import (
     INFIX_SYMBOL,
     NEUTRAL,
     NODES,
+    keeps_dims,
     ragged_offset,
 )
 from dsl.diagnostics import Diagnostic, DslError
@@ -202,7 +203,8 @@ def _composite_k(nodes: list, tensors: dict[str, Tensor]) -> None:
 
 def _absorbed(nodes: list, tensors: dict[str, Tensor]) -> set[str]:
     """Pass-by-value inputs that the language spells as an attribute of their node (epsilon, the sdpa scale, but
-    for an sdpa's scale that the frontend holds in no attn_scale_value: that is the language's attn_scale)."""
+    for an sdpa's scale that the frontend holds in no attn_scale_value: that is the language's attn_scale, and an
+    epsilon or momentum with dims of its own: a declared scalar the attribute names)."""
     ports = {
         **dict.fromkeys(("LAYER_NORM", "RMS_NORM", "INSTANCE_NORM", "ADA_LAYER_NORM"), ("EPSILON",)),
         "BATCHNORM": ("EPSILON", "MOMENTUM"),
@@ -217,8 +219,12 @@ def _absorbed(nodes: list, tensors: dict[str, Tensor]) -> set[str]:
             continue
         for port in ports.get(nj["tag"], ()):
             ref = (nj.get("inputs") or {}).get(port)
-            if ref is not None and tensors[str(ref)].by_value:
-                out.add(str(ref))
+            if ref is None or not tensors[str(ref)].by_value:
+                continue
+            x = (nj.get("inputs") or {}).get("X")
+            if port in ("EPSILON", "MOMENTUM") and keeps_dims(tensors[str(ref)], tensors.get(str(x))):
+                continue  # a declared scalar (fe_nodes.keeps_dims)
+            out.add(str(ref))
     return out
 
 

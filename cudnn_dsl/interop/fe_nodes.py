@@ -3,6 +3,7 @@ REDUCTION by mode, and every field a row does not read held to its neutral value
 
 from __future__ import annotations
 
+from cudnn_dsl.build.lower import MIN_RANK
 from cudnn_dsl.interop.fe_graph import Call, Node, NodeRow, Tensor, bool_text, f32_text, ints_text
 from dsl.ops import INFIX, OPS
 
@@ -349,6 +350,21 @@ def _ports(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(name.upper() for name in names)
 
 
+def keeps_dims(t: Tensor, x: Tensor | None) -> bool:
+    """Whether a norm's pass-by-value epsilon or momentum has dims of its own: other than the ones at X's rank
+    that the language lowers a number to (a C++ graph's `graph.tensor(1e-5f)` is [1]). Such a one imports as a
+    declared scalar the attribute names (`epsilon=eps`), which keeps its dims, uid and name."""
+    return t.dims != [1] * max(len(x.dims) if x is not None else 0, MIN_RANK)
+
+
+def _by_value_attr(n: Node, port: str) -> str:
+    """A norm's epsilon or momentum as the language spells it: its number, or the scalar that keeps its dims."""
+    t = n.tensor(port)
+    if t is not None and t.by_value and keeps_dims(t, n.tensor("X")):
+        return t.name
+    return f32_text(n.value_of(port))
+
+
 def _norm(op: str, with_bias: bool) -> NodeRow:
     """A norm with a forward phase: y alone in inference, y and its statistics in training."""
     stats = _ports(OPS[op].outputs[1:])
@@ -358,7 +374,7 @@ def _norm(op: str, with_bias: bool) -> NodeRow:
         if phase not in ("INFERENCE", "TRAINING"):
             raise n.fail(f"forward_phase {phase}: the language's {op} has inference and training", "forward_phase")
         args = [n.port("X"), n.port("SCALE"), n.port("BIAS", optional=not with_bias)]
-        attrs_ = [("epsilon", f32_text(n.value_of("EPSILON")))]
+        attrs_ = [("epsilon", _by_value_attr(n, "EPSILON"))]
         outs = ("Y",)
         if phase == "TRAINING":
             attrs_.append(("phase", "training"))
@@ -372,7 +388,7 @@ def import_batchnorm(n: Node) -> Call:
     if n.get("peer_stats"):
         raise n.fail("peer_stats (statistics across GPUs): the language's batchnorm has none", "peer_stats")
     ports = ("X", "SCALE", "BIAS", "PREV_RUNNING_MEAN", "PREV_RUNNING_VAR")
-    attrs_ = (("epsilon", f32_text(n.value_of("EPSILON"))), ("momentum", f32_text(n.value_of("MOMENTUM"))))
+    attrs_ = (("epsilon", _by_value_attr(n, "EPSILON")), ("momentum", _by_value_attr(n, "MOMENTUM")))
     outs = ("Y", *_ports(OPS["batchnorm"].outputs[1:]))
     return Call("batchnorm", tuple(n.port(p) for p in ports), attrs_, outs)
 

@@ -72,6 +72,12 @@ def _drawn(node, i: int, drawn: dict | None, device) -> torch.Tensor:
     return _wide(drawn[name].to(device))
 
 
+def _bound(node, given: dict, inputs: dict) -> dict:
+    """A node's attributes, each that a declared scalar carries (`epsilon=eps`) at the value bound this call."""
+    bound = {a: float(inputs[s]) for a, s in node.scalars if s in inputs}
+    return {**given, **bound} if bound else given
+
+
 class Outputs(dict):
     """The reference's outputs by name, and `undefined`: per output, a bool mask of the elements
     cuDNN leaves unspecified (the compare skips them), for outputs whose op says so."""
@@ -118,12 +124,13 @@ def run_reference(
             ins = [env[i] if i else None for i in node.inputs]
             outs = [instance.type(o) for o in node.outputs]
             impl = IMPLS[node.op]
+            attrs_ = _bound(node, instance.attrs(index), inputs)
             if impl.drawn is not None:
                 ins += [_drawn(node, i, drawn, device) for i in impl.drawn(instance.attrs(index))]
             try:
-                results = impl.ref(ins, instance.attrs(index), outs)
+                results = impl.ref(ins, attrs_, outs)
                 if impl.undefined is not None:
-                    masks = impl.undefined(ins, instance.attrs(index), outs)
+                    masks = impl.undefined(ins, attrs_, outs)
                     undefined.update((o, m) for o, m in zip(node.outputs, masks) if m is not None)
             except (RuntimeError, ValueError) as e:
                 where = f"while executing `{', '.join(node.outputs)} = {node.op}(...)` in the reference"

@@ -158,12 +158,15 @@ def _only(at: _At, table: dict, known: set[str], where: str) -> None:
         raise at.error(f"{where} {extra[0]}", f"unknown key (known: {', '.join(sorted(known))})")
 
 
+_WORDS = {str: "a string", int: "an integer", list: "a list", float: "a number"}
+
+
 def _get(at: _At, table: dict, where: str, key: str, kind: type, default):
     if key not in table:
         return default
     v = table[key]
     if type(v) is not kind:
-        raise at.error(f"{where} {key}", f"is {v!r:.60}, not a {kind.__name__}")
+        raise at.error(f"{where} {key}", f"is {v!r:.60}, not {_WORDS[kind]}")
     return v
 
 

@@ -49,6 +49,13 @@ def graph_of(unit: Unit):
     return load(text=unit.source, file=unit.file).program.graph(unit.graph)
 
 
+def _version(metadata) -> str:
+    try:
+        return metadata.version("cudnn-dsl")
+    except metadata.PackageNotFoundError:  # a checkout on the path, never installed
+        return "unknown"
+
+
 def provenance(sweep: str, attempt: int, device=None) -> dict:
     """Where and on what a record was made."""
     from importlib import metadata
@@ -62,7 +69,7 @@ def provenance(sweep: str, attempt: int, device=None) -> dict:
         "host": socket.gethostname(),
         "cudnn": library.version,
         "cudnn_frontend": env["cudnn_frontend"],
-        "cudnn_dsl": metadata.version("cudnn-dsl"),
+        "cudnn_dsl": _version(metadata),
         "torch": env["torch"],
         "gpu": env["gpu"],
         "driver": env["driver"],

@@ -15,12 +15,24 @@ OFFSETS = torch.tensor([0, 40, 40, 150], dtype=torch.int32).reshape(4, 1, 1)
 """four experts over 256 rows: 40, none, 110 and 106 rows"""
 
 
+def _older_than_9_22():
+    from cudnn_dsl.target.library import load_cudnn
+
+    if load_cudnn().backend_version() < 92200:
+        pytest.skip(
+            "seen on the H200 with cuDNN 9.19: no engine runs the grouped GEMM whole (its one engine, FORT_NATIVE_10X, "
+            "is Blackwell-only), and the frontend asks cuDNN 9.22 for moe_grouped_matmul_bwd"
+        )
+
+
 @pytest.mark.parametrize("dt", ["bf16", "half"])
 def test_the_grouped_gemm(dt):
+    _older_than_9_22()
     check(FORWARD.format(**{**PLANNED, "dt": dt}), "cuda", given={"first_token_offset": OFFSETS.cuda()}, split=False)
 
 
 def test_the_weight_gradient():
+    _older_than_9_22()
     check(BACKWARD.format(**PLANNED), "cuda", given={"first_token_offset": OFFSETS.cuda()}, split=False)
 
 

@@ -18,8 +18,9 @@ def test_below_sm_100_it_is_refused_at_the_op():
 
     if torch.cuda.get_device_capability() >= BLACKWELL:
         pytest.skip("sm_100+ has an engine for MXFP8 attention")
-    with pytest.raises(DslError, match="only supported on Blackwell") as e:
-        cudnn_dsl.compile(text(**PLANNED), device="cuda", split=False)
+    cg = cudnn_dsl.compile(text(**PLANNED), device="cuda", split=False)
+    with pytest.raises(DslError, match="only supported on Blackwell") as e:  # planned at the first call
+        cg(**cg.allocate_inputs(seed=0))
     assert e.value.diagnostics[0].loc.line == 9
 
 
