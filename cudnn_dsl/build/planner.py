@@ -292,8 +292,8 @@ class Planner:
         return attrs.evolve(base, low=low, workspace=workspace, notes=[note], overrides=overrides)
 
     def _build(self, inst: Instance) -> Executable:
-        refusal = tile_order_refusal(self.graph, inst) if float(self.compute_capability) >= 10 else ""
-        if refusal:  # below sm_100 cuDNN itself refuses block-scaled formats, and says so
+        refusal = tile_order_refusal(self.graph, inst)
+        if refusal and float(self.compute_capability) >= 10:  # below sm_100 cuDNN refuses block scales, and says so
             raise BackendUnavailable(refusal)
         key = self.key(inst) if self.use_store and self.plan_spec is None else None
         notes: list[str] = []
