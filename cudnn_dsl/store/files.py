@@ -4,6 +4,7 @@ bounded reads, no link followed where a file is written, atomic replacement, con
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -144,6 +145,22 @@ def atomic_write(path: Path, text: str | bytes, *, follow_symlinks: bool = True)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def locked_dir(root: Path, what: str) -> Iterator[None]:
+    """Holds an exclusive lock on the directory itself (made when missing; no lock file to leave behind), so that
+    one process at a time runs a read-then-write sequence on it; StoreProblem naming `what` when it cannot."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise StoreProblem(f"cannot write to {what} {root}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class StoreProblem(Exception):

@@ -14,13 +14,10 @@ are not followed, and every failure is a StoreProblem. Text meant for a terminal
 from __future__ import annotations
 
 import base64
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -33,6 +30,7 @@ from cudnn_dsl.store.files import (
     cleaned,
     is_temp,
     loads,
+    locked_dir,
     open_regular,
     read_regular,
     scan_dir,
@@ -269,19 +267,9 @@ class PlanStore:
             raise StoreProblem(f"cannot write to the plan store {self.root}: {e.strerror or e}") from None
         return "written"
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Serializes read-then-write sequences between processes (a lock on the directory: no lock file)."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as e:
-            raise StoreProblem(f"cannot write to the plan store {self.root}: {e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def _locked(self):
+        """Serializes read-then-write sequences between processes."""
+        return locked_dir(self.root, "the plan store")
 
     # ---- search records (tune --exhaustive): what was tried, so that a later search resumes ----
 

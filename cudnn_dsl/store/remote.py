@@ -10,7 +10,6 @@ through. Every failure is a StoreProblem naming the URL.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 import urllib.error
@@ -19,7 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from cudnn_dsl.store.files import READ_CHUNK, StoreProblem, atomic_write, read_regular, scan_dir
+from cudnn_dsl.store.files import READ_CHUNK, StoreProblem, atomic_write, locked_dir, read_regular, scan_dir
 
 HTTP_TIMEOUT_S = 20.0
 """seconds an HTTP store has to answer one request, and to send each part of a file"""
@@ -90,19 +89,9 @@ class LocalTree(Tree):
     def listing(self, rel: str) -> list[tuple[str, bool]]:
         return [(e.name, e.is_dir(follow_symlinks=False)) for e in scan_dir(self.root / rel)]
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
+    def lock(self):
         """A lock on the directory itself (no lock file to leave behind)."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as e:
-            raise StoreProblem(f"cannot write to the fleet store {self.root}: {e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        return locked_dir(self.root, "the fleet store")
 
 
 class FsspecTree(Tree):
