@@ -103,16 +103,10 @@ def latest_digest(tree: Tree) -> str | None:
 def read_manifest(tree: Tree, digest: str) -> dict:
     """The manifest of this digest, its bytes checked against it; StoreProblem when it is missing or does not
     match (never used then)."""
-    data = tree.read(manifest_name(digest), MANIFEST_LIMIT, "manifest")
     where = tree.join(manifest_name(digest))
-    if data is None:
-        raise StoreProblem(f"no manifest {where}")
-    if sha256(data) != digest:
-        raise StoreProblem(f"manifest {where} does not match its digest (changed since it was written)")
-    try:
-        manifest = loads(data)
-    except ValueError as e:
-        raise StoreProblem(f"manifest {where}: {e}") from None
+    manifest = _checked(
+        tree, manifest_name(digest), "manifest", MANIFEST_LIMIT, digest, f"no manifest {where}", "its digest"
+    )
     if not (isinstance(manifest, dict) and all(isinstance(manifest.get(p), dict) for p in ("plans", "support"))):
         raise StoreProblem(f"manifest {where} is not a fleet store manifest")
     for pool in ("plans", "support"):
@@ -121,6 +115,21 @@ def read_manifest(tree: Tree, digest: str) -> dict:
             if why:
                 raise StoreProblem(f"manifest {where} is not a fleet store manifest: {pool} key {keyid!r:.40}: {why}")
     return manifest
+
+
+def _checked(tree: Tree, rel: str, what: str, limit: int, sha: str, missing: str, against: str) -> object:
+    """The JSON of a content-named file (a manifest, an entry), its bytes checked against sha; StoreProblem
+    (`missing` when it is not there) otherwise."""
+    data = tree.read(rel, limit, what)
+    if data is None:
+        raise StoreProblem(missing)
+    where = tree.join(rel)
+    if sha256(data) != sha:
+        raise StoreProblem(f"{what} {where} does not match {against} (changed since it was written)")
+    try:
+        return loads(data)
+    except ValueError as e:
+        raise StoreProblem(f"{what} {where}: {e}") from None
 
 
 def _bad_row(keyid: str, row: object) -> str:
@@ -143,16 +152,16 @@ def _bad_row(keyid: str, row: object) -> str:
 
 def read_entry(tree: Tree, sha: str) -> dict:
     """The entry file of this sha256, checked against it (StoreProblem: missing, or not what the manifest names)."""
-    data = tree.read(entry_name(sha), ENTRY_LIMIT, "entry")
     where = tree.join(entry_name(sha))
-    if data is None:
-        raise StoreProblem(f"the manifest names {where}, which is missing")
-    if sha256(data) != sha:
-        raise StoreProblem(f"entry {where} does not match the manifest's sha256 (changed since it was written)")
-    try:
-        d = loads(data)
-    except ValueError as e:
-        raise StoreProblem(f"entry {where}: {e}") from None
+    d = _checked(
+        tree,
+        entry_name(sha),
+        "entry",
+        ENTRY_LIMIT,
+        sha,
+        f"the manifest names {where}, which is missing",
+        "the manifest's sha256",
+    )
     if not isinstance(d, dict):
         raise StoreProblem(f"entry {where} is not a JSON object")
     return d
