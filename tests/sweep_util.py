@@ -1,6 +1,8 @@
 """What the sweep fault tests share: a spec of real deviceless units, a Ray cluster on loopback, the sockets a
 process tree listens on, and the checks that every shape has one record and nothing is left half-written."""
 
+import base64
+import hashlib
 import ipaddress
 import os
 import signal
@@ -10,6 +12,27 @@ from collections import Counter
 from pathlib import Path
 
 from cudnn_dsl.sweep import records as rec
+
+
+def tune_record(
+    key, graph: str, binding: dict, blob: bytes, engine: int, p50: float, host: str, passed=True, knobs=None
+):
+    """What a tune unit records for one shape: a checked (or failed) plan timed at p50 µs by host's GPU."""
+    result = {
+        "plan_name": f"eng{engine}",
+        "engine_id": engine,
+        "knobs": knobs or {},
+        "workspace": 0,
+        "blob": base64.b64encode(blob).decode(),
+        "blob_sha256": hashlib.sha256(blob).hexdigest(),
+        "samples_us": [p50],
+        "p50_us": p50,
+        "p90_us": p50,
+        "check": {"passed": passed, "text": ""},
+    }
+    prov = {"host": host, "gpu_uuid": f"GPU-{host}", "time": 1.0}
+    return rec.Record("tune", key, graph, binding, "b" * 64, "ok", result, prov)
+
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TARGETS = ("h200", "a100", "l40s")

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import sweep_util
 from cli_util import run_cli
 
 from cudnn_dsl.build.planner import plan_key, untuned
@@ -39,21 +40,7 @@ def tune_record(n: int, engine: int = 3, p50: float = 10.0, host: str = "a") -> 
     store holds them: nothing here deserializes it)."""
     g = _graph()
     key = plan_key(g, g.instance({"N": n}), g.options, *H200)
-    blob = b"plan-%d-%d" % (n, engine)
-    result = {
-        "plan_name": f"eng{engine}",
-        "engine_id": engine,
-        "knobs": {},
-        "workspace": 0,
-        "blob": base64.b64encode(blob).decode(),
-        "blob_sha256": hashlib.sha256(blob).hexdigest(),
-        "samples_us": [p50],
-        "p50_us": p50,
-        "p90_us": p50,
-        "check": {"passed": True, "text": ""},
-    }
-    prov = {"host": host, "gpu_uuid": f"GPU-{host}", "time": 1.0}
-    return Record("tune", key, g.name, {"N": n}, "b" * 64, "ok", result, prov)
+    return sweep_util.tune_record(key, g.name, {"N": n}, b"plan-%d-%d" % (n, engine), engine, p50, host)
 
 
 def _staging(root: Path, *records: Record) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from cli_util import run_cli
+from sweep_util import tune_record
 
 from cudnn_dsl import sweep
 from cudnn_dsl.run.partition import plan_for_target
@@ -128,24 +129,7 @@ def test_a_local_sweep_plans_every_unit_as_the_library_does_then_resumes_to_noth
 
 def _tune_record(engine: int, p50: float, host: str, passed=True, knobs=None) -> Record:
     key = PlanKey("a" * 64, "NVIDIA H200", "9.0", 91900, "1.32.0")
-    blob = b"plan-%d" % engine
-    import base64
-    import hashlib
-
-    result = {
-        "plan_name": f"eng{engine}",
-        "engine_id": engine,
-        "knobs": knobs or {},
-        "workspace": 0,
-        "blob": base64.b64encode(blob).decode(),
-        "blob_sha256": hashlib.sha256(blob).hexdigest(),
-        "samples_us": [p50],
-        "p50_us": p50,
-        "p90_us": p50,
-        "check": {"passed": passed, "text": ""},
-    }
-    prov = {"host": host, "gpu_uuid": f"GPU-{host}", "time": 1.0}
-    return Record("tune", key, "g", {}, "b" * 64, "ok", result, prov)
+    return tune_record(key, "g", {}, b"plan-%d" % engine, engine, p50, host, passed, knobs)
 
 
 def test_the_winner_is_the_fastest_checked_plan_medians_within_one_percent_tie_on_the_engine():
