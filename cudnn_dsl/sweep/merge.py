@@ -111,16 +111,15 @@ def stored(store: Path | str | Tree):
     from cudnn_dsl.target.library import matches, version_text
 
     found = latest(store)
-    rows = found[1] if found else {}
+    versions: dict[tuple, list[str]] = defaultdict(list)  # (pool, digest, gpu, constraints) -> cuDNN versions
+    for pool in ("plans", "support"):
+        for row in (found[1] if found else {}).get(pool, {}).values():
+            where = (pool, row.get("digest"), row.get("gpu"), row.get("constraints", ""))
+            versions[where].append(version_text(int(row.get("cudnn_backend", 0))))
 
     def has(pool: str, key: dict) -> bool:
-        return any(
-            row.get("digest") == key["digest"]
-            and row.get("gpu") == key["gpu"]
-            and row.get("constraints", "") == key["constraints"]
-            and (not key["cudnn"] or matches(version_text(int(row.get("cudnn_backend", 0))), key["cudnn"]))
-            for row in rows.get(pool, {}).values()
-        )
+        there = versions.get((pool, key["digest"], key["gpu"], key["constraints"]), [])
+        return any(not key["cudnn"] or matches(v, key["cudnn"]) for v in there)
 
     return has
 
