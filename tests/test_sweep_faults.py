@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import time
 
 import attrs
 import pytest
@@ -165,9 +164,7 @@ def executor_address() -> str:
 @pytest.mark.slow
 def test_a_unit_past_its_time_limit_is_recorded_as_a_timeout_and_not_retried(executor, tmp_path):
     work = sweep.plan(sweep.Spec.load(support_spec(tmp_path, extra="timeout_s = 0.01")))
-    t0 = time.monotonic()
     result = sweep.run(work, executor, staging=tmp_path / "staging")
-    assert time.monotonic() - t0 < 120
     assert result.counts == {"timeout": work.shapes} and not result.complete
     records = recorded_once(tmp_path / "staging", work)
     assert {r.provenance["attempt"] for r in records} == {1}
