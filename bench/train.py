@@ -20,6 +20,8 @@ Per model, in one process:
   captured. On CUDA, the GPU time between CUDA events around each step (host gaps between its kernels
   included: a step of a small model is launch-bound); on the CPU, wall time, and the contenders that need
   CUDA graphs or tune GPU kernels are listed as skipped, with why.
+- on CUDA, where an eager step's host time goes: forward and backward per twin, and the cudnn-dsl step's
+  ops by host time (torch.profiler).
 
 Both models keep float32 master weights and cast them to the graph's dtypes in their forward, so the only
 difference between them is the function the block calls. On CUDA tensors the cudnn-dsl model runs cuDNN (the
@@ -436,6 +438,42 @@ def host_cost(name: str, batch, iterations: int, target: str) -> dict:
         return {"host_us": step_time_us(setup, step, iterations), "cudnn_launches": launches, "target": target}
 
 
+def host_time(setup: Setup, iterations: int = 50, top: int = 8) -> dict:
+    """Where an eager step's host time goes on CUDA, measured: per twin, the host's wall time of the forward (the
+    loss included) and of the backward, the GPU synchronized between steps so that no launch waits for a full
+    queue; and, for the cudnn-dsl twin, the ops taking the most host time in one step (torch.profiler, CPU only:
+    self time, the graph ops' own kernels apart from the aten ops they issue)."""
+    out = {}
+    for twin, model in (("cudnn-dsl", setup.dsl()), ("torch", setup.plain())):
+        params = list(model.parameters())
+        forward, backward = [], []
+        for k in range(iterations + 3):
+            for p in params:
+                p.grad = None
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = setup.loss(model, 0)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            if k >= 3:
+                forward.append((t1 - t0) * 1e6)
+                backward.append((t2 - t1) * 1e6)
+        out[twin] = {
+            "forward_us": sorted(forward)[len(forward) // 2],
+            "backward_us": sorted(backward)[len(backward) // 2],
+        }
+        if twin == "cudnn-dsl":
+            step = eager_step(setup, model)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for _ in range(5):
+                    step()
+            rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+            out["profile_top_self_us_per_step"] = {e.key: e.self_cpu_time_total / 5 for e in rows[:top]}
+            out["profile_total_us_per_step"] = sum(e.self_cpu_time_total for e in rows) / 5
+    return out
+
+
 def host_cost_apart(name: str, batch, iterations: int, target: str) -> dict:
     """host_cost in a process of its own; its failure, as text."""
     cmd = [sys.executable, __file__, "--host-cost", "--model", name, "--iterations", str(iterations)]
@@ -515,6 +553,8 @@ def run_model(
     ops = torch_ops(setup)  # first: on CUDA the parts are those its steps ran
     report["per_step"] = {**part_counts(setup, Target.named(target)), "torch_ops": ops}
     report["step_time_us"], report["skipped"] = time_contenders(setup, iterations, compile_, autotune)
+    if setup.device.type == "cuda":
+        report["host_time"] = host_time(setup)
     return report
 
 
@@ -561,6 +601,16 @@ def print_report(name: str, r: dict, steps: int) -> None:
             print(f"  {label:46s} {t}")
     for label, why in r["skipped"].items():
         print(f"  {label:46s} skipped: {why}")
+    t = r.get("host_time")
+    if t:
+        for twin in ("cudnn-dsl", "torch"):
+            print(
+                f"  host time of an eager step, {twin}: forward {t[twin]['forward_us']:.1f} µs, "
+                f"backward {t[twin]['backward_us']:.1f} µs"
+            )
+        print(f"  cudnn-dsl step's host time by op (self, profiled: {t['profile_total_us_per_step']:.0f} µs in all):")
+        for key, us in t["profile_top_self_us_per_step"].items():
+            print(f"    {us:8.1f} µs  {key}")
     h = r.get("host_cost")
     if h:
         print(
@@ -587,7 +637,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--no-host-cost",
         action="store_true",
-        help="leave out the host's part of a step measured with cuDNN's execute a no-op (bench/nocudnn.py)",
+        help="on the CPU, leave out the host's part of a step measured with cuDNN's execute a no-op "
+        "(bench/nocudnn.py); on CUDA the host's part is measured on the device (forward, backward, by op)",
     )
     p.add_argument("--host-cost", action="store_true", help=argparse.SUPPRESS)  # host_cost_apart's own process
     p.add_argument("--json", help="write the report here")
@@ -599,7 +650,7 @@ def main(argv=None) -> int:
     result = {"models": {}}
     for name in a.model or sorted(SPECS):
         r = run_model(name, a.device, a.steps, a.lr, iterations, not a.no_compile, a.batch, not a.no_autotune, a.target)
-        if not a.no_host_cost:
+        if not a.no_host_cost and not a.device.startswith("cuda"):  # on CUDA, host_time measures it for real
             r["host_cost"] = host_cost_apart(name, a.batch, max(iterations, 50), a.target)
         result["models"][name] = r
         print_report(name, r, a.steps)
