@@ -525,12 +525,32 @@ def train(path: Path, data: dict) -> str:
             "apart; for cudnn-dsl on CUDA, those inside the op's kernels too: casts, copies, fallbacks).",
             per_step_table(counted),
         ]
+    timed = {name: m["host_time"] for name, m in models.items() if m.get("host_time")}
+    if timed:
+        out += [
+            "Where an eager step's host time goes (CUDA): the host's wall time of the forward (the loss included) and "
+            "of the backward, the GPU synchronized between steps; then the ops with the most host self time in a "
+            "step (torch.profiler, CPU activity, µs and calls per step; a graph op's own kernel apart from the aten "
+            "ops it issues; the profiler's own cost included).",
+            host_time_table(timed),
+        ]
     out += [
         f"{name}: on the CPU, where the torch op runs the graph's PyTorch reference, not cuDNN."
         for name, m in models.items()
         if not m.get("cudnn", True)
     ]
     return join(out)
+
+
+def host_time_table(timed: dict) -> str:
+    rows = []
+    for name, twins in timed.items():
+        for twin, h in twins.items():
+            ops = "; ".join(
+                f"{key} {us:.0f} µs ({calls:g}x)" for key, (us, calls) in list(h["top_self_us"].items())[:6]
+            )
+            rows.append([name, twin, f"{h['forward_us']:.0f}", f"{h['backward_us']:.0f}", ops])
+    return table(["block", "twin", "forward µs", "backward µs", "most host self time per step"], rows)
 
 
 def train_row(name: str, m: dict) -> list:

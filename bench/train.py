@@ -438,11 +438,11 @@ def host_cost(name: str, batch, iterations: int, target: str) -> dict:
         return {"host_us": step_time_us(setup, step, iterations), "cudnn_launches": launches, "target": target}
 
 
-def host_time(setup: Setup, iterations: int = 50, top: int = 8) -> dict:
-    """Where an eager step's host time goes on CUDA, measured: per twin, the host's wall time of the forward (the
+def host_time(setup: Setup, iterations: int = 50, top: int = 10) -> dict:
+    """Where an eager step's host time goes on CUDA, measured, per twin: the host's wall time of the forward (the
     loss included) and of the backward, the GPU synchronized between steps so that no launch waits for a full
-    queue; and, for the cudnn-dsl twin, the ops taking the most host time in one step (torch.profiler, CPU only:
-    self time, the graph ops' own kernels apart from the aten ops they issue)."""
+    queue; and the ops taking the most host time in a step (torch.profiler, CPU only: self µs and calls per step;
+    a graph op's own kernel is apart from the aten ops it issues)."""
     out = {}
     for twin, model in (("cudnn-dsl", setup.dsl()), ("torch", setup.plain())):
         params = list(model.parameters())
@@ -459,18 +459,17 @@ def host_time(setup: Setup, iterations: int = 50, top: int = 8) -> dict:
             if k >= 3:
                 forward.append((t1 - t0) * 1e6)
                 backward.append((t2 - t1) * 1e6)
+        step, steps = eager_step(setup, model), 5
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                step()
+        rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
         out[twin] = {
             "forward_us": sorted(forward)[len(forward) // 2],
             "backward_us": sorted(backward)[len(backward) // 2],
+            "profiled_us": sum(e.self_cpu_time_total for e in rows) / steps,
+            "top_self_us": {e.key: [e.self_cpu_time_total / steps, e.count / steps] for e in rows[:top]},
         }
-        if twin == "cudnn-dsl":
-            step = eager_step(setup, model)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                for _ in range(5):
-                    step()
-            rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-            out["profile_top_self_us_per_step"] = {e.key: e.self_cpu_time_total / 5 for e in rows[:top]}
-            out["profile_total_us_per_step"] = sum(e.self_cpu_time_total for e in rows) / 5
     return out
 
 
@@ -602,15 +601,13 @@ def print_report(name: str, r: dict, steps: int) -> None:
     for label, why in r["skipped"].items():
         print(f"  {label:46s} skipped: {why}")
     t = r.get("host_time")
-    if t:
-        for twin in ("cudnn-dsl", "torch"):
-            print(
-                f"  host time of an eager step, {twin}: forward {t[twin]['forward_us']:.1f} µs, "
-                f"backward {t[twin]['backward_us']:.1f} µs"
-            )
-        print(f"  cudnn-dsl step's host time by op (self, profiled: {t['profile_total_us_per_step']:.0f} µs in all):")
-        for key, us in t["profile_top_self_us_per_step"].items():
-            print(f"    {us:8.1f} µs  {key}")
+    for twin, h in (t or {}).items():
+        print(
+            f"  host time of an eager step, {twin}: forward {h['forward_us']:.1f} µs, backward {h['backward_us']:.1f} "
+            f"µs; by op (self µs and calls per step, profiled: {h['profiled_us']:.0f} µs in all):"
+        )
+        for key, (us, calls) in h["top_self_us"].items():
+            print(f"    {us:8.1f} µs {calls:5.1f}x  {key}")
     h = r.get("host_cost")
     if h:
         print(
