@@ -1,6 +1,7 @@
 """emit --format cpp: a project's files (the inputs run draws, the stand-in driver, refusals at their place), and,
-marked slow, every example's C++ twin built in one project and planned without a device, its plan name equal to
-the Python path's for the same target (tests/gpu/test_emit_cpp_gpu.py: on a GPU, its outputs equal `run`'s)."""
+marked slow, every example's C++ twin built in one project and planned without a device, its plan name (each
+part's, for a graph cuDNN takes only in parts) equal to the Python path's for the same target
+(tests/gpu/test_emit_cpp_gpu.py: on a GPU, its outputs equal `run`'s)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.build.steps import first_plan_name
 from cudnn_dsl.interop.emit_cpp import STAND_IN, emit_cpp, namespace, project, twin
 from cudnn_dsl.run.inputs import generate_inputs
-from cudnn_dsl.run.partition import plan_for_target
+from cudnn_dsl.run.partition import CUDNN, plan_for_target
 from cudnn_dsl.target.driver import CUDA_ERROR_NO_DEVICE
 from cudnn_dsl.target.library import Target
 from dsl.diagnostics import DslError
@@ -70,7 +71,7 @@ def test_project_files(tmp_path):
 
 
 def test_cli_writes_the_project(tmp_path):
-    """`emit --format cpp -o DIR` writes emit_cpp's files; -o goes with cpp alone; a split graph is refused."""
+    """`emit --format cpp -o DIR` writes emit_cpp's files; -o goes with cpp alone."""
     file = ROOT / "examples/conv_bias_relu.cdg"
     r = run_cli("emit", "--format", "cpp", file, "-o", tmp_path / "p")
     assert r.returncode == 0, r.stderr
@@ -81,9 +82,39 @@ def test_cli_writes_the_project(tmp_path):
     assert written == files
     assert "give it with -o DIR" in run_cli("emit", "--format", "cpp", file).stderr
     assert "give it with -o DIR" in run_cli("emit", file, "-o", tmp_path / "q").stderr
-    split = ROOT / "examples/training/resnet_block.cdg"
-    r = run_cli("emit", "--format", "cpp", split, "--shape", "N=4", "-o", tmp_path / "r")
-    assert r.returncode == 1 and f"{split}:3:1: error: emit --format cpp writes a graph cuDNN takes whole" in r.stderr
+
+
+def test_a_graph_in_parts_is_its_cuDNN_parts_on_shared_memory(tmp_path):
+    """A graph cuDNN declines whole: a define_graph and a Part per cuDNN part, in order, the value one part makes
+    for the next in one memory of main's that both bind; a reshape between parts is a view of its operand."""
+    target = Target.named(TARGET)
+    file = ROOT / "examples/training/resnet_block.cdg"
+    r = run_cli("emit", "--format", "cpp", file, "--shape", "N=4", "-o", tmp_path / "p")
+    assert r.returncode == 0, r.stderr
+    code = (tmp_path / "p/graphs.cpp").read_text()
+    assert "void define_part1(fe::graph::Graph& g)" in code and "void define_part2(fe::graph::Graph& g)" in code
+    assert ".index = 1," in code and ".index = 2," in code and "define_graph(fe" not in code
+    assert code.count('{"h", 524288, nullptr}') == 1  # the intermediate, allocated once
+    part1, part2 = code.split(".index = 2,")
+    assert '{"h", 6}' in part1.split(".index = 1,")[1] and '{"h", 1}' in part2  # bound in both parts' packs
+    g = graph_of(ROOT / "examples/training/transformer_block.cdg", "transformer_block")
+    partition = plan_for_target(g, g.instances[0], g.options, target)[1]
+    code = twin("t", g, g.instances[0], g.options, target, None, partition).code
+    assert '{"q", "q2", 0}' in code and '{"o", "a", 0}' in code
+    assert '{"q",' not in code.split(".memories = ")[1].split(".views = ")[0]
+
+
+def test_a_part_left_to_torch_is_refused_at_its_op():
+    file = ROOT / "examples/torch_models/conv_bn_relu.cdg"
+    g = graph_of(file, "conv_bn_relu")
+    target = Target.named(TARGET)
+    partition = plan_for_target(g, g.instances[0], g.options, target)[1]
+    with pytest.raises(DslError) as e:
+        twin(g.name, g, g.instances[0], g.options, target, None, partition)
+    assert str(e.value).startswith(
+        f"{file}:20:21: error: emit --format cpp: part 2 of graph 'conv_bn_relu' (batchnorm_inference (line 20)) "
+        "is a torch fallback"
+    )
 
 
 def test_twins_need_distinct_namespaces():
@@ -108,40 +139,53 @@ def test_unspelled_call_is_located(tmp_path):
     assert str(e.value).startswith(f"{src}:5:7: error: transpose: emit --format cpp: the frontend's transpose has no")
 
 
-def build_examples(top: Path) -> dict[str, str]:
+def build_examples(top: Path) -> tuple[dict[str, str], dict]:
     """Builds one C++ project holding every example's twin (named FILE:GRAPH) in `top`; returns the examples
-    refused, with why (a graph cuDNN takes only in parts, a frontend call the emitter has no C++ spelling for)."""
-    target, refused, twins = Target.named(TARGET), {}, []
+    refused, with why (a part left to torch, a frontend call the emitter has no C++ spelling for), and each
+    example's partition for the target (None: cuDNN takes it whole)."""
+    target, refused, partitions, twins = Target.named(TARGET), {}, {}, []
     for file, name in EXAMPLES:
         g = graph_of(file, name)
         inst = g.instances[0]
         try:
-            partition = plan_for_target(g, inst, g.options, target)[1]
+            partitions[key(file, name)] = partition = plan_for_target(g, inst, g.options, target)[1]
             twins.append(twin(key(file, name), g, inst, g.options, target, None, partition))
         except DslError as e:
             refused[key(file, name)] = str(e)
     _write(top, project(twins, target))
     subprocess.run(["cmake", "-S", top, "-B", top / "build"], check=True, capture_output=True)
     subprocess.run(["cmake", "--build", top / "build", "-j2"], check=True, capture_output=True)
-    return refused
+    return refused, partitions
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+def built(tmp_path_factory) -> tuple[Path, dict[str, str], dict]:
     top = tmp_path_factory.mktemp("cpp")
-    return top, build_examples(top)
+    return top, *build_examples(top)
 
 
 @TOOLS
 @pytest.mark.slow
 @pytest.mark.parametrize(("file", "name"), EXAMPLES, ids=[key(f, n) for f, n in EXAMPLES])
 def test_plan_name_equals_python(built, file, name):
-    top, refused = built
-    named = key(file, name)
+    """Each plan main prints, for the graph whole or for each cuDNN part, is the one Python plans for it."""
+    top, refused, partitions = built
+    named, target = key(file, name), Target.named(TARGET)
     if named in refused:
         assert "emit --format cpp" in refused[named], refused[named]
         pytest.skip(f"refused: {refused[named].splitlines()[0]}")
     g = graph_of(file, name)
-    expected = first_plan_name(compile_shape(g, g.instances[0], g.options, Target.named(TARGET)))
+    partition = partitions[named]
+    if partition is None:
+        plans = {"": compile_shape(g, g.instances[0], g.options, target)}
+    else:
+        plans = {
+            f" part {k}": compile_shape(p.graph, p.graph.instances[0], g.options, target)
+            for k, p in enumerate(partition.parts, 1)
+            if p.kind == CUDNN
+        }
+    expected = "".join(
+        f"graph {named}{part}: plan {first_plan_name(low)} for {target.name}\n" for part, low in plans.items()
+    )
     out = subprocess.run([top / "build/main", named, "--deviceless"], check=True, capture_output=True, text=True)
-    assert out.stdout == f"graph {named}: plan {expected} for {Target.named(TARGET).name}\n"
+    assert out.stdout == expected

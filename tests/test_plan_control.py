@@ -166,6 +166,42 @@ def test_plan_names_parse_as_cudnn_prints_them():
             PlanSpec.parse(bad)
 
 
+def test_knobs_parse_by_their_number_in_the_library():
+    """kN names a knob by the number plan names spell it by: one the frontend names becomes that name, one it
+    has none for (NOT_SET to the frontend) is kept by its number."""
+    from cudnn_dsl.build.constraints import PlanSpec, numbered_knobs
+
+    s = PlanSpec.parse("4:k24=43,SPLIT_K_SLC=2")
+    assert (s.engine, s.knobs, s.unnamed, s.named) == (4, {"KERNEL_CFG": 43, "SPLIT_K_SLC": 2}, {}, False)
+    s = PlanSpec.parse("9:K0=3,k24=-1")
+    assert (s.engine, s.knobs, s.unnamed) == (9, {"KERNEL_CFG": -1}, {0: 3})
+    assert s.numbers == {24: -1, 0: 3}
+    assert numbered_knobs("eng9_k24=-1_k0=3") == (9, s.numbers)
+    assert numbered_knobs("sdpa_fwd_prefill_sm100[TILE_M=128]") is None
+    with pytest.raises(ValueError, match="kN with its number"):
+        PlanSpec.parse("4:k=1")
+
+
+def test_a_plan_is_pinned_by_its_knob_numbers_among_the_listed_ones(mm, h200):
+    """ENGINE:kN=V,... finds the listed plan whose name has those numbers; a knob the
+    frontend has no name for cannot make a plan cuDNN does not list, which is said."""
+    from cudnn_dsl.build.constraints import PlanSpec, numbered_knobs
+    from cudnn_dsl.build.pipeline import compile_shape
+    from cudnn_dsl.build.steps import first_plan_name
+    from dsl.diagnostics import DslError
+
+    g, inst = mm
+    free = compile_shape(g, inst, g.options, h200)
+    names = [free.g.get_plan_name_at_index(i) for i in range(free.plan_count)]
+    name = next(n for n in reversed(names) if numbered_knobs(n)[1])
+    engine, numbers = numbered_knobs(name)
+    pin = PlanSpec.parse(f"{engine}:" + ",".join(f"k{n}={v}" for n, v in reversed(numbers.items())))
+    assert first_plan_name(compile_shape(g, inst, g.options, h200, pin=pin)) == name
+    with pytest.raises(DslError) as e:
+        compile_shape(g, inst, g.options, h200, pin=PlanSpec.parse(f"{engine}:k0=1"))
+    assert "the frontend cannot make it: it has no name for knob k0" in e.value.diagnostics[0].message
+
+
 def test_knob_numbers_are_the_ones_cudnn_names_plans_by(mm, h200):
     """The table from knob names to the numbers in plan names, checked against cuDNN's own names."""
     import cudnn

@@ -68,6 +68,19 @@ _PLAN_NAME = re.compile(r"eng(\d+)((?:_k\d+=-?\d+)*)")
 _ENGINE_KNOBS = re.compile(r"(\d+)(?::(.*))?")
 
 
+_KNOB_NUMBER = re.compile(r"K(\d+)")
+
+
+def numbered_knobs(name: str) -> tuple[int, dict[int, int]] | None:
+    """(engine id, knobs by the library's number) of a plan name as cuDNN prints it (eng4_k24=43_k17=1); None for
+    another name."""
+    m = _PLAN_NAME.fullmatch(name)
+    if m is None:
+        return None
+    pairs = [part.split("=") for part in m.group(2).split("_k")[1:]]
+    return int(m.group(1)), {int(number): int(value) for number, value in pairs}
+
+
 class NotAllowed(DslError):
     """cuDNN offers plans, but the user's constraints or pinned plan allow none: splitting the graph would
     not help (its parts are held to the same), so this is never a reason to split."""
@@ -92,32 +105,44 @@ class PlanSpec:
     """frontend knob type name -> value"""
     named: bool = True
     """given as cuDNN's plan name (which the plan cuDNN builds must then carry)"""
+    unnamed: dict = attrs.field(factory=dict, hash=False)
+    """the library's knob number -> value, of the knobs the frontend has no name for (it reads them as NOT_SET): it
+    cannot create a plan with one, so such a plan is found only among the plans cuDNN lists"""
+
+    @property
+    def numbers(self) -> dict[int, int]:
+        """Every knob by the library's number, as plan names spell them."""
+        return {KNOB_NUMBERS[k]: v for k, v in self.knobs.items()} | self.unnamed
 
     @classmethod
     def parse(cls, text: str) -> PlanSpec:
         """'eng4_k24=43_k17=1' (the name cuDNN prints), '4:KERNEL_CFG=43,SPLIT_K_SLC=1' (engine id and the
-        frontend's knob names), or any other plan name (matched among the plans cuDNN lists); ValueError says
-        what is wrong."""
+        frontend's knob names, or a knob's number in the library as plan names spell it: '4:K24=43'), or any
+        other plan name (matched among the plans cuDNN lists); ValueError says what is wrong."""
         text = text.strip()
-        if m := _PLAN_NAME.fullmatch(text):
-            pairs = [part.split("=") for part in m.group(2).split("_k")[1:]]
-            if all(int(number) in _KNOB_NAMES for number, _ in pairs):
-                knobs = {_KNOB_NAMES[int(number)]: int(value) for number, value in pairs}
-                return cls(text, int(m.group(1)), knobs, True)
+        if (numbered := numbered_knobs(text)) is not None:
+            engine, numbers = numbered
+            if all(number in _KNOB_NAMES for number in numbers):
+                return cls(text, engine, {_KNOB_NAMES[n]: v for n, v in numbers.items()}, True)
             return cls(text, None)
         if m := _ENGINE_KNOBS.fullmatch(text):
-            knobs = {}
+            knobs, unnamed = {}, {}
             for item in filter(None, (m.group(2) or "").split(",")):
                 name, sep, value = item.partition("=")
                 name = name.strip().upper()
-                if not sep or name not in KNOB_NUMBERS or not value.strip().lstrip("-").isdigit():
+                number = _KNOB_NUMBER.fullmatch(name)
+                if not sep or not (name in KNOB_NUMBERS or number) or not value.strip().lstrip("-").isdigit():
                     raise ValueError(
-                        f"'{item}' is not KNOB=VALUE with a knob type of {', '.join(KNOB_NUMBERS)}"
-                        if name not in KNOB_NUMBERS
+                        f"'{item}' is not KNOB=VALUE with a knob type of {', '.join(KNOB_NUMBERS)}, or kN with "
+                        "its number in the library (k24 for KERNEL_CFG, as plan names spell it)"
+                        if not (name in KNOB_NUMBERS or number)
                         else f"'{item}' is not KNOB=INTEGER"
                     )
-                knobs[name] = int(value)
-            return cls(text, int(m.group(1)), knobs, False)
+                if number and int(number.group(1)) not in _KNOB_NAMES:
+                    unnamed[int(number.group(1))] = int(value)
+                else:
+                    knobs[_KNOB_NAMES[int(number.group(1))] if number else name] = int(value)
+            return cls(text, int(m.group(1)), knobs, False, unnamed)
         if not text:
             raise ValueError(
                 "give a plan name as cuDNN prints it (eng4_k24=43_k17=1) or an engine id with knobs "
@@ -208,12 +233,20 @@ def pin_index(low: Lowered, pin: PlanSpec, options: Options) -> int:
     if pin.engine in excluded:
         raise PlanRefused(f"plan {pin.text} is of engine {pin.engine}, which the plan constraints exclude")
     for i, name in enumerate(names):
-        if name == pin.text or (not pin.named and engine_of(low, i) == pin.engine and knobs_at(g, i) == pin.knobs):
+        by_knobs = not pin.named and not pin.unnamed and engine_of(low, i) == pin.engine and knobs_at(g, i) == pin.knobs
+        if name == pin.text or by_knobs or (not pin.named and numbered_knobs(name) == (pin.engine, pin.numbers)):
             if engine_of(low, i) in excluded:
                 raise PlanRefused(f"plan {pin.text} is of engine {engine_of(low, i)}, which the constraints exclude")
             return i
     if pin.engine is None:
         raise PlanRefused(f"cuDNN does not offer plan {pin.text} for graph '{low.graph.name}'", [offered])
+    if pin.unnamed:
+        knobs = ", ".join(f"k{n}" for n in pin.unnamed)
+        raise PlanRefused(
+            f"cuDNN does not offer plan {pin.text} for graph '{low.graph.name}', and the frontend cannot make it: "
+            f"it has no name for knob {knobs}",
+            [offered],
+        )
     try:
         g.create_execution_plan(pin.engine, frontend_knobs(pin.knobs))
     except Exception as e:  # noqa: BLE001 - an engine this graph has not, knobs it refuses

@@ -19,7 +19,8 @@ def register(p) -> None:
         "the graph as the cuDNN Frontend serializes it (for anyone with the frontend alone; needs the cuDNN library; "
         "written even when the graph gets no plan, with exit 1: cuDNN finds none, or cudnn-dsl refuses a graph a "
         "known defect of cuDNN runs wrong); cpp: a C++ project (the frontend's C++ calls, a CMake file, a main "
-        "that plans for --target without a GPU or runs the graph on run's inputs) written to the -o directory",
+        "that plans for --target without a GPU or runs the graph on run's inputs; a graph cuDNN declines whole, as "
+        "its parts) written to the -o directory",
     )
     p.add_argument("-o", "--output", metavar="DIR", help="cpp: the directory the C++ project is written to")
     p.add_argument("--graph", help="the graph to emit (needed when the file has several)")
@@ -162,7 +163,7 @@ def _cudnn(g, inst, target, options, inits) -> int:
 
 
 def _cpp(g, inst, target, options, inits, directory: str) -> int:
-    """The C++ project, of a graph the target's cuDNN takes whole (a split graph is refused at the graph)."""
+    """The C++ project: the graph whole, or the parts the target's cuDNN takes it in."""
     from pathlib import Path
 
     from cudnn_dsl.interop.emit_cpp import emit_cpp

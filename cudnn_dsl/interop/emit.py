@@ -355,7 +355,7 @@ def _emit_parts(graph: Graph, inst: Instance, o, partition, inits) -> str:
     taken = set(_SCRIPT_GLOBALS)
     functions, uids, hosts, calls, torch_parts, made = [], [], [], [], [], []
     for k, p in enumerate(partition.parts, 1):
-        ops = ", ".join(f"{graph.nodes[i].op} (line {graph.nodes[i].loc.line})" for i in range(p.first, p.end))
+        ops = p.ops(graph)
         sub = p.graph or subgraph(graph, inst, p.first, p.end, f"{graph.name}_part{k}")
         if p.kind != VIEW:  # a view's result is its operand's memory
             made += [v.name for v in sub.outputs if graph.value(v.name).kind != "output" and v.name not in made]

@@ -21,6 +21,7 @@ from cudnn_dsl.build.pipeline import compile_shape
 from cudnn_dsl.interop.emit import bound_uids, own_memory
 from cudnn_dsl.interop.fe_nodes import POINTWISE
 from cudnn_dsl.ops.pointwise import CUDNN_NAME
+from cudnn_dsl.run.partition import declined_whole
 from cudnn_dsl.target.driver import StandInUnavailable, stand_in_image
 from cudnn_dsl.target.library import CUDNN_PACKAGES, BackendUnavailable, Target, cudnn_library
 from dsl.diagnostics import Diagnostic, DslError
@@ -285,14 +286,15 @@ def _memory(t) -> bytes:
     return ctypes.string_at(storage.data_ptr(), storage.nbytes())
 
 
-def _memories(graph: Graph, inst: Instance, options, inits, scratch, where: str) -> tuple[list[str], dict]:
-    """The initializers of the allocations (`own_memory`'s names) and the input files, under `where`: every
-    input drawn as `run` draws it (run.inputs.generate_inputs, on the CPU), written as the bytes of its memory."""
+def _memories(graph: Graph, inst: Instance, options, inits, extra, where: str) -> tuple[list[str], dict]:
+    """The initializers of the allocations (`own_memory`'s names, `extra` the scratch tensors and what parts make
+    for later ones) and the input files, under `where`: every input drawn as `run` draws it
+    (run.inputs.generate_inputs, on the CPU), written as the bytes of its memory."""
     from cudnn_dsl.run.inputs import generate_inputs
 
     drawn = generate_inputs(graph, inst, "cpu", options.seed, inits)
     memories, files = [], {}
-    for k, name in enumerate(own_memory(graph, scratch)):
+    for k, name in enumerate(own_memory(graph, extra)):
         file = "nullptr"
         if name in drawn:
             files[f"{where}/{k}.bin"] = _memory(drawn[name])
@@ -324,36 +326,47 @@ def _list(items: list[str], indent: str = "        ") -> str:
 
 
 def twin(name: str, graph: Graph, inst: Instance, options, target: Target, inits=None, partition=None) -> Twin:
-    """The twin of one shape of a graph, called `name` in its project. A graph cuDNN for `target` takes only in
-    parts (`partition`) is refused at the graph."""
-    if partition is not None:
-        raise DslError(
-            Diagnostic(
-                "error",
-                f"emit --format cpp writes a graph cuDNN takes whole; cuDNN for {target.name} splits graph "
-                f"'{graph.name}' into {len(partition.parts)} parts ({partition.declined})",
-                graph.loc,
-            )
-        )
-    body, host, scratch = define_graph(graph, inst, options)
+    """The twin of one shape of a graph, called `name` in its project: the graph whole, or, where cuDNN for
+    `target` takes it only in parts (`partition`, partition.plan_for_target's), its cuDNN parts in order, each a
+    graph of its own, and what one part makes for a later one in memory main allocates once. A part left to
+    torch is refused at its op."""
     ns = namespace(name)
-    memories, files = _memories(graph, inst, options, inits, scratch, f"inputs/{ns}")
-    modes = [f"fe::HeurMode_t::{m}" for m in options.modes()]
+    if partition is None:
+        graphs, made, views = [(0, graph, inst)], [], []
+        about = ""
+    else:
+        graphs, made, views = _parts(graph, inst, partition)
+        why = declined_whole(partition.declined, "it", target.name)
+        lines = [f"In {len(partition.parts)} parts: {why}", *partition.lines(graph)]
+        about = "".join(f"\n// {' '.join(line.split())}" for line in lines)
+    functions, parts, scratches = [], [], []
+    for k, g, i in graphs:
+        body, host, scratch = define_graph(g, i, options)
+        function = f"define_part{k}" if k else "define_graph"
+        functions.append(f"void {function}(fe::graph::Graph& g) {{\n{body}\n}}\n")
+        bound = [f"{{{_cstr(n)}, {uid}}}" for n, uid in bound_uids(g, scratch)]
+        scalars = [f"{{{uid}, {{{_host_bytes(v, dt)}}}}}" for uid, (v, dt) in host.items()]
+        fields = [f".index = {k}", f".define_graph = {function}", f".bound = {_list(bound, ' ' * 16)}"]
+        fields.append(f".host_scalars = {_list(scalars, ' ' * 16)}")
+        parts.append("{\n" + "".join(f"            {f},\n" for f in fields) + "        }")
+        scratches += scratch
+    extra = list(dict.fromkeys(made + scratches))
+    memories, files = _memories(graph, inst, options, inits, extra, f"inputs/{ns}")
+    modes = ", ".join(f"fe::HeurMode_t::{m}" for m in options.modes())
+    pinned = ", ".join(f"fe::HeurMode_t::{m}" for m in options.modes(True))
     engines = [str(int(e)) for e in sorted(set(options.exclude_engines or ()))]
-    bound = [f"{{{_cstr(n)}, {uid}}}" for n, uid in bound_uids(graph, scratch)]
-    scalars = [f"{{{uid}, {{{_host_bytes(v, dt)}}}}}" for uid, (v, dt) in host.items()]
     outputs = [f"{{{_cstr(v.name)}, {_nbytes(inst.type(v.name))}}}" for v in graph.outputs]
-    code = f"""// Graph {_cstr(graph.name)} ({inst.label or "one shape"}) from {_cstr(graph.file)}.
+    views = _views(graph, inst) + [f"{{{_cstr(a)}, {_cstr(b)}, 0}}" for a, b in views]
+    sep = "\n"
+    code = f"""// Graph {_cstr(graph.name)} ({inst.label or "one shape"}) from {_cstr(graph.file)}.{about}
 namespace {ns} {{
 
-void define_graph(fe::graph::Graph& g) {{
-{body}
-}}
-
+{sep.join(functions)}
 const Twin twin{{
     .name = {_cstr(name)},
-    .define_graph = define_graph,
-    .heuristic_modes = {{{", ".join(modes)}}},
+    .parts = {_list(parts)},
+    .heuristic_modes = {{{modes}}},
+    .pinned_modes = {{{pinned}}},
     .excluded_engines = {{{", ".join(engines)}}},
     .constrained = {_cpp(bool(options.constraints))},
     .build_all = {_cpp(options.build_policy == "all")},
@@ -361,15 +374,67 @@ const Twin twin{{
     .deterministic = {_cpp(bool(options.deterministic))},
     .no_runtime_compilation = {_cpp(bool(options.no_runtime_compilation))},
     .memories = {_list(memories)},
-    .views = {_list(_views(graph, inst))},
-    .bound = {_list(bound)},
-    .host_scalars = {_list(scalars)},
+    .views = {_list(views)},
     .outputs = {_list(outputs)},
 }};
 
 }}  // namespace {ns}
 """
     return Twin(name, code, files)
+
+
+def _parts(graph: Graph, inst: Instance, partition) -> tuple[list, list[str], list[tuple[str, str]]]:
+    """A graph in parts as main runs it: (part number, graph, shape) of each cuDNN part; the values a part makes
+    for a later one, in memory of their own; and (value, the value whose memory it is) of each view part, as
+    run.parts places them. Refused, at its op, where C++ cannot do as `run` does: a part left to torch, an output
+    that overwrites an input a later part may read, a view that would be a copy."""
+    from cudnn_dsl.run.buffers import written
+    from cudnn_dsl.run.partition import CUDNN, TORCH, VIEW
+
+    for k, p in enumerate(partition.parts, 1):
+        if p.kind == TORCH:
+            raise DslError(
+                Diagnostic(
+                    "error",
+                    f"emit --format cpp: part {k} of graph '{graph.name}' ({p.ops(graph)}) is a torch fallback, "
+                    "not a cuDNN graph, and C++ has no torch to run it",
+                    graph.nodes[p.first].loc,
+                )
+            )
+    if keep := written(graph):
+        raise DslError(
+            Diagnostic(
+                "error",
+                f"emit --format cpp: graph '{graph.name}' runs in parts and its outputs overwrite "
+                f"{', '.join(sorted(keep))}, which a later part reads as it was: not written yet",
+                graph.loc,
+            )
+        )
+    cudnn = [(k, p.graph, p.graph.instances[0]) for k, p in enumerate(partition.parts, 1) if p.kind == CUDNN]
+    made = [v.name for _, g, _ in cudnn for v in g.outputs if graph.value(v.name).kind != "output"]
+    views = [graph.nodes[p.first] for p in partition.of_kind(VIEW)]
+    held, placed = {v.name for v in graph.outputs}, {}
+    for node in reversed(views):  # an intermediate is made in the output it is viewed as (run.parts._place_views)
+        operand, result = node.inputs[0], node.outputs[0]
+        if result in held and operand not in held and graph.value(operand).kind == "virtual":
+            placed[operand] = result
+            held.add(operand)
+    aliases = []
+    for node in views:
+        operand, result = node.inputs[0], node.outputs[0]
+        if placed.get(operand) == result:
+            continue
+        if result in held:
+            raise DslError(
+                Diagnostic(
+                    "error",
+                    f"emit --format cpp: reshape's result '{result}' has memory of its own, which its operand "
+                    f"'{operand}' cannot be made in: the copy between them is not written yet",
+                    node.loc,
+                )
+            )
+        aliases.append((result, operand))
+    return cudnn, [n for n in dict.fromkeys(made) if n not in placed], [*placed.items(), *aliases]
 
 
 def project(twins: list[Twin], target: Target) -> dict[str, bytes]:

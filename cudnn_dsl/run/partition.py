@@ -43,6 +43,10 @@ class Part:
     why: str = ""
     """for an op left to torch: why cuDNN declined it alone (and, for a reshape, why it is no view)"""
 
+    def ops(self, graph: Graph) -> str:
+        """'conv_fprop (line 14), relu (line 14)': its nodes of `graph`."""
+        return ", ".join(f"{graph.nodes[i].op} (line {graph.nodes[i].loc.line})" for i in range(self.first, self.end))
+
 
 @attrs.frozen
 class Counts:
@@ -117,7 +121,7 @@ class Partition:
         """One line per part: which ops, and where they run."""
         out = []
         for k, p in enumerate(self.parts, 1):
-            ops = ", ".join(f"{graph.nodes[i].op} (line {graph.nodes[i].loc.line})" for i in range(p.first, p.end))
+            ops = p.ops(graph)
             made = [o for o in (p.graph.outputs if p.graph else ()) if graph.value(o.name).kind != "output"]
             keep = f"; materializes {', '.join(v.name for v in made)}" if made else ""
             out.append(f"part {k}: {ops} — {_where(graph, p)}{keep}{_advice(graph, p)}")

@@ -1,13 +1,14 @@
-// The main of C++ twins (`cudnn-dsl emit --format cpp`): builds each graph of graphs.cpp with the cuDNN Frontend and
-// prints its plan's name; on a GPU runs it on the inputs `cudnn-dsl run` draws (read from inputs/) and prints a
-// checksum of each output. Without a GPU it plans for the target, from device.json, as `cudnn-dsl check --target`
-// does.
+// The main of C++ twins (`cudnn-dsl emit --format cpp`): builds each graph of graphs.cpp with the cuDNN Frontend (a
+// graph cuDNN takes only in parts: each part, a graph of its own) and prints its plan's name; on a GPU runs it on the
+// inputs `cudnn-dsl run` draws (read from inputs/), its parts in order, and prints a checksum of each output. Without
+// a GPU it plans for the target, from device.json, as `cudnn-dsl check --target` does.
 //
-//   main [GRAPH...] [--deviceless] [--plan ENGINE[:KNOB=VALUE,...]] [--outputs DIR] [--list]
+//   main [GRAPH...] [--deviceless] [--plan [PART/]ENGINE[:KNOB=VALUE,...]]... [--outputs DIR] [--list]
 //     GRAPH          the graphs to plan (and run), by name; default: every graph of the project
 //     --deviceless   plan for the target even where a GPU is visible
-//     --plan         build this engine with these knobs (the frontend's knob names), as `cudnn-dsl run --plan`
-//                    does; for one graph
+//     --plan         build this engine with these knobs (the frontend's knob names, or kN: the knob's number in the
+//                    library, as plan names spell it), as `cudnn-dsl run --plan` does; for one graph; PART/ pins
+//                    that part of a graph in parts (a --plan for each part to pin)
 //     --outputs DIR  write each output's memory to DIR/GRAPH/OUTPUT.bin (on a GPU)
 //     --list         print the graphs' names
 #include <dlfcn.h>
@@ -19,6 +20,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <memory>
+#include <regex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,7 +36,7 @@ namespace fe = cudnn_frontend;
 namespace {
 
 const char* const USAGE =
-    "usage: main [GRAPH...] [--deviceless] [--plan ENGINE[:KNOB=VALUE,...]] [--outputs DIR] [--list]";
+    "usage: main [GRAPH...] [--deviceless] [--plan [PART/]ENGINE[:KNOB=VALUE,...]]... [--outputs DIR] [--list]";
 
 [[noreturn]] void fail(const std::string& what) {
     std::fprintf(stderr, "main: %s\n", what.c_str());
@@ -72,31 +76,86 @@ std::shared_ptr<const fe::DeviceProperties> target_properties() {
     return properties;
 }
 
-// An engine id and knobs, spelled as `cudnn-dsl run --plan` takes them: 4:KERNEL_CFG=43,SPLIT_K_SLC=1.
+// The name main gives a graph or one of its parts: resnet_block, resnet_block part 2.
+std::string label(const Twin& twin, const Part& part) {
+    return std::string(twin.name) + (part.index ? " part " + std::to_string(part.index) : "");
+}
+
+// (engine, knobs by the library's number) of a plan name as cuDNN prints it, eng4_k24=43_k17=1; false for another.
+bool numbered(const std::string& name, int64_t& engine, std::map<int64_t, int64_t>& knobs) {
+    static const std::regex whole(R"(eng(\d+)((?:_k\d+=-?\d+)*))"), knob(R"(_k(\d+)=(-?\d+))");
+    std::smatch m;
+    if (!std::regex_match(name, m, whole)) return false;
+    engine = std::stoll(m[1]);
+    knobs.clear();
+    std::string rest = m[2];
+    for (std::sregex_iterator it(rest.begin(), rest.end(), knob), end; it != end; ++it)
+        knobs[std::stoll((*it)[1])] = std::stoll((*it)[2]);
+    return true;
+}
+
+// An engine id and knobs, spelled as `cudnn-dsl run --plan` takes them: 4:KERNEL_CFG=43,SPLIT_K_SLC=1 or 4:k24=43;
+// with PART/ before it, for that part of a graph in parts.
 struct Pin {
+    std::string text;
+    int part = 0;
     int64_t engine = -1;
     std::unordered_map<fe::KnobType_t, int64_t> knobs;
+    std::map<int64_t, int64_t> numbers;  // every knob, by the library's number
+    bool unnamed = false;  // a knob the frontend has no name for: the plan is found among the listed ones
 };
 
 Pin parse_pin(const std::string& text) {
-    Pin pin;
-    size_t colon = text.find(':');
+    Pin pin{text};
+    size_t slash = text.find('/'), from = slash == std::string::npos ? 0 : slash + 1;
+    size_t colon = text.find(':', from);
     try {
-        pin.engine = std::stoll(text.substr(0, colon));
+        if (from) pin.part = std::stoi(text.substr(0, slash));
+        if (from && pin.part < 1) throw std::invalid_argument(text);
+        pin.engine = std::stoll(text.substr(from, colon == std::string::npos ? colon : colon - from));
         for (size_t at = colon; at != std::string::npos && at + 1 < text.size();) {
             size_t end = text.find(',', at + 1);
             std::string item = text.substr(at + 1, end == std::string::npos ? end : end - at - 1);
             size_t eq = item.find('=');
+            if (eq == std::string::npos) throw std::invalid_argument(item);
+            std::string name = item.substr(0, eq);
             auto knob = fe::KnobType_t::NOT_SET;  // what the frontend's names give an unknown one
-            fe::graph::from_json(nlohmann::json(item.substr(0, eq)), knob);
-            if (eq == std::string::npos || knob == fe::KnobType_t::NOT_SET) throw std::invalid_argument(item);
-            pin.knobs[knob] = std::stoll(item.substr(eq + 1));
+            int64_t number = -1;
+            if (name.size() > 1 && (name[0] == 'k' || name[0] == 'K') &&
+                name.find_first_not_of("0123456789", 1) == std::string::npos) {
+                number = std::stoll(name.substr(1));
+                knob = fe::convert_from_backend_knob_type(static_cast<cudnnBackendKnobType_t>(number));
+                pin.unnamed = pin.unnamed || knob == fe::KnobType_t::NOT_SET;
+            } else {
+                fe::graph::from_json(nlohmann::json(name), knob);
+                cudnnBackendKnobType_t backend;
+                if (knob == fe::KnobType_t::NOT_SET ||
+                    fe::convert_to_backend_knob_type(knob, backend) != CUDNN_STATUS_SUCCESS)
+                    throw std::invalid_argument(item);
+                number = backend;
+            }
+            int64_t value = std::stoll(item.substr(eq + 1));
+            pin.numbers[number] = value;
+            if (knob != fe::KnobType_t::NOT_SET) pin.knobs[knob] = value;
             at = end;
         }
     } catch (const std::exception&) {
-        fail("--plan " + text + " is not ENGINE[:KNOB=VALUE,...] with the frontend's knob names");
+        fail("--plan " + text + " is not [PART/]ENGINE[:KNOB=VALUE,...] with the frontend's knob names or kN");
     }
     return pin;
+}
+
+// The index of the listed plan a pin names, by the numbers in its name; -1 when none is listed.
+int64_t listed(fe::graph::Graph& g, const Pin& pin, std::string& offered) {
+    for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
+        std::string name;
+        int64_t engine = -1;
+        std::map<int64_t, int64_t> knobs;
+        if (g.get_plan_name_at_index(i, name).is_bad()) continue;
+        offered += " " + name;
+        if (numbered(name, engine, knobs) && engine == pin.engine && knobs == pin.numbers) return i;
+    }
+    return -1;
 }
 
 bool excluded(const Twin& twin, fe::graph::Graph& g, int64_t index) {
@@ -115,7 +174,7 @@ bool deviceless_ok(bool deviceless, fe::error_t status) {
 }
 
 // The first plan the constraints leave that builds, as `run` walks them.
-int64_t build_first(const Twin& twin, fe::graph::Graph& g, bool deviceless) {
+int64_t build_first(const Twin& twin, fe::graph::Graph& g, bool deviceless, const std::string& name) {
     std::string failures;
     for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
         if (excluded(twin, g, i)) continue;
@@ -123,31 +182,39 @@ int64_t build_first(const Twin& twin, fe::graph::Graph& g, bool deviceless) {
         if (status.is_good() || deviceless_ok(deviceless, status)) return i;
         failures += " [" + std::to_string(i) + "] " + status.get_message();
     }
-    fail(std::string(twin.name) + ": no plan built:" + failures);
+    fail(name + ": no plan built:" + failures);
 }
 
 // The plan index built (-1: the frontend's own choice), as `run` plans: the heuristics' plans under the
-// constraints, or the pinned engine and knobs.
-int64_t plan(const Twin& twin, fe::graph::Graph& g, cudnnHandle_t handle, bool deviceless, const Pin* pin) {
-    std::string name = twin.name;
+// constraints, or the pinned engine and knobs (found among the listed plans where the frontend cannot make it).
+int64_t plan(const Twin& twin, const Part& part, fe::graph::Graph& g, cudnnHandle_t handle, bool deviceless,
+             const Pin* pin) {
+    std::string name = label(twin, part);
     check(g.validate(), name + ": validate");
     check(deviceless ? g.build_operation_graph() : g.build_operation_graph(handle), name + ": build_operation_graph");
-    if (pin) {
-        check(g.create_execution_plan(pin->engine, pin->knobs), name + ": create_execution_plan");
-    } else {
-        check(g.create_execution_plans(twin.heuristic_modes), name + ": create_execution_plans");
+    bool among_listed = !pin || pin->unnamed;
+    if (among_listed) {
+        auto modes = pin ? twin.pinned_modes : twin.heuristic_modes;
+        check(g.create_execution_plans(modes), name + ": create_execution_plans");
         if (twin.deterministic) g.deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
         if (twin.no_runtime_compilation) g.deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+    } else {
+        check(g.create_execution_plan(pin->engine, pin->knobs), name + ": create_execution_plan");
+    }
+    int64_t pinned = g.get_execution_plan_count() - 1;
+    if (pin && pin->unnamed) {
+        std::string offered;
+        pinned = listed(g, *pin, offered);
+        if (pinned < 0) fail(name + ": cuDNN does not offer plan " + pin->text + "; it offers" + offered);
     }
     if (twin.workspace_limit >= 0) g.deselect_workspace_greater_than(twin.workspace_limit);
     check(g.check_support(), name + ": check_support");
     if (pin) {
-        int64_t index = g.get_execution_plan_count() - 1;
-        fe::error_t status = g.build_plan_at_index(index);
+        fe::error_t status = g.build_plan_at_index(pinned);
         if (status.is_bad() && !deviceless_ok(deviceless, status)) check(status, name + ": the pinned plan");
-        return index;
+        return pinned;
     }
-    if (deviceless || twin.constrained) return build_first(twin, g, deviceless);
+    if (deviceless || twin.constrained) return build_first(twin, g, deviceless, name);
     auto policy = twin.build_all ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE;
     check(g.build_plans(policy), name + ": build_plans");
     return -1;
@@ -160,7 +227,9 @@ uint64_t fnv1a(const std::vector<uint8_t>& bytes) {
     return h;
 }
 
-void run(const Twin& twin, fe::graph::Graph& g, cudnnHandle_t handle, const char* outputs_dir) {
+// Runs the parts in order on memory allocated once: what a part makes for a later one is bound in both packs.
+void run(const Twin& twin, std::vector<std::unique_ptr<fe::graph::Graph>>& graphs, cudnnHandle_t handle,
+         const char* outputs_dir) {
     std::unordered_map<std::string, uint8_t*> memory;
     std::vector<void*> allocations;
     for (const auto& m : twin.memories) {
@@ -175,15 +244,19 @@ void run(const Twin& twin, fe::graph::Graph& g, cudnnHandle_t handle, const char
         memory[m.name] = static_cast<uint8_t*>(p);
     }
     for (const auto& v : twin.views) memory[v.name] = memory.at(v.of) + v.offset;
-    std::unordered_map<int64_t, void*> pack;
-    for (const auto& b : twin.bound) pack[b.uid] = memory.at(b.name);
-    for (const auto& s : twin.host_scalars) pack[s.uid] = const_cast<uint8_t*>(s.bytes.data());
-    int64_t size = 0;
-    check(g.get_workspace_size(size), "get_workspace_size");
-    void* workspace = nullptr;
-    check_cuda(cudaMalloc(&workspace, size > 0 ? size : 1), "cudaMalloc");
-    allocations.push_back(workspace);
-    check(g.execute(handle, pack, workspace), std::string(twin.name) + ": execute");
+    for (size_t k = 0; k < twin.parts.size(); ++k) {
+        const Part& part = twin.parts[k];
+        fe::graph::Graph& g = *graphs[k];
+        std::unordered_map<int64_t, void*> pack;
+        for (const auto& b : part.bound) pack[b.uid] = memory.at(b.name);
+        for (const auto& s : part.host_scalars) pack[s.uid] = const_cast<uint8_t*>(s.bytes.data());
+        int64_t size = 0;
+        check(g.get_workspace_size(size), label(twin, part) + ": get_workspace_size");
+        void* workspace = nullptr;
+        check_cuda(cudaMalloc(&workspace, size > 0 ? size : 1), "cudaMalloc");
+        allocations.push_back(workspace);
+        check(g.execute(handle, pack, workspace), label(twin, part) + ": execute");
+    }
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     for (const auto& o : twin.outputs) {
         std::vector<uint8_t> host(o.nbytes);
@@ -197,6 +270,22 @@ void run(const Twin& twin, fe::graph::Graph& g, cudnnHandle_t handle, const char
         if (!f) fail("cannot write " + (dir / o.name).string() + ".bin");
     }
     for (void* p : allocations) cudaFree(p);
+}
+
+// The pin of each part (nullptr: none), checked against the graph's parts.
+std::vector<const Pin*> pins_of(const Twin& twin, const std::vector<Pin>& pins) {
+    std::vector<const Pin*> of(twin.parts.size(), nullptr);
+    for (const Pin& pin : pins) {
+        size_t k = 0;
+        while (k < twin.parts.size() && twin.parts[k].index != pin.part) ++k;
+        if (k == twin.parts.size())
+            fail("--plan " + pin.text + ": graph " + twin.name +
+                 (pin.part ? " has no cuDNN part " + std::to_string(pin.part)
+                           : " runs in parts: give the part, PART/ENGINE..."));
+        if (of[k]) fail("--plan " + pin.text + ": " + label(twin, twin.parts[k]) + " is pinned already");
+        of[k] = &pin;
+    }
+    return of;
 }
 
 const Twin& named(const std::string& name) {
@@ -213,7 +302,7 @@ const Twin& named(const std::string& name) {
 int main(int argc, char** argv) {
     bool deviceless = false;
     const char* outputs_dir = nullptr;
-    const char* pin_text = nullptr;
+    std::vector<Pin> pins;
     std::vector<const Twin*> chosen;
     for (int i = 1; i < argc; ++i) {
         std::string arg = argv[i];
@@ -222,7 +311,7 @@ int main(int argc, char** argv) {
         } else if (arg == "--outputs" && i + 1 < argc) {
             outputs_dir = argv[++i];
         } else if (arg == "--plan" && i + 1 < argc) {
-            pin_text = argv[++i];
+            pins.push_back(parse_pin(argv[++i]));
         } else if (arg == "--list") {
             for (const Twin* t : TWINS) std::printf("%s\n", t->name);
             return 0;
@@ -233,24 +322,28 @@ int main(int argc, char** argv) {
         }
     }
     if (chosen.empty()) chosen = TWINS;
-    if (pin_text && chosen.size() != 1) fail("--plan is for one graph: name it");
-    Pin pin = pin_text ? parse_pin(pin_text) : Pin{};
+    if (!pins.empty() && chosen.size() != 1) fail("--plan is for one graph: name it");
     load_driver();
     deviceless = deviceless || !gpu_visible();
     cudnnHandle_t handle = nullptr;
     if (!deviceless && cudnnCreate(&handle) != CUDNN_STATUS_SUCCESS) fail("cudnnCreate failed");
     auto properties = deviceless ? target_properties() : nullptr;
     for (const Twin* twin : chosen) {
-        fe::graph::Graph g;
-        // Before the ops: each op takes the graph's SM version when it is added (attention asks the device else).
-        if (deviceless) g.set_device_properties(properties).set_sm_version(TARGET_SM_VERSION);
-        twin->define_graph(g);
-        int64_t index = plan(*twin, g, handle, deviceless, pin_text ? &pin : nullptr);
-        std::string name;
-        check(index < 0 ? g.get_plan_name(name) : g.get_plan_name_at_index(index, name), "get_plan_name");
-        std::printf("graph %s: plan %s%s%s\n", twin->name, name.c_str(), deviceless ? " for " : "",
-                    deviceless ? TARGET_NAME : "");
-        if (!deviceless) run(*twin, g, handle, outputs_dir);
+        auto pinned = pins_of(*twin, pins);
+        std::vector<std::unique_ptr<fe::graph::Graph>> graphs;
+        for (size_t k = 0; k < twin->parts.size(); ++k) {
+            const Part& part = twin->parts[k];
+            fe::graph::Graph& g = *graphs.emplace_back(std::make_unique<fe::graph::Graph>());
+            // Before the ops: each op takes the graph's SM version when it is added (attention asks the device else).
+            if (deviceless) g.set_device_properties(properties).set_sm_version(TARGET_SM_VERSION);
+            part.define_graph(g);
+            int64_t index = plan(*twin, part, g, handle, deviceless, pinned[k]);
+            std::string name;
+            check(index < 0 ? g.get_plan_name(name) : g.get_plan_name_at_index(index, name), "get_plan_name");
+            std::printf("graph %s: plan %s%s%s\n", label(*twin, part).c_str(), name.c_str(),
+                        deviceless ? " for " : "", deviceless ? TARGET_NAME : "");
+        }
+        if (!deviceless) run(*twin, graphs, handle, outputs_dir);
     }
     return 0;
 }

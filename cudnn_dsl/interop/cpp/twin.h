@@ -1,5 +1,5 @@
-// What a graph's C++ twin is to main (`cudnn-dsl emit --format cpp`): graphs.cpp defines one Twin per graph, and
-// main.cpp plans and runs them.
+// What a graph's C++ twin is to main (`cudnn-dsl emit --format cpp`): graphs.cpp defines one Twin per graph (its
+// parts: one for a graph cuDNN takes whole), and main.cpp plans and runs them.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,8 @@ struct Memory {
     const char* file;
 };
 
-// A tensor in another's memory: a view at a byte offset, or an output written over the value it replaces.
+// A tensor in another's memory: a view at a byte offset, an output written over the value it replaces, or a
+// reshape between parts (its result its operand's memory, or its operand made in the output it is viewed as).
 struct View {
     const char* name;
     const char* of;
@@ -41,21 +42,28 @@ struct Output {
     size_t nbytes;
 };
 
+// One cuDNN graph main builds, plans and launches: a graph whole, or one part of a graph cuDNN takes only in parts.
+struct Part {
+    int index;  // the part's number in the graph's partition, as `cudnn-dsl check` counts them; 0: the graph whole
+    void (*define_graph)(cudnn_frontend::graph::Graph& g);
+    std::vector<Bound> bound;  // its variant pack
+    std::vector<HostScalar> host_scalars;
+};
+
 struct Twin {
     const char* name;
-    void (*define_graph)(cudnn_frontend::graph::Graph& g);
+    std::vector<Part> parts;  // launched in order, on the memory below
     // The plan constraints, as the graph's options give them.
     std::vector<cudnn_frontend::HeurMode_t> heuristic_modes;
+    std::vector<cudnn_frontend::HeurMode_t> pinned_modes;  // what a pinned plan is looked for among
     std::vector<int64_t> excluded_engines;
     bool constrained;  // a walk over the plans the constraints leave, as run's
     bool build_all;    // build policy ALL, else HEURISTICS_CHOICE
     int64_t workspace_limit;  // bytes; -1: none
     bool deterministic;
     bool no_runtime_compilation;
-    std::vector<Memory> memories;
+    std::vector<Memory> memories;  // the graph's, and what a part makes for a later one
     std::vector<View> views;
-    std::vector<Bound> bound;
-    std::vector<HostScalar> host_scalars;
     std::vector<Output> outputs;
 };
 
