@@ -22,6 +22,7 @@ from dsl.types import (
     DTYPES,
     INT64_MAX,
     LAYOUTS,
+    LEFT_TO_OFFSETS,
     canonical_dtype,
     check_value,
     layout_order,
@@ -264,6 +265,11 @@ class _GraphChecker:
         ok = True
         for k, v in enumerate(s.values):
             loc = s.value_locs[k] if s.value_locs else s.loc
+            if v == LEFT_TO_OFFSETS:
+                if k:
+                    self.err(f"`_` leaves the batch stride (axis 0) to ragged offsets; axis {k} needs its stride", loc)
+                    ok = False
+                continue
             for f in (v,) if isinstance(v, int) else v:
                 if isinstance(f, int) and f > INT64_MAX:
                     self.err("stride out of range", loc)

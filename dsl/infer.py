@@ -23,6 +23,7 @@ from dsl.types import (
     is_float,
     itemsize,
     layout_order,
+    left_to_offsets,
     overlap,
     shares_elements,
     storage_elements,
@@ -72,8 +73,9 @@ class Typer:
                 strides = stride_values(d.strides, self.binding)
                 if self.stride_too_big(strides, d.loc):
                     continue
-                if (ov := overlap(shape, strides)) is not None:
-                    a, b = ov
+                left = int(left_to_offsets(d.strides))  # the offsets place each batch: it aliases no other
+                if (ov := overlap(shape[left:], strides[left:])) is not None:
+                    a, b = (axis + left for axis in ov)
                     what = f"axis {a} (size {shape[a]}) has stride 0" if a == b else f"axes {a} and {b} overlap"
                     if d.view is None:
                         self.sink.error(f"strides {list(strides)} alias elements of {fmt_shape(shape)}: {what}", d.loc)
@@ -91,6 +93,11 @@ class Typer:
             self.poisoned.discard(name)
         for node in self.r.nodes:
             self.node_attrs.append(self.node(node))
+        for name, d in self.r.decls.items():
+            if left_to_offsets(d.strides) and name in self.types and not self.reads.get(name):
+                self.sink.error(
+                    f"'{name}' leaves its batch stride to ragged offsets (`_`), but no op reads it to place it", d.loc
+                )
         return Typed({**self.types, **self.scalars}, tuple(self.node_attrs))
 
     def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
@@ -174,6 +181,16 @@ class Typer:
             self.poisoned.update(n.outputs)
             return ()
         sig = OPS[n.op]
+        placed, ports = sig.placed(n.inputs), sig.inputs + sig.optional
+        for k, i in enumerate(n.inputs):
+            if i in self.r.decls and left_to_offsets(self.r.decls[i].strides) and k not in placed:
+                port = ports[min(k, len(ports) - 1)]
+                self.sink.error(
+                    f"{n.op}: '{i}' leaves its batch stride to ragged offsets (`_`), but none place it as {port}",
+                    n.arg_locs[k],
+                )
+                self.poisoned.update(n.outputs)
+                return ()
         tensor_rank = next((len(self.types[i].shape) for i in n.inputs if i in self.types), None)
         ins = []
         for k, i in enumerate(n.inputs):
@@ -275,9 +292,17 @@ class Typer:
                     return
                 if self.stride_too_big(strides, o.loc):
                     return
-                if overlap(out.shape, strides) is not None:
+                left = int(left_to_offsets(o.strides))
+                if overlap(out.shape[left:], strides[left:]) is not None:
                     self.sink.error(
                         f"strides {list(strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc
+                    )
+                    return
+                if left and -1 - n.outputs.index(name) not in OPS[n.op].placed(n.inputs):
+                    self.sink.error(
+                        f"output '{name}' leaves its batch stride to ragged offsets (`_`), but {n.op} is given none "
+                        "that place it",
+                        o.loc,
                     )
                     return
             t = TensorType(dtype, out.shape, strides)

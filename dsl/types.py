@@ -138,11 +138,26 @@ def merged_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | Non
     return real[-1][1] if real else 1
 
 
+LEFT_TO_OFFSETS = ("_",)
+"""a batch stride left to ragged offsets (`strides [_, ...]`), as declared: each sequence of the tensor starts at
+its offset in the memory of one batch slice (the token capacity), so the type's batch stride is 0"""
+
+
+def left_to_offsets(strides: tuple | None) -> bool:
+    """Whether declared strides leave the batch stride to ragged offsets (`_`)."""
+    return bool(strides) and strides[0] == LEFT_TO_OFFSETS
+
+
 def stride_values(strides: tuple, binding: dict[str, int]) -> tuple[int, ...]:
     """Declared strides for one binding of the symbolic dims: each a number, or a product of dims and numbers
-    (`H*W*C`, held as its factors)."""
+    (`H*W*C`, held as its factors); a batch stride left to ragged offsets is 0."""
     return tuple(
-        s if isinstance(s, int) else math.prod(binding[f] if isinstance(f, str) else f for f in s) for s in strides
+        s
+        if isinstance(s, int)
+        else 0
+        if s == LEFT_TO_OFFSETS
+        else math.prod(binding[f] if isinstance(f, str) else f for f in s)
+        for s in strides
     )
 
 

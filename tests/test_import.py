@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from cli_util import run_cli
 
+from cudnn_dsl.build.lower import cudnn_dims, left_to_offsets
 from cudnn_dsl.interop.fe_import import to_cdg, verify
 from cudnn_dsl.interop.fe_nodes import IMPORTED, NOT_CARRIED, NOT_IMPORTED
 from dsl.ops import OPS
@@ -45,7 +46,7 @@ def test_every_registry_op_is_imported_or_says_why_not():
 def test_examples_use_what_the_json_cannot_carry():
     """The every-example round trip below covers the drops NOT_CARRIED lists: some example has each."""
     used = {what for path in EXAMPLES for g in program(path).graphs for what, names in _not_carried(g).items() if names}
-    assert used == {"buffer", "in-place output", "range dim", "init"}
+    assert used == {"buffer", "in-place output", "range dim", "init", "batch stride left to offsets"}
 
 
 #: attributes and optional inputs no CASES graph spells, and why
@@ -120,11 +121,13 @@ def _listing(graph, inst) -> list:
     def ref(name):
         return None if name is None else index[name]
 
-    flat = _flat_offsets(graph, inst)
+    flat, left = _flat_offsets(graph, inst), left_to_offsets(graph, inst)
 
     def desc(v):
         t = inst.type(v.name)
         shape, strides = ((t.shape[0], 1, 1, 1), (1, 1, 1, 1)) if v.name in flat else (t.shape, t.strides)
+        if v.name in left:  # the JSON holds the batch stride cuDNN gets, which the offsets replace
+            strides = tuple(cudnn_dims(t, True)[1])
         return (
             SAME_KIND.get(v.kind, v.kind),
             v.uid,
@@ -173,6 +176,7 @@ def _not_carried(graph) -> dict:
         "in-place output": [v.name for v in graph.in_place],
         "range dim": [s.name for s in graph.symbols],
         "init": [v.name for v in graph.values if v.init is not None],
+        "batch stride left to offsets": sorted(left_to_offsets(graph, graph.instances[0])),
     }
 
 

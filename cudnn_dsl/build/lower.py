@@ -18,7 +18,7 @@ from cudnn_dsl.target.library import Target, device_properties, load_cudnn
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance, Node
 from dsl.ops import OPS
-from dsl.types import TensorType
+from dsl.types import TensorType, storage_elements
 
 
 class NotLowered(Exception):
@@ -146,10 +146,11 @@ def lower(
             next_uid[0] += 1
         return by_value(f"const_uid{uid}", uid, value, "float", [1] * rank)
 
+    left = left_to_offsets(graph, instance)
     for v in graph.values:
         if v.kind == "input":
             t = instance.type(v.name)
-            dims, strides = cudnn_dims(t)
+            dims, strides = cudnn_dims(t, v.name in left)
             tensors[v.name] = g.tensor(
                 name=v.name, dim=dims, stride=strides, data_type=cudnn_type(cudnn, t.dtype), uid=v.uid
             )
@@ -166,7 +167,7 @@ def lower(
             why = f"{node.op}: {e}" if isinstance(e, NotLowered) else f"cuDNN rejected {node.op}: {clean(e)}"
             raise DslError(Diagnostic("error", why, node.loc)) from None
         for name, t in zip(node.outputs, outs):
-            _stamp(cudnn, t, graph.value(name), instance.type(name))
+            _stamp(cudnn, t, graph.value(name), instance.type(name), name in left)
             tensors[name] = t
         impl, declared, stats = IMPLS[node.op], OPS[node.op].statistics, node.outputs[1:]
         asked = any(graph.value(n).kind == "output" for n in stats)
@@ -190,19 +191,36 @@ def lead_dims(rank: int) -> int:
     return max(MIN_RANK - rank, 0)
 
 
-def cudnn_dims(ty: TensorType) -> tuple[list[int], list[int]]:
+def left_to_offsets(graph: Graph, instance: Instance) -> set[str]:
+    """The tensors whose batch stride ragged offsets replace, declared `_` (0 in their type): those a node's
+    offsets place, with batch stride 0."""
+    out = set()
+    for n in graph.nodes:
+        for port in OPS[n.op].placed(n.inputs):
+            name = n.inputs[port] if port >= 0 else n.outputs[-1 - port]
+            if instance.type(name).strides[0] == 0:
+                out.add(name)
+    return out
+
+
+def cudnn_dims(ty: TensorType, left: bool = False) -> tuple[list[int], list[int]]:
     """A tensor's dims and strides as cuDNN gets them: unit dims in front up to MIN_RANK (their stride,
-    the tensor's extent, makes the layout the same memory)."""
+    the tensor's extent, makes the layout the same memory). A batch stride left to ragged offsets (`left`)
+    is one batch slice's extent, S*H*D for [B, H, S, D]: cuDNN reads offset[b] in its place, and this is
+    what TransformerEngine's THD graphs and the frontend's ragged tests give it."""
     lead = lead_dims(len(ty.shape))
-    extent = 1 + sum((d - 1) * s for d, s in zip(ty.shape, ty.strides))
-    return [1] * lead + list(ty.shape), [extent] * lead + list(ty.strides)
+    strides = list(ty.strides)
+    if left:
+        strides[0] = storage_elements(ty.shape[1:], ty.strides[1:])
+    extent = 1 + sum((d - 1) * s for d, s in zip(ty.shape, strides))
+    return [1] * lead + list(ty.shape), [extent] * lead + strides
 
 
 def override_args(graph: Graph, instance: Instance) -> dict[str, list]:
     """execute()'s shape overrides that run a graph lowered in override-shape mode at this instance: the
     dims and strides cuDNN sees (as `cudnn_dims` gives them) of every input and output tensor."""
-    tensors = graph.of_kind("input", "output")
-    dims = [cudnn_dims(instance.type(v.name)) for v in tensors]
+    tensors, left = graph.of_kind("input", "output"), left_to_offsets(graph, instance)
+    dims = [cudnn_dims(instance.type(v.name), v.name in left) for v in tensors]
     return {
         "override_uids": [v.uid for v in tensors],
         "override_shapes": [d for d, _ in dims],
@@ -210,11 +228,11 @@ def override_args(graph: Graph, instance: Instance) -> dict[str, list]:
     }
 
 
-def _stamp(cudnn, t, value, ty: TensorType) -> None:
+def _stamp(cudnn, t, value, ty: TensorType, left: bool) -> None:
     t.set_name(value.name)
     t.set_uid(value.uid)
     t.set_data_type(cudnn_type(cudnn, ty.dtype))
-    dims, strides = cudnn_dims(ty)
+    dims, strides = cudnn_dims(ty, left)
     t.set_dim(dims)
     t.set_stride(strides)
     if value.kind == "output":

@@ -211,6 +211,7 @@ def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
     """`make_buffers`: every input drawn as `run` draws it (portable.draw_values: same seed, same values),
     outputs and `extra` (a split graph's intermediates) empty, a bool tensor as cuDNN's packed bytes."""
     from cudnn_dsl.run.inputs import input_inits, packed_ragged, view_inits
+    from cudnn_dsl.target.memory import owned
 
     own = own_memory(graph, extra)
 
@@ -226,7 +227,8 @@ def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
         values = f"draw_values({_lit(init.dist)}, {_lit(init.args)}, {shape}, {torch_dtype_name(t.dtype)}, seed, {_lit(name)}{clamp})"
         if t.dtype == "bool":
             values = f"pack_bool({values}, {shape}, {_lit(list(t.strides))}, {_lit(t.storage)})"
-        return f"\n    buffers[{_lit(name)}].copy_({values})"
+        cut = "[:1]" if owned(t) else ""  # a batch stride left to ragged offsets: batch 0 is the memory
+        return f"\n    buffers[{_lit(name)}]{cut}.copy_({values}{cut})"
 
     allocs = "\n".join(f"        {_lit(n)}: {alloc(inst.type(n))}," for n in own)
     fills = "".join(fill(n, init) for n, init in input_inits(graph, inst, inits).items())

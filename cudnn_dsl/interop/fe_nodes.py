@@ -578,6 +578,9 @@ NOT_CARRIED = {
     "in-place output": "`output y in x`: the JSON has no aliasing; y imports as an output of its own",
     "range dim": "`dim T in LO..HI step S`: the JSON holds one shape; the graph imports at that shape",
     "init": "an input's distribution (`init=`) is the runtime's, not the cuDNN graph's",
+    "batch stride left to offsets": "`strides [_, ...]` (a ragged tensor in a token capacity of S rows): the "
+    "JSON has the batch stride cuDNN gets, S*H*D, not the memory the tensor lives in; it imports with that "
+    "stride, in memory of B * S rows, which holds any offsets that fit the capacity",
     "option": "`option` lines (plan choice, tuning) are planning settings, not the graph's",
     "rank below 3": "rank 1 and 2 tensors reach cuDNN with unit dims in front (build.lower.MIN_RANK): they import "
     "as rank 3, their axes attributes counted in that rank",

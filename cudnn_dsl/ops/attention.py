@@ -70,13 +70,15 @@ def _ragged_index(t: torch.Tensor, offsets: torch.Tensor, strides) -> torch.Tens
     return index
 
 
-def _unpack(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def _unpack(x: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The padded [B, H, S, D] that cuDNN reads from a packed (BSHD) buffer holding x's logical
-    values: sequence b's rows from offsets[b]. Rows past the buffer (those of a sequence past its
-    length, which the masks drop) read its last element."""
+    values: sequence b's rows below lengths[b] from offsets[b], zeros past them (the masks drop those
+    rows; what the buffer holds there, another sequence or anything, NaN too, reaches no result). With a
+    batch stride left to the offsets every batch of x is the memory, so the first batch's is read."""
     flat = x.transpose(1, 2).reshape(-1)
     strides = dense_strides(tuple(x.shape), BSHD)
-    return flat.take(_ragged_index(x, offsets, strides).clamp(0, flat.numel() - 1))
+    values = flat.take(_ragged_index(x, offsets, strides).clamp(0, flat.numel() - 1))
+    return values.masked_fill(_positions(x, 2) >= lengths.view(-1, 1, 1, 1), 0)
 
 
 def _pack(values: torch.Tensor, out, offsets: torch.Tensor, lengths: torch.Tensor):
@@ -133,7 +135,8 @@ def ref_sdpa(ins, a, outs):
     drawn = ins[19:]  # seeded dropout: the mask cuDNN drew (OpImpl.drawn)
     if drawn:
         drop_mask, drop_scale = drawn[0], 1.0 / (1.0 - a["dropout_probability"])
-    q, k, v = (x if r is None else _unpack(x, r) for x, r in ((q, ragged_q), (k, ragged_k), (v, ragged_v)))
+    placed = ((q, ragged_q, len_q), (k, ragged_k, len_kv), (v, ragged_v, len_kv))
+    q, k, v = (x if r is None else _unpack(x, r, n) for x, r, n in placed)
     h = q.shape[1]
     causal = a["right_bound"] == 0 and a["left_bound"] is None and a["diagonal_alignment"] == "top_left"
     plain = not a["stats"] and not a["alibi"] and all(t is None for t in (len_q, drop_mask, table_k, sink, ins[18]))

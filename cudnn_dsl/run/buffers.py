@@ -8,7 +8,7 @@ import math
 from cudnn_dsl.target import bits
 from cudnn_dsl.target.dtypes import from_torch, torch_dtype
 from cudnn_dsl.target.lazy_torch import torch
-from cudnn_dsl.target.memory import empty, stored
+from cudnn_dsl.target.memory import empty, owned, stored
 from dsl.diagnostics import Loc, RuleError
 from dsl.ir import Graph, Instance
 from dsl.types import ALIGNMENT, TensorType, check_value, fmt_shape, itemsize
@@ -125,8 +125,8 @@ def _bool_bytes(t: torch.Tensor, want: TensorType) -> torch.Tensor:
 
 def relayout(t: torch.Tensor, want: TensorType, device) -> torch.Tensor:
     """A tensor of the right shape and dtype copied to the device in the graph's layout (packed, for bool)."""
-    buf = empty(want, device)
-    buf.copy_(stored(t.to(device), want))
+    buf, index = empty(want, device), owned(want)
+    buf[index].copy_(stored(t.to(device), want)[index])
     return buf
 
 

@@ -29,6 +29,9 @@ class Bounded:
     """the op's port, as the message names it: 'seq_len_kv of sdpa'"""
     blocks: bool
     """a list of a cache's blocks (OpSig.block_tables)"""
+    share: int = 1
+    """how many sequences share the hi rows: a batch's lengths of a tensor whose batch stride the ragged offsets
+    replace (`_`), whose memory holds hi rows for all of them (generated lengths take their share)"""
 
 
 def bounded_inputs(graph: Graph, instance: Instance) -> dict[str, Bounded]:
@@ -40,9 +43,16 @@ def bounded_inputs(graph: Graph, instance: Instance) -> dict[str, Bounded]:
             continue
         types = tuple(instance.type(i) if i else None for i in n.inputs)
         ports = sig.inputs + sig.optional
+        shared = {  # the lengths of tensors left to their offsets: B sequences in one batch slice
+            lengths: t.shape[0]
+            for off, port, lengths in sig.ragged
+            if off < len(n.inputs) and n.inputs[off]
+            for t in [instance.type(n.inputs[port] if port >= 0 else n.outputs[-1 - port])]
+            if t.strides[0] == 0
+        }
         for i, (lo, hi) in sig.domains(Ctx(n.op, types, instance.attrs(index))).items():
             if n.inputs[i]:
-                out[n.inputs[i]] = Bounded(lo, hi, f"{ports[i]} of {n.op}", i in sig.block_tables)
+                out[n.inputs[i]] = Bounded(lo, hi, f"{ports[i]} of {n.op}", i in sig.block_tables, shared.get(i, 1))
     return out
 
 
@@ -153,8 +163,9 @@ def _check_offsets(graph: Graph, name: str, offsets: torch.Tensor, lengths: torc
                     loc,
                 )
         if flat[-1] > t.storage:
+            capacity = f", its token capacity of {t.shape[2]} rows" if t.strides[0] == 0 else ""
             raise BindingError(
                 f"'{name}' ({r.what}): {_at(offsets, len(flat) - 1)} is {flat[-1]}, past the end of "
-                f"'{placed}' ({t.storage} elements)",
+                f"'{placed}' ({t.storage} elements{capacity})",
                 loc,
             )

@@ -12,7 +12,7 @@ from cudnn_dsl.run.indices import Bounded, bounded_inputs, ragged_offsets
 from cudnn_dsl.target import portable
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.lazy_torch import torch
-from cudnn_dsl.target.memory import empty, stored
+from cudnn_dsl.target.memory import empty, owned, stored
 from dsl.inits import Init, make
 from dsl.inits import default as default_init
 from dsl.ir import Graph, Instance
@@ -57,8 +57,8 @@ def view_inits(graph: Graph, instance: Instance, inits: dict[str, Init] | None =
 
 def _within(b: Bounded) -> Init:
     """What an index input is drawn from by default: its op's values (a page table: the cache's blocks, each
-    once while there are enough)."""
-    return make("permutation" if b.blocks else "randint", (b.lo, b.hi))
+    once while there are enough; lengths whose sequences share a token capacity, their share of it)."""
+    return make("permutation" if b.blocks else "randint", (b.lo, max(b.lo, b.hi // b.share)))
 
 
 def draw_input(init: Init, t: TensorType, seed: int, name: str) -> torch.Tensor:
@@ -104,8 +104,8 @@ def generate_inputs(
     out = {}
     for name, init in input_inits(graph, instance, inits).items():
         t = instance.type(name)
-        buf = empty(t, device)
-        buf.copy_(stored(draw_input(init, t, seed, name), t))
+        buf, index = empty(t, device), owned(t)
+        buf[index].copy_(stored(draw_input(init, t, seed, name), t)[index])
         out[name] = buf
     given = given or {}
     out.update(given)

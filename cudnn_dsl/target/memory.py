@@ -24,6 +24,12 @@ def allocator(t: TensorType, device) -> Callable[[], torch.Tensor]:
     return functools.partial(torch.empty_strided, t.shape, t.strides, dtype=torch_dtype(t.dtype), device=device)
 
 
+def owned(t: TensorType) -> tuple[slice, ...]:
+    """The index of t's elements that have memory of their own: with a batch stride left to ragged offsets (0)
+    every batch is batch 0's memory, which a copy writes once (torch refuses to write one element twice)."""
+    return (slice(0, 1),) if t.shape and t.shape[0] > 1 and t.strides[0] == 0 else ()
+
+
 def as_type(memory: torch.Tensor, t: TensorType) -> torch.Tensor:
     """A buffer's memory read as t, which must lie in it element for element (a reshape of a packed tensor):
     t's shape and strides from the buffer's first element; a bool tensor's packed bytes, as they are."""

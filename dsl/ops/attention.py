@@ -293,12 +293,18 @@ def _sdpa_ragged(ctx: Ctx) -> None:
         if i < 13:
             x = ctx.inputs[i - 10]
             want = dense_strides(x.shape, BSHD)
-            if any(d > 1 and s != w for d, s, w in zip(x.shape, x.strides, want)):
+            left = x.strides[0] == 0  # the batch stride left to the offsets (`_`): the memory is one batch slice
+            if any(d > 1 and s != w for d, s, w in list(zip(x.shape, x.strides, want))[left:]):
                 raise RuleError(
                     f"{ctx.op}: {name} packs {'qkv'[i - 10]} as BSHD (THD): its strides must be "
-                    f"{list(want)}, got {list(x.strides)}",
+                    f"{_bshd(want, left)}, got {_bshd(x.strides, left)}",
                     i,
                 )
+
+
+def _bshd(strides, left: bool) -> str:
+    """Strides as declared: `_` for a batch stride left to the offsets."""
+    return "[" + ", ".join(["_" if left else str(strides[0]), *map(str, strides[1:])]) + "]"
 
 
 def _sdpa_qkv(ctx: Ctx) -> tuple[TensorType, TensorType, TensorType]:

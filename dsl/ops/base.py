@@ -122,6 +122,10 @@ class OpSig:
         more = (self.inputs[-1], "...") if self.variadic else ()
         return ", ".join(self.inputs + more + tuple(f"[{p}]" for p in self.optional))
 
+    def placed(self, inputs) -> set[int]:
+        """The ports whose tensor one of the given ragged offsets places (an input index, or -1 - k for output k)."""
+        return {port for off, port, _ in self.ragged if off < len(inputs) and inputs[off]}
+
     def count_results(self, attrs_: dict) -> int:
         if self.results is not None:
             return self.results(attrs_)

@@ -397,3 +397,45 @@ def test_a_block_index_past_the_cache_is_refused_before_any_launch():
             call(**bad)
     outs = op(**tensors)  # the first call of a good kind: checked, then launched
     assert outs[0].shape == (2, 8, 256, 128)
+
+
+def test_token_buffers_with_the_batch_stride_left_to_the_offsets():
+    # examples/sdpa_ragged_thd.cdg: q, k, v, o and the stats in [T, H, D] token buffers of T = S = 1536 rows
+    # (TransformerEngine's THD tensors), each bound as the [B, H, S, D] view with batch stride 0. Every
+    # output matches the reference, and cuDNN writes nothing past a buffer's capacity: O's and the stats'
+    # memory sits in a larger allocation whose tail must come back untouched.
+    import torch
+
+    import cudnn_dsl
+
+    cg = cudnn_dsl.compile(str(Path(__file__).resolve().parents[2] / "examples" / "sdpa_ragged_thd.cdg"))
+    tensors = cg.allocate_inputs()  # generated lengths share the capacity; offsets pack them
+    for r in cg.check(**tensors):
+        assert r.ok, f"generated lengths: {r}"
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    thd = {
+        n: torch.randn(1536, h, 128, generator=gen, device="cuda").bfloat16()
+        for n, h in (("q", 16), ("k", 4), ("v", 4))
+    }
+    # one sequence of nearly the whole capacity and the rest of one token; then lengths of every size
+    for lq, lkv in (([1533, 1, 1, 1], [1, 1, 1, 1533]), ([600, 1, 900, 35], [35, 900, 1, 600])):
+        tensors.update({n: t.transpose(0, 1).unsqueeze(0).expand(4, -1, -1, -1) for n, t in thd.items()})
+        tensors["seq_q"] = torch.tensor(lq, dtype=torch.int32, device="cuda").view(4, 1, 1, 1)
+        tensors["seq_kv"] = torch.tensor(lkv, dtype=torch.int32, device="cuda").view(4, 1, 1, 1)
+        _packed(cg, tensors, "offset_q", "q")
+        _packed(cg, tensors, "offset_kv", "k")
+        _packed(cg, tensors, "offset_stats", "stats")
+        for name in ("offset_q", "offset_kv", "offset_stats"):
+            tensors[name] = tensors[name].flatten()
+        for r in cg.check(**tensors):
+            assert r.ok, f"lengths {lq}, {lkv}: {r}"
+        guard = 4096
+        o_mem = torch.full((1536 * 2048 + guard,), 7.0, dtype=torch.bfloat16, device="cuda")
+        st_mem = torch.full((1536 * 16 + guard,), 7.0, device="cuda")
+        out = {
+            "o": o_mem.as_strided((4, 16, 1536, 128), (0, 128, 2048, 1)),
+            "stats": st_mem.as_strided((4, 16, 1536, 1), (0, 1, 16, 1)),
+        }
+        cg(tensors, out)
+        torch.cuda.synchronize()
+        assert bool((o_mem[1536 * 2048 :] == 7.0).all()) and bool((st_mem[1536 * 16 :] == 7.0).all())
