@@ -301,7 +301,10 @@ class Typer:
     def no_dtype(self, name: str, n) -> None:
         """A virtual value that nothing gives a dtype in a graph whose intermediate type is unset: says what to add."""
         if len(n.outputs) > 1:
-            what, fix = f"'{name}'", f"make it an output ('output {name} : DTYPE'), or give the graph one"
+            what, fix = (
+                f"'{name}'",
+                f"make it an output ('output {name} : DTYPE'), or give the graph an intermediate type",
+            )
         elif name in self.r.user_names:
             what, fix = f"'{name}'", f"declare it ('{name} : DTYPE = ...')"
         else:
