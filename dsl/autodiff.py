@@ -28,7 +28,7 @@ from dsl.options import OPTIONS, Options
 from dsl.subgraph import fusion_order
 from dsl.syntax import ast
 from dsl.syntax.printer import fmt_module
-from dsl.types import TensorType, dense_strides, is_float, itemsize, merged_stride
+from dsl.types import UNSET, TensorType, dense_strides, is_float, itemsize, merged_stride
 from dsl.values import from_python
 
 
@@ -83,7 +83,10 @@ def _call(
 
 def _header(graph: Graph) -> list:
     out = [ast.TypesDecl("io", graph.io)] if graph.io else []
-    out += [ast.TypesDecl("intermediate", graph.intermediate), ast.TypesDecl("compute", graph.compute)]
+    out += [
+        ast.TypesDecl("intermediate", graph.intermediate or UNSET),
+        ast.TypesDecl("compute", graph.compute or UNSET),
+    ]
     default = Options()
     for name, a in OPTIONS.items():
         v = getattr(graph.options, name)
@@ -696,6 +699,17 @@ def derive(
     not (the caller asks the quirks table for the cuDNN that will plan or run the graphs); a cheap intermediate
     recomputed in the backward rather than saved where that fuses and saves bytes (Emit.recompute), unless
     `recompute` is False. DslError, at the op, when a gradient must pass an op that has no VJP."""
+    unset = [k for k in ("intermediate", "compute") if getattr(graph, k) is None]
+    if unset:  # the backward's own values and ops take the graph's types
+        raise DslError(
+            Diagnostic(
+                "error",
+                f"graph '{graph.name}' has no derived backward while its {' and '.join(unset)} "
+                f"type{'s are' if len(unset) > 1 else ' is'} unset; give {'them' if len(unset) > 1 else 'it'} "
+                f"('{unset[0]} float')",
+                graph.loc,
+            )
+        )
     inst = inst or graph.instance()
     floats = {v.name for v in graph.values if v.kind not in ("scalar", "const") and is_float(inst.type(v.name).dtype)}
     inputs = float_inputs(graph, inst)

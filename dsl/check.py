@@ -23,6 +23,7 @@ from dsl.types import (
     INT64_MAX,
     LAYOUTS,
     LEFT_TO_OFFSETS,
+    UNSET,
     canonical_dtype,
     check_value,
     layout_order,
@@ -138,6 +139,8 @@ class _GraphChecker:
             frozenset(self.poisoned),
             self.buffers,
             self.typed,
+            {k: loc for k, (_, loc) in self.types.items()},
+            frozenset(self.user_names),
         )
         instances = self.type_instances(resolved)
         if self.sink.n_errors > n_errors:
@@ -147,6 +150,12 @@ class _GraphChecker:
     def stmt_TypesDecl(self, st: ast.TypesDecl) -> None:
         if st.kind in self.types:
             self.err(f"'{st.kind}' type given twice", st.loc, [("first given here", self.types[st.kind][1])])
+            return
+        if st.dtype == UNSET:
+            if st.kind == "io":
+                self.err("'io' is unset where no line gives it: leave out 'io unset'", st.loc)
+            else:
+                self.types[st.kind] = (None, st.loc)
             return
         d = self.dtype(st.dtype, st.dtype_loc)
         if d:
@@ -590,6 +599,13 @@ class _GraphChecker:
             ok = False
         outs = list(targets[:n_results]) + [self.fresh(e.op) for _ in range(n_results - len(targets[:n_results]))]
         compute = attrs_.pop("compute", None) or sig.compute or self.types.get("compute", (DEFAULT_MATH, None))[0]
+        if compute is None and "compute" not in attr_locs:
+            self.err(
+                f"{e.op} has no compute type: the graph's is unset; give it one ('{e.op}(..., compute=float)')",
+                e.loc,
+                [("the graph's compute type is unset here", self.types["compute"][1])],
+            )
+            ok = False
         node = PNode(
             e.op,
             arg_names,

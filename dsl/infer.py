@@ -255,6 +255,9 @@ class Typer:
                 or sig.result_dtype
                 or (first.dtype if keeps else self.r.intermediate)
             )
+            if dtype is None:
+                self.no_dtype(name, n)
+                return
             t = TensorType(dtype, out.shape, dense_strides(out.shape, out.order))
         elif o.into is not None:
             if o.into not in self.types:  # the input failed, and said so
@@ -319,6 +322,23 @@ class Typer:
         if not self.too_big(t, name, n.loc):
             self.types[name] = t
             self.poisoned.discard(name)
+
+    def no_dtype(self, name: str, n) -> None:
+        """A virtual value that nothing gives a dtype in a graph whose intermediate type is unset: says what to add."""
+        if len(n.outputs) > 1:
+            what, fix = (
+                f"'{name}'",
+                f"make it an output ('output {name} : DTYPE'), or give the graph an intermediate type",
+            )
+        elif name in self.r.user_names:
+            what, fix = f"'{name}'", f"declare it ('{name} : DTYPE = ...')"
+        else:
+            what, fix = f"the result of {n.op}", f"name it and declare its dtype ('NAME : DTYPE = {n.op}(...)')"
+        self.sink.error(
+            f"{what} has no dtype: the graph's intermediate type is unset; {fix}",
+            n.loc,
+            [("the graph's intermediate type is unset here", self.r.type_locs["intermediate"])],
+        )
 
     def retyped(self, n, dtype: str, what: str) -> bool:
         """Types a layout op's input in `dtype`, the dtype its result must have (cuDNN keeps it), where that input

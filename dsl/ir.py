@@ -154,8 +154,10 @@ class Graph:
     name: str
     file: str
     io: str | None
-    intermediate: str
-    compute: str
+    intermediate: str | None
+    """None: unset (`intermediate unset`), every virtual value has a dtype of its own"""
+    compute: str | None
+    """None: unset (`compute unset`), every node has a compute type of its own"""
     options: Options
     symbols: tuple[Symbol, ...]
     values: tuple[Value, ...]

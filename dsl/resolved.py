@@ -99,7 +99,12 @@ class Resolved:
     buffers: dict[str, BufferDecl] = attrs.Factory(dict)
     typed: dict[str, OutDecl] = attrs.Factory(dict)
     """named intermediates with a declared type"""
+    type_locs: dict[str, Loc] = attrs.Factory(dict)
+    """where each graph-level type is given (an unset one's line is where a value without a dtype learns why)"""
+    user_names: frozenset[str] = frozenset()
+    """the names the file writes (the others were made for unnamed values)"""
 
     @property
-    def intermediate(self) -> str:
+    def intermediate(self) -> str | None:
+        """None where the graph leaves it unset"""
         return self.types.get("intermediate", DEFAULT_MATH)

@@ -49,6 +49,10 @@ results on sm_90, not an error); a view's offset keeps it"""
 DEFAULT_MATH = "float"
 """the dtype of intermediates, of computation, and of number literals, unless a graph says otherwise"""
 
+UNSET = "unset"
+"""`intermediate unset` / `compute unset`: the graph gives no such type, so every virtual tensor and op gives its
+own (as a frontend graph that never sets them)"""
+
 #: the values each dtype can hold (a host scalar or a literal is checked against its dtype)
 DTYPE_RANGE: dict[str, tuple[float, float]] = {
     "half": (-65504.0, 65504.0),

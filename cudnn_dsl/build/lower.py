@@ -106,10 +106,12 @@ def lower(
     its plan then runs other shapes given at execute time (`override_args`).
     """
     cudnn = cudnn or load_cudnn()
+    # An unset type is passed as NOT_SET: left out, the pygraph would fill it (from io_data_type, else FLOAT), and
+    # the frontend's graph would say a type the file does not.
     kwargs: dict[str, Any] = {
         "name": graph.name,
-        "intermediate_data_type": cudnn_type(cudnn, graph.intermediate),
-        "compute_data_type": cudnn_type(cudnn, graph.compute),
+        "intermediate_data_type": _graph_type(cudnn, graph.intermediate),
+        "compute_data_type": _graph_type(cudnn, graph.compute),
     }
     if graph.io:
         kwargs["io_data_type"] = cudnn_type(cudnn, graph.io)
@@ -226,6 +228,10 @@ def override_args(graph: Graph, instance: Instance) -> dict[str, list]:
         "override_shapes": [d for d, _ in dims],
         "override_strides": [s for _, s in dims],
     }
+
+
+def _graph_type(cudnn, dtype: str | None):
+    return cudnn.data_type.NOT_SET if dtype is None else cudnn_type(cudnn, dtype)
 
 
 def _stamp(cudnn, t, value, ty: TensorType, left: bool) -> None:

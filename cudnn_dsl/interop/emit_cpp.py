@@ -187,7 +187,7 @@ class _Code:
             if key in kw:
                 raise Unspelled(f"emit --format cpp: {key} has no C++ spelling here yet")
         for key in ("name", "io_data_type", "intermediate_data_type", "compute_data_type"):
-            if key in kw:
+            if key in kw and _cpp(kw[key]) != "fe::DataType_t::NOT_SET":  # a C++ graph's types start unset
                 self.lines.append(f"g.set_{key}({_cpp(kw[key])});")
         return _GraphRecorder(self)
 

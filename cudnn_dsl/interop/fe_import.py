@@ -36,7 +36,7 @@ from cudnn_dsl.interop.fe_nodes import (
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Program
 from dsl.ops import OPS
-from dsl.types import TensorType
+from dsl.types import DEFAULT_MATH, UNSET, TensorType
 
 #: words the grammar reserves, and the literals true/false: a tensor name is never one of them
 _RESERVED = {"graph", "io", "intermediate", "compute", "option", "dim", "input", "scalar", "output", "strides"}
@@ -128,9 +128,8 @@ def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) ->
     ctx = j.get("context") or {}
     io = language_dtype(ctx.get("io_data_type"))
     lines = [f"io {io}"] if io else []
-    compute = language_dtype(ctx.get("compute_data_type")) or "float"  # the language's defaults, as the frontend's
-    intermediate = language_dtype(ctx.get("intermediate_data_type")) or "float"
-    lines += [f"intermediate {intermediate}", f"compute {compute}", ""]
+    compute, intermediate = (_graph_type(src, ctx, f"{k}_data_type") for k in ("compute", "intermediate"))
+    lines += [f"intermediate {intermediate or UNSET}", f"compute {compute or UNSET}", ""]
     _composite_k(nodes, tensors)
     absorbed = _absorbed(nodes, tensors)
     for t in sorted(tensors.values(), key=lambda t: (t.uid is None, t.uid or 0)):  # in UID order, as declared
@@ -149,6 +148,20 @@ def import_graph(src: Source, j: Located, name: str, scalars: dict[str, str]) ->
     fe, be = j.get("cudnn_frontend_version", "?"), j.get("cudnn_backend_version", "?")
     where = f"json_version {version}, frontend {fe}, cuDNN {be}"
     return Imported(name, tuple(lines), tuple(tensors.values()), tuple(nodes), where, src)
+
+
+def _graph_type(src: Source, ctx, key: str) -> str | None:
+    """The graph's intermediate or compute type: None (unset) where the JSON says null or NOT_SET, as a graph that
+    never sets it does; the language's default where the JSON says nothing, as a file without the line."""
+    if key not in ctx:
+        return DEFAULT_MATH
+    v = ctx[key]
+    if v is None or v == "NOT_SET":
+        return None
+    d = language_dtype(v)
+    if d is None:
+        raise src.error(f"context {key} {json.dumps(v)}: the language has no such dtype", src.field(ctx, key))
+    return d
 
 
 def _ints_from(v, low: int) -> bool:
@@ -259,6 +272,8 @@ def _statements(n: Node, compute: str, intermediate: str) -> list[str]:
     _check_neutral(n)
     node_compute = language_dtype(n.get("compute_data_type"))
     default = OPS[call.op].compute or compute  # logic ops compute in bool unless told
+    if node_compute is None and default is None:
+        raise n.fail("has no compute_data_type, and the graph's is unset", "compute_data_type")
     kwargs = list(call.attrs) + ([("compute", node_compute)] if node_compute and node_compute != default else [])
     outs = [n.tensor(p, "outputs") for p in call.outputs]
     extra = [p for p, ref in (n.j.get("outputs") or {}).items() if ref is not None and p not in call.outputs]

@@ -9,6 +9,7 @@ import attrs
 from dsl.ir import Graph, Program
 from dsl.options import Options
 from dsl.syntax import ast
+from dsl.types import UNSET
 
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 
@@ -236,7 +237,10 @@ def _place(v) -> str:
 def dump_ir(program: Program) -> str:
     out = []
     for g in program.graphs:
-        out.append(f"graph {g.name} (io={g.io or 'auto'}, intermediate={g.intermediate}, compute={g.compute})")
+        out.append(
+            f"graph {g.name} (io={g.io or 'auto'}, intermediate={g.intermediate or UNSET}, "
+            f"compute={g.compute or UNSET})"
+        )
         out.append(f"  options {_options_str(g.options)}")
         for s in g.symbols:
             out.append(f"  dim {s.name} in {s.text}")
@@ -276,7 +280,10 @@ def summary(program: Program) -> str:
             checked = f"{len(g.instances)} checked now: each range's ends; the others on first use"
             shapes = f"{total} shape{'s' * (total != 1)} ({checked})"
         out.append(f"{program.file}: graph {g.name}: {len(g.nodes)} ops, {shapes}")
-        out.append(f"  types    io {g.io or '(from inputs)'}, intermediate {g.intermediate}, compute {g.compute}")
+        out.append(
+            f"  types    io {g.io or '(from inputs)'}, intermediate {g.intermediate or UNSET}, "
+            f"compute {g.compute or UNSET}"
+        )
         out.append(f"  options  {_options_str(g.options)}")
         for s in g.symbols:
             out.append(f"  dim      {s.name} in {s.text}")
