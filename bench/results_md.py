@@ -727,7 +727,6 @@ ORDER = [
 
 #: log file-name prefix -> what it holds
 LOGS = {
-    "pytest-gpu-rerun-": "the GPU test files that failed in the suite's run, run again after the fixes it led to",
     "pytest-gpu-": "the GPU test suite, `python -m pytest -m gpu tests`, with each failure's and each xfail's reason",
     "gpu-all-log-": "every report of `OUT=out bash bench/gpu_all.sh`: each example run, dynamic shapes, tune, bench",
     "isolate-": "`cudnn-dsl run --isolate examples/matmul_epilogue.cdg`: each op alone, and the first that diverges",
