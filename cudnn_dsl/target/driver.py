@@ -19,7 +19,6 @@ import mmap
 import os
 import platform
 import re
-import stat
 import struct
 import sys
 from pathlib import Path
@@ -50,22 +49,13 @@ def _digest(names: list[str]) -> str:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()
 
 
-def _read_regular(path: Path, limit: int = 1 << 22) -> bytes:
-    # O_NONBLOCK and the type check: a FIFO planted at this path must not hang us; O_NOFOLLOW: nor a link lead away.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        return f.read(limit)
-
-
 def driver_symbols(lib_dir: Path) -> list[str]:
     """The cu* names cuDNN's libraries mention, cached under cache_dir(), keyed by the libraries' sizes and times.
 
     The list is data, never code: a cached list is used only when every entry is a plain cu* identifier and its
     checksum matches. A damaged list is scanned again, and a cache that cannot be written is skipped; either is
     said in one line on stderr."""
-    from cudnn_dsl.store.files import atomic_write
+    from cudnn_dsl.store.files import StoreProblem, atomic_write, read_regular
     from cudnn_dsl.store.keys import cache_dir
 
     libs = sorted(lib_dir.glob("libcudnn*.so*"))
@@ -73,19 +63,19 @@ def driver_symbols(lib_dir: Path) -> list[str]:
     path = cache_dir() / "no-device-driver" / f"{hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]}.json"
     damaged = None
     try:
-        d = json.loads(_read_regular(path))
-        names = d["names"]
-        if (
-            isinstance(names, list)
-            and names
-            and all(isinstance(n, str) and _CU_NAME.fullmatch(n) for n in names)
-            and d["sha256"] == _digest(names)
-        ):
-            return names
-        damaged = "not a list of cu* names with their checksum"
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        pass  # no cache yet, or none possible: the write below says which
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        data = read_regular(path, 1 << 22, "the driver symbol cache")  # None: no cache yet
+        if data is not None:
+            d = json.loads(data)
+            names = d["names"]
+            if (
+                isinstance(names, list)
+                and names
+                and all(isinstance(n, str) and _CU_NAME.fullmatch(n) for n in names)
+                and d["sha256"] == _digest(names)
+            ):
+                return names
+            damaged = "not a list of cu* names with their checksum"
+    except (StoreProblem, ValueError, KeyError, TypeError) as e:
         damaged = str(e) or type(e).__name__
 
     pattern = re.compile(_CU_NAME.pattern.encode())
