@@ -161,6 +161,11 @@ BASE = THD.format(extra="")
             "q)",
         ),
         (
+            BASE.replace("}\n", "  y = relu(o)\n  output y\n}\n"),
+            re.escape("relu: 'o' leaves its batch stride to ragged offsets (`_`), but none place it as x"),
+            "o)",
+        ),
+        (
             BASE.replace("k : float[3, 1, 10, 4] strides [_, 4, 4, 1]", "k : float[3, 1, 10, 4] strides [40, _, 4, 1]"),
             re.escape("`_` leaves the batch stride (axis 0) to ragged offsets; axis 1 needs its stride"),
             "_, 4, 1]",
@@ -171,7 +176,7 @@ BASE = THD.format(extra="")
             "rq",
         ),
     ],
-    ids=["k-unplaced", "o-unplaced", "unread", "read-elsewhere", "not-batch", "bhsd"],
+    ids=["k-unplaced", "o-unplaced", "unread", "read-elsewhere", "output-read-elsewhere", "not-batch", "bhsd"],
 )
 def test_a_left_batch_stride_no_offset_places_is_refused_where_written(text, words, at):
     _located(text, words, at)
