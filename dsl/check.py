@@ -606,6 +606,14 @@ class _GraphChecker:
                 [("the graph's compute type is unset here", self.types["compute"][1])],
             )
             ok = False
+        if sig.inner_tensors and self.types.get("intermediate", (DEFAULT_MATH, None))[0] is None:
+            self.err(
+                f"{e.op} needs the graph's intermediate type: cuDNN makes the tensors inside it in that type; give "
+                "the graph one ('intermediate float')",
+                e.loc,
+                [("the graph's intermediate type is unset here", self.types["intermediate"][1])],
+            )
+            ok = False
         node = PNode(
             e.op,
             arg_names,
