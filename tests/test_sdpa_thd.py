@@ -209,3 +209,25 @@ def test_the_lowering_script_gives_cudnn_the_batch_stride_and_fills_one_slice(tm
     assert "q = g.tensor(name='q', dim=[4, 16, 1536, 128], stride=[3145728, 128, 2048, 1]" in p.stdout
     assert "o[1].set_stride([24576, 1, 16, 1])" in p.stdout
     assert "buffers['q'][:1].copy_(draw_values(" in p.stdout
+
+
+@pytest.mark.parametrize("dims", ["fixed", "symbolic"])
+def test_the_torch_op_takes_and_returns_token_buffers(dims):
+    """The torch op (strict: the declared layout only) binds [T, H, D] token buffers and returns each output as one
+    batch slice of memory, whose written rows are the reference's; with a symbolic capacity too, whose declared
+    strides keep the batch stride 0."""
+    import cudnn_dsl
+    from cudnn_dsl.torch_op.op import as_torch_op
+
+    text = THD.format(extra=", causal=true")
+    if dims == "symbolic":
+        text = text.replace("graph r {\n", "graph r {\n  dim S in {10, 12}\n").replace(", 10, ", ", S, ")
+    cg = cudnn_dsl.compile(text=text)
+    ins = cg.allocate_inputs({"S": 12} if dims == "symbolic" else None, seed=2)
+    want = cg.reference(**ins)
+    o, st = as_torch_op(cg, strict=True)(**ins)
+    assert o.stride()[0] == 0 and st.stride()[0] == 0
+    for name, got in (("o", o), ("st", st)):
+        written = ~memory(want.undefined[name])
+        assert written.any()
+        torch.testing.assert_close(memory(got)[written], memory(want[name])[written])
