@@ -231,3 +231,17 @@ def test_the_torch_op_takes_and_returns_token_buffers(dims):
         written = ~memory(want.undefined[name])
         assert written.any()
         torch.testing.assert_close(memory(got)[written], memory(want[name])[written])
+
+
+def test_a_file_whose_batches_differ_is_no_token_buffer():
+    """`run --input`: a file for a tensor left to its offsets holds one token buffer in every batch (NaN alike, as
+    unused rows may hold); one of B * S distinct rows is refused, not cut to its first batch."""
+    from cudnn_dsl.run.buffers import converted
+
+    want = graph().instances[0].type("q")
+    thd = torch.randn(10, 2, 4)
+    thd[9] = float("nan")
+    assert torch.equal(memory(converted(tokens(thd, 3).clone(), want)).nan_to_num(), thd.nan_to_num())
+    padded = torch.randn(3, 10, 2, 4).transpose(1, 2)
+    with pytest.raises(BindingError, match=re.escape("but the file's batch 1 differs from batch 0")):
+        converted(padded, want)
