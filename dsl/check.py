@@ -181,6 +181,9 @@ class _GraphChecker:
         self.option_locs[st.name] = st.loc
 
     def stmt_DimDecl(self, st: ast.DimDecl) -> None:
+        if st.name == LEFT_TO_OFFSETS[0]:
+            self.err("`_` names no dimension: as a stride it leaves the batch stride to ragged offsets", st.loc)
+            return
         if not self.define(st.name, st.loc):
             return
         if st.span is not None:

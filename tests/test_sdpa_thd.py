@@ -175,8 +175,13 @@ BASE = THD.format(extra="")
             re.escape("ragged_q packs q as BSHD (THD): its strides must be [_, 4, 8, 1], got [_, 40, 4, 1]"),
             "rq",
         ),
+        (
+            BASE.replace("graph r {\n", "graph r {\n  dim _ in {3}\n"),
+            re.escape("`_` names no dimension: as a stride it leaves the batch stride to ragged offsets"),
+            "dim _",
+        ),
     ],
-    ids=["k-unplaced", "o-unplaced", "unread", "read-elsewhere", "output-read-elsewhere", "not-batch", "bhsd"],
+    ids=["k-unplaced", "o-unplaced", "unread", "read-elsewhere", "output-read-elsewhere", "not-batch", "bhsd", "dim"],
 )
 def test_a_left_batch_stride_no_offset_places_is_refused_where_written(text, words, at):
     _located(text, words, at)
