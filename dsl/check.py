@@ -181,6 +181,9 @@ class _GraphChecker:
         self.option_locs[st.name] = st.loc
 
     def stmt_DimDecl(self, st: ast.DimDecl) -> None:
+        if st.name == LEFT_TO_OFFSETS[0]:
+            self.err("`_` names no dimension: as a stride it leaves the batch stride to ragged offsets", st.loc)
+            return
         if not self.define(st.name, st.loc):
             return
         if st.span is not None:
@@ -604,6 +607,14 @@ class _GraphChecker:
                 f"{e.op} has no compute type: the graph's is unset; give it one ('{e.op}(..., compute=float)')",
                 e.loc,
                 [("the graph's compute type is unset here", self.types["compute"][1])],
+            )
+            ok = False
+        if sig.inner_tensors and self.types.get("intermediate", (DEFAULT_MATH, None))[0] is None:
+            self.err(
+                f"{e.op} needs the graph's intermediate type: cuDNN makes the tensors inside it in that type; give "
+                "the graph one ('intermediate float')",
+                e.loc,
+                [("the graph's intermediate type is unset here", self.types["intermediate"][1])],
             )
             ok = False
         node = PNode(

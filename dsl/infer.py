@@ -100,6 +100,11 @@ class Typer:
                 )
         return Typed({**self.types, **self.scalars}, tuple(self.node_attrs))
 
+    def left(self, name: str | None) -> bool:
+        """Whether an input's or an output's declared strides leave its batch stride to ragged offsets (`_`)."""
+        d = self.r.decls.get(name) or self.r.outputs.get(name)
+        return d is not None and left_to_offsets(d.strides)
+
     def too_big(self, t: TensorType, name: str, loc: Loc) -> bool:
         if t.too_large:
             self.sink.error(f"'{name}' {fmt_shape(t.shape)} is too large: its size overflows a 64-bit integer", loc)
@@ -183,7 +188,7 @@ class Typer:
         sig = OPS[n.op]
         placed, ports = sig.placed(n.inputs), sig.inputs + sig.optional
         for k, i in enumerate(n.inputs):
-            if i in self.r.decls and left_to_offsets(self.r.decls[i].strides) and k not in placed:
+            if self.left(i) and k not in placed:
                 port = ports[min(k, len(ports) - 1)]
                 self.sink.error(
                     f"{n.op}: '{i}' leaves its batch stride to ragged offsets (`_`), but none place it as {port}",

@@ -189,3 +189,23 @@ def test_plan_name_equals_python(built, file, name):
     )
     out = subprocess.run([top / "build/main", named, "--deviceless"], check=True, capture_output=True, text=True)
     assert out.stdout == expected
+
+
+@TOOLS
+@pytest.mark.slow
+@pytest.mark.parametrize("pin", ["1/4x", "1x/4", "1/4:k24=3x", "1/+4"])
+def test_main_takes_a_pin_of_whole_numbers_only_resnet(built, pin):
+    """main's --plan reads each number whole, as `run --plan` does: trailing or leading text is refused, not cut
+    off; a well-formed pin of a part the graph lacks gets as far as the parts."""
+    top = built[0]
+    named = key(ROOT / "examples/training/resnet_block.cdg", "resnet_block")
+
+    def main(plan: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [top / "build/main", named, "--deviceless", "--plan", plan], capture_output=True, text=True
+        )
+
+    out = main(pin)
+    assert out.returncode == 1 and f"main: --plan {pin} is not [PART/]ENGINE[:KNOB=VALUE,...]" in out.stderr
+    out = main("9/4:k24=3")
+    assert out.returncode == 1 and f"graph {named} has no cuDNN part 9" in out.stderr, out.stderr

@@ -253,3 +253,37 @@ def test_a_context_type_the_language_lacks_is_refused_at_it(h200):
         to_cdg(json.dumps(j, indent=1), "fe.json", name="fe")
     [d] = e.value.diagnostics
     assert d.message == 'context compute_data_type "FP4_E2M1": the language has no such dtype'
+
+
+ATTENTION = """graph s {
+  io bf16
+  intermediate unset
+  compute unset
+
+  input q : bf16[2, 4, 128, 64]
+  input k : bf16[2, 4, 128, 64]
+  input v : bf16[2, 4, 128, 64]
+
+  output o = sdpa(q, k, v, causal=true, compute=float)
+}
+"""
+
+
+def test_attention_needs_the_graph_intermediate_type_where_cudnn_plans_it_with_one(h200):
+    """The frontend makes attention's inner tensors in the graph's intermediate type and refuses the op without one
+    ("Intermediate tensor data type needs to be set"): an error at the op; with the type given (compute still
+    unset), cuDNN plans it for an H200."""
+    from cudnn_dsl.build.pipeline import compile_shape
+
+    assert _errors(ATTENTION) == [
+        (
+            10,
+            14,
+            "sdpa needs the graph's intermediate type: cuDNN makes the tensors inside it in that type; give the graph "
+            "one ('intermediate float')",
+            [("the graph's intermediate type is unset here", 3)],
+        )
+    ]
+    g = program(text=ATTENTION.replace("intermediate unset", "intermediate float"), file="t.cdg").graphs[0]
+    assert g.compute is None
+    assert compile_shape(g, g.instances[0], g.options, h200).plan_count >= 1

@@ -161,6 +161,11 @@ BASE = THD.format(extra="")
             "q)",
         ),
         (
+            BASE.replace("}\n", "  y = relu(o)\n  output y\n}\n"),
+            re.escape("relu: 'o' leaves its batch stride to ragged offsets (`_`), but none place it as x"),
+            "o)",
+        ),
+        (
             BASE.replace("k : float[3, 1, 10, 4] strides [_, 4, 4, 1]", "k : float[3, 1, 10, 4] strides [40, _, 4, 1]"),
             re.escape("`_` leaves the batch stride (axis 0) to ragged offsets; axis 1 needs its stride"),
             "_, 4, 1]",
@@ -170,8 +175,13 @@ BASE = THD.format(extra="")
             re.escape("ragged_q packs q as BSHD (THD): its strides must be [_, 4, 8, 1], got [_, 40, 4, 1]"),
             "rq",
         ),
+        (
+            BASE.replace("graph r {\n", "graph r {\n  dim _ in {3}\n"),
+            re.escape("`_` names no dimension: as a stride it leaves the batch stride to ragged offsets"),
+            "dim _",
+        ),
     ],
-    ids=["k-unplaced", "o-unplaced", "unread", "read-elsewhere", "not-batch", "bhsd"],
+    ids=["k-unplaced", "o-unplaced", "unread", "read-elsewhere", "output-read-elsewhere", "not-batch", "bhsd", "dim"],
 )
 def test_a_left_batch_stride_no_offset_places_is_refused_where_written(text, words, at):
     _located(text, words, at)
@@ -204,3 +214,39 @@ def test_the_lowering_script_gives_cudnn_the_batch_stride_and_fills_one_slice(tm
     assert "q = g.tensor(name='q', dim=[4, 16, 1536, 128], stride=[3145728, 128, 2048, 1]" in p.stdout
     assert "o[1].set_stride([24576, 1, 16, 1])" in p.stdout
     assert "buffers['q'][:1].copy_(draw_values(" in p.stdout
+
+
+@pytest.mark.parametrize("dims", ["fixed", "symbolic"])
+def test_the_torch_op_takes_and_returns_token_buffers(dims):
+    """The torch op (strict: the declared layout only) binds [T, H, D] token buffers and returns each output as one
+    batch slice of memory, whose written rows are the reference's; with a symbolic capacity too, whose declared
+    strides keep the batch stride 0."""
+    import cudnn_dsl
+    from cudnn_dsl.torch_op.op import as_torch_op
+
+    text = THD.format(extra=", causal=true")
+    if dims == "symbolic":
+        text = text.replace("graph r {\n", "graph r {\n  dim S in {10, 12}\n").replace(", 10, ", ", S, ")
+    cg = cudnn_dsl.compile(text=text)
+    ins = cg.allocate_inputs({"S": 12} if dims == "symbolic" else None, seed=2)
+    want = cg.reference(**ins)
+    o, st = as_torch_op(cg, strict=True)(**ins)
+    assert o.stride()[0] == 0 and st.stride()[0] == 0
+    for name, got in (("o", o), ("st", st)):
+        written = ~memory(want.undefined[name])
+        assert written.any()
+        torch.testing.assert_close(memory(got)[written], memory(want[name])[written])
+
+
+def test_a_file_whose_batches_differ_is_no_token_buffer():
+    """`run --input`: a file for a tensor left to its offsets holds one token buffer in every batch (NaN alike, as
+    unused rows may hold); one of B * S distinct rows is refused, not cut to its first batch."""
+    from cudnn_dsl.run.buffers import converted
+
+    want = graph().instances[0].type("q")
+    thd = torch.randn(10, 2, 4)
+    thd[9] = float("nan")
+    assert torch.equal(memory(converted(tokens(thd, 3).clone(), want)).nan_to_num(), thd.nan_to_num())
+    padded = torch.randn(3, 10, 2, 4).transpose(1, 2)
+    with pytest.raises(BindingError, match=re.escape("but the file's batch 1 differs from batch 0")):
+        converted(padded, want)

@@ -85,6 +85,15 @@ def converted(t: torch.Tensor, want: TensorType, cast: bool = False) -> torch.Te
         return _bool_bytes(t, want)
     if tuple(t.shape) != want.shape:
         raise BindingError(f"expected shape {fmt_shape(want.shape)}, the file holds {fmt_shape(tuple(t.shape))}")
+    if owned(want):
+        first = t[:1].expand_as(t)
+        differ = ~((t == first) | (t != t) & (first != first)).flatten(1).all(1)  # NaN is itself here
+        if differ.any():
+            raise BindingError(
+                f"the tensor's batch stride is left to ragged offsets: every batch is one token buffer, but the "
+                f"file's batch {int(differ.nonzero()[0])} differs from batch 0 (memory of B * S rows declares its "
+                "batch stride, `strides [S*H*D, ...]`)"
+            )
     target = torch_dtype(want.dtype)
     out = t.to(target)
     if t.dtype != target and not cast:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from cudnn_dsl.build.lower import left_to_offsets
 from cudnn_dsl.run.buffers import BindingError, stride_problem
 from dsl.ir import Graph
 from dsl.types import stride_order
@@ -51,9 +52,10 @@ def _declared(graph: Graph, name: str) -> Callable[[tuple], tuple]:
         fixed = graph.instances[0].type(name).strides
         return lambda shape: fixed
     # the order of the typed shape with the fewest unit dims: a unit dim's stride ties with its neighbour's
-    t = max((i.type(name) for i in graph.instances), key=lambda t: sum(d > 1 for d in t.shape))
-    order = stride_order(t.strides)
-    return lambda shape: dense(shape, order)
+    inst = max(graph.instances, key=lambda i: sum(d > 1 for d in i.type(name).shape))
+    left = int(name in left_to_offsets(graph, inst))  # a batch stride left to ragged offsets stays 0
+    order = stride_order(inst.type(name).strides[left:])
+    return lambda shape: (0,) * left + dense(shape[left:], order)
 
 
 class Layouts:

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from cudnn_dsl.run.buffers import BindingError, check_inputs, view, written
+from cudnn_dsl.run.buffers import BindingError, check_inputs, relayout, view, written
 from cudnn_dsl.run.compiled import CompiledGraph, specs
 from cudnn_dsl.run.launch import arguments
 from cudnn_dsl.run.launch_plan import LaunchPlan, LaunchPlans
@@ -335,11 +335,10 @@ class TorchOp:
             got = cg.reference(tensors)
             outs = []
             for v in self.graph.outputs:
-                value = stored(got[v.name], inst.type(v.name))
                 if v.into is not None:
-                    view(self.graph.value(v.into), inst, tensors).copy_(value)
+                    view(self.graph.value(v.into), inst, tensors).copy_(stored(got[v.name], inst.type(v.name)))
                 else:
-                    outs.append(empty(inst.type(v.name), "cpu").copy_(value))
+                    outs.append(relayout(got[v.name], inst.type(v.name), "cpu"))
             return outs
 
         return run

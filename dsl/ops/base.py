@@ -95,6 +95,9 @@ class OpSig:
     """the result's dtype unless the file declares another (comparisons give bool)"""
     compute: str | None = None
     """this op's compute dtype unless the call says `compute=` (logic ops compute in bool)"""
+    inner_tensors: bool = False
+    """the frontend makes tensors inside the op in the graph's intermediate type (attention's), and refuses the op
+    in a graph that leaves that type unset"""
     variadic: bool = False
     """the last input repeats: a call takes len(inputs) or more (concatenate)"""
     ragged: tuple[tuple[int, int, int], ...] = ()

@@ -13,6 +13,7 @@
 //     --list         print the graphs' names
 #include <dlfcn.h>
 
+#include <cctype>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -105,14 +106,24 @@ struct Pin {
     bool unnamed = false;  // a knob the frontend has no name for: the plan is found among the listed ones
 };
 
+// A whole decimal integer: std::stoll alone reads "4x" as 4.
+int64_t integer(const std::string& text) {
+    size_t used = 0;
+    if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-'))
+        throw std::invalid_argument(text);
+    int64_t value = std::stoll(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+    return value;
+}
+
 Pin parse_pin(const std::string& text) {
     Pin pin{text};
     size_t slash = text.find('/'), from = slash == std::string::npos ? 0 : slash + 1;
     size_t colon = text.find(':', from);
     try {
-        if (from) pin.part = std::stoi(text.substr(0, slash));
+        if (from) pin.part = static_cast<int>(integer(text.substr(0, slash)));
         if (from && pin.part < 1) throw std::invalid_argument(text);
-        pin.engine = std::stoll(text.substr(from, colon == std::string::npos ? colon : colon - from));
+        pin.engine = integer(text.substr(from, colon == std::string::npos ? colon : colon - from));
         for (size_t at = colon; at != std::string::npos && at + 1 < text.size();) {
             size_t end = text.find(',', at + 1);
             std::string item = text.substr(at + 1, end == std::string::npos ? end : end - at - 1);
@@ -134,7 +145,7 @@ Pin parse_pin(const std::string& text) {
                     throw std::invalid_argument(item);
                 number = backend;
             }
-            int64_t value = std::stoll(item.substr(eq + 1));
+            int64_t value = integer(item.substr(eq + 1));
             pin.numbers[number] = value;
             if (knob != fe::KnobType_t::NOT_SET) pin.knobs[knob] = value;
             at = end;
