@@ -546,10 +546,11 @@ def host_time_table(timed: dict) -> str:
     rows = []
     for name, twins in timed.items():
         for twin, h in twins.items():
+            top = list(h.get("top_self_us", {}).items())[:6]  # calls None: a profile that did not count them
             ops = "; ".join(
-                f"{key} {us:.0f} µs ({calls:g}x)" for key, (us, calls) in list(h["top_self_us"].items())[:6]
+                f"{key} {us:.0f} µs" + ("" if calls is None else f" ({calls:g}x)") for key, (us, calls) in top
             )
-            rows.append([name, twin, f"{h['forward_us']:.0f}", f"{h['backward_us']:.0f}", ops])
+            rows.append([name, twin, f"{h['forward_us']:.0f}", f"{h['backward_us']:.0f}", ops or "not profiled"])
     return table(["block", "twin", "forward µs", "backward µs", "most host self time per step"], rows)
 
 
