@@ -52,6 +52,11 @@ N = [8, 32]
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\ncolour = 1', "[sweep] colour: unknown key"),
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\n[tune_targets]\n"NVIDIA H200" = 1', "mode support plans without a GPU"),
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\nmode = "tune"', "name at least one GPU type"),
+        (
+            '[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\nmode = "tune"\n[tune_targets]\n"NVIDIA H200" = 1\n[plan_targets]\n'
+            'targets = ["h200"]',
+            "[plan_targets]: is for mode support",
+        ),
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\ntimeout_s = -1', "not a positive number of seconds"),
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\n[shapes.sdpa_causal]\nT = [0]', "must be a list of positive integers"),
         ('[sweep]\ngraphs = ["{ex}/sdpa.cdg"]\nretries = -1', "[sweep] retries: is -1, not a number of retries"),

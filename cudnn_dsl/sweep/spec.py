@@ -95,6 +95,10 @@ class Spec:
                 raise at.error("[plan_targets] cudnn", str(e)) from None
         if mode == "support" and tune:
             raise at.error("[tune_targets]", "is for modes tune and exhaustive: mode support plans without a GPU")
+        if mode != "support" and plan:
+            raise at.error(
+                "[plan_targets]", f"is for mode support: mode {mode} times plans on the GPUs of [tune_targets]"
+            )
         if mode != "support" and not tune:
             raise at.error("[tune_targets]", f"mode {mode} times plans on GPUs: name at least one GPU type")
         store = _get(at, sweep, "[sweep]", "store", str, "")
