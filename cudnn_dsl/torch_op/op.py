@@ -28,6 +28,7 @@ that Inductor passes them the strides eager mode would (library.LAYOUT_TAGS).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import keyword
 import re
@@ -50,6 +51,19 @@ from dsl.syntax.printer import dump_ir
 from dsl.types import is_float, stride_order
 
 _OPS: dict[str, TorchOp] = {}
+
+
+@atexit.register
+def _release() -> None:
+    """At exit, before the interpreter's teardown, every op lets go of its compiled graphs and launch plans: torch's
+    op registry keeps each op alive to the end, past the cuDNN Frontend's module, which would report the frontend
+    objects they hold as leaked (a page of nanobind warnings after a script's last line)."""
+    for op in _OPS.values():
+        op.compiled.clear()
+        op.plans.plans.clear()
+        op.references.plans.clear()
+
+
 """op name -> its TorchOp: a graph of the same content and options is one op in a process"""
 
 

@@ -1,6 +1,7 @@
 """The torch op on the GPU: cuDNN under torch.compile(fullgraph=True), replayed as a CUDA graph
 (mode="reduce-overhead"), outputs in place, bool outputs, views, and opcheck with the CUDA kernel."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,29 @@ def test_attention_through_the_op_trains_with_sdpa_backward(private_store):
         torch.testing.assert_close(got.grad, w.grad, atol=2e-2, rtol=2e-2, msg=name)
     d, _, _ = grad_ops(op, ("q", "k", "v")).shape({})
     assert [n.op for n in d.backward.nodes] == ["sdpa_backward"]
+
+
+def test_a_script_that_trains_through_an_op_exits_cleanly(tmp_path):
+    """torch's op registry keeps every op alive past the cuDNN Frontend's module: the ops let their frontend objects
+    go at exit, so nothing is reported leaked after the script's last line."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        f"""
+import torch, cudnn_dsl
+cg = cudnn_dsl.compile({str(ROOT / "examples" / "training" / "resnet_block.cdg")!r})
+op = cudnn_dsl.as_torch_op(cg)
+inputs = cg.allocate_inputs(dict(cg.graph.instances[0].binding))
+args = {{k: v.detach().requires_grad_(k != "x") for k, v in inputs.items()}}
+out = op(**args)
+(out[0] if isinstance(out, tuple) else out).float().sum().backward()
+torch.cuda.synchronize()
+print("trained")
+"""
+    )
+    env = {**os.environ, "CUDNN_DSL_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "trained", proc.stdout + proc.stderr
+    assert "leaked" not in proc.stderr, proc.stderr[-2000:]
