@@ -176,6 +176,9 @@ class GradOps:
         return [got[name].to(self.dtypes[w]) for w, name in d.grads]
 
     def setup_context(self, ctx, inputs, output):
+        # the saved values the augmented forward returns get no gradient: left None, not zeros allocated and filled
+        # per step (the backward reads only the outputs' gradients, and makes a zero where one is None)
+        ctx.set_materialize_grads(False)
         named = self.op.named(tuple(inputs))
         values = {**named, **dict(zip(self.outputs + self.saved, results(output)))}
         ctx.save_for_backward(*(values[k] for k in self.kept))
