@@ -706,7 +706,7 @@ def derive(
                 "error",
                 f"graph '{graph.name}' has no derived backward while its {' and '.join(unset)} "
                 f"type{'s are' if len(unset) > 1 else ' is'} unset; give {'them' if len(unset) > 1 else 'it'} "
-                f"('{unset[0]} float')",
+                "(" + ", ".join(f"'{k} float'" for k in unset) + ")",
                 graph.loc,
             )
         )

@@ -137,7 +137,7 @@ def test_no_derived_backward_while_unset():
     assert (d.loc.line, d.message) == (
         1,
         "graph 'mm' has no derived backward while its intermediate and compute types are unset; give them "
-        "('intermediate float')",
+        "('intermediate float', 'compute float')",
     )
 
 
