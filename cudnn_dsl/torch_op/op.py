@@ -51,6 +51,7 @@ from dsl.syntax.printer import dump_ir
 from dsl.types import is_float, stride_order
 
 _OPS: dict[str, TorchOp] = {}
+"""op name -> its TorchOp: a graph of the same content and options is one op in a process"""
 
 
 @atexit.register
@@ -62,9 +63,6 @@ def _release() -> None:
         op.compiled.clear()
         op.plans.plans.clear()
         op.references.plans.clear()
-
-
-"""op name -> its TorchOp: a graph of the same content and options is one op in a process"""
 
 
 def op_name(graph: Graph, options, strict: bool = False) -> str:
