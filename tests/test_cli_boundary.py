@@ -144,19 +144,24 @@ def test_diagnostics_follow_a_redirected_stderr():
 
 
 def test_ctrl_c_is_a_message_and_exit_130():
-    p = subprocess.Popen(
-        [sys.executable, "-m", "cudnn_dsl", "run", str(EX / "conv_bias_relu.cdg")],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    first = p.stderr.readline()  # the "no CUDA GPU here" note: the command is at work
-    time.sleep(0.5)
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
-    assert "no CUDA GPU here" in first
+    # An interrupt that lands where the interpreter drops it (the run then ends normally, exit 0) is tried again,
+    # three times at most: the exit code and message of an interrupt that arrives are what is checked.
+    for _ in range(3):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "cudnn_dsl", "run", str(EX / "conv_bias_relu.cdg")],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        first = p.stderr.readline()  # the "no CUDA GPU here" note: the command is at work
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+        assert "no CUDA GPU here" in first
+        if p.returncode != 0:
+            break
     assert p.returncode == 130 and "cudnn-dsl: interrupted" in err and "Traceback" not in err, err
 
 
@@ -306,3 +311,30 @@ def test_a_dump_reproduces_the_run_and_refuses_another_graph(tmp_path):
     p = cli("run", other, "--inputs-from", d)
     assert p.returncode == 1 and "the dump is of another graph" in p.stderr
     assert cli("run", MM, "--inputs-from", d, "--seed", "1").returncode == 2
+
+
+def test_an_interrupt_that_surfaces_as_another_error_is_still_an_interrupt(monkeypatch, capsys):
+    """Ctrl-C inside an extension module's import (numpy's, under torch's lazy import) can surface as an ImportError
+    ("cannot load module more than once per process" on the next import): still exit 130, not an internal error."""
+    import threading
+
+    from cudnn_dsl.cli import common
+
+    monkeypatch.setattr(common, "_interrupted", threading.Event())
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        common.remember_interrupts()
+        try:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler raises here
+            except KeyboardInterrupt:
+                raise ImportError("cannot load module more than once per process") from None
+        except ImportError as e:
+            code = common.report(e)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert code == 130, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "internal error" not in err

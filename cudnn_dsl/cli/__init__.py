@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return EXIT_USAGE
+    common.remember_interrupts()
     try:
         if not common.machine_stdout(args):
             return args.run(args)

@@ -12,8 +12,10 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import stat
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +41,23 @@ def warn(message: str) -> None:
 
 
 # ---- exceptions -> messages and exit codes (main() and per-item loops share this) ----------
+
+_interrupted = threading.Event()
+
+
+def remember_interrupts() -> None:
+    """Ctrl-C raises KeyboardInterrupt as Python's own handler does, and is remembered: one that lands inside an
+    extension module's import (numpy's, under torch's) surfaces as an ImportError instead, which is still the
+    user's interrupt, not a bug."""
+    if threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGINT, _on_interrupt)
+
+
+def _on_interrupt(signum, frame) -> None:
+    _interrupted.set()
+    raise KeyboardInterrupt
 
 
 def report(e: BaseException) -> int:
@@ -67,7 +86,7 @@ def report(e: BaseException) -> int:
     if isinstance(e, OSError):  # a report or output that cannot be written, a full disk: the machine's, not ours
         warn(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}")
         return EXIT_FAIL
-    if isinstance(e, KeyboardInterrupt):
+    if isinstance(e, KeyboardInterrupt) or _interrupted.is_set():
         warn("interrupted")
         return EXIT_INTERRUPTED
     traceback.print_exception(e)
