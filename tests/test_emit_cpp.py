@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -209,3 +210,17 @@ def test_main_takes_a_pin_of_whole_numbers_only_resnet(built, pin):
     assert out.returncode == 1 and f"main: --plan {pin} is not [PART/]ENGINE[:KNOB=VALUE,...]" in out.stderr
     out = main("9/4:k24=3")
     assert out.returncode == 1 and f"graph {named} has no cuDNN part 9" in out.stderr, out.stderr
+
+
+@TOOLS
+@pytest.mark.slow
+def test_main_takes_the_plans_it_prints_as_pins_resnet(built):
+    """Each part pinned to the plan main printed for it, spelled as printed (eng4_k24=43), plans the same."""
+    top = built[0]
+    named = key(ROOT / "examples/training/resnet_block.cdg", "resnet_block")
+    main = [top / "build/main", named, "--deviceless"]
+    printed = subprocess.run(main, check=True, capture_output=True, text=True).stdout
+    parts = re.findall(rf"^graph {re.escape(named)} part (\d+): plan (\S+) for ", printed, re.M)
+    assert len(parts) >= 2, printed
+    pins = [arg for k, plan in parts for arg in ("--plan", f"{k}/{plan}")]
+    assert subprocess.run(main + pins, check=True, capture_output=True, text=True).stdout == printed

@@ -7,8 +7,8 @@
 //     GRAPH          the graphs to plan (and run), by name; default: every graph of the project
 //     --deviceless   plan for the target even where a GPU is visible
 //     --plan         build this engine with these knobs (the frontend's knob names, or kN: the knob's number in the
-//                    library, as plan names spell it), as `cudnn-dsl run --plan` does; for one graph; PART/ pins
-//                    that part of a graph in parts (a --plan for each part to pin)
+//                    library, as plan names spell it), or the plan main printed (eng4_k24=43), as `cudnn-dsl run
+//                    --plan` does; for one graph; PART/ pins that part of a graph in parts (a --plan for each part)
 //     --outputs DIR  write each output's memory to DIR/GRAPH/OUTPUT.bin (on a GPU)
 //     --list         print the graphs' names
 #include <dlfcn.h>
@@ -116,6 +116,14 @@ int64_t integer(const std::string& text) {
     return value;
 }
 
+// A knob by the library's number: the frontend's name for it, or none (NOT_SET), when the plan is looked up by number.
+void add_numbered(Pin& pin, int64_t number, int64_t value) {
+    auto knob = fe::convert_from_backend_knob_type(static_cast<cudnnBackendKnobType_t>(number));
+    pin.unnamed = pin.unnamed || knob == fe::KnobType_t::NOT_SET;
+    pin.numbers[number] = value;
+    if (knob != fe::KnobType_t::NOT_SET) pin.knobs[knob] = value;
+}
+
 Pin parse_pin(const std::string& text) {
     Pin pin{text};
     size_t slash = text.find('/'), from = slash == std::string::npos ? 0 : slash + 1;
@@ -123,6 +131,11 @@ Pin parse_pin(const std::string& text) {
     try {
         if (from) pin.part = static_cast<int>(integer(text.substr(0, slash)));
         if (from && pin.part < 1) throw std::invalid_argument(text);
+        std::map<int64_t, int64_t> knobs;
+        if (numbered(text.substr(from), pin.engine, knobs)) {  // a plan's name as main prints it: eng4_k24=43
+            for (auto [number, value] : knobs) add_numbered(pin, number, value);
+            return pin;
+        }
         pin.engine = integer(text.substr(from, colon == std::string::npos ? colon : colon - from));
         for (size_t at = colon; at != std::string::npos && at + 1 < text.size();) {
             size_t end = text.find(',', at + 1);
@@ -130,14 +143,12 @@ Pin parse_pin(const std::string& text) {
             size_t eq = item.find('=');
             if (eq == std::string::npos) throw std::invalid_argument(item);
             std::string name = item.substr(0, eq);
-            auto knob = fe::KnobType_t::NOT_SET;  // what the frontend's names give an unknown one
             int64_t number = -1;
             if (name.size() > 1 && (name[0] == 'k' || name[0] == 'K') &&
                 name.find_first_not_of("0123456789", 1) == std::string::npos) {
                 number = std::stoll(name.substr(1));
-                knob = fe::convert_from_backend_knob_type(static_cast<cudnnBackendKnobType_t>(number));
-                pin.unnamed = pin.unnamed || knob == fe::KnobType_t::NOT_SET;
             } else {
+                auto knob = fe::KnobType_t::NOT_SET;  // what the frontend's names give an unknown one
                 fe::graph::from_json(nlohmann::json(name), knob);
                 cudnnBackendKnobType_t backend;
                 if (knob == fe::KnobType_t::NOT_SET ||
@@ -145,13 +156,12 @@ Pin parse_pin(const std::string& text) {
                     throw std::invalid_argument(item);
                 number = backend;
             }
-            int64_t value = integer(item.substr(eq + 1));
-            pin.numbers[number] = value;
-            if (knob != fe::KnobType_t::NOT_SET) pin.knobs[knob] = value;
+            add_numbered(pin, number, integer(item.substr(eq + 1)));
             at = end;
         }
     } catch (const std::exception&) {
-        fail("--plan " + text + " is not [PART/]ENGINE[:KNOB=VALUE,...] with the frontend's knob names or kN");
+        fail("--plan " + text + " is not [PART/]ENGINE[:KNOB=VALUE,...] with the frontend's knob names or kN, " +
+             "nor [PART/] and a plan's name");
     }
     return pin;
 }
