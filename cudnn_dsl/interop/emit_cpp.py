@@ -413,12 +413,9 @@ def _parts(graph: Graph, inst: Instance, partition) -> tuple[list, list[str], li
     cudnn = [(k, p.graph, p.graph.instances[0]) for k, p in enumerate(partition.parts, 1) if p.kind == CUDNN]
     made = [v.name for _, g, _ in cudnn for v in g.outputs if graph.value(v.name).kind != "output"]
     views = [graph.nodes[p.first] for p in partition.of_kind(VIEW)]
-    held, placed = {v.name for v in graph.outputs}, {}
-    for node in reversed(views):  # an intermediate is made in the output it is viewed as (run.parts._place_views)
-        operand, result = node.inputs[0], node.outputs[0]
-        if result in held and operand not in held and graph.value(operand).kind == "virtual":
-            placed[operand] = result
-            held.add(operand)
+    held = {v.name for v in graph.outputs}
+    placed = partition.views_placed(graph, held)  # an intermediate made in the output it is viewed as, as run's
+    held |= set(placed)
     aliases = []
     for node in views:
         operand, result = node.inputs[0], node.outputs[0]

@@ -107,6 +107,19 @@ class Partition:
     def of_kind(self, kind: str) -> tuple[Part, ...]:
         return tuple(p for p in self.parts if p.kind == kind)
 
+    def views_placed(self, graph: Graph, held: set[str]) -> dict[str, str]:
+        """operand -> result of each view whose operand, an intermediate, is made in its result's memory: walking the
+        views backwards, where the result is `held` (has memory given: an output) or placed so (a chain of views,
+        through each); in the order to place them."""
+        held, placed = set(held), {}
+        for part in reversed(self.of_kind(VIEW)):
+            node = graph.nodes[part.first]
+            operand, result = node.inputs[0], node.outputs[0]
+            if result in held and operand not in held and graph.value(operand).kind == "virtual":
+                placed[operand] = result
+                held.add(operand)
+        return placed
+
     @property
     def fallbacks(self) -> tuple[Part, ...]:
         return self.of_kind(TORCH)

@@ -116,13 +116,9 @@ class Parts:
         """Walks the views backwards: where a view's result is a buffer `env` holds (an output the caller gave, or
         one placed so) and its operand is an intermediate, the operand is placed in that memory, so the part that
         makes it writes the result there (a chain of views, through each)."""
-        for part in reversed(self.partition.parts):
-            if part.kind != VIEW:
-                continue
-            node = self.graph.nodes[part.first]
-            operand, result = node.inputs[0], node.outputs[0]
-            if env.get(result) is not None and operand not in env and self.graph.value(operand).kind == "virtual":
-                env[operand] = as_type(env[result], self.inst.type(operand))
+        held = {name for name, t in env.items() if t is not None}
+        for operand, result in self.partition.views_placed(self.graph, held).items():
+            env[operand] = as_type(env[result], self.inst.type(operand))
 
     def _view(self, part: Part, env: dict[str, Any]) -> Callable[[], Any]:
         """A view's step: its result is its operand's memory, added to `env`; where `env` holds another buffer for

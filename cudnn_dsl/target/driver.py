@@ -55,7 +55,7 @@ def driver_symbols(lib_dir: Path) -> list[str]:
     The list is data, never code: a cached list is used only when every entry is a plain cu* identifier and its
     checksum matches. A damaged list is scanned again, and a cache that cannot be written is skipped; either is
     said in one line on stderr."""
-    from cudnn_dsl.store.files import StoreProblem, atomic_write, read_regular
+    from cudnn_dsl.store.files import StoreProblem, atomic_write, loads, read_regular
     from cudnn_dsl.store.keys import cache_dir
 
     libs = sorted(lib_dir.glob("libcudnn*.so*"))
@@ -65,7 +65,7 @@ def driver_symbols(lib_dir: Path) -> list[str]:
     try:
         data = read_regular(path, 1 << 22, "the driver symbol cache")  # None: no cache yet
         if data is not None:
-            d = json.loads(data)
+            d = loads(data)  # every failure a ValueError: deep nesting, bad UTF-8 too
             names = d["names"]
             if (
                 isinstance(names, list)
