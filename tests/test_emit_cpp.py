@@ -105,6 +105,20 @@ def test_a_graph_in_parts_is_its_cuDNN_parts_on_shared_memory(tmp_path):
     assert '{"q",' not in code.split(".memories = ")[1].split(".views = ")[0]
 
 
+def test_the_partition_comment_is_one_line_each_with_no_splice():
+    """The lines saying why and how a graph is split are // comments of one line each, none ending in a backslash
+    (which would splice the next line of code into the comment): cuDNN's reasons are quoted there."""
+    from cudnn_dsl.interop.emit_cpp import _comment
+
+    assert _comment("declined: No valid engine\n  configs \\") == "// declined: No valid engine configs"
+    g = graph_of(ROOT / "examples/training/resnet_block.cdg", "resnet_block")
+    target = Target.named(TARGET)
+    partition = plan_for_target(g, g.instances[0], g.options, target)[1]
+    head = twin("r", g, g.instances[0], g.options, target, None, partition).code.split("namespace ")[0]
+    comments = head.splitlines()[1:]
+    assert comments and all(line.startswith("// ") and not line.endswith("\\") for line in comments), head
+
+
 def test_a_part_left_to_torch_is_refused_at_its_op():
     file = ROOT / "examples/torch_models/conv_bn_relu.cdg"
     g = graph_of(file, "conv_bn_relu")

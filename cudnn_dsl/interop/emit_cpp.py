@@ -93,6 +93,12 @@ def _cstr(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def _comment(text: str) -> str:
+    """A // comment of one line: its whitespace runs made one space, no backslash at its end (which would splice
+    the next line of code into the comment)."""
+    return "// " + re.sub(r"[\\\s]+$", "", " ".join(text.split()))
+
+
 def _cpp(x) -> str:
     """A C++ expression of a value the lowering passes: a recorded value, bool, int, float, str, or a list."""
     if isinstance(x, _Value):
@@ -338,7 +344,7 @@ def twin(name: str, graph: Graph, inst: Instance, options, target: Target, inits
         graphs, made, views = _parts(graph, inst, partition)
         why = declined_whole(partition.declined, "it", target.name)
         lines = [f"In {len(partition.parts)} parts: {why}", *partition.lines(graph)]
-        about = "".join(f"\n// {' '.join(line.split())}" for line in lines)
+        about = "".join(f"\n{_comment(line)}" for line in lines)
     functions, parts, scratches = [], [], []
     for k, g, i in graphs:
         body, host, scratch = define_graph(g, i, options)
