@@ -529,9 +529,10 @@ def train(path: Path, data: dict) -> str:
     if timed:
         out += [
             "Where an eager step's host time goes (CUDA): the host's wall time of the forward (the loss included) and "
-            "of the backward, the GPU synchronized between steps; then the ops with the most host self time in a "
-            "step (torch.profiler, CPU activity, µs and calls per step; a graph op's own kernel apart from the aten "
-            "ops it issues; the profiler's own cost included).",
+            "of the backward, the GPU synchronized between steps; for cudnn-dsl, the part of it inside cuDNN's "
+            "launches (the backend execute of each part, under cProfile); then the ops with the most host self time "
+            "in a step (torch.profiler, CPU activity, µs and calls per step; a graph op's own kernel apart from the "
+            "aten ops it issues; the profiler's own cost included).",
             host_time_table(timed),
         ]
     out += [
@@ -550,8 +551,14 @@ def host_time_table(timed: dict) -> str:
             ops = "; ".join(
                 f"{key} {us:.0f} µs" + ("" if calls is None else f" ({calls:g}x)") for key, (us, calls) in top
             )
-            rows.append([name, twin, f"{h['forward_us']:.0f}", f"{h['backward_us']:.0f}", ops or "not profiled"])
-    return table(["block", "twin", "forward µs", "backward µs", "most host self time per step"], rows)
+            e = h.get("cudnn_execute")
+            launches = "—" if e is None else f"{e['us']:.0f} ({e['launches']:g} launches)"
+            rows.append(
+                [name, twin, f"{h['forward_us']:.0f}", f"{h['backward_us']:.0f}", launches, ops or "not profiled"]
+            )
+    return table(
+        ["block", "twin", "forward µs", "backward µs", "in cuDNN's launches, µs", "most host self time per step"], rows
+    )
 
 
 def train_row(name: str, m: dict) -> list:

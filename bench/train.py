@@ -33,8 +33,10 @@ report says so (`"cudnn": false`).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import math
+import pstats
 import subprocess
 import sys
 import time
@@ -51,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
+from cudnn_dsl.run import launch  # noqa: E402
 from cudnn_dsl.run.partition import Counts, Partition, plan_for_target  # noqa: E402
 from cudnn_dsl.run.parts import Parts  # noqa: E402
 from cudnn_dsl.run.timing import gpu_time_us  # noqa: E402
@@ -441,8 +444,9 @@ def host_cost(name: str, batch, iterations: int, target: str) -> dict:
 def host_time(setup: Setup, iterations: int = 50, top: int = 10) -> dict:
     """Where an eager step's host time goes on CUDA, measured, per twin: the host's wall time of the forward (the
     loss included) and of the backward, the GPU synchronized between steps so that no launch waits for a full
-    queue; and the ops taking the most host time in a step (torch.profiler, CPU only: self µs and calls per step;
-    a graph op's own kernel is apart from the aten ops it issues)."""
+    queue; the ops taking the most host time in a step (torch.profiler, CPU only: self µs and calls per step;
+    a graph op's own kernel is apart from the aten ops it issues); and for cudnn-dsl, the part of it inside
+    cuDNN's launches (cudnn_execute)."""
     out = {}
     for twin, model in (("cudnn-dsl", setup.dsl()), ("torch", setup.plain())):
         params = list(model.parameters())
@@ -470,7 +474,27 @@ def host_time(setup: Setup, iterations: int = 50, top: int = 10) -> dict:
             "profiled_us": sum(e.self_cpu_time_total for e in rows) / steps,
             "top_self_us": {e.key: [e.self_cpu_time_total / steps, e.count / steps] for e in rows[:top]},
         }
+        if twin == "cudnn-dsl":
+            out[twin]["cudnn_execute"] = cudnn_execute(step, iterations)
     return out
+
+
+def cudnn_execute(step: Callable, steps: int) -> dict:
+    """The host time of a step spent inside cuDNN's launches (the backend execute of every part, the function
+    cudnn_dsl.run.launch names `execute`), under cProfile, the GPU synchronized between steps: µs and launches
+    per step."""
+    prof = cProfile.Profile()
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        prof.enable()
+        step()
+        prof.disable()
+    launches = [
+        (row[1], row[3])  # calls, cumulative seconds
+        for (file, _, fn), row in pstats.Stats(prof).stats.items()
+        if fn == "execute" and Path(file) == Path(launch.__file__)
+    ]
+    return {"us": sum(t for _, t in launches) / steps * 1e6, "launches": sum(n for n, _ in launches) / steps}
 
 
 def host_cost_apart(name: str, batch, iterations: int, target: str) -> dict:
@@ -608,6 +632,9 @@ def print_report(name: str, r: dict, steps: int) -> None:
         )
         for key, (us, calls) in h["top_self_us"].items():
             print(f"    {us:8.1f} µs {calls:5.1f}x  {key}")
+        if "cudnn_execute" in h:
+            e = h["cudnn_execute"]
+            print(f"    of which inside cuDNN's launches: {e['us']:.1f} µs in {e['launches']:g} launches (cProfile)")
     h = r.get("host_cost")
     if h:
         print(

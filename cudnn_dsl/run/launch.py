@@ -195,8 +195,9 @@ class Bound:
 
 class Pointers:
     """A variant pack as a launch reads it: one entry per UID in `uids`' order (a device pointer, or for the
-    public execute, a buffer or a bare address) and the launch that reads it. An entry may be pointed
-    elsewhere between launches."""
+    public execute, a buffer or a bare address) and the launch that reads it, a function of this module named
+    `execute` (bench/train.py's host profile finds cuDNN's launches by it). An entry may be pointed elsewhere
+    between launches."""
 
     def __init__(self, array, uids: tuple[int, ...], launch: Callable[[], None]):
         self.array, self.uids, self.launch = array, uids, launch
@@ -210,7 +211,11 @@ def pointers(exe: Executable, pack: dict[int, Any]) -> Pointers:
         return raw
     uids, array = tuple(pack), list(pack.values())
     g, ws, h, overrides = exe.low.g, exe.workspace, exe.handle, exe.overrides
-    return Pointers(array, uids, lambda: g.execute(array, ws, handle=h, tensor_uids=uids, **overrides))
+
+    def execute() -> None:
+        g.execute(array, ws, handle=h, tensor_uids=uids, **overrides)
+
+    return Pointers(array, uids, execute)
 
 
 def raw_pointers(exe: Executable, pack: dict[int, Any]) -> Pointers | None:
@@ -237,7 +242,11 @@ def raw_pointers(exe: Executable, pack: dict[int, Any]) -> Pointers | None:
         launch = lowered._execute_with_raw_ptrs
     except Exception:  # noqa: BLE001 - any drift in the internals: use the public path
         return None
-    return Pointers(array, tuple(vp.uids), lambda: launch(*args))
+
+    def execute() -> None:
+        launch(*args)
+
+    return Pointers(array, tuple(vp.uids), execute)
 
 
 def current_device() -> int:
