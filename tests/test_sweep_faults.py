@@ -163,10 +163,11 @@ def executor_address() -> str:
 
 @pytest.mark.slow
 def test_a_unit_past_its_time_limit_is_recorded_as_a_timeout_and_not_retried(executor, tmp_path):
-    work = sweep.plan(sweep.Spec.load(support_spec(tmp_path, extra="timeout_s = 0.01")))
+    # a limit no unit can meet: a warm worker can answer a support query within 0.01 s
+    work = sweep.plan(sweep.Spec.load(support_spec(tmp_path, extra="timeout_s = 1e-6")))
     result = sweep.run(work, executor, staging=tmp_path / "staging")
     assert result.counts == {"timeout": work.shapes} and not result.complete
     records = recorded_once(tmp_path / "staging", work)
     assert {r.provenance["attempt"] for r in records} == {1}
-    assert "past the unit time limit of 0.01 s" in records[0].result["error"]
+    assert "past the unit time limit of 1e-06 s" in records[0].result["error"]
     no_temp_files(tmp_path)
