@@ -64,6 +64,7 @@ def test_ray_and_local_executors_give_one_manifest_byte_for_byte(ray_cluster, fa
 @pytest.mark.slow
 def test_a_node_removed_mid_sweep_has_its_units_run_elsewhere(ray_cluster, fault_free, tmp_path):
     extra = ray_cluster.add_node(**LOOPBACK, num_cpus=2)
+    ray_cluster.wait_for_nodes()  # registered before the sweep submits, else every unit may go to the others
     raylet = extra.all_processes["raylet"][0].process.pid
     removed, stop = threading.Event(), threading.Event()
 
