@@ -162,7 +162,8 @@ def test_ctrl_c_is_a_message_and_exit_130():
         assert "no CUDA GPU here" in first
         if p.returncode != 0:
             break
-    assert p.returncode == 130 and "cudnn-dsl: interrupted" in err and "Traceback" not in err, err
+    # -SIGINT: after the message the interpreter may end by the signal itself, which a shell reports as 130 too
+    assert p.returncode in (130, -signal.SIGINT) and "cudnn-dsl: interrupted" in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize(
