@@ -667,6 +667,7 @@ CASES = {
         _graph(_SDPA + "  output o = sdpa(q, k, v)"),
         _graph(_SDPA + "  output o = sdpa(q, k, v, diagonal_alignment=bottom_right, left_bound=32, right_bound=16)"),
         _graph(_SDPA + "  output o = sdpa(q, k, v, causal_bottom_right=true, sliding_window_length=64)"),
+        _graph(_SDPA + "  output o = sdpa(q, k, v, diagonal_alignment=bottom_right)"),
         _graph(_SDPA + "  output o = sdpa(q, k, v, alibi=true, causal=true)"),
         _graph(
             _SDPA + "  input lq : int32[2, 1, 1, 1]\n  input lkv : int32[2, 1, 1, 1]\n"

@@ -68,7 +68,7 @@ def error(call: str) -> str:
             {"right_bound": 0, "left_bound": 3, "diagonal_alignment": "top_left"},
         ),
         (
-            ["diagonal_alignment=bottom_right", "causal=false", ""],
+            ["diagonal_alignment=top_left", "causal=false", ""],
             {"right_bound": None, "left_bound": None, "diagonal_alignment": "top_left"},
         ),
     ],
@@ -81,20 +81,26 @@ def test_every_spelling_of_a_mask_is_one_graph(spellings, attrs):
     assert not {"causal", "causal_bottom_right", "sliding_window_length"} & set(a)  # folded away
 
 
-def test_an_alignment_without_a_band_is_noted_where_it_is_written():
-    """It cannot vanish in silence: the frontend reads it only to shift a bound, so the IR holds top_left."""
+def test_an_alignment_without_a_band_stays_bottom_right():
+    """As a hand-written frontend graph sets it: the IR, the lowered call and the frontend's JSON keep it, the
+    import gives it back, and the reference is the unmasked attention (no bound for it to shift)."""
+    from cudnn_dsl.interop.emit import emit_cudnn
     from dsl.pipeline import load
 
     src = text("sdpa(q, k, v, causal=false, diagonal_alignment=BOTTOM_RIGHT)")
     r = load(text=src, file="s.cdg")
-    [d] = r.diagnostics
-    assert d.severity == "note" and d.message.startswith("sdpa: diagonal_alignment=bottom_right has no effect here")
-    assert src.splitlines()[d.loc.line - 1][d.loc.col - 1 : d.loc.end_col - 1] == "diagonal_alignment=BOTTOM_RIGHT"
-    assert r.program.graphs[0].instances[0].attrs(0)["diagonal_alignment"] == "top_left"
-    for band in ("right_bound=0", "left_bound=2", "sliding_window_length=2", "causal_bottom_right=true"):
-        banded = load(text=src.replace("diagonal_alignment=", f"{band}, diagonal_alignment="), file="s.cdg")
-        assert banded.ok and banded.diagnostics == (), banded.render()
-        assert banded.program.graphs[0].instances[0].attrs(0)["diagonal_alignment"] == "bottom_right"
+    assert r.ok and r.diagnostics == (), r.render()
+    g = r.program.graphs[0]
+    assert g.instances[0].attrs(0)["diagonal_alignment"] == "bottom_right"
+    assert len({graph_digest(x, x.instances[0]) for x in (g, graph("sdpa(q, k, v)"))}) == 2
+    script = emit_cudnn(g, g.instances[0])
+    assert "diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT" in script
+    assert "diagonal_band_" not in script
+    ins, out, scale = reference("sdpa(q, k, v, diagonal_alignment=bottom_right, stats=true)")
+    close(out, by_hand(ins, scale))
+    padded = "sdpa(q, k, v, seq_len_q=lq, seq_len_kv=lkv, diagonal_alignment=bottom_right, stats=true)"
+    ins, out, scale = reference(padded, lens=([3, 5], [6, 7]))
+    close(out, by_hand(ins, scale, bottom_right=True))
 
 
 def test_an_unknown_argument_lists_the_optional_inputs_beside_the_attributes():
@@ -350,6 +356,7 @@ def planned(call: str):
         "causal=true, left_bound=64",
         "left_bound=32, right_bound=16",
         "causal_bottom_right=true",
+        "diagonal_alignment=bottom_right",
         "seq_len_q=lq, seq_len_kv=lkv, causal=true, left_bound=64",
         "seq_len_q=lq, seq_len_kv=lkv, causal_bottom_right=true",
         "alibi=true, causal=true",

@@ -335,7 +335,7 @@ def _sdpa_band(n: Node) -> list[tuple[str, str]]:
     out = []
     if right == 0:
         out.append(("causal" if align == "top_left" else "causal_bottom_right", "true"))
-    elif left is not None or right is not None:
+    else:
         if align != "top_left":  # the language's default
             out.append(("diagonal_alignment", align))
         if right is not None:

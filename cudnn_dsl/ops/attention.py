@@ -250,8 +250,9 @@ def _masks(ctx, a, bias, len_q, len_kv, sink) -> dict:
 
 def _band(ctx, a, prefix: str) -> dict:
     """A diagonal band's bounds and alignment, under the frontend's names for them (prefix: sdpa's
-    `diagonal_band_`, none for sdpa_fp8)."""
-    if a["left_bound"] is None and a["right_bound"] is None:
+    `diagonal_band_`, none for sdpa_fp8). A bottom-right alignment is passed without a band too, as the file
+    writes it: the frontend's graph then says what a hand-written one does."""
+    if a["left_bound"] is None and a["right_bound"] is None and a["diagonal_alignment"] == "top_left":
         return {}
     kw = {"diagonal_alignment": getattr(ctx.cudnn.diagonal_alignment, a["diagonal_alignment"].upper())}
     for side in ("left", "right"):

@@ -70,9 +70,7 @@ def _derive_band(ctx: Ctx) -> dict:
                 "left_bound",
             )
         left = window
-    if left is None and right is None:
-        align = "top_left"  # no band: the alignment means nothing
-    elif not _given(align):
+    if not _given(align):
         align = "top_left"
     return out | {"left_bound": left, "right_bound": right, "diagonal_alignment": align}
 
@@ -108,23 +106,6 @@ def _sdpa_sink_and_scale(ctx: Ctx) -> None:
             raise RuleError(
                 f"{ctx.op}: {name} must be float{fmt_shape(want)}, {what}; got {t.dtype}{fmt_shape(t.shape)}", at
             )
-
-
-def note_alignment(ctx: Ctx, given: dict) -> list[tuple[int | str, str]]:
-    """diagonal_alignment=bottom_right without a band: the frontend reads the alignment only where it shifts a
-    bound (attn_score_modifiers.h's sliding_window_mask), so the IR keeps its one form, top_left."""
-    bounds = ("left_bound", "right_bound", "sliding_window_length")
-    band = any(given.get(a) is not None for a in bounds) or given.get("causal") or given.get("causal_bottom_right")
-    if band or given.get("diagonal_alignment") != "bottom_right":
-        return []
-    return [
-        (
-            "diagonal_alignment",
-            f"{ctx.op}: diagonal_alignment=bottom_right has no effect here: it aligns the diagonal of a band "
-            "(left_bound, right_bound, causal or sliding_window_length), and this call has none; the graph holds "
-            "top_left, the same mask",
-        )
-    ]
 
 
 def derive_sdpa(ctx: Ctx) -> dict:
@@ -562,7 +543,6 @@ OPS = by_name(
         ragged=((10, 0, 4), (11, 1, 5), (12, 2, 5), (13, -1, 4), (14, -2, 4)),
         flops=flops_sdpa,
         derive=derive_sdpa,
-        notes=note_alignment,
         folded=_FOLDED,
         domains=domains_sdpa,
         block_tables=(8, 9),
@@ -615,7 +595,6 @@ OPS = by_name(
         inner_tensors=True,
         flops=flops_sdpa,
         derive=_derive_band,
-        notes=note_alignment,
         folded=_FOLDED,
         positive=(3, 4, 5, 6, 7, 8),
         attrs=(
@@ -650,7 +629,6 @@ OPS |= by_name(
         inner_tensors=True,
         flops=flops_sdpa,
         derive=_derive_band,
-        notes=note_alignment,
         folded=_FOLDED,
         positive=(3, 4, 5),
         attrs=OPS["sdpa_fp8"].attrs,
@@ -692,7 +670,6 @@ BACKWARD_OPS = by_name(
         by_value=("dropout_scale", "dropout_scale_inv", "attn_scale"),
         flops=flops_sdpa_backward,
         derive=_derive_band,
-        notes=note_alignment,
         folded=_FOLDED,
         domains=domains_sdpa_backward,
         attrs=(
@@ -746,7 +723,6 @@ BACKWARD_OPS |= by_name(
         inner_tensors=True,
         flops=flops_sdpa_backward,
         derive=_derive_band,
-        notes=note_alignment,
         folded=_FOLDED,
         positive=tuple(range(6, 18)),
         by_value=("descale_dp", "scale_dp"),
