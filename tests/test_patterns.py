@@ -138,12 +138,12 @@ def test_installed_sets_uninstall_in_any_order():
     before = inductor_config.joint_custom_post_pass
     a, b = patterns.install(src), patterns.install(src)
     a.uninstall()
-    assert inductor_config.joint_custom_post_pass.patterns == [b.matcher]
+    assert inductor_config.joint_custom_post_pass.sets == [b]
     b.uninstall()
     assert inductor_config.joint_custom_post_pass is before
     c = patterns.install(src)
     with patterns.install(src) as d:
-        assert inductor_config.joint_custom_post_pass.patterns == [c.matcher, d.matcher]
+        assert inductor_config.joint_custom_post_pass.sets == [c, d]
     c.uninstall()
     c.uninstall()  # twice: nothing more to remove
     assert inductor_config.joint_custom_post_pass is before

@@ -11,6 +11,7 @@ kernel per op, differentiable — the eager baseline of `bench` and the search o
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
 
 from cudnn_dsl.ops import IMPLS
 from cudnn_dsl.run.buffers import view
@@ -78,6 +79,9 @@ def _bound(node, given: dict, inputs: dict) -> dict:
     return {**given, **bound} if bound else given
 
 
+_OWN = object()  # a node computed by its op's reference
+
+
 class Outputs(dict):
     """The reference's outputs by name, and `undefined`: per output, a bool mask of the elements
     cuDNN leaves unspecified (the compare skips them), for outputs whose op says so."""
@@ -94,6 +98,7 @@ def run_reference(
     every: bool = False,
     rounded: frozenset[str] | None = None,
     drawn: dict[str, torch.Tensor] | None = None,
+    idioms: Mapping[int, Callable | None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Evaluates the graph with torch; returns every output, in its dtype, by name (with `every`, every tensor
     value: inputs, intermediates and outputs, each rounded to its declared dtype). A view input is read
@@ -101,7 +106,8 @@ def run_reference(
     output in place is compared, after the launch, with what the reference computed from them).
     ``rounded``: the values rounded to their dtype where computed (default: `rounded_values`; a test
     compares other models). ``drawn``: the values the device drew (`drawn_values`), as a launch left them;
-    NeedsDevice when one is missing."""
+    NeedsDevice when one is missing. ``idioms`` (native): by node index, a function of the values so far that
+    computes the node as a model's code does (patterns.search), or None for a node folded into a later one's."""
     device = torch.device(device) if device is not None else next(iter(inputs.values())).device
     widen = (lambda t: t) if native else _wide
     env: dict[str, torch.Tensor] = {}
@@ -121,6 +127,9 @@ def run_reference(
     undefined: dict[str, torch.Tensor] = {}
     with grad, precision:
         for index, node in enumerate(graph.nodes):
+            idiom = idioms.get(index, _OWN) if idioms is not None else _OWN
+            if idiom is None:
+                continue
             ins = [env[i] if i else None for i in node.inputs]
             outs = [instance.type(o) for o in node.outputs]
             impl = IMPLS[node.op]
@@ -128,7 +137,7 @@ def run_reference(
             if impl.drawn is not None:
                 ins += [_drawn(node, i, drawn, device) for i in impl.drawn(instance.attrs(index))]
             try:
-                results = impl.ref(ins, attrs_, outs)
+                results = impl.ref(ins, attrs_, outs) if idiom is _OWN else idiom(env)
                 if impl.undefined is not None:
                     masks = impl.undefined(ins, attrs_, outs)
                     undefined.update((o, m) for o, m in zip(node.outputs, masks) if m is not None)

@@ -1,0 +1,273 @@
+"""A graph as an Inductor search pattern (GraphPattern), and graphs that are one pattern (PatternGroup): the
+conditions a match must meet, the replacement, and the patterns traced with their backward for each set of
+inputs a model's region wants gradients of."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+from torch._inductor.pattern_matcher import (
+    MULTIPLE,
+    CallFunction,
+    Match,
+    PatternExpr,
+    PatternMatcherPass,
+    fwd_only,
+    gen_pattern,
+    joint_fwd_bwd,
+    register_graph_pattern,
+    register_replacement,
+)
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from cudnn_dsl.interop.emit import traceable_reference
+from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, where
+from cudnn_dsl.patterns.search import PLAIN, forms, idioms
+from cudnn_dsl.run.inputs import generate_inputs
+from cudnn_dsl.run.reference import run_reference
+from cudnn_dsl.target.dtypes import torch_dtype
+from cudnn_dsl.torch_op.op import TorchOp
+from dsl.diagnostics import DslError
+from dsl.ir import NotFound
+
+
+class GraphPattern:
+    """One graph's search, as a model computes it, and the conditions its matched inputs must meet."""
+
+    def __init__(self, op: TorchOp, device: str):
+        self.op, self.graph = op, op.graph
+        self.label = f"{self.graph.name} ({self.graph.loc})"
+        inst = self.graph.instances[0]
+        names = op.tensor_names
+        self.types = {n: inst.type(n) for n in names}
+        self.forms = forms(self.graph, inst)
+        # Inductor runs the search on its examples: drawn as `run` draws inputs, so that index inputs (page
+        # tables, ragged offsets, sequence lengths) are valid.
+        drawn = generate_inputs(self.graph, inst, device)
+        self.examples = [drawn[n] for n in names]
+        self.natives = [self.form(n).native(drawn[n]) for n in names]
+        scalars = {v.name: float(v.scalar) for v in op.scalars}
+        written = idioms(self.graph, inst, self.forms)
+        graph = self.graph
+
+        def search(*tensors):
+            outs = run_reference(graph, inst, dict(zip(names, tensors), **scalars), native=True, idioms=written)
+            return outs[graph.outputs[0].name] if len(graph.outputs) == 1 else tuple(outs.values())
+
+        search.__signature__ = _signature(names)
+        self.search = search
+        self._flops: dict[tuple, int] = {}
+
+    def form(self, name: str):
+        return self.forms.get(name, PLAIN)
+
+    def declared(self, values) -> dict[str, torch.Tensor]:
+        """The matched inputs (as the model holds them) in the forms the graph declares: views."""
+        return {n: self.form(n).declared(v, len(self.types[n].shape)) for n, v in zip(self.op.tensor_names, values)}
+
+    def replace(self, *tensors):
+        return self.op(*self.declared(tensors).values())
+
+    def dtype_mismatch(self, values: dict[str, torch.Tensor]) -> str | None:
+        for name, t in self.types.items():
+            value, want = values[name], torch_dtype(t.dtype)
+            if value.dtype != want:
+                return f"'{name}' is {value.dtype}, the graph declares {want}"
+        return None
+
+    def mismatch(self, values: dict[str, torch.Tensor]) -> str | None:
+        """What in these inputs (as the model holds them) breaks the graph's declarations; None when nothing
+        does."""
+        why = self.dtype_mismatch(values)
+        if why is not None:
+            return why
+        for name, t in self.types.items():
+            if values[name].dim() > len(t.shape) - self.form(name).lead:
+                return f"'{name}' has {values[name].dim()} dims, the graph declares {len(t.shape)}"
+        values = self.declared(values[n] for n in self.op.tensor_names)
+        hints = {n: tuple(_hint(d) for d in v.shape) for n, v in values.items()}
+        try:
+            inst = self.graph.instance(self.graph.binding_of(hints))
+        except (NotFound, DslError) as e:
+            return f"shape outside the graph's: {' '.join(str(e).split())}"
+        for name, value in values.items():
+            t = inst.type(name)
+            if tuple(hints[name]) != tuple(t.shape):
+                return f"'{name}' is {list(hints[name])}, the graph declares {list(t.shape)}"
+            strides = [_hint(s) for s in value.stride()]
+            if any(n != 1 and s != w for n, s, w in zip(t.shape, strides, t.strides)):
+                return f"'{name}' has strides {strides}, the graph declares {list(t.strides)}"
+        return self._guard(values)
+
+    def _guard(self, values: dict[str, torch.Tensor]) -> str | None:
+        """A symbolic size held to its dim's declared values: comparing it guards the compiled model, which
+        torch.compile recompiles, unreplaced, for a size outside them."""
+        declared = dict(self.graph.input_dims)
+        symbols = {s.name: s for s in self.graph.symbols}
+        for name, value in values.items():
+            for dim, size in zip(declared.get(name, ()), value.shape):
+                if isinstance(dim, str) and isinstance(size, torch.SymInt):
+                    s = symbols[dim]
+                    inside = s.accepts(size) if s.span is not None else size == _hint(size)
+                    if not inside:
+                        return f"'{name}': {dim} = {size} is not a value the graph declares"
+        return None
+
+    def flops(self, values: dict[str, torch.Tensor]) -> int:
+        """The graph's forward FLOPs at the shape of these inputs (torch's flop counter over its reference on
+        meta tensors: no memory, no compute)."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        hints = {n: tuple(_hint(d) for d in v.shape) for n, v in self.declared(values.values()).items()}
+        key = tuple(sorted(hints.items()))
+        if key not in self._flops:
+            inst = self.graph.instance(self.graph.binding_of(hints))
+            with unset_fake_temporarily(), FlopCounterMode(display=False) as counter:
+                fn, examples = traceable_reference(self.graph, inst, native=True, device="meta")
+                fn(*examples)
+            self._flops[key] = counter.get_total_flops()
+        return self._flops[key]
+
+
+class PatternGroup:
+    """Graphs whose searches are one pattern to Inductor (one graph at several shapes, most often): registered
+    once, each match replaced by the first graph whose declarations its inputs meet."""
+
+    def __init__(self, members: list[GraphPattern], report: Report):
+        self.members, self.report = members, report
+        first = members[0]
+        self.names = first.op.tensor_names
+        self.floats = tuple(n for n, e in zip(self.names, first.examples) if e.is_floating_point())
+        self.traced: set[tuple[str, ...]] = set()  # the gradient sets with a pattern
+        self.chosen: GraphPattern | None = None
+        self.wanting: set[torch.fx.Node] = set()
+
+    def register(self, into: PatternMatcherPass, discovery: PatternMatcherPass) -> None:
+        first = self.members[0]
+        self.into = into
+        register_replacement(first.search, self.replace, first.natives, fwd_only, into, extra_check=self.valid)
+        # Inductor re-traces a match's search in the matched dtypes before `valid` sees it, and that trace
+        # casts to the declared ones: a region in another dtype never reaches `valid`. The search as first
+        # traced (integers unchecked) finds it, after the replacement above, to report it; it replaces nothing.
+        forward = gen_pattern(first.search, first.natives, fwd_only)
+        register_graph_pattern(forward, extra_check=self.in_other_dtype, pass_dict=into)(self.report_other_dtype)
+        # In a joint graph the forward's values are also read by the backward: matched whatever their users, the
+        # forward says which of a region's inputs want gradients, and so which pattern with its backward to trace.
+        register_graph_pattern(_any_users(copy.deepcopy(forward)), extra_check=self.discover, pass_dict=discovery)(
+            _nothing
+        )
+
+    def discover(self, match: Match) -> bool:
+        """A region's forward in a joint graph: its pattern with the backward of the gradients it wants, traced
+        the first time they are seen."""
+        wanting = tuple(n for n in self.floats if match.kwargs[n] in self.wanting)
+        if wanting and wanting not in self.traced:
+            self.traced.add(wanting)
+            first = self.members[0]
+            with unset_fake_temporarily():  # traced on real examples, outside the compile's fake tensors
+                examples = [e.clone().requires_grad_(n in wanting) for n, e in zip(self.names, first.natives)]
+                register_replacement(
+                    first.search, self.replace, examples, joint_fwd_bwd, self.into, extra_check=self.valid_training
+                )
+        return False
+
+    def replace(self, *tensors):
+        # Inductor traces the replacement right after `valid` accepted the match, which chose the graph
+        return self.chosen.replace(*tensors)
+
+    def valid_training(self, match: Match) -> bool:
+        return self.valid(match, training=True)
+
+    def valid(self, match: Match, training: bool = False) -> bool:
+        """Whether the matched inputs are what one of the graphs declares; the report says what was done."""
+        last = _last(match)
+        at = where(last)
+        values = _matched(match, self.names)
+        whys = []
+        for member in self.members:
+            why = member.mismatch(values)
+            if why is None:
+                self.chosen = member
+                self.report.replace(last, Replaced(member.label, at, training, member.flops(values)))
+                return True
+            whys.append(why)
+        first = self.members[0]
+        if len(self.members) == 1:
+            self.report.miss(last, NearMiss(first.label, at, whys[0]))
+        else:
+            label = f"{first.graph.name} and {len(self.members) - 1} graphs of its form"
+            self.report.miss(last, NearMiss(label, at, f"none declares these inputs ({first.graph.name}: {whys[0]})"))
+        return False
+
+    def in_other_dtype(self, match: Match) -> bool:
+        values = _matched(match, self.names)
+        return all(m.dtype_mismatch(values) is not None for m in self.members)
+
+    def report_other_dtype(self, match: Match, *args, **kwargs) -> None:
+        """A region of the graph's ops in other dtypes, as a near miss; the graph is left as it is."""
+        first, last = self.members[0], _last(match)
+        why = first.dtype_mismatch(_matched(match, self.names))
+        self.report.miss(last, NearMiss(first.label, where(last), why))
+
+
+def wanting_gradients(graph: torch.fx.Graph) -> set[torch.fx.Node] | None:
+    """The forward values of a joint graph that want gradients: those computed from an input whose gradient
+    the graph returns; None for a graph with no backward."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if not any(str(n.target).startswith("tangents") for n in placeholders):
+        return None
+    primals = [n for n in placeholders if str(n.target).startswith("primals")]
+    [output] = [n for n in graph.nodes if n.op == "output"]
+    grads = list(output.args[0])[-len(primals) :] if primals else []
+    wanting = {p for p, g in zip(primals, grads) if g is not None}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.meta.get("partitioner_tag") == "is_backward":
+            continue
+        value = node.meta.get("val")
+        floating = isinstance(value, torch.Tensor) and value.is_floating_point()
+        if floating and any(a in wanting for a in node.all_input_nodes):
+            wanting.add(node)
+    return wanting
+
+
+def _any_users(pattern: PatternExpr) -> PatternExpr:
+    """The pattern with every node matched whatever its number of users (a joint graph's backward reads them)."""
+    seen: set[int] = set()
+    stack = [pattern]
+    while stack:
+        p = stack.pop()
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if isinstance(p, CallFunction):
+            p.users = MULTIPLE
+        stack += [
+            a for a in (*getattr(p, "args", ()), *getattr(p, "kwargs", {}).values()) if isinstance(a, PatternExpr)
+        ]
+        stack += [a for a in getattr(p, "outputs", ()) if isinstance(a, PatternExpr)]
+    return pattern
+
+
+def _nothing(match: Match, *args, **kwargs) -> None:
+    """A discovery match replaces nothing (its check did the work)."""
+
+
+def _signature(names) -> inspect.Signature:
+    return inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+
+
+def _last(match: Match) -> torch.fx.Node:
+    """A match's output node: the region's last op."""
+    return match.output_nodes()[0] or match.nodes[-1]
+
+
+def _matched(match: Match, names) -> dict[str, torch.Tensor]:
+    """The matched inputs' (fake) values by name."""
+    return {n: match.kwargs[n].meta["val"] for n in names}
+
+
+def _hint(size) -> int:
+    """A size's value in the example that torch.compile traces (a symbolic one's hint)."""
+    return size if isinstance(size, int) else size.node.hint

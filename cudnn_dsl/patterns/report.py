@@ -1,0 +1,127 @@
+"""What installed patterns did to a compiled model: each region replaced, each left alone and why."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+
+@attrs.frozen
+class Replaced:
+    """A region of a compiled model that now runs a graph's op."""
+
+    graph: str
+    """the graph's name and where it is declared (file:line:col)"""
+    where: str
+    """the model's source line of the region's last op, as torch.compile recorded it"""
+    training: bool
+    """matched with its backward (the op's derived backward replaces the region's)"""
+    flops: int = 0
+    """the graph's forward FLOPs at the matched shape (torch's flop counter over its reference)"""
+
+    def __str__(self) -> str:
+        return f"replaced at {self.where}: {self.graph}{' (with its backward)' if self.training else ''}"
+
+
+@attrs.frozen
+class NearMiss:
+    """A region that has a graph's ops but breaks one of its conditions, and so is left alone."""
+
+    graph: str
+    where: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"not replaced at {self.where}: {self.graph}: {self.why}"
+
+
+@attrs.frozen
+class Unmatched:
+    """A compute op of the model (a convolution, a matmul, a norm, attention) that no installed graph took: no
+    graph has its region's ops, so none was tried."""
+
+    where: str
+    op: str
+    """the model's op as torch wrote it before decomposition (aten.addmm for nn.Linear)"""
+
+    def __str__(self) -> str:
+        return f"not replaced at {self.where}: {self.op}: no installed graph has this region's ops"
+
+
+@attrs.define
+class Report:
+    """What the installed patterns did, in the order Inductor matched.
+
+    A region may be checked by several patterns (graphs of one form traced apart, a graph in two dtypes): its
+    near misses wait (`pending`, by the region's last node) until the pass has run, and are dropped when a
+    pattern took the region."""
+
+    replaced: list[Replaced] = attrs.field(factory=list)
+    missed: list[NearMiss] = attrs.field(factory=list)
+    unmatched: list[Unmatched] = attrs.field(factory=list)
+    pending: list[tuple[torch.fx.Node, NearMiss]] = attrs.field(factory=list, repr=False)
+    taken: set[torch.fx.Node] = attrs.field(factory=set, repr=False)
+
+    def replace(self, node: torch.fx.Node, done: Replaced) -> None:
+        self.replaced.append(done)
+        self.taken.add(node)
+
+    def miss(self, node: torch.fx.Node, near: NearMiss) -> None:
+        self.pending.append((node, near))
+
+    def settle(self, graph: torch.fx.Graph) -> None:
+        """After a pass over `graph`: its near misses, once each, and the compute ops no graph took."""
+        for node, near in self.pending:
+            if node not in self.taken and near not in self.missed:
+                self.missed.append(near)
+        self.pending.clear()
+        self.taken.clear()
+        near = {m.where for m in self.missed}
+        for op in unmatched(graph):
+            if op not in self.unmatched and op.where not in near:
+                self.unmatched.append(op)
+
+    def __str__(self) -> str:
+        lines = [str(r) for r in self.replaced] + [str(m) for m in self.missed] + [str(u) for u in self.unmatched]
+        return "\n".join(lines) or "no region matched an installed graph"
+
+
+def where(node: torch.fx.Node) -> str:
+    """The model's `file:line (function)` of a node: the last frame of the stack trace torch.compile keeps."""
+    frames = [ln.strip() for ln in (node.meta.get("stack_trace") or "").splitlines() if ln.strip().startswith("File ")]
+    if not frames:
+        return f"node '{node.name}'"
+    file, line, function = (p.strip() for p in frames[-1].split(",", 2))  # File "m.py", line 12, in forward
+    return f"{file.removeprefix('File ').strip(chr(34))}:{line.removeprefix('line ')} ({function.removeprefix('in ')})"
+
+
+#: the compute ops of a model (as torch wrote them, before Inductor's decompositions) that a graph could take
+_COMPUTE = frozenset(
+    {
+        "aten.convolution.default",
+        "aten.addmm.default",
+        "aten.mm.default",
+        "aten.bmm.default",
+        "aten.native_layer_norm.default",
+        "aten._fused_rms_norm.default",
+        "aten.rms_norm.default",
+        "aten._native_batch_norm_legit_no_training.default",
+        "aten._native_batch_norm_legit_functional.default",
+        "aten._scaled_dot_product_flash_attention_for_cpu.default",
+        "aten._scaled_dot_product_flash_attention.default",
+        "aten._scaled_dot_product_efficient_attention.default",
+        "aten._scaled_dot_product_cudnn_attention.default",
+    }
+)
+
+
+def unmatched(graph: torch.fx.Graph) -> list[Unmatched]:
+    """The forward compute ops left in a graph after the patterns ran, one per model line and op."""
+    found = []
+    for node in graph.nodes:
+        op = str(node.meta.get("original_aten", ""))
+        if node.op == "call_function" and op in _COMPUTE and node.meta.get("partitioner_tag") != "is_backward":
+            u = Unmatched(where(node), op.removesuffix(".default"))
+            if u not in found:
+                found.append(u)
+    return found

@@ -1,0 +1,125 @@
+"""A graph's pattern search as a PyTorch model computes it: its inputs as the model holds them, its ops in torch's
+own idioms.
+
+Inductor matches a pattern by the aten ops traced from its search, so the search must be written as a model is.
+A graph declares a Linear's weight as a col_major [1, K, N] operand of `matmul` and its bias as [1, 1, N]; the
+model holds them as the weight's [N, K] and a [N] bias and calls `F.linear`, whose aten graph (view, permute,
+addmm, view) shares no op with a batched matmul's. So a search takes each input in the model's form (`Form`: the
+declared tensor less its leading unit dims, transposed for a Linear weight) and runs the graph's reference with
+those ops written as torch's modules write them (`idioms`): `F.linear` with its bias, `F.layer_norm` and
+`F.rms_norm` on their [D] weights. The replacement views each matched input back to its declared form (no copy).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from dsl.ir import Graph, Instance
+
+
+@attrs.frozen
+class Form:
+    """How a model holds one of a graph's inputs: the declared tensor less `lead` leading unit dims, and
+    `transposed` in its last two (a Linear's [N, K] weight for a col_major [1, K, N] operand of matmul)."""
+
+    lead: int = 0
+    transposed: bool = False
+
+    def native(self, declared: torch.Tensor) -> torch.Tensor:
+        """The model's tensor of an example in the declared form (contiguous, as a module's parameter is)."""
+        t = declared.reshape(declared.shape[self.lead :])
+        return t.mT.contiguous() if self.transposed else t
+
+    def declared(self, native: torch.Tensor, rank: int) -> torch.Tensor:
+        """The declared form of a model's tensor: a view of it. Fewer dims than declared get leading unit dims
+        (torch's broadcasting aligns trailing dims: a [C, 1, 1] statistic against [N, C, H, W] is [1, C, 1, 1])."""
+        t = native.mT if self.transposed and native.dim() >= 2 else native
+        return t if t.dim() == rank else t.reshape((1,) * (rank - t.dim()) + tuple(t.shape))
+
+
+PLAIN = Form()
+
+
+def _leading_units(shape: tuple[int, ...], keep: int) -> int:
+    """How many leading unit dims `shape` has, leaving at least `keep` dims."""
+    n = 0
+    while n < len(shape) - keep and shape[n] == 1:
+        n += 1
+    return n
+
+
+def forms(graph: Graph, inst: Instance) -> dict[str, Form]:
+    """Each tensor input's form in a model, by what reads it: a matmul's weight, a norm's scale and bias, the
+    bias added to a Linear's matmul. An input read two ways keeps its declared form."""
+    inputs = {v.name for v in graph.values if v.kind == "input"}
+    made_by = {o: node for node in graph.nodes for o in node.outputs}
+    proposed: dict[str, set[Form]] = {}
+
+    def propose(name: str, form: Form) -> None:
+        if name in inputs:
+            proposed.setdefault(name, set()).add(form)
+
+    for node in graph.nodes:
+        if node.op == "matmul" and node.inputs[1] in inputs:
+            t = inst.type(node.inputs[1])
+            lead = len(t.shape) - 2
+            if all(d == 1 for d in t.shape[:lead]):
+                col_major = t.strides[-2] == 1 and t.shape[-2] != 1
+                propose(node.inputs[1], Form(lead, col_major))
+        elif node.op in ("layernorm", "rmsnorm") and len(node.outputs) == 1 and not node.scalars:
+            for s in node.inputs[1:3]:
+                if s:
+                    propose(s, Form(_leading_units(inst.type(s).shape, keep=1)))
+        elif node.op == "add":
+            for mine, other in (node.inputs, node.inputs[::-1]):
+                if made_by.get(other) is not None and made_by[other].op == "matmul" and mine in inputs:
+                    propose(mine, Form(_leading_units(inst.type(mine).shape, keep=1)))
+    return {n: next(iter(f)) for n, f in proposed.items() if len(f) == 1}
+
+
+#: a node folded into a later one's idiom (a Linear's matmul into its bias add): run_reference skips it
+FOLDED = None
+
+
+def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, object]:
+    """By node index, the torch idiom that computes it from the values so far (a function of them), or FOLDED."""
+    uses: dict[str, int] = {}
+    for node in graph.nodes:
+        for i in node.inputs:
+            uses[i] = uses.get(i, 0) + 1
+    outputs = {v.name for v in graph.outputs}
+    found: dict[int, object] = {}
+    for k, node in enumerate(graph.nodes):
+        if node.op == "matmul" and given.get(node.inputs[1], PLAIN).transposed:
+            a, w = node.inputs[:2]
+            out = node.outputs[0]
+            bias_add = _bias_add(graph, inst, out, given) if uses.get(out) == 1 and out not in outputs else None
+            if bias_add is not None:
+                j, b = bias_add
+                found[k] = FOLDED
+                found[j] = lambda env, a=a, w=w, b=b: [F.linear(env[a], env[w], env[b])]
+            else:
+                found[k] = lambda env, a=a, w=w: [F.linear(env[a], env[w])]
+        elif node.op in ("layernorm", "rmsnorm") and len(node.outputs) == 1 and not node.scalars:
+            x, scale, bias = (node.inputs + ("",) * 3)[:3]
+            eps = inst.attrs(k)["epsilon"]
+            if node.op == "layernorm" and scale in given and bias in given:
+                found[k] = lambda env, x=x, s=scale, b=bias, e=eps: [
+                    F.layer_norm(env[x], tuple(env[s].shape), env[s], env[b], e)
+                ]
+            elif node.op == "rmsnorm" and scale in given and not bias:
+                found[k] = lambda env, x=x, s=scale, e=eps: [F.rms_norm(env[x], tuple(env[s].shape), env[s], e)]
+    return found
+
+
+def _bias_add(graph: Graph, inst: Instance, value: str, given: dict[str, Form]) -> tuple[int, str] | None:
+    """The node adding an input bias to `value` (a Linear's matmul), and the bias: `matmul(x, w) + b` with b
+    [1, ..., 1, N], a Linear's [N] bias."""
+    for j, node in enumerate(graph.nodes):
+        if node.op == "add" and value in node.inputs:
+            [other] = [i for i in node.inputs if i != value] or [None]
+            if other in given and given[other].lead == len(inst.type(other).shape) - 1:
+                return j, other
+    return None
