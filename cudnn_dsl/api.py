@@ -7,7 +7,8 @@ import warnings
 
 from cudnn_dsl.run.compiled import CompiledGraph
 from dsl.diagnostics import RuleError
-from dsl.pipeline import SourceUnreadable, load
+from dsl.files import Unreadable
+from dsl.pipeline import load
 
 
 class DslWarning(UserWarning):
@@ -36,7 +37,7 @@ def compile(
         source, text = None, source
     try:
         result = load(source, text=text)
-    except SourceUnreadable as e:
+    except Unreadable as e:
         raise FileNotFoundError(str(e)) from None
     for d in result.diagnostics:
         if d.severity == "warning":

@@ -10,7 +10,7 @@ import attrs
 
 from dsl.diagnostics import DslError, Loc, RuleError, Sink
 from dsl.infer import Typer
-from dsl.inits import DISTS, check_dtype, make
+from dsl.inits import DISTS, check_dtype, like, make
 from dsl.ir import Buffer, Graph, Instance, Node, Program, Symbol, Value
 from dsl.ops import INFIX, OPS, OpSig
 from dsl.options import OPTIONS, Options
@@ -74,6 +74,8 @@ class _GraphChecker:
         """names assigned from an expression that failed: later uses stay silent"""
         self.counter = itertools.count()
         self.user_names: set[str] = set()
+        self.likes: list[tuple[Decl, ast.Ident]] = []
+        """inputs drawn like(x), with where x is named: checked once every declaration is read"""
 
     # ---- helpers --------------------------------------------------------------
 
@@ -423,7 +425,19 @@ class _GraphChecker:
                 f"{', '.join(DISTS)}",
                 s.loc,
             )
+        elif s.dist == "like":
+            if isinstance(target, BufferDecl):
+                self.err("a buffer is drawn, not copied: like(x) is an input's init", s.loc)
+            elif len(s.args) != 1 or not isinstance(s.args[0], ast.Ident):
+                self.err("init: like takes one input's name: like(x)", s.args[0].loc if s.args else s.loc)
+            else:
+                target.init = like(s.args[0].name)
+                self.likes.append((target, s.args[0]))
         else:
+            named = next((a for a in s.args if isinstance(a, ast.Ident)), None)
+            if named is not None:
+                self.err(f"init: {s.dist} takes numbers; only like(x) names an input", named.loc)
+                return
             try:
                 target.init = make(s.dist, tuple(a.value for a in s.args))
                 if target.dtype is not None:
@@ -431,6 +445,30 @@ class _GraphChecker:
             except RuleError as e:
                 at = s.args[e.at].loc if isinstance(e.at, int) and e.at < len(s.args) else s.loc
                 self.err(f"init: {e}", at)
+
+    def check_likes(self) -> None:
+        """like(x): x is a plain input (no view: a view is drawn with its buffer) of the target's dtype and dims,
+        itself drawn, not copied."""
+        for d, ref in self.likes:
+            src = self.decls.get(ref.name)
+            if src is None or src.kind != "input":
+                known = [n for n, x in self.decls.items() if x.kind == "input"]
+                what = "no input" if ref.name not in self.user_names else "not an input"
+                self.err(f"init: like({ref.name}): {what} '{ref.name}'{self.sink.hint(ref.name, known)}", ref.loc)
+            elif src is d:
+                self.err(f"init: input '{d.name}' cannot be drawn like itself", ref.loc)
+            elif src.view is not None:
+                self.err(f"init: like({ref.name}): '{ref.name}' is a view, drawn with its buffer", ref.loc)
+            elif src.init is not None and src.init.source is not None:
+                self.err(f"init: like({ref.name}): '{ref.name}' is itself like({src.init.source}); name that", ref.loc)
+            elif (src.dtype, src.dims) != (d.dtype, d.dims) and src.dtype and d.dtype:
+                self.err(
+                    f"init: like({ref.name}): '{ref.name}' is {src.dtype}{_dims_text(src.dims)}, "
+                    f"'{d.name}' is {d.dtype}{_dims_text(d.dims)}: a copy needs the same dtype and dims",
+                    ref.loc,
+                )
+            else:
+                self.used.add(ref.name)
 
     def stmt_InputDecl(self, st: ast.InputDecl) -> None:
         if not self.define(st.name, st.loc):
@@ -741,6 +779,7 @@ class _GraphChecker:
         return ok
 
     def finish_structure(self) -> None:
+        self.check_likes()
         if not self.outputs and not self.sink.n_errors:
             self.err(f"graph '{self.gdef.name}' has no outputs; mark results with 'output NAME = ...'", self.gdef.loc)
         for name, d in self.decls.items():
@@ -859,6 +898,10 @@ class _GraphChecker:
             input_dims=tuple((name, d.dims) for name, d in self.decls.items() if d.kind == "input"),
             typer=_typer(resolved, tuple(dict(instances[0].binding))) if any(s.span for s in used) else None,
         )
+
+
+def _dims_text(dims: tuple) -> str:
+    return "[" + ", ".join(str(getattr(d, "value", d)) for d in dims) + "]"
 
 
 def _instance(binding: dict[str, int], typed) -> Instance:

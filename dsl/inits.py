@@ -34,13 +34,16 @@ DISTS = {
         Dist("randn", ("mean", "std"), (0.0, 1.0), "normal with this mean and standard deviation"),
         Dist(
             "randint",
-            ("lo", "hi"),
-            (None, None),
-            "integers in [lo, hi], each equally likely (the default of integer inputs: -8 to 8)",
+            ("lo", "hi", "scale"),
+            (None, None, 1.0),
+            "integers in [lo, hi], each equally likely, times scale (the default of integer inputs: -8 to 8; "
+            "randint(0, 10, 0.5) draws 0, 0.5, ..., 5: values exact in every float dtype)",
         ),
         Dist("bernoulli", ("p",), (0.5,), "1 (true) with probability p, else 0: masks (the default of bool inputs)"),
         Dist("sparse", ("p",), (0.9,), "uniform in [-1, 1) with a fraction p of the elements 0"),
         Dist("full", ("value",), (None,), "every element the same value (a per-sequence length, a constant)"),
+        Dist("zeros", (), (), "every element 0 (false): an accumulator, a cleared cache"),
+        Dist("ones", (), (), "every element 1 (true): a neutral scale, a mask that keeps everything"),
         Dist(
             "permutation",
             ("lo", "hi"),
@@ -54,6 +57,12 @@ DISTS = {
             (0.0, 1.0),
             "start, start + step, ... in row-major order of the dims (page tables, indices)",
         ),
+        Dist(
+            "like",
+            ("input",),
+            (None,),
+            "the values of another input of the same shape and dtype, as generated or given (a copy: K equal to Q)",
+        ),
     )
 }
 
@@ -64,17 +73,26 @@ class Init:
 
     dist: str
     args: tuple[float, ...]
+    source: str | None = None
+    """like(x): the input whose values it takes (no args then)"""
 
     def __str__(self) -> str:
+        if self.source is not None:
+            return f"{self.dist}({self.source})"
         return f"{self.dist}({', '.join(num_text(a) for a in self.args)})"
 
     def bounds(self) -> tuple[float, float] | None:
         """The least and greatest value it draws; None when unbounded (randn) or unknown before the shape (arange)."""
         a = self.args
-        if self.dist in ("uniform", "randint", "permutation"):
+        if self.dist == "randint":
+            scale = a[2] if len(a) > 2 else 1.0
+            return min(a[0] * scale, a[1] * scale), max(a[0] * scale, a[1] * scale)
+        if self.dist in ("uniform", "permutation"):
             return a[0], a[1]
         if self.dist == "full":
             return a[0], a[0]
+        if self.dist in ("zeros", "ones"):
+            return (0.0, 0.0) if self.dist == "zeros" else (1.0, 1.0)
         if self.dist in ("bernoulli",):
             return 0.0, 1.0
         if self.dist == "sparse":
@@ -98,13 +116,17 @@ def make(name: str, args: tuple[float, ...]) -> Init:
     missing = [p for p, v in zip(d.params, full) if v is None]
     if missing:
         raise RuleError(f"{name} needs {', '.join(d.params)}; {', '.join(missing)} missing")
+    if name == "like":
+        raise RuleError("like takes an input's name, not a number: like(x)", at=0)
     if name in ("randint", "permutation"):
-        _check_randint_range(name, full)
+        _check_randint_range(name, full[:2])
     a = [_finite(name, d.params[i], v, i) for i, v in enumerate(full)]
     if name in ("uniform", "randint", "permutation") and a[0] > a[1]:
         raise RuleError(f"{name}: lo ({num_text(a[0])}) is greater than hi ({num_text(a[1])})", at=1)
-    if name in ("randint", "permutation") and not all(v.is_integer() for v in a):
+    if name in ("randint", "permutation") and not all(v.is_integer() for v in a[:2]):
         raise RuleError(f"{name}: lo and hi must be integers", at=0 if not a[0].is_integer() else 1)
+    if name == "randint" and a[2] == 1.0:
+        a = a[:2]  # the scale of plain integers is left out: randint(0, 8) and randint(0, 8, 1) are one init
     if name == "permutation" and a[1] - a[0] >= PERMUTATION_LIMIT:
         raise RuleError(
             f"permutation: {num_text(a[1] - a[0] + 1)} values are too many to order; at most {PERMUTATION_LIMIT}",
@@ -145,6 +167,11 @@ def _check_randint_range(name: str, given: tuple[float, ...]) -> None:
             )
 
 
+def like(source: str) -> Init:
+    """like(x): the values of input x (the checker proves x an input of the same shape and dtype)."""
+    return Init("like", (), source)
+
+
 def check_dtype(init: Init, dtype: str) -> None:
     """RuleError when the drawn values cannot be held by the input's dtype."""
     b = init.bounds()
@@ -156,6 +183,9 @@ def check_dtype(init: Init, dtype: str) -> None:
             raise RuleError(f"{init} draws {num_text(v)}, out of range for {dtype} ({lo:g} to {hi:g})")
     if not is_float(dtype) and init.dist == "full" and not b[0].is_integer():
         raise RuleError(f"{init} is not an integer, and the dtype is {dtype}")
+    if not is_float(dtype) and dtype != "bool" and init.dist == "randint" and len(init.args) > 2:
+        if not init.args[2].is_integer():
+            raise RuleError(f"{init} draws values that are not integers, and the dtype is {dtype}")
 
 
 def default(dtype: str, positive: bool) -> Init:
@@ -176,6 +206,8 @@ def parse(text: str) -> Init:
     m = _TEXT.fullmatch(text)
     if m is None:
         raise RuleError(f"'{text}' is not DIST or DIST(NUMBER, ...), e.g. randn(0, 0.5)")
+    if m.group(1) == "like":
+        raise RuleError("like(NAME) is written in the file (init=like(x)), where the checker proves x fits")
     items = m.group(2).split(",") if m.group(2) and m.group(2).strip() else ()
     return make(m.group(1), tuple(_argument(m.group(1), i, t) for i, t in enumerate(items)))
 

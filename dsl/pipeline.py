@@ -11,19 +11,15 @@ import contextlib
 import gc
 import os
 import threading
-from pathlib import Path
 
 import attrs
 
+from dsl import files
 from dsl.diagnostics import Diagnostic, DslError, Loc, Sink
 from dsl.ir import Program
 from dsl.syntax import ast
 
 STAGES = ("ast", "ir")
-
-
-class SourceUnreadable(Exception):
-    """A path that cannot be read as a file: missing, a directory, no permission (a usage error)."""
 
 
 @attrs.frozen
@@ -52,21 +48,13 @@ class Result:
 
 
 def read_source(path: str | os.PathLike) -> tuple[str, Diagnostic | None]:
-    """The text of a .cdg file, or a located error when it is not UTF-8 text (a BOM is allowed);
-    SourceUnreadable when there is no file to read."""
+    """The text of a .cdg file, or a located error when it is not UTF-8 text (a BOM is allowed) or is over
+    MAX_SOURCE_BYTES; Unreadable when there is no file to read (missing, a directory, a FIFO, a device)."""
     from dsl.syntax.parser import MAX_SOURCE_BYTES
 
-    p = Path(path)
-    if p.is_dir():
-        raise SourceUnreadable(f"{path}: is a directory")
     try:
-        with open(p, "rb") as f:  # at most one byte past the limit: /dev/zero or a huge file cannot fill memory
-            data = f.read(MAX_SOURCE_BYTES + 1)
-    except FileNotFoundError:
-        raise SourceUnreadable(f"{path}: no such file") from None
-    except OSError as e:
-        raise SourceUnreadable(f"{path}: {e.strerror or e}") from None
-    if len(data) > MAX_SOURCE_BYTES:
+        data = files.read_regular(path, MAX_SOURCE_BYTES)
+    except files.TooLarge:
         message = f"file is larger than {MAX_SOURCE_BYTES:,} bytes, the limit (split it into several files)"
         return "", Diagnostic("error", message, Loc(str(path), 1, 1, 1, 2))
     try:

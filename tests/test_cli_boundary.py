@@ -34,7 +34,10 @@ def cli(*args):
         (("run", EX / "dynamic_shapes.cdg", "--shape", "Q=8"), "has no symbolic dim Q (its dims: N)"),
         (("run", MM, "--target", "nosuch"), "unknown target 'nosuch'"),
         (("check", "--target", "nosuch", MM), "unknown target 'nosuch'"),
-        (("check", "--device-properties", "/nonexistent.json", MM), "cannot read the device descriptor"),
+        (
+            ("check", "--device-properties", "/nonexistent.json", MM),
+            "device descriptor /nonexistent.json: no such file",
+        ),
         (("run", MM, "--atol", "cc=0.1"), "--atol cc=0.1: no 'cc' here; the names are c"),
         (("run", MM, "--rtol", "a=0.1"), "no 'a' here; the names are c"),
         (("run", MM, "--input", "zz=x.pt"), "no 'zz' here; the names are a, b"),
@@ -50,7 +53,7 @@ def cli(*args):
         (("run", MM, "--heuristics", "Z"), "--heuristics: must be one of A, B, FALLBACK"),
         (("run", MM, "--json", "examples"), "--json examples: is a directory"),
         (("run", MM, "--save-outputs", "README.md"), "not a directory"),
-        (("check", "examples"), "examples: is a directory"),
+        (("check", "examples"), "examples is not a regular file (a directory)"),
         (("check", "no/such/file.cdg"), "no such file"),
         (("bench", MM, "--plot", "x.png", "--against", "nothing"), "--against takes"),
     ],
@@ -238,9 +241,14 @@ def test_a_reference_too_big_for_this_machine_is_skipped_with_a_note(tmp_path):
 # ---- files that are not what they seem ------------------------------------------------------------------
 
 
-def test_a_device_or_a_huge_file_is_read_only_up_to_the_limit():
+def test_a_device_is_refused_unread_and_a_huge_file_is_located(tmp_path):
     p = cli("check", "/dev/zero")
-    assert p.returncode == 1 and "file is larger than 4,194,304 bytes" in p.stderr
+    assert p.returncode == 2 and "/dev/zero is not a regular file (a character device)" in p.stderr
+    huge = tmp_path / "huge.cdg"
+    with open(huge, "wb") as f:
+        f.truncate(4_194_305)  # sparse: one byte over the limit
+    p = cli("check", huge)
+    assert p.returncode == 1 and "huge.cdg:1:1: error: file is larger than 4,194,304 bytes" in p.stderr
 
 
 def test_a_report_path_below_a_file_is_a_usage_error_and_an_unwritable_one_no_traceback(tmp_path):

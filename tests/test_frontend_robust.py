@@ -12,7 +12,8 @@ import pytest
 
 from dsl.check import check as check_module
 from dsl.diagnostics import DslError, Sink
-from dsl.pipeline import SourceUnreadable, load, no_cycle_collection
+from dsl.files import Unreadable
+from dsl.pipeline import load, no_cycle_collection
 from dsl.syntax.parser import MAX_DEPTH, MAX_SOURCE_BYTES, MAX_STATEMENT_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +167,7 @@ def test_parse_and_check_run_no_cycle_collection():
 def test_the_collector_is_restored_on_every_path_and_by_the_last_of_overlapping_loads(tmp_path):
     with pytest.raises(ValueError):
         load(text="graph g {}\n", stop="nowhere")
-    with pytest.raises(SourceUnreadable):
+    with pytest.raises(Unreadable):
         load(tmp_path)  # a directory
     assert gc.isenabled()
     # two loads overlapping in time (threads), the first ending first: still off until the second ends

@@ -415,7 +415,7 @@ def test_input_flag_on_a_fifo_says_it_is_not_a_regular_file(tmp_path):
     fifo = tmp_path / "x.pt"
     os.mkfifo(fifo)
     p = run_cli("run", Path(__file__).parents[1] / "examples" / "conv_bias_relu.cdg", "--input", f"x={fifo}")
-    assert p.returncode == 2 and f"--input x={fifo}: not a regular file" in p.stderr, p.stderr
+    assert p.returncode == 2 and f"--input x: {fifo} is not a regular file (a FIFO)" in p.stderr, p.stderr
 
 
 # sdpa_backward writing dQ, dK and dV into one packed buffer, as the frontend's samples lay them out

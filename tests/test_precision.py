@@ -262,7 +262,7 @@ def test_defaults_follow_the_dtype_and_the_registrys_positive_hints():
             "init=rand(1)",
             "init=rand(1)",
             "unknown distribution 'rand' (did you mean 'randn'?); the distributions are uniform, randn, "
-            "randint, bernoulli, sparse, full, permutation, arange",
+            "randint, bernoulli, sparse, full, zeros, ones, permutation, arange, like",
         ),
         ("init=randint(0.5, 2)", "0.5", "init: randint: lo and hi must be integers"),
         ("init=uniform(1, 0)", "0", "init: uniform: lo (1) is greater than hi (0)"),

@@ -65,13 +65,13 @@ def report(e: BaseException) -> int:
     from cudnn_dsl.store.files import StoreProblem
     from cudnn_dsl.target.library import BackendUnavailable, DescriptorFileError, UnknownTarget
     from dsl.diagnostics import Diagnostic, DslError
+    from dsl.files import Unreadable
     from dsl.ir import NotFound
-    from dsl.pipeline import SourceUnreadable
 
     if isinstance(e, DslError):
         print(e.render(SOURCES), file=sys.stderr)
         return EXIT_FAIL
-    if isinstance(e, (UsageError, NotFound, SourceUnreadable, UnknownTarget, DescriptorFileError)):
+    if isinstance(e, (UsageError, NotFound, Unreadable, UnknownTarget, DescriptorFileError)):
         warn(f"error: {e}")
         return EXIT_USAGE
     if isinstance(e, (BackendUnavailable, StoreProblem)):
@@ -108,11 +108,11 @@ def _is_binding_error(e: BaseException) -> bool:
 def load_each(path: str, stop: str = "ir") -> Result | None:
     """load_file for commands that take several files: an unreadable one is reported (a usage error) and
     None returned, so that the others are still checked."""
-    from dsl.pipeline import SourceUnreadable
+    from dsl.files import Unreadable
 
     try:
         return load_file(path, stop)
-    except SourceUnreadable as e:
+    except Unreadable as e:
         report(e)
         return None
 
@@ -133,8 +133,8 @@ def clean_files(paths, diagnostics: list | None = None) -> tuple[list[tuple[str,
 
 
 def load_file(path: str, stop: str = "ir") -> Result:
-    """Parses (and checks) one file, printing its diagnostics to stderr; SourceUnreadable when
-    there is no such file."""
+    """Parses (and checks) one file, printing its diagnostics to stderr; Unreadable when
+    there is no file to read."""
     from dsl.pipeline import load
 
     result = load(path, stop=stop)

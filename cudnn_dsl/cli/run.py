@@ -199,12 +199,12 @@ def _require_tuned(setups, args, gpu: bool, target) -> None:
 def _load(name: str, path: str):
     from cudnn_dsl.run.buffers import BindingError
     from cudnn_dsl.run.inputs import load_tensor
+    from dsl.files import Unreadable
 
-    if not Path(path).is_file():
-        what = "not a regular file" if Path(path).exists() else "no such file"
-        raise common.UsageError(f"--input {name}={path}: {what}")
     try:
         return load_tensor(path)
+    except Unreadable as e:
+        raise common.UsageError(f"--input {name}: {e}") from None
     except BindingError as e:
         raise BindingError(f"--input {name}: {e}") from None
 

@@ -116,11 +116,21 @@ _COMPUTE = frozenset(
 
 
 def unmatched(graph: torch.fx.Graph) -> list[Unmatched]:
-    """The forward compute ops left in a graph after the patterns ran, one per model line and op."""
+    """The forward compute ops left in a graph after the patterns ran (those its outputs still read: a replaced
+    region's nodes wait for Inductor's dead code elimination), one per model line and op."""
+    live: set[torch.fx.Node] = set()
+    stack = [n for n in graph.nodes if n.op == "output"]
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack += node.all_input_nodes
     found = []
-    for node in graph.nodes:
+    for node in (n for n in graph.nodes if n in live):
         op = str(node.meta.get("original_aten", ""))
-        if node.op == "call_function" and op in _COMPUTE and node.meta.get("partitioner_tag") != "is_backward":
+        # a replacement's op keeps the meta of the node it replaced: only torch's own ops count
+        torch_op = getattr(node.target, "namespace", None) in ("aten", "prims")
+        if torch_op and op in _COMPUTE and node.meta.get("partitioner_tag") != "is_backward":
             u = Unmatched(where(node), op.removesuffix(".default"))
             if u not in found:
                 found.append(u)

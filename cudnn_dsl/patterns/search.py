@@ -16,6 +16,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from cudnn_dsl.ops import pointwise
 from dsl.ir import Graph, Instance
 
 
@@ -52,7 +53,8 @@ def _leading_units(shape: tuple[int, ...], keep: int) -> int:
 
 def forms(graph: Graph, inst: Instance) -> dict[str, Form]:
     """Each tensor input's form in a model, by what reads it: a matmul's weight, a norm's scale and bias, the
-    bias added to a Linear's matmul. An input read two ways keeps its declared form."""
+    bias added to a Linear's matmul, an operand a pointwise op broadcasts over leading dims (a BatchNorm's
+    [C, 1, 1] statistics). An input read two ways keeps its declared form."""
     inputs = {v.name for v in graph.values if v.kind == "input"}
     made_by = {o: node for node in graph.nodes for o in node.outputs}
     proposed: dict[str, set[Form]] = {}
@@ -72,11 +74,24 @@ def forms(graph: Graph, inst: Instance) -> dict[str, Form]:
             for s in node.inputs[1:3]:
                 if s:
                     propose(s, Form(_leading_units(inst.type(s).shape, keep=1)))
-        elif node.op == "add":
-            for mine, other in (node.inputs, node.inputs[::-1]):
-                if made_by.get(other) is not None and made_by[other].op == "matmul" and mine in inputs:
-                    propose(mine, Form(_leading_units(inst.type(mine).shape, keep=1)))
+        elif node.op in pointwise.IMPLS:
+            after_matmul = node.op == "add" and any(made_by.get(i) and made_by[i].op == "matmul" for i in node.inputs)
+            out = inst.type(node.outputs[0]).shape
+            for i in (i for i in node.inputs if i in inputs):
+                shape = inst.type(i).shape
+                if after_matmul:  # a Linear's bias: [N]
+                    propose(i, Form(_leading_units(shape, keep=1)))
+                elif len(shape) == len(out):  # torch broadcasts the dims a model's tensor lacks
+                    propose(i, Form(_broadcast_lead(shape, out)))
     return {n: next(iter(f)) for n, f in proposed.items() if len(f) == 1}
+
+
+def _broadcast_lead(shape: tuple[int, ...], out: tuple[int, ...]) -> int:
+    """How many leading dims of `shape` are units a pointwise op broadcasts to `out`'s (leaving one dim)."""
+    n = 0
+    while n < len(shape) - 1 and shape[n] == 1 and out[n] != 1:
+        n += 1
+    return n
 
 
 #: a node folded into a later one's idiom (a Linear's matmul into its bias add): run_reference skips it

@@ -13,6 +13,7 @@ from cudnn_dsl.target import portable
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.lazy_torch import torch
 from cudnn_dsl.target.memory import empty, owned, stored
+from dsl import files
 from dsl.inits import Init, make
 from dsl.inits import default as default_init
 from dsl.ir import Graph, Instance
@@ -121,27 +122,35 @@ def generate_inputs(
     return out
 
 
+TENSOR_FILE_LIMIT = 256 << 30
+"""bytes: more than any GPU holds, so a file over it is no input (it would be read into host memory)"""
+
+
 def load_tensor(path: str | Path) -> torch.Tensor:
-    """A tensor from .pt, .npy or .safetensors (a file of one dense tensor); no pickled code runs."""
+    """A tensor from .pt, .npy or .safetensors (a file of one dense tensor); no pickled code runs. Unreadable
+    when the path is no regular file of at most TENSOR_FILE_LIMIT bytes."""
     path = Path(path)
-    if not path.is_file():
-        raise BindingError(f"{path}: {'not a regular file' if path.exists() else 'no such file'}")
+    if path.suffix not in (".pt", ".npy", ".safetensors"):
+        raise BindingError(f"{path}: unknown tensor file type (use .pt, .npy or .safetensors)")
+    with files.open_regular(path, TENSOR_FILE_LIMIT) as f:
+        return _tensor_from(path, f)
+
+
+def _tensor_from(path: Path, f) -> torch.Tensor:
     try:
         if path.suffix == ".pt":
-            t = torch.load(path, map_location="cpu", weights_only=True)
+            t = torch.load(f, map_location="cpu", weights_only=True)
         elif path.suffix == ".npy":
             import numpy as np
 
-            t = torch.from_numpy(np.load(path, allow_pickle=False))
-        elif path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+            t = torch.from_numpy(np.load(f, allow_pickle=False))
+        else:
+            from safetensors.torch import load
 
-            tensors = load_file(str(path))
+            tensors = load(f.read())
             if len(tensors) != 1:
                 raise BindingError(f"{path}: holds {len(tensors)} tensors; give a file of one")
             t = next(iter(tensors.values()))
-        else:
-            raise BindingError(f"{path}: unknown tensor file type (use .pt, .npy or .safetensors)")
     except BindingError:
         raise
     except ImportError:

@@ -130,7 +130,7 @@ def run_reference(
             idiom = idioms.get(index, _OWN) if idioms is not None else _OWN
             if idiom is None:
                 continue
-            ins = [env[i] if i else None for i in node.inputs]
+            ins = [env.get(i) if i else None for i in node.inputs]  # a folded node's output is in no env
             outs = [instance.type(o) for o in node.outputs]
             impl = IMPLS[node.op]
             attrs_ = _bound(node, instance.attrs(index), inputs)

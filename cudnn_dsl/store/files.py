@@ -12,6 +12,9 @@ import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
+
+from dsl import files
 
 READ_CHUNK = 256 << 10
 
@@ -35,50 +38,23 @@ def scan_dir(folder: Path) -> list[os.DirEntry]:
         raise StoreProblem(f"cannot read {folder}: {e.strerror or e}") from None
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISLNK, "a symbolic link")):
-        if test(mode):
-            return name
-    return "a special file"
-
-
 @contextlib.contextmanager
-def open_regular(path: Path, limit: int, what: str, follow_symlinks: bool = False) -> Iterator[object | None]:
-    """The open file (binary), or None when there is none. Never opens anything but a regular file: a FIFO would
-    block the reader. StoreProblem when it is something else, or over limit bytes, or cannot be read."""
+def open_regular(path: Path, limit: int, what: str, follow_symlinks: bool = False) -> Iterator[BinaryIO | None]:
+    """dsl.files.open_regular for a store: None when there is no file, no link followed unless asked, and
+    StoreProblem for a file that cannot be read (a store's problem, not a usage error)."""
     try:
-        st = os.stat(path) if follow_symlinks else os.lstat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreProblem(f"{what} {path} is not a regular file ({_kind(st.st_mode)})")
-        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
-        fd = os.open(path, flags)  # O_NONBLOCK: it may have been swapped for a FIFO since the stat
-    except FileNotFoundError:
-        fd = None
-    except OSError as e:
-        raise StoreProblem(f"cannot read {what} {path}: {e.strerror or e}") from None
-    if fd is None:
-        yield None
-        return
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreProblem(f"{what} {path} is not a regular file ({_kind(st.st_mode)})")
-        if st.st_size > limit:
-            raise StoreProblem(f"{what} {path} is {st.st_size} bytes, over the {limit} byte limit")
-        yield f
+        with files.open_regular(path, limit, what, follow_symlinks=follow_symlinks, missing_ok=True) as f:
+            yield f
+    except files.Unreadable as e:
+        raise StoreProblem(str(e)) from None
 
 
 def read_regular(path: Path, limit: int, what: str, follow_symlinks: bool = False) -> bytes | None:
-    with open_regular(path, limit, what, follow_symlinks) as f:
-        if f is None:
-            return None
-        try:
-            data = f.read(limit + 1)
-        except OSError as e:
-            raise StoreProblem(f"cannot read {what} {path}: {e.strerror or e}") from None
-    if len(data) > limit:
-        raise StoreProblem(f"{what} {path} grew over the {limit} byte limit")
-    return data
+    """dsl.files.read_regular as open_regular does it for a store."""
+    try:
+        return files.read_regular(path, limit, what, follow_symlinks=follow_symlinks, missing_ok=True)
+    except files.Unreadable as e:
+        raise StoreProblem(str(e)) from None
 
 
 def loads(data: bytes | str) -> object:

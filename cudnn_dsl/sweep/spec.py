@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 
 from cudnn_dsl.target.library import check_version
+from dsl import files
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,15 +55,10 @@ class Spec:
     def load(cls, path: str | os.PathLike) -> Spec:
         path = str(path)
         try:
-            with open(path, "rb") as f:
-                data = f.read(SPEC_LIMIT + 1)
-        except OSError as e:
-            raise SpecError(f"{path}: cannot read the sweep spec: {e.strerror or e}") from None
-        if len(data) > SPEC_LIMIT:
-            raise SpecError(f"{path}: over {SPEC_LIMIT} bytes, too large for a sweep spec")
-        try:
-            doc = tomllib.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            doc = tomllib.loads(files.read_text(path, SPEC_LIMIT, "sweep spec"))
+        except files.Unreadable as e:
+            raise SpecError(str(e)) from None
+        except tomllib.TOMLDecodeError as e:
             raise SpecError(f"{path}: not TOML: {e}") from None
         return cls.parse(doc, path)
 

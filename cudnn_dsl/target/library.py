@@ -28,6 +28,7 @@ from pathlib import Path
 import attrs
 
 from cudnn_dsl.target.driver import StandInUnavailable, load_stand_in
+from dsl import files
 
 DEVICES_DIR = Path(__file__).parent / "devices"
 _MAX_DESCRIPTOR = 1 << 20
@@ -65,14 +66,9 @@ class Target:
         """Raises DescriptorFileError when the file cannot be read or holds no JSON object with an integer
         deviceVer. Whether cuDNN accepts the rest shows in device_properties."""
         try:
-            with open(path, "rb") as f:
-                data = f.read(_MAX_DESCRIPTOR + 1)  # bounded: `--device-properties /dev/zero` must not eat memory
-            if len(data) > _MAX_DESCRIPTOR:
-                raise ValueError(f"over {_MAX_DESCRIPTOR} bytes, too large for a device descriptor")
-            text = data.decode("utf-8")
-        except (OSError, ValueError) as e:
-            why = e.strerror if isinstance(e, OSError) and e.strerror else e
-            raise DescriptorFileError(f"{path}: cannot read the device descriptor: {why}") from None
+            text = files.read_text(path, _MAX_DESCRIPTOR, "device descriptor")
+        except files.Unreadable as e:
+            raise DescriptorFileError(str(e)) from None
         try:
             d = json.loads(text)
         except ValueError as e:

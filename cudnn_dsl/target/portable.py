@@ -31,7 +31,8 @@ def draw(dist, args, n, gen, start=0):
     if dist == "randn":
         return torch.randn(n, generator=gen) * a[1] + a[0]
     if dist == "randint":
-        return torch.randint(int(a[0]), int(a[1]) + 1, (n,), generator=gen)
+        ints = torch.randint(int(a[0]), int(a[1]) + 1, (n,), generator=gen)
+        return ints if len(a) == 2 else ints.double() * a[2]
     if dist == "permutation":  # every chunk draws the one order (draw_values seeds them alike)
         order = torch.randperm(int(a[1] - a[0]) + 1, generator=gen)
         return order[torch.arange(start, start + n) % order.numel()] + int(a[0])
@@ -41,6 +42,8 @@ def draw(dist, args, n, gen, start=0):
         return (torch.rand(n, generator=gen) * 2 - 1).masked_fill_(torch.rand(n, generator=gen) < a[0], 0)
     if dist == "full":
         return torch.full((n,), a[0], dtype=torch.float64)
+    if dist in ("zeros", "ones"):
+        return torch.full((n,), float(dist == "ones"), dtype=torch.float64)
     if dist == "arange":
         return torch.arange(start, start + n, dtype=torch.float64) * a[1] + a[0]
     raise ValueError(f"unknown distribution {dist!r}")

@@ -142,10 +142,10 @@ class Place:
 
 @attrs.frozen
 class InitSpec:
-    """``init=randn(0, 0.5)``: how `run` fills a generated input."""
+    """``init=randn(0, 0.5)``: how `run` fills a generated input; ``init=like(x)`` names an input."""
 
     dist: str
-    args: tuple[Number, ...]
+    args: tuple[Number | Ident, ...]
     loc: Loc = _loc()
 
 
