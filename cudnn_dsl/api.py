@@ -26,17 +26,18 @@ def compile(
     device: int | str | None = None,
     *,
     text: str | None = None,
+    file: str | None = None,
     **options,
 ) -> CompiledGraph:
-    """Checks a .cdg file (a path, or `text=`) and returns one of its graphs, compiled for the GPU
-    on first call. `options` override the file's (heuristics, build_policy, workspace_limit, atol,
+    """Checks a .cdg file (a path, or `text=`, named `file` in messages) and returns one of its graphs, compiled
+    for the GPU on first call. `options` override the file's (heuristics, build_policy, workspace_limit, atol,
     rtol, seed, ...) and are validated as the file's are. The checker's warnings are issued as
     DslWarning. Without a GPU the graph still checks, plans deviceless and runs its reference.
     """
     if text is None and isinstance(source, str) and _is_text(source):
         source, text = None, source
     try:
-        result = load(source, text=text)
+        result = load(source, text=text, file=file)
     except Unreadable as e:
         raise FileNotFoundError(str(e)) from None
     for d in result.diagnostics:

@@ -45,15 +45,16 @@ from torch._inductor.pattern_matcher import (
 )
 
 from cudnn_dsl.api import compile as compile_graph
+from cudnn_dsl.patterns import library
 from cudnn_dsl.patterns.matching import GraphPattern, PatternGroup, wanting_gradients
-from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, Unmatched
+from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, Unmatched, largest
 from cudnn_dsl.run.reference import drawn_values
 from cudnn_dsl.torch_op.op import TorchOp, as_torch_op
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph
 from dsl.pipeline import load
 
-__all__ = ["Installed", "NearMiss", "Replaced", "Report", "Unmatched", "install"]
+__all__ = ["Installed", "NearMiss", "Replaced", "Report", "Unmatched", "install", "install_library"]
 
 
 def _refusal(graph: Graph, op: TorchOp) -> str | None:
@@ -80,12 +81,13 @@ class _Pass(CustomGraphPass):
         if self.before is not None:
             self.before(graph)
         wanting = wanting_gradients(graph)
+        sizes = largest(graph)
         for s in self.sets:
             if wanting is not None:
                 s.discover(graph, wanting)
             s.matcher.apply(graph)
         for s in self.sets:
-            s.report.settle(graph)
+            s.report.settle(graph, sizes)
 
     def uuid(self):
         return None  # no FX graph cache: a cached graph would skip the pass, and the report with it
@@ -150,7 +152,9 @@ class Installed:
 
 def _by_pattern(graphs: list[GraphPattern]) -> list[list[GraphPattern]]:
     """The graphs grouped by the pattern Inductor makes of their searches: the same ops with shapes ignored,
-    traced to the same graph, is one pattern (Inductor refuses it twice)."""
+    traced to the same graph, is one pattern (Inductor refuses it twice). Graphs of the same ops whose integer
+    arguments differ (a convolution's stride and padding) are two patterns: Inductor's first pass over a region
+    ignores those arguments, its check of the search traced again on the region's inputs does not."""
     groups: dict[tuple[str, str], list[GraphPattern]] = {}
     for g in graphs:
         pattern, gm = gen_pattern_and_search_gm(g.search, g.natives, fwd_only)
@@ -172,15 +176,28 @@ def install(*sources: str | os.PathLike, device: str = "cpu") -> Installed:
     """Every graph of the files (paths or glob patterns) as a torch.compile pattern, traced for tensors on
     `device` (the device of the model: Inductor's graph of an op differs by device). A graph that cannot be
     one (an output in place, a view input, a bool tensor, dropout cuDNN draws) is a located DslError."""
-    report = Report()
     graphs = []
     for path in _files(sources):
-        result = load(path)
-        result.raise_if_errors()
-        for g in result.program.graphs:
-            op = as_torch_op(compile_graph(path, g.name))
-            why = _refusal(g, op)
-            if why is not None:
-                raise DslError(Diagnostic("error", f"graph '{g.name}' cannot be a torch.compile pattern: {why}", g.loc))
-            graphs.append(GraphPattern(op, device))
-    return Installed(graphs, report)
+        graphs += _patterns(load(path), device, lambda name, path=path: compile_graph(path, name))
+    return Installed(graphs, Report())
+
+
+def install_library(*families: str, dtype: str = "half", channels_last: bool = True, device: str = "cpu") -> Installed:
+    """The bundled library's graphs (patterns.library: "resnet", "gpt", "llama"; all of them when none is
+    named) in one dtype ("float", "half", "bf16"), as install() installs a file's."""
+    text = library.source(families or tuple(library.FAMILIES), dtype, channels_last)
+    file = f"pattern library ({dtype})"
+    compiled = lambda name: compile_graph(text=text, graph=name, file=file)  # noqa: E731
+    return Installed(_patterns(load(text=text, file=file), device, compiled), Report())
+
+
+def _patterns(result, device: str, compiled) -> list[GraphPattern]:
+    result.raise_if_errors()
+    graphs = []
+    for g in result.program.graphs:
+        op = as_torch_op(compiled(g.name))
+        why = _refusal(g, op)
+        if why is not None:
+            raise DslError(Diagnostic("error", f"graph '{g.name}' cannot be a torch.compile pattern: {why}", g.loc))
+        graphs.append(GraphPattern(op, device))
+    return graphs

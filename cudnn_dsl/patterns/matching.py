@@ -30,7 +30,7 @@ from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.torch_op.op import TorchOp
 from dsl.diagnostics import DslError
-from dsl.ir import NotFound
+from dsl.ir import Graph, Instance, NotFound
 
 
 class GraphPattern:
@@ -39,7 +39,7 @@ class GraphPattern:
     def __init__(self, op: TorchOp, device: str):
         self.op, self.graph = op, op.graph
         self.label = f"{self.graph.name} ({self.graph.loc})"
-        inst = self.graph.instances[0]
+        inst = _example_instance(self.graph)
         names = op.tensor_names
         self.types = {n: inst.type(n) for n in names}
         self.forms = forms(self.graph, inst)
@@ -49,11 +49,13 @@ class GraphPattern:
         self.examples = [drawn[n] for n in names]
         self.natives = [self.form(n).native(drawn[n]) for n in names]
         scalars = {v.name: float(v.scalar) for v in op.scalars}
-        written = idioms(self.graph, inst, self.forms)
         graph = self.graph
 
         def search(*tensors):
-            outs = run_reference(graph, inst, dict(zip(names, tensors), **scalars), native=True, idioms=written)
+            # at the inputs' own shape: a symbolic dim's attributes follow it (attention's default scale)
+            now = self.instance_at(tensors) or inst
+            values = dict(zip(names, tensors), **scalars)
+            outs = run_reference(graph, now, values, native=True, idioms=idioms(graph, now, self.forms))
             return outs[graph.outputs[0].name] if len(graph.outputs) == 1 else tuple(outs.values())
 
         search.__signature__ = _signature(names)
@@ -67,6 +69,17 @@ class GraphPattern:
         """The matched inputs (as the model holds them) in the forms the graph declares: views."""
         return {n: self.form(n).declared(v, len(self.types[n].shape)) for n, v in zip(self.op.tensor_names, values)}
 
+    def instance_at(self, tensors) -> Instance | None:
+        """The graph's shape for these inputs (as the model holds them); None when it has no symbolic dims or
+        does not declare them."""
+        if not self.graph.symbols:
+            return None
+        hints = {n: tuple(_hint(d) for d in v.shape) for n, v in self.declared(tensors).items()}
+        try:
+            return self.graph.instance(self.graph.binding_of(hints))
+        except (NotFound, DslError):
+            return None
+
     def replace(self, *tensors):
         return self.op(*self.declared(tensors).values())
 
@@ -77,9 +90,10 @@ class GraphPattern:
                 return f"'{name}' is {value.dtype}, the graph declares {want}"
         return None
 
-    def mismatch(self, values: dict[str, torch.Tensor]) -> str | None:
-        """What in these inputs (as the model holds them) breaks the graph's declarations; None when nothing
-        does."""
+    def mismatch(self, values: dict[str, torch.Tensor], out: torch.Tensor | None = None) -> str | None:
+        """What in these inputs (as the model holds them) breaks the graph's declarations, or what makes the
+        region's output `out` another shape than the graph's (Inductor's patterns ignore a convolution's stride
+        and padding); None when nothing does."""
         why = self.dtype_mismatch(values)
         if why is not None:
             return why
@@ -99,6 +113,11 @@ class GraphPattern:
             strides = [_hint(s) for s in value.stride()]
             if any(n != 1 and s != w for n, s, w in zip(t.shape, strides, t.strides)):
                 return f"'{name}' has strides {strides}, the graph declares {list(t.strides)}"
+        if isinstance(out, torch.Tensor):
+            made = [_hint(d) for d in out.shape]
+            first = inst.type(self.graph.outputs[0].name)
+            if made[-len(first.shape) :] != list(first.shape)[-len(made) :]:
+                return f"the region makes {made}, the graph {list(first.shape)} (another stride or padding)"
         return self._guard(values)
 
     def _guard(self, values: dict[str, torch.Tensor]) -> str | None:
@@ -143,15 +162,32 @@ class PatternGroup:
         self.traced: set[tuple[str, ...]] = set()  # the gradient sets with a pattern
         self.chosen: GraphPattern | None = None
         self.wanting: set[torch.fx.Node] = set()
+        self.search = lambda *tensors: self._search(*tensors)
+        self.search.__signature__ = _signature(self.names)
+
+    def _search(self, *tensors):
+        """The search, as Inductor traces it again on a region's inputs before it checks them: the first graph's
+        whose declarations they meet, else the first graph's (its check then reports the near miss). Inductor's
+        first pass ignores a convolution's kernel size, stride and padding, so a region of another group's may
+        come here: where the first graph cannot compute it at all, the trace is one that matches no region (an
+        empty tensor), and the region is left to the group it belongs to."""
+        values = dict(zip(self.names, tensors))
+        fitting = next((m for m in self.members if m.mismatch(values) is None), None)
+        if fitting is not None:
+            return fitting.search(*tensors)
+        try:
+            return self.members[0].search(*tensors)
+        except DslError:  # the reference refused these shapes
+            return tensors[0].new_empty(0)
 
     def register(self, into: PatternMatcherPass, discovery: PatternMatcherPass) -> None:
         first = self.members[0]
         self.into = into
-        register_replacement(first.search, self.replace, first.natives, fwd_only, into, extra_check=self.valid)
+        register_replacement(self.search, self.replace, first.natives, fwd_only, into, extra_check=self.valid)
         # Inductor re-traces a match's search in the matched dtypes before `valid` sees it, and that trace
         # casts to the declared ones: a region in another dtype never reaches `valid`. The search as first
         # traced (integers unchecked) finds it, after the replacement above, to report it; it replaces nothing.
-        forward = gen_pattern(first.search, first.natives, fwd_only)
+        forward = gen_pattern(self.search, first.natives, fwd_only)
         register_graph_pattern(forward, extra_check=self.in_other_dtype, pass_dict=into)(self.report_other_dtype)
         # In a joint graph the forward's values are also read by the backward: matched whatever their users, the
         # forward says which of a region's inputs want gradients, and so which pattern with its backward to trace.
@@ -169,7 +205,7 @@ class PatternGroup:
             with unset_fake_temporarily():  # traced on real examples, outside the compile's fake tensors
                 examples = [e.clone().requires_grad_(n in wanting) for n, e in zip(self.names, first.natives)]
                 register_replacement(
-                    first.search, self.replace, examples, joint_fwd_bwd, self.into, extra_check=self.valid_training
+                    self.search, self.replace, examples, joint_fwd_bwd, self.into, extra_check=self.valid_training
                 )
         return False
 
@@ -185,9 +221,10 @@ class PatternGroup:
         last = _last(match)
         at = where(last)
         values = _matched(match, self.names)
+        out = last.meta.get("val")
         whys = []
         for member in self.members:
-            why = member.mismatch(values)
+            why = member.mismatch(values, out)
             if why is None:
                 self.chosen = member
                 self.report.replace(last, Replaced(member.label, at, training, member.flops(values)))
@@ -210,6 +247,23 @@ class PatternGroup:
         first, last = self.members[0], _last(match)
         why = first.dtype_mismatch(_matched(match, self.names))
         self.report.miss(last, NearMiss(first.label, where(last), why))
+
+
+def _example_instance(graph: Graph) -> Instance:
+    """The shape the search is traced at: each symbolic dim's first value from 2 + its place on, so that no size is
+    1 (torch traces a matmul or attention over unit dims into other ops) and no two dims are equal (a view of
+    equal sizes can trace into nothing); the graph's first shape where that shape is not one it declares."""
+    binding = {}
+    for k, s in enumerate(graph.symbols):
+        start = 2 + k
+        values = range(start, start + 64) if s.span is not None else sorted(v for v in s.values if v >= start)
+        binding[s.name] = next((v for v in values if s.accepts(v)), None)
+    if not binding or None in binding.values():
+        return graph.instances[0]
+    try:
+        return graph.instance(binding)
+    except (NotFound, DslError):
+        return graph.instances[0]
 
 
 def wanting_gradients(graph: torch.fx.Graph) -> set[torch.fx.Node] | None:

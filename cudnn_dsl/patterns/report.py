@@ -69,15 +69,16 @@ class Report:
     def miss(self, node: torch.fx.Node, near: NearMiss) -> None:
         self.pending.append((node, near))
 
-    def settle(self, graph: torch.fx.Graph) -> None:
-        """After a pass over `graph`: its near misses, once each, and the compute ops no graph took."""
+    def settle(self, graph: torch.fx.Graph, sizes: dict[tuple[str, str], int]) -> None:
+        """After a pass over `graph`: its near misses, once each, and the compute ops no graph took (`sizes`: the
+        largest value of each, surveyed before the pass)."""
         for node, near in self.pending:
             if node not in self.taken and near not in self.missed:
                 self.missed.append(near)
         self.pending.clear()
         self.taken.clear()
         near = {m.where for m in self.missed}
-        for op in unmatched(graph):
+        for op in unmatched(graph, sizes):
             if op not in self.unmatched and op.where not in near:
                 self.unmatched.append(op)
 
@@ -115,9 +116,38 @@ _COMPUTE = frozenset(
 )
 
 
-def unmatched(graph: torch.fx.Graph) -> list[Unmatched]:
-    """The forward compute ops left in a graph after the patterns ran (those its outputs still read: a replaced
-    region's nodes wait for Inductor's dead code elimination), one per model line and op."""
+def _compute_op(node: torch.fx.Node) -> str | None:
+    """The model's compute op (as torch wrote it) that a node of torch's own is part of, if any."""
+    op = str(node.meta.get("original_aten", ""))
+    # a replacement's op keeps the meta of the node it replaced: only torch's own ops count
+    torch_op = getattr(node.target, "namespace", None) in ("aten", "prims")
+    if torch_op and op in _COMPUTE and node.meta.get("partitioner_tag") != "is_backward":
+        return op
+    return None
+
+
+def _size(node: torch.fx.Node) -> int:
+    value = node.meta.get("val")
+    return value.numel() if isinstance(value, torch.Tensor) and isinstance(value.numel(), int) else 0
+
+
+def largest(graph: torch.fx.Graph) -> dict[tuple[str, str], int]:
+    """Before the patterns run: by compute op and model line, the largest value its decomposition makes (a
+    BatchNorm's normalized activation, not its [C] statistics)."""
+    sizes: dict[tuple[str, str], int] = {}
+    for node in graph.nodes:
+        op = _compute_op(node)
+        if op is not None:
+            key = (op, where(node))
+            sizes[key] = max(sizes.get(key, 0), _size(node))
+    return sizes
+
+
+def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int]) -> list[Unmatched]:
+    """The forward compute ops left in a graph after the patterns ran, one per model line and op: those whose
+    largest value (`sizes`, surveyed before) its outputs still read. What a replaced region's op takes from outside
+    it (a BatchNorm's 1 / sqrt(var + eps)) is no op left behind, and a replaced region's nodes wait for Inductor's
+    dead code elimination."""
     live: set[torch.fx.Node] = set()
     stack = [n for n in graph.nodes if n.op == "output"]
     while stack:
@@ -127,10 +157,8 @@ def unmatched(graph: torch.fx.Graph) -> list[Unmatched]:
             stack += node.all_input_nodes
     found = []
     for node in (n for n in graph.nodes if n in live):
-        op = str(node.meta.get("original_aten", ""))
-        # a replacement's op keeps the meta of the node it replaced: only torch's own ops count
-        torch_op = getattr(node.target, "namespace", None) in ("aten", "prims")
-        if torch_op and op in _COMPUTE and node.meta.get("partitioner_tag") != "is_backward":
+        op = _compute_op(node)
+        if op is not None and _size(node) >= sizes.get((op, where(node)), 0):
             u = Unmatched(where(node), op.removesuffix(".default"))
             if u not in found:
                 found.append(u)

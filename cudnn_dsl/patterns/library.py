@@ -1,0 +1,219 @@
+"""The bundled pattern library: the regions real models are made of (ResNets, GPT-2, Llama-style decoders) as
+.cdg graphs over symbolic dims, so that one graph serves a region at every size a model has.
+
+    with cudnn_dsl.patterns.install_library(dtype="half", device="cuda") as installed:
+        y = torch.compile(model, fullgraph=True)(x)
+
+Each family's graphs are written once, in text, with the dtype a parameter (`{t}`): a model after `.half()` or
+`.to(torch.bfloat16)` holds its tensors so, and channels-last models their activations `nhwc`. A graph's dims
+are ranges: the shapes a region has are checked and planned on first use (a conv over a symbolic H specializes
+its op per input size). Convolutions carry their stride and padding, which Inductor's patterns do not compare:
+a match is replaced by the graph whose output shape is the region's too (patterns.matching).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+DTYPES = ("float", "half", "bf16")
+
+_DIMS = """\
+  dim N in 1..4096
+  dim C in 1..8192
+  dim H in 1..2048
+  dim W in 1..2048
+  dim K in 1..8192
+"""
+
+_BN = """\
+  input mean : float[1, K, 1, 1]
+  input inv_variance : float[1, K, 1, 1]
+  input scale : {t}[1, K, 1, 1]
+  input bias : {t}[1, K, 1, 1]
+"""
+
+
+def _conv(name: str, r: int, stride: int, pad: int, tail: str) -> str:
+    """conv(r x r, stride, padding) -> BatchNorm (eval) -> tail, in the model's dtype, channels-last. A half or
+    bf16 BatchNorm widens its statistics to float and rounds its result to the model's dtype (`z : {t}`)."""
+    residual = "  input residual : {t}[N, K, H, W] nhwc\n"  # a residual tail's convolution keeps the size
+    out = {
+        "relu": "  output out = relu(z)\n",
+        "add_relu": "  output out = relu(z + residual)\n",
+        "none": "",
+    }[tail]
+    z = "  output z : {t} = " if tail == "none" else "  z : {t} = "
+    return (
+        f"graph {name}_{{t}} {{\n  io {{t}}\n  compute float\n{_DIMS}\n"
+        "  input x : {t}[N, C, H, W] nhwc\n"
+        f"  input w : {{t}}[K, C, {r}, {r}] nhwc\n" + _BN + (residual if tail == "add_relu" else "") + "\n"
+        f"  y = conv_fprop(x, w, stride=[{stride}, {stride}], padding=[{pad}, {pad}])\n"
+        + z
+        + "(y - mean) * inv_variance * scale + bias\n"
+        + out
+        + "}\n"
+    )
+
+
+_TOKENS = """\
+  dim B in 1..1024
+  dim T in 1..32768
+  dim D in 2..16384
+"""
+
+_LINEAR_ACT = """\
+graph linear_{act}_{{t}} {{
+  io {{t}}
+  compute float
+{dims}  dim F in 1..65536
+
+  input x : {{t}}[B, T, D]
+  input w : {{t}}[1, D, F] col_major
+  input b : {{t}}[1, 1, F]
+
+  output y = {act}(matmul(x, w) + b)
+}}
+"""
+
+_SWIGLU = """\
+graph swiglu_{{t}} {{
+  io {{t}}
+  compute float
+{dims}  dim F in 1..65536
+
+  input x : {{t}}[B, T, D]
+  input w1 : {{t}}[1, D, F] col_major
+  input w3 : {{t}}[1, D, F] col_major
+
+  output y = swish(matmul(x, w1)) * matmul(x, w3)
+}}
+"""
+
+_LAYERNORM = """\
+graph layernorm_{{t}} {{
+  io {{t}}
+  compute float
+{dims}
+  input x : {{t}}[B, T, D]
+  input scale : {{t}}[1, 1, D]
+  input bias : {{t}}[1, 1, D]
+
+  output y = layernorm(x, scale, bias, epsilon={eps})
+}}
+"""
+
+_RMSNORM = """\
+graph rmsnorm_{{t}} {{
+  io {{t}}
+  compute float
+{dims}
+  input x : {{t}}[B, T, D]
+  input scale : {{t}}[1, 1, D]
+
+  output y = rmsnorm(x, scale, epsilon={eps})
+}}
+"""
+
+# q, k and v as a fused projection's split gives them: [B, T, 3, H, Dh] in memory, viewed [B, H, T, Dh]
+_ATTENTION_PACKED = """\
+graph causal_attention_packed_{t} {
+  io {t}
+  compute float
+  dim B in 1..1024
+  dim T in 1..32768
+  dim H in 1..256
+  dim E in 1..256
+
+  input q : {t}[B, H, T, E] strides [T*H*E*3, E, H*E*3, 1]
+  input k : {t}[B, H, T, E] strides [T*H*E*3, E, H*E*3, 1]
+  input v : {t}[B, H, T, E] strides [T*H*E*3, E, H*E*3, 1]
+
+  output o = sdpa(q, k, v, causal=true)
+}
+"""
+
+# q, k and v as separate projections give them, viewed as heads: [B, T, H, Dh] in memory, viewed [B, H, T, Dh]
+_ATTENTION_HEADS = """\
+graph causal_attention_{t} {
+  io {t}
+  compute float
+  dim B in 1..1024
+  dim T in 1..32768
+  dim H in 1..256
+  dim E in 1..256
+
+  input q : {t}[B, H, T, E] strides [T*H*E, E, H*E, 1]
+  input k : {t}[B, H, T, E] strides [T*H*E, E, H*E, 1]
+  input v : {t}[B, H, T, E] strides [T*H*E, E, H*E, 1]
+
+  output o = sdpa(q, k, v, causal=true)
+}
+"""
+
+
+@attrs.frozen
+class Family:
+    """Graphs that serve one kind of model."""
+
+    name: str
+    doc: str
+    templates: tuple[str, ...]
+
+
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family(
+            "resnet",
+            "convolutions (1x1, 3x3, 7x7; stride 1 and 2) with their eval BatchNorm, then ReLU, a residual add and "
+            "ReLU, or nothing (a downsample): torchvision's BasicBlock and Bottleneck, channels-last",
+            (
+                _conv("conv1x1_bn_relu", 1, 1, 0, "relu"),
+                _conv("conv1x1_bn_add_relu", 1, 1, 0, "add_relu"),
+                _conv("conv1x1_bn", 1, 1, 0, "none"),
+                _conv("conv1x1s2_bn", 1, 2, 0, "none"),
+                _conv("conv3x3_bn_relu", 3, 1, 1, "relu"),
+                _conv("conv3x3s2_bn_relu", 3, 2, 1, "relu"),
+                _conv("conv3x3_bn_add_relu", 3, 1, 1, "add_relu"),
+                _conv("conv3x3_bn", 3, 1, 1, "none"),
+                _conv("conv7x7s2_bn_relu", 7, 2, 3, "relu"),
+            ),
+        ),
+        Family(
+            "gpt",
+            "GPT-2 as nanoGPT writes it: LayerNorm, the MLP's Linear + GELU (tanh), causal attention over a fused "
+            "projection's q, k and v",
+            (
+                _LAYERNORM.format(dims=_TOKENS, eps="1e-5"),
+                _LINEAR_ACT.format(dims=_TOKENS, act="gelu_tanh"),
+                _LINEAR_ACT.format(dims=_TOKENS, act="gelu"),
+                _ATTENTION_PACKED,
+            ),
+        ),
+        Family(
+            "llama",
+            "Llama-style decoders: RMSNorm, the SwiGLU MLP (silu(x W1) * x W3), causal attention over heads",
+            (
+                _RMSNORM.format(dims=_TOKENS, eps="1e-5"),
+                _SWIGLU.format(dims=_TOKENS),
+                _ATTENTION_HEADS,
+            ),
+        ),
+    )
+}
+
+
+def source(families: tuple[str, ...], dtype: str, channels_last: bool = True) -> str:
+    """The .cdg text of the families' graphs in one dtype, convolutions' activations and weights channels-last
+    or not."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: the library's graphs are {', '.join(DTYPES)}")
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"no pattern family {unknown[0]!r}; the families are {', '.join(FAMILIES)}")
+    parts = []
+    for f in families:
+        for template in FAMILIES[f].templates:
+            text = template.replace("{t}", dtype)
+            parts.append(text if channels_last else text.replace(" nhwc", ""))
+    return "\n".join(parts)
