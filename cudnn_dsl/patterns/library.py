@@ -132,19 +132,21 @@ graph causal_attention_packed_{t} {
 }
 """
 
-# q, k and v as separate projections give them, viewed as heads: [B, T, H, Dh] in memory, viewed [B, H, T, Dh]
-_ATTENTION_HEADS = """\
-graph causal_attention_{t} {
+# grouped-query attention over separate projections viewed as heads: q [B, T, H, Dh] in memory viewed [B, H, T, Dh],
+# k and v with G heads (every H a multiple of every G)
+_ATTENTION_GQA = """\
+graph causal_attention_gqa_{t} {
   io {t}
   compute float
   dim B in 1..1024
   dim T in 1..32768
-  dim H in 1..256
+  dim H in 8..256 step 8
+  dim G in {1, 2, 4, 8}
   dim E in 1..256
 
   input q : {t}[B, H, T, E] strides [T*H*E, E, H*E, 1]
-  input k : {t}[B, H, T, E] strides [T*H*E, E, H*E, 1]
-  input v : {t}[B, H, T, E] strides [T*H*E, E, H*E, 1]
+  input k : {t}[B, G, T, E] strides [T*G*E, E, G*E, 1]
+  input v : {t}[B, G, T, E] strides [T*G*E, E, G*E, 1]
 
   output o = sdpa(q, k, v, causal=true)
 }
@@ -192,11 +194,11 @@ FAMILIES = {
         ),
         Family(
             "llama",
-            "Llama-style decoders: RMSNorm, the SwiGLU MLP (silu(x W1) * x W3), causal attention over heads",
+            "Llama-style decoders: RMSNorm, the SwiGLU MLP (silu(x W1) * x W3), causal grouped-query attention",
             (
                 _RMSNORM.format(dims=_TOKENS, eps="1e-5"),
                 _SWIGLU.format(dims=_TOKENS),
-                _ATTENTION_HEADS,
+                _ATTENTION_GQA,
             ),
         ),
     )
