@@ -48,6 +48,15 @@ def register(p) -> None:
         help="with --from-torch, one per argument in order: DTYPE[DIMS] [LAYOUT], as a .cdg input declares it "
         "('half[2, 64, 56, 56] nhwc'); drawn from a seeded normal distribution",
     )
+    common.add_target_flags(
+        p, "with --from-torch: the GPU whose cuDNN plans the imported graph, without a GPU (default: h200)"
+    )
+    p.add_argument(
+        "--require-whole",
+        action="store_true",
+        help="with --from-torch: exit 1, writing nothing, unless cuDNN for --target takes the graph whole (one cuDNN "
+        "graph, nothing left to torch)",
+    )
     p.add_argument("-o", "--output", metavar="OUT.cdg", help="write the .cdg file here (default: print it)")
     p.add_argument("--force", action="store_true", help="with -o: replace OUT.cdg if it exists")
     p.add_argument(
@@ -145,12 +154,14 @@ def run(args) -> int:
 
 
 def _from_torch(args, out: Path | None) -> int:
-    """`--from-torch FILE.py:NAME --example TYPE ...`: a traced PyTorch function or module as a .cdg file."""
+    """`--from-torch FILE.py:NAME --example TYPE ...`: a traced PyTorch function or module as a .cdg file, and how
+    cuDNN for --target runs it (one graph, or the parts it splits into)."""
     from cudnn_dsl.interop.from_torch import example_tensor, from_torch, load_callable
     from dsl.diagnostics import DslError
 
     if not args.from_torch or args.file is not None or args.scalar:
         raise common.UsageError("--from-torch FILE.py:NAME takes --example inputs, and no FILE or --scalar")
+    target = common.target_from(args, default="h200")  # an unknown GPU is a usage error before any work
     try:
         fn = load_callable(args.from_torch)
         examples = [example_tensor(t, seed=i) for i, t in enumerate(args.example or ())]
@@ -161,13 +172,60 @@ def _from_torch(args, out: Path | None) -> int:
     try:
         imported = from_torch(fn, examples, name=args.name)
     except DslError as e:
-        for d in e.diagnostics:  # so that the message quotes the user's line
-            if d.loc.file.endswith(".py") and Path(d.loc.file).is_file():
-                common.SOURCES[d.loc.file] = Path(d.loc.file).read_text(errors="replace")
+        _quote(e.diagnostics)
         raise
+    if imported.notes:
+        _quote(imported.notes)
+        common.report(DslError(list(imported.notes)))
+    whole = _whole(imported.program, target)
+    if args.require_whole and not whole:
+        common.warn(f"error: the graph is not one cuDNN graph for {target.name} (--require-whole); nothing written")
+        return common.EXIT_FAIL
     if out is None:
         sys.stdout.write(imported.text)
         return common.EXIT_OK
     common.write_file(out, imported.text)
     print(f"{out}: imported from {args.from_torch}", file=sys.stderr)
     return common.EXIT_OK
+
+
+def _quote(diagnostics) -> None:
+    """Keeps the user's Python files whose lines the diagnostics quote, so that they show the line."""
+    for d in diagnostics:
+        if d.loc.file.endswith(".py") and Path(d.loc.file).is_file():
+            common.SOURCES[d.loc.file] = Path(d.loc.file).read_text(errors="replace")
+
+
+def _whole(program, target) -> bool:
+    """Says on stderr how cuDNN for `target` runs each shape of each graph, planned without a GPU: one cuDNN graph,
+    or the parts it splits into (and the ops it leaves to torch). True when every one is one cuDNN graph."""
+    from cudnn_dsl.run.partition import declined_whole, plan_for_target
+    from cudnn_dsl.target.library import BackendUnavailable
+    from dsl.diagnostics import DslError
+
+    whole = True
+    for g in program.graphs:
+        for inst in g.instances:
+            name = common.label(g, inst)
+            try:
+                low, partition = plan_for_target(g, inst, g.options, target)
+            except (DslError, BackendUnavailable) as e:
+                common.warn(f"graph {name}: not planned for {target.name}:")
+                common.report(e)
+                whole = False
+                continue
+            if partition is None:
+                print(
+                    f"graph {name}: one cuDNN graph for {target.name} ({low.plan_count} candidate plans)",
+                    file=sys.stderr,
+                )
+                continue
+            whole = False
+            lines = "".join(f"  {line}\n" for line in partition.lines(g))
+            print(
+                f"graph {name}: {partition.how} for {target.name}, {partition.counts.text} — "
+                f"{declined_whole(partition.declined)}:\n{lines}",
+                end="",
+                file=sys.stderr,
+            )
+    return whole

@@ -20,6 +20,7 @@ import operator
 import os
 import re
 import sys
+import warnings
 
 import attrs
 import torch
@@ -445,7 +446,9 @@ def from_torch(fn, example_inputs, *, name: str | None = None) -> Imported:
                 anchor(fn)
         module = fn if isinstance(fn, torch.nn.Module) else _Function(fn)
         ep = torch.export.export(module, tuple(example_inputs), strict=False)
-    ep = ep.run_decompositions({})  # functionalized: in-place ops are pure, and what they write is an output
+    with warnings.catch_warnings():  # torch's own use of its deprecated LeafSpec, copying the program
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+        ep = ep.run_decompositions({})  # functionalized: in-place ops are pure, and what they write is an output
     label = f"<{what}>"
     imp = Importer(ep, label, _parameters(fn))
     imp.run()
@@ -514,7 +517,14 @@ def load_callable(spec: str):
     obj = getattr(module, attr, None)
     if obj is None:
         raise ValueError(f"{path} has no '{attr}'")
-    return obj() if isinstance(obj, type) else obj
+    if not isinstance(obj, type):
+        return obj
+    try:
+        return obj()
+    except TypeError as e:  # a class whose constructor wants arguments
+        raise ValueError(
+            f"{path}: '{attr}' is not made with no arguments ({e}): name an instance or a function"
+        ) from None
 
 
 def example_tensor(text: str, seed: int = 0) -> torch.Tensor:
