@@ -1,25 +1,20 @@
 """A PyTorch function or module, traced by torch.export -> a checked .cdg graph of its aten ops, with the
 declared layouts of its example inputs, and a located refusal naming each node the language cannot express.
 
-The trace is torch.export's, functionalized (an in-place op is its pure op; an input or buffer it writes, an
-output of the graph written in place of that input), and a module's parameters and buffers are inputs of the
-graph, named by their place in the module. An input and the view ops applied to it (permute, transpose, view,
-unsqueeze...) are one declared input: its dims and strides are the view's, so `linear.weight` is
-`[1, IN, OUT] col_major` and an attention block's `.view(B, S, H, D).transpose(1, 2)` is `[B, H, S, D]` with
-its strides; `bind` makes those views of the call's own tensors. Each other node is one statement, from the
-table CONVERTERS (from_torch_ops) keyed by aten op. The text is checked by the language before it is
-returned; a rule it breaks is reported at the node.
+The trace is torch.export's, functionalized (an in-place op is its pure op; what it writes into an input or
+buffer, an output written in place of it); a module's parameters and buffers are inputs named by their place in
+the module. An input through the view ops applied to it is one declared input with the view's dims and strides
+(`linear.weight` is `[1, IN, OUT] col_major`), which `bind` makes of the call's own tensors. Each other node is
+one statement, from the table CONVERTERS (from_torch_ops); the text is checked before it is returned, and a
+rule it breaks is reported at the node.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import linecache
 import operator
 import os
-import re
-import sys
 import warnings
 
 import attrs
@@ -38,15 +33,12 @@ from cudnn_dsl.interop.from_torch_ops import (
     Source,
     Stmt,
     Value,
-    layout_text,
     number,
-    type_text,
 )
 from cudnn_dsl.target.dtypes import from_torch as language_dtype
-from cudnn_dsl.target.dtypes import torch_dtype
 from dsl.diagnostics import Diagnostic, DslError, Loc, RuleError
 from dsl.ir import Program
-from dsl.types import LAYOUTS, dense_strides, layout_order
+from dsl.types import dense_strides, layout_order
 
 aten = torch.ops.aten
 
@@ -92,14 +84,39 @@ class Imported:
         values = dict(self.program_state, **dict(zip(self.user_inputs, args)))
         out = {}
         for gi in self.inputs:
-            if gi.fold is not None:
-                out[gi.name] = gi.fold(values)
-                continue
-            t = values[gi.source]
-            for op, rest in gi.views:
+            t = gi.fold(values) if gi.fold is not None else values[gi.source]
+            for op, rest in gi.views:  # a folded input has none
                 t = op(t, *rest)
             out[gi.name] = t
         return out
+
+
+def layout_text(t: torch.Tensor) -> str:
+    """A tensor's memory order in the language: '' (row-major), a layout name, or explicit strides."""
+    shape, strides = tuple(t.shape), tuple(t.stride())
+
+    def same(want):  # the strides of size-1 dims address nothing
+        return all(n == 1 or s == w for n, s, w in zip(shape, strides, want))
+
+    if same(dense_strides(shape)):
+        return ""
+    for layout in ("nhwc", "ndhwc", "col_major", "channels_last"):  # rank 3: col_major, as docs/pytorch.md says
+        try:
+            order = layout_order(layout, len(shape))
+        except RuleError:  # the layout does not fit the rank
+            continue
+        if same(dense_strides(shape, order)):
+            return f" {layout}"
+    return f" strides {ints_text(strides)}"
+
+
+def type_text(t: torch.Tensor) -> str:
+    dtype = language_dtype(t.dtype)
+    if dtype is None:
+        raise Refused(f"the language has no dtype {t.dtype}")
+    if t.dim() == 0 or 0 in t.shape:
+        raise Refused(f"a tensor of shape {list(t.shape)}: the language's tensors have dims of size 1 or more")
+    return f"{dtype}{ints_text(t.shape)}"
 
 
 # ---- where a node comes from -------------------------------------------------------------------------------
@@ -174,7 +191,6 @@ class Importer:
         self.returned: list[str] = []
         self.in_place: dict[str, str] = {}
         """output -> the input it is written over"""
-        self.metas: dict[str, torch.Tensor] = {}
         self.node: torch.fx.Node | None = None
         self.scalars = 0
 
@@ -257,7 +273,12 @@ class Importer:
         specs = {s.arg.name: s for s in self.ep.graph_signature.input_specs}
         nodes = list(self.ep.graph.nodes)
         kept = self._kept_outputs(nodes[-1])
-        needed = _reaching([n for n, _ in kept])
+        needed, todo = set(), [n for n, _ in kept if isinstance(n, torch.fx.Node)]
+        while todo:  # the nodes the kept outputs are computed from: a node nothing kept reads is not imported
+            n = todo.pop()
+            if n not in needed:
+                needed.add(n)
+                todo += n.all_input_nodes
         for node in nodes:
             self.node = node
             if node.op == "placeholder":
@@ -285,15 +306,9 @@ class Importer:
             elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
                 val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
                 if isinstance(val, torch.Tensor) and val.dim() == 0 and spec.kind == OutputKind.BUFFER_MUTATION:
-                    loc, _ = _loc(arg, self.label)
                     why = "a 0-dim buffer, which the language's tensors cannot hold; torch reads a BatchNorm's count"
-                    self.notes.append(
-                        Diagnostic(
-                            "warning",
-                            f"the graph does not update '{spec.target}' ({why} only where its momentum is None)",
-                            loc,
-                        )
-                    )
+                    why = f"the graph does not update '{spec.target}' ({why} only where its momentum is None)"
+                    self.notes.append(Diagnostic("warning", why, _loc(arg, self.label)[0]))
                     continue
                 kept.append((arg, placeholder.get(spec.target, spec.target)))
             else:
@@ -344,7 +359,6 @@ class Importer:
                 if target is None:
                     type_text(v.meta)  # refuses a 0-dim result
                     self.returned.append(v.name)
-                    self.metas[v.name] = v.meta
                 else:
                     self.in_place[v.name] = self._over(v, target)
             except Refused as e:
@@ -387,7 +401,7 @@ class Importer:
             if name in self.in_place:
                 lines.append(f"output {name} in {self.in_place[name]} = {st.expr}")
             elif name in outs:
-                val = self.metas[name]
+                val = st.node.meta["val"]
                 lines.append(f"output {name} : {type_text(val)}{layout_text(val)} = {st.expr}")
             elif st.dtype is not None:
                 lines.append(f"{name} : {st.dtype} = {st.expr}")
@@ -395,18 +409,6 @@ class Importer:
                 lines.append(f"{name} = {st.expr}")
             nodes.append(st.node)
         return lines, nodes
-
-
-def _reaching(outputs: list) -> set[torch.fx.Node]:
-    """The nodes the outputs are computed from (a node nothing kept reads is not imported)."""
-    seen: set[torch.fx.Node] = set()
-    todo = [n for n in outputs if isinstance(n, torch.fx.Node)]
-    while todo:
-        n = todo.pop()
-        if n not in seen:
-            seen.add(n)
-            todo += n.all_input_nodes
-    return seen
 
 
 # ---- the front door -----------------------------------------------------------------------------------------
@@ -496,54 +498,3 @@ def _at_node(d: Diagnostic, nodes: list, label: str) -> Diagnostic:
     if node is None:
         return d
     return _refusal(node, label, f"the language refuses it: {d.message}")
-
-
-def load_callable(spec: str):
-    """`path/to/module.py:NAME` -> the object NAME of that file, imported as Python imports it: the user's own
-    code runs, as pytest runs a test file. A class is instantiated with no arguments."""
-    path, sep, attr = spec.rpartition(":")
-    if not sep or not path.endswith(".py") or not attr.isidentifier():
-        raise ValueError(f"--from-torch takes FILE.py:NAME, got '{spec}'")
-    if not os.path.isfile(path):
-        raise ValueError(f"{path}: no such file")
-    module_name = os.path.splitext(os.path.basename(path))[0]
-    loader = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(loader)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the file's own imports of its neighbours
-    try:
-        loader.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    obj = getattr(module, attr, None)
-    if obj is None:
-        raise ValueError(f"{path} has no '{attr}'")
-    if not isinstance(obj, type):
-        return obj
-    try:
-        return obj()
-    except TypeError as e:  # a class whose constructor wants arguments
-        raise ValueError(
-            f"{path}: '{attr}' is not made with no arguments ({e}): name an instance or a function"
-        ) from None
-
-
-def example_tensor(text: str, seed: int = 0) -> torch.Tensor:
-    """`float[2, 4, 8, 8] nhwc` (a .cdg tensor type and an optional layout name) -> a tensor of that dtype,
-    shape and memory order, drawn from a seeded normal distribution (integers: 0 to 9; bool: coin flips)."""
-    from dsl.types import canonical_dtype
-
-    m = re.fullmatch(r"\s*(\w+)\s*\[([\d,\s]+)\]\s*(\w+)?\s*", text)
-    dtype = canonical_dtype(m.group(1)) if m else None
-    layout = (m.group(3) or "row_major") if m else None
-    if dtype is None or layout not in LAYOUTS:
-        raise ValueError(f"--example takes DTYPE[DIMS] [LAYOUT] (as a .cdg input declares it), got '{text}'")
-    shape = tuple(int(d) for d in m.group(2).split(",") if d.strip())
-    try:
-        strides = dense_strides(shape, layout_order(layout, len(shape)))
-    except RuleError as e:
-        raise ValueError(f"--example '{text}': {e}") from None
-    g = torch.Generator().manual_seed(seed)
-    t = torch.empty_strided(shape, strides, dtype=torch_dtype(dtype))
-    if t.is_floating_point():
-        return t.copy_(torch.randn(shape, generator=g))
-    return t.copy_(torch.randint(0, 2 if dtype == "bool" else 10, shape, generator=g))

@@ -4,18 +4,11 @@ per op of a functionalized torch.export graph (CONVERTERS)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
 from cudnn_dsl.interop.fe_graph import ints_text, number_text
-from cudnn_dsl.target.dtypes import from_torch as language_dtype
-from dsl.diagnostics import RuleError
-from dsl.types import dense_strides, layout_order
-
-if TYPE_CHECKING:
-    from cudnn_dsl.interop.from_torch import Importer
 
 aten = torch.ops.aten
 
@@ -97,34 +90,6 @@ class Fold:
         return shift.reshape(self.shape)
 
 
-def layout_text(t: torch.Tensor) -> str:
-    """A tensor's memory order in the language: '' (row-major), a layout name, or explicit strides."""
-    shape, strides = tuple(t.shape), tuple(t.stride())
-
-    def same(want):  # the strides of size-1 dims address nothing
-        return all(n == 1 or s == w for n, s, w in zip(shape, strides, want))
-
-    if same(dense_strides(shape)):
-        return ""
-    for layout in ("nhwc", "ndhwc", "col_major", "channels_last"):  # rank 3: col_major, as docs/pytorch.md says
-        try:
-            order = layout_order(layout, len(shape))
-        except RuleError:  # the layout does not fit the rank
-            continue
-        if same(dense_strides(shape, order)):
-            return f" {layout}"
-    return f" strides {ints_text(strides)}"
-
-
-def type_text(t: torch.Tensor) -> str:
-    dtype = language_dtype(t.dtype)
-    if dtype is None:
-        raise Refused(f"the language has no dtype {t.dtype}")
-    if t.dim() == 0 or 0 in t.shape:
-        raise Refused(f"a tensor of shape {list(t.shape)}: the language's tensors have dims of size 1 or more")
-    return f"{dtype}{ints_text(t.shape)}"
-
-
 def number(x) -> str:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise Refused(f"{x!r} is not a number the language spells")
@@ -135,7 +100,7 @@ def number(x) -> str:
 
 
 def _unary(op: str, **fixed):
-    def convert(imp: Importer, node, input, **kw):
+    def convert(imp, node, input, **kw):
         for k, want in fixed.items():
             if kw.get(k, want) != want:
                 raise Refused(f"{k}={kw[k]!r}: the language's {op} has {k}={want!r}")
@@ -145,7 +110,7 @@ def _unary(op: str, **fixed):
 
 
 def _binary(op: str, infix: str | None = None):
-    def convert(imp: Importer, node, input, other=None, alpha=1, exponent=None):
+    def convert(imp, node, input, other=None, alpha=1, exponent=None):
         other = exponent if other is None else other
         rank = node.meta["val"].dim()
         a, b = imp.operand(input, rank), imp.operand(other, rank)
@@ -452,23 +417,11 @@ def _cat(imp, node, tensors, dim=0):
     return f"concatenate({', '.join(imp.tensor(t) for t in tensors)}, axis={dim % rank})"
 
 
+#: the unary ops aten and the language name alike
+_SAME_NAME = ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "abs", "neg", "reciprocal", "erf", "sin")
+_SAME_NAME += ("cos", "tan", "floor", "ceil")
 _POINTWISE = {
-    aten.relu.default: _unary("relu"),
-    aten.sigmoid.default: _unary("sigmoid"),
-    aten.tanh.default: _unary("tanh"),
-    aten.exp.default: _unary("exp"),
-    aten.log.default: _unary("log"),
-    aten.sqrt.default: _unary("sqrt"),
-    aten.rsqrt.default: _unary("rsqrt"),
-    aten.abs.default: _unary("abs"),
-    aten.neg.default: _unary("neg"),
-    aten.reciprocal.default: _unary("reciprocal"),
-    aten.erf.default: _unary("erf"),
-    aten.sin.default: _unary("sin"),
-    aten.cos.default: _unary("cos"),
-    aten.tan.default: _unary("tan"),
-    aten.floor.default: _unary("floor"),
-    aten.ceil.default: _unary("ceil"),
+    **{getattr(aten, op).default: _unary(op) for op in _SAME_NAME},
     aten.silu.default: _unary("swish"),
     aten.elu.default: _unary("elu", alpha=1, scale=1, input_scale=1),
     aten.softplus.default: _unary("softplus", beta=1),
