@@ -230,6 +230,21 @@ def test_in_place_ops_are_their_pure_ops():
     torch.testing.assert_close(got["sub"], y_after)
 
 
+def written_while_read_transposed(x):
+    y = x.t() * 2
+    x.add_(1)
+    return y
+
+
+def test_a_write_over_an_input_read_through_another_view_is_refused():
+    """One kernel would read x transposed while writing x: an element could be read after another thread wrote it."""
+    with pytest.raises(DslError) as e:
+        from_torch(written_while_read_transposed, (torch.randn(4, 4),))
+    (d,) = e.value.diagnostics
+    assert "written in place over an input the graph also reads through another view ('x')" in d.message
+    assert d.loc.line == _line_of(written_while_read_transposed, "x.add_(1)")
+
+
 def pieces(x):
     """split, chunk, unbind and select, of a computed value and of an argument."""
     h = torch.tanh(x)

@@ -178,27 +178,23 @@ class Importer:
         self.ep, self.label = ep, label
         users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
         self.arg_names = dict(zip(users, arg_names))
-        self.used: set[str] = set()
+        self.used: set[str] = set()  # the graph's names
         self.env: dict[torch.fx.Node, Source | Value | Items | None] = {}
         self.decls: list[tuple[str, torch.fx.Node]] = []
         self.statements: list[_Statement] = []
         self.made: dict[str, _Statement] = {}
         self.inputs: list[GraphInput] = []
-        self.declared: dict[str, torch.Tensor] = {}
-        """input name -> its meta tensor"""
+        self.declared: dict[str, torch.Tensor] = {}  # input name -> its meta tensor
         self.refusals: list[Diagnostic] = []
         self.notes: list[Diagnostic] = []
         self.returned: list[str] = []
-        self.in_place: dict[str, str] = {}
-        """output -> the input it is written over"""
+        self.in_place: dict[str, str] = {}  # output -> the input it is written over
         self.node: torch.fx.Node | None = None
         self.scalars = 0
 
-    # operands, as the converters ask for them
     def tensor(self, arg, rank: int | None = None, typed: bool = False) -> str:
         """An operand's name, with unit dims in front up to `rank` (torch aligns trailing dims; the language
-        broadcasts only over declared dims of size 1). `typed`: in torch's dtype, as a matmul, conv, norm or
-        attention reads it (the statement that computes it is declared so where the language would widen it)."""
+        broadcasts only over declared dims of size 1); `typed`: in torch's dtype (a matmul's, conv's, norm's)."""
         v = self.env[arg]
         extra = 0 if rank is None else rank - v.meta.dim()
         if extra < 0:
@@ -268,7 +264,6 @@ class Importer:
         for n in st.names:
             self.made[n] = st
 
-    # the walk
     def run(self) -> None:
         specs = {s.arg.name: s for s in self.ep.graph_signature.input_specs}
         nodes = list(self.ep.graph.nodes)
@@ -368,14 +363,19 @@ class Importer:
         """The declared input of `placeholder` an output of v's dims is written over (declared so if none is)."""
         if any(over == placeholder for over in self.in_place.values()):
             raise Refused("a second value written over the same input")
-        for gi in self.inputs:
-            if gi.source == placeholder and tuple(self.declared[gi.name].shape) == tuple(v.meta.shape):
-                return gi.name
-        src = next(s for s in self.env.values() if isinstance(s, Source) and s.placeholder == placeholder)
-        try:  # aten.view: the output is written through the bound view, into the caller's tensor
-            return self.declare(src.view(aten.view.default, tuple(v.meta.shape)))
-        except RuntimeError as e:
-            raise Refused(f"written over an input that no view of its dims reaches ({e})") from None
+        reshapes = (aten.view.default, aten.reshape.default)  # views that keep the elements' order
+        reads = [gi for gi in self.inputs if gi.source == placeholder]
+        name = next((gi.name for gi in reads if all(op in reshapes for op, _ in gi.views)), None)
+        if name is None or tuple(self.declared[name].shape) != tuple(v.meta.shape):
+            src = next(s for s in self.env.values() if isinstance(s, Source) and s.placeholder == placeholder)
+            try:  # the placeholder's own (the first); aten.view: the output is written through the bound view
+                name = self.declare(src.view(aten.view.default, tuple(v.meta.shape)))
+            except RuntimeError as e:
+                raise Refused(f"written over an input that no view of its dims reaches ({e})") from None
+        other = [gi.name for gi in self.inputs if gi.source == placeholder and gi.name != name]
+        if other:  # a fused kernel could read an element another thread has written
+            raise Refused(f"written in place over an input the graph also reads through another view ('{other[0]}')")
+        return name
 
     def lines(self) -> tuple[list[str], list[torch.fx.Node | None]]:
         """The graph's statements, and the node each comes from (a checker's error is reported there)."""
