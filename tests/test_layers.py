@@ -58,6 +58,8 @@ FRONTEND_INTERNALS = {n for where, names in library.FRONTEND_INTERNALS.items() f
 LARK_INTERNALS = {"_load_from_dict"}
 #: torch's raw current device and stream, read per launch without making a Stream object (run.launch)
 TORCH_INTERNALS = {"_C", "_cuda_getDevice", "_cuda_getCurrentRawStream"}
+#: aten ops whose names are private, as a functionalized export graph holds them (from_torch converts them)
+TORCH_INTERNALS |= {"_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional", "_softmax"}
 
 
 def _imports(module: str, tree) -> set[str]:

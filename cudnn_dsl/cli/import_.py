@@ -48,6 +48,15 @@ def register(p) -> None:
         help="with --from-torch, one per argument in order: DTYPE[DIMS] [LAYOUT], as a .cdg input declares it "
         "('half[2, 64, 56, 56] nhwc'); drawn from a seeded normal distribution",
     )
+    common.add_target_flags(
+        p, "with --from-torch: the GPU whose cuDNN plans the imported graph, without a GPU (default: h200)"
+    )
+    p.add_argument(
+        "--require-whole",
+        action="store_true",
+        help="with --from-torch: exit 1, writing nothing, unless cuDNN for --target takes the graph whole (one cuDNN "
+        "graph, nothing left to torch)",
+    )
     p.add_argument("-o", "--output", metavar="OUT.cdg", help="write the .cdg file here (default: print it)")
     p.add_argument("--force", action="store_true", help="with -o: replace OUT.cdg if it exists")
     p.add_argument(
@@ -113,6 +122,8 @@ def run(args) -> int:
         return _from_torch(args, out)
     if args.file is None:
         raise common.UsageError("import takes FILE, or --from-torch FILE.py:NAME")
+    if args.target or args.device_properties or args.require_whole:
+        raise common.UsageError("--target, --device-properties and --require-whole go with --from-torch")
     text = _read(args.file)
     common.SOURCES[args.file] = text
     name = args.name or ("stdin" if args.file == "-" else Path(args.file).name.split(".")[0])
@@ -145,12 +156,14 @@ def run(args) -> int:
 
 
 def _from_torch(args, out: Path | None) -> int:
-    """`--from-torch FILE.py:NAME --example TYPE ...`: a traced PyTorch function or module as a .cdg file."""
-    from cudnn_dsl.interop.from_torch import example_tensor, from_torch, load_callable
+    """`--from-torch FILE.py:NAME --example TYPE ...`: a traced PyTorch function or module as a .cdg file, and how
+    cuDNN for --target runs it (one graph, or the parts it splits into)."""
+    from cudnn_dsl.interop.from_torch import from_torch
     from dsl.diagnostics import DslError
 
     if not args.from_torch or args.file is not None or args.scalar:
         raise common.UsageError("--from-torch FILE.py:NAME takes --example inputs, and no FILE or --scalar")
+    target = common.target_from(args, default="h200")  # an unknown GPU is a usage error before any work
     try:
         fn = load_callable(args.from_torch)
         examples = [example_tensor(t, seed=i) for i, t in enumerate(args.example or ())]
@@ -161,13 +174,115 @@ def _from_torch(args, out: Path | None) -> int:
     try:
         imported = from_torch(fn, examples, name=args.name)
     except DslError as e:
-        for d in e.diagnostics:  # so that the message quotes the user's line
-            if d.loc.file.endswith(".py") and Path(d.loc.file).is_file():
-                common.SOURCES[d.loc.file] = Path(d.loc.file).read_text(errors="replace")
+        _quote(e.diagnostics)
         raise
+    if imported.notes:
+        _quote(imported.notes)
+        common.report(DslError(list(imported.notes)))
+    split = _split(imported.program, target)
+    if args.require_whole and split:
+        why = "; ".join(split)
+        common.warn(f"error: not one cuDNN graph for {target.name} (--require-whole): {why}; nothing written")
+        return common.EXIT_FAIL
     if out is None:
         sys.stdout.write(imported.text)
         return common.EXIT_OK
     common.write_file(out, imported.text)
     print(f"{out}: imported from {args.from_torch}", file=sys.stderr)
     return common.EXIT_OK
+
+
+def _quote(diagnostics) -> None:
+    """Keeps the user's Python files whose lines the diagnostics quote, so that they show the line."""
+    for d in diagnostics:
+        if d.loc.file.endswith(".py") and Path(d.loc.file).is_file():
+            common.SOURCES[d.loc.file] = Path(d.loc.file).read_text(errors="replace")
+
+
+def _split(program, target) -> list[str]:
+    """Says on stderr how cuDNN for `target` runs each shape of each graph, planned without a GPU: one cuDNN graph,
+    or the parts it splits into (and the ops it leaves to torch). Returns, for each shape not one cuDNN graph, why."""
+    from cudnn_dsl.run.partition import declined_whole, plan_for_target
+    from cudnn_dsl.target.library import BackendUnavailable
+    from dsl.diagnostics import DslError
+
+    split = []
+    for g in program.graphs:
+        for inst in g.instances:
+            name = common.label(g, inst)
+            try:
+                low, partition = plan_for_target(g, inst, g.options, target)
+            except (DslError, BackendUnavailable) as e:
+                common.warn(f"graph {name}: not planned for {target.name}:")
+                common.report(e)
+                split.append(f"graph {name} is not planned")
+                continue
+            if partition is None:
+                plans = f"{low.plan_count} candidate plans"
+                print(f"graph {name}: one cuDNN graph for {target.name} ({plans})", file=sys.stderr)
+                continue
+            how = f"{partition.how} for {target.name}, {partition.counts.text}"
+            split.append(f"graph {name} {partition.how}")
+            lines = "".join(f"  {line}\n" for line in partition.lines(g))
+            print(f"graph {name}: {how} — {declined_whole(partition.declined)}:\n{lines}", end="", file=sys.stderr)
+    return split
+
+
+def load_callable(spec: str):
+    """`path/to/module.py:NAME` -> the object NAME of that file, imported as Python imports it: the user's own
+    code runs, as pytest runs a test file. A class is instantiated with no arguments."""
+    import importlib.util
+    import os
+
+    path, sep, attr = spec.rpartition(":")
+    if not sep or not path.endswith(".py") or not attr.isidentifier():
+        raise ValueError(f"--from-torch takes FILE.py:NAME, got '{spec}'")
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file")
+    module_name = os.path.splitext(os.path.basename(path))[0]
+    loader = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(loader)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the file's own imports of its neighbours
+    try:
+        loader.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise ValueError(f"{path} has no '{attr}'")
+    if not isinstance(obj, type):
+        return obj
+    try:
+        return obj()
+    except TypeError as e:  # a class whose constructor wants arguments
+        raise ValueError(
+            f"{path}: '{attr}' is not made with no arguments ({e}): name an instance or a function"
+        ) from None
+
+
+def example_tensor(text: str, seed: int = 0):
+    """`float[2, 4, 8, 8] nhwc` (a .cdg tensor type and an optional layout name) -> a tensor of that dtype,
+    shape and memory order, drawn from a seeded normal distribution (integers: 0 to 9; bool: coin flips)."""
+    import re
+
+    import torch
+
+    from cudnn_dsl.target.dtypes import torch_dtype
+    from dsl.diagnostics import RuleError
+    from dsl.types import LAYOUTS, canonical_dtype, dense_strides, layout_order
+
+    m = re.fullmatch(r"\s*(\w+)\s*\[([\d,\s]+)\]\s*(\w+)?\s*", text)
+    dtype = canonical_dtype(m.group(1)) if m else None
+    layout = (m.group(3) or "row_major") if m else None
+    if dtype is None or layout not in LAYOUTS:
+        raise ValueError(f"--example takes DTYPE[DIMS] [LAYOUT] (as a .cdg input declares it), got '{text}'")
+    shape = tuple(int(d) for d in m.group(2).split(",") if d.strip())
+    try:
+        strides = dense_strides(shape, layout_order(layout, len(shape)))
+    except RuleError as e:
+        raise ValueError(f"--example '{text}': {e}") from None
+    g = torch.Generator().manual_seed(seed)
+    t = torch.empty_strided(shape, strides, dtype=torch_dtype(dtype))
+    if t.is_floating_point():
+        return t.copy_(torch.randn(shape, generator=g))
+    return t.copy_(torch.randint(0, 2 if dtype == "bool" else 10, shape, generator=g))

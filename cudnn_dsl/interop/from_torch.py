@@ -1,54 +1,61 @@
 """A PyTorch function or module, traced by torch.export -> a checked .cdg graph of its aten ops, with the
 declared layouts of its example inputs, and a located refusal naming each node the language cannot express.
 
-The trace is torch.export's (a module's parameters and buffers are inputs of the graph, named by their
-place in the module). An input and the view ops applied to it (permute, transpose, view, unsqueeze...) are
-one declared input: its dims and strides are the view's, so `linear.weight` is `[1, IN, OUT] col_major` and
-an attention block's `.view(B, S, H, D).transpose(1, 2)` is `[B, H, S, D]` with its strides; `bind` makes
-those views of the call's own tensors. Each other node is one statement, from the table CONVERTERS keyed by
-aten op. The text is checked by the language before it is returned; a rule it breaks is reported at the node.
+The trace is torch.export's, functionalized (an in-place op is its pure op; what it writes into an input or
+buffer, an output written in place of it); a module's parameters and buffers are inputs named by their place in
+the module. An input through the view ops applied to it is one declared input with the view's dims and strides
+(`linear.weight` is `[1, IN, OUT] col_major`), which `bind` makes of the call's own tensors. Each other node is
+one statement, from the table CONVERTERS (from_torch_ops); the text is checked before it is returned, and a
+rule it breaks is reported at the node.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import linecache
+import operator
 import os
-import re
-import sys
+import warnings
 
 import attrs
 import torch
 import torch.fx.proxy
+from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.operator_schemas import normalize_function
 
-from cudnn_dsl.interop.fe_graph import ints_text, number_text
+from cudnn_dsl.interop.fe_graph import ints_text
 from cudnn_dsl.interop.fe_import import cdg_text, ident
+from cudnn_dsl.interop.from_torch_ops import (
+    CONVERTERS,
+    Fold,
+    Items,
+    Refused,
+    Source,
+    Stmt,
+    Value,
+    number,
+)
 from cudnn_dsl.target.dtypes import from_torch as language_dtype
-from cudnn_dsl.target.dtypes import torch_dtype
 from dsl.diagnostics import Diagnostic, DslError, Loc, RuleError
 from dsl.ir import Program
-from dsl.types import LAYOUTS, dense_strides, layout_order
+from dsl.types import dense_strides, layout_order
 
 aten = torch.ops.aten
-
-
-class Refused(Exception):
-    """Why one node has no spelling in the language."""
 
 
 @attrs.frozen
 class GraphInput:
     """A declared input of the imported graph: an argument of the function, or a parameter or buffer of the
-    module, through the view ops applied to it."""
+    module, through the view ops applied to it; or an eval BatchNorm's scale or shift, folded from its state."""
 
     name: str
     """its name in the .cdg file"""
     source: str
-    """the export placeholder it is read from"""
+    """the export placeholder it is read from ('' for a folded one)"""
     views: tuple
     """(aten view op, its other arguments), applied in order"""
+    fold: Fold | None = None
+    """how a folded input is computed from the module's state"""
 
 
 @attrs.frozen
@@ -65,20 +72,51 @@ class Imported:
     """export placeholder -> the module's parameter, buffer or constant it reads"""
     user_inputs: tuple[str, ...] = attrs.field(repr=False)
     """the export placeholders of the function's arguments, in order"""
+    notes: tuple[Diagnostic, ...] = ()
+    """what the function does that the graph leaves out (a BatchNorm's batch count), located at the node"""
 
     def bind(self, *args: torch.Tensor) -> dict[str, torch.Tensor]:
         """The graph's inputs for a call of the function with these tensors (the module's state added): views of
-        the same memory, as the graph declares them."""
+        the same memory, as the graph declares them (an output in place writes through them), and an eval
+        BatchNorm's scale and shift, computed from the module's state as it is now."""
         if len(args) != len(self.user_inputs):
             raise TypeError(f"the function takes {len(self.user_inputs)} tensors, got {len(args)}")
         values = dict(self.program_state, **dict(zip(self.user_inputs, args)))
         out = {}
         for gi in self.inputs:
-            t = values[gi.source]
-            for op, rest in gi.views:
+            t = gi.fold(values) if gi.fold is not None else values[gi.source]
+            for op, rest in gi.views:  # a folded input has none
                 t = op(t, *rest)
             out[gi.name] = t
         return out
+
+
+def layout_text(t: torch.Tensor) -> str:
+    """A tensor's memory order in the language: '' (row-major), a layout name, or explicit strides."""
+    shape, strides = tuple(t.shape), tuple(t.stride())
+
+    def same(want):  # the strides of size-1 dims address nothing
+        return all(n == 1 or s == w for n, s, w in zip(shape, strides, want))
+
+    if same(dense_strides(shape)):
+        return ""
+    for layout in ("nhwc", "ndhwc", "col_major", "channels_last"):  # rank 3: col_major, as docs/pytorch.md says
+        try:
+            order = layout_order(layout, len(shape))
+        except RuleError:  # the layout does not fit the rank
+            continue
+        if same(dense_strides(shape, order)):
+            return f" {layout}"
+    return f" strides {ints_text(strides)}"
+
+
+def type_text(t: torch.Tensor) -> str:
+    dtype = language_dtype(t.dtype)
+    if dtype is None:
+        raise Refused(f"the language has no dtype {t.dtype}")
+    if t.dim() == 0 or 0 in t.shape:
+        raise Refused(f"a tensor of shape {list(t.shape)}: the language's tensors have dims of size 1 or more")
+    return f"{dtype}{ints_text(t.shape)}"
 
 
 # ---- where a node comes from -------------------------------------------------------------------------------
@@ -118,98 +156,55 @@ def _refusal(node: torch.fx.Node, label: str, why: str) -> Diagnostic:
     return Diagnostic("error", f"cannot express node '{node.name}' ({node.target}{where}): {why}", loc)
 
 
-# ---- values ---------------------------------------------------------------------------------------------------
-
-
-@attrs.define
-class _Source:
-    """A placeholder through view ops: an input of the graph once an op reads it."""
-
-    placeholder: str
-    base: str
-    """the name it is declared under"""
-    views: tuple
-    meta: torch.Tensor
-    """a meta tensor of the view's dims, strides and dtype"""
-
-    def view(self, op, *rest) -> _Source:
-        return _Source(self.placeholder, self.base, self.views + ((op, rest),), op(self.meta, *rest))
-
-
-@attrs.frozen
-class _Value:
-    """A value the graph computes: its name in the .cdg file, and torch's example of it."""
-
-    name: str
-    meta: torch.Tensor
-
-
-def _layout_text(t: torch.Tensor) -> str:
-    """A tensor's memory order in the language: '' (row-major), a layout name, or explicit strides."""
-    shape, strides = tuple(t.shape), tuple(t.stride())
-
-    def same(want):  # the strides of size-1 dims address nothing
-        return all(n == 1 or s == w for n, s, w in zip(shape, strides, want))
-
-    if same(dense_strides(shape)):
-        return ""
-    for layout in ("nhwc", "ndhwc", "col_major", "channels_last"):  # rank 3: col_major, as docs/pytorch.md says
-        try:
-            order = layout_order(layout, len(shape))
-        except RuleError:  # the layout does not fit the rank
-            continue
-        if same(dense_strides(shape, order)):
-            return f" {layout}"
-    return f" strides {ints_text(strides)}"
-
-
-def _type_text(t: torch.Tensor) -> str:
-    dtype = language_dtype(t.dtype)
-    if dtype is None:
-        raise Refused(f"the language has no dtype {t.dtype}")
-    if t.dim() == 0 or 0 in t.shape:
-        raise Refused(f"a tensor of shape {list(t.shape)}: the language's tensors have dims of size 1 or more")
-    return f"{dtype}{ints_text(t.shape)}"
-
-
-def _number(x) -> str:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise Refused(f"{x!r} is not a number the language spells")
-    return number_text(x)
-
-
 # ---- the import -----------------------------------------------------------------------------------------------
 
 
-class _Importer:
-    """One walk over an exported graph's nodes, in order: declarations, statements and refusals."""
+@attrs.define
+class _Statement:
+    """One statement of the graph: the node it comes from, the names it gives, its expression."""
+
+    node: torch.fx.Node
+    names: tuple[str, ...]
+    expr: str
+    layout_of: Source | Value | None = None
+    dtype: str | None = None
+    """the dtype it is declared with, where the op's own is not torch's (an operand of a matmul or conv)"""
+
+
+class Importer:
+    """One walk over a functionalized export graph's nodes, in order: declarations, statements and refusals."""
 
     def __init__(self, ep: torch.export.ExportedProgram, label: str, arg_names: tuple[str, ...] = ()):
         self.ep, self.label = ep, label
-        users = [s.arg.name for s in ep.graph_signature.input_specs if s.target is None]
+        users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
         self.arg_names = dict(zip(users, arg_names))
-        self.used: set[str] = set()
-        self.env: dict[torch.fx.Node, _Source | _Value | None] = {}
+        self.used: set[str] = set()  # the graph's names
+        self.env: dict[torch.fx.Node, Source | Value | Items | None] = {}
         self.decls: list[tuple[str, torch.fx.Node]] = []
-        self.statements: list[tuple[torch.fx.Node, str, str]] = []  # (node, name, expression)
+        self.statements: list[_Statement] = []
+        self.made: dict[str, _Statement] = {}
         self.inputs: list[GraphInput] = []
+        self.declared: dict[str, torch.Tensor] = {}  # input name -> its meta tensor
         self.refusals: list[Diagnostic] = []
+        self.notes: list[Diagnostic] = []
         self.returned: list[str] = []
+        self.in_place: dict[str, str] = {}  # output -> the input it is written over
         self.node: torch.fx.Node | None = None
         self.scalars = 0
 
-    # operands, as the converters ask for them
-    def tensor(self, arg, rank: int | None = None) -> str:
+    def tensor(self, arg, rank: int | None = None, typed: bool = False) -> str:
         """An operand's name, with unit dims in front up to `rank` (torch aligns trailing dims; the language
-        broadcasts only over declared dims of size 1)."""
+        broadcasts only over declared dims of size 1); `typed`: in torch's dtype (a matmul's, conv's, norm's)."""
         v = self.env[arg]
         extra = 0 if rank is None else rank - v.meta.dim()
         if extra < 0:
             raise Refused(f"'{arg.name}' has {v.meta.dim()} dims where {rank} are wanted")
-        if isinstance(v, _Source):
+        if isinstance(v, Source):
             if extra:
                 v = v.view(aten.reshape.default, (1,) * extra + tuple(v.meta.shape))
             return self.declare(v)
+        if typed:
+            self.typed(v)
         if extra:
             return f"reshape({v.name}, shape={ints_text((1,) * extra + tuple(v.meta.shape))})"
         return v.name
@@ -221,7 +216,7 @@ class _Importer:
         """A tensor or a number, as a pointwise op takes it."""
         if isinstance(arg, torch.fx.Node):
             return self.tensor(arg, rank)
-        text = _number(arg)
+        text = number(arg)
         if not text.startswith("-"):
             return text
         name = ident(f"c{self.scalars}", self.used)  # a literal is never negative: `-2.0` is neg(2.0)
@@ -229,20 +224,57 @@ class _Importer:
         self.decls.append((f"scalar {name} : {'float' if isinstance(arg, float) else 'int32'} = {text}", self.node))
         return name
 
-    def declare(self, src: _Source) -> str:
+    def declare(self, src: Source) -> str:
         key = (src.placeholder, tuple((op, rest) for op, rest in src.views))
         for gi in self.inputs:
             if (gi.source, gi.views) == key:
                 return gi.name
-        name = ident(src.base, self.used)
-        self.decls.append((f"input {name} : {_type_text(src.meta)}{_layout_text(src.meta)}", self.node))
-        self.inputs.append(GraphInput(name, src.placeholder, key[1]))
+        return self._input(ident(src.base, self.used), src.meta, GraphInput("", src.placeholder, key[1]))
+
+    def fold(self, name: str, fold: Fold) -> str:
+        """An input computed from the module's state when the graph's inputs are bound."""
+        meta = torch.empty(fold.shape, dtype=fold.dtype, device="meta")
+        return self._input(ident(name, self.used), meta, GraphInput("", "", (), fold))
+
+    def _input(self, name: str, meta: torch.Tensor, gi: GraphInput) -> str:
+        self.decls.append((f"input {name} : {type_text(meta)}{layout_text(meta)}", self.node))
+        self.inputs.append(attrs.evolve(gi, name=name))
+        self.declared[name] = meta
         return name
 
-    # the walk
+    def emit(self, names: tuple[str, ...], expr: str) -> tuple[str, ...]:
+        """A statement of several results, named so."""
+        names = tuple(ident(n, self.used) for n in names)
+        self._add(_Statement(self.node, names, expr))
+        return names
+
+    def typed(self, v: Value) -> None:
+        """Declares the statement that computes v (through the layout ops that keep its dtype) in torch's dtype."""
+        want = language_dtype(v.meta.dtype)
+        st = self.made.get(v.name)
+        while st is not None and isinstance(st.layout_of, Value) and st.dtype is None:
+            st = self.made.get(st.layout_of.name)
+        if st is None or st.dtype is not None or isinstance(st.layout_of, Source) or len(st.names) > 1:
+            return  # an input's dtype is torch's; a statement of several results is told by the checker
+        if want != "float":  # the language's compute type: what an op gives with no declaration
+            st.dtype = want
+
+    def _add(self, st: _Statement) -> None:
+        self.statements.append(st)
+        for n in st.names:
+            self.made[n] = st
+
     def run(self) -> None:
         specs = {s.arg.name: s for s in self.ep.graph_signature.input_specs}
-        for node in self.ep.graph.nodes:
+        nodes = list(self.ep.graph.nodes)
+        kept = self._kept_outputs(nodes[-1])
+        needed, todo = set(), [n for n, _ in kept if isinstance(n, torch.fx.Node)]
+        while todo:  # the nodes the kept outputs are computed from: a node nothing kept reads is not imported
+            n = todo.pop()
+            if n not in needed:
+                needed.add(n)
+                todo += n.all_input_nodes
+        for node in nodes:
             self.node = node
             if node.op == "placeholder":
                 val = node.meta.get("val")
@@ -252,45 +284,98 @@ class _Importer:
                     self.refusals.append(_refusal(node, self.label, f"'{base}' is not a tensor"))
                     continue
                 meta = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
-                self.env[node] = _Source(node.name, base, (), meta)
-            elif node.op == "call_function":
+                self.env[node] = Source(node.name, base, (), meta)
+            elif node.op == "call_function" and node in needed:
                 self.call(node)
-            elif node.op == "output":
-                self.outputs(node)
+        for node, target in kept:
+            self.output(node, target)
+
+    def _kept_outputs(self, out: torch.fx.Node) -> list[tuple[object, str | None]]:
+        """(the value, None for a returned one, else the placeholder it is written over) of each output of the
+        graph the language keeps; a 0-dim buffer's update (a BatchNorm's batch count) is left out, and noted."""
+        placeholder = {s.target: s.arg.name for s in self.ep.graph_signature.input_specs}
+        kept = []
+        for arg, spec in zip(out.args[0], self.ep.graph_signature.output_specs):
+            if spec.kind == OutputKind.USER_OUTPUT:
+                kept.append((arg, None))
+            elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
+                val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+                if isinstance(val, torch.Tensor) and val.dim() == 0 and spec.kind == OutputKind.BUFFER_MUTATION:
+                    why = "a 0-dim buffer, which the language's tensors cannot hold; torch reads a BatchNorm's count"
+                    why = f"the graph does not update '{spec.target}' ({why} only where its momentum is None)"
+                    self.notes.append(Diagnostic("warning", why, _loc(arg, self.label)[0]))
+                    continue
+                kept.append((arg, placeholder.get(spec.target, spec.target)))
+            else:
+                self.refusals.append(_refusal(out, self.label, f"an output of kind {spec.kind.name}"))
+        return kept
 
     def call(self, node: torch.fx.Node) -> None:
         convert = CONVERTERS.get(node.target)
-        if convert is None:
+        if convert is None and node.target is not operator.getitem:
             self.env[node] = None
             self.refusals.append(_refusal(node, self.label, f"the language has no op for {node.target}"))
             return
         if any(self.env.get(a, 0) is None for a in node.all_input_nodes):
             self.env[node] = None  # an input was refused: that node is the one reported
             return
-        kwargs = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True).kwargs
+        name = node.name
         try:
-            result = convert(self, node, **kwargs)
+            if convert is None:  # getitem: one result of an op of several
+                items, k = self.env[node.args[0]], node.args[1]
+                if not isinstance(items, Items):
+                    raise Refused(f"getitem of {node.args[0].target}")
+                name, result = f"{items.name}_{k}", items.items[k]()
+            else:
+                kwargs = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+                result = convert(self, node, **kwargs.kwargs)
         except Refused as e:
             self.env[node] = None
             self.refusals.append(_refusal(node, self.label, str(e)))
             return
-        if isinstance(result, (_Source, _Value)):  # a view of an input, or an op that changes nothing
+        if isinstance(result, (Source, Value, Items)):  # a view of an input, an op that changes nothing, results
             self.env[node] = result
             return
-        name = ident(node.name, self.used)
-        self.statements.append((node, name, result))
-        self.env[node] = _Value(name, node.meta["val"])
+        st = result if isinstance(result, Stmt) else Stmt(result)
+        made = ident(st.name or name, self.used)
+        self._add(_Statement(node, (made,), st.expr, st.layout_of))
+        self.env[node] = Value(made, node.meta["val"])
 
-    def outputs(self, node: torch.fx.Node) -> None:
-        for arg in node.args[0]:
-            v = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
-            if isinstance(v, _Source):
-                why = "the function returns an input (or a view of one); every output of a graph is computed"
-                self.refusals.append(_refusal(arg, self.label, why))
-            elif isinstance(v, _Value):
-                self.returned.append(v.name)
-            elif not isinstance(arg, torch.fx.Node):
-                self.refusals.append(_refusal(node, self.label, f"the function returns {arg!r}, not a tensor"))
+    def output(self, arg, target: str | None) -> None:
+        """A returned value (target None), or one written over the input `target` reads."""
+        v = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if target is None and isinstance(v, Source):
+            why = "the function returns an input (or a view of one); every output of a graph is computed"
+            self.refusals.append(_refusal(arg, self.label, why))
+        elif target is None and not isinstance(arg, torch.fx.Node):
+            self.refusals.append(_refusal(self.node, self.label, f"the function returns {arg!r}, not a tensor"))
+        elif isinstance(v, Value):
+            try:
+                if target is None:
+                    type_text(v.meta)  # refuses a 0-dim result
+                    self.returned.append(v.name)
+                else:
+                    self.in_place[v.name] = self._over(v, target)
+            except Refused as e:
+                self.refusals.append(_refusal(arg, self.label, str(e)))
+
+    def _over(self, v: Value, placeholder: str) -> str:
+        """The declared input of `placeholder` an output of v's dims is written over (declared so if none is)."""
+        if any(over == placeholder for over in self.in_place.values()):
+            raise Refused("a second value written over the same input")
+        reshapes = (aten.view.default, aten.reshape.default)  # views that keep the elements' order
+        reads = [gi for gi in self.inputs if gi.source == placeholder]
+        name = next((gi.name for gi in reads if all(op in reshapes for op, _ in gi.views)), None)
+        if name is None or tuple(self.declared[name].shape) != tuple(v.meta.shape):
+            src = next(s for s in self.env.values() if isinstance(s, Source) and s.placeholder == placeholder)
+            try:  # the placeholder's own (the first); aten.view: the output is written through the bound view
+                name = self.declare(src.view(aten.view.default, tuple(v.meta.shape)))
+            except RuntimeError as e:
+                raise Refused(f"written over an input that no view of its dims reaches ({e})") from None
+        other = [gi.name for gi in self.inputs if gi.source == placeholder and gi.name != name]
+        if other:  # a fused kernel could read an element another thread has written
+            raise Refused(f"written in place over an input the graph also reads through another view ('{other[0]}')")
+        return name
 
     def lines(self) -> tuple[list[str], list[torch.fx.Node | None]]:
         """The graph's statements, and the node each comes from (a checker's error is reported there)."""
@@ -302,317 +387,28 @@ class _Importer:
         lines.append("")
         nodes.append(None)
         outs = set(self.returned)
-        for node, name, expr in self.statements:
-            if name in outs:
-                val = node.meta["val"]
-                lines.append(f"output {name} : {_type_text(val)}{_layout_text(val)} = {expr}")
+        for st in self.statements:
+            name = st.names[0]
+            if len(st.names) > 1:
+                marks = [
+                    f"output {n} in {self.in_place[n]}" if n in self.in_place else f"output {n}"
+                    for n in st.names
+                    if n in self.in_place or n in outs
+                ]
+                lines += [f"{', '.join(st.names)} = {st.expr}", *marks]
+                nodes += [st.node] * (1 + len(marks))
+                continue
+            if name in self.in_place:
+                lines.append(f"output {name} in {self.in_place[name]} = {st.expr}")
+            elif name in outs:
+                val = st.node.meta["val"]
+                lines.append(f"output {name} : {type_text(val)}{layout_text(val)} = {st.expr}")
+            elif st.dtype is not None:
+                lines.append(f"{name} : {st.dtype} = {st.expr}")
             else:
-                lines.append(f"{name} = {expr}")
-            nodes.append(node)
+                lines.append(f"{name} = {st.expr}")
+            nodes.append(st.node)
         return lines, nodes
-
-
-# ---- the converters, one per aten op ---------------------------------------------------------------------------
-
-
-def _unary(op: str, **fixed):
-    def convert(imp: _Importer, node, input, **kw):
-        for k, want in fixed.items():
-            if kw.get(k, want) != want:
-                raise Refused(f"{k}={kw[k]!r}: the language's {op} has {k}={want!r}")
-        return f"{op}({imp.tensor(input)})"
-
-    return convert
-
-
-def _binary(op: str, infix: str | None = None):
-    def convert(imp: _Importer, node, input, other=None, alpha=1, exponent=None):
-        other = exponent if other is None else other
-        rank = node.meta["val"].dim()
-        a, b = imp.operand(input, rank), imp.operand(other, rank)
-        if alpha != 1:
-            b = f"{b} * {imp.operand(alpha, rank)}"
-        return f"{a} {infix} {b}" if infix else f"{op}({a}, {b})"
-
-    return convert
-
-
-def _gelu(imp, node, input, approximate="none"):
-    return f"{'gelu_tanh' if approximate == 'tanh' else 'gelu'}({imp.tensor(input)})"
-
-
-def _clip(lower, upper) -> str:
-    attrs_ = [f"lower_clip={_number(lower)}"] if lower is not None else []
-    return ", ".join(attrs_ + ([f"upper_clip={_number(upper)}"] if upper is not None else []))
-
-
-def _clamp(imp, node, input, min=None, max=None):
-    if min is None:
-        raise Refused("a clamp with no lower bound: the language's relu clips from below")
-    return f"relu({imp.tensor(input)}, {_clip(min, max)})"
-
-
-def _hardtanh(imp, node, input, min_val=-1.0, max_val=1.0):
-    return f"relu({imp.tensor(input)}, {_clip(min_val, max_val)})"
-
-
-def _leaky_relu(imp, node, input, negative_slope=0.01):
-    return f"leaky_relu({imp.tensor(input)}, slope={_number(negative_slope)})"
-
-
-def _where(imp, node, condition, input, other):
-    rank = node.meta["val"].dim()
-    return f"binary_select({imp.operand(input, rank)}, {imp.operand(other, rank)}, {imp.tensor(condition, rank)})"
-
-
-def _spatial(name: str, v, default: int) -> str:
-    v = list(v)
-    return "" if all(x == default for x in v) else f", {name}={ints_text(v)}"
-
-
-def _conv(imp, node, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    if isinstance(padding, str):
-        raise Refused(f"padding='{padding}': give the padding as numbers")
-    rank = imp.meta(input).dim()
-    expr = f"conv_fprop({imp.tensor(input)}, {imp.tensor(weight)}"
-    expr += _spatial("padding", padding, 0) + _spatial("stride", stride, 1) + _spatial("dilation", dilation, 1) + ")"
-    if bias is None:
-        return expr
-    b = imp.env[bias]
-    per_channel = (1, b.meta.shape[0]) + (1,) * (rank - 2)  # torch's [K] bias, the language's [1, K, 1, 1]
-    if isinstance(b, _Source):
-        return f"bias({expr}, {imp.declare(b.view(aten.reshape.default, per_channel))})"
-    return f"bias({expr}, reshape({b.name}, shape={ints_text(per_channel)}))"
-
-
-def _matmul_operands(imp, node, a, b, b_transposed: bool) -> tuple[str, str]:
-    ra, rb = imp.meta(a).dim(), imp.meta(b).dim()
-    if ra < 2 or rb < 2:
-        raise Refused("a matmul of a vector: the language's matmul takes matrices [..., M, K] @ [..., K, N]")
-    rank = max(ra, rb)
-    if b_transposed:
-        v = imp.env[b]
-        if not isinstance(v, _Source):
-            return imp.tensor(a, rank), f"transpose({imp.tensor(b, rank)}, perm={ints_text(_swap_last(rank))})"
-        v = v.view(aten.transpose.int, -1, -2)
-        v = v.view(aten.reshape.default, (1,) * (rank - rb) + tuple(v.meta.shape)) if rank > rb else v
-        return imp.tensor(a, rank), imp.declare(v)
-    return imp.tensor(a, rank), imp.tensor(b, rank)
-
-
-def _swap_last(rank: int) -> tuple[int, ...]:
-    return tuple(range(rank - 2)) + (rank - 1, rank - 2)
-
-
-def _matmul(imp, node, input=None, other=None, mat2=None, **_):
-    a, b = _matmul_operands(imp, node, input, other if other is not None else mat2, b_transposed=False)
-    return f"matmul({a}, {b})"
-
-
-def _linear(imp, node, input, weight, bias=None):
-    a, b = _matmul_operands(imp, node, input, weight, b_transposed=True)
-    expr = f"matmul({a}, {b})"
-    return expr if bias is None else f"{expr} + {imp.tensor(bias, node.meta['val'].dim())}"
-
-
-def _norm_param(imp, arg, shape: tuple[int, ...], what: str) -> str:
-    if arg is None:
-        raise Refused(f"no {what}: the language's norms take one (an affine norm, or give ones)")
-    return imp.tensor(arg, len(shape))
-
-
-def _layer_norm(imp, node, input, normalized_shape, weight=None, bias=None, eps=1e-5, **_):
-    rank = imp.meta(input).dim()
-    shape = (1,) * (rank - len(normalized_shape)) + tuple(normalized_shape)
-    x = imp.tensor(input)  # declared first, as the function takes it
-    scale, shift = _norm_param(imp, weight, shape, "weight"), _norm_param(imp, bias, shape, "bias")
-    return f"layernorm({x}, {scale}, {shift}, epsilon={_number(eps)})"
-
-
-def _rms_norm(imp, node, input, normalized_shape, weight=None, eps=None):
-    rank = imp.meta(input).dim()
-    shape = (1,) * (rank - len(normalized_shape)) + tuple(normalized_shape)
-    eps = torch.finfo(imp.meta(input).dtype).eps if eps is None else eps  # torch's default
-    x = imp.tensor(input)
-    return f"rmsnorm({x}, {_norm_param(imp, weight, shape, 'weight')}, epsilon={_number(eps)})"
-
-
-def _batch_norm(imp, node, input, weight, bias, running_mean, running_var, training, momentum, eps, **_):
-    if training:
-        raise Refused(
-            "batch norm in training mode (it updates the module's running statistics in place): "
-            "export the module in eval mode, or write the language's batchnorm by hand"
-        )
-    rank = imp.meta(input).dim()
-    per_channel = {}
-    for what, arg in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
-        if arg is None:
-            raise Refused(f"no {what}: the language's batchnorm_inference takes one")
-        v = imp.env[arg]
-        if not isinstance(v, _Source):
-            raise Refused(f"{what} is computed: the importer reads per-channel statistics as inputs")
-        per_channel[what] = imp.declare(v.view(aten.reshape.default, (1, -1) + (1,) * (rank - 2)))
-    inv = f"rsqrt({per_channel['running_var']} + {_number(eps)})"
-    return (
-        f"batchnorm_inference({imp.tensor(input)}, {per_channel['running_mean']}, {inv}, "
-        f"{per_channel['weight']}, {per_channel['bias']})"
-    )
-
-
-def _sdpa(imp, node, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
-    if dropout_p:
-        raise Refused("dropout in attention: the language's dropout is cuDNN's seeded mask")
-    for arg in (query, key, value):
-        if imp.meta(arg).dim() != 4:
-            raise Refused("attention of tensors that are not [B, H, S, D]")
-    args = [imp.tensor(query), imp.tensor(key), imp.tensor(value)]
-    if attn_mask is not None:
-        if imp.meta(attn_mask).dtype == torch.bool:
-            raise Refused("a boolean attention mask: give padding as seq_len_q/seq_len_kv, or a float mask as a bias")
-        args.append(f"bias={imp.tensor(attn_mask, 4)}")
-    if is_causal:
-        args.append("causal=true")
-    if scale is not None:
-        args.append(f"scale={_number(scale)}")
-    return f"sdpa({', '.join(args)})"
-
-
-def _reduction(mode: str):
-    def convert(imp, node, input, dim=None, keepdim=False, dtype=None, **_):
-        rank = imp.meta(input).dim()
-        axes = sorted(d % rank for d in (dim if dim else range(rank)))
-        expr = f"reduction({imp.tensor(input)}, mode={mode}, axes={ints_text(axes)})"
-        if keepdim:
-            return expr
-        out = tuple(node.meta["val"].shape)
-        if not out:
-            raise Refused("a reduction to a 0-dim tensor: keep the reduced dims (keepdim=True)")
-        return f"reshape({expr}, shape={ints_text(out)})"
-
-    return convert
-
-
-def _view(op, *names):
-    """A view op: of an input, it is part of the input's declaration; of a computed value, a layout op."""
-
-    def convert(imp, node, input, **kw):
-        v = imp.env[input]
-        if isinstance(v, _Source):
-            return v.view(op, *(kw[n] for n in names))
-        return _layout_op(node, v.name, kw)
-
-    return convert
-
-
-def _layout_op(node, name: str, kw) -> str:
-    out = node.meta["val"]
-    if node.target is aten.permute.default:
-        return f"transpose({name}, perm={ints_text(d % out.dim() for d in kw['dims'])})"
-    if node.target in (aten.transpose.int, aten.t.default):
-        perm = list(range(out.dim()))
-        d0, d1 = (kw["dim0"] % out.dim(), kw["dim1"] % out.dim()) if "dim0" in kw else (0, 1)
-        perm[d0], perm[d1] = perm[d1], perm[d0]
-        return f"transpose({name}, perm={ints_text(perm)})"
-    return f"reshape({name}, shape={ints_text(out.shape)})"
-
-
-def _same(imp, node, input, **kw):
-    """An op that changes no value the graph computes (an eval-mode dropout, a copy)."""
-    if kw.get("train"):
-        raise Refused("dropout in training mode")
-    return imp.env[input]
-
-
-def _slice(imp, node, input, dim=0, start=None, end=None, step=1):
-    if step != 1:
-        raise Refused(f"a slice with step {step}")
-    shape = list(imp.meta(input).shape)
-    d = dim % len(shape)
-    lo, hi = slice(start, end).indices(shape[d])[:2]
-    starts, ends = [0] * len(shape), list(shape)
-    starts[d], ends[d] = lo, hi
-    return f"slice({imp.tensor(input)}, start={ints_text(starts)}, end={ints_text(ends)})"
-
-
-def _cat(imp, node, tensors, dim=0):
-    rank = node.meta["val"].dim()
-    return f"concatenate({', '.join(imp.tensor(t) for t in tensors)}, axis={dim % rank})"
-
-
-_POINTWISE = {
-    aten.relu.default: _unary("relu"),
-    aten.sigmoid.default: _unary("sigmoid"),
-    aten.tanh.default: _unary("tanh"),
-    aten.exp.default: _unary("exp"),
-    aten.log.default: _unary("log"),
-    aten.sqrt.default: _unary("sqrt"),
-    aten.rsqrt.default: _unary("rsqrt"),
-    aten.abs.default: _unary("abs"),
-    aten.neg.default: _unary("neg"),
-    aten.reciprocal.default: _unary("reciprocal"),
-    aten.erf.default: _unary("erf"),
-    aten.sin.default: _unary("sin"),
-    aten.cos.default: _unary("cos"),
-    aten.tan.default: _unary("tan"),
-    aten.floor.default: _unary("floor"),
-    aten.ceil.default: _unary("ceil"),
-    aten.silu.default: _unary("swish"),
-    aten.elu.default: _unary("elu", alpha=1, scale=1, input_scale=1),
-    aten.softplus.default: _unary("softplus", beta=1),
-    aten.gelu.default: _gelu,
-    aten.leaky_relu.default: _leaky_relu,
-    aten.hardtanh.default: _hardtanh,
-    aten.clamp.default: _clamp,
-    aten.add.Tensor: _binary("add", "+"),
-    aten.sub.Tensor: _binary("sub", "-"),
-    aten.mul.Tensor: _binary("mul", "*"),
-    aten.div.Tensor: _binary("div", "/"),
-    aten.maximum.default: _binary("max"),
-    aten.minimum.default: _binary("min"),
-    aten.pow.Tensor_Tensor: _binary("pow"),
-    aten.pow.Tensor_Scalar: _binary("pow"),
-    aten.fmod.Tensor: _binary("mod"),
-    aten.where.self: _where,
-}
-_COMPARISONS = {"eq": "cmp_eq", "ne": "cmp_neq", "gt": "cmp_gt", "ge": "cmp_ge", "lt": "cmp_lt", "le": "cmp_le"}
-_POINTWISE |= {getattr(aten, t).Tensor: _binary(op) for t, op in _COMPARISONS.items()}
-_POINTWISE |= {getattr(aten, t).Scalar: _binary(op) for t, op in _COMPARISONS.items()}
-
-#: aten op -> its converter: (importer, node, the op's arguments by name) -> a .cdg expression, or the value
-#: itself (a view of an input, an op that changes nothing); Refused says why the node has no spelling
-CONVERTERS = {
-    **_POINTWISE,
-    aten.conv1d.default: _conv,
-    aten.conv2d.default: _conv,
-    aten.conv3d.default: _conv,
-    aten.linear.default: _linear,
-    aten.matmul.default: _matmul,
-    aten.mm.default: _matmul,
-    aten.bmm.default: _matmul,
-    aten.layer_norm.default: _layer_norm,
-    aten.rms_norm.default: _rms_norm,
-    aten.batch_norm.default: _batch_norm,
-    aten.scaled_dot_product_attention.default: _sdpa,
-    aten.sum.dim_IntList: _reduction("sum"),
-    aten.mean.dim: _reduction("avg"),
-    aten.amax.default: _reduction("max"),
-    aten.amin.default: _reduction("min"),
-    aten.permute.default: _view(aten.permute.default, "dims"),
-    aten.transpose.int: _view(aten.transpose.int, "dim0", "dim1"),
-    aten.t.default: _view(aten.t.default),
-    aten.view.default: _view(aten.reshape.default, "size"),
-    aten.reshape.default: _view(aten.reshape.default, "shape"),
-    aten.unsqueeze.default: _view(aten.unsqueeze.default, "dim"),
-    aten.squeeze.dim: _view(aten.squeeze.dim, "dim"),
-    aten.flatten.using_ints: _view(aten.flatten.using_ints, "start_dim", "end_dim"),
-    aten.slice.Tensor: _slice,
-    aten.cat.default: _cat,
-    aten.dropout.default: _same,
-    aten.contiguous.default: _same,
-    aten.clone.default: _same,
-    aten.detach.default: _same,
-    aten.alias.default: _same,
-}
 
 
 # ---- the front door -----------------------------------------------------------------------------------------
@@ -652,8 +448,11 @@ def from_torch(fn, example_inputs, *, name: str | None = None) -> Imported:
                 anchor(fn)
         module = fn if isinstance(fn, torch.nn.Module) else _Function(fn)
         ep = torch.export.export(module, tuple(example_inputs), strict=False)
+    with warnings.catch_warnings():  # torch's own use of its deprecated LeafSpec, copying the program
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+        ep = ep.run_decompositions({})  # functionalized: in-place ops are pure, and what they write is an output
     label = f"<{what}>"
-    imp = _Importer(ep, label, _parameters(fn))
+    imp = Importer(ep, label, _parameters(fn))
     imp.run()
     if imp.refusals:
         raise DslError(imp.refusals)
@@ -678,6 +477,7 @@ def from_torch(fn, example_inputs, *, name: str | None = None) -> Imported:
         outputs=tuple(imp.returned),
         program_state={s.arg.name: state[s.target] for s in specs if s.target is not None},
         user_inputs=tuple(s.arg.name for s in specs if s.target is None),
+        notes=tuple(imp.notes),
     )
 
 
@@ -698,47 +498,3 @@ def _at_node(d: Diagnostic, nodes: list, label: str) -> Diagnostic:
     if node is None:
         return d
     return _refusal(node, label, f"the language refuses it: {d.message}")
-
-
-def load_callable(spec: str):
-    """`path/to/module.py:NAME` -> the object NAME of that file, imported as Python imports it: the user's own
-    code runs, as pytest runs a test file. A class is instantiated with no arguments."""
-    path, sep, attr = spec.rpartition(":")
-    if not sep or not path.endswith(".py") or not attr.isidentifier():
-        raise ValueError(f"--from-torch takes FILE.py:NAME, got '{spec}'")
-    if not os.path.isfile(path):
-        raise ValueError(f"{path}: no such file")
-    module_name = os.path.splitext(os.path.basename(path))[0]
-    loader = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(loader)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the file's own imports of its neighbours
-    try:
-        loader.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    obj = getattr(module, attr, None)
-    if obj is None:
-        raise ValueError(f"{path} has no '{attr}'")
-    return obj() if isinstance(obj, type) else obj
-
-
-def example_tensor(text: str, seed: int = 0) -> torch.Tensor:
-    """`float[2, 4, 8, 8] nhwc` (a .cdg tensor type and an optional layout name) -> a tensor of that dtype,
-    shape and memory order, drawn from a seeded normal distribution (integers: 0 to 9; bool: coin flips)."""
-    from dsl.types import canonical_dtype
-
-    m = re.fullmatch(r"\s*(\w+)\s*\[([\d,\s]+)\]\s*(\w+)?\s*", text)
-    dtype = canonical_dtype(m.group(1)) if m else None
-    layout = (m.group(3) or "row_major") if m else None
-    if dtype is None or layout not in LAYOUTS:
-        raise ValueError(f"--example takes DTYPE[DIMS] [LAYOUT] (as a .cdg input declares it), got '{text}'")
-    shape = tuple(int(d) for d in m.group(2).split(",") if d.strip())
-    try:
-        strides = dense_strides(shape, layout_order(layout, len(shape)))
-    except RuleError as e:
-        raise ValueError(f"--example '{text}': {e}") from None
-    g = torch.Generator().manual_seed(seed)
-    t = torch.empty_strided(shape, strides, dtype=torch_dtype(dtype))
-    if t.is_floating_point():
-        return t.copy_(torch.randn(shape, generator=g))
-    return t.copy_(torch.randint(0, 2 if dtype == "bool" else 10, shape, generator=g))
