@@ -1,0 +1,146 @@
+"""The bundled pattern library (cudnn_dsl.patterns.install_library) on unmodified models as people write them,
+on the CPU (the ops run the graphs' references): torchvision's BasicBlock and Bottleneck stacks and nanoGPT's
+Block, region by region, with outputs and gradients equal to the model's, and every compute op left to torch
+named in the report; bench/models.py --tiny, whose numerics checks are its exit code."""
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import cudnn_dsl
+from cudnn_dsl import patterns
+from cudnn_dsl.patterns import library
+from dsl.pipeline import load
+from examples.torch_models.gpt2 import Block, GPTConfig
+from examples.torch_models.resnet import BasicBlock, Bottleneck, conv1x1
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    warnings.simplefilter("ignore", cudnn_dsl.DslWarning)
+    yield
+    torch._dynamo.reset()
+
+
+def _resnet_stack() -> torch.nn.Module:
+    torch.manual_seed(0)
+    downsample = torch.nn.Sequential(conv1x1(16, 32, 2), torch.nn.BatchNorm2d(32))
+    model = torch.nn.Sequential(BasicBlock(16, 16), Bottleneck(16, 8, 2, downsample=downsample)).eval()
+    with torch.no_grad():  # statistics and affines of their own: a fresh BatchNorm's are the identity
+        for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+    return model
+
+
+def _graphs(report) -> list[str]:
+    return sorted(r.graph.split()[0] for r in report.replaced)
+
+
+def test_every_convolution_of_basic_and_bottleneck_blocks_is_replaced_in_eval():
+    model = _resnet_stack()
+    x = torch.randn(2, 16, 8, 8)
+    with patterns.install_library("resnet", dtype="float", channels_last=False) as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x))
+    # BasicBlock: conv-bn-relu, conv-bn-add-relu; Bottleneck with a strided downsample: 1x1, 3x3 stride 2,
+    # 1x1 + residual, and the downsample's 1x1 stride 2 + BatchNorm
+    assert _graphs(installed.report) == [
+        "conv1x1_bn_add_relu_float",
+        "conv1x1_bn_relu_float",
+        "conv1x1s2_bn_float",
+        "conv3x3_bn_add_relu_float",
+        "conv3x3_bn_relu_float",
+        "conv3x3s2_bn_relu_float",
+    ]
+    assert installed.report.missed == [] and installed.report.unmatched == []
+
+
+def test_a_channels_last_model_is_not_replaced_by_nchw_graphs_and_the_report_says_why():
+    model = _resnet_stack().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 16, 8, 8).to(memory_format=torch.channels_last)
+    with patterns.install_library("resnet", dtype="float", channels_last=False) as installed, torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x))
+    assert installed.report.replaced == []
+    assert installed.report.missed and all("has strides" in m.why for m in installed.report.missed)
+
+
+def _gpt_block() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Block(GPTConfig(block_size=16, n_embd=64, n_head=4)), torch.randn(2, 16, 64)
+
+
+def test_a_gpt_block_is_replaced_region_by_region_for_inference():
+    model, x = _gpt_block()
+    with patterns.install_library("gpt", dtype="float", channels_last=False) as installed, torch.no_grad():
+        y = torch.compile(model.eval(), fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x))
+    assert _graphs(installed.report) == [
+        "causal_attention_packed_float",
+        "layernorm_float",
+        "layernorm_float",
+        "linear_gelu_tanh_float",
+    ]
+    # the Linears without an activation are no graph of the library's: named, with their lines
+    left = sorted(str(u) for u in installed.report.unmatched)
+    assert len(left) == 2 and all("aten.addmm: no installed graph" in u for u in left)
+    assert {u.split(":")[1].split()[0] for u in left} == {"38", "45"}  # c_attn and the attention's c_proj
+
+
+def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradients():
+    model, x = _gpt_block()
+    twin = Block(GPTConfig(block_size=16, n_embd=64, n_head=4))
+    twin.load_state_dict(model.state_dict())
+    with patterns.install_library("gpt", dtype="float", channels_last=False) as installed:
+        y = torch.compile(model, fullgraph=True)(x)
+        y.square().mean().backward()
+    want = twin(x)
+    want.square().mean().backward()
+    torch.testing.assert_close(y, want)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    trained = [r for r in installed.report.replaced if r.training]
+    assert {r.graph.split()[0] for r in trained} >= {"layernorm_float", "linear_gelu_tanh_float"}
+
+
+def test_the_library_is_every_family_in_every_dtype_and_names_what_it_lacks():
+    for dtype in library.DTYPES:
+        result = load(text=library.source(tuple(library.FAMILIES), dtype), file="lib")
+        assert not result.diagnostics, result.render()
+    with pytest.raises(ValueError, match="no pattern family 'vgg'; the families are resnet, gpt, llama"):
+        library.source(("vgg",), "half")
+    with pytest.raises(ValueError, match="dtype 'fp8'"):
+        library.source(("gpt",), "fp8")
+
+
+def test_bench_models_tiny_runs_and_its_numerics_hold(tmp_path):
+    out = tmp_path / "models.json"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "models.py"), "--device", "cpu", "--tiny", "--models", "resnet50,gpt2"]
+        + ["--contenders", "eager,default+cudnn", "--steps", "3", "--iterations", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    import json
+
+    results = json.loads(out.read_text())["results"]
+    assert [(r["model"], r["phase"]) for r in results] == [
+        ("resnet (tiny) batch 2", "inference"),
+        ("resnet (tiny) batch 2", "training"),
+        ("gpt2 (tiny)", "inference"),
+        ("gpt2 (tiny)", "training"),
+    ]
+    replaced = {(r["model"], r["phase"]): r["contenders"][1] for r in results}
+    assert replaced[("resnet (tiny) batch 2", "inference")]["flops_in_cudnn"] > 0.9
+    assert replaced[("gpt2 (tiny)", "training")]["flops_in_cudnn"] > 0.1
