@@ -491,6 +491,46 @@ def torch_op(path: Path, data: dict) -> str:
     return join(out)
 
 
+def models(path: Path, data: dict) -> str:
+    out = [
+        heading("Real models, unmodified", path),
+        "`bench/models.py`: torchvision's ResNet-50, nanoGPT's GPT-2 and a Llama-style decoder layer, their code "
+        "unmodified, under each contender in one process on the same weights and inputs. *+cudnn*: the same "
+        "torch.compile mode with the pattern library installed (`cudnn_dsl.patterns.install_library`). *cuDNN "
+        "FLOPs*: the share of the model's forward FLOPs inside the replaced regions. *numerics*: inference "
+        "outputs against eager's (largest difference), training loss curves against eager's (largest relative "
+        "difference over the curve). *vs best compile*: the +cudnn contender's step time over the fastest "
+        "torch.compile mode's without patterns (above 1 is slower).",
+    ]
+    for entry in data.get("results", []):
+        rows = []
+        done = [c for c in entry["contenders"] if c.get("ok")]
+        plain = [c["step_ms"] for c in done if c["contender"] != "eager" and not c["contender"].endswith("+cudnn")]
+        best = min(plain) if plain else None
+        for c in entry["contenders"]:
+            if not c.get("ok"):
+                rows.append([c["contender"], "failed: " + short(c.get("error", ""), ":", 80), "", "", "", ""])
+                continue
+            num_ = c.get("numerics") or {}
+            diff = num_.get("max_abs_diff", num_.get("max_relative_loss_diff"))
+            flops = c.get("flops_in_cudnn")
+            rows.append(
+                [
+                    c["contender"],
+                    num(c["step_ms"]),
+                    f"{c['per_second']:,.0f}",
+                    "" if flops is None else f"{100 * flops:.0f}%",
+                    "" if diff is None else f"{diff:.3g}" + ("" if num_.get("within_tolerance", True) else " (out)"),
+                    times(c["step_ms"], best) if best and c["contender"].endswith("+cudnn") else "",
+                ]
+            )
+        config = ", ".join(f"{k} {v}" for k, v in entry.get("config", {}).items())
+        out.append(f"**{entry['model']}, {entry['phase']}** ({config})")
+        headers = ["contender", "step, ms", f"{entry['unit']}/s", "cuDNN FLOPs", "numerics", "vs best compile"]
+        out.append(table(headers, rows))
+    return join(out)
+
+
 def train(path: Path, data: dict) -> str:
     models = data["models"]
     out = [
@@ -713,6 +753,7 @@ MATCH: list[tuple[str, Callable[[Path, dict], str]]] = [
     ("partition-", partition),
     ("torch-op-", torch_op),
     ("train-", train),
+    ("models-", models),
     ("frontend", frontend),
     ("sweep-", sweep),
     ("backward-forms-", backward_forms),
@@ -728,6 +769,7 @@ ORDER = [
     partition,
     torch_op,
     train,
+    models,
     frontend,
     sweep,
     backward_forms,
