@@ -21,6 +21,7 @@ from cudnn_dsl.store.files import StoreProblem, atomic_write
 from cudnn_dsl.store.kernels import load_kernel_cache_text, merge_kernel_caches, save_kernel_cache_text
 from cudnn_dsl.store.keys import PlanKey, graph_digest, is_entry_id
 from cudnn_dsl.store.plans import Entry, PlanStore
+from dsl import files
 from dsl.pipeline import program
 
 TEXT = """graph g {
@@ -507,11 +508,11 @@ def test_import_refuses_an_oversized_or_special_bundle(tmp_path, monkeypatch):
     src.write_text(json.dumps(bundle_of(entry(key()))))
     s = PlanStore(tmp_path / "plans")
     monkeypatch.setattr(store_mod, "BUNDLE_LIMIT", 100)
-    with pytest.raises(StoreProblem, match="limit"):
+    with pytest.raises(files.TooLarge, match="limit"):
         s.import_(src)
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
-    with within(5), pytest.raises(StoreProblem, match="not a regular file"):
+    with within(5), pytest.raises(files.Unreadable, match="not a regular file"):
         s.import_(fifo)
 
 
