@@ -221,3 +221,14 @@ def test_a_resume_of_no_sweep_says_so(tmp_path, monkeypatch, make, words):
     r = run_cli("sweep", "--resume", "../../x" if make is None else "0123456789abcdef")
     assert r.returncode == 2 and words in r.stderr, r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_sweep_naming_a_cudnn_not_here_is_the_machines_lack_not_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / "cache"))
+    p = _spec(
+        tmp_path,
+        f'[sweep]\ngraphs = ["{EXAMPLES}/sdpa.cdg"]\nstore = "store"\n[plan_targets]\ntargets = ["h200"]\n'
+        'cudnn = ["9.99"]\n',
+    )
+    r = run_cli("sweep", p)
+    assert r.returncode == 1 and "cuDNN 9.99 is not here" in r.stderr and "--fetch" in r.stderr, r.stderr
