@@ -464,3 +464,69 @@ def test_an_http_store_that_trickles_is_given_up_on_not_waited_for(monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """Fails the first `failures` requests as `how` says ('503', '429', '403' or 'drop': the connection closed with
+    no answer), then serves b'sha256:...' for every path; counts the requests."""
+
+    failures, how, seen = 0, "503", 0
+
+    def do_GET(self):
+        cls = type(self)
+        cls.seen += 1
+        if cls.seen <= cls.failures:
+            if cls.how == "drop":
+                self.close_connection = True
+                return
+            self.send_response(int(cls.how))
+            if cls.how == "429":
+                self.send_header("Retry-After", "0")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = b"sha256:" + b"a" * 64 + b"\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(
+    "how, failures, read, requests",
+    [
+        ("503", 2, True, 3),  # transient: retried until it answers
+        ("429", 3, True, 4),
+        ("drop", 1, True, 2),
+        ("503", 9, False, 4),  # bounded: 1 + HTTP_RETRIES attempts, then the last failure, said
+        ("403", 1, False, 1),  # a 4xx is the answer: never retried
+    ],
+)
+def test_an_http_store_read_is_retried_on_transient_failures_only_and_boundedly(
+    monkeypatch, how, failures, read, requests
+):
+    from cudnn_dsl.store import remote
+
+    monkeypatch.setattr(remote, "HTTP_BACKOFF_S", 0.01)
+    handler = type("Handler", (_Flaky,), {"failures": failures, "how": how, "seen": 0})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tree = HttpTree(f"http://127.0.0.1:{server.server_address[1]}")
+        if read:
+            assert tree.read("LATEST", 1 << 20, "fleet store pointer") == b"sha256:" + b"a" * 64 + b"\n"
+        else:
+            with pytest.raises(
+                StoreProblem, match=f"HTTP {how}" + (" .* \\(after 4 attempts\\)" if requests > 1 else "")
+            ):
+                tree.read("LATEST", 1 << 20, "fleet store pointer")
+        assert handler.seen == requests
+    finally:
+        server.shutdown()
+        server.server_close()
