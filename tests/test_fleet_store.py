@@ -17,7 +17,7 @@ import sweep_util
 from cli_util import run_cli
 
 from cudnn_dsl.build.planner import plan_key, untuned
-from cudnn_dsl.store.files import StoreProblem
+from cudnn_dsl.store.files import LOCK_NAME, StoreProblem
 from cudnn_dsl.store.fleet import Fleet, Pin, parse_pin, pins_from_env, read_manifest
 from cudnn_dsl.store.plans import Entry, PlanStore
 from cudnn_dsl.store.remote import HttpTree, LocalTree, open_tree
@@ -50,8 +50,11 @@ def _staging(root: Path, *records: Record) -> Path:
 
 
 def _files(tree, rel="") -> dict[str, bytes]:
+    """The store's files, but a local store's lock file (an object store has no locks)."""
     out = {}
     for name, is_dir in tree.listing(rel):
+        if name == LOCK_NAME:
+            continue
         path = f"{rel}/{name}" if rel else name
         out.update(_files(tree, path) if is_dir else {path: tree.read(path, 1 << 30, "file")})
     return out
