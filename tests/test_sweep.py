@@ -253,3 +253,15 @@ def test_retune_runs_every_shape_again_instead_of_resuming_the_old_checkpoint(tm
     # a named staging directory that holds another sweep is refused, not counted as this one's records
     r = run_cli("sweep", p, "--retune", "--staging", first["staging"])
     assert r.returncode == 2 and f"holds sweep '{first['sweep']}'" in r.stderr, r.stderr
+
+
+def test_the_laptop_sweep_example_runs_without_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / "cache"))
+    r = run_cli("sweep", EXAMPLES / "laptop_sweep.toml", "--store", tmp_path / "store", "--json", tmp_path / "out.json")
+    out = json.loads((tmp_path / "out.json").read_text())["sweep"]
+    assert r.returncode == 0 and out["complete"] and out["outcomes"] == {"ok": 8}, r.stderr
+    manifest = json.loads(
+        (tmp_path / "store" / "manifests" / f"{out['manifest'].removeprefix('sha256:')}.json").read_text()
+    )
+    assert sorted({row["gpu"] for row in manifest["support"].values()}) == ["NVIDIA H200", "NVIDIA L40S"]
+    assert len(manifest["support"]) == 8 and not (EXAMPLES / "laptop-store").exists()
