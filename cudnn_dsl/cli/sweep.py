@@ -107,7 +107,7 @@ def _executor(args, gpus: dict[str, int]):
     if args.executor == "ray":
         from cudnn_dsl.sweep.on_ray import RayExecutor
 
-        return RayExecutor(address=args.address)
+        return RayExecutor(address=args.address, say=lambda line: common.warn(f"ray: {line}"))
     return sweep.LocalExecutor(workers=args.workers, gpus=gpus)
 
 
