@@ -123,7 +123,15 @@ def _binding(r) -> str:
 
 
 def no_temp_files(*roots: Path) -> None:
-    left = [p for root in roots for p in root.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".")]
+    """Nothing a writer left half-done: no temporary or hidden file but a store's lock file, which stays."""
+    from cudnn_dsl.store.files import LOCK_NAME
+
+    left = [
+        p
+        for root in roots
+        for p in root.rglob("*")
+        if p.name.endswith(".tmp") or (p.name.startswith(".") and p.name != LOCK_NAME)
+    ]
     assert not left, left
 
 

@@ -347,3 +347,46 @@ def test_an_interrupt_that_surfaces_as_another_error_is_still_an_interrupt(monke
     assert code == 130, capsys.readouterr().err
     err = capsys.readouterr().err
     assert "interrupted" in err and "internal error" not in err
+
+
+# A FIFO opened for reading blocks until a writer comes: each reader refuses it by name instead. The subprocess's
+# timeout is one only a hang reaches.
+
+
+def _cli_process(*args, env=()) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "cudnn_dsl", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": path, **dict(env)},
+    )
+
+
+@pytest.mark.parametrize("command", [("check",), ("fmt",), ("emit", "--format", "cudnn")])
+def test_a_fifo_as_the_cdg_file_is_refused_by_name_not_waited_on(tmp_path, command):
+    fifo = tmp_path / "f.cdg"
+    os.mkfifo(fifo)
+    p = _cli_process(*command, fifo)
+    assert p.returncode == 2 and f"{fifo} is not a regular file (a FIFO)" in p.stderr, p.stderr
+
+
+def test_a_fifo_for_every_other_file_the_cli_reads_is_refused_by_name(tmp_path):
+    fifo, fifo_py, dump = tmp_path / "named", tmp_path / "model.py", tmp_path / "dump"
+    os.mkfifo(fifo)
+    os.mkfifo(fifo_py)
+    dump.mkdir()
+    os.mkfifo(dump / "plan_serialization.manifest.json")
+    for args, words in [
+        (("import", fifo), f"{fifo} is not a regular file (a FIFO)"),
+        (("import", "--from-torch", f"{fifo_py}:f", "--example", "float[2]"), f"{fifo_py} is not a regular file"),
+        (("sweep", fifo, "--dry-run"), f"sweep spec {fifo} is not a regular file (a FIFO)"),
+        (("run", MM, "--inputs-from", fifo), f"--inputs-from {fifo} is not a directory (a FIFO)"),
+        (("cache", "import", fifo), f"bundle {fifo} is not a regular file (a FIFO)"),
+    ]:
+        p = _cli_process(*args, env={"CUDNN_DSL_CACHE_DIR": str(tmp_path / "cache")})
+        assert p.returncode == 2 and words in p.stderr, (args, p.stderr)
+    # a dump's own file is the dump's problem, as a damaged one is (exit 1), named all the same
+    p = _cli_process("run", MM, "--inputs-from", dump)
+    assert p.returncode == 1 and "plan_serialization.manifest.json is not a regular file (a FIFO)" in p.stderr, p.stderr

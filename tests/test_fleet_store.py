@@ -17,7 +17,7 @@ import sweep_util
 from cli_util import run_cli
 
 from cudnn_dsl.build.planner import plan_key, untuned
-from cudnn_dsl.store.files import StoreProblem
+from cudnn_dsl.store.files import LOCK_NAME, StoreProblem
 from cudnn_dsl.store.fleet import Fleet, Pin, parse_pin, pins_from_env, read_manifest
 from cudnn_dsl.store.plans import Entry, PlanStore
 from cudnn_dsl.store.remote import HttpTree, LocalTree, open_tree
@@ -50,8 +50,11 @@ def _staging(root: Path, *records: Record) -> Path:
 
 
 def _files(tree, rel="") -> dict[str, bytes]:
+    """The store's files, but a local store's lock file (an object store has no locks)."""
     out = {}
     for name, is_dir in tree.listing(rel):
+        if name == LOCK_NAME:
+            continue
         path = f"{rel}/{name}" if rel else name
         out.update(_files(tree, path) if is_dir else {path: tree.read(path, 1 << 30, "file")})
     return out
@@ -461,6 +464,72 @@ def test_an_http_store_that_trickles_is_given_up_on_not_waited_for(monkeypatch):
         url = f"http://127.0.0.1:{server.server_address[1]}"
         with pytest.raises(StoreProblem, match=r"LATEST: not sent whole within 1 s"):
             HttpTree(url).read("LATEST", 1 << 20, "fleet store pointer")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """Fails the first `failures` requests as `how` says ('503', '429', '403' or 'drop': the connection closed with
+    no answer), then serves b'sha256:...' for every path; counts the requests."""
+
+    failures, how, seen = 0, "503", 0
+
+    def do_GET(self):
+        cls = type(self)
+        cls.seen += 1
+        if cls.seen <= cls.failures:
+            if cls.how == "drop":
+                self.close_connection = True
+                return
+            self.send_response(int(cls.how))
+            if cls.how == "429":
+                self.send_header("Retry-After", "0")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = b"sha256:" + b"a" * 64 + b"\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(
+    "how, failures, read, requests",
+    [
+        ("503", 2, True, 3),  # transient: retried until it answers
+        ("429", 3, True, 4),
+        ("drop", 1, True, 2),
+        ("503", 9, False, 4),  # bounded: 1 + HTTP_RETRIES attempts, then the last failure, said
+        ("403", 1, False, 1),  # a 4xx is the answer: never retried
+    ],
+)
+def test_an_http_store_read_is_retried_on_transient_failures_only_and_boundedly(
+    monkeypatch, how, failures, read, requests
+):
+    from cudnn_dsl.store import remote
+
+    monkeypatch.setattr(remote, "HTTP_BACKOFF_S", 0.01)
+    handler = type("Handler", (_Flaky,), {"failures": failures, "how": how, "seen": 0})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tree = HttpTree(f"http://127.0.0.1:{server.server_address[1]}")
+        if read:
+            assert tree.read("LATEST", 1 << 20, "fleet store pointer") == b"sha256:" + b"a" * 64 + b"\n"
+        else:
+            with pytest.raises(
+                StoreProblem, match=f"HTTP {how}" + (" .* \\(after 4 attempts\\)" if requests > 1 else "")
+            ):
+                tree.read("LATEST", 1 << 20, "fleet store pointer")
+        assert handler.seen == requests
     finally:
         server.shutdown()
         server.server_close()

@@ -88,8 +88,10 @@ def test_support_names_the_library_that_answered():
 
 
 def test_support_cudnn_without_fetch_says_how_to_get_a_missing_version(tmp_path):
-    proc = _cli("support", "--cudnn", "9.1", "examples/conv_bias_relu.cdg", env={"CUDNN_DSL_CACHE_DIR": str(tmp_path)})
-    assert proc.returncode == 2 and "pass --fetch" in proc.stderr, proc.stderr
+    """A version not here is the machine's lack, as a missing GPU is (exit 1), not a usage error (exit 2)."""
+    proc = _cli("support", "--cudnn", "9.99", "examples/conv_bias_relu.cdg", env={"CUDNN_DSL_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 1 and "cuDNN 9.99 is not here" in proc.stderr and "pass --fetch" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not any(tmp_path.iterdir()), "nothing is fetched without --fetch"
     empty = _cli("support", "--cudnn", "", "examples/conv_bias_relu.cdg", env={"CUDNN_DSL_CACHE_DIR": str(tmp_path)})
     assert empty.returncode == 2 and "--cudnn '' names no version" in empty.stderr, empty.stderr

@@ -17,10 +17,11 @@ import pytest
 
 import cudnn_dsl.store.kernels as kernels_mod
 import cudnn_dsl.store.plans as store_mod
-from cudnn_dsl.store.files import StoreProblem, atomic_write
+from cudnn_dsl.store.files import LOCK_NAME, StoreProblem, atomic_write
 from cudnn_dsl.store.kernels import load_kernel_cache_text, merge_kernel_caches, save_kernel_cache_text
 from cudnn_dsl.store.keys import PlanKey, graph_digest, is_entry_id
 from cudnn_dsl.store.plans import Entry, PlanStore
+from dsl import files
 from dsl.pipeline import program
 
 TEXT = """graph g {
@@ -75,7 +76,7 @@ def test_missing_is_none_and_no_temp_files_are_left(tmp_path):
     store = PlanStore(tmp_path)
     assert store.get(key()) is None
     store.put(entry(key()))
-    assert [p.name for p in tmp_path.iterdir()] == [f"{key().id}.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME, f"{key().id}.json"]  # the writers' lock stays
 
 
 @pytest.mark.parametrize("damage", ["truncate", "not_json", "bad_base64", "checksum", "format", "foreign_key"])
@@ -114,7 +115,7 @@ def test_concurrent_writers_of_one_key_leave_one_valid_entry(tmp_path):
     got = PlanStore(tmp_path).get(key())
     assert got.plan_name in {f"plan{i}" for i in range(4)}
     assert got.blob == got.plan_name.encode() * 5000
-    assert len(list(tmp_path.iterdir())) == 1
+    assert len([p for p in tmp_path.iterdir() if p.name != LOCK_NAME]) == 1
 
 
 def test_export_import_and_clear(tmp_path):
@@ -507,11 +508,11 @@ def test_import_refuses_an_oversized_or_special_bundle(tmp_path, monkeypatch):
     src.write_text(json.dumps(bundle_of(entry(key()))))
     s = PlanStore(tmp_path / "plans")
     monkeypatch.setattr(store_mod, "BUNDLE_LIMIT", 100)
-    with pytest.raises(StoreProblem, match="limit"):
+    with pytest.raises(files.TooLarge, match="limit"):
         s.import_(src)
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
-    with within(5), pytest.raises(StoreProblem, match="not a regular file"):
+    with within(5), pytest.raises(files.Unreadable, match="not a regular file"):
         s.import_(fifo)
 
 
@@ -827,3 +828,36 @@ def test_a_partition_choice_round_trips_beside_its_key_and_damage_is_a_store_pro
         with pytest.raises(StoreProblem, match=why):
             store.get_partition(k)
     assert store.clear().partitions == 2 and not path.exists()
+
+
+def test_the_store_locks_where_fcntl_is_missing_and_never_through_a_link(tmp_path):
+    """filelock, not fcntl: on a platform without fcntl (blocked here) the store still imports, locks and stores;
+    a link planted as the lock file is refused, and its target left as it was."""
+    code = (
+        "import sys; sys.modules['fcntl'] = None\n"
+        "from pathlib import Path\n"
+        "from cudnn_dsl.store.files import locked_dir\n"
+        "from cudnn_dsl.store.kernels import save_kernel_cache_text, load_kernel_cache_text\n"
+        f"root = Path({str(tmp_path)!r})\n"
+        "with locked_dir(root / 'plans', 'the plan store'):\n"
+        "    (root / 'plans' / 'inside').write_text('x')\n"
+        "save_kernel_cache_text(root / 'k' / 'g-0.cache', 'text')\n"
+        "assert load_kernel_cache_text(root / 'k' / 'g-0.cache') == 'text'\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "plans" / "inside").is_file()
+    from cudnn_dsl.store.files import locked_dir
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / LOCK_NAME).symlink_to(victim)
+    with within(30), pytest.raises(StoreProblem, match=r"cannot lock the plan store .*\.lock"):
+        with locked_dir(tmp_path / "linked", "the plan store"):
+            pass
+    assert victim.read_text() == "keep"

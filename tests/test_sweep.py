@@ -221,3 +221,47 @@ def test_a_resume_of_no_sweep_says_so(tmp_path, monkeypatch, make, words):
     r = run_cli("sweep", "--resume", "../../x" if make is None else "0123456789abcdef")
     assert r.returncode == 2 and words in r.stderr, r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_sweep_naming_a_cudnn_not_here_is_the_machines_lack_not_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / "cache"))
+    p = _spec(
+        tmp_path,
+        f'[sweep]\ngraphs = ["{EXAMPLES}/sdpa.cdg"]\nstore = "store"\n[plan_targets]\ntargets = ["h200"]\n'
+        'cudnn = ["9.99"]\n',
+    )
+    r = run_cli("sweep", p)
+    assert r.returncode == 1 and "cuDNN 9.99 is not here" in r.stderr and "--fetch" in r.stderr, r.stderr
+
+
+def test_retune_runs_every_shape_again_instead_of_resuming_the_old_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / "cache"))
+    p = _spec(
+        tmp_path, f'[sweep]\ngraphs = ["{EXAMPLES}/sdpa.cdg"]\nstore = "store"\n[plan_targets]\ntargets = ["h200"]\n'
+    )
+    first = tmp_path / "first.json"
+    assert run_cli("sweep", p, "--json", first).returncode == 0
+    first = json.loads(first.read_text())["sweep"]
+    assert first["outcomes"] == {"ok": 1}
+    assert "already in the store" in run_cli("sweep", p, "--dry-run").stdout  # a plain rerun skips it
+    again = tmp_path / "again.json"
+    r = run_cli("sweep", p, "--retune", "--json", again)
+    again = json.loads(again.read_text())["sweep"]
+    assert r.returncode == 0 and again["outcomes"] == {"ok": 1} and again["sweep"] != first["sweep"], r.stderr
+    staged = [Path(again["staging"]) / "measurements", Path(first["staging"]) / "measurements"]
+    assert [len(list(d.rglob("*.json"))) for d in staged] == [1, 1]  # run anew, in a staging directory of its own
+    # a named staging directory that holds another sweep is refused, not counted as this one's records
+    r = run_cli("sweep", p, "--retune", "--staging", first["staging"])
+    assert r.returncode == 2 and f"holds sweep '{first['sweep']}'" in r.stderr, r.stderr
+
+
+def test_the_laptop_sweep_example_runs_without_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDNN_DSL_CACHE_DIR", str(tmp_path / "cache"))
+    r = run_cli("sweep", EXAMPLES / "laptop_sweep.toml", "--store", tmp_path / "store", "--json", tmp_path / "out.json")
+    out = json.loads((tmp_path / "out.json").read_text())["sweep"]
+    assert r.returncode == 0 and out["complete"] and out["outcomes"] == {"ok": 8}, r.stderr
+    manifest = json.loads(
+        (tmp_path / "store" / "manifests" / f"{out['manifest'].removeprefix('sha256:')}.json").read_text()
+    )
+    assert sorted({row["gpu"] for row in manifest["support"].values()}) == ["NVIDIA H200", "NVIDIA L40S"]
+    assert len(manifest["support"]) == 8 and not (EXAMPLES / "laptop-store").exists()

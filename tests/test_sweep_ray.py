@@ -6,6 +6,7 @@ loopback only."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -183,7 +184,11 @@ def test_the_command_line_starts_a_ray_of_its_own_listening_on_loopback_only(fau
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["CUDNN_DSL_CACHE_DIR"] = str(tmp_path / "cache")
     cmd = [sys.executable, "-m", "cudnn_dsl", "sweep", str(support_spec(tmp_path)), "--executor", "ray"]
-    proc = subprocess.Popen([*cmd, "--json", str(tmp_path / "out.json")], env=env, stdout=subprocess.DEVNULL)
+    err = tmp_path / "stderr"
+    with open(err, "wb") as f:
+        proc = subprocess.Popen(
+            [*cmd, "--json", str(tmp_path / "out.json")], env=env, stdout=subprocess.DEVNULL, stderr=f
+        )
     seen, outside = set(), []
     while proc.poll() is None:
         mine = descendants(proc.pid)
@@ -194,3 +199,7 @@ def test_the_command_line_starts_a_ray_of_its_own_listening_on_loopback_only(fau
     assert proc.returncode == 0 and out["manifest"] == f"sha256:{fault_free.merged.digest}", out
     assert len(seen) > 3 and not outside, outside  # Ray's processes came and went, none listening elsewhere
     assert not set(processes(b"raylet")) & seen  # and it took them down
+    # Ray's start-up warnings come as one clean line each, never as Ray's stamped records (time, file:line --)
+    said = err.read_text()
+    assert not re.search(r"^\d{4}-\d\d-\d\d .*(WARNING|INFO|ERROR) \S+\.py:\d+ -- ", said, re.M), said
+    assert all(line.startswith("cudnn-dsl: ray: ") for line in said.splitlines() if "Ray" in line), said

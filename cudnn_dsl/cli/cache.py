@@ -122,8 +122,8 @@ def _local(args, s, report: dict) -> int:
             print(f"skipped {why}", file=sys.stderr)
         print(f"exported {r.entries} entries and {r.kernel_caches} kernel caches to {args.arg}")
     elif args.action == "import":
-        if not args.arg or not Path(args.arg).exists():
-            raise common.UsageError("cache import takes an existing bundle file")
+        if not args.arg:
+            raise common.UsageError("cache import takes a bundle file")
         r = s.import_(Path(args.arg), force=args.force, kernels=args.with_kernels)
         report["imported"] = attrs.asdict(r)
         print(f"imported {r.imported} entries and {r.kernel_caches} kernel caches into {s.root}")

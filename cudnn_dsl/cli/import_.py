@@ -3,10 +3,12 @@ a traced PyTorch function or module."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
 from cudnn_dsl.cli import common
+from dsl import files
 
 HELP = "turn a cuDNN Frontend graph (its JSON, version 1.0 or 2.0, or a frontend log) into a .cdg file"
 EPILOG = (
@@ -90,15 +92,7 @@ def _read(path: str) -> str:
     if path == "-":
         data = sys.stdin.buffer.read(_MAX_BYTES + 1) if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
         return _text(data, "standard input")
-    p = Path(path)
-    try:
-        if p.is_dir():
-            raise common.UsageError(f"{path}: is a directory")
-        with open(p, "rb") as f:
-            data = f.read(_MAX_BYTES + 1)
-    except OSError as e:
-        raise common.UsageError(f"{path}: {e.strerror or e}") from None
-    return _text(data, path)
+    return _text(files.read_regular(path, _MAX_BYTES), path)  # a FIFO or a directory: refused, unread
 
 
 def _text(data: bytes, what: str) -> str:
@@ -164,6 +158,10 @@ def _from_torch(args, out: Path | None) -> int:
     if not args.from_torch or args.file is not None or args.scalar:
         raise common.UsageError("--from-torch FILE.py:NAME takes --example inputs, and no FILE or --scalar")
     target = common.target_from(args, default="h200")  # an unknown GPU is a usage error before any work
+    path = args.from_torch.rpartition(":")[0]
+    if path.endswith(".py"):
+        with files.open_regular(path, _MAX_BYTES, "--from-torch"):
+            pass  # Python's import reads it, and would block on a FIFO
     try:
         fn = load_callable(args.from_torch)
         examples = [example_tensor(t, seed=i) for i, t in enumerate(args.example or ())]
@@ -195,8 +193,10 @@ def _from_torch(args, out: Path | None) -> int:
 def _quote(diagnostics) -> None:
     """Keeps the user's Python files whose lines the diagnostics quote, so that they show the line."""
     for d in diagnostics:
-        if d.loc.file.endswith(".py") and Path(d.loc.file).is_file():
-            common.SOURCES[d.loc.file] = Path(d.loc.file).read_text(errors="replace")
+        if d.loc.file.endswith(".py") and d.loc.file not in common.SOURCES:
+            with contextlib.suppress(files.Unreadable):
+                text = files.read_regular(d.loc.file, _MAX_BYTES).decode("utf-8", errors="replace")
+                common.SOURCES[d.loc.file] = text
 
 
 def _split(program, target) -> list[str]:

@@ -6,6 +6,8 @@ plans without a device, runs the PyTorch reference on the CPU, and says what it 
 
 from __future__ import annotations
 
+import os
+import stat
 import statistics
 from pathlib import Path
 
@@ -101,8 +103,7 @@ def run(args) -> int:
     if args.force and not (args.dump or args.save_outputs):
         raise common.UsageError("--force goes with --dump or --save-outputs")
     if args.inputs_from:
-        if not Path(args.inputs_from).is_dir():
-            raise common.UsageError(f"--inputs-from {args.inputs_from}: no such directory")
+        _check_dump_dir(args.inputs_from)
         clash = [f for f in ("input", "init", "scalar", "seed") if getattr(args, f)]
         if clash:
             raise common.UsageError(f"--inputs-from gives every input; it does not go with --{', --'.join(clash)}")
@@ -194,6 +195,20 @@ def _require_tuned(setups, args, gpu: bool, target) -> None:
     errors = [d for s in wanted if (d := untuned(s.graph, s.instances, s.opts, name, cc, store, fleet)) is not None]
     if errors:
         raise NotTuned(errors)
+
+
+def _check_dump_dir(path: str) -> None:
+    """A usage error unless --inputs-from names a directory (a FIFO there is named, never opened)."""
+    from dsl.files import kind
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise common.UsageError(f"--inputs-from {path}: no such directory") from None
+    except OSError as e:
+        raise common.UsageError(f"--inputs-from {path}: {e.strerror or e}") from None
+    if not stat.S_ISDIR(mode):
+        raise common.UsageError(f"--inputs-from {path} is not a directory ({kind(mode)})")
 
 
 def _load(name: str, path: str):

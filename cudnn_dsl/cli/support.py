@@ -76,7 +76,7 @@ def _library_dirs(args) -> list[tuple[str, str | None]]:
             print(f"fetching {package}=={v}.* into {home}", flush=True)
             out.append((v, str(library.side_by_side_library(library.fetch(v)))))
         else:
-            raise common.UsageError(
+            raise library.BackendUnavailable(  # the machine lacks it, as it may lack a GPU: not a usage error
                 f"cuDNN {v} is not here ({package} {here or 'is not installed'}; nothing in {home}): "
                 f"pass --fetch to install {package}=={v}.* there with pip"
             )
@@ -93,7 +93,7 @@ def _per_version(args) -> int:
     import tempfile
     from pathlib import Path
 
-    from cudnn_dsl.target.library import matches
+    from cudnn_dsl.target.library import BackendUnavailable, matches
 
     common.check_writable(args.json, "--json")
     _targets(args)  # an unknown target is a usage error before any fetch
@@ -115,7 +115,7 @@ def _per_version(args) -> int:
         for r in got:
             r["cudnn_asked"] = asked
             if "cudnn" in r and not matches(r["cudnn"]["version"], asked):
-                raise common.UsageError(f"asked for cuDNN {asked}, but cuDNN {r['cudnn']['version']} answered")
+                raise BackendUnavailable(f"asked for cuDNN {asked}, but cuDNN {r['cudnn']['version']} answered")
         records += got
     common.write_json(args.json, {"support": records})
     return status

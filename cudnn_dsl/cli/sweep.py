@@ -36,7 +36,12 @@ def register(p) -> None:
     p.add_argument("--resume", metavar="ID", help="run what sweep ID has no record of yet (the spec is not reread)")
     p.add_argument("--store", metavar="STORE", help="merge into STORE instead of the spec's store")
     p.add_argument("--no-merge", action="store_true", help="leave the records in the staging directory")
-    p.add_argument("--retune", action="store_true", help="also run the shapes the store already answers")
+    p.add_argument(
+        "--retune",
+        action="store_true",
+        help="run every shape anew, in a staging directory of its own: those the store already answers, and those "
+        "an earlier run of this sweep recorded",
+    )
     p.add_argument("--staging", metavar="DIR", help="the staging directory (default: in the cache directory)")
     p.add_argument("--json", metavar="FILE", help="write the work, or the sweep's outcome, as JSON ('-' for stdout)")
     add_quiet_flag(p)
@@ -72,7 +77,7 @@ def run(args) -> int:
         return _report(args, result, environment())
     try:
         spec = sweep.Spec.load(args.spec)
-        work = sweep.plan(spec, skip_stored=not args.retune, progress=progress)
+        work = sweep.plan(spec, retune=args.retune, progress=progress)
     except sweep.SpecError as e:
         raise common.UsageError(str(e)) from None
     print(work.summary())
@@ -82,7 +87,10 @@ def run(args) -> int:
     again = f"--resume {work.id}" + (f" --staging {args.staging}" if args.staging else "")
     print(f"staging: {args.staging or _staging(work.id)}  (resume with {again})")
     executor = _executor(args, dict(spec.tune_targets))
-    result = sweep.run(work, executor, staging=args.staging, store=store, progress=progress)
+    try:
+        result = sweep.run(work, executor, staging=args.staging, store=store, progress=progress)
+    except sweep.NotResumable as e:
+        raise common.UsageError(f"--staging: {e}: name another directory") from None
     return _report(args, result, environment())
 
 
@@ -99,7 +107,7 @@ def _executor(args, gpus: dict[str, int]):
     if args.executor == "ray":
         from cudnn_dsl.sweep.on_ray import RayExecutor
 
-        return RayExecutor(address=args.address)
+        return RayExecutor(address=args.address, say=lambda line: common.warn(f"ray: {line}"))
     return sweep.LocalExecutor(workers=args.workers, gpus=gpus)
 
 

@@ -20,7 +20,9 @@ import torch
 from cudnn_dsl.run.buffers import BindingError
 from cudnn_dsl.store.files import StoreProblem, atomic_write, loads, read_regular
 from cudnn_dsl.store.keys import graph_digest
+from dsl import files as dsl_files
 from dsl.ir import Graph, Instance
+from dsl.syntax.parser import MAX_SOURCE_BYTES
 
 FORMAT = 1
 
@@ -128,7 +130,7 @@ def write(
     files: dict[str, str | bytes] = {  # first: may raise
         f"{s}.cudnn.py": emit_cudnn(graph, inst, options, partition, inits),
         f"{s}.torch.py": emit_torch(graph, inst),
-        source.name: source.read_bytes(),
+        source.name: dsl_files.read_regular(source, MAX_SOURCE_BYTES),
         f"{s}.inputs.pt": _saved(inputs),
     }
     for name, tensors in (("reference", reference), ("outputs", outputs)):

@@ -4,7 +4,6 @@ bounded reads, no link followed where a file is written, atomic replacement, con
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -123,20 +122,32 @@ def atomic_write(path: Path, text: str | bytes, *, follow_symlinks: bool = True)
         raise
 
 
+LOCK_NAME = ".lock"
+"""the file in a store's directory that locked_dir locks (left there: removing it would race the next locker)"""
+
+
 @contextlib.contextmanager
-def locked_dir(root: Path, what: str) -> Iterator[None]:
-    """Holds an exclusive lock on the directory itself (made when missing; no lock file to leave behind), so that
-    one process at a time runs a read-then-write sequence on it; StoreProblem naming `what` when it cannot."""
+def locked(lock_file: Path, what: str) -> Iterator[None]:
+    """Holds an exclusive lock on lock_file (made when missing, with its directory; never through a link), so that
+    one process at a time runs a read-then-write sequence; waits for another holder. The filelock package locks on
+    every platform (flock on POSIX, LockFileEx on Windows). StoreProblem naming `what` when it cannot."""
+    from filelock import FileLock
+
+    lock = FileLock(lock_file)
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise StoreProblem(f"cannot write to {what} {root}: {e.strerror or e}") from None
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except OSError as e:  # a link planted there is refused (O_NOFOLLOW), as an unwritable directory is
+        raise StoreProblem(f"cannot lock {what} {lock_file.parent}: {lock_file.name}: {e.strerror or e}") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)
+        lock.release()
+
+
+def locked_dir(root: Path, what: str) -> Iterator[None]:
+    """locked() on the directory's LOCK_NAME: one process at a time reads then writes the directory."""
+    return locked(root / LOCK_NAME, what)
 
 
 class StoreProblem(Exception):

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import re
 from pathlib import Path
 
-from cudnn_dsl.store.files import StoreProblem, atomic_write, loads, read_regular
+from cudnn_dsl.store.files import StoreProblem, atomic_write, loads, locked, read_regular
 
 KERNEL_CACHE_LIMIT = 64 << 20
 
@@ -31,20 +29,15 @@ def save_kernel_cache_text(path: Path, text: str) -> None:
     """Saves a serialized kernel cache, merged with what another process saved there since we loaded it (under a
     lock on a sibling .lock file), atomically. StoreProblem when it cannot be written."""
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    with locked(path.with_name(path.name + ".lock"), "kernel cache"):
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                disk = load_kernel_cache_text(path)
-            except StoreProblem:
-                disk = None  # unreadable: replaced
+            disk = load_kernel_cache_text(path)
+        except StoreProblem:
+            disk = None  # unreadable: replaced
+        try:
             atomic_write(path, merge_kernel_caches(text, disk), follow_symlinks=False)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise StoreProblem(f"cannot save kernel cache {path}: {e.strerror or e}") from None
+        except OSError as e:
+            raise StoreProblem(f"cannot save kernel cache {path}: {e.strerror or e}") from None
 
 
 _KC_SAME = ("cudnnVersion", "schemaVersion", "operationGraph")

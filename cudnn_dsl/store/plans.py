@@ -46,6 +46,7 @@ from cudnn_dsl.store.schema import (
     check_entry,
     check_fields,
 )
+from dsl import files
 
 ENTRY_LIMIT = 64 << 20
 """bytes; a serialized plan is a few MB at most"""
@@ -460,8 +461,9 @@ class PlanStore:
     def import_(self, src: Path, *, force: bool = False, kernels: bool = False) -> Imported:
         """Checks the whole bundle, then stores its entries (marked imported: the planner rebuilds them from their
         engine and knobs, never loading their blobs). A local tuned entry is kept unless force. Its kernel caches
-        are compiled code, merged into the local ones only with kernels=True (a bundle you trust). StoreProblem,
-        with nothing written, when any part of the bundle is wrong: the message names the first bad entry."""
+        are compiled code, merged into the local ones only with kernels=True (a bundle you trust). Unreadable when
+        src is no regular file within BUNDLE_LIMIT; StoreProblem, with nothing written, when any part of the
+        bundle is wrong: the message names the first bad entry."""
         entries, caches = _read_bundle(Path(src))
         counts = self.take([attrs.evolve(entry, imported=True) for entry in entries], force)
         for name, text in caches if kernels else ():
@@ -476,9 +478,7 @@ class PlanStore:
 
 
 def _read_bundle(src: Path) -> tuple[list[Entry], list[tuple[str, str]]]:
-    data = read_regular(src, BUNDLE_LIMIT, "bundle", follow_symlinks=True)
-    if data is None:
-        raise StoreProblem(f"{src}: no such file")
+    data = files.read_regular(src, BUNDLE_LIMIT, "bundle")  # the user's file: Unreadable, a usage error
 
     def bad(why: str) -> StoreProblem:
         return StoreProblem(f"{src}: {why}; nothing was imported")

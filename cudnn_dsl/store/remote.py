@@ -10,6 +10,7 @@ through. Every failure is a StoreProblem naming the URL.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import time
 import urllib.error
@@ -24,6 +25,13 @@ HTTP_TIMEOUT_S = 20.0
 """seconds an HTTP store has to answer one request, and to send each part of a file"""
 HTTP_FILE_S = 300.0
 """seconds an HTTP store has to send one file whole: a server that trickles bytes would hold a reader forever"""
+HTTP_RETRIES = 3
+"""further attempts of an HTTP request that failed in a way that may pass: no connection, a connection dropped or
+timed out, a 5xx or a 429 (a 4xx is the answer, never retried)"""
+HTTP_BACKOFF_S = 0.25
+"""seconds before the first retry, doubled before each next one (0.25 + 0.5 + 1: under 2 s in all)"""
+HTTP_RETRY_AFTER_MAX_S = 10.0
+"""the longest wait a server's Retry-After obtains (a 429's or a 503's): a store never holds a reader for long"""
 
 
 class Tree:
@@ -167,21 +175,25 @@ class HttpTree(Tree):
 
     def read(self, rel: str, limit: int, what: str) -> bytes | None:
         url = self.join(urllib.parse.quote(rel))
-        try:
+
+        def fetch() -> bytes:
             with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as r:
                 size = r.headers.get("Content-Length")
                 if size is not None and size.isdigit() and int(size) > limit:
                     raise StoreProblem(f"{what} {url} is {size} bytes, over the {limit} byte limit")
-                data = _read_within(r, limit + 1, time.monotonic() + HTTP_FILE_S)
+                return _read_within(r, limit + 1, time.monotonic() + HTTP_FILE_S)
+
+        try:
+            data = _retrying(fetch)
         except _TooSlow:
             raise StoreProblem(f"cannot read {what} {url}: not sent whole within {HTTP_FILE_S:g} s") from None
         except urllib.error.HTTPError as e:
             if e.code in (404, 410):
                 return None
-            raise StoreProblem(f"cannot read {what} {url}: HTTP {e.code} {e.reason}") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise StoreProblem(f"cannot read {what} {url}: HTTP {e.code} {e.reason}{_tries(e)}") from None
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
             why = getattr(e, "reason", None) or e
-            raise StoreProblem(f"cannot read {what} {url}: {why}") from None
+            raise StoreProblem(f"cannot read {what} {url}: {why}{_tries(e)}") from None
         if len(data) > limit:
             raise StoreProblem(f"{what} {url} is over the {limit} byte limit")
         return data
@@ -191,18 +203,59 @@ class HttpTree(Tree):
 
     def exists(self, rel: str) -> bool:
         url = self.join(urllib.parse.quote(rel))
-        try:
+
+        def head() -> bool:
             with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=HTTP_TIMEOUT_S):
                 return True
+
+        try:
+            return _retrying(head)
         except urllib.error.HTTPError as e:
             if e.code in (404, 410):
                 return False
-            raise StoreProblem(f"cannot read {url}: HTTP {e.code} {e.reason}") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise StoreProblem(f"cannot read {url}: {getattr(e, 'reason', None) or e}") from None
+            raise StoreProblem(f"cannot read {url}: HTTP {e.code} {e.reason}{_tries(e)}") from None
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+            raise StoreProblem(f"cannot read {url}: {getattr(e, 'reason', None) or e}{_tries(e)}") from None
 
     def listing(self, rel: str) -> list[tuple[str, bool]]:
         raise StoreProblem(f"cannot list {self.join(rel)}: an http(s) store cannot be listed")
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether a failed request may pass when tried again: a 5xx or a 429, no connection (refused, reset, timed
+    out, name not resolved), a response cut short. A 4xx is the server's answer."""
+    if isinstance(e, urllib.error.HTTPError):
+        return e.code >= 500 or e.code == 429
+    if isinstance(e, urllib.error.URLError):
+        return isinstance(e.reason, OSError)  # not a URL the library cannot open
+    return isinstance(e, (OSError, http.client.HTTPException))
+
+
+def _retrying(request):
+    """request(), tried again up to HTTP_RETRIES times while it fails transiently, after HTTP_BACKOFF_S doubling
+    (or the server's Retry-After, up to HTTP_RETRY_AFTER_MAX_S); the last failure is raised, marked with the count."""
+    attempts = 0
+    while True:
+        try:
+            return request()
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            attempts += 1
+            if not _transient(e) or attempts > HTTP_RETRIES:
+                e.attempts = attempts
+                raise
+            time.sleep(_retry_after(e) or HTTP_BACKOFF_S * 2 ** (attempts - 1))
+
+
+def _retry_after(e: BaseException) -> float | None:
+    """The seconds a 429 or 503 asks to wait (Retry-After in seconds), at most HTTP_RETRY_AFTER_MAX_S."""
+    headers = getattr(e, "headers", None)
+    value = headers.get("Retry-After", "") if headers is not None else ""
+    return min(float(value), HTTP_RETRY_AFTER_MAX_S) if value.strip().isdigit() else None
+
+
+def _tries(e: BaseException) -> str:
+    attempts = getattr(e, "attempts", 1)
+    return f" (after {attempts} attempts)" if attempts > 1 else ""
 
 
 class _TooSlow(Exception):

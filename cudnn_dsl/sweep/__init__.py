@@ -12,6 +12,10 @@ docs/fleet.md has the spec, the store's layout and the rules of the merge.
 
 from __future__ import annotations
 
+import secrets
+
+import attrs
+
 from cudnn_dsl.sweep.local import LocalExecutor
 from cudnn_dsl.sweep.merge import Merged, merge, stored
 from cudnn_dsl.sweep.on_ray import RayExecutor
@@ -37,7 +41,9 @@ __all__ = [
 ]
 
 
-def plan(spec: Spec, *, skip_stored: bool = True, progress=None) -> Work:
-    """The spec's work, planned on the CPU; shapes the spec's store already answers are skipped unless told not."""
-    has = stored(spec.store) if skip_stored and spec.store else None
-    return _plan(spec, has, progress)
+def plan(spec: Spec, *, retune: bool = False, progress=None) -> Work:
+    """The spec's work, planned on the CPU. Shapes the spec's store already answers are skipped, and a sweep of the
+    same work run again resumes from its checkpoint; retune runs every shape anew, in a staging directory of its
+    own."""
+    work = _plan(spec, None if retune or not spec.store else stored(spec.store), progress)
+    return attrs.evolve(work, round=secrets.token_hex(8)) if retune else work

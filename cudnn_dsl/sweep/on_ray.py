@@ -14,7 +14,9 @@ cluster can run is recorded as unschedulable at once, or as soon as the last nod
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import math
 import os
 import re
@@ -37,6 +39,8 @@ LOOK_S = 2.0
 TOKEN = 0.001
 """how much of `accelerator_type:<T>` a task asks, as Ray's own `accelerator_type=` does: the node's GPUs, not this
 resource, bound how many tasks run there"""
+
+_log = logging.getLogger(__name__)
 
 _GPU_MODEL = re.compile(r"\w+\s+((?:[A-Z]+\s+)*[A-Z0-9]*\d[A-Z0-9]*)")
 
@@ -94,11 +98,14 @@ class _Flight:
 class RayExecutor:
     name = "ray"
 
-    def __init__(self, address: str | None = None):
+    def __init__(self, address: str | None = None, say: Callable[[str], None] | None = None):
         self.address = address
         """None: a Ray instance started on this machine for the sweep, listening on 127.0.0.1 only; 'auto': the
         cluster this machine belongs to; 'host:port': the cluster of that head node; 'ray://host:port': through
         Ray Client. A process already connected to Ray sweeps on that connection."""
+        self.say = say or _log.warning
+        """where each warning Ray logs while it starts or connects goes, as one line (its first sentence) instead
+        of Ray's own stamped record; by default this module's logger"""
 
     def run(
         self,
@@ -121,25 +128,56 @@ class RayExecutor:
 
     def _connect(self, ray) -> bool:
         """Joins (or starts) the cluster unless this process is connected already; whether it did."""
-        import logging
-
         if ray.is_initialized():
             return False
         quiet = {"log_to_driver": False, "logging_level": logging.WARNING}  # worker output stays in Ray's logs
         try:
-            if self.address is None:
-                if os.environ.get(LOOPBACK_ONLY) != "0":
-                    raise BackendUnavailable(
-                        f"Ray was imported before {LOOPBACK_ONLY}=0 was set, so a Ray started here would listen on "
-                        "every interface: set it before Ray is imported, or pass the address of a cluster"
-                    )
-                ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, **quiet)
-            else:
-                ray.init(address=self.address, **quiet)
+            if self.address is None and os.environ.get(LOOPBACK_ONLY) != "0":
+                raise BackendUnavailable(
+                    f"Ray was imported before {LOOPBACK_ONLY}=0 was set, so a Ray started here would listen on "
+                    "every interface: set it before Ray is imported, or pass the address of a cluster"
+                )
+            with _warnings_to(self.say):
+                if self.address is None:
+                    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, **quiet)
+                else:
+                    ray.init(address=self.address, **quiet)
         except (ConnectionError, RuntimeError, ValueError) as e:
             where = f"the Ray cluster at {self.address}" if self.address else "a Ray instance on this machine"
             raise BackendUnavailable(f"cannot reach {where}: {e}") from None
         return True
+
+
+class _Warnings(logging.Filter):
+    """Keeps the first sentence of each distinct warning a handler is given, and lets none through."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            line = re.split(r"(?<=\.)\s", record.getMessage().strip(), maxsplit=1)[0]
+            if line not in self.lines:
+                self.lines.append(line)
+        return False
+
+
+@contextlib.contextmanager
+def _warnings_to(say: Callable[[str], None]) -> Iterator[None]:
+    """Ray's log handlers print nothing meanwhile (they would stamp each record with a time and Ray's file:line);
+    each warning they were given goes to `say` as one line, after."""
+    caught = _Warnings()
+    handlers = list(logging.getLogger("ray").handlers)
+    for h in handlers:
+        h.addFilter(caught)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(caught)
+        for line in caught.lines:
+            say(line)
 
 
 def _import_ray(address: str | None):

@@ -64,7 +64,14 @@ def run(work: Work, executor, *, staging: Path | None = None, store: str | None 
     '' : none)."""
     staging = Path(staging or staging_of(work.id))
     path = staging / "work.json"
-    if not path.exists():
+    if path.exists():
+        try:
+            other = load_work(path).get("id")
+        except (ValueError, StoreProblem) as e:
+            raise NotResumable(f"staging directory {staging}: {e}") from None
+        if other != work.id:  # its records are another sweep's: counting them done would run nothing
+            raise NotResumable(f"staging directory {staging} holds sweep {str(other)!r:.60}, not {work.id}")
+    else:
         spec = work.spec
         _write_work(path, {**work.to_json(), "store": spec.store, "timeout_s": spec.timeout_s, "retries": spec.retries})
     store = work.spec.store if store is None else store

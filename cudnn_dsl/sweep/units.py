@@ -94,11 +94,15 @@ class Work:
     """longest first"""
     skipped: tuple[Skipped, ...]
     """shapes not run: the same content as another, already in the store, or declined by cuDNN"""
+    round: str = ""
+    """'' for a sweep that resumes its own checkpoint when run again; a retune's token, which gives the same units
+    an id, and so a staging directory, of their own: they run again instead of finding their old records"""
 
     @property
     def id(self) -> str:
         """The sweep's id: its staging directory's name, and what --resume takes."""
-        return sha256(canonical(sorted(u.id for u in self.units)))[:16]
+        ids = sorted(u.id for u in self.units)
+        return sha256(canonical([self.round, ids] if self.round else ids))[:16]
 
     @property
     def shapes(self) -> int:
