@@ -476,6 +476,17 @@ def torch_op(path: Path, data: dict) -> str:
                 [["no-op", num(noop["library_us"]), num(noop["custom_op_us"])]],
             ),
         ]
+    peer = data.get("extern")
+    if peer:
+        out += [
+            f"The compiled contenders' peer: an Inductor extern kernel call of three tensors (`{peer['call']}` at "
+            f"{peer['shape']}, which the generated wrapper calls as `extern_kernels.baddbmm`), compiled alike; "
+            "*compiled / extern* is a graph's compiled call over it (the target: at most 1).",
+            table(
+                ["extern call, µs", "eager", "compiled", "reduce-overhead"],
+                [["torch.baddbmm"] + [num(peer.get(k)) for k in ("eager_us", "compiled_us", "reduce_overhead_us")]],
+            ),
+        ]
     cols = [
         ("GPU time", "gpu_time_us"),
         ("bound", "bound_us"),
@@ -486,6 +497,11 @@ def torch_op(path: Path, data: dict) -> str:
         ("compiled", "compiled_us"),
         ("reduce-overhead", "reduce_overhead_us"),
     ]
+    if peer:
+        cols += [
+            ("compiled / extern", "compiled_over_extern"),
+            ("reduce-overhead / extern", "reduce_overhead_over_extern"),
+        ]
     rows = [[r["graph"]] + [num(r.get(k)) for _, k in cols] for r in data.get("graphs", [])]
     out.append(table(["graph, µs per call"] + [c for c, _ in cols], rows))
     return join(out)

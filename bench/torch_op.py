@@ -10,16 +10,22 @@ contender's outputs are first checked against the reference):
   wrapper, and called directly as its overload (the dispatcher);
 - custom_op: the same kernels registered with `@torch.library.custom_op`;
 - call: the checked `cg(...)`;
-- on the GPU, compiled: `torch.compile(fullgraph=True)` of a function calling the op, default mode and
-  `reduce-overhead` (a CUDA-graph replay);
+- compiled: `torch.compile(fullgraph=True)` of a function calling the op (Inductor's wrapper calls the op's
+  overload), and on the GPU under `reduce-overhead` (a CUDA-graph replay);
 - and, once, a torch.library op and a custom_op whose kernels do nothing: the dispatcher's own cost (the cuDNN
-  Frontend's guidance: ~10 µs against ~36 µs); `op / no-op` is the op's cost in those.
+  Frontend's guidance: ~10 µs against ~36 µs); `op / no-op` is the op's cost in those;
+- and, once, the peer of the compiled contenders: an Inductor extern kernel call of the same arity (aten.baddbmm
+  of three tensors, which Inductor's wrapper calls as `extern_kernels.baddbmm`; on the GPU at the tiny graph's
+  shapes, on the CPU at 2x2, so that its arithmetic is nothing beside its call), eager, compiled and on the GPU
+  under `reduce-overhead`; `compiled / extern` is a graph's compiled call against it (the target: at most 1).
+  The generated wrapper code is checked: the op a direct overload call, the peer an extern kernel call.
 Then graphs that run in parts (ResNet block's forward, and its derived backward for the weights, as an H200
 splits them): the checked call, the bound run (`cg.bind(...)`'s BoundParts) and the op (its launch plan).
 
 `--device cpu` runs the CUDA host path on CPU tensors under bench.nocudnn: planned for an H200 by the real
-cuDNN library, every backend execute a no-op — host cost without a GPU. Outputs are not checked there (no
-kernel ran) and the torch.compile contenders are left out; a torch part of a split graph runs on the CPU.
+cuDNN library, every backend execute a no-op — host cost without a GPU (compiled code included: Inductor's CPU
+wrapper calls the op as its CUDA wrapper does). Outputs are not checked there (no kernel ran) and the
+`reduce-overhead` contenders are left out (CUDA graphs); a torch part of a split graph runs on the CPU.
 """
 
 from __future__ import annotations
@@ -94,6 +100,41 @@ def noop_dispatch_us(device: str, iterations: int) -> dict:
     }
 
 
+def wrapper_calls(compiled, args, prefix: str) -> list[str]:
+    """The lines of Inductor's generated wrapper that call `prefix...` (compiled afresh to read its code)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()  # the code is generated again, not read from dynamo's cache
+    _, codes = run_and_get_code(compiled, *args)
+    return [line.strip() for code in codes for line in code.splitlines() if prefix in line and "(" in line]
+
+
+def extern_us(device: str, iterations: int) -> dict:
+    """The compiled contenders' peer: a function Inductor compiles to one extern kernel call of three tensors
+    (aten.baddbmm), its host time eager, compiled and (on the GPU) under reduce-overhead."""
+    shape, dtype = ((1, 128, 128), torch.half) if device == "cuda" else ((1, 2, 2), torch.float)
+    x, w = (torch.randn(shape, dtype=dtype, device=device) for _ in range(2))
+    b = torch.randn(shape[:1] + (1,) + shape[2:], dtype=dtype, device=device)
+
+    def f(b, x, w):
+        return torch.baddbmm(b, x, w)
+
+    compiled = torch.compile(f, fullgraph=True)
+    calls = wrapper_calls(compiled, (b, x, w), "extern_kernels.")
+    if not calls:
+        raise SystemExit("Inductor did not compile the peer to an extern kernel call: no peer to compare with")
+    contenders = {"eager": lambda: f(b, x, w), "compiled": lambda: compiled(b, x, w)}
+    if device == "cuda":
+        reduce_overhead = torch.compile(f, fullgraph=True, mode="reduce-overhead")
+        contenders["reduce_overhead"] = lambda: reduce_overhead(b, x, w)
+    out = {"call": "torch.baddbmm(b, x, w)", "shape": list(shape), "wrapper_calls": calls}
+    for key, fn in contenders.items():
+        for _ in range(3):  # compiles; CUDA-graph trees warm up and record
+            fn()
+        out[f"{key}_us"] = host_time_us(fn, iterations)
+    return out
+
+
 def checked(name: str, got, want, dtype: str) -> None:
     c = compare(name, got, want, dtype)
     if not c.ok:
@@ -126,13 +167,15 @@ def one_graph(label: str, source: str, binding, gpu: bool, iterations: int) -> d
         "custom_op": lambda: twin(*args),
         "call": lambda: cg(**ins),
     }
+    compiled = torch.compile(lambda *a: op(*a), fullgraph=True)
+    contenders["compiled"] = lambda: compiled(*args)
     if gpu:
-        compiled = torch.compile(lambda *a: op(*a), fullgraph=True)
         reduce_overhead = torch.compile(lambda *a: op(*a), fullgraph=True, mode="reduce-overhead")
-        contenders["compiled"] = lambda: compiled(*args)
         contenders["reduce_overhead"] = lambda: reduce_overhead(*args)
 
     before = snapshot(cg.graph, ins)
+    calls = wrapper_calls(compiled, args, "torch.ops.cudnn_dsl.")
+    restore(ins, before)
     want = cg.reference(before)[out_name] if gpu else None
     for key, fn in contenders.items():
         if key == "bound":
@@ -151,7 +194,7 @@ def one_graph(label: str, source: str, binding, gpu: bool, iterations: int) -> d
     if plan is not None:
         values = args + op.defaults
         contenders["plan"] = lambda: plan(values)
-    row = {"graph": label}
+    row = {"graph": label, "wrapper_calls": calls}
     if gpu:
         times = sorted(gpu_time_us(bound.run))
         row["gpu_time_us"] = times[len(times) // 2]
@@ -194,6 +237,7 @@ def main() -> None:
     gpu = a.device == "cuda"
     with contextlib.nullcontext() if gpu else nocudnn(target="h200"):
         out = {"device": a.device, "noop_dispatch": noop_dispatch_us(a.device, a.iterations)}
+        out["extern"] = extern_us(a.device, a.iterations)
         out["graphs"] = [one_graph(label, s, b, gpu, a.iterations) for label, (s, b) in GRAPHS.items()]
         out["split"] = split_graphs(max(a.iterations // 10, 20))
         out = {"meta": environment(), **out}  # after the runs: it names the cuDNN they loaded
@@ -203,12 +247,23 @@ def main() -> None:
     n = out["noop_dispatch"]
     print(f"a no-op op: torch.library {n['library_us']:.1f} µs, @custom_op {n['custom_op_us']:.1f} µs")
     keys = [k for k in KEYS if f"{k}_us" in out["graphs"][0]]
+    e = out["extern"]
+    print(
+        f"the peer, an extern kernel call ({e['call']}, {e['shape']}): "
+        + ", ".join(f"{k[:-3]} {e[k]:.1f} µs" for k in e if k.endswith("_us"))
+    )
     print(f"host time per call (µs, median of {a.iterations}):")
-    print(f"  {'graph':42} " + " ".join(f"{k:>15}" for k in keys) + f" {'op / no-op':>11}")
+    print(f"  {'graph':42} " + " ".join(f"{k:>15}" for k in keys) + f" {'op / no-op':>11} {'compiled / extern':>18}")
     for r in out["graphs"]:
         r["op_over_noop"] = r["op_us"] / n["library_us"]
+        r["compiled_over_extern"] = r["compiled_us"] / e["compiled_us"]
+        if "reduce_overhead_us" in r:
+            r["reduce_overhead_over_extern"] = r["reduce_overhead_us"] / e["reduce_overhead_us"]
         cells = " ".join(f"{r[k + '_us']:15.1f}" if k + "_us" in r else f"{'-':>15}" for k in keys)
-        print(f"  {r['graph']:42} {cells} {r['op_over_noop']:11.1f}")
+        print(f"  {r['graph']:42} {cells} {r['op_over_noop']:11.1f} {r['compiled_over_extern']:18.2f}")
+    print(f"Inductor's wrapper calls the peer as {e['wrapper_calls']} and the ops as:")
+    for r in out["graphs"]:
+        print(f"  {r['wrapper_calls']}")
     print("graphs in parts (µs per call): checked call, bound run, the op")
     for r in out["split"]:
         print(f"  {r['graph']:42} {r['call_us']:10.1f} {r['bound_us']:10.1f} {r['op_us']:10.1f}")

@@ -427,7 +427,8 @@ def step_time_us(setup: Setup, step: Callable, iterations: int) -> float:
 def host_cost(name: str, batch, iterations: int, target: str) -> dict:
     """The host's part of an eager cudnn-dsl step, measured on the CPU with cuDNN's execute a no-op
     (bench/nocudnn.py: the op's CUDA host path on CPU tensors, its graphs planned for `target`): µs per step
-    (the weights' casts and the loss run for real on the CPU) and the cuDNN launches it made. The instrument's
+    (the weights' casts and the loss run for real on the CPU), µs of the graph op's own forward and backward
+    (op_path), and the cuDNN launches it made. The instrument's
     ops stay routed after it: run it in a process of its own (main does, with --host-cost)."""
     from bench.nocudnn import nocudnn
 
@@ -438,7 +439,32 @@ def host_cost(name: str, batch, iterations: int, target: str) -> dict:
         before = stub.launches
         step()
         launches = stub.launches - before
-        return {"host_us": step_time_us(setup, step, iterations), "cudnn_launches": launches, "target": target}
+        return {
+            "host_us": step_time_us(setup, step, iterations),
+            "op_path_us": step_time_us(setup, op_path(setup), iterations),
+            "cudnn_launches": launches,
+            "target": target,
+        }
+
+
+def op_path(setup: Setup) -> Callable[[], None]:
+    """The graph op's own part of an eager step: its forward on inputs that want gradients (the weights already
+    cast) and its backward from a fixed gradient of y, nothing of torch's around it."""
+    op, model = setup.op, setup.dsl()
+    weights = {k: p.detach().to(setup.types[k]).requires_grad_() for k, p in model.w.items()}
+    args = {setup.spec.data: setup.inputs[0], **weights}
+    pick = model.pick
+    y = op(**args)
+    grad = torch.ones_like(y if pick is None else y[pick])
+
+    def run():
+        for w in weights.values():
+            w.grad = None
+        out = op(**args)
+        torch.autograd.backward(out if pick is None else out[pick], grad)
+
+    run()
+    return run
 
 
 def host_time(setup: Setup, iterations: int = 50, top: int = 10) -> dict:
@@ -641,7 +667,8 @@ def print_report(name: str, r: dict, steps: int) -> None:
             f"  host's part of a cudnn-dsl eager step, cuDNN mocked ({h['target']}'s parts): failed: {h['failed']}"
             if "failed" in h
             else f"  host's part of a cudnn-dsl eager step, cuDNN's execute a no-op ({h['target']}'s parts): "
-            f"{h['host_us']:.1f} µs, {h['cudnn_launches']} cuDNN launches"
+            f"{h['host_us']:.1f} µs, of which the graph op's forward and backward {h['op_path_us']:.1f} µs; "
+            f"{h['cudnn_launches']} cuDNN launches"
         )
 
 

@@ -2,12 +2,13 @@
 training step, whole graphs and graphs run in parts alike.
 
 A LaunchPlan is made on the first call of a kind of arguments — each tensor's shape, strides, dtype and
-device, `LaunchPlans`' key — once the caller has checked them in full: every part bound once (run.parts), its
-variant pack built as the backend's pointer array (run.launch), its intermediates allocated and kept. A later
-call of that kind is checked only for its arguments' alignment; it allocates the fresh outputs (a torch op
-returns new tensors, never a kept one), refreshes the copies of the inputs an output overwrites, points each
-part at the call's arguments and outputs (one array entry per pointer), sets the handles' stream only when
-the current one is another, and launches.
+device, `LaunchPlans`' key (a call of the latest kind is told by torch's own C++ tensor check, the one
+torch.compile's guards run, without building the key) — once the caller has checked them in full: every
+part bound once (run.parts), its variant pack built as the backend's pointer array (run.launch), its
+intermediates allocated and kept. A later call of that kind is checked only for its arguments' alignment;
+it allocates the fresh outputs (a torch op returns new tensors, never a kept one), refreshes the copies of
+the inputs an output overwrites, points each part at the call's arguments and outputs (one array entry per
+pointer), sets the handles' stream only when the current one is another, and launches.
 
 The kept memory — intermediates, copies, each part's workspace — is one set per plan, whatever stream a call
 is on, as an executable's workspace is: calls on two streams must not overlap on the device.
@@ -24,6 +25,7 @@ import torch
 
 from cudnn_dsl.run.buffers import BindingError, view
 from cudnn_dsl.run.launch import Bound, Layout, arguments, current_device, current_stream
+from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.library import load_cudnn
 from cudnn_dsl.target.memory import allocator, as_type, host_scalar
 from dsl.ir import Graph, Instance
@@ -73,7 +75,7 @@ class LaunchPlan:
         self.count = len(names)
         self.index = first.get_device()
         """the device (-1: the CPU, where only torch parts run)"""
-        self.new = [allocator(inst.type(n), first.device) for n in fresh]
+        self.new = [_allocator(inst.type(n), first.device) for n in fresh]
         copies = copies or {}
         self.origins = origins(graph, frozenset(copies))
         self.aliases = self._aliases(same)
@@ -126,7 +128,7 @@ class LaunchPlan:
         if self.index >= 0 and current_device() != self.index:
             with torch.cuda.device(self.index):
                 return self(values)  # on its device now
-        ptrs = [t.data_ptr() for t in values[: self.count]]
+        ptrs = [t.data_ptr() for t in (values if len(values) == self.count else values[: self.count])]
         if functools.reduce(operator.or_, ptrs, 0) % ALIGNMENT:
             self.check(values)
             raise BindingError(f"graph '{self.graph.name}': an argument is not aligned to {ALIGNMENT} bytes")
@@ -141,7 +143,12 @@ class LaunchPlan:
                     self.set_stream(h, stream)
         for copy, k in self.copies:
             copy.copy_(values[k])
-        moved = None if self.env is None else self._point_env(values, outs)
+        if self.env is None:  # cuDNN parts only
+            for point, launch in self.steps:
+                point(ptrs)
+                launch()
+            return outs
+        moved = self._point_env(values, outs)
         try:
             for point, launch in self.steps:
                 if point is not None:
@@ -185,6 +192,22 @@ class LaunchPlan:
         return moved
 
 
+_EMPTY = {
+    "cuda": getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None),
+    "cpu": getattr(torch._C._dynamo.guards, "_empty_strided_cpu", None),
+}
+"""torch's allocation without its Python argument parsing (what Inductor's generated code allocates with): on the
+current device, which a LaunchPlan's call makes its own first"""
+
+
+def _allocator(t, device: torch.device) -> Callable[[], torch.Tensor]:
+    """A new output per call on the plan's device (current while the plan runs)."""
+    fast = _EMPTY.get(device.type)
+    if fast is None or t.dtype == "bool":
+        return allocator(t, device)
+    return functools.partial(fast, t.shape, t.strides, torch_dtype(t.dtype))
+
+
 def _same_value(value) -> tuple:
     """What tells two scalar values apart: -0.0 from 0.0 too (a divisor's sign), NaN equal to NaN."""
     return (type(value), repr(value))
@@ -193,20 +216,53 @@ def _same_value(value) -> tuple:
 class LaunchPlans:
     """Launch plans by the kind of their arguments: each tensor's shape, strides, dtype and device, everything the
     first call of a kind was checked for (`first(values)` checks it and makes its plan), so that a later call of
-    the kind needs only its alignment checked (by the plan)."""
+    the kind needs only its alignment checked (by the plan). A call of the latest kind is told by a TensorGuards
+    check (torch's C++ check of sizes, strides, dtype, device, dispatch keys and requires_grad: stricter than the
+    key, so a miss only costs the key)."""
 
     def __init__(self, count: int, first: Callable[[Sequence], LaunchPlan]):
         self.count, self.first = count, first
         self.plans: dict[tuple, LaunchPlan] = {}
+        self.guard = None
+        """the latest kind's TensorGuards, or None"""
+        self.last: LaunchPlan | None = None
+        """the latest kind's plan"""
 
     def __call__(self, values: Sequence) -> list[torch.Tensor]:
-        key = tuple([(t.shape, t.stride(), t.dtype, t.get_device()) for t in values[: self.count]])
+        tensors = values if len(values) == self.count else values[: self.count]
+        if self.guard is not None and self.guard.check(*tensors):
+            return self.last(values)
+        key = tuple([(t.shape, t.stride(), t.dtype, t.get_device()) for t in tensors])
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = self.first(values)
+        self.guard, self.last = _guard(tensors), plan
         return plan(values)
 
     def forget(self, device: torch.device) -> None:
         """Drops the plans of one device's arguments (a key's first tensor names its device)."""
         index = -1 if device.type == "cpu" else device.index
         self.plans = {k: p for k, p in self.plans.items() if k[0][3] != index}
+        self.guard = self.last = None
+
+    def clear(self) -> None:
+        """Drops every plan (and what each keeps: compiled graphs, workspaces, intermediates)."""
+        self.plans.clear()
+        self.guard = self.last = None
+
+
+_TensorGuards = getattr(torch._C._dynamo.guards, "TensorGuards", None)
+
+
+def _guard(tensors: Sequence[torch.Tensor]):
+    """torch's C++ check that tensors are of these tensors' kind (None where this torch has none)."""
+    if _TensorGuards is None:
+        return None
+    try:
+        return _TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+        )
+    except (TypeError, RuntimeError):  # another torch's signature: the key alone
+        return None

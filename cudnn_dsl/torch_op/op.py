@@ -42,6 +42,7 @@ from cudnn_dsl.run.launch import arguments
 from cudnn_dsl.run.launch_plan import LaunchPlan, LaunchPlans
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.memory import empty, stored
+from cudnn_dsl.torch_op.eager import Eager, eligible
 from cudnn_dsl.torch_op.layout import Layouts, Relaid, dense, laid_out
 from cudnn_dsl.torch_op.library import LAYOUT_TAGS, NAMESPACE, fragment, returned
 from cudnn_dsl.torch_op.training import grad_ops
@@ -61,8 +62,8 @@ def _release() -> None:
     objects they hold as leaked (a page of nanobind warnings after a script's last line)."""
     for op in _OPS.values():
         op.compiled.clear()
-        op.plans.plans.clear()
-        op.references.plans.clear()
+        op.plans.clear()
+        op.references.clear()
 
 
 def op_name(graph: Graph, options, strict: bool = False) -> str:
@@ -183,6 +184,8 @@ class TorchOp:
         """the CUDA kernel's launch plans, one per kind of arguments"""
         self.references = LaunchPlans(len(self.tensor_names), lambda values: self._kind(values, self._reference))
         """the CPU kernel's runs of the reference, one per kind of arguments, as the CUDA kernel's"""
+        self.eager = Eager(self)
+        """the eager training path (torch_op.eager), taken where nothing traces or intercepts the call"""
         self.launches = 0
         """how many times the CUDA kernel ran on the host (a CUDA-graph replay runs it on the device only)"""
         self._register()
@@ -242,6 +245,10 @@ class TorchOp:
         if kwargs or len(args) < len(self.tensor_names):
             args = self.positional(args, kwargs)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
+            count = len(self.tensor_names)
+            if eligible(args[:count]):  # eagerly, nothing else looking: the derived graphs' ops from one Function
+                full = args if len(args) == len(self.arg_names) else args + self.defaults[len(args) - count :]
+                return self.eager(full, self._grad_ops)
             wrt = tuple(n for n, t in zip(self.tensor_names, args) if t.requires_grad)
             result = getattr(getattr(torch.ops, NAMESPACE), _grad_op(self.name, wrt)).default(*args)
             return result if isinstance(result, torch.Tensor) else returned(list(result[: len(self.fresh)]))
@@ -255,6 +262,9 @@ class TorchOp:
             for v in self.graph.outputs
         ]
         return returned(outs)
+
+    def _grad_ops(self, wrt: tuple[str, ...]):
+        return grad_ops(self, wrt)
 
     def positional(self, args: tuple, kwargs: dict) -> tuple:
         """Arguments given by name as the schema orders them; a scalar left out takes its declared value."""
@@ -360,7 +370,8 @@ class TorchOp:
         self.launches += 1
         if len(args) < len(self.arg_names):
             args = args + self.defaults[len(args) - len(self.tensor_names) :]
-        return returned(self.plans(args))
+        outs = self.plans(args)
+        return outs[0] if len(outs) == 1 else returned(outs)
 
     def _kind(self, values: tuple, make):
         """The run of a new kind of arguments (LaunchPlans' key): their names, dtypes and shapes checked, then

@@ -61,12 +61,55 @@ def test_reduce_overhead_replays_the_op_as_a_cuda_graph(private_store):
         close(y.clone(), want["y"], "bf16")
         close(amax.clone(), want["amax"], "float")
 
+    from torch._dynamo.utils import counters
+
+    skips = counters["inductor"]["cudagraph_skips"]
     for seed in range(3):  # warm-up, record, first replay
         step(seed)
+    assert counters["inductor"]["cudagraph_skips"] == skips, "torch.compile skipped CUDA graphs for the op"
     launched = op.launches
     for seed in range(3, 7):
         step(seed)
     assert op.launches == launched, "the op's kernel ran on the host: no CUDA-graph replay"
+
+
+def test_the_eager_training_path_on_cuda_is_the_registered_ops(private_store):
+    """Eagerly, a training call runs the derived graphs from one autograd Function (torch_op.eager); under a
+    dispatch mode it takes the registered augmented forward and backward ops: on cuDNN, the same outputs and
+    gradients, and the plain op's kernel never runs."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import cudnn_dsl
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "cudnn_dsl":
+                self.ops.append(func.name())
+            return func(*args, **(kwargs or {}))
+
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=BLOCK, split=True))
+    params = {k: v.cuda().requires_grad_() for k, v in block_params(5).items()}
+    x = torch.randn(4, 8, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(5))
+    g = torch.randn(4, 8, 32, device="cuda", generator=torch.Generator("cuda").manual_seed(6))
+    launched = op.launches
+
+    def run():
+        y = op(x, *params.values(), alpha=0.75)
+        return y, torch.autograd.grad(y, tuple(params.values()), g)
+
+    y, got = run()
+    with Seen() as seen:
+        y2, registered = run()
+    assert any(n.startswith(f"cudnn_dsl::{op.name}_ad") for n in seen.ops)
+    assert op.launches == launched
+    torch.testing.assert_close(y, y2, atol=1e-5, rtol=1e-5)
+    for a, b in zip(got, registered):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_an_output_in_place_writes_its_input_eagerly_and_compiled(private_store):
