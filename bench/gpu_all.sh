@@ -2,7 +2,8 @@
 # Everything this project runs on the GPU machine, in one go. Usage, from the repo root:
 #   OUT=out bash bench/gpu_all.sh
 # Leaves in $OUT: pytest_gpu.txt, log.txt (every report), bench.json/.png, bench-cold.json, tune.json/.png,
-# reuse.json, eject.json, torch_op.json, patterns.json. Plans go to a private store, so the run starts cold.
+# reuse.json, eject.json, torch_op.json, partition_time.json, patterns.json. Plans go to a private store, so the
+# run starts cold.
 # GPU_TESTS=paths runs only those test files; GPU_TESTS=none runs no test.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -40,6 +41,8 @@ section "bench/eject_parity.py"
 python3 bench/eject_parity.py --json "$OUT/eject.json" 2>&1 | tail -3 | tee -a "$LOG"
 section "bench/torch_op.py (host cost per call of the torch op path)"
 timeout 300 python3 bench/torch_op.py --json "$OUT/torch_op.json" 2>&1 | tee -a "$LOG" | tail -7
+section "bench/partition_time.py (partitioning time by graph size, each part built on the GPU)"
+timeout 600 python3 bench/partition_time.py --json "$OUT/partition_time.json" 2>&1 | tee -a "$LOG" | tail -9
 section "bench/patterns.py (the example models compiled, without and with their regions replaced)"
 timeout 300 python3 bench/patterns.py --json "$OUT/patterns.json" 2>&1 | tee -a "$LOG" | tail -4
 section "bare bmm (the stretch goal's yardstick)"

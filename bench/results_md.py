@@ -10,8 +10,8 @@ Usage: python bench/results_md.py [--check] [--plot]
 `render(results_dir)` reads JSON with the standard library alone (no torch, no cuDNN), so that
 tests/test_results_doc.py can check the page against it quickly. Which section a file gets is chosen by
 its name (MATCH): bench-cold-*.json, bench-*.json, eject-parity-*.json, tune-exhaustive-*.json, tune-*.json,
-reuse-*.json, partition-*.json, torch-op-*.json, train-*.json, frontend*.json, sweep-*.json and
-backward-forms-*.json; a JSON of another name is listed at the end, with the logs (*.txt).
+reuse-*.json, partition-time-*.json, partition-*.json, torch-op-*.json, train-*.json, frontend*.json,
+sweep-*.json and backward-forms-*.json; a JSON of another name is listed at the end, with the logs (*.txt).
 """
 
 from __future__ import annotations
@@ -456,6 +456,24 @@ def partition(path: Path, data: dict) -> str:
     )
 
 
+def partition_time(path: Path, data: dict) -> str:
+    rows = [
+        [r["family"], r["ops"], num(r["seconds"]), r["parts"], r["distinct_graphs"], r["questions"]]
+        for r in data["rows"]
+    ]
+    return join(
+        [
+            heading("Partitioning time by graph size", path),
+            f"`bench/partition_time.py`, {data['where']} ({data['cores']} cores, load average "
+            f"{num(data['load_average'][0])}): each graph planned as `run` plans it, the whole graph asked first, then "
+            "the partition search. *Questions* are the graphs put to cuDNN (the whole and each distinct part asked "
+            f"about): at most {data['probes']} ends from each op, no part with more than {data['max_roots']} ops "
+            "that read only the inputs (cuDNN takes time exponential in their number to build it).",
+            table(["graph", "ops", "seconds", "parts", "distinct graphs", "questions"], rows),
+        ]
+    )
+
+
 def torch_op(path: Path, data: dict) -> str:
     out = [
         heading("The torch op's host cost", path),
@@ -766,6 +784,7 @@ MATCH: list[tuple[str, Callable[[Path, dict], str]]] = [
     ("tune-exhaustive-", tune_exhaustive),
     ("tune-", tune),
     ("reuse-", reuse),
+    ("partition-time-", partition_time),
     ("partition-", partition),
     ("torch-op-", torch_op),
     ("train-", train),
@@ -783,6 +802,7 @@ ORDER = [
     tune_exhaustive,
     reuse,
     partition,
+    partition_time,
     torch_op,
     train,
     models,

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import attrs
 
 from dsl.diagnostics import Diagnostic, DslError, RuleError
+from dsl.inits import Init, num_text
 from dsl.ir import Graph, Instance
 from dsl.ops import EMIT_STATISTICS, NO_VJP, OPS, RECOMPUTE, RETYPABLE, STATISTICS, VJPS, At, Ctx, canonical
 from dsl.options import OPTIONS, Options
@@ -56,6 +57,12 @@ class Derived:
 
 def _type(t: TensorType, shape: bool = True) -> ast.TypeSpec:
     return ast.TypeSpec(t.dtype, tuple(ast.Dim(d) for d in t.shape) if shape else None)
+
+
+def _init_spec(init: Init) -> ast.InitSpec:
+    if init.source is not None:
+        return ast.InitSpec(init.dist, (ast.Ident(init.source),))
+    return ast.InitSpec(init.dist, tuple(ast.Number(a, num_text(a)) for a in init.args))  # as the file spells it
 
 
 def _num(v: float | int) -> ast.Number:
@@ -131,7 +138,7 @@ def forward_stmts(
     out = _header(graph) + [_buffer(b.name, inst.type(b.name)) for b in graph.buffers]
     for v in graph.values:
         if v.kind == "input":
-            init = (ast.InitSpec(v.init.dist, tuple(map(_num, v.init.args))),) if v.init else ()
+            init = (_init_spec(v.init),) if v.init else ()
             place = (ast.Place(*v.view),) if v.view else ()
             out.append(_input(v.name, inst.type(v.name), *init, *place))
         elif v.kind == "scalar":

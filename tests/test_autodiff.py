@@ -218,6 +218,16 @@ def test_a_cast_is_written_by_the_matmul_that_computes_the_value_through_its_res
     check_grads(text, "cpu")
 
 
+def test_the_derived_forward_keeps_an_input_drawn_like_another():
+    text = (
+        "graph g {\n  io float\n  compute float\n  input a : float[2, 8] init=randint(0, 4, 0.5)\n"
+        "  input b : float[2, 8] init=like(a)\n  output y = a * b\n}\n"
+    )
+    d = _backward(text)
+    assert "input b : float[2, 8] strides [8, 1] init=like(a)" in d.forward_text
+    assert "input a : float[2, 8] strides [8, 1] init=randint(0, 4, 0.5)" in d.forward_text
+
+
 def test_the_transformer_blocks_backward_takes_the_forms_cuDNN_plans():
     """examples/training/transformer_block.cdg (its gradients against plain PyTorch: tests/test_train_example.py):
     the output projection's dA written in bf16 for sdpa_backward through its reshape, every bias's gradient a float

@@ -251,7 +251,12 @@ INITS = (
     "graph inits {\n  input x : float[3, 5, 7] init=randn(0.5, 2)\n  input n : int32[3, 5, 7] init=randint(-3, 9)\n"
     "  input m : bool[3, 5, 7] init=bernoulli(0.25)\n  input r : float[3, 5, 7] init=arange(1, 0.5)\n"
     "  input s : float[3, 5, 7] init=sparse(0.5)\n  input d : float[3, 5, 7]\n  input v : float[1, 5, 1]\n"
-    "  output y = binary_select(x + r - s * d, rsqrt(v), m)\n  output k = n + n\n}\n"
+    "  input z : half[3, 5, 7] init=zeros\n  input o : int32[3, 5, 7] init=ones\n"
+    "  input h : half[3, 5, 7] init=randint(-4, 4, 0.25)\n  input c : float[3, 5, 7] strides [1, 3, 15] init=like(x)\n"
+    "  input mc : bool[3, 5, 7] strides [1, 3, 15] init=like(m)\n"
+    "  output y = binary_select(x + r - s * d, rsqrt(v), m)\n  output k = n + n\n  output ko = o + o\n"
+    "  output e = z + h\n"
+    "  output w = binary_select(x - c, x, logical_and(m, mc))\n}\n"
 )
 
 
@@ -266,9 +271,14 @@ def test_the_ejected_script_draws_the_inputs_run_draws(seed):
     for name in want:  # bit for bit, bool inputs in cuDNN's packed bytes, v positive (rsqrt's input)
         assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
     assert want["v"].min() >= 0.5 and not torch.equal(got["x"], generate_inputs(g, inst, "cpu", seed + 1)["x"])
+    assert torch.equal(got["c"], got["x"]) and got["c"].stride() == (1, 3, 15)  # like(x), in its own layout
+    assert bool((got["z"] == 0).all() and (got["o"] == 1).all()) and set(got["h"].unique().tolist()) <= {
+        i / 4 for i in range(-4, 5)
+    }
     over = {"x": parse("uniform(2, 3)")}  # run --init over the file's init=
     got = run_module(emit_cudnn(g, inst, inits=over))["make_buffers"](device="cpu", seed=seed)
     assert torch.equal(got["x"], generate_inputs(g, inst, "cpu", seed, over)["x"])
+    assert torch.equal(got["c"], got["x"]) and torch.equal(got["mc"], generate_inputs(g, inst, "cpu", seed, over)["mc"])
 
 
 RAGGED = (

@@ -307,3 +307,96 @@ def test_tune_without_a_gpu_lists_a_declined_graphs_parts(tmp_path):
     assert "graph ln_gelu: partitions tune would time\n  whole" in p.stdout and "declined: " in p.stdout
     assert "split after layernorm (line 6)" in p.stdout and "2 cuDNN graphs" in p.stdout
     assert "its op left to torch" in p.stdout and "0 cuDNN graphs, 1 op(s) left to torch" in p.stdout
+
+
+# ---- partitioning in time: bounded questions, no part cuDNN would take exponential time over -----------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def _outputs(n: int) -> str:
+    """n outputs o_i = a * b: n ops that read no value made in the graph."""
+    return (
+        "graph g {\n  input a : float[8, 64]\n  input b : float[8, 64]\n"
+        + "".join(f"  output o{i} = a * b\n" for i in range(n))
+        + "}\n"
+    )
+
+
+def _summed(n: int) -> str:
+    """A chain of 2n ops: n products of the inputs, summed one after the other, and the output."""
+    body = "".join(f"  p{i} = a * b\n  s{i} = s{i - 1} + p{i}\n" for i in range(1, n))
+    head = "graph g {\n  input a : float[8, 64]\n  input b : float[8, 64]\n  s0 = a * b\n"
+    return f"{head}{body}  output y = s{n - 1}\n}}\n"
+
+
+HANG_S = 120
+"""a run this long is a hang or an exponential blow-up: the graphs below partition in seconds (16 outputs took
+over 200 s to plan when cuDNN was handed them whole)"""
+
+
+def test_the_ends_asked_from_a_node_are_bounded_and_reach_the_op_alone():
+    from cudnn_dsl.run.partition import PROBES, probe_ends
+
+    assert probe_ends(3, 9) == [9, 8, 7, 6, 5, 4]  # a short run: every end, longest first
+    for first, last in ((0, 17), (5, 300), (0, 4096)):
+        ends = probe_ends(first, last)
+        assert len(ends) <= PROBES and ends == sorted(set(ends), reverse=True)
+        assert ends[0] == last and ends[-1] == first + 1 and ends[: PROBES // 2] == list(range(last, last - 8, -1))
+
+
+def test_many_independent_ops_are_split_in_time(tmp_path, h200):
+    """16 outputs o_i = a * b: cuDNN's build_operation_graph takes time exponential in the number of ops that
+    read no value made in the graph (quirk many_independent_ops), so the graph is split before cuDNN sees it,
+    into parts of at most 8 such ops; `emit --format cudnn` ends in seconds (it ran for minutes)."""
+    import subprocess
+    import sys
+
+    from cudnn_dsl.target.quirks import MAX_ROOTS
+
+    f = tmp_path / "o.cdg"
+    f.write_text(_outputs(16))
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "cudnn_dsl", "emit", "--format", "cudnn", str(f)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=env, check=False, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "def build_part1(" in p.stdout and "def build_part2(" in p.stdout and "def build_part3(" not in p.stdout
+    g = program(text=_outputs(16), file="o.cdg").graphs[0]
+    low, partition = plan_for_target(g, g.instances[0], g.options, h200)
+    assert low is None and "quirk many_independent_ops" in partition.declined
+    assert "mul (line 12) is op 9 of the graph that reads no value made in it" in partition.declined
+    assert [(p.first, p.end) for p in partition.parts] == [(0, MAX_ROOTS), (MAX_ROOTS, 16)]
+
+
+def test_a_long_chain_is_partitioned_with_a_bounded_number_of_questions():
+    """A chain of 256 ops, 128 of them reading only the inputs: every part asked about holds at most 8 of those,
+    at most PROBES ends are asked from each node, and equal parts are asked once (a subprocess: a hang fails the
+    test at HANG_S instead of holding the suite)."""
+    import json
+    import subprocess
+    import sys
+
+    code = f"""
+import json
+from cudnn_dsl.run.partition import deviceless_accepts, find_partition
+from cudnn_dsl.target.library import Target
+from cudnn_dsl.target.quirks import roots
+from dsl.pipeline import program
+g = program(text={_summed(128)!r}).graphs[0]
+inner, asked = deviceless_accepts(g.options, Target.named("h200")), []
+def accepts(part):
+    asked.append((len(part.nodes), len(list(roots(part)))))
+    return inner(part)
+p = find_partition(g, g.instances[0], accepts, "declined whole", False)
+print(json.dumps({{"asked": asked, "parts": [[q.first, q.end, q.kind] for q in p.parts]}}))
+"""
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S, env=env, check=False, cwd=ROOT
+    )
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.splitlines()[-1])
+    parts, asked = got["parts"], got["asked"]
+    assert [q[0] for q in parts] == sorted(q[0] for q in parts) and parts[-1][1] == 256
+    assert all(kind == "cuDNN graph" for *_, kind in parts) and len(parts) == 16  # 8 products a part
+    assert all(r <= 8 for _, r in asked) and len(asked) == len(parts)  # each part the first end asked

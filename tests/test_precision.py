@@ -232,6 +232,10 @@ def test_big_inputs_are_drawn_in_chunks_that_do_not_depend_on_the_cores(monkeypa
         ("sparse(0.75)", "bf16", lambda v: abs((v == 0).float().mean() - 0.75) < 0.03 and v.abs().max() <= 1),
         ("full(7)", "int64", lambda v: bool((v == 7).all())),
         ("randn(0, 100)", "int8", lambda v: v.min() == -128 and v.max() == 127),  # rounded, clamped
+        ("zeros", "half", lambda v: bool((v == 0).all())),
+        ("ones", "bool", lambda v: v.dtype == torch.bool and bool(v.all())),
+        ("randint(0, 10, 0.5)", "half", lambda v: set(v.unique().tolist()) == {i / 2 for i in range(11)}),
+        ("randint(-2, 2, 3)", "int32", lambda v: set(v.unique().tolist()) == {-6, -3, 0, 3, 6}),
     ],
 )
 def test_each_distribution_draws_what_it_says(dist, dtype, check):
@@ -284,6 +288,67 @@ def test_init_is_for_inputs_and_fits_their_dtype():
     assert "p.cdg:3:19: error: only an input or a buffer takes init=" in _errors(text)
     text = "graph g {\n  input x : half[4] init=randn(0,\n  output y = x\n}\n"
     assert "syntax error" in _errors(text)
+
+
+LIKE = (
+    "graph g {\n  input a : float[2, 8]\n  input b : float[2, 8] strides [1, 2] init=like(a)\n"
+    "  input m : bool[2, 8]\n  input n : bool[2, 8] strides [1, 2] init=like(m)\n"
+    "  output y = a - b\n  output k = logical_and(m, logical_not(n))\n}\n"
+)
+
+
+def test_an_input_drawn_like_another_takes_its_values_as_generated_or_given():
+    g, inst = _graph(LIKE)
+    drawn = generate_inputs(g, inst, "cpu", seed=1)
+    assert drawn["b"].stride() == (1, 2) and torch.equal(drawn["b"], drawn["a"])  # in its own layout
+    out = run_reference(g, inst, drawn)
+    assert torch.equal(out["y"], torch.zeros(2, 8)) and not bool(out["k"].any())  # exactly
+    given = torch.arange(16.0).view(2, 8)
+    assert torch.equal(generate_inputs(g, inst, "cpu", 1, given={"a": given})["b"], given)
+    assert bool((generate_inputs(g, inst, "cpu", 1, {"a": parse("full(3)")})["b"] == 3).all())  # run --init a=
+    own = generate_inputs(g, inst, "cpu", 1, {"b": parse("full(2)")})  # run --init b= draws b instead
+    assert bool((own["b"] == 2).all()) and torch.equal(own["a"], drawn["a"])
+
+
+def test_a_copy_makes_its_source_positive_where_an_op_wants_the_copy_positive():
+    g, inst = _graph("graph g {\n  input a : half[64]\n  input b : half[64] init=like(a)\n  output y = a / b\n}\n")
+    assert str(input_inits(g, inst)["a"]) == "uniform(0.5, 1.5)" and "b" not in input_inits(g, inst)
+
+
+def test_run_copies_a_given_input_into_its_like_and_dumps_both(tmp_path):
+    import numpy as np
+
+    f, a = tmp_path / "g.cdg", tmp_path / "a.npy"
+    f.write_text(LIKE)
+    np.save(a, np.arange(16, dtype=np.float32).reshape(2, 8))
+    p = run_cli("run", f, "--input", f"a={a}", "--dump", tmp_path / "d")
+    assert p.returncode == 0, p.stderr
+    assert "y: float[2, 8] on the CPU, mean 0, max |x| 0" in p.stdout, p.stdout
+    dumped = torch.load(tmp_path / "d" / "g.inputs.pt", weights_only=True)
+    assert torch.equal(dumped["b"], torch.arange(16.0).view(2, 8))
+
+
+@pytest.mark.parametrize(
+    "decls, culprit, message",
+    [
+        ("  input b : float[4] init=like(c)", "c", "init: like(c): no input 'c'"),
+        ("  input b : float[4] init=like(b)", "b)", "init: input 'b' cannot be drawn like itself"),
+        (
+            "  buffer w : float[8]\n  input v : float[4] in w at 0\n  input b : float[4] init=like(v)",
+            "v)",
+            "init: like(v): 'v' is a view, drawn with its buffer",
+        ),
+        ("  input b : float[5] init=like(a)", "a)", "init: like(a): 'a' is float[4], 'b' is float[5]"),
+        ("  input b : float[4] init=like(1)", "1", "init: like takes one input's name: like(x)"),
+    ],
+)
+def test_a_bad_like_is_located_at_the_name(decls, culprit, message):
+    text = f"graph g {{\n  input a : float[4]\n{decls}\n  output y = a * 2\n}}\n"
+    out = _errors(text)
+    line = decls.split("\n")[-1]
+    row = 2 + decls.count("\n") + 1
+    col = line.rindex(culprit)
+    assert f"p.cdg:{row}:{col + 1}: error: {message}" in out and f"\n  {' ' * col}^" in out, out
 
 
 def test_a_permutation_draws_each_value_once_then_repeats_the_order():

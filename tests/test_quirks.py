@@ -329,3 +329,27 @@ def test_the_commands_say_the_project_refuses_a_graph_a_row_declines_and_emit_wr
     fe.write_text(p.stdout)
     p = run_cli("import", fe)
     assert p.returncode == 0 and "relu(" in p.stdout, p.stderr
+
+
+def test_a_graph_of_more_independent_ops_than_cudnn_builds_in_time_is_declined_and_parts_are_bounded():
+    """quirk many_independent_ops: ops that read no value made in the graph (roots) number at most MAX_ROOTS a
+    graph; part_end says where a part from a node must end, and a version verified clean lets any part through."""
+    from cudnn_dsl.target import quirks
+
+    def outputs(n: int):
+        text = "graph g {\n  input a : float[8, 64]\n  input b : float[8, 64]\n  t = a * b\n"
+        text += "".join(f"  output o{i} = a * b\n" for i in range(n - 1)) + "  output u = t + a\n}\n"
+        return program(text=text, file="g.cdg").graphs[0]
+
+    row, n = ROWS["many_independent_ops"], quirks.MAX_ROOTS
+    assert row.kind == "slow_build" and declined(outputs(n), outputs(n).instances[0], SEEN) is None
+    g = outputs(n + 1)  # t and n outputs of a * b, then u (reads t): n + 1 roots
+    d = declined(g, g.instances[0], NEWER)
+    assert d is not None and "takes time exponential in its size to build it (quirk many_independent_ops)" in d.message
+    assert d.loc.line == 4 + n and "build in time" in d.message
+    assert list(quirks.roots(g)) == list(range(n + 1))  # the last node, u, reads t
+    assert quirks.part_end(g, 0, NEWER) == n
+    assert quirks.part_end(g, 1, NEWER) == n + 1  # from node 1 on, u reads t as an input: a root too
+    assert quirks.part_end(g, 2, NEWER) == len(g.nodes)
+    clean = attrs.evolve(row, clean=(Sighting(NEWER, "a test-only row", "-"),))
+    assert clean.declines(g, g.instances[0], NEWER) is None and row.declines(g, g.instances[0], SEEN) is not None

@@ -95,9 +95,9 @@ def run(args) -> int:
     if args.format == "fe-json":
         return _fe_json(g, inst, target)
     if args.format == "cpp":
-        return _cpp(g, inst, target, common.options_from(args, g.options), _inits(args, g), args.output)
+        return _cpp(g, inst, target, common.options_from(args, g.options), _inits(args, g), args.output, args)
     if args.format == "cudnn":
-        return _cudnn(g, inst, target, common.options_from(args, g.options), _inits(args, g))
+        return _cudnn(g, inst, target, common.options_from(args, g.options), _inits(args, g), args)
     print(emit_torch(g, inst), end="")
     return common.EXIT_OK
 
@@ -138,19 +138,29 @@ def _inits(args, g) -> dict:
     return inits
 
 
-def _cudnn(g, inst, target, options, inits) -> int:
+def _planned(g, inst, target, options, args):
+    """plan_for_target, with a progress line on a terminal (a graph cuDNN declines whole is split, question by
+    question)."""
+    from cudnn_dsl.cli.progress import Progress
+    from cudnn_dsl.run.partition import plan_for_target
+
+    progress = Progress.of(args, total=1)
+    with progress.item(f"{g.file}: {g.name} for {target.name}"):
+        return plan_for_target(g, inst, options, target, progress)
+
+
+def _cudnn(g, inst, target, options, inits, args) -> int:
     """The frontend script: of the graph whole when the target's cuDNN takes it (or the options say
     `split = false`), else of the parts deviceless planning splits it into. When cuDNN declines even
     that, still the whole graph's script, with the refusal on stderr and exit 1."""
     from cudnn_dsl.interop.emit import emit_cudnn
-    from cudnn_dsl.run.partition import plan_for_target
     from cudnn_dsl.target.library import BackendUnavailable
     from dsl.diagnostics import DslError
 
     partition, status = None, common.EXIT_OK
     if options.split:
         try:
-            _, partition = plan_for_target(g, inst, options, target)
+            _, partition = _planned(g, inst, target, options, args)
         except BackendUnavailable as e:
             common.warn(f"cannot ask cuDNN whether it takes the graph whole ({e}); the script builds it whole")
         except DslError as e:
@@ -162,15 +172,14 @@ def _cudnn(g, inst, target, options, inits) -> int:
     return status
 
 
-def _cpp(g, inst, target, options, inits, directory: str) -> int:
+def _cpp(g, inst, target, options, inits, directory: str, args) -> int:
     """The C++ project: the graph whole, or the parts the target's cuDNN takes it in."""
     from pathlib import Path
 
     from cudnn_dsl.interop.emit_cpp import emit_cpp
-    from cudnn_dsl.run.partition import plan_for_target
     from cudnn_dsl.store.files import atomic_write
 
-    partition = plan_for_target(g, inst, options, target)[1] if options.split else None
+    partition = _planned(g, inst, target, options, args)[1] if options.split else None
     files = emit_cpp(g, inst, options, target, inits, partition)
     out = Path(directory)
     for rel, data in files.items():

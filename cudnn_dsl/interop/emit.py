@@ -210,7 +210,7 @@ def own_memory(graph: Graph, extra=()) -> list[str]:
 def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
     """`make_buffers`: every input drawn as `run` draws it (portable.draw_values: same seed, same values),
     outputs and `extra` (a split graph's intermediates) empty, a bool tensor as cuDNN's packed bytes."""
-    from cudnn_dsl.run.inputs import input_inits, packed_ragged, view_inits
+    from cudnn_dsl.run.inputs import copied_inputs, input_inits, packed_ragged, view_inits
     from cudnn_dsl.target.memory import owned
 
     own = own_memory(graph, extra)
@@ -230,6 +230,15 @@ def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
         cut = "[:1]" if owned(t) else ""  # a batch stride left to ragged offsets: batch 0 is the memory
         return f"\n    buffers[{_lit(name)}]{cut}.copy_({values}{cut})"
 
+    def copy(name: str, source: str) -> str:  # like(x): x's values, last, as run copies them
+        t, s = inst.type(name), inst.type(source)
+        values = f"buffers[{_lit(source)}]"
+        if t.dtype == "bool":
+            logical = f"unpack_bool({values}, {_lit(list(s.shape))}, {_lit(list(s.strides))}, {_lit(s.storage)})"
+            return f"\n    buffers[{_lit(name)}].copy_(pack_bool({logical}, {_lit(list(t.shape))}, {_lit(list(t.strides))}, {_lit(t.storage)}))"
+        cut = "[:1]" if owned(t) else ""
+        return f"\n    buffers[{_lit(name)}]{cut}.copy_({values}{cut})"
+
     allocs = "\n".join(f"        {_lit(n)}: {alloc(inst.type(n))}," for n in own)
     fills = "".join(fill(n, init) for n, init in input_inits(graph, inst, inits).items())
     indices = "".join(fill(n, init) for n, init in view_inits(graph, inst, inits).items())  # over their buffers
@@ -238,6 +247,7 @@ def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
         f"{_lit(list(t.strides))}).view({_lit(list(inst.type(n).shape))}))"
         for n, (t, lengths) in packed_ragged(graph, inst, inits).items()
     )
+    copies = "".join(copy(n, source) for n, source in copied_inputs(graph, inits).items())
     in_place = "".join(f"\n    buffers[{_lit(v.name)}] = buffers[{_lit(v.into)}]" for v in graph.in_place)
     return f'''def make_buffers(device="cuda", seed={_lit(o.seed)}):
     """Inputs drawn as `cudnn-dsl run --seed SEED` draws them (the file's init=, else its dtype's default; on the
@@ -245,7 +255,7 @@ def _make_buffers(graph: Graph, inst: Instance, o, inits, extra=()) -> str:
     bytes, eight elements a byte)."""
     buffers = {{
 {allocs}
-    }}{fills}{_views(graph, inst, "buffers")}{indices}{in_place}
+    }}{fills}{_views(graph, inst, "buffers")}{indices}{copies}{in_place}
     return buffers
 '''
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cudnn_dsl.run.buffers import BindingError, view
 from cudnn_dsl.run.indices import Bounded, bounded_inputs, ragged_offsets
-from cudnn_dsl.target import portable
+from cudnn_dsl.target import bits, portable
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.lazy_torch import torch
 from cudnn_dsl.target.memory import empty, owned, stored
@@ -22,26 +22,35 @@ from dsl.types import DTYPE_RANGE, TensorType, is_float
 
 
 def _positive_inputs(graph: Graph) -> set[str]:
-    """Bound names whose data an op wants positive (a view's buffer, for a view)."""
+    """Bound names whose data an op wants positive (a view's buffer, for a view; the input a copy is like)."""
     out = set()
     for n in graph.nodes:
         for i in OPS[n.op].positive:
             if i < len(n.inputs) and n.inputs[i]:
                 v = graph.value(n.inputs[i])
                 out.add(v.view[0] if v.view else v.name)
-    return out
+    return out | {v.init.source for v in graph.device_inputs if v.name in out and v.init and v.init.source}
+
+
+def copied_inputs(graph: Graph, inits: dict[str, Init] | None = None) -> dict[str, str]:
+    """The inputs drawn `like(x)`: name -> x, whose values (generated or given) they take once every other
+    input is filled. `inits` (run --init) draws an input instead."""
+    inits = inits or {}
+    return {v.name: v.init.source for v in graph.device_inputs if v.init and v.init.source and v.name not in inits}
 
 
 def input_inits(graph: Graph, instance: Instance, inits: dict[str, Init] | None = None) -> dict[str, Init]:
-    """How each input is drawn: `inits` (run --init), else the file's `init=`, else the default of its
-    dtype (positive values where an op of the registry wants them)."""
+    """How each drawn input is drawn: `inits` (run --init), else the file's `init=`, else the default of its
+    dtype (positive values where an op of the registry wants them). The copies (`copied_inputs`) are not drawn."""
     inits, positive, bounded = inits or {}, _positive_inputs(graph), bounded_inputs(graph, instance)
+    copies = copied_inputs(graph, inits)
     return {  # a buffer is drawn once for all its views
         v.name: inits.get(v.name)
         or v.init
         or (_within(bounded[v.name]) if v.name in bounded else None)
         or default_init(instance.type(v.name).dtype, v.name in positive)
         for v in graph.device_inputs
+        if v.name not in copies
     }
 
 
@@ -101,7 +110,8 @@ def generate_inputs(
 ) -> dict[str, torch.Tensor]:
     """Seeded inputs in their declared layout, each drawn as `input_inits` says. Drawn on the CPU, so
     a seed gives the same inputs on every device. Ragged offsets no init names pack their sequences
-    (packed_offsets of the lengths: generated, or `given`, the tensors taken in place of drawn ones)."""
+    (packed_offsets of the lengths: generated, or `given`, the tensors taken in place of drawn ones); an
+    input drawn like(x) takes x's values last, as generated or given."""
     out = {}
     for name, init in input_inits(graph, instance, inits).items():
         t = instance.type(name)
@@ -119,6 +129,12 @@ def generate_inputs(
         if (v.view[0] if v.view else name) not in given:
             offsets = packed_offsets(placed, view(graph.value(lengths), instance, out).cpu())
             view(v, instance, out).copy_(offsets.view(instance.type(name).shape))
+    for name, source in copied_inputs(graph, inits).items():
+        if name not in given:
+            t, index = instance.type(name), owned(instance.type(name))
+            values = bits.logical(out[source], instance.type(source))
+            out[name] = empty(t, device)
+            out[name][index].copy_(stored(values, t)[index])
     return out
 
 

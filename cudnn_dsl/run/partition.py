@@ -3,9 +3,12 @@ no cuDNN engine runs (left to their torch reference on the GPU, when the options
 
 The search is greedy from the first node: the longest run of nodes cuDNN accepts becomes one part.
 Acceptance is a question put to cuDNN itself (deviceless planning for a target, or a build on the
-GPU), so CI sees the partition an H200 would get. Two kinds of part need no kernel of their own: a
-reshape of a packed value is a view of its operand's memory, and a cast that would run alone is
-written by the part before it, in the cast's dtype.
+GPU), so CI sees the partition an H200 would get. The questions are bounded: a part is no longer than
+the quirks table lets cuDNN build in time (quirks.part_end), and from each node at most PROBES ends
+are asked (every end of a short run, the longest ones then halving lengths of a long one), so a graph
+of n nodes costs at most PROBES * n builds of at most n nodes. Two kinds of part need no kernel of
+their own: a reshape of a packed value is a view of its operand's memory, and a cast that would run
+alone is written by the part before it, in the cast's dtype.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import attrs
 
 from cudnn_dsl.store.keys import graph_digest
 from cudnn_dsl.store.plans import PartitionChoice
-from cudnn_dsl.target.quirks import known_defect
+from cudnn_dsl.target.quirks import known_defect, library_version, part_end
 from dsl.diagnostics import Diagnostic, DslError
 from dsl.ir import Graph, Instance
 from dsl.ops import OPS
@@ -190,14 +193,38 @@ def view_refusal(graph: Graph, inst: Instance, index: int) -> str | None:
     return None
 
 
+PROBES = 16
+"""the most part ends asked of cuDNN from one node (a run of at most this many nodes: every end)"""
+
+
+def probe_ends(first: int, last: int) -> list[int]:
+    """The ends asked of cuDNN for a part from node `first`, at most `last` (the longest allowed), longest first:
+    every one for a run of at most PROBES nodes, else the PROBES // 2 longest, then ends at halving lengths."""
+    if last - first <= PROBES:
+        return list(range(last, first, -1))
+    ends = list(range(last, last - PROBES // 2, -1))
+    length = (ends[-1] - first) // 2
+    while length >= 1 and len(ends) < PROBES:
+        ends.append(first + length)
+        length //= 2
+    return ends if ends[-1] == first + 1 else [*ends[: PROBES - 1], first + 1]
+
+
 def find_partition(
-    graph: Graph, inst: Instance, accepts: Accepts, declined: str, fallback: bool, first: int | None = None
+    graph: Graph,
+    inst: Instance,
+    accepts: Accepts,
+    declined: str,
+    fallback: bool,
+    first: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Partition:
     """Splits one shape of a graph that cuDNN declined as a whole (`declined` says why), or, given `first`, whose
     first part ends there (the anchor op alone: 1) and the rest is split alike. A reshape of a packed value is a
     view; a cast that would run alone is folded into the part before it where cuDNN takes that. Raises a
-    DslError at the op when an op runs on no engine and `fallback` is off."""
-    n, parts, i = len(graph.nodes), [], 0
+    DslError at the op when an op runs on no engine and `fallback` is off. `progress` hears each question
+    asked ('partitioning: 12 of 256 ops placed')."""
+    n, parts, i, version = len(graph.nodes), [], 0, library_version()
     while i < n:
         view = view_refusal(graph, inst, i)
         if view is None:
@@ -205,8 +232,11 @@ def find_partition(
             i += 1
             continue
         why, part = declined, None
-        ends = [first] if i == 0 and first else range(n if i else n - 1, i, -1)  # the whole is known declined
+        last = min(part_end(graph, i, version), n if i else n - 1)  # the whole is known declined
+        ends = [first] if i == 0 and first else probe_ends(i, max(last, i + 1))
         for j in ends:
+            if progress:
+                progress(f"partitioning: {i} of {n} ops placed, asking about ops {i + 1} to {j}")
             sub = subgraph(graph, inst, i, j, _name(graph, len(parts) + 1))
             why = accepts(sub)
             if why is None:
@@ -352,18 +382,26 @@ def plan_for_target(graph: Graph, inst: Instance, options, target, progress=None
         if not options.split or pin is not None or isinstance(e, NotAllowed):
             raise
         declined = short(e.diagnostics[0].message)
-    return None, find_partition(graph, inst, deviceless_accepts(options, target), declined, options.fallback)
+    return None, find_partition(
+        graph, inst, deviceless_accepts(options, target), declined, options.fallback, progress=progress
+    )
 
 
 def deviceless_accepts(options, target) -> Accepts:
-    """Acceptance by the real cuDNN library, planning for `target` without a device."""
+    """Acceptance by the real cuDNN library, planning for `target` without a device; asked once per distinct
+    graph (build_key: the 16 equal parts of a graph of 128 equal ops are one question)."""
     from cudnn_dsl.build.pipeline import compile_shape
 
+    answers: dict[tuple, str | None] = {}
+
     def accepts(part: Graph) -> str | None:
-        try:
-            compile_shape(part, part.instances[0], options, target)
-        except DslError as e:
-            return short(e.diagnostics[0].message)
-        return None
+        key = build_key(part)
+        if key not in answers:
+            try:
+                compile_shape(part, part.instances[0], options, target)
+                answers[key] = None
+            except DslError as e:
+                answers[key] = short(e.diagnostics[0].message)
+        return answers[key]
 
     return accepts

@@ -1,10 +1,13 @@
 """cuDNN's quirks: one row per workaround of a wrong result or a refusal, keyed by the version of the library planning.
 
 A row is a `wrong_result` (cuDNN built and ran such a graph and gave outputs never written or half wrong, with
-no error) or a `refusal` (cuDNN had no engine for it). A refusal cuDNN reports needs no row where the answer
-comes in time: the partitioner splits a graph cuDNN declines, on every version. The refusal rows here are for
-a choice made before planning, which op a derived backward emits: the partitioner splits a graph, and cannot
-trade a backward op cuDNN refuses for the chain of registry ops that computes the same gradients.
+no error), a `refusal` (cuDNN had no engine for it) or a `slow_build` (cuDNN's answer does not come in time: its
+build_operation_graph takes time exponential in the graph's size). A refusal cuDNN reports needs no row where
+the answer comes in time: the partitioner splits a graph cuDNN declines, on every version. The refusal rows
+here are for a choice made before planning, which op a derived backward emits: the partitioner splits a graph,
+and cannot trade a backward op cuDNN refuses for the chain of registry ops that computes the same gradients.
+A slow_build row declines the graph before build_operation_graph, and tells the partitioner how long a part
+may be (`part_end`), so that no part it asks about is one cuDNN would take that long over.
 
 A row applies on every cuDNN version it is not verified clean on, newer ones included: what a release fixed
 is known only where a test showed it. The version is the library planning: the local one when planning for a
@@ -14,7 +17,8 @@ target without a GPU, the GPU's own on it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import attrs
@@ -53,7 +57,7 @@ class Sighting:
 @attrs.frozen
 class Quirk:
     name: str
-    kind: Literal["wrong_result", "refusal"]
+    kind: Literal["wrong_result", "refusal", "slow_build"]
     stage: Literal["plan", "derive"]
     """'plan': `fires(graph, inst)` gives (the op, why) or None, and a graph it fires on is declined before
     cuDNN sees it, then split like any graph cuDNN declines (`option split`); 'derive': `fires(op, x, scale,
@@ -84,10 +88,12 @@ class Quirk:
         if found is None:
             return None
         node, why = found
+        slow = self.kind == "slow_build"
+        does = "takes time exponential in its size to build it" if slow else "runs it wrong"
         return Diagnostic(
             "error",
-            f"{KNOWN_DEFECT}: a known defect of cuDNN {version_text(version)} runs it wrong (quirk {self.name}): "
-            f"{why}; `option split = true` runs it as graphs that run right",
+            f"{KNOWN_DEFECT}: a known defect of cuDNN {version_text(version)} {does} (quirk {self.name}): "
+            f"{why}; `option split = true` runs it as graphs that {'build in time' if slow else 'run right'}",
             node.loc,
         )
 
@@ -113,6 +119,43 @@ def _unconnected(graph: Graph, inst: Instance) -> Found:
         f"{b.op} (line {b.loc.line}) shares no value made in this graph with {a.op} (line {a.loc.line}), and "
         "cuDNN runs one connected computation per graph (it left one computation's outputs unwritten)"
     )
+
+
+MAX_ROOTS = 8
+"""the most ops a graph hands cuDNN that read no value made in it: build_operation_graph's time doubles with
+each one more (deviceless for the H200, cuDNN 9.28.1: 10 such ops 1.1 s, 12 ops 3 s, 14 ops 11.5 s, 16 ops
+over 100 s; a chain of 32 ops, or 13 ops each reading the one before, 3 ms)"""
+
+
+def roots(graph: Graph, first: int = 0) -> Iterator[int]:
+    """The nodes from `first` on that read no value made by a node from `first` on: a part starting at `first`
+    holds those before its end (as a part, a value made before `first` is an input)."""
+    made: set[str] = set()
+    for k in range(first, len(graph.nodes)):
+        n = graph.nodes[k]
+        if not any(i in made for i in n.inputs if i is not None):
+            yield k
+        made.update(n.outputs)
+
+
+def _many_roots(graph: Graph, inst: Instance) -> Found:
+    past = next(itertools.islice(roots(graph), MAX_ROOTS, None), None)
+    if past is None:
+        return None
+    n = graph.nodes[past]
+    return n, (
+        f"{n.op} (line {n.loc.line}) is op {MAX_ROOTS + 1} of the graph that reads no value made in it, and "
+        f"cuDNN's build_operation_graph takes time exponential in the number of such ops (at most {MAX_ROOTS} "
+        "a graph)"
+    )
+
+
+def part_end(graph: Graph, first: int, version: int | None) -> int:
+    """The end past which every part of `graph` starting at node `first` is declined by a slow_build row in force
+    on cuDNN `version` (a part declined, every longer one is): the partitioner asks cuDNN of no longer part."""
+    if not SLOW_ROOTS.applies(version):
+        return len(graph.nodes)
+    return next(itertools.islice(roots(graph, first), MAX_ROOTS, None), len(graph.nodes))
 
 
 def _pointwise_broadcasts(graph: Graph, inst: Instance):
@@ -173,6 +216,19 @@ H200_PLANNED = "planned for the H200, no GPU"
 SPLIT_RUNS_RIGHT = "tests/gpu/test_quirks_gpu.py::test_split_the_graph_runs_right"
 ANSWER_HERE = "tests/test_quirks.py::test_the_library_here_answers_as_the_table_says"
 NORM_FROM_STATISTICS = "tests/gpu/test_backward_gpu.py::test_norm_backward_from_the_forward_statistics"
+
+SLOW_ROOTS = Quirk(
+    "many_independent_ops",
+    "slow_build",
+    "plan",
+    f"declines a graph of more than {MAX_ROOTS} ops that read no value made in the graph (each reads only the "
+    f"graph's inputs): split into parts of at most {MAX_ROOTS} such ops each",
+    "build_operation_graph of N outputs o_i = a * b took 1.1 s at N = 10, 3 s at 12, 11.5 s at 14 and over 100 s "
+    "at 16; N ops summed into one output alike; a chain of 32 ops, or N ops each reading the one before, "
+    "a few ms",
+    _many_roots,
+    (Sighting(92801, H200_PLANNED, "tests/test_partition.py::test_many_independent_ops_are_split_in_time"),),
+)
 
 QUIRKS: tuple[Quirk, ...] = (
     Quirk(
@@ -260,15 +316,18 @@ QUIRKS: tuple[Quirk, ...] = (
         _adalayernorm_backward,
         (Sighting(91900, H200, f"{NORM_FROM_STATISTICS}[adalayernorm]"),),
     ),
+    SLOW_ROOTS,
 )
 
 
-def declined(graph: Graph, inst: Instance, version: int) -> Diagnostic | None:
-    """Why cuDNN `version` would run this graph wrong, located at the op: the first 'plan' row in force that
-    fires; None when none does."""
+def declined(graph: Graph, inst: Instance, version: int, slow_only: bool = False) -> Diagnostic | None:
+    """Why cuDNN `version` would run this graph wrong or take too long to build it, located at the op: the first
+    'plan' row in force that fires (a slow_build row only, with `slow_only`: the graph is built, not run); None
+    when none does."""
     for q in QUIRKS:
-        if q.stage == "plan" and (d := q.declines(graph, inst, version)) is not None:
-            return d
+        if q.stage == "plan" and (not slow_only or q.kind == "slow_build"):
+            if (d := q.declines(graph, inst, version)) is not None:
+                return d
     return None
 
 
