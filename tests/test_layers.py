@@ -58,6 +58,9 @@ FRONTEND_INTERNALS = {n for where, names in library.FRONTEND_INTERNALS.items() f
 LARK_INTERNALS = {"_load_from_dict"}
 #: torch's raw current device and stream, read per launch without making a Stream object (run.launch)
 TORCH_INTERNALS = {"_C", "_cuda_getDevice", "_cuda_getCurrentRawStream"}
+#: torch's C++ guard of a tensor's kind and Inductor's allocation without argument parsing (run.launch_plan), and
+#: its checks for a mode or transform intercepting a call (torch_op.eager)
+TORCH_INTERNALS |= {"_dynamo", "_len_torch_dispatch_stack", "_len_torch_function_stack", "_functorch"}
 #: aten ops whose names are private, as a functionalized export graph holds them (from_torch converts them)
 TORCH_INTERNALS |= {"_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional", "_softmax"}
 

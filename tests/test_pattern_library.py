@@ -14,6 +14,7 @@ import torch
 import cudnn_dsl
 from cudnn_dsl import patterns
 from cudnn_dsl.patterns import library
+from cudnn_dsl.torch_op.layout import LayoutWarning
 from dsl.pipeline import load
 from examples.torch_models.gpt2 import Block, GPTConfig
 from examples.torch_models.resnet import BasicBlock, Bottleneck, conv1x1
@@ -82,7 +83,9 @@ def _gpt_block() -> tuple[torch.nn.Module, torch.Tensor]:
 def test_a_gpt_block_is_replaced_region_by_region_for_inference():
     model, x = _gpt_block()
     with patterns.install_library("gpt", dtype="float", channels_last=False) as installed, torch.no_grad():
-        y = torch.compile(model.eval(), fullgraph=True)(x)
+        with warnings.catch_warnings():  # q, k and v are taken as the split gives them, not copied
+            warnings.simplefilter("error", LayoutWarning)
+            y = torch.compile(model.eval(), fullgraph=True)(x)
     torch.testing.assert_close(y, model(x))
     assert _graphs(installed.report) == [
         "causal_attention_packed_float",

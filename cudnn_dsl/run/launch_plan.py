@@ -239,6 +239,10 @@ class LaunchPlans:
         self.guard, self.last = _guard(tensors), plan
         return plan(values)
 
+    def __getstate__(self) -> dict:
+        # torch's TensorGuards is not picklable; a copy re-learns the latest kind on its first call
+        return {**self.__dict__, "guard": None, "last": None}
+
     def forget(self, device: torch.device) -> None:
         """Drops the plans of one device's arguments (a key's first tensor names its device)."""
         index = -1 if device.type == "cpu" else device.index

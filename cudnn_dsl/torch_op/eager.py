@@ -172,6 +172,6 @@ class Eager:
         if shape is None:
             wrt = tuple(n for n, t in zip(self.op.tensor_names, tensors) if t.requires_grad)
             grads = grads_of(wrt)
-            binding = {k: int(v) for k, v in grads._binding(self.op.named(args)).items()}
+            binding = {k: int(v) for k, v in grads.binding(self.op.named(args)).items()}
             shape = self.shapes[key] = Shape(grads, binding)
         return GraphFunction.apply(shape, *args)

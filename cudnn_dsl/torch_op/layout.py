@@ -55,7 +55,31 @@ def _declared(graph: Graph, name: str) -> Callable[[tuple], tuple]:
     inst = max(graph.instances, key=lambda i: sum(d > 1 for d in i.type(name).shape))
     left = int(name in left_to_offsets(graph, inst))  # a batch stride left to ragged offsets stays 0
     order = stride_order(inst.type(name).strides[left:])
-    return lambda shape: (0,) * left + dense(shape[left:], order)
+    packed = lambda shape: (0,) * left + dense(shape[left:], order)  # noqa: E731
+    types = [i.type(name) for i in graph.instances]
+    symbols = {s.name for s in graph.symbols}
+    if all(t.strides == packed(t.shape) for t in types) or not symbols <= set(dims):
+        return packed
+    # strides written over the dims (a view of a wider buffer: a fused projection's q, k and v): the graph typed
+    # at these sizes says them
+    names = [d if isinstance(d, str) else None for d in dims]
+
+    def typed(shape: tuple) -> tuple:
+        sizes = [_size(d) for d in shape]
+        if None in sizes:
+            return packed(shape)
+        binding = {n: v for n, v in zip(names, sizes) if n is not None}
+        return graph.instance(binding).type(name).strides
+
+    return typed
+
+
+def _size(d) -> int | None:
+    """A size's value: a symbolic one's hint while tracing; None where it has none."""
+    if isinstance(d, int):
+        return d
+    hint = getattr(getattr(d, "node", None), "hint", None)
+    return int(hint) if hint is not None else None
 
 
 class Layouts:

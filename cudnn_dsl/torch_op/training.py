@@ -149,13 +149,14 @@ class GradOps:
         outputs = {v.name for v in self.op.graph.outputs}
         return tuple(v.name for v in d.forward.outputs if v.name not in outputs), values_read(d)
 
-    def _binding(self, tensors: dict) -> dict:
+    def binding(self, tensors: dict) -> dict:
+        """The graph's symbolic dims at these named tensors' shapes."""
         shapes = {k: tuple(tensors[k].shape) for k in self.op.tensor_names}
         return self.op.graph.binding_of(shapes)
 
     def forward_kernel(self, kernel: str, args: tuple):
         named = self.op.named(args)
-        binding = {k: int(v) for k, v in self._binding(named).items()}
+        binding = {k: int(v) for k, v in self.binding(named).items()}
         _, fwd, _ = self.shape(binding)
         result = getattr(fwd, kernel)(*fwd.positional((), named))
         got = dict(zip(fwd.fresh, results(result)))
@@ -182,7 +183,7 @@ class GradOps:
         named = self.op.named(tuple(inputs))
         values = {**named, **dict(zip(self.outputs + self.saved, results(output)))}
         ctx.save_for_backward(*(values[k] for k in self.kept))
-        binding = self._binding(named)
+        binding = self.binding(named)
         ctx.dims = [binding[s] for s in self.symbols]
         ctx.scalars = tuple(named[v.name] for v in self.op.scalars)
 
