@@ -431,6 +431,9 @@ class Emit:
     def sum_to(self, g: str, like: str) -> str:
         """A gradient summed over the axes where the forward value `like` was broadcast."""
         want, have = self.inst.type(like).shape, self.types[g].shape
+        if len(want) < len(have):  # a one-element operand of a lower rank (pointwise ops broadcast it): the total
+            total = self.call("reduction", g, mode="sum", axes=tuple(range(len(have)))) if max(have) > 1 else g
+            return self.reshape(total, want)
         if any(h == 1 and w != 1 for h, w in zip(have, want)):
             g = self.expand(g, like)
             have = self.types[g].shape

@@ -28,6 +28,7 @@ from dsl.types import (
     shares_elements,
     storage_elements,
     stride_values,
+    token_batch,
 )
 
 
@@ -53,9 +54,12 @@ class Typer:
         self.producer = {o: n for n in resolved.nodes for o in n.outputs}
         self.reads: dict[str, int] = {}
         """how many inputs of the graph's nodes each value is"""
+        self.placed: set[str] = set()
+        """the inputs a node's ragged offsets place"""
         for n in resolved.nodes:
             for i in n.inputs:
                 self.reads[i] = self.reads.get(i, 0) + 1
+            self.placed.update(n.inputs[p] for p in OPS[n.op].placed(n.inputs) if p >= 0)
 
     def concrete(self, dims) -> tuple[int, ...]:
         return tuple(self.binding[d] if isinstance(d, str) else d for d in dims)
@@ -74,6 +78,8 @@ class Typer:
                 if self.stride_too_big(strides, d.loc):
                     continue
                 left = int(left_to_offsets(d.strides))  # the offsets place each batch: it aliases no other
+                if not left and name in self.placed and token_batch(shape, strides):
+                    strides, left = (0, *strides[1:]), 1
                 if (ov := overlap(shape[left:], strides[left:])) is not None:
                     a, b = (axis + left for axis in ov)
                     what = f"axis {a} (size {shape[a]}) has stride 0" if a == b else f"axes {a} and {b} overlap"
@@ -301,12 +307,15 @@ class Typer:
                 if self.stride_too_big(strides, o.loc):
                     return
                 left = int(left_to_offsets(o.strides))
+                placed = -1 - n.outputs.index(name) in OPS[n.op].placed(n.inputs)
+                if not left and placed and token_batch(out.shape, strides):
+                    strides, left = (0, *strides[1:]), 1
                 if overlap(out.shape[left:], strides[left:]) is not None:
                     self.sink.error(
                         f"strides {list(strides)} overlap for output '{name}' {fmt_shape(out.shape)}", o.loc
                     )
                     return
-                if left and -1 - n.outputs.index(name) not in OPS[n.op].placed(n.inputs):
+                if left and not placed:
                     self.sink.error(
                         f"output '{name}' leaves its batch stride to ragged offsets (`_`), but {n.op} is given none "
                         "that place it",

@@ -152,6 +152,13 @@ def left_to_offsets(strides: tuple | None) -> bool:
     return bool(strides) and strides[0] == LEFT_TO_OFFSETS
 
 
+def token_batch(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether [B, H, S, D] strides step the batch by one token, as the token rows do (`[512, 128, 512, 1]`, as
+    flashinfer's prefill binds q over its token buffer): on a tensor ragged offsets place, the batch stride left
+    to the offsets, spelled as the bound tensor has it (the type is `_`'s: batch stride 0, memory S tokens)."""
+    return len(shape) == 4 and shape[0] > 1 and strides[0] == strides[2] > 0
+
+
 def stride_values(strides: tuple, binding: dict[str, int]) -> tuple[int, ...]:
     """Declared strides for one binding of the symbolic dims: each a number, or a product of dims and numbers
     (`H*W*C`, held as its factors); a batch stride left to ragged offsets is 0."""

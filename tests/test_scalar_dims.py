@@ -151,3 +151,49 @@ def test_h200_plans_attention_with_a_scale_of_one_dim(h200):
 
     g = program(text=sdpa_text()).graphs[0]
     assert compile_shape(g, g.instances[0], g.options, h200).plan_count >= 1
+
+
+# ---- a one-element input tensor in a pointwise op, as FE's C++ samples write a scale --------------------------
+
+RANK_ONE = (
+    "graph g {\n  io half\n  compute float\n  input x : half[8, 64, 16, 16] nhwc\n  input s : half[1]\n"
+    "  output y = x * s\n  output z = relu(x) + s\n}\n"
+)
+
+
+def test_a_rank_one_input_in_a_pointwise_op_reaches_cudnn_at_the_ops_rank(h200):
+    """`input s : half[1]` read by `x * s`, x of rank 4: the checker broadcasts it; the lowering declares it
+    [1, 1, 1, 1] (cuDNN wants a pointwise op's operands at one rank); its memory is its one element."""
+    from cudnn_dsl.build.lower import lifted_ranks
+    from cudnn_dsl.build.pipeline import compile_shape
+    from cudnn_dsl.interop.emit import emit_cudnn
+
+    g = program(text=RANK_ONE, file="r.cdg").graphs[0]
+    inst = g.instances[0]
+    assert inst.type("y").shape == (8, 64, 16, 16) and inst.type("s").shape == (1,)
+    assert lifted_ranks(g, inst) == {"s": 4}
+    assert "s = g.tensor(name='s', dim=[1, 1, 1, 1], stride=[1, 1, 1, 1]" in emit_cudnn(g, inst)
+    assert compile_shape(g, inst, g.options, h200).plan_count >= 1  # one graph, planned for the H200
+    ins = generate_inputs(g, inst, "cpu", 3)
+    out = run_reference(g, inst, ins)
+    x, s = ins["x"].float(), ins["s"].float()
+    torch.testing.assert_close(out["y"].float(), (x * s).half().float())
+    torch.testing.assert_close(out["z"].float(), (torch.relu(x) + s).half().float())
+
+
+def test_an_input_of_more_elements_at_another_rank_is_still_a_located_error():
+    text = RANK_ONE.replace("half[1]", "half[64]")
+    with pytest.raises(DslError, match=r"mul: inputs have ranks 4 and 1 \(\[8, 64, 16, 16\] and \[64\]\)") as e:
+        program(text=text, file="r.cdg")
+    assert (e.value.diagnostics[0].loc.line, e.value.diagnostics[0].loc.col) == (6, 18)
+
+
+def test_the_gradient_of_a_rank_one_input_is_the_total_reshaped_to_it():
+    from dsl.autodiff import derive
+    from tests.test_autodiff import ON_H200
+
+    g = program(text=RANK_ONE.replace("  output z = relu(x) + s\n", ""), file="r.cdg").graphs[0]
+    d = derive(g, avoid=ON_H200)
+    lines = {line.strip() for line in d.backward_text.splitlines()}
+    assert "reduction = reduction(mul_0, mode=sum, axes=[0, 1, 2, 3])" in lines
+    assert "output grad_s : float[1] strides [1] = reshape(reduction, shape=[1])" in lines

@@ -250,3 +250,71 @@ def test_a_file_whose_batches_differ_is_no_token_buffer():
     padded = torch.randn(3, 10, 2, 4).transpose(1, 2)
     with pytest.raises(BindingError, match=re.escape("but the file's batch 1 differs from batch 0")):
         converted(padded, want)
+
+
+# ---- the batch stride of one token, as flashinfer's prefill binds q over its token buffer ---------------------
+
+#: THD with every batch stride one token (q [3, 2, 10, 4] over tokens of 2 * 4 elements: [8, 4, 8, 1])
+TOKEN_STRIDE = (
+    THD.format(extra=", causal=true")
+    .replace("strides [_, 4, 8, 1]", "strides [8, 4, 8, 1]")
+    .replace("strides [_, 4, 4, 1]", "strides [4, 4, 4, 1]")
+    .replace("strides [_, 1, 2, 1]", "strides [2, 1, 2, 1]")
+)
+
+
+def flashinfer(thd: torch.Tensor, batch: int) -> torch.Tensor:
+    """[B, H, S, D] over a [T, H, D] token buffer with a batch stride of one token (T >= B + S - 1), as flashinfer
+    binds q for its prefill graph: batch b is the buffer from token b on."""
+    t, h, d = thd.shape
+    return thd.as_strided((batch, h, t - batch + 1, d), (h * d, d, h * d, 1))
+
+
+def test_a_batch_stride_of_one_token_is_the_batch_stride_left_to_the_offsets():
+    """`strides [512, 128, 512, 1]` on a tensor ragged offsets place is `_` as flashinfer spells it: the same IR
+    (batch stride 0, memory of S tokens, the capacity), planned for the H200 as the `_` graph is."""
+    from cudnn_dsl.build.pipeline import compile_shape
+    from cudnn_dsl.target.library import Target
+
+    g = program(text=TOKEN_STRIDE, file="r.cdg").graphs[0]
+    inst, want = g.instances[0], graph().instances[0]
+    assert inst.types == want.types
+    assert inst.type("q").strides == (0, 4, 8, 1) and inst.type("q").storage == 10 * 8
+    text = EXAMPLE.read_text().replace("strides [_, ", "strides [TOKEN, ")
+    for name, token in (("q", 2048), ("k", 512), ("v", 512), ("o", 2048), ("stats", 16)):
+        text = re.sub(rf"({name} : \w+\[[^\]]*\] strides \[)TOKEN", rf"\g<1>{token}", text)
+    ex = program(text=text, file="ex.cdg").graphs[0]
+    assert ex.instances[0].types == program(EXAMPLE).graphs[0].instances[0].types
+    assert compile_shape(ex, ex.instances[0], ex.options, Target.named("h200")).plan_count >= 1
+
+
+def test_a_tensor_bound_with_a_batch_stride_of_one_token_is_read_as_its_token_buffer():
+    """A flashinfer binding (batch stride one token) is taken where the batch stride is left to the offsets, and
+    the reference reads the tokens as from the `_` binding of the same buffer; the memory must hold every token
+    up to the capacity of S rows."""
+    g = program(text=TOKEN_STRIDE, file="r.cdg").graphs[0]
+    inst, cpu = g.instances[0], torch.device("cpu")
+    ins = generate_inputs(g, inst, "cpu", seed=4)
+    want = run_reference(g, inst, ins, "cpu")
+    bound = dict(ins)
+    for name in ("q", "k", "v"):
+        thd = torch.cat([memory(ins[name]), torch.full_like(memory(ins[name])[:2], float("nan"))])  # B + S - 1 tokens
+        bound[name] = flashinfer(thd, 3)
+        assert bound[name].stride()[0] == bound[name].stride()[2]
+        check_binding(name, bound[name], inst.type(name), cpu)
+    got = run_reference(g, inst, bound, "cpu")
+    for name in ("o", "st"):
+        written = ~memory(want.undefined[name])
+        torch.testing.assert_close(memory(got[name])[written], memory(want[name])[written])
+    short = torch.zeros(11, 2, 4).as_strided((3, 2, 9, 4), (8, 4, 8, 1))  # 9 rows of a capacity of 10
+    with pytest.raises(BindingError, match=re.escape("'q': expected shape [3, 2, 10, 4], given [3, 2, 9, 4]")):
+        check_binding("q", short, inst.type("q"), cpu)
+    padded = torch.zeros(3, 10, 2, 4).transpose(1, 2)  # B * S rows: a batch stride of S tokens, not one
+    with pytest.raises(BindingError, match=re.escape("'q': expected strides [0, 4, 8, 1], given [80, 4, 8, 1]")):
+        check_binding("q", padded, inst.type("q"), cpu)
+
+
+def test_a_batch_stride_of_one_token_on_a_tensor_no_offset_places_still_aliases():
+    text = BASE.replace("  input lq", "  input x : float[3, 2, 10, 4] strides [8, 4, 8, 1]\n  input lq")
+    text = text.replace("}\n", "  output y = relu(x)\n}\n")
+    _located(text, re.escape("strides [8, 4, 8, 1] alias elements of [3, 2, 10, 4]: axes 0 and 2 overlap"), "input x")

@@ -148,11 +148,11 @@ def lower(
             next_uid[0] += 1
         return by_value(f"const_uid{uid}", uid, value, "float", [1] * rank)
 
-    left = left_to_offsets(graph, instance)
+    left, lifted = left_to_offsets(graph, instance), lifted_ranks(graph, instance)
     for v in graph.values:
         if v.kind == "input":
             t = instance.type(v.name)
-            dims, strides = cudnn_dims(t, v.name in left)
+            dims, strides = cudnn_dims(t, v.name in left, lifted.get(v.name, 0))
             tensors[v.name] = g.tensor(
                 name=v.name, dim=dims, stride=strides, data_type=cudnn_type(cudnn, t.dtype), uid=v.uid
             )
@@ -205,12 +205,31 @@ def left_to_offsets(graph: Graph, instance: Instance) -> set[str]:
     return out
 
 
-def cudnn_dims(ty: TensorType, left: bool = False) -> tuple[list[int], list[int]]:
-    """A tensor's dims and strides as cuDNN gets them: unit dims in front up to MIN_RANK (their stride,
-    the tensor's extent, makes the layout the same memory). A batch stride left to ragged offsets (`left`)
-    is one batch slice's extent, S*H*D for [B, H, S, D]: cuDNN reads offset[b] in its place, and this is
-    what TransformerEngine's THD graphs and the frontend's ragged tests give it."""
-    lead = lead_dims(len(ty.shape))
+def lifted_ranks(graph: Graph, instance: Instance) -> dict[str, int]:
+    """The one-element inputs that pointwise ops read at a higher rank (`input s : float[1]` in `x * s`, x of rank
+    4: the checker broadcasts it), each with that rank: cuDNN wants a pointwise op's operands at one rank, so the
+    input reaches it at the rank of the ops that read it (its memory is the one element either way). Where its
+    readers' ranks differ, or one is no pointwise op, it keeps its own, and cuDNN says what it refuses."""
+    ranks: dict[str, set[int]] = {}
+    for n in graph.nodes:
+        pointwise = OPS[n.op].family == "pointwise"
+        for i in n.inputs:
+            if i is not None and graph.value(i).kind == "input":
+                ranks.setdefault(i, set()).add(len(instance.type(n.outputs[0]).shape) if pointwise else -1)
+    out = {}
+    for name, rs in ranks.items():
+        t = instance.type(name)
+        if len(rs) == 1 and min(rs) > len(t.shape) and all(d == 1 for d in t.shape):
+            out[name] = min(rs)
+    return out
+
+
+def cudnn_dims(ty: TensorType, left: bool = False, rank: int = 0) -> tuple[list[int], list[int]]:
+    """A tensor's dims and strides as cuDNN gets them: unit dims in front up to MIN_RANK, or `rank` (their
+    stride, the tensor's extent, makes the layout the same memory). A batch stride left to ragged offsets
+    (`left`) is one batch slice's extent, S*H*D for [B, H, S, D]: cuDNN reads offset[b] in its place, and this
+    is what TransformerEngine's THD graphs and the frontend's ragged tests give it."""
+    lead = max(lead_dims(len(ty.shape)), rank - len(ty.shape))
     strides = list(ty.strides)
     if left:
         strides[0] = storage_elements(ty.shape[1:], ty.strides[1:])
@@ -221,8 +240,12 @@ def cudnn_dims(ty: TensorType, left: bool = False) -> tuple[list[int], list[int]
 def override_args(graph: Graph, instance: Instance) -> dict[str, list]:
     """execute()'s shape overrides that run a graph lowered in override-shape mode at this instance: the
     dims and strides cuDNN sees (as `cudnn_dims` gives them) of every input and output tensor."""
-    tensors, left = graph.of_kind("input", "output"), left_to_offsets(graph, instance)
-    dims = [cudnn_dims(instance.type(v.name), v.name in left) for v in tensors]
+    tensors, left, lifted = (
+        graph.of_kind("input", "output"),
+        left_to_offsets(graph, instance),
+        lifted_ranks(graph, instance),
+    )
+    dims = [cudnn_dims(instance.type(v.name), v.name in left, lifted.get(v.name, 0)) for v in tensors]
     return {
         "override_uids": [v.uid for v in tensors],
         "override_shapes": [d for d, _ in dims],

@@ -87,13 +87,20 @@ LEFT_OUT_BACKWARD = {
 }
 
 
+#: ops of the frontend's C++ graph that its Python `pygraph` has no builder for, and the registry spells: they run
+#: as their torch reference until the Python API builds them
+CPP_ONLY = ("resample",)
+
+
 def is_backward(name: str) -> bool:
     return name.endswith(("_backward", "_bwd"))
 
 
 def pygraph_ops(pygraph) -> tuple[list[str], list[str]]:
-    """(forward ops, backward ops) of the frontend's graph class, from its members."""
+    """(forward ops, backward ops) of the frontend's graph class, from its members, and the ops of its C++ graph
+    only (CPP_ONLY)."""
     names = [n for n in dir(pygraph) if not n.startswith("_") and n not in GRAPH_METHODS]
+    names += [n for n in CPP_ONLY if n not in names]
     return [n for n in names if not is_backward(n)], [n for n in names if is_backward(n)]
 
 
@@ -120,7 +127,8 @@ def rows(pygraph, backward: bool = False) -> list[tuple[str, list[str], str | No
 def _table(rows_) -> list[str]:
     out = ["| `cudnn.pygraph` op | `.cdg` | left out because |", "| --- | --- | --- |"]
     for op, cdg, why in rows_:
-        out.append(f"| `{op}` | {', '.join(f'`{c}`' for c in cdg) or '–'} | {why or ('–' if cdg else '??')} |")
+        where = " (C++ graph only)" if op in CPP_ONLY else ""
+        out.append(f"| `{op}`{where} | {', '.join(f'`{c}`' for c in cdg) or '–'} | {why or ('–' if cdg else '??')} |")
     return out
 
 

@@ -568,6 +568,8 @@ NOT_IMPORTED = {
         "no importer row reads the frontend's MOE_GROUPED_MATMUL / MOE_GROUPED_MATMUL_BWD nodes (their mode, "
         "top_k and gather inputs)",
     ),
+    "resample": "the frontend's Python API (1.32) builds no RESAMPLE node, so no graph JSON it writes holds one "
+    "to round-trip",
 }
 
 
@@ -584,6 +586,8 @@ NOT_CARRIED = {
     "option": "`option` lines (plan choice, tuning) are planning settings, not the graph's",
     "rank below 3": "rank 1 and 2 tensors reach cuDNN with unit dims in front (build.lower.MIN_RANK): they import "
     "as rank 3, their axes attributes counted in that rank",
+    "one-element input at a lower rank": "`input s : float[1]` read by a rank-4 pointwise op reaches cuDNN as "
+    "[1, 1, 1, 1] (build.lower.lifted_ranks): it imports at that rank",
     "declared default dtype": "a virtual tensor's dtype is declared only where it differs from the one the "
     "language gives it (`h : float = ...` in a float graph imports as `h = ...`)",
     "relu negative_slope alone": "relu(negative_slope=s) is the frontend's leaky_relu: it imports as "

@@ -1,4 +1,5 @@
-"""Convolution ops: the torch references and cuDNN lowerings of conv_fprop, conv_dgrad and conv_wgrad."""
+"""Convolution and pooling ops: the torch references and cuDNN lowerings of conv_fprop, conv_dgrad and conv_wgrad,
+and of resample (average and max pooling)."""
 
 from __future__ import annotations
 
@@ -66,8 +67,39 @@ def lower_conv(ctx, ins, a):
     return [getattr(ctx.g, ctx.node.op)(ins[0], ins[1], **_conv_args(a), **ctx.kw)]
 
 
+def ref_resample(ins, a, outs):
+    """Pooling of the explicitly padded input (torch's own padding stops at half the window; this takes any):
+    -inf pads a max, zeros an average, whose divisor is the window (padding included) or the input's elements
+    in it (padding excluded: a window of padding alone is 0 / 0)."""
+    (x,) = ins
+    spatial = x.dim() - 2
+    pad = [p for pair in zip(reversed(a["pre_padding"]), reversed(a["post_padding"])) for p in pair]
+    window, stride = list(a["window"]), list(a["stride"])
+    if a["mode"] == "max":
+        return [(F.max_pool2d, F.max_pool3d)[spatial - 2](F.pad(x, pad, value=float("-inf")), window, stride)]
+    pool = (F.avg_pool2d, F.avg_pool3d)[spatial - 2]
+    mean = pool(F.pad(x, pad), window, stride)
+    if a["include_padding"]:
+        return [mean]
+    inside = pool(F.pad(torch.ones_like(x[:1, :1]), pad), window, stride)  # the share of each window in the input
+    return [mean / inside]
+
+
+MISSING_BUILDER = (
+    "the cuDNN Frontend's Python API has no resample builder (1.32: its C++ graph has a Resample node, its "
+    "pygraph does not), so no cuDNN graph here holds it"
+)
+
+
+def lower_resample(ctx, ins, a):
+    """The frontend's resample: refused where its Python API lacks the builder (the partitioner then leaves the op
+    to its torch reference, with `fallback`)."""
+    raise RuntimeError(MISSING_BUILDER)
+
+
 IMPLS: dict[str, OpImpl] = {
     "conv_fprop": OpImpl(ref_conv_fprop, lower_conv),
     "conv_dgrad": OpImpl(ref_conv_dgrad, lower_conv),
     "conv_wgrad": OpImpl(ref_conv_wgrad, lower_conv),
+    "resample": OpImpl(ref_resample, lower_resample),
 }

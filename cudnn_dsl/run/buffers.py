@@ -147,6 +147,16 @@ def stride_problem(shape, strides, declared) -> str | None:
     return f"strides {list(declared)}, given {list(strides)}"
 
 
+def bound_strides(want: TensorType, given) -> tuple[int, ...]:
+    """The strides a bound tensor of type `want` may have: its own, or, where its batch stride is left to ragged
+    offsets (0), a batch stride of one token as well (flashinfer's binding of a token buffer, dsl.types.token_batch):
+    cuDNN reads each batch at its offset either way, in the memory of S tokens from the tensor's start."""
+    s = want.strides
+    if len(s) == 4 and s[0] == 0 and want.shape[0] > 1 and given[0] == s[2]:
+        return (s[2], *s[1:])
+    return s
+
+
 def check_binding(name: str, t, want: TensorType, device: torch.device | None, loc: Loc | None = None) -> None:
     """Everything cuDNN will assume about a buffer, checked before it sees the pointer. With no
     device (the reference), only what the math needs: type, shape and dtype."""
@@ -163,7 +173,7 @@ def check_binding(name: str, t, want: TensorType, device: torch.device | None, l
     if device is not None and t.device != device:
         problems.append(f"device {device}, given {t.device}")
     if not problems and device is not None:
-        misplaced = stride_problem(want.shape, t.stride(), want.strides)
+        misplaced = stride_problem(want.shape, t.stride(), bound_strides(want, t.stride()))
         if misplaced:
             problems.append(misplaced)
         need = want.storage * itemsize(want.dtype)

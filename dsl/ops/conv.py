@@ -1,5 +1,5 @@
-"""Convolution ops: signatures, shape rules, flop counts, the channels-last lint and VJP rules of
-conv_fprop and its gradients conv_dgrad and conv_wgrad."""
+"""Convolution and pooling ops: signatures, shape rules, flop counts, the channels-last lint and VJP rules of
+conv_fprop and its gradients conv_dgrad and conv_wgrad, and of resample (average and max pooling)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from dsl.diagnostics import RuleError
 from dsl.ops.base import SECOND_ORDER, Ctx, Family, OpSig, Out, Recompute, Rule, by_name
 from dsl.types import TensorType, fmt_shape, stride_order
-from dsl.values import DERIVED, Attr
+from dsl.values import DERIVED, REQUIRED, Attr
 
 FAMILY = Family(
     "conv",
@@ -69,6 +69,25 @@ def infer_conv_fprop(ctx: Ctx) -> list[Out]:
             raise RuleError(f"{ctx.op}: filter {r} (dilation {dil[i]}) is larger than the padded input {h}", 1)
         spatial.append(o)
     return [Out((x.shape[0], k, *spatial), stride_order(x.strides))]
+
+
+def infer_resample(ctx: Ctx) -> list[Out]:
+    """Pooling: a window slides over the padded spatial dims with a stride; channels and batch are kept. Padding
+    may be as wide as the window or wider (a window then may hold padding alone)."""
+    (x,) = ctx.inputs
+    if len(x.shape) not in (4, 5):
+        raise RuleError(f"{ctx.op}: the input must have rank 4 or 5 (N, C, spatial...), got {fmt_shape(x.shape)}", 0)
+    a, n = ctx.attrs, len(x.shape) - 2
+    for name in ("window", "stride", "pre_padding", "post_padding"):
+        if len(a[name]) != n:
+            raise RuleError(f"{ctx.op}: '{name}' has {len(a[name])} values, the input has {n} spatial dims", name)
+    spatial = []
+    for i, h in enumerate(x.shape[2:]):
+        padded = h + a["pre_padding"][i] + a["post_padding"][i]
+        if padded < a["window"][i]:
+            raise RuleError(f"{ctx.op}: window {a['window'][i]} is larger than the padded input {padded}", "window")
+        spatial.append((padded - a["window"][i]) // a["stride"][i] + 1)
+    return [Out((*x.shape[:2], *spatial), stride_order(x.strides))]
 
 
 def note_groups(ctx: Ctx, given: dict) -> list[tuple[int | str, str]]:
@@ -253,6 +272,29 @@ OPS = by_name(
         + (Attr("filter", "ints", DERIVED, doc="filter spatial size (inferred from the shapes when omitted)", lo=1),),
         doc="convolution weight gradient: x [N,C,H,W], dy [N,K,P,Q] -> dw [K,C,R,S]",
     ),
+    FAMILY.op(
+        "resample",
+        ("x",),
+        infer_resample,
+        attrs=(
+            Attr("mode", "enum", REQUIRED, ("avg", "max"), doc="average or maximum of each window"),
+            Attr("window", "spatial", REQUIRED, doc="window size per spatial dim", lo=1),
+            Attr("stride", "spatial", 1, doc="stride per spatial dim", lo=1),
+            *_SPATIAL_ATTRS[:3],
+            Attr(
+                "include_padding",
+                "bool",
+                True,
+                doc="avg: the padding counts in each window's divisor (AVGPOOL_INCLUDE_PADDING; false: "
+                "AVGPOOL_EXCLUDE_PADDING, the elements of the input only)",
+            ),
+        ),
+        derive=derive_padding,
+        folded=_FOLDED,
+        lint=lint_channels_last,
+        doc="pooling (the frontend's resample): x [N,C,H,W] -> [N,C,P,Q], each element the average or maximum "
+        "of a window of the padded input",
+    ),
 )
 BACKWARD_OPS: dict[str, OpSig] = {}
 
@@ -285,4 +327,8 @@ def _conv_fprop(e, n):
 
 VJPS: dict[str, Rule] = {"conv_fprop": _conv_fprop}
 RECOMPUTE: dict[str, Recompute] = {}
-NO_VJP = {"conv_dgrad": SECOND_ORDER, "conv_wgrad": SECOND_ORDER}
+NO_VJP = {
+    "conv_dgrad": SECOND_ORDER,
+    "conv_wgrad": SECOND_ORDER,
+    "resample": "the frontend's pooling backward is not spelled yet",
+}

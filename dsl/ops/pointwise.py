@@ -21,7 +21,7 @@ from dsl.ops.base import (
     x_of,
     y_of,
 )
-from dsl.types import broadcast, fmt_shape, stride_order
+from dsl.types import TensorType, broadcast, fmt_shape, stride_order
 from dsl.values import REQUIRED, Attr
 
 FAMILY = Family(
@@ -43,8 +43,20 @@ def infer_unary(ctx: Ctx) -> list[Out]:
     return [Out(x.shape, stride_order(x.strides))]
 
 
+def one_element(t: TensorType) -> bool:
+    """A tensor of one element ([1], [1, 1]): it broadcasts onto an operand of any rank (an input of it reaches
+    cuDNN at that operand's rank: build.lower.lifted_ranks), as the frontend's C++ samples write a scale."""
+    return all(d == 1 for d in t.shape)
+
+
+def _lifted(ts: list[TensorType]) -> list[TensorType]:
+    """The operands, each one-element operand of a lower rank than the highest taken at that rank."""
+    rank = max(len(t.shape) for t in ts)
+    return [TensorType(t.dtype, (1,) * rank, (1,) * rank) if one_element(t) and len(t.shape) < rank else t for t in ts]
+
+
 def infer_binary(ctx: Ctx) -> list[Out]:
-    a, b = ctx.inputs[0], ctx.inputs[1]
+    a, b = _lifted([ctx.inputs[0], ctx.inputs[1]])
     same_kind(ctx, 0, 1)
     if len(a.shape) != len(b.shape):
         raise RuleError(
@@ -72,8 +84,9 @@ def infer_bias(ctx: Ctx) -> list[Out]:
 
 
 def _broadcast_all(ctx: Ctx) -> list[Out]:
-    """Every input broadcast to one shape (equal ranks); the result takes the full input's layout."""
-    ts = [t for t in ctx.inputs if t is not None]
+    """Every input broadcast to one shape (equal ranks, a one-element input aside); the result takes the full
+    input's layout."""
+    ts = _lifted([t for t in ctx.inputs if t is not None])
     shape = ts[0].shape
     for i, t in enumerate(ts[1:], 1):
         if len(t.shape) != len(shape):
