@@ -17,6 +17,7 @@ from cudnn_dsl.patterns import library
 from cudnn_dsl.torch_op.layout import LayoutWarning
 from dsl.pipeline import load
 from examples.torch_models.gpt2 import Block, GPTConfig
+from examples.torch_models.llama import DecoderLayer, LlamaConfig
 from examples.torch_models.resnet import BasicBlock, Bottleneck, conv1x1
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,6 +114,27 @@ def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradien
         torch.testing.assert_close(p.grad, q.grad, msg=name)
     trained = [r for r in installed.report.replaced if r.training]
     assert {r.graph.split()[0] for r in trained} >= {"layernorm_float", "linear_gelu_tanh_float"}
+
+
+@pytest.mark.parametrize("dtype", ["float", "bf16"])
+def test_a_llama_layer_is_replaced_region_by_region_for_inference(dtype):
+    """nn.RMSNorm, the SwiGLU MLP and grouped-query attention (enable_gqa) after RoPE; in bf16 torch computes
+    the norm in float and rounds it, as the search does."""
+    torch.manual_seed(0)
+    dt = {"float": torch.float, "bf16": torch.bfloat16}[dtype]
+    model = DecoderLayer(LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160), max_seq_len=32).to(dt).eval()
+    x = torch.randn(2, 32, 64, dtype=dt)
+    with patterns.install_library("llama", dtype=dtype, channels_last=False) as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    tol = {} if dtype == "float" else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(y, model(x), **tol)
+    assert _graphs(installed.report) == [f"causal_attention_gqa_{dtype}", f"rmsnorm_{dtype}", f"rmsnorm_{dtype}"] + [
+        f"swiglu_{dtype}"
+    ]
+    # where the report points: the model's lines (nn.RMSNorm's call, not torch's F.rms_norm inside it)
+    assert all("llama.py:" in r.where for r in installed.report.replaced)
+    # the projections without an activation (wq, wk, wv, wo) stay cuBLAS's
+    assert sorted(u.op for u in installed.report.unmatched) == ["aten.mm"] * 4
 
 
 def test_the_library_is_every_family_in_every_dtype_and_names_what_it_lacks():

@@ -142,11 +142,16 @@ def ref_sdpa(ins, a, outs):
     plain = not a["stats"] and not a["alibi"] and all(t is None for t in (len_q, drop_mask, table_k, sink, ins[18]))
     if plain and (a["right_bound"] is None and a["left_bound"] is None or causal and bias is None):
         # what a PyTorch user writes (and what torch eager and torch.compile run in `bench`, and what a pattern
-        # searches for: patterns.py): K and V repeated only for grouped heads, the scale given only when not 1/sqrt(D)
+        # searches for: patterns): grouped heads as `enable_gqa` (K and V repeated where their head counts differ),
+        # the scale given only when not 1/sqrt(D)
+        gqa = {}
         if k.shape[1] != h or v.shape[1] != h:
-            k, v = k.repeat_interleave(h // k.shape[1], 1), v.repeat_interleave(h // v.shape[1], 1)
+            if k.shape[1] == v.shape[1]:
+                gqa = {"enable_gqa": True}
+            else:
+                k, v = k.repeat_interleave(h // k.shape[1], 1), v.repeat_interleave(h // v.shape[1], 1)
         scale = None if a["scale"] == 1.0 / math.sqrt(q.shape[-1]) else a["scale"]
-        return [F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=scale)]
+        return [F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=scale, **gqa)]
     if table_k is not None:
         k, v = _unpage(k, table_k, a["max_seq_len_kv"]), _unpage(v, table_v, a["max_seq_len_kv"])
     k = k.repeat_interleave(h // k.shape[1], 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import attrs
 import torch
 
@@ -87,12 +89,17 @@ class Report:
         return "\n".join(lines) or "no region matched an installed graph"
 
 
+_TORCH = os.path.dirname(torch.__file__) + os.sep
+
+
 def where(node: torch.fx.Node) -> str:
-    """The model's `file:line (function)` of a node: the last frame of the stack trace torch.compile keeps."""
+    """The model's `file:line (function)` of a node: the last frame of the stack trace torch.compile keeps that is
+    not torch's own (nn.RMSNorm's forward calls F.rms_norm: the model's line is the module's call)."""
     frames = [ln.strip() for ln in (node.meta.get("stack_trace") or "").splitlines() if ln.strip().startswith("File ")]
     if not frames:
         return f"node '{node.name}'"
-    file, line, function = (p.strip() for p in frames[-1].split(",", 2))  # File "m.py", line 12, in forward
+    model = [f for f in frames if not f.removeprefix("File ").strip().strip(chr(34)).startswith(_TORCH)]
+    file, line, function = (p.strip() for p in (model or frames)[-1].split(",", 2))  # File "m.py", line 12, in f
     return f"{file.removeprefix('File ').strip(chr(34))}:{line.removeprefix('line ')} ({function.removeprefix('in ')})"
 
 

@@ -12,6 +12,8 @@ those ops written as torch's modules write them (`idioms`): `F.linear` with its 
 
 from __future__ import annotations
 
+import struct
+
 import attrs
 import torch
 import torch.nn.functional as F
@@ -117,6 +119,8 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
                 found[j] = lambda env, a=a, w=w, b=b: [F.linear(env[a], env[w], env[b])]
             else:
                 found[k] = lambda env, a=a, w=w: [F.linear(env[a], env[w])]
+        elif node.op == "swish" and inst.attrs(k).get("beta", 1.0) == 1.0:
+            found[k] = lambda env, x=node.inputs[0]: [F.silu(env[x])]  # torch's silu, as nn.SiLU and F.silu
         elif node.op in ("layernorm", "rmsnorm") and len(node.outputs) == 1 and not node.scalars:
             x, scale, bias = (node.inputs + ("",) * 3)[:3]
             eps = inst.attrs(k)["epsilon"]
@@ -125,8 +129,21 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
                     F.layer_norm(env[x], tuple(env[s].shape), env[s], env[b], e)
                 ]
             elif node.op == "rmsnorm" and scale in given and not bias:
-                found[k] = lambda env, x=x, s=scale, e=eps: [F.rms_norm(env[x], tuple(env[s].shape), env[s], e)]
+                found[k] = lambda env, x=x, s=scale, e=eps: [_rms_norm(env[x], env[s], e)]
     return found
+
+
+def _rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.rms_norm as a compiled model's graph holds it: torch's decomposition (in float for half and bf16), its
+    in-place add of eps functional (traced as F.rms_norm itself, the search would keep the in-place add)."""
+    convert = torch.ops.prims.convert_element_type.default
+    low = x.dtype in (torch.half, torch.bfloat16)
+    wide = convert(x, torch.float32) if low else x
+    dims = list(range(x.dim() - scale.dim(), x.dim()))
+    eps32 = struct.unpack("f", struct.pack("f", eps))[0]  # torch adds eps as a float32: the graph holds its value
+    inv = torch.ops.aten.rsqrt.default(torch.ops.aten.add.Scalar(wide.pow(2).mean(dims, keepdim=True), eps32))
+    out = wide * inv * scale
+    return convert(out, x.dtype) if low else out
 
 
 def _bias_add(graph: Graph, inst: Instance, value: str, given: dict[str, Form]) -> tuple[int, str] | None:
