@@ -67,6 +67,18 @@ def test_every_convolution_of_basic_and_bottleneck_blocks_is_replaced_in_eval():
     assert installed.report.missed == [] and installed.report.unmatched == []
 
 
+def test_an_eval_model_run_with_autograd_on_says_why_its_convolutions_stay_in_torch():
+    """Its joint graph holds the BatchNorm's backward as torch computes it, which no graph's derived backward is:
+    every convolution is named, with what to do for inference."""
+    model = _resnet_stack()
+    x = torch.randn(2, 16, 8, 8)
+    with patterns.install_library("resnet", dtype="float", channels_last=False) as installed:
+        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x))
+    assert installed.report.replaced == []
+    convs = [u for u in installed.report.unmatched if u.op == "aten.convolution"]
+    assert len(convs) == 6 and all("run under torch.no_grad()" in str(u) for u in convs)
+
+
 def test_a_channels_last_model_is_not_replaced_by_nchw_graphs_and_the_report_says_why():
     model = _resnet_stack().to(memory_format=torch.channels_last)
     x = torch.randn(2, 16, 8, 8).to(memory_format=torch.channels_last)

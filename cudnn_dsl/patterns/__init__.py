@@ -87,7 +87,7 @@ class _Pass(CustomGraphPass):
                 s.discover(graph, wanting)
             s.matcher.apply(graph)
         for s in self.sets:
-            s.report.settle(graph, sizes)
+            s.report.settle(graph, sizes, joint=wanting is not None)
 
     def uuid(self):
         return None  # no FX graph cache: a cached graph would skip the pass, and the report with it

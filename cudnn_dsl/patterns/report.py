@@ -45,8 +45,16 @@ class Unmatched:
     where: str
     op: str
     """the model's op as torch wrote it before decomposition (aten.addmm for nn.Linear)"""
+    joint: bool = False
+    """in a graph with its backward (training, or autograd on): a region is taken only with its backward"""
 
     def __str__(self) -> str:
+        if self.joint:
+            return (
+                f"not replaced at {self.where}: {self.op}: no installed graph took this region with its backward "
+                "as the model computes it (autograd is on); for inference, run under torch.no_grad() or "
+                "torch.inference_mode()"
+            )
         return f"not replaced at {self.where}: {self.op}: no installed graph has this region's ops"
 
 
@@ -71,16 +79,16 @@ class Report:
     def miss(self, node: torch.fx.Node, near: NearMiss) -> None:
         self.pending.append((node, near))
 
-    def settle(self, graph: torch.fx.Graph, sizes: dict[tuple[str, str], int]) -> None:
-        """After a pass over `graph`: its near misses, once each, and the compute ops no graph took (`sizes`: the
-        largest value of each, surveyed before the pass)."""
+    def settle(self, graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], joint: bool) -> None:
+        """After a pass over `graph` (`joint`: with its backward): its near misses, once each, and the compute ops
+        no graph took (`sizes`: the largest value of each, surveyed before the pass)."""
         for node, near in self.pending:
             if node not in self.taken and near not in self.missed:
                 self.missed.append(near)
         self.pending.clear()
         self.taken.clear()
         near = {m.where for m in self.missed}
-        for op in unmatched(graph, sizes):
+        for op in unmatched(graph, sizes, joint):
             if op not in self.unmatched and op.where not in near:
                 self.unmatched.append(op)
 
@@ -150,7 +158,7 @@ def largest(graph: torch.fx.Graph) -> dict[tuple[str, str], int]:
     return sizes
 
 
-def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int]) -> list[Unmatched]:
+def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], joint: bool) -> list[Unmatched]:
     """The forward compute ops left in a graph after the patterns ran, one per model line and op: those whose
     largest value (`sizes`, surveyed before) its outputs still read. What a replaced region's op takes from outside
     it (a BatchNorm's 1 / sqrt(var + eps)) is no op left behind, and a replaced region's nodes wait for Inductor's
@@ -166,7 +174,7 @@ def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int]) -> list[
     for node in (n for n in graph.nodes if n in live):
         op = _compute_op(node)
         if op is not None and _size(node) >= sizes.get((op, where(node)), 0):
-            u = Unmatched(where(node), op.removesuffix(".default"))
+            u = Unmatched(where(node), op.removesuffix(".default"), joint)
             if u not in found:
                 found.append(u)
     return found
