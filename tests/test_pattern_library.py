@@ -112,6 +112,21 @@ def test_a_gpt_block_is_replaced_region_by_region_for_inference():
     assert {u.split(":")[1].split()[0] for u in left} == {"38", "45"}  # c_attn and the attention's c_proj
 
 
+def test_under_autocast_the_matmuls_take_the_bf16_graphs_and_the_norms_the_float_ones():
+    model, x = _gpt_block()
+    library_ = patterns.install_library("gpt", dtype=("bf16", "float"), channels_last=False)
+    with library_ as installed, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.compile(model.eval(), fullgraph=True)(x)
+        want = model(x)
+    torch.testing.assert_close(y, want, atol=2e-2, rtol=2e-2)
+    assert _graphs(installed.report) == [
+        "causal_attention_packed_bf16",
+        "layernorm_float",
+        "layernorm_float",
+        "linear_gelu_tanh_bf16",
+    ]
+
+
 def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradients():
     model, x = _gpt_block()
     twin = Block(GPTConfig(block_size=16, n_embd=64, n_head=4))

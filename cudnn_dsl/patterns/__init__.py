@@ -182,11 +182,15 @@ def install(*sources: str | os.PathLike, device: str = "cpu") -> Installed:
     return Installed(graphs, Report())
 
 
-def install_library(*families: str, dtype: str = "half", channels_last: bool = True, device: str = "cpu") -> Installed:
+def install_library(
+    *families: str, dtype: str | tuple[str, ...] = "half", channels_last: bool = True, device: str = "cpu"
+) -> Installed:
     """The bundled library's graphs (patterns.library: "resnet", "gpt", "llama"; all of them when none is
-    named) in one dtype ("float", "half", "bf16"), as install() installs a file's."""
-    text = library.source(families or tuple(library.FAMILIES), dtype, channels_last)
-    file = f"pattern library ({dtype})"
+    named) in a dtype ("float", "half", "bf16") or several (a model under autocast: its matmuls in half or bf16,
+    its norms in float), as install() installs a file's."""
+    dtypes = (dtype,) if isinstance(dtype, str) else tuple(dtype)
+    text = "\n".join(library.source(families or tuple(library.FAMILIES), d, channels_last) for d in dtypes)
+    file = f"pattern library ({', '.join(dtypes)})"
     compiled = lambda name: compile_graph(text=text, graph=name, file=file)  # noqa: E731
     return Installed(_patterns(load(text=text, file=file), device, compiled), Report())
 
