@@ -85,3 +85,19 @@ def executor(request):
         request.getfixturevalue("ray_cluster")
         return sweep.RayExecutor()
     return sweep.LocalExecutor(workers=2)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """torch.compile's caches empty before and after a test that compiles a model with patterns installed, and
+    the checker's warnings (the patterns' NCHW graphs) silent."""
+    import warnings
+
+    import torch
+
+    import cudnn_dsl
+
+    torch._dynamo.reset()
+    warnings.simplefilter("ignore", cudnn_dsl.DslWarning)
+    yield
+    torch._dynamo.reset()

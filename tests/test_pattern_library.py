@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import cudnn_dsl
 from cudnn_dsl import patterns
 from cudnn_dsl.patterns import library
 from cudnn_dsl.torch_op.layout import LayoutWarning
@@ -23,12 +22,7 @@ from examples.torch_models.resnet import BasicBlock, Bottleneck, conv1x1
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    warnings.simplefilter("ignore", cudnn_dsl.DslWarning)
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _resnet_stack() -> torch.nn.Module:

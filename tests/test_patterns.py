@@ -2,7 +2,6 @@
 fullgraph=True, their regions replaced by the graphs' ops (whose CPU kernel runs the reference), the report's
 replacements and near misses, and what docs/pytorch.md says of calling an op from PyTorch code."""
 
-import warnings
 from pathlib import Path
 
 import pytest
@@ -19,12 +18,7 @@ from examples.torch_models.models import Attention, ConvBnRelu
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "torch_models"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    warnings.simplefilter("ignore", cudnn_dsl.DslWarning)
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_conv_batchnorm_relu_is_replaced_and_a_channels_last_input_is_not():
