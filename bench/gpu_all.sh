@@ -2,9 +2,10 @@
 # Everything this project runs on the GPU machine, in one go. Usage, from the repo root:
 #   OUT=out bash bench/gpu_all.sh
 # Leaves in $OUT: pytest_gpu.txt, log.txt (every report), bench.json/.png, bench-cold.json, tune.json/.png,
-# reuse.json, eject.json, torch_op.json, partition_time.json, patterns.json. Plans go to a private store, so the
-# run starts cold.
-# GPU_TESTS=paths runs only those test files; GPU_TESTS=none runs no test.
+# reuse.json, eject.json, torch_op.json, partition_time.json, patterns.json, models.json. Plans go to a private store,
+# so the run starts cold.
+# GPU_TESTS=paths runs only those test files; GPU_TESTS=none runs no test. MODELS_ARGS narrows bench/models.py
+# (e.g. "--models resnet50 --contenders eager,default,default+cudnn").
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -45,6 +46,8 @@ section "bench/partition_time.py (partitioning time by graph size, each part bui
 timeout 600 python3 bench/partition_time.py --json "$OUT/partition_time.json" 2>&1 | tee -a "$LOG" | tail -9
 section "bench/patterns.py (the example models compiled, without and with their regions replaced)"
 timeout 300 python3 bench/patterns.py --json "$OUT/patterns.json" 2>&1 | tee -a "$LOG" | tail -4
+section "bench/models.py (ResNet-50, GPT-2 124M, a Llama layer: every torch.compile mode, with and without the library)"
+timeout 1500 python3 bench/models.py ${MODELS_ARGS:-} --json "$OUT/models.json" 2>&1 | grep -v -i warn | tee -a "$LOG" | tail -40
 section "bare bmm (the stretch goal's yardstick)"
 python3 - <<'PY' 2>&1 | tee -a "$LOG"
 import statistics, torch
