@@ -42,35 +42,44 @@ def _graphs(report) -> list[str]:
     return sorted(r.graph.split()[0] for r in report.replaced)
 
 
+# BasicBlock: conv-bn-relu, conv-bn-add-relu; Bottleneck with a strided downsample: 1x1, 3x3 stride 2, 1x1 +
+# residual, and the downsample's 1x1 stride 2 + BatchNorm
+_EVERY_CONV = [
+    "conv1x1_bn_add_relu_float",
+    "conv1x1_bn_relu_float",
+    "conv1x1s2_bn_float",
+    "conv3x3_bn_add_relu_float",
+    "conv3x3_bn_relu_float",
+    "conv3x3s2_bn_relu_float",
+]
+
+
 def test_every_convolution_of_basic_and_bottleneck_blocks_is_replaced_in_eval():
     model = _resnet_stack()
     x = torch.randn(2, 16, 8, 8)
     with patterns.install_library("resnet", dtype="float", channels_last=False) as installed, torch.no_grad():
         y = torch.compile(model, fullgraph=True)(x)
     torch.testing.assert_close(y, model(x))
-    # BasicBlock: conv-bn-relu, conv-bn-add-relu; Bottleneck with a strided downsample: 1x1, 3x3 stride 2,
-    # 1x1 + residual, and the downsample's 1x1 stride 2 + BatchNorm
-    assert _graphs(installed.report) == [
-        "conv1x1_bn_add_relu_float",
-        "conv1x1_bn_relu_float",
-        "conv1x1s2_bn_float",
-        "conv3x3_bn_add_relu_float",
-        "conv3x3_bn_relu_float",
-        "conv3x3s2_bn_relu_float",
-    ]
+    assert _graphs(installed.report) == _EVERY_CONV
     assert installed.report.missed == [] and installed.report.unmatched == []
 
 
-def test_an_eval_model_run_with_autograd_on_says_why_its_convolutions_stay_in_torch():
-    """Its joint graph holds the BatchNorm's backward as torch computes it, which no graph's derived backward is:
-    every convolution is named, with what to do for inference."""
-    model = _resnet_stack()
+def test_an_eval_model_run_with_autograd_on_is_replaced_with_the_models_gradients():
+    """Without torch.no_grad() the regions are matched with their backward (the BatchNorm's as torch computes it
+    from the running variance), and every parameter's gradient is the unmodified model's."""
+    model, twin = _resnet_stack(), _resnet_stack()
     x = torch.randn(2, 16, 8, 8)
     with patterns.install_library("resnet", dtype="float", channels_last=False) as installed:
-        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x))
-    assert installed.report.replaced == []
-    convs = [u for u in installed.report.unmatched if u.op == "aten.convolution"]
-    assert len(convs) == 6 and all("run under torch.no_grad()" in str(u) for u in convs)
+        y = torch.compile(model, fullgraph=True)(x)
+        y.square().mean().backward()
+    want = twin(x)
+    want.square().mean().backward()
+    torch.testing.assert_close(y, want)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert _graphs(installed.report) == _EVERY_CONV
+    assert all(r.training for r in installed.report.replaced)
+    assert installed.report.missed == [] and installed.report.unmatched == []
 
 
 def test_a_channels_last_model_is_not_replaced_by_nchw_graphs_and_the_report_says_why():

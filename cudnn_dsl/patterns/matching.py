@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 
 import torch
+from torch._inductor import config as inductor_config
+from torch._inductor.fx_passes.joint_graph import constant_fold_uniform_value
 from torch._inductor.pattern_matcher import (
     MULTIPLE,
     CallFunction,
+    Ignored,
     Match,
     PatternExpr,
     PatternMatcherPass,
@@ -85,7 +89,7 @@ class GraphPattern:
 
     def dtype_mismatch(self, values: dict[str, torch.Tensor]) -> str | None:
         for name, t in self.types.items():
-            value, want = values[name], torch_dtype(t.dtype)
+            value, want = values[name], self.form(name).model_dtype or torch_dtype(t.dtype)
             if value.dtype != want:
                 return f"'{name}' is {value.dtype}, the graph declares {want}"
         return None
@@ -169,16 +173,21 @@ class PatternGroup:
         """The search, as Inductor traces it again on a region's inputs before it checks them: the first graph's
         whose declarations they meet, else the first graph's (its check then reports the near miss). Inductor's
         first pass ignores a convolution's kernel size, stride and padding, so a region of another group's may
-        come here: where the first graph cannot compute it at all, the trace is one that matches no region (an
-        empty tensor), and the region is left to the group it belongs to."""
+        come here: where the first graph cannot compute it at all, the trace fails (a RuntimeError, which Inductor
+        takes for no match, quietly: torch logs each op that fails on fake tensors as an error), and the region is
+        left to the group it belongs to."""
         values = dict(zip(self.names, tensors))
         fitting = next((m for m in self.members if m.mismatch(values) is None), None)
         if fitting is not None:
             return fitting.search(*tensors)
+        fake_tensor_log = logging.getLogger("torch._subclasses.fake_tensor")
+        disabled, fake_tensor_log.disabled = fake_tensor_log.disabled, True
         try:
             return self.members[0].search(*tensors)
-        except DslError:  # the reference refused these shapes
-            return tensors[0].new_empty(0)
+        except DslError as e:  # the reference refused these shapes
+            raise RuntimeError(f"{self.members[0].graph.name}: {e}") from None
+        finally:
+            fake_tensor_log.disabled = disabled
 
     def register(self, into: PatternMatcherPass, discovery: PatternMatcherPass) -> None:
         first = self.members[0]
@@ -204,9 +213,11 @@ class PatternGroup:
             first = self.members[0]
             with unset_fake_temporarily():  # traced on real examples, outside the compile's fake tensors
                 examples = [e.clone().requires_grad_(n in wanting) for n, e in zip(self.names, first.natives)]
-                register_replacement(
-                    self.search, self.replace, examples, joint_fwd_bwd, self.into, extra_check=self.valid_training
+                pattern = register_replacement(
+                    self.search, self.replace, examples, _joint, self.into, extra_check=self.valid_training
                 )
+                if pattern:
+                    _loosen_lists(pattern)
         return False
 
     def replace(self, *tensors):
@@ -286,8 +297,18 @@ def wanting_gradients(graph: torch.fx.Graph) -> set[torch.fx.Node] | None:
     return wanting
 
 
-def _any_users(pattern: PatternExpr) -> PatternExpr:
-    """The pattern with every node matched whatever its number of users (a joint graph's backward reads them)."""
+def _joint(fn, args, **kwargs) -> torch.fx.GraphModule:
+    """The search traced with its backward as a model's joint graph is when the custom pass sees it: with
+    Inductor's uniform constants folded where it folds them (a ReLU's backward reads a `full`, where the trace
+    has a `scalar_tensor`)."""
+    gm = joint_fwd_bwd(fn, args, **kwargs)
+    if inductor_config.joint_graph_constant_folding:
+        constant_fold_uniform_value(gm)
+    return gm
+
+
+def _calls(pattern: PatternExpr):
+    """Each call in a pattern, once."""
     seen: set[int] = set()
     stack = [pattern]
     while stack:
@@ -296,12 +317,39 @@ def _any_users(pattern: PatternExpr) -> PatternExpr:
             continue
         seen.add(id(p))
         if isinstance(p, CallFunction):
-            p.users = MULTIPLE
+            yield p
         stack += [
             a for a in (*getattr(p, "args", ()), *getattr(p, "kwargs", {}).values()) if isinstance(a, PatternExpr)
         ]
         stack += [a for a in getattr(p, "outputs", ()) if isinstance(a, PatternExpr)]
+
+
+def _any_users(pattern: PatternExpr) -> PatternExpr:
+    """The pattern with every node matched whatever its number of users (a joint graph's backward reads them)."""
+    for p in _calls(pattern):
+        p.users = MULTIPLE
     return pattern
+
+
+def _loosen_lists(pattern: PatternExpr) -> None:
+    """Inductor's first pass matches a call's integer arguments loosely (`*`, lists of them included) but
+    compares the structure of its list arguments, which a loose list no longer has: a call with a list of other
+    constants as well (a convolution backward's output mask, a `full`'s shape) never matches. Those lists are
+    loosened too; the check of the search traced again on the region's inputs compares every argument."""
+    for p in _calls(pattern):
+        args = (*p.args, *p.kwargs.values())
+        if not any(isinstance(a, Ignored) for a in args) or not any(isinstance(a, (list, tuple)) for a in args):
+            continue
+
+        def loose(a):
+            constant = isinstance(a, (list, tuple)) and not any(isinstance(x, PatternExpr) for x in a)
+            return Ignored() if constant else a
+
+        p.args = tuple(loose(a) for a in p.args)
+        p.kwargs = {k: loose(a) for k, a in p.kwargs.items()}
+        if not any(isinstance(a, (list, tuple, dict)) for a in (*p.args, *p.kwargs.values())):
+            p.flatten = type(p).simple_flatten
+            p.flat_args_kwargs = p.flatten(p.args, p.kwargs)
 
 
 def _nothing(match: Match, *args, **kwargs) -> None:

@@ -7,7 +7,9 @@ model holds them as the weight's [N, K] and a [N] bias and calls `F.linear`, who
 addmm, view) shares no op with a batched matmul's. So a search takes each input in the model's form (`Form`: the
 declared tensor less its leading unit dims, transposed for a Linear weight) and runs the graph's reference with
 those ops written as torch's modules write them (`idioms`): `F.linear` with its bias, `F.layer_norm` and
-`F.rms_norm` on their [D] weights. The replacement views each matched input back to its declared form (no copy).
+`F.rms_norm` on their [D] weights, an eval BatchNorm's `(y - mean) * inv_variance * scale + bias` as
+`F.batch_norm` on its running statistics. The replacement views each matched input back to its declared form (no
+copy), but for a running variance, whose inverse square root it computes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from cudnn_dsl.ops import pointwise
+from cudnn_dsl.target.dtypes import torch_dtype
 from dsl.ir import Graph, Instance
 
 
@@ -29,6 +32,7 @@ class Form:
 
     lead: int = 0
     transposed: bool = False
+    model_dtype = None  # the declared one
 
     def native(self, declared: torch.Tensor) -> torch.Tensor:
         """The model's tensor of an example in the declared form (contiguous, as a module's parameter is)."""
@@ -44,6 +48,33 @@ class Form:
 
 PLAIN = Form()
 
+#: the eps of torch's BatchNorm by default (torchvision's ResNets keep it): an eval BatchNorm in a graph, whose
+#: inv_variance is the model's rsqrt(running_var + eps), is searched with it
+BATCHNORM_EPS = 1e-5
+
+
+@attrs.frozen
+class PerChannel:
+    """A BatchNorm's per-channel tensor as an eval model holds it, declared [1, C, 1, ...]: [C] in the model's
+    dtype; for the inverse square root of the running variance (`eps` set), the variance itself. Torch's
+    backward of an eval BatchNorm reads the variance, not the inverse square root its forward computes, so a
+    search taking the latter would match no model's region with its backward."""
+
+    lead: int
+    model_dtype: torch.dtype
+    declared_dtype: torch.dtype
+    eps: float | None = None
+    transposed = False
+
+    def native(self, declared: torch.Tensor) -> torch.Tensor:
+        t = declared.reshape(-1)
+        return (t.square().reciprocal() - self.eps if self.eps is not None else t).to(self.model_dtype)
+
+    def declared(self, native: torch.Tensor, rank: int) -> torch.Tensor:
+        t = native.to(self.declared_dtype)
+        t = torch.rsqrt(t + self.eps) if self.eps is not None else t
+        return t.reshape((1, -1) + (1,) * (rank - 2))
+
 
 def _leading_units(shape: tuple[int, ...], keep: int) -> int:
     """How many leading unit dims `shape` has, leaving at least `keep` dims."""
@@ -53,19 +84,29 @@ def _leading_units(shape: tuple[int, ...], keep: int) -> int:
     return n
 
 
-def forms(graph: Graph, inst: Instance) -> dict[str, Form]:
+def forms(graph: Graph, inst: Instance) -> dict[str, Form | PerChannel]:
     """Each tensor input's form in a model, by what reads it: a matmul's weight, a norm's scale and bias, the
-    bias added to a Linear's matmul, an operand a pointwise op broadcasts over leading dims (a BatchNorm's
-    [C, 1, 1] statistics). An input read two ways keeps its declared form."""
+    bias added to a Linear's matmul, an eval BatchNorm's running statistics and affine ([C]), an operand a
+    pointwise op broadcasts over leading dims. An input read two ways keeps its declared form."""
     inputs = {v.name for v in graph.values if v.kind == "input"}
     made_by = {o: node for node in graph.nodes for o in node.outputs}
-    proposed: dict[str, set[Form]] = {}
+    proposed: dict[str, set[Form | PerChannel]] = {}
 
-    def propose(name: str, form: Form) -> None:
+    def propose(name: str, form: Form | PerChannel) -> None:
         if name in inputs:
             proposed.setdefault(name, set()).add(form)
 
-    for node in graph.nodes:
+    in_batchnorm = set()
+    for bn in batchnorms(graph, inst):
+        in_batchnorm.update(bn.nodes)
+        lead = len(inst.type(bn.mean).shape) - 1
+        model = torch_dtype(inst.type(bn.scale).dtype)
+        for name in (bn.mean, bn.inv_variance, bn.scale, bn.bias):
+            eps = BATCHNORM_EPS if name == bn.inv_variance else None
+            propose(name, PerChannel(lead, model, torch_dtype(inst.type(name).dtype), eps))
+    for k, node in enumerate(graph.nodes):
+        if k in in_batchnorm:
+            continue
         if node.op == "matmul" and node.inputs[1] in inputs:
             t = inst.type(node.inputs[1])
             lead = len(t.shape) - 2
@@ -96,6 +137,67 @@ def _broadcast_lead(shape: tuple[int, ...], out: tuple[int, ...]) -> int:
     return n
 
 
+@attrs.frozen
+class BatchNorm:
+    """An eval BatchNorm in a graph: `(y - mean) * inv_variance * scale + bias` over inputs [1, C, 1, ...] of
+    the channel dim, by the indices of its four nodes."""
+
+    nodes: tuple[int, ...]
+    y: str
+    mean: str
+    inv_variance: str
+    scale: str
+    bias: str
+
+
+def batchnorms(graph: Graph, inst: Instance) -> list[BatchNorm]:
+    """The graph's eval BatchNorms, each node of them read once (a value read elsewhere is not the norm's own)."""
+    inputs = {v.name for v in graph.values if v.kind == "input"}
+    outputs = {v.name for v in graph.outputs}
+    readers: dict[str, list[int]] = {}
+    for k, node in enumerate(graph.nodes):
+        for i in node.inputs:
+            readers.setdefault(i, []).append(k)
+
+    def channel(name: str, like: str) -> bool:
+        shape, of = inst.type(name).shape, inst.type(like).shape
+        return (
+            name in inputs
+            and len(shape) == len(of) >= 3
+            and shape[1] == of[1]
+            and sum(shape) - shape[1] == len(shape) - 1
+        )
+
+    def step(value: str, op: str) -> tuple[int, str] | None:
+        """The one node reading `value` (not an output), if it is `op` of it and a channel input: its index and
+        that input."""
+        if value in outputs or len(readers.get(value, ())) != 1:
+            return None
+        k = readers[value][0]
+        node = graph.nodes[k]
+        if node.op != op or len(node.inputs) != 2:
+            return None
+        other = node.inputs[1] if node.inputs[0] == value else node.inputs[0]
+        return (k, other) if channel(other, value) else None
+
+    found = []
+    for k, node in enumerate(graph.nodes):
+        if node.op != "sub" or len(node.inputs) != 2 or not channel(node.inputs[1], node.inputs[0]):
+            continue
+        chain, value = [k], node.outputs[0]
+        names = [node.inputs[1]]
+        for op in ("mul", "mul", "add"):
+            got = step(value, op)
+            if got is None:
+                break
+            chain.append(got[0])
+            names.append(got[1])
+            value = graph.nodes[got[0]].outputs[0]
+        if len(chain) == 4:
+            found.append(BatchNorm(tuple(chain), node.inputs[0], *names))
+    return found
+
+
 #: a node folded into a later one's idiom (a Linear's matmul into its bias add): run_reference skips it
 FOLDED = None
 
@@ -108,7 +210,24 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
             uses[i] = uses.get(i, 0) + 1
     outputs = {v.name for v in graph.outputs}
     found: dict[int, object] = {}
+    for bn in batchnorms(graph, inst):
+        if isinstance(given.get(bn.inv_variance), PerChannel) and isinstance(given.get(bn.mean), PerChannel):
+            found.update((k, FOLDED) for k in bn.nodes[:-1])
+            found[bn.nodes[-1]] = lambda env, bn=bn: [
+                F.batch_norm(
+                    env[bn.y],
+                    env[bn.mean],
+                    env[bn.inv_variance],
+                    env[bn.scale],
+                    env[bn.bias],
+                    False,
+                    0.0,
+                    BATCHNORM_EPS,
+                )
+            ]
     for k, node in enumerate(graph.nodes):
+        if k in found:
+            continue
         if node.op == "matmul" and given.get(node.inputs[1], PLAIN).transposed:
             a, w = node.inputs[:2]
             out = node.outputs[0]
