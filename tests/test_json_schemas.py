@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 from cli_util import run_cli
-from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
 
 from cudnn_dsl.cli import COMMANDS, common
 from cudnn_dsl.store.keys import PlanKey
 from cudnn_dsl.store.plans import Entry, PlanStore
+
+jsonschema = pytest.importorskip("jsonschema", reason="the test extra's jsonschema validates the reports")
+referencing = pytest.importorskip("referencing", reason="jsonschema brings it")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = ROOT / "docs" / "schemas"
@@ -25,12 +26,14 @@ def _schemas() -> dict[str, dict]:
     return {p.name: json.loads(p.read_text()) for p in sorted(SCHEMAS.glob("*.json"))}
 
 
-def _validator(command: str) -> Draft202012Validator:
+def _validator(command: str) -> jsonschema.Draft202012Validator:
     schemas = _schemas()
-    registry = Registry().with_resources((name, Resource.from_contents(s)) for name, s in schemas.items())
+    registry = referencing.Registry().with_resources(
+        (name, referencing.Resource.from_contents(s)) for name, s in schemas.items()
+    )
     schema = schemas[f"{command}.json"]
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, registry=registry)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
 def _valid(command: str, report: dict) -> None:
