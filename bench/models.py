@@ -8,7 +8,7 @@ half), nanoGPT's GPT-2 124M (B=8, T=1024, bf16), a Llama-style decoder layer (d=
 B=1, T=4096, bf16). `--tiny` shrinks each to a few layers and small sizes (a check that runs on the CPU in CI
 time, not a figure). Contenders, each in this process on the same weights and inputs: torch eager, torch.compile
 in the modes default, max-autotune and reduce-overhead, and each compiled mode with the pattern library installed
-("+cudnn").
+("+cudnn"; on CUDA each region's shape tuned on its first run unless --no-tune).
 
 Per model, phase and contender: the median step time (inference: a forward under no_grad; training: forward,
 loss, backward and an SGD step), images or tokens per second, the share of the model's forward FLOPs inside
@@ -220,7 +220,11 @@ def run_contender(case: Case, base, name: str, phase: str, device: str, args, re
     installed = None
     if cudnn:
         installed = patterns.install_library(
-            *case.families, dtype=_NAMES[case.dtype], channels_last=case.channels_last, device=device
+            *case.families,
+            dtype=_NAMES[case.dtype],
+            channels_last=case.channels_last,
+            device=device,
+            tune=device == "cuda" and args.tune,
         )
     try:
         fn = model if mode == "eager" else torch.compile(model, mode=MODES[mode], fullgraph=False)
@@ -307,6 +311,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=100, help="training steps of each loss curve (default 100)")
     p.add_argument("--iterations", type=int, default=20, help="timed steps, after the curve or a warm-up call")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--no-tune",
+        dest="tune",
+        action="store_false",
+        help="run the heuristics' plans of the library's graphs (default on CUDA: each region's shape tuned on its "
+        "first run, kept in the plan store; the first run's time includes it, as max-autotune's does)",
+    )
     p.add_argument("--json", type=Path, help="where the results go (default on CUDA: docs/results/models-<gpu>.json)")
     args = p.parse_args(argv)
     contenders = args.contenders.split(",")
@@ -363,7 +374,13 @@ def main(argv=None) -> int:
 def _write(path: Path | None, args, results: list) -> None:
     if path is None:
         return
-    report = {"device": args.device, "tiny": args.tiny, "environment": environment(), "results": results}
+    report = {
+        "device": args.device,
+        "tiny": args.tiny,
+        "tuned": args.device == "cuda" and args.tune,
+        "environment": environment(),
+        "results": results,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(path.name + ".part")
     part.write_text(json.dumps(report, indent=1) + "\n")

@@ -535,6 +535,12 @@ def models(path: Path, data: dict) -> str:
         "outputs against eager's (largest difference), training loss curves against eager's (largest relative "
         "difference over the curve). *vs best compile*: the +cudnn contender's step time over the fastest "
         "torch.compile mode's without patterns (above 1 is slower).",
+        "The library's graphs ran "
+        + (
+            "tuned plans (each region's shape tuned on its first run, `install_library(tune=True)`)."
+            if data.get("tuned")
+            else "the heuristics' first plans, untuned."
+        ),
     ]
     for entry in data.get("results", []):
         rows = []

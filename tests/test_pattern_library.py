@@ -177,6 +177,36 @@ def test_the_library_is_every_family_in_every_dtype_and_names_what_it_lacks():
         library.source(("gpt",), "fp8")
 
 
+def test_tuning_is_asked_of_every_op_the_library_makes_and_of_their_backward_ops():
+    with patterns.install_library("gpt", dtype="float", channels_last=False, tune=True) as installed:
+        ops = [g.op for g in installed.graphs]
+    assert ops and all(op.tune for op in ops)
+    other = load(text="graph twice { input x : float[4, 8]\n output y = x * 2.0 }").program.graph("twice")
+    assert ops[0].derived(other).tune  # a region's training ops (its augmented forward, its backward) tune too
+    with patterns.install_library("gpt", dtype="float", channels_last=False) as installed:
+        assert not any(g.op.tune for g in installed.graphs)
+
+
+@pytest.mark.gpu
+def test_a_replaced_region_is_tuned_on_its_first_run_and_its_plan_kept():
+    model = _resnet_stack().half().cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 16, 8, 8, device="cuda").half().to(memory_format=torch.channels_last)
+    library_ = patterns.install_library("resnet", dtype="half", device="cuda", tune=True)
+    with library_ as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+        torch.testing.assert_close(y, model(x), atol=2e-2, rtol=2e-2)
+    replaced = set(_graphs(installed.report))
+    assert replaced == {g.replace("_float", "_half") for g in _EVERY_CONV}
+    tuned = {
+        row.graph
+        for g in installed.graphs
+        for cg in g.op.compiled.values()
+        for row in cg.planner.store.listing()
+        if row.tuned
+    }
+    assert replaced <= tuned
+
+
 def test_bench_models_tiny_runs_and_its_numerics_hold(tmp_path):
     out = tmp_path / "models.json"
     p = subprocess.run(

@@ -172,18 +172,24 @@ def _files(sources) -> list[str]:
     return files
 
 
-def install(*sources: str | os.PathLike, device: str = "cpu") -> Installed:
+def install(*sources: str | os.PathLike, device: str = "cpu", tune: bool = False) -> Installed:
     """Every graph of the files (paths or glob patterns) as a torch.compile pattern, traced for tensors on
     `device` (the device of the model: Inductor's graph of an op differs by device). A graph that cannot be
-    one (an output in place, a view input, a bool tensor, dropout cuDNN draws) is a located DslError."""
+    one (an output in place, a view input, a bool tensor, dropout cuDNN draws) is a located DslError.
+    `tune`: on a GPU, each replaced region's plans (its backward's too) are timed the first time it runs at a
+    shape, the fastest kept in the plan store for later runs (torch_op.tuning): seconds per shape, once."""
     graphs = []
     for path in _files(sources):
-        graphs += _patterns(load(path), device, lambda name, path=path: compile_graph(path, name))
+        graphs += _patterns(load(path), device, lambda name, path=path: compile_graph(path, name), tune)
     return Installed(graphs, Report())
 
 
 def install_library(
-    *families: str, dtype: str | tuple[str, ...] = "half", channels_last: bool = True, device: str = "cpu"
+    *families: str,
+    dtype: str | tuple[str, ...] = "half",
+    channels_last: bool = True,
+    device: str = "cpu",
+    tune: bool = False,
 ) -> Installed:
     """The bundled library's graphs (patterns.library: "resnet", "gpt", "llama"; all of them when none is
     named) in a dtype ("float", "half", "bf16") or several (a model under autocast: its matmuls in half or bf16,
@@ -192,10 +198,10 @@ def install_library(
     text = "\n".join(library.source(families or tuple(library.FAMILIES), d, channels_last) for d in dtypes)
     file = f"pattern library ({', '.join(dtypes)})"
     compiled = lambda name: compile_graph(text=text, graph=name, file=file)  # noqa: E731
-    return Installed(_patterns(load(text=text, file=file), device, compiled), Report())
+    return Installed(_patterns(load(text=text, file=file), device, compiled, tune), Report())
 
 
-def _patterns(result, device: str, compiled) -> list[GraphPattern]:
+def _patterns(result, device: str, compiled, tune: bool) -> list[GraphPattern]:
     result.raise_if_errors()
     graphs = []
     for g in result.program.graphs:
@@ -203,5 +209,6 @@ def _patterns(result, device: str, compiled) -> list[GraphPattern]:
         why = _refusal(g, op)
         if why is not None:
             raise DslError(Diagnostic("error", f"graph '{g.name}' cannot be a torch.compile pattern: {why}", g.loc))
+        op.tune = tune
         graphs.append(GraphPattern(op, device))
     return graphs

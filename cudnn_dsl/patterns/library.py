@@ -167,8 +167,10 @@ FAMILIES = {
     for f in (
         Family(
             "resnet",
-            "convolutions (1x1, 3x3, 7x7; stride 1 and 2) with their eval BatchNorm, then ReLU, a residual add and "
-            "ReLU, or nothing (a downsample): torchvision's BasicBlock and Bottleneck, channels-last",
+            "convolutions (1x1, 3x3; stride 1 and 2) with their eval BatchNorm, then ReLU, a residual add and "
+            "ReLU, or nothing (a downsample): torchvision's BasicBlock and Bottleneck, channels-last. The stem's 7x7 "
+            "convolution over 3 channels is left to torch: cuDNN's dedicated first-layer kernel, which torch calls, "
+            "outruns a fused graph's",
             (
                 _conv("conv1x1_bn_relu", 1, 1, 0, "relu"),
                 _conv("conv1x1_bn_add_relu", 1, 1, 0, "add_relu"),
@@ -178,7 +180,6 @@ FAMILIES = {
                 _conv("conv3x3s2_bn_relu", 3, 2, 1, "relu"),
                 _conv("conv3x3_bn_add_relu", 3, 1, 1, "add_relu"),
                 _conv("conv3x3_bn", 3, 1, 1, "none"),
-                _conv("conv7x7s2_bn_relu", 7, 2, 3, "relu"),
             ),
         ),
         Family(

@@ -46,6 +46,7 @@ from cudnn_dsl.torch_op.eager import Eager, eligible
 from cudnn_dsl.torch_op.layout import Layouts, Relaid, dense, laid_out
 from cudnn_dsl.torch_op.library import LAYOUT_TAGS, NAMESPACE, fragment, returned
 from cudnn_dsl.torch_op.training import grad_ops
+from cudnn_dsl.torch_op.tuning import ensure_tuned
 from dsl.diagnostics import DslError
 from dsl.ir import Graph, NotFound, Program
 from dsl.syntax.printer import dump_ir
@@ -188,6 +189,8 @@ class TorchOp:
         """the eager training path (torch_op.eager), taken where nothing traces or intercepts the call"""
         self.launches = 0
         """how many times the CUDA kernel ran on the host (a CUDA-graph replay runs it on the device only)"""
+        self.tune = False
+        """whether each shape's plans are timed on its first run, the fastest kept in the plan store (tuning)"""
         self._register()
         self.overload = getattr(getattr(torch.ops, NAMESPACE), name).default
 
@@ -390,11 +393,17 @@ class TorchOp:
         """The launch plan for arguments of this kind, their every property checked (a BindingError says what
         is wrong); its plans, workspaces and intermediates made here, off the graph pools."""
         named, device = self.named(values), values[0].device
-        return _off_graph_pools(lambda: self._serving(device).launch_plan(named), device)
+        cg = self._serving(device)
+        if self.tune:
+            ensure_tuned(cg, cg.instance_for(named))
+        return _off_graph_pools(lambda: cg.launch_plan(named), device)
 
     def derived(self, graph: Graph) -> TorchOp:
-        """The op of a graph derived from this one (its training path's), with this op's options and contract."""
-        return as_torch_op(CompiledGraph(graph, self.options), strict=self.strict)
+        """The op of a graph derived from this one (its training path's), with this op's options, contract and
+        tuning."""
+        op = as_torch_op(CompiledGraph(graph, self.options), strict=self.strict)
+        op.tune = self.tune
+        return op
 
     def forget(self, device: torch.device) -> None:
         """Drops the launch plans made for a device (its compiled graph was replaced)."""
