@@ -142,8 +142,14 @@ def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradien
     torch.testing.assert_close(y, want)
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
-    trained = [r for r in installed.report.replaced if r.training]
-    assert {r.graph.split()[0] for r in trained} >= {"layernorm_float", "linear_gelu_tanh_float"}
+    assert all(r.training for r in installed.report.replaced)
+    assert _graphs(installed.report) == [
+        "causal_attention_packed_float",  # its q, k and v split from one projection want gradients through it
+        "layernorm_float",
+        "layernorm_float",
+        "linear_gelu_tanh_float",
+    ]
+    assert sorted(u.op for u in installed.report.unmatched) == ["aten.addmm", "aten.addmm"]  # the plain Linears
 
 
 @pytest.mark.parametrize("dtype", ["float", "bf16"])
@@ -165,6 +171,26 @@ def test_a_llama_layer_is_replaced_region_by_region_for_inference(dtype):
     assert all("llama.py:" in r.where for r in installed.report.replaced)
     # the projections without an activation (wq, wk, wv, wo) stay cuBLAS's
     assert sorted(u.op for u in installed.report.unmatched) == ["aten.mm"] * 4
+
+
+def test_a_llama_layer_trains_through_its_mlp_and_attention_with_the_models_gradients():
+    """The RMSNorm before the MLP stays in torch: autograd adds the residual's gradient into its backward's sum,
+    so no traced pattern holds it; the one on the layer's input (whose gradient nothing asks) is replaced."""
+    torch.manual_seed(0)
+    config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160)
+    model, twin = DecoderLayer(config, max_seq_len=32), DecoderLayer(config, max_seq_len=32)
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(2, 32, 64)
+    with patterns.install_library("llama", dtype="float", channels_last=False) as installed:
+        y = torch.compile(model, fullgraph=True)(x)
+        y.square().mean().backward()
+    want = twin(x)
+    want.square().mean().backward()
+    torch.testing.assert_close(y, want)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert all(r.training for r in installed.report.replaced)
+    assert _graphs(installed.report) == ["causal_attention_gqa_float", "rmsnorm_float", "swiglu_float"]
 
 
 def test_the_library_is_every_family_in_every_dtype_and_names_what_it_lacks():

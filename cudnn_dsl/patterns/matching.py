@@ -290,11 +290,16 @@ def wanting_gradients(graph: torch.fx.Graph) -> set[torch.fx.Node] | None:
     for node in graph.nodes:
         if node.op != "call_function" or node.meta.get("partitioner_tag") == "is_backward":
             continue
-        value = node.meta.get("val")
-        floating = isinstance(value, torch.Tensor) and value.is_floating_point()
-        if floating and any(a in wanting for a in node.all_input_nodes):
+        if _floating(node.meta.get("val")) and any(a in wanting for a in node.all_input_nodes):
             wanting.add(node)
     return wanting
+
+
+def _floating(value) -> bool:
+    """Whether a node's value is, or holds (a split's tensors), a floating-point tensor."""
+    if isinstance(value, (list, tuple)):
+        return any(_floating(v) for v in value)
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
 def _joint(fn, args, **kwargs) -> torch.fx.GraphModule:
