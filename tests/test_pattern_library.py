@@ -82,6 +82,31 @@ def test_an_eval_model_run_with_autograd_on_is_replaced_with_the_models_gradient
     assert installed.report.missed == [] and installed.report.unmatched == []
 
 
+def test_under_autocast_a_float_resnet_takes_the_autocast_graphs_with_its_gradients():
+    """Autocast runs each convolution in bf16 and its BatchNorm on the model's float parameters; the BasicBlock's
+    residual (its float input) is added in float, so its second convolution takes the graph without the add."""
+    model, twin = (_resnet_stack().to(memory_format=torch.channels_last) for _ in range(2))
+    x = torch.randn(2, 16, 8, 8).to(memory_format=torch.channels_last)
+    library_ = patterns.install_library("resnet", dtype="bf16", autocast=True)
+    with library_ as installed, torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.compile(model, fullgraph=True)(x)
+        y.float().square().mean().backward()
+        want = twin(x)
+        want.float().square().mean().backward()
+    torch.testing.assert_close(y, want, atol=2e-2, rtol=2e-2)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=2e-3, rtol=2e-2, msg=name)
+    assert _graphs(installed.report) == [
+        "conv1x1_bn_add_relu_bf16_autocast",
+        "conv1x1_bn_relu_bf16_autocast",
+        "conv1x1s2_bn_bf16_autocast",
+        "conv3x3_bn_bf16_autocast",
+        "conv3x3_bn_relu_bf16_autocast",
+        "conv3x3s2_bn_relu_bf16_autocast",
+    ]
+    assert all(r.training for r in installed.report.replaced) and installed.report.unmatched == []
+
+
 def test_a_channels_last_model_is_not_replaced_by_nchw_graphs_and_the_report_says_why():
     model = _resnet_stack().to(memory_format=torch.channels_last)
     x = torch.randn(2, 16, 8, 8).to(memory_format=torch.channels_last)
@@ -117,7 +142,7 @@ def test_a_gpt_block_is_replaced_region_by_region_for_inference():
 
 def test_under_autocast_the_matmuls_take_the_bf16_graphs_and_the_norms_the_float_ones():
     model, x = _gpt_block()
-    library_ = patterns.install_library("gpt", dtype=("bf16", "float"), channels_last=False)
+    library_ = patterns.install_library("gpt", dtype="bf16", autocast=True, channels_last=False)
     with library_ as installed, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         y = torch.compile(model.eval(), fullgraph=True)(x)
         want = model(x)
@@ -195,8 +220,9 @@ def test_a_llama_layer_trains_through_its_mlp_and_attention_with_the_models_grad
 
 def test_the_library_is_every_family_in_every_dtype_and_names_what_it_lacks():
     for dtype in library.DTYPES:
-        result = load(text=library.source(tuple(library.FAMILIES), dtype), file="lib")
-        assert not result.diagnostics, result.render()
+        for autocast in (False, True):
+            result = load(text=library.source(tuple(library.FAMILIES), dtype, autocast=autocast), file="lib")
+            assert not result.diagnostics, result.render()
     with pytest.raises(ValueError, match="no pattern family 'vgg'; the families are resnet, gpt, llama"):
         library.source(("vgg",), "half")
     with pytest.raises(ValueError, match="dtype 'fp8'"):

@@ -190,13 +190,18 @@ def install_library(
     channels_last: bool = True,
     device: str = "cpu",
     tune: bool = False,
+    autocast: bool = False,
 ) -> Installed:
     """The bundled library's graphs (patterns.library: "resnet", "gpt", "llama"; all of them when none is
-    named) in a dtype ("float", "half", "bf16") or several (a model under autocast: its matmuls in half or bf16,
-    its norms in float), as install() installs a file's."""
+    named) in a dtype ("float", "half", "bf16") or several, as install() installs a file's. `autocast`: for a
+    float model run under torch.autocast to `dtype`: its convolutions, matmuls and attention in `dtype` (their
+    BatchNorms' affine parameters float), its norms in float."""
     dtypes = (dtype,) if isinstance(dtype, str) else tuple(dtype)
-    text = "\n".join(library.source(families or tuple(library.FAMILIES), d, channels_last) for d in dtypes)
-    file = f"pattern library ({', '.join(dtypes)})"
+    if autocast:
+        dtypes += ("float",) * ("float" not in dtypes)
+    names = families or tuple(library.FAMILIES)
+    text = "\n".join(library.source(names, d, channels_last, autocast) for d in dtypes)
+    file = f"pattern library ({', '.join(dtypes)}{', autocast' if autocast else ''})"
     compiled = lambda name: compile_graph(text=text, graph=name, file=file)  # noqa: E731
     return Installed(_patterns(load(text=text, file=file), device, compiled, tune), Report())
 

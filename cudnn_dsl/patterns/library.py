@@ -28,8 +28,8 @@ _DIMS = """\
 _BN = """\
   input mean : float[1, K, 1, 1]
   input inv_variance : float[1, K, 1, 1]
-  input scale : {t}[1, K, 1, 1]
-  input bias : {t}[1, K, 1, 1]
+  input scale : {a}[1, K, 1, 1]
+  input bias : {a}[1, K, 1, 1]
 """
 
 
@@ -44,7 +44,7 @@ def _conv(name: str, r: int, stride: int, pad: int, tail: str) -> str:
     }[tail]
     z = "  output z : {t} = " if tail == "none" else "  z : {t} = "
     return (
-        f"graph {name}_{{t}} {{\n  io {{t}}\n  compute float\n{_DIMS}\n"
+        f"graph {name}_{{t}}{{amp}} {{\n  io {{t}}\n  compute float\n{_DIMS}\n"
         "  input x : {t}[N, C, H, W] nhwc\n"
         f"  input w : {{t}}[K, C, {r}, {r}] nhwc\n" + _BN + (residual if tail == "add_relu" else "") + "\n"
         f"  y = conv_fprop(x, w, stride=[{stride}, {stride}], padding=[{pad}, {pad}])\n"
@@ -206,9 +206,10 @@ FAMILIES = {
 }
 
 
-def source(families: tuple[str, ...], dtype: str, channels_last: bool = True) -> str:
+def source(families: tuple[str, ...], dtype: str, channels_last: bool = True, autocast: bool = False) -> str:
     """The .cdg text of the families' graphs in one dtype, convolutions' activations and weights channels-last
-    or not."""
+    or not. `autocast`: as a float model computes them under torch.autocast to `dtype`: its BatchNorms' affine
+    parameters stay float (graphs named `..._autocast`)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: the library's graphs are {', '.join(DTYPES)}")
     unknown = [f for f in families if f not in FAMILIES]
@@ -217,6 +218,8 @@ def source(families: tuple[str, ...], dtype: str, channels_last: bool = True) ->
     parts = []
     for f in families:
         for template in FAMILIES[f].templates:
-            text = template.replace("{t}", dtype)
+            amp = autocast and dtype != "float"
+            text = template.replace("{t}", dtype).replace("{a}", "float" if amp else dtype)
+            text = text.replace("{amp}", "_autocast" if amp else "")
             parts.append(text if channels_last else text.replace(" nhwc", ""))
     return "\n".join(parts)
