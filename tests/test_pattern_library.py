@@ -279,5 +279,6 @@ def test_bench_models_tiny_runs_and_its_numerics_hold(tmp_path):
         ("gpt2 (tiny)", "training"),
     ]
     replaced = {(r["model"], r["phase"]): r["contenders"][1] for r in results}
-    assert replaced[("resnet (tiny) batch 2", "inference")]["flops_in_cudnn"] > 0.9
+    # every convolution but the stem's (torch's): in the tiny model, a fifth of its FLOPs
+    assert replaced[("resnet (tiny) batch 2", "inference")]["flops_in_cudnn"] > 0.75
     assert replaced[("gpt2 (tiny)", "training")]["flops_in_cudnn"] > 0.1
