@@ -64,6 +64,18 @@ def test_every_convolution_of_basic_and_bottleneck_blocks_is_replaced_in_eval():
     assert installed.report.missed == [] and installed.report.unmatched == []
 
 
+def test_a_batchnorm_of_another_eps_is_replaced_for_inference():
+    """Without gradients an eval BatchNorm is matched as the pointwise ops it computes, whatever its eps (with
+    them, as F.batch_norm with torch's default eps)."""
+    model = _resnet_stack()
+    for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+        bn.eps = 1e-3
+    x = torch.randn(2, 16, 8, 8)
+    with patterns.install_library("resnet", dtype="float", channels_last=False) as installed, torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x))
+    assert _graphs(installed.report) == _EVERY_CONV
+
+
 def test_an_eval_model_run_with_autograd_on_is_replaced_with_the_models_gradients():
     """Without torch.no_grad() the regions are matched with their backward (the BatchNorm's as torch computes it
     from the running variance), and every parameter's gradient is the unmodified model's."""

@@ -215,5 +215,10 @@ def _patterns(result, device: str, compiled, tune: bool) -> list[GraphPattern]:
         if why is not None:
             raise DslError(Diagnostic("error", f"graph '{g.name}' cannot be a torch.compile pattern: {why}", g.loc))
         op.tune = tune
-        graphs.append(GraphPattern(op, device))
+        searched = GraphPattern(op, device)
+        if searched.batchnorm:
+            # also as the pointwise ops: a model's eval BatchNorm of any eps, or its own arithmetic, without
+            # gradients (with them, torch's BatchNorm backward is matched through F.batch_norm only)
+            graphs.append(GraphPattern(op, device, batchnorm=False))
+        graphs.append(searched)
     return graphs

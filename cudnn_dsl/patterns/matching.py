@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from cudnn_dsl.interop.emit import traceable_reference
 from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, where
-from cudnn_dsl.patterns.search import PLAIN, forms, idioms
+from cudnn_dsl.patterns.search import PLAIN, PerChannel, forms, idioms
 from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.target.dtypes import torch_dtype
@@ -38,15 +38,19 @@ from dsl.ir import Graph, Instance, NotFound
 
 
 class GraphPattern:
-    """One graph's search, as a model computes it, and the conditions its matched inputs must meet."""
+    """One graph's search, as a model computes it, and the conditions its matched inputs must meet. `batchnorm`:
+    its eval BatchNorms searched as `F.batch_norm` on running statistics (search.PerChannel), else as the
+    pointwise ops they are."""
 
-    def __init__(self, op: TorchOp, device: str):
+    def __init__(self, op: TorchOp, device: str, batchnorm: bool = True):
         self.op, self.graph = op, op.graph
         self.label = f"{self.graph.name} ({self.graph.loc})"
         inst = _example_instance(self.graph)
         names = op.tensor_names
         self.types = {n: inst.type(n) for n in names}
-        self.forms = forms(self.graph, inst)
+        self.forms = forms(self.graph, inst, batchnorm)
+        self.batchnorm = any(isinstance(f, PerChannel) for f in self.forms.values())
+        """whether a BatchNorm is searched as F.batch_norm"""
         # Inductor runs the search on its examples: drawn as `run` draws inputs, so that index inputs (page
         # tables, ragged offsets, sequence lengths) are valid.
         drawn = generate_inputs(self.graph, inst, device)

@@ -84,10 +84,11 @@ def _leading_units(shape: tuple[int, ...], keep: int) -> int:
     return n
 
 
-def forms(graph: Graph, inst: Instance) -> dict[str, Form | PerChannel]:
+def forms(graph: Graph, inst: Instance, batchnorm: bool = True) -> dict[str, Form | PerChannel]:
     """Each tensor input's form in a model, by what reads it: a matmul's weight, a norm's scale and bias, the
-    bias added to a Linear's matmul, an eval BatchNorm's running statistics and affine ([C]), an operand a
-    pointwise op broadcasts over leading dims. An input read two ways keeps its declared form."""
+    bias added to a Linear's matmul, an eval BatchNorm's running statistics and affine ([C]; `batchnorm`: else
+    its chain is pointwise ops like any), an operand a pointwise op broadcasts over leading dims. An input read
+    two ways keeps its declared form."""
     inputs = {v.name for v in graph.values if v.kind == "input"}
     made_by = {o: node for node in graph.nodes for o in node.outputs}
     proposed: dict[str, set[Form | PerChannel]] = {}
@@ -97,7 +98,7 @@ def forms(graph: Graph, inst: Instance) -> dict[str, Form | PerChannel]:
             proposed.setdefault(name, set()).add(form)
 
     in_batchnorm = set()
-    for bn in batchnorms(graph, inst):
+    for bn in batchnorms(graph, inst) if batchnorm else ():
         in_batchnorm.update(bn.nodes)
         lead = len(inst.type(bn.mean).shape) - 1
         model = torch_dtype(inst.type(bn.scale).dtype)

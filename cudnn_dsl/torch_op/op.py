@@ -394,9 +394,17 @@ class TorchOp:
         is wrong); its plans, workspaces and intermediates made here, off the graph pools."""
         named, device = self.named(values), values[0].device
         cg = self._serving(device)
-        if self.tune:
-            ensure_tuned(cg, cg.instance_for(named))
-        return _off_graph_pools(lambda: cg.launch_plan(named), device)
+
+        # tuned where this thread's stream is not capturing a CUDA graph (nothing may be timed then), on the
+        # thread that makes the plan: what tuning keeps, too, belongs to no CUDA graph's pool
+        tune = self.tune and not torch.cuda.is_current_stream_capturing()
+
+        def make() -> LaunchPlan:
+            if tune:
+                ensure_tuned(cg, cg.instance_for(named))
+            return cg.launch_plan(named)
+
+        return _off_graph_pools(make, device)
 
     def derived(self, graph: Graph) -> TorchOp:
         """The op of a graph derived from this one (its training path's), with this op's options, contract and

@@ -7,22 +7,18 @@ from __future__ import annotations
 import sys
 import warnings
 
-import torch
-
 from cudnn_dsl.store.files import StoreProblem
 from dsl.ir import Instance
 
 
 def ensure_tuned(cg, inst: Instance) -> None:
-    """The shape's plans timed and the fastest stored, unless a tuned plan is stored already or a CUDA graph is
-    being captured (nothing may be timed then: the heuristics' plan serves). A failure is a warning: the
-    heuristics' plan serves."""
+    """The shape's plans timed and the fastest kept (in the plan store, where it is used), unless a tuned plan is
+    stored already. A failure is a warning: the heuristics' plan serves. Never call it while a CUDA graph is
+    captured (nothing may be timed then)."""
     planner = cg.planner
-    if torch.cuda.is_current_stream_capturing() or not planner.use_store:
-        return
     shape = f"{cg.graph.name} [{inst.label}]" if inst.binding else cg.graph.name
     try:
-        entry = planner.store.get(planner.key(inst))
+        entry = planner.store.get(planner.key(inst)) if planner.use_store and not planner.rebuild else None
     except StoreProblem:
         entry = None  # rebuilt and replaced by the tuned one
     if entry is not None and entry.tuned:
