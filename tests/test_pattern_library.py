@@ -119,6 +119,16 @@ def test_under_autocast_a_float_resnet_takes_the_autocast_graphs_with_its_gradie
     assert all(r.training for r in installed.report.replaced) and installed.report.unmatched == []
 
 
+def test_a_batchnorm_in_training_mode_is_named_for_each_convolution_it_normalizes():
+    model = _resnet_stack().train()
+    x = torch.randn(2, 16, 8, 8)
+    with patterns.install_library("resnet", dtype="float", channels_last=False) as installed:
+        torch.compile(model, fullgraph=True)(x).sum().backward()
+    assert installed.report.replaced == []
+    convs = [u for u in installed.report.unmatched if u.op == "aten.convolution"]
+    assert len(convs) == 6 and all("batch statistics (a BatchNorm in training mode)" in str(u) for u in convs)
+
+
 def test_a_channels_last_model_is_not_replaced_by_nchw_graphs_and_the_report_says_why():
     model = _resnet_stack().to(memory_format=torch.channels_last)
     x = torch.randn(2, 16, 8, 8).to(memory_format=torch.channels_last)

@@ -93,9 +93,11 @@ class GraphPattern:
 
     def dtype_mismatch(self, values: dict[str, torch.Tensor]) -> str | None:
         for name, t in self.types.items():
-            value, want = values[name], self.form(name).model_dtype or torch_dtype(t.dtype)
-            if value.dtype != want:
-                return f"'{name}' is {value.dtype}, the graph declares {want}"
+            model = self.form(name).model_dtype  # a BatchNorm's statistic, in the model's dtype
+            want = model or torch_dtype(t.dtype)
+            if values[name].dtype != want:
+                of = f"the graph's BatchNorm takes it in the model's {want}" if model else f"the graph declares {want}"
+                return f"'{name}' is {values[name].dtype}, {of}"
         return None
 
     def mismatch(self, values: dict[str, torch.Tensor], out: torch.Tensor | None = None) -> str | None:

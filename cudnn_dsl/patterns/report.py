@@ -47,8 +47,15 @@ class Unmatched:
     """the model's op as torch wrote it before decomposition (aten.addmm for nn.Linear)"""
     joint: bool = False
     """in a graph with its backward (training, or autograd on): a region is taken only with its backward"""
+    batch_statistics: bool = False
+    """a BatchNorm in training mode, or the op whose result it normalizes by its batch's statistics"""
 
     def __str__(self) -> str:
+        if self.batch_statistics:
+            return (
+                f"not replaced at {self.where}: {self.op}: batch statistics (a BatchNorm in training mode), which no "
+                "installed graph computes; the library's graphs take an eval BatchNorm (model.eval())"
+            )
         if self.joint:
             return (
                 f"not replaced at {self.where}: {self.op}: no installed graph took this region with its backward "
@@ -174,7 +181,8 @@ def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], joint: b
     for node in (n for n in graph.nodes if n in live):
         op = _compute_op(node)
         if op is not None and _size(node) >= sizes.get((op, where(node)), 0):
-            u = Unmatched(where(node), op.removesuffix(".default"), joint)
+            batch = "legit_functional" in op or any(u.target is torch.ops.aten.var_mean.correction for u in node.users)
+            u = Unmatched(where(node), op.removesuffix(".default"), joint, batch)
             if u not in found:
                 found.append(u)
     return found
