@@ -74,7 +74,7 @@ class Case:
 
 
 def _resnet_cases(tiny: bool, dtype: torch.dtype, batches: tuple[int, ...]) -> list[Case]:
-    sizes = ((2, 32),) if tiny else tuple((n, 224) for n in batches)
+    sizes = ((8, 32),) if tiny else tuple((n, 224) for n in batches)
 
     def build():
         if tiny:  # a Bottleneck ResNet of one block per stage, narrow

@@ -3,6 +3,7 @@ on the CPU (the ops run the graphs' references): torchvision's BasicBlock and Bo
 Block, region by region, with outputs and gradients equal to the model's, and every compute op left to torch
 named in the report; bench/models.py --tiny, whose numerics checks are its exit code."""
 
+import contextlib
 import subprocess
 import sys
 import warnings
@@ -119,11 +120,50 @@ def test_under_autocast_a_float_resnet_takes_the_autocast_graphs_with_its_gradie
     assert all(r.training for r in installed.report.replaced) and installed.report.unmatched == []
 
 
-def test_a_batchnorm_in_training_mode_is_named_for_each_convolution_it_normalizes():
-    model = _resnet_stack().train()
-    x = torch.randn(2, 16, 8, 8)
-    with patterns.install_library("resnet", dtype="float", channels_last=False) as installed:
-        torch.compile(model, fullgraph=True)(x).sum().backward()
+def _trains_alike(model, twin, x, installed_library, autocast=None) -> None:
+    """One training step of the model compiled with the library and of its twin: outputs, every gradient and
+    the BatchNorms' running statistics alike."""
+    ctx = torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext()
+    with installed_library, ctx:
+        y = torch.compile(model, fullgraph=True)(x)
+        y.float().square().mean().backward()
+        want = twin(x)
+        want.float().square().mean().backward()
+    tol = {"atol": 5e-2, "rtol": 2e-2} if autocast else {}  # bf16's rounding of values near 1
+    torch.testing.assert_close(y, want, **tol)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **tol, msg=name)
+    for (name, a), b in zip(model.named_buffers(), twin.buffers()):
+        torch.testing.assert_close(a, b, **tol, msg=name)
+
+
+def test_resnet_blocks_in_training_mode_train_through_their_convolutions_and_batch_statistics():
+    """A BatchNorm in training mode: its batch's statistics, its running statistics written back by the model
+    (the graph returns their next values), its backward from the saved statistics."""
+    model, twin = _resnet_stack().train(), _resnet_stack().train()
+    library_ = patterns.install_library("resnet", dtype="float", channels_last=False)
+    _trains_alike(model, twin, torch.randn(4, 16, 8, 8), library_)
+    assert all(r.training for r in library_.report.replaced)
+    assert _graphs(library_.report) == sorted(g.replace("_float", "_train_float") for g in _EVERY_CONV)
+    assert library_.report.unmatched == []
+
+
+def test_under_autocast_resnet_blocks_train_through_the_autocast_graphs():
+    model, twin = (_resnet_stack().train().to(memory_format=torch.channels_last) for _ in range(2))
+    x = torch.randn(4, 16, 8, 8).to(memory_format=torch.channels_last)
+    library_ = patterns.install_library("resnet", dtype="bf16", autocast=True)
+    _trains_alike(model, twin, x, library_, autocast=torch.bfloat16)
+    assert len(library_.report.replaced) == 6 and all(
+        "_train_bf16_autocast" in r.graph for r in library_.report.replaced
+    )
+
+
+def test_a_batchnorm_in_training_mode_of_a_low_precision_model_is_named_for_each_convolution_it_normalizes():
+    """The training-mode graphs are a float model's or an autocast one's (float parameters and statistics)."""
+    model = _resnet_stack().train().to(torch.bfloat16)
+    x = torch.randn(4, 16, 8, 8, dtype=torch.bfloat16)
+    with patterns.install_library("resnet", dtype="bf16", channels_last=False) as installed:
+        torch.compile(model, fullgraph=True)(x).float().sum().backward()
     assert installed.report.replaced == []
     convs = [u for u in installed.report.unmatched if u.op == "aten.convolution"]
     assert len(convs) == 6 and all("batch statistics (a BatchNorm in training mode)" in str(u) for u in convs)
@@ -295,12 +335,13 @@ def test_bench_models_tiny_runs_and_its_numerics_hold(tmp_path):
 
     results = json.loads(out.read_text())["results"]
     assert [(r["model"], r["phase"]) for r in results] == [
-        ("resnet (tiny) batch 2", "inference"),
-        ("resnet (tiny) batch 2", "training"),
+        ("resnet (tiny) batch 8", "inference"),
+        ("resnet (tiny) batch 8", "training"),
         ("gpt2 (tiny)", "inference"),
         ("gpt2 (tiny)", "training"),
     ]
     replaced = {(r["model"], r["phase"]): r["contenders"][1] for r in results}
     # every convolution but the stem's (torch's): in the tiny model, a fifth of its FLOPs
-    assert replaced[("resnet (tiny) batch 2", "inference")]["flops_in_cudnn"] > 0.75
+    assert replaced[("resnet (tiny) batch 8", "inference")]["flops_in_cudnn"] > 0.75
+    assert replaced[("resnet (tiny) batch 8", "training")]["flops_in_cudnn"] > 0.75  # BatchNorm in training mode
     assert replaced[("gpt2 (tiny)", "training")]["flops_in_cudnn"] > 0.1

@@ -17,6 +17,10 @@ import attrs
 
 DTYPES = ("float", "half", "bf16")
 
+#: torch's BatchNorm defaults, which torchvision's ResNets keep: an eval BatchNorm is searched with its eps where
+#: gradients flow (search.PerChannel), and the training-mode graphs are written with both
+BATCHNORM_EPS, BATCHNORM_MOMENTUM = 1e-5, 0.1
+
 _DIMS = """\
   dim N in 1..4096
   dim C in 1..8192
@@ -24,6 +28,9 @@ _DIMS = """\
   dim W in 1..2048
   dim K in 1..8192
 """
+
+#: a batch's statistics need two values per channel
+_TRAIN_DIMS = _DIMS.replace("dim N in 1..", "dim N in 2..")
 
 _BN = """\
   input mean : float[1, K, 1, 1]
@@ -52,6 +59,32 @@ def _conv(name: str, r: int, stride: int, pad: int, tail: str) -> str:
         + "(y - mean) * inv_variance * scale + bias\n"
         + out
         + "}\n"
+    )
+
+
+def _conv_train(name: str, r: int, stride: int, pad: int, tail: str) -> str:
+    """conv(r x r, stride, padding) -> BatchNorm in training mode (its batch's statistics; the next running
+    statistics are outputs too, which the model writes over its buffers) -> tail, of a float model or one under
+    autocast (its BatchNorm's parameters and running statistics float), channels-last."""
+    residual = "  input residual : {t}[N, K, H, W] nhwc\n"
+    out = {
+        "relu": "  output out = relu(z)\n",
+        "add_relu": "  output out = relu(z + residual)\n",
+        "none": "  output z\n",
+    }[tail]
+    return (
+        f"graph {name}_train_{{t}}{{amp}} {{\n  io {{t}}\n  compute float\n{_TRAIN_DIMS}\n"
+        "  input x : {t}[N, C, H, W] nhwc\n"
+        f"  input w : {{t}}[K, C, {r}, {r}] nhwc\n"
+        "  input scale : {a}[1, K, 1, 1]\n  input bias : {a}[1, K, 1, 1]\n"
+        "  input running_mean : float[1, K, 1, 1]\n  input running_var : float[1, K, 1, 1]\n"
+        + (residual if tail == "add_relu" else "")
+        + "\n"
+        f"  y = conv_fprop(x, w, stride=[{stride}, {stride}], padding=[{pad}, {pad}])\n"
+        f"  z, _mean, _inv_variance, next_mean, next_var = batchnorm(y, scale, bias, running_mean, running_var, "
+        f"epsilon={BATCHNORM_EPS}, momentum={BATCHNORM_MOMENTUM})\n"
+        + out
+        + "  output next_mean\n  output next_var\n}\n"
     )
 
 
@@ -153,6 +186,19 @@ graph causal_attention_gqa_{t} {
 """
 
 
+#: torchvision's BasicBlock and Bottleneck convolutions: name, kernel size, stride, padding, what follows the norm
+_RESNET_CONVS = (
+    ("conv1x1_bn_relu", 1, 1, 0, "relu"),
+    ("conv1x1_bn_add_relu", 1, 1, 0, "add_relu"),
+    ("conv1x1_bn", 1, 1, 0, "none"),
+    ("conv1x1s2_bn", 1, 2, 0, "none"),
+    ("conv3x3_bn_relu", 3, 1, 1, "relu"),
+    ("conv3x3s2_bn_relu", 3, 2, 1, "relu"),
+    ("conv3x3_bn_add_relu", 3, 1, 1, "add_relu"),
+    ("conv3x3_bn", 3, 1, 1, "none"),
+)
+
+
 @attrs.frozen
 class Family:
     """Graphs that serve one kind of model."""
@@ -160,6 +206,8 @@ class Family:
     name: str
     doc: str
     templates: tuple[str, ...]
+    training: tuple[str, ...] = ()
+    """graphs of a model in training mode whose parameters are float (a float model, or one under autocast)"""
 
 
 FAMILIES = {
@@ -167,20 +215,12 @@ FAMILIES = {
     for f in (
         Family(
             "resnet",
-            "convolutions (1x1, 3x3; stride 1 and 2) with their eval BatchNorm, then ReLU, a residual add and "
-            "ReLU, or nothing (a downsample): torchvision's BasicBlock and Bottleneck, channels-last. The stem's 7x7 "
-            "convolution over 3 channels is left to torch: cuDNN's dedicated first-layer kernel, which torch calls, "
-            "outruns a fused graph's",
-            (
-                _conv("conv1x1_bn_relu", 1, 1, 0, "relu"),
-                _conv("conv1x1_bn_add_relu", 1, 1, 0, "add_relu"),
-                _conv("conv1x1_bn", 1, 1, 0, "none"),
-                _conv("conv1x1s2_bn", 1, 2, 0, "none"),
-                _conv("conv3x3_bn_relu", 3, 1, 1, "relu"),
-                _conv("conv3x3s2_bn_relu", 3, 2, 1, "relu"),
-                _conv("conv3x3_bn_add_relu", 3, 1, 1, "add_relu"),
-                _conv("conv3x3_bn", 3, 1, 1, "none"),
-            ),
+            "convolutions (1x1, 3x3; stride 1 and 2) with their BatchNorm (eval, or in training mode), then ReLU, a "
+            "residual add and ReLU, or nothing (a downsample): torchvision's BasicBlock and Bottleneck, channels-last. "
+            "The stem's 7x7 convolution over 3 channels is left to torch: cuDNN's dedicated first-layer kernel, which "
+            "torch calls, outruns a fused graph's",
+            tuple(_conv(*c) for c in _RESNET_CONVS),
+            tuple(_conv_train(*c) for c in _RESNET_CONVS),
         ),
         Family(
             "gpt",
@@ -217,7 +257,8 @@ def source(families: tuple[str, ...], dtype: str, channels_last: bool = True, au
         raise ValueError(f"no pattern family {unknown[0]!r}; the families are {', '.join(FAMILIES)}")
     parts = []
     for f in families:
-        for template in FAMILIES[f].templates:
+        training = FAMILIES[f].training if dtype == "float" or autocast else ()
+        for template in FAMILIES[f].templates + training:
             amp = autocast and dtype != "float"
             text = template.replace("{t}", dtype).replace("{a}", "float" if amp else dtype)
             text = text.replace("{amp}", "_autocast" if amp else "")

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from cudnn_dsl.interop.emit import traceable_reference
 from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, where
-from cudnn_dsl.patterns.search import PLAIN, PerChannel, forms, idioms
+from cudnn_dsl.patterns.search import PLAIN, batchnorms, forms, idioms, output_forms
 from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.target.dtypes import torch_dtype
@@ -49,8 +49,13 @@ class GraphPattern:
         names = op.tensor_names
         self.types = {n: inst.type(n) for n in names}
         self.forms = forms(self.graph, inst, batchnorm)
-        self.batchnorm = any(isinstance(f, PerChannel) for f in self.forms.values())
-        """whether a BatchNorm is searched as F.batch_norm"""
+        self.out_forms = output_forms(self.graph, self.forms)
+        main = [v.name for v in self.graph.outputs if v.name not in self.out_forms]
+        self.order = main + list(self.out_forms)
+        """the outputs as the search returns them: the region's own first (its last op: where Inductor anchors the
+        pattern, and what its shape and place are read off), then the running statistics"""
+        self.batchnorm = batchnorm and bool(batchnorms(self.graph, inst))
+        """whether an eval BatchNorm is searched as F.batch_norm"""
         # Inductor runs the search on its examples: drawn as `run` draws inputs, so that index inputs (page
         # tables, ragged offsets, sequence lengths) are valid.
         drawn = generate_inputs(self.graph, inst, device)
@@ -64,7 +69,7 @@ class GraphPattern:
             now = self.instance_at(tensors) or inst
             values = dict(zip(names, tensors), **scalars)
             outs = run_reference(graph, now, values, native=True, idioms=idioms(graph, now, self.forms))
-            return outs[graph.outputs[0].name] if len(graph.outputs) == 1 else tuple(outs.values())
+            return outs[graph.outputs[0].name] if len(graph.outputs) == 1 else tuple(outs[v] for v in self.order)
 
         search.__signature__ = _signature(names)
         self.search = search
@@ -89,7 +94,15 @@ class GraphPattern:
             return None
 
     def replace(self, *tensors):
-        return self.op(*self.declared(tensors).values())
+        outs = self.op(*self.declared(tensors).values())
+        if not self.out_forms:
+            return outs
+        made = dict(zip((v.name for v in self.graph.outputs), outs))
+        # running statistics: no gradient, as the functional BatchNorm the search holds returns them, and no view
+        # (AOT autograd gives a view of the op's output the gradient of the output it is a view of)
+        return tuple(
+            self.out_forms[n].native(made[n].detach()).clone() if n in self.out_forms else made[n] for n in self.order
+        )
 
     def dtype_mismatch(self, values: dict[str, torch.Tensor]) -> str | None:
         for name, t in self.types.items():
@@ -125,7 +138,7 @@ class GraphPattern:
                 return f"'{name}' has strides {strides}, the graph declares {list(t.strides)}"
         if isinstance(out, torch.Tensor):
             made = [_hint(d) for d in out.shape]
-            first = inst.type(self.graph.outputs[0].name)
+            first = inst.type(self.order[0])
             if made[-len(first.shape) :] != list(first.shape)[-len(made) :]:
                 return f"the region makes {made}, the graph {list(first.shape)} (another stride or padding)"
         return self._guard(values)

@@ -165,6 +165,13 @@ def largest(graph: torch.fx.Graph) -> dict[tuple[str, str], int]:
     return sizes
 
 
+def _normalized_by_batch(node: torch.fx.Node) -> bool:
+    """Whether a training-mode BatchNorm's statistics are taken of the node's value (widened to float first, in a
+    half or bf16 model)."""
+    widened = [u for u in node.users if u.target is torch.ops.prims.convert_element_type.default]
+    return any(u.target is torch.ops.aten.var_mean.correction for v in (node, *widened) for u in v.users)
+
+
 def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], joint: bool) -> list[Unmatched]:
     """The forward compute ops left in a graph after the patterns ran, one per model line and op: those whose
     largest value (`sizes`, surveyed before) its outputs still read. What a replaced region's op takes from outside
@@ -181,7 +188,7 @@ def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], joint: b
     for node in (n for n in graph.nodes if n in live):
         op = _compute_op(node)
         if op is not None and _size(node) >= sizes.get((op, where(node)), 0):
-            batch = "legit_functional" in op or any(u.target is torch.ops.aten.var_mean.correction for u in node.users)
+            batch = "legit_functional" in op or _normalized_by_batch(node)
             u = Unmatched(where(node), op.removesuffix(".default"), joint, batch)
             if u not in found:
                 found.append(u)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from cudnn_dsl.ops import pointwise
+from cudnn_dsl.patterns.library import BATCHNORM_EPS
 from cudnn_dsl.target.dtypes import torch_dtype
 from dsl.ir import Graph, Instance
 
@@ -47,10 +48,6 @@ class Form:
 
 
 PLAIN = Form()
-
-#: the eps of torch's BatchNorm by default (torchvision's ResNets keep it): an eval BatchNorm in a graph, whose
-#: inv_variance is the model's rsqrt(running_var + eps), is searched with it
-BATCHNORM_EPS = 1e-5
 
 
 @attrs.frozen
@@ -97,6 +94,11 @@ def forms(graph: Graph, inst: Instance, batchnorm: bool = True) -> dict[str, For
         if name in inputs:
             proposed.setdefault(name, set()).add(form)
 
+    for node in graph.nodes:
+        if node.op == "batchnorm":  # in training mode: its parameters and running statistics as the model's [C]
+            for name in node.inputs[1:5]:
+                t = inst.type(name)
+                propose(name, PerChannel(len(t.shape) - 1, torch_dtype(t.dtype), torch_dtype(t.dtype)))
     in_batchnorm = set()
     for bn in batchnorms(graph, inst) if batchnorm else ():
         in_batchnorm.update(bn.nodes)
@@ -211,6 +213,14 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
             uses[i] = uses.get(i, 0) + 1
     outputs = {v.name for v in graph.outputs}
     found: dict[int, object] = {}
+    for k, node in enumerate(graph.nodes):
+        if node.op == "batchnorm" and all(isinstance(given.get(i), PerChannel) for i in node.inputs[1:5]):
+            at = inst.attrs(k)
+            found[k] = lambda env, ins=node.inputs[:5], a=at: list(
+                torch.ops.aten._native_batch_norm_legit_functional(  # as torch.compile holds F.batch_norm
+                    *(env[i] for i in ins), True, a["momentum"], a["epsilon"]
+                )
+            )
     for bn in batchnorms(graph, inst):
         if isinstance(given.get(bn.inv_variance), PerChannel) and isinstance(given.get(bn.mean), PerChannel):
             found.update((k, FOLDED) for k in bn.nodes[:-1])
@@ -250,6 +260,16 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
                 ]
             elif node.op == "rmsnorm" and scale in given and not bias:
                 found[k] = lambda env, x=x, s=scale, e=eps: [_rms_norm(env[x], env[s], e)]
+    return found
+
+
+def output_forms(graph: Graph, given: dict[str, Form | PerChannel]) -> dict[str, PerChannel]:
+    """The outputs a model holds otherwise than the graph declares: a training-mode BatchNorm's next running
+    statistics, [C] as its buffers (which the model writes them over)."""
+    found = {}
+    for node in graph.nodes:
+        if node.op == "batchnorm" and all(isinstance(given.get(i), PerChannel) for i in node.inputs[1:5]):
+            found[node.outputs[3]], found[node.outputs[4]] = given[node.inputs[3]], given[node.inputs[4]]
     return found
 
 
