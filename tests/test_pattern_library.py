@@ -239,6 +239,21 @@ def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradien
     assert sorted(u.op for u in installed.report.unmatched) == ["aten.addmm", "aten.addmm"]  # the plain Linears
 
 
+def test_under_autocast_a_gpt_block_trains_through_the_bf16_graphs_and_the_float_norms():
+    model, x = _gpt_block()
+    twin = Block(GPTConfig(block_size=16, n_embd=64, n_head=4))
+    twin.load_state_dict(model.state_dict())
+    library_ = patterns.install_library("gpt", dtype="bf16", autocast=True, channels_last=False)
+    _trains_alike(model, twin, x, library_, autocast=torch.bfloat16)
+    assert all(r.training for r in library_.report.replaced)
+    assert _graphs(library_.report) == [
+        "causal_attention_packed_bf16",
+        "layernorm_float",
+        "layernorm_float",
+        "linear_gelu_tanh_bf16",
+    ]
+
+
 @pytest.mark.parametrize("dtype", ["float", "bf16"])
 def test_a_llama_layer_is_replaced_region_by_region_for_inference(dtype):
     """nn.RMSNorm, the SwiGLU MLP and grouped-query attention (enable_gqa) after RoPE; in bf16 torch computes
