@@ -786,7 +786,7 @@ class _GraphChecker:
             if d.kind in ("input", "scalar") and name not in self.used:
                 self.sink.warning(f"{d.kind} '{name}' is never used", d.loc)
         for name, (_, loc) in self.produced.items():
-            # a name starting with `_` is a result the writer names only to reach a later one of the same op
+            # a name starting with `_` is left unread on purpose (an op's result named only to reach a later one)
             if name not in self.used and name not in self.outputs and name in self.user_names and name[0] != "_":
                 self.sink.warning(f"'{name}' is computed but never used", loc)
         for s in self.symbols.values():

@@ -135,6 +135,35 @@ def test_resnet_blocks_in_training_mode_train_through_their_convolutions_and_bat
     assert library_.report.unmatched == []
 
 
+def test_a_layernorm_is_not_named_a_batchnorm_in_training_mode():
+    """LayerNorm's decomposition takes a var_mean too: only a BatchNorm's is batch statistics."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    with patterns.install_library("resnet", dtype="float", channels_last=False) as installed:
+        torch.compile(model, fullgraph=True)(torch.randn(4, 8)).sum().backward()
+    assert installed.report.unmatched and not any("batch statistics" in str(u) for u in installed.report.unmatched)
+
+
+class _Twice(torch.nn.Module):
+    """One block run on two inputs (a Siamese encoder): its BatchNorms' second run reads the first's running
+    statistics."""
+
+    def __init__(self, block: torch.nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        a, b = x.chunk(2)
+        return self.block(a) * self.block(b)
+
+
+def test_a_block_run_twice_in_training_mode_trains_alike():
+    model, twin = (_Twice(BasicBlock(16, 16).train()) for _ in range(2))
+    twin.load_state_dict(model.state_dict())
+    library_ = patterns.install_library("resnet", dtype="float", channels_last=False)
+    _trains_alike(model, twin, torch.randn(8, 16, 8, 8), library_)
+    assert len(library_.report.replaced) == 4
+
+
 def test_under_autocast_resnet_blocks_train_through_the_autocast_graphs():
     model, twin = (_resnet_stack().train().to(memory_format=torch.channels_last) for _ in range(2))
     x = torch.randn(4, 16, 8, 8).to(memory_format=torch.channels_last)

@@ -181,7 +181,10 @@ class PatternGroup:
         self.members, self.report = members, report
         first = members[0]
         self.names = first.op.tensor_names
-        self.floats = tuple(n for n, e in zip(self.names, first.examples) if e.is_floating_point())
+        # the inputs that may want gradients: floats, but a training-mode BatchNorm's running statistics (a
+        # BatchNorm run twice reads the first run's next ones, computed from values that want theirs)
+        stats = {i for node in first.graph.nodes if node.op == "batchnorm" for i in node.inputs[3:5]}
+        self.floats = tuple(n for n, e in zip(self.names, first.examples) if e.is_floating_point() and n not in stats)
         self.traced: set[tuple[str, ...]] = set()  # the gradient sets with a pattern
         self.chosen: GraphPattern | None = None
         self.wanting: set[torch.fx.Node] = set()
@@ -232,9 +235,12 @@ class PatternGroup:
             first = self.members[0]
             with unset_fake_temporarily():  # traced on real examples, outside the compile's fake tensors
                 examples = [e.clone().requires_grad_(n in wanting) for n, e in zip(self.names, first.natives)]
-                pattern = register_replacement(
-                    self.search, self.replace, examples, _joint, self.into, extra_check=self.valid_training
-                )
+                try:
+                    pattern = register_replacement(
+                        self.search, self.replace, examples, _joint, self.into, extra_check=self.valid_training
+                    )
+                except (DslError, RuntimeError):  # no backward to trace for these gradients: nothing to match
+                    pattern = None
                 if pattern:
                     _loosen_lists(pattern)
         return False

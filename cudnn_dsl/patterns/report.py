@@ -53,8 +53,9 @@ class Unmatched:
     def __str__(self) -> str:
         if self.batch_statistics:
             return (
-                f"not replaced at {self.where}: {self.op}: batch statistics (a BatchNorm in training mode), which no "
-                "installed graph computes; the library's graphs take an eval BatchNorm (model.eval())"
+                f"not replaced at {self.where}: {self.op}: batch statistics (a BatchNorm in training mode) that no "
+                "installed graph computes as the model does; the library's take a float or autocast model's, "
+                "affine, tracking running statistics, with torch's default eps and momentum (or an eval BatchNorm)"
             )
         if self.joint:
             return (
@@ -167,9 +168,13 @@ def largest(graph: torch.fx.Graph) -> dict[tuple[str, str], int]:
 
 def _normalized_by_batch(node: torch.fx.Node) -> bool:
     """Whether a training-mode BatchNorm's statistics are taken of the node's value (widened to float first, in a
-    half or bf16 model)."""
+    half or bf16 model): a var_mean of it that the BatchNorm's decomposition made (a LayerNorm's makes one too)."""
     widened = [u for u in node.users if u.target is torch.ops.prims.convert_element_type.default]
-    return any(u.target is torch.ops.aten.var_mean.correction for v in (node, *widened) for u in v.users)
+    return any(
+        u.target is torch.ops.aten.var_mean.correction and "batch_norm" in str(u.meta.get("original_aten"))
+        for v in (node, *widened)
+        for u in v.users
+    )
 
 
 def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], joint: bool) -> list[Unmatched]:
@@ -188,7 +193,7 @@ def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], joint: b
     for node in (n for n in graph.nodes if n in live):
         op = _compute_op(node)
         if op is not None and _size(node) >= sizes.get((op, where(node)), 0):
-            batch = "legit_functional" in op or _normalized_by_batch(node)
+            batch = "batch_norm_legit_functional" in op or _normalized_by_batch(node)
             u = Unmatched(where(node), op.removesuffix(".default"), joint, batch)
             if u not in found:
                 found.append(u)

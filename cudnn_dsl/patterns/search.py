@@ -266,10 +266,11 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
 def output_forms(graph: Graph, given: dict[str, Form | PerChannel]) -> dict[str, PerChannel]:
     """The outputs a model holds otherwise than the graph declares: a training-mode BatchNorm's next running
     statistics, [C] as its buffers (which the model writes them over)."""
+    outputs = {v.name for v in graph.outputs}
     found = {}
     for node in graph.nodes:
         if node.op == "batchnorm" and all(isinstance(given.get(i), PerChannel) for i in node.inputs[1:5]):
-            found[node.outputs[3]], found[node.outputs[4]] = given[node.inputs[3]], given[node.inputs[4]]
+            found.update((o, given[i]) for o, i in zip(node.outputs[3:5], node.inputs[3:5]) if o in outputs)
     return found
 
 
