@@ -5,7 +5,8 @@
         y = torch.compile(model, fullgraph=True)(x)
 
 Each family's graphs are written once, in text, with the dtype a parameter (`{t}`): a model after `.half()` or
-`.to(torch.bfloat16)` holds its tensors so, and channels-last models their activations `nhwc`. A graph's dims
+`.to(torch.bfloat16)` holds its tensors so, and channels-last models their activations `nhwc`; a BatchNorm's
+parameters take `{a}`, float for a model under autocast (`{amp}` names those graphs). A graph's dims
 are ranges: the shapes a region has are checked and planned on first use (a conv over a symbolic H specializes
 its op per input size). Convolutions carry their stride and padding, which Inductor's patterns do not compare:
 a match is replaced by the graph whose output shape is the region's too (patterns.matching).

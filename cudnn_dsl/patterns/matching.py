@@ -370,16 +370,17 @@ def _loosen_lists(pattern: PatternExpr) -> None:
         args = (*p.args, *p.kwargs.values())
         if not any(isinstance(a, Ignored) for a in args) or not any(isinstance(a, (list, tuple)) for a in args):
             continue
-
-        def loose(a):
-            constant = isinstance(a, (list, tuple)) and not any(isinstance(x, PatternExpr) for x in a)
-            return Ignored() if constant else a
-
-        p.args = tuple(loose(a) for a in p.args)
-        p.kwargs = {k: loose(a) for k, a in p.kwargs.items()}
+        p.args = tuple(_loose(a) for a in p.args)
+        p.kwargs = {k: _loose(a) for k, a in p.kwargs.items()}
         if not any(isinstance(a, (list, tuple, dict)) for a in (*p.args, *p.kwargs.values())):
             p.flatten = type(p).simple_flatten
             p.flat_args_kwargs = p.flatten(p.args, p.kwargs)
+
+
+def _loose(arg):
+    """A list of constants as Inductor's first pass matches an integer: anything."""
+    constant = isinstance(arg, (list, tuple)) and not any(isinstance(x, PatternExpr) for x in arg)
+    return Ignored() if constant else arg
 
 
 def _nothing(match: Match, *args, **kwargs) -> None:

@@ -8,8 +8,9 @@ addmm, view) shares no op with a batched matmul's. So a search takes each input 
 declared tensor less its leading unit dims, transposed for a Linear weight) and runs the graph's reference with
 those ops written as torch's modules write them (`idioms`): `F.linear` with its bias, `F.layer_norm` and
 `F.rms_norm` on their [D] weights, an eval BatchNorm's `(y - mean) * inv_variance * scale + bias` as
-`F.batch_norm` on its running statistics. The replacement views each matched input back to its declared form (no
-copy), but for a running variance, whose inverse square root it computes.
+`F.batch_norm` on its running statistics, a training-mode `batchnorm` as the functional BatchNorm torch.compile
+holds (its next running statistics returned). The replacement views each matched input back to its declared form
+(no copy), but for a running variance, whose inverse square root it computes.
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ PLAIN = Form()
 
 @attrs.frozen
 class PerChannel:
-    """A BatchNorm's per-channel tensor as an eval model holds it, declared [1, C, 1, ...]: [C] in the model's
-    dtype; for the inverse square root of the running variance (`eps` set), the variance itself. Torch's
-    backward of an eval BatchNorm reads the variance, not the inverse square root its forward computes, so a
-    search taking the latter would match no model's region with its backward."""
+    """A BatchNorm's per-channel tensor (a parameter, a running statistic) as the model holds it, declared
+    [1, C, 1, ...]: [C] in the model's dtype; for an eval BatchNorm's inverse square root of the running variance
+    (`eps` set), the variance itself. Torch's backward of an eval BatchNorm reads the variance, not the inverse
+    square root its forward computes, so a search taking the latter would match no model's region with its
+    backward."""
 
     lead: int
     model_dtype: torch.dtype
