@@ -110,7 +110,7 @@ def test_under_autocast_a_float_resnet_takes_the_autocast_graphs_with_its_gradie
 def _trains_alike(model, twin, x, installed_library, autocast=None) -> None:
     """One step of the model compiled with the library and of its twin (the same weights, both with autograd):
     outputs, every gradient and the BatchNorms' running statistics alike."""
-    ctx = torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext()
+    ctx = torch.autocast(x.device.type, dtype=autocast) if autocast else contextlib.nullcontext()
     with installed_library, ctx:
         y = torch.compile(model, fullgraph=True)(x)
         y.float().square().mean().backward()
@@ -338,6 +338,18 @@ def test_a_replaced_region_is_tuned_on_its_first_run_and_its_plan_kept():
         if row.tuned
     }
     assert replaced <= tuned
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("training", [False, True], ids=["eval-with-autograd", "training-mode"])
+def test_on_cuda_resnet_blocks_under_autocast_run_cudnn_graphs_with_the_models_gradients(training):
+    """cuDNN's convolutions, BatchNorms (their running statistics too) and their derived backward against
+    torch's, as AMP trains: autocast to bf16, channels-last."""
+    model, twin = (_resnet_stack().train(training).cuda().to(memory_format=torch.channels_last) for _ in range(2))
+    x = torch.randn(8, 16, 8, 8, device="cuda").to(memory_format=torch.channels_last)
+    library_ = patterns.install_library("resnet", dtype="bf16", autocast=True, device="cuda")
+    _trains_alike(model, twin, x, library_, autocast=torch.bfloat16)
+    assert len(library_.report.replaced) == 6 and all(r.training for r in library_.report.replaced)
 
 
 def test_bench_models_tiny_runs_and_its_numerics_hold(tmp_path):
