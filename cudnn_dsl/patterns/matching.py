@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from cudnn_dsl.interop.emit import traceable_reference
 from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, where
-from cudnn_dsl.patterns.search import PLAIN, batchnorms, forms, idioms, output_forms
+from cudnn_dsl.patterns.search import PLAIN, batchnorms, forms, idioms, output_forms, running_statistics
 from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.target.dtypes import torch_dtype
@@ -183,7 +183,7 @@ class PatternGroup:
         self.names = first.op.tensor_names
         # the inputs that may want gradients: floats, but a training-mode BatchNorm's running statistics (a
         # BatchNorm run twice reads the first run's next ones, computed from values that want theirs)
-        stats = {i for node in first.graph.nodes if node.op == "batchnorm" for i in node.inputs[3:5]}
+        stats = running_statistics(first.graph)
         self.floats = tuple(n for n, e in zip(self.names, first.examples) if e.is_floating_point() and n not in stats)
         self.traced: set[tuple[str, ...]] = set()  # the gradient sets with a pattern
         self.chosen: GraphPattern | None = None

@@ -216,7 +216,7 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
     outputs = {v.name for v in graph.outputs}
     found: dict[int, object] = {}
     for k, node in enumerate(graph.nodes):
-        if node.op == "batchnorm" and all(isinstance(given.get(i), PerChannel) for i in node.inputs[1:5]):
+        if _training_batchnorm(node, given):
             at = inst.attrs(k)
             found[k] = lambda env, ins=node.inputs[:5], a=at: list(
                 torch.ops.aten._native_batch_norm_legit_functional(  # as torch.compile holds F.batch_norm
@@ -265,13 +265,24 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
     return found
 
 
+def _training_batchnorm(node, given: dict[str, Form | PerChannel]) -> bool:
+    """Whether a node is a training-mode `batchnorm` whose parameters and running statistics (inputs 1 to 4) the
+    model holds as [C]."""
+    return node.op == "batchnorm" and all(isinstance(given.get(i), PerChannel) for i in node.inputs[1:5])
+
+
+def running_statistics(graph: Graph) -> set[str]:
+    """The inputs a training-mode `batchnorm` reads as its running statistics (they never want gradients)."""
+    return {i for node in graph.nodes if node.op == "batchnorm" for i in node.inputs[3:5]}
+
+
 def output_forms(graph: Graph, given: dict[str, Form | PerChannel]) -> dict[str, PerChannel]:
     """The outputs a model holds otherwise than the graph declares: a training-mode BatchNorm's next running
     statistics, [C] as its buffers (which the model writes them over)."""
     outputs = {v.name for v in graph.outputs}
     found = {}
     for node in graph.nodes:
-        if node.op == "batchnorm" and all(isinstance(given.get(i), PerChannel) for i in node.inputs[1:5]):
+        if _training_batchnorm(node, given):
             found.update((o, given[i]) for o, i in zip(node.outputs[3:5], node.inputs[3:5]) if o in outputs)
     return found
 
