@@ -5,10 +5,11 @@ Usage: python bench/models.py [--device cuda|cpu] [--tiny] [--models resnet50,gp
 
 Models (examples/torch_models/, unmodified model code): torchvision's ResNet-50 channels-last (batch 64 and 256,
 half), nanoGPT's GPT-2 124M (B=8, T=1024, bf16), a Llama-style decoder layer (d=4096, RMSNorm, SwiGLU, GQA;
-B=1, T=4096, bf16). `--tiny` shrinks each to a few layers and small sizes (a check that runs on the CPU in CI
-time, not a figure). Contenders, each in this process on the same weights and inputs: torch eager, torch.compile
-in the modes default, max-autotune and reduce-overhead, and each compiled mode with the pattern library installed
-("+cudnn"; on CUDA each region's shape tuned on its first run unless --no-tune).
+B=1, T=4096, bf16), each trained as mixed precision trains (float parameters, the forward under bf16 autocast;
+the library installed for autocast). `--tiny` shrinks each to a few layers and small sizes (a check that runs on
+the CPU in CI time, in float, not a figure). Contenders, each in this process on the same weights and inputs:
+torch eager, torch.compile in the modes default, max-autotune and reduce-overhead, and each compiled mode with the
+pattern library installed ("+cudnn"; on CUDA each region's shape tuned on its first run unless --no-tune).
 
 Per model, phase and contender: the median step time (inference: a forward under no_grad; training: forward,
 loss, backward and an SGD step), images or tokens per second, the share of the model's forward FLOPs inside
@@ -24,6 +25,7 @@ is generated from it (bench/results_md.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -71,9 +73,12 @@ class Case:
     """images or tokens in one step"""
     channels_last: bool = False
     config: dict = attrs.field(factory=dict)
+    amp: torch.dtype | None = None
+    """a training step's precision, as mixed precision trains: float parameters and inputs, the forward under
+    torch.autocast to this dtype; None: trained in `dtype`"""
 
 
-def _resnet_cases(tiny: bool, dtype: torch.dtype, batches: tuple[int, ...]) -> list[Case]:
+def _resnet_cases(tiny: bool, dtype: torch.dtype, amp, batches: tuple[int, ...]) -> list[Case]:
     sizes = ((8, 32),) if tiny else tuple((n, 224) for n in batches)
 
     def build():
@@ -99,13 +104,14 @@ def _resnet_cases(tiny: bool, dtype: torch.dtype, batches: tuple[int, ...]) -> l
                 "images",
                 n,
                 channels_last=True,
-                config={"batch": n, "image": hw, "dtype": _NAMES[dtype], "layout": "channels_last"},
+                config={"batch": n, "image": hw, "dtype": _NAMES[dtype], "layout": "channels_last"} | _amp(amp),
+                amp=amp,
             )
         )
     return cases
 
 
-def _gpt2_case(tiny: bool, dtype: torch.dtype) -> Case:
+def _gpt2_case(tiny: bool, dtype: torch.dtype, amp) -> Case:
     config = GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=4, n_embd=64) if tiny else GPTConfig()
     b, t = (2, 32) if tiny else (8, 1024)
 
@@ -125,11 +131,12 @@ def _gpt2_case(tiny: bool, dtype: torch.dtype) -> Case:
         ("gpt",),
         "tokens",
         b * t,
-        config={"B": b, "T": t, "n_layer": config.n_layer, "n_embd": config.n_embd, "dtype": _NAMES[dtype]},
+        config={"B": b, "T": t, "n_layer": config.n_layer, "n_embd": config.n_embd, "dtype": _NAMES[dtype]} | _amp(amp),
+        amp=amp,
     )
 
 
-def _llama_case(tiny: bool, dtype: torch.dtype) -> Case:
+def _llama_case(tiny: bool, dtype: torch.dtype, amp) -> Case:
     config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160) if tiny else LlamaConfig()
     b, t = (2, 32) if tiny else (1, 4096)
 
@@ -146,18 +153,22 @@ def _llama_case(tiny: bool, dtype: torch.dtype) -> Case:
         "tokens",
         b * t,
         config={"B": b, "T": t, "dim": config.dim, "heads": config.n_heads, "kv_heads": config.n_kv_heads}
-        | {"dtype": _NAMES[dtype]},
+        | {"dtype": _NAMES[dtype]}
+        | _amp(amp),
+        amp=amp,
     )
 
 
 def cases(models: list[str], tiny: bool, device: str, batches: tuple[int, ...] = (64, 256)) -> list[Case]:
     """The cases of the models named; on the CPU with --tiny in float (the CPU's half and bf16 convolutions are
-    slow, and a check needs no low precision), else ResNet in half and the transformers in bf16."""
+    slow, and a check needs no low precision), else for inference ResNet in half and the transformers in bf16, and
+    each trained with bf16 mixed precision."""
     low = torch.float if tiny and device == "cpu" else None
+    amp = None if low else torch.bfloat16
     made = {
-        "resnet50": lambda: _resnet_cases(tiny, low or torch.half, batches),
-        "gpt2": lambda: [_gpt2_case(tiny, low or torch.bfloat16)],
-        "llama_layer": lambda: [_llama_case(tiny, low or torch.bfloat16)],
+        "resnet50": lambda: _resnet_cases(tiny, low or torch.half, amp, batches),
+        "gpt2": lambda: [_gpt2_case(tiny, low or torch.bfloat16, amp)],
+        "llama_layer": lambda: [_llama_case(tiny, low or torch.bfloat16, amp)],
     }
     unknown = [m for m in models if m not in made]
     if unknown:
@@ -165,8 +176,12 @@ def cases(models: list[str], tiny: bool, device: str, batches: tuple[int, ...] =
     return [c for m in models for c in made[m]()]
 
 
+def _amp(amp: torch.dtype | None) -> dict:
+    return {"training": f"mixed precision ({_NAMES[amp]} autocast, float parameters)"} if amp else {}
+
+
 def _prepare(case: Case, base: torch.nn.Module, device: str, training: bool) -> torch.nn.Module:
-    model = copy.deepcopy(base).to(device, case.dtype)
+    model = copy.deepcopy(base).to(device, torch.float if training and case.amp else case.dtype)
     if case.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model.train(training)
@@ -188,12 +203,44 @@ def _median_ms(step: Callable[[], object], device: str, iterations: int) -> floa
     return statistics.median(times)
 
 
+def _profile(folder: Path | None, title: str, step: Callable[[], object], device: str, steps: int = 3) -> None:
+    """With --profile: a few steps under torch.profiler, its table of ops by device time (CPU time on the CPU)
+    written to FOLDER/<title>.txt. Where a contender's time goes, not a figure."""
+    if folder is None:
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=90)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = "".join(c if c.isalnum() or c == "-" else "_" for c in title)
+    (folder / f"{name}.txt").write_text(f"{title}: {steps} steps\n{table}\n")
+
+
 def _forward_flops(case: Case, model: torch.nn.Module, inputs) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_ATTENTION_FLOPS) as counter:
         model(inputs)
     return counter.get_total_flops()
+
+
+def _attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """Attention's two matmuls over every query head, key and value heads shared by groups (grouped-query attention,
+    which some torch versions' own count refuses)."""
+    b, heads, s_q, d = query
+    return 2 * b * heads * s_q * key[-2] * (d + value[-1])
+
+
+_ATTENTION_FLOPS = {
+    getattr(torch.ops.aten, f"_scaled_dot_product_{kind}"): _attention_flops
+    for kind in ("flash_attention", "efficient_attention", "cudnn_attention", "flash_attention_for_cpu")
+}
 
 
 def _report(installed) -> dict:
@@ -217,14 +264,16 @@ def run_contender(case: Case, base, name: str, phase: str, device: str, args, re
     model = _prepare(case, base, device, training)
     gen = torch.Generator().manual_seed(0)
     inputs, targets = case.batch(gen, device)
+    amp = case.amp if training else None
     installed = None
     if cudnn:
         installed = patterns.install_library(
             *case.families,
-            dtype=_NAMES[case.dtype],
+            dtype=_NAMES[amp or case.dtype],
             channels_last=case.channels_last,
             device=device,
             tune=device == "cuda" and args.tune,
+            autocast=amp is not None,
         )
     try:
         fn = model if mode == "eager" else torch.compile(model, mode=MODES[mode], fullgraph=False)
@@ -236,15 +285,20 @@ def run_contender(case: Case, base, name: str, phase: str, device: str, args, re
                 got = out[0] if isinstance(out, tuple) else out
                 numerics = _compare(got, reference, case.dtype)
                 ms = _median_ms(lambda: fn(inputs), device, args.iterations)
+                _profile(args.profile, f"{case.name} {phase} {name}", lambda: fn(inputs), device)
             losses = None
         else:
             opt = torch.optim.SGD(model.parameters(), lr=args.lr)
             batches = [case.batch(gen, device) for _ in range(4)]
+            if amp is not None:  # float inputs, as the float model takes them
+                batches = [(x.float() if x.is_floating_point() else x, y) for x, y in batches]
+            autocast = torch.autocast(device, dtype=amp) if amp is not None else contextlib.nullcontext()
 
             def step(i):
                 x, y = batches[i % len(batches)]
                 opt.zero_grad(set_to_none=True)
-                out = fn(x)
+                with autocast:
+                    out = fn(x)
                 loss = case.loss(out[0] if isinstance(out, tuple) else out, y)
                 loss.backward()
                 opt.step()
@@ -256,6 +310,7 @@ def run_contender(case: Case, base, name: str, phase: str, device: str, args, re
             losses += [step(i).item() for i in range(1, args.steps)]
             counter = iter(range(10**9))
             ms = _median_ms(lambda: step(next(counter)), device, args.iterations)
+            _profile(args.profile, f"{case.name} {phase} {name}", lambda: step(next(counter)), device)
             numerics = None if reference is None else _curve_difference(losses, reference)
         result = {
             "contender": name,
@@ -319,6 +374,7 @@ def main(argv=None) -> int:
         "first run, kept in the plan store; the first run's time includes it, as max-autotune's does)",
     )
     p.add_argument("--json", type=Path, help="where the results go (default on CUDA: docs/results/models-<gpu>.json)")
+    p.add_argument("--profile", type=Path, metavar="DIR", help="also write each contender's torch.profiler table here")
     args = p.parse_args(argv)
     contenders = args.contenders.split(",")
     if "eager" not in contenders:

@@ -29,7 +29,7 @@ from dsl.options import OPTIONS, Options
 from dsl.subgraph import fusion_order
 from dsl.syntax import ast
 from dsl.syntax.printer import fmt_module
-from dsl.types import UNSET, TensorType, dense_strides, is_float, itemsize, merged_stride
+from dsl.types import UNSET, TensorType, dense_strides, is_float, itemsize, merged_stride, packed_row_major
 from dsl.values import from_python
 
 
@@ -42,12 +42,15 @@ class Derived:
     bind: tuple[tuple[str, str, str], ...]
     """per backward input: (its name, what it is, the forward value). What it is: 'value'; 'transposed' (its last two
     axes swapped); 'flat_transposed' ([B.., M, K] read as [1.., K, B*M]: its batch dims merged into its rows, then
-    transposed); 'grad' or 'grad_transposed' (an output's gradient, as it is or transposed). Each is a view of the
-    value's memory. A forward buffer is bound as a 'value' and read through views; 'buffer_grad' is the gradient
-    buffer of a forward buffer, which the backward writes whole, 'buffer_grad_zeroed' one it writes in part (bound
-    zeroed: no view reads the rest, whose gradient is zero)."""
+    transposed); 'rows' (a value packed row-major read in another shape of as many elements: a norm's operands as
+    the [rows, columns, 1, 1] its backward op takes); 'grad', 'grad_transposed' or 'grad_rows' (an output's gradient,
+    as it is, transposed, or in another shape). Each is a view of the value's memory. A forward buffer is bound as a
+    'value' and read through views; 'buffer_grad' is the gradient buffer of a forward buffer, which the backward
+    writes whole, 'buffer_grad_zeroed' one it writes in part (bound zeroed: no view reads the rest, whose gradient is
+    zero)."""
     grads: tuple[tuple[str, str], ...]
-    """(forward input or buffer, the backward output or buffer that is its gradient)"""
+    """(forward input or buffer, the backward output or buffer that is its gradient: in the input's shape, or in
+    another of as many elements row-major where a fused op writes it so (a norm's backward op per sample))"""
     choices: tuple[str, ...] = ()
     """per intermediate the backward reads: whether the forward saves it or the backward recomputes it, and why"""
 
@@ -233,7 +236,7 @@ class Emit:
         value, or where the value is a view, a view of type t on its buffer at its offset (the buffer bound)."""
         if (kind, name) in self.reads:
             return self.reads[kind, name]
-        b = name if kind == "value" else self.fresh(f"{name}_t")
+        b = name if kind == "value" else self.fresh(f"{name}_rows" if kind == "rows" else f"{name}_t")
         view = self.graph.value(name).view if name in self.known else None
         if view is None:
             self.bind[b] = (kind, name)
@@ -283,10 +286,17 @@ class Emit:
         """An op's statistics from the first-th up to the k-th, saved: its own results (a norm in training phase);
         else those it returns and after them the results the forward gains by computing it with EMIT_STATISTICS's
         attribute set (the same y; sdpa_fp8 returns its amax and gains its softmax stats)."""
+        return tuple(
+            self.fwd(s) if s in self.known else self._read("value", s, self.types[s])
+            for s in self.stat_names(n, k)[first:]
+        )
+
+    def stat_names(self, n: At, k: int) -> tuple[str, ...]:
+        """The forward names of an op's first k statistics (as `stats` reads them), none of them read yet."""
         switch = EMIT_STATISTICS.get(n.node.op)
         have = n.node.outputs[1 : 1 + k]
         if switch is None or n.attrs[switch[0]] == switch[1] or len(have) == k:
-            return tuple(self.fwd(o) for o in have[first:])
+            return tuple(have)
         if n.index not in self.trained:
             sig = OPS[n.node.op]
             full = {**n.attrs, switch[0]: switch[1]}
@@ -294,11 +304,42 @@ class Emit:
             outs = sig.infer(Ctx(n.node.op, n.ins, full))[given:]
             names = tuple(self.fresh(f"{n.out}_{s}") for s in sig.outputs[given:])
             for name, out in zip(names, outs):
-                self.bind[name] = ("value", name)
                 self.types[name] = TensorType(out.dtype, out.shape, dense_strides(out.shape, out.order))
             self.trained[n.index] = names
-        gained = self.trained[n.index][: k - len(have)]
-        return tuple(self.fwd(o) for o in have[first:]) + gained[max(0, first - len(have)) :]
+        return tuple(have) + self.trained[n.index][: k - len(have)]
+
+    def read_once(self, name: str) -> bool:
+        """Whether forward value `name` is an input that one op reads once: its gradient is that op's alone, an
+        output of the backward as the op writes it (in the input's dtype), never summed nor read further."""
+        v = self.graph.value(name)
+        return v.kind == "input" and v.view is None and sum(n.inputs.count(name) for n in self.graph.nodes) == 1
+
+    def fwd_rows(self, name: str, shape: tuple[int, ...]) -> str:
+        """A forward value read in `shape` (as many elements, row-major): a declared view of its memory where it is
+        an input, an output or a statistic lying packed row-major, else a reshape of it."""
+        known = name in self.known
+        v = self.graph.value(name) if known else None
+        t = self.inst.type(name) if known else self.types[name]
+        reusable = ("rows", name) not in self.reads or self.types[self.reads["rows", name]].shape == tuple(shape)
+        stored = v is None or (v.kind != "virtual" and v.view is None)  # virtual: read as a value (recomputed?)
+        if stored and packed_row_major(t.shape, t.strides) and reusable:
+            return self._read("rows", name, TensorType(t.dtype, tuple(shape), dense_strides(tuple(shape))))
+        return self.reshape(self.fwd(name) if known else self._read("value", name, t), shape)
+
+    def rows(self, g: str, shape: tuple[int, ...]) -> str:
+        """A backward value in `shape` (as many elements, row-major): a declared view where it is an output's
+        gradient, else a reshape of it."""
+        kind, of = self.bind.get(g, (None, None))
+        t = self.types[g]
+        if kind != "grad" or not packed_row_major(t.shape, t.strides):
+            return self.reshape(g, shape)
+        for b, (k, o) in self.bind.items():
+            if k == "grad_rows" and o == of and self.types[b].shape == tuple(shape):
+                return b
+        b = self.fresh(f"{g}_rows")
+        self.bind[b] = ("grad_rows", of)
+        self.types[b] = TensorType(t.dtype, tuple(shape), dense_strides(tuple(shape)))
+        return b
 
     def transposed(self, g: str) -> str:
         """A backward value with its last two axes swapped: a view where it is an output's gradient, else a
@@ -589,7 +630,7 @@ class Emit:
 
     def prune(self) -> None:
         """Drops the statements whose results nothing reads and no output is (a reshape that a reshape of it
-        now skips)."""
+        now skips), then the inputs nothing reads (a value read in another shape instead: `fwd_rows`, `rows`)."""
         live: set[str] = set()
         kept = []
         for st in reversed(self.stmts):
@@ -597,6 +638,12 @@ class Emit:
                 live.update(a for a in st.call[1] if isinstance(a, str))
                 kept.append(st)
         self.stmts = kept[::-1]
+        held = set(self.buffers) | {buffer for buffer, _ in self.views.values()}
+        for b, (kind, of) in list(self.bind.items()):
+            if b not in live and b not in held:
+                del self.bind[b]
+                self.reads.pop((kind, of), None)
+        self.saved &= {of for _, of in self.bind.values()}
 
     def output(self, g: str, t: TensorType, name: str, placed: tuple[str, int] | None = None) -> str:
         """Makes g an output of type t (dtype, shape, strides; a sum of narrower values in float, as it is
@@ -608,6 +655,13 @@ class Emit:
         elif self._summed(g):
             t = attrs.evolve(t, dtype=accumulation(t.dtype))
         st = self.made.get(g)
+        if placed is None and st is not None and st.call[0] == "reshape" and st.dtype is None:
+            src = self.made.get(st.call[1][0])
+            if src is not None and len(src.targets) > 1 and st.call[1][0] not in src.outputs:
+                # a fused op's result reshaped (a norm's backward op per sample): the output is that result as the
+                # op writes it, declared in its shape (the same elements row-major; Derived.grads)
+                g, st, shape = st.call[1][0], src, self.types[st.call[1][0]].shape
+                t = TensorType(t.dtype, shape, dense_strides(shape))
         if st is not None and len(st.targets) > 1 and g not in st.outputs and self.types[g].shape == t.shape:
             new = self.fresh(name)
             self._rename(g, new)

@@ -394,8 +394,11 @@ def _norm_graph(x: str, scale: str, body: str) -> str:
         ("[4, 8, 1, 1]", "[1, 8, 1, 1]", "output y = layernorm(a, b, c)", "layernorm_backward"),  # the examples'
         ("[4, 3, 2, 2]", "[1, 3, 1, 1]", "output y = batchnorm(a, b, c, c, c)", "batchnorm_backward"),
         ("[4, 3, 2, 2]", "[1, 3, 1, 1]", "output y = instancenorm(a, b, c)", "instancenorm_backward"),
-        ("[2, 3, 4]", "[1, 1, 4]", "output y = layernorm(a, b, c)", None),  # tokens: no engine on 9.19
-        ("[4, 3, 2, 2]", "[1, 1, 1, 2]", "output y = layernorm(a, b, c)", None),  # not per sample
+        ("[2, 3, 4]", "[1, 1, 4]", "output y = layernorm(a, b, c)", "layernorm_backward"),  # tokens, read per sample
+        ("[2, 3, 4]", "[1, 1, 4]", "output y = rmsnorm(a, b)", "rmsnorm_backward"),
+        ("[4, 3, 2, 2]", "[1, 1, 1, 2]", "output y = layernorm(a, b, c)", "layernorm_backward"),
+        ("[2, 3, 4]", "[1, 1, 4]", "output y = layernorm(a, b, c) * a", None),  # dx summed with another: float
+        ("[4, 3, 2, 2]", "[1, 3, 1, 2]", "output y = layernorm(a, b, c)", None),  # not the last axes
         ("[2, 3, 4]", "[2, 1, 4]", "output y = adalayernorm(a, b, c)", None),  # no engine on 9.19
     ],
 )
@@ -413,6 +416,10 @@ def test_norms_use_their_backward_op_where_cudnn_runs_it(x, scale, body, op):
     else:
         assert ops == [op]  # the gradients are its results, no copy after it
         assert "float(" not in d.backward_text
+        if "[1, 1, " in scale:  # over the last axes: read per sample, [rows, columns, 1, 1], by views of the memory
+            [node] = d.backward.nodes
+            assert d.backward.instances[0].type(node.inputs[0]).shape[2:] == (1, 1)
+            assert {kind for _, kind, _ in d.bind} == {"rows", "grad_rows"}
     check_grads(text, "cpu")
     if op is not None:  # the scale frozen: dscale would be left unread, so the chain
         d = derive(g, avoid=ON_H200, wrt=("a",) + (("c",) if body.count(",") > 1 else ()))
@@ -439,9 +446,14 @@ def test_where_a_quirk_is_verified_clean_the_backward_op_is_used(x, scale, body,
     rows = [attrs.evolve(q, clean=(*q.clean, later)) if q.stage == "derive" else q for q in quirks.QUIRKS]
     monkeypatch.setattr(quirks, "QUIRKS", rows)
     g = program(text=_norm_graph(x, scale, body)).graph()
-    assert [n.op for n in derive(g, avoid=ON_H200).backward.nodes if n.op.endswith("_backward")] == []
-    clean = derive(g, avoid=functools.partial(avoided_backward, 99900))
-    assert [n.op for n in clean.backward.nodes if n.op.endswith("_backward")] == [op]
+
+    def forms(d):
+        return [(n.op, d.backward.instances[0].type(n.inputs[0]).shape) for n in d.backward.nodes if n.op == op]
+
+    tokens = tuple(int(d) for d in x.strip("[]").split(", "))
+    rows = [(op, (tokens[0] * tokens[1], tokens[2], 1, 1))] if op != "adalayernorm_backward" else []
+    assert forms(derive(g, avoid=ON_H200)) == rows  # per sample, or the chain
+    assert forms(derive(g, avoid=functools.partial(avoided_backward, 99900))) == [(op, tokens)]
     check_grads(_norm_graph(x, scale, body), "cpu")
 
 

@@ -150,3 +150,9 @@ def test_a_mismatch_says_where_and_by_how_much():
     nan = want.clone()
     nan[0, 4] = float("nan")
     assert compare("y", nan, want, "float").worst[0] == (0, 4)  # a NaN is the worst there is
+
+
+def test_outputs_of_another_shape_are_a_mismatch_not_a_crash():
+    c = compare("dg", torch.zeros(1, 768, 1, 1), torch.zeros(768), "float")
+    assert not c.ok and c.mismatches == 768
+    assert str(c) == "dg: MISMATCH of shape: [1, 768, 1, 1] where the reference is [768]"

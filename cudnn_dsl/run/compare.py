@@ -26,12 +26,17 @@ class Comparison:
     mean_abs: float = 0.0
     worst: tuple | None = None
     """(index, got, want) of the element furthest past its tolerance, when any is"""
+    shapes: tuple | None = None
+    """(got, want) where the shapes differ: no element compared, every one counted off"""
 
     @property
     def ok(self) -> bool:
         return self.mismatches == 0
 
     def __str__(self) -> str:
+        if self.shapes is not None:
+            got, want = (list(s) for s in self.shapes)
+            return f"{self.name}: MISMATCH of shape: {got} where the reference is {want}"
         if self.ok:
             verdict = "ok"
         else:
@@ -62,6 +67,9 @@ def compare(
         d_atol, d_rtol = max(d_atol, tolerance(floor_dtype)[0]), max(d_rtol, tolerance(floor_dtype)[1])
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol
+    if got.shape != want.shape:
+        n = max(got.numel(), want.numel())
+        return Comparison(name, dtype, atol, rtol, 0.0, 0.0, n, n, shapes=(tuple(got.shape), tuple(want.shape)))
     g = got.to(torch.float64).cpu() if got.device != want.device else got.to(torch.float64)
     w = want.to(device=g.device, dtype=torch.float64)
     diff = (g - w).abs()

@@ -29,10 +29,9 @@ import torch
 from cudnn_dsl import api
 from cudnn_dsl.run.buffers import check_inputs, view
 from cudnn_dsl.run.compiled import Calls, CompiledGraph
-from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.quirks import backward_avoid, library_version
 from cudnn_dsl.torch_op.layout import Layouts, laid_out
-from cudnn_dsl.torch_op.training import backward_inputs, grads_read, values_read
+from cudnn_dsl.torch_op.training import backward_inputs, grads_read, input_gradient, values_read
 from dsl.autodiff import Derived, derive
 from dsl.ir import Graph
 
@@ -134,10 +133,7 @@ class Differentiable:
         bound = backward_inputs(pair.derived, kept, grads, scalars, self.device)
         out = _placed(pair.backward.graph, bound, pair.run_backward(bound))
         named, types = dict(pair.derived.grads), pair.derived.forward.instances[0]
-        # a gradient summed in float for a narrower input is returned in the input's dtype (as for the torch op)
-        return {
-            i: out[named[i]].to(torch_dtype(types.type(i).dtype)) if i in named else None for i in self.tensor_inputs
-        }
+        return {i: input_gradient(out[named[i]], types.type(i)) if i in named else None for i in self.tensor_inputs}
 
     def __call__(self, tensors: dict | None = None, /, **named) -> dict[str, torch.Tensor]:
         given = dict(tensors if tensors is not None else named)

@@ -15,6 +15,7 @@ registered ops, whose autograd they know), not under a torch function or dispatc
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -72,11 +73,11 @@ class Shape:
             want = declared.type(name)
             strides = None if want.dtype == "bool" else tuple(want.strides)
             if kind in GRADS:
-                self.binds.append(("grad", out_at[of], GRADS[kind], strides))
+                self.binds.append(("grad", out_at[of], partial(GRADS[kind], shape=want.shape), strides))
             elif kind in BUFFER_GRADS:
                 self.binds.append(("made", kind, forward_types.type(of), None))
             else:
-                self.binds.append(("kept", kept_at[of], VIEWS[kind], strides))
+                self.binds.append(("kept", kept_at[of], partial(VIEWS[kind], shape=want.shape), strides))
         self.zero_types = {out_at[of]: forward_types.type(of) for _, kind, of in d.bind if kind in GRADS}
         self.zeros: dict[tuple, torch.Tensor] = {}
         """(output index, device) -> a zero gradient, read only (the backward writes none of its inputs)"""
@@ -88,17 +89,17 @@ class Shape:
         fresh = {n: k for k, n in enumerate(bwd.fresh)}
         by_grad = dict(d.grads)
         self.grads = []
-        """per op tensor argument: None, or (from the backward's outputs?, index, the argument's dtype where the
-        gradient is of another: summed in float for a narrower input, it is returned in the input's dtype, as the
-        registered path returns it)"""
+        """per op tensor argument: None, or (from the backward's outputs?, index, the argument's shape where the
+        gradient is written in another, its dtype where in another), as training.input_gradient makes it"""
         for n in op.tensor_names:
             name = by_grad.get(n)
             if name is None:
                 self.grads.append(None)
                 continue
-            dtype = grads.dtypes[n]
-            cast = None if torch_dtype(declared.type(name).dtype) == dtype else dtype
-            self.grads.append((True, fresh[name], cast) if name in fresh else (False, bound[name], cast))
+            want, have = forward_types.type(n), declared.type(name)
+            shape = None if want.shape == have.shape else want.shape
+            cast = None if want.dtype == have.dtype else torch_dtype(want.dtype)
+            self.grads.append((name in fresh, fresh[name] if name in fresh else bound[name], shape, cast))
 
     def forward(self, args: tuple) -> tuple:
         values = args if self.fwd_args is None else tuple(args[k] for k in self.fwd_args)
@@ -128,8 +129,9 @@ class Shape:
             if source is None:
                 out.append(None)
                 continue
-            fresh, k, cast = source
+            fresh, k, shape, cast = source
             g = made[k] if fresh else values[k]
+            g = g if shape is None else g.reshape(shape)
             out.append(g if cast is None else g.to(cast))
         return tuple(out)
 

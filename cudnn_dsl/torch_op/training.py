@@ -16,17 +16,20 @@ from cudnn_dsl.target.quirks import backward_avoid, library_version
 from cudnn_dsl.torch_op.layout import in_layout
 from cudnn_dsl.torch_op.library import LAYOUT_TAGS, NAMESPACE, fragment, results, returned
 from dsl.autodiff import Derived, derive
+from dsl.types import TensorType
 
 VIEWS = {
-    "value": lambda t: t,
-    "transposed": lambda t: t.transpose(-1, -2),
-    "flat_transposed": lambda t: t.reshape(*(1,) * (t.dim() - 2), -1, t.shape[-1]).transpose(-1, -2),
+    "value": lambda t, shape: t,
+    "transposed": lambda t, shape: t.transpose(-1, -2),
+    "flat_transposed": lambda t, shape: t.reshape(*(1,) * (t.dim() - 2), -1, t.shape[-1]).transpose(-1, -2),
+    "rows": lambda t, shape: t.reshape(shape),
 }
-"""the Derived.bind kinds of a forward value the backward reads, each with the view of it that is bound (derive
-declares a flattened value only where its declared strides make it a view; a value laid out otherwise, an input
-the forward copied into its layout, is copied into the backward's: backward_inputs)"""
-GRADS = {"grad": VIEWS["value"], "grad_transposed": VIEWS["transposed"]}
-"""the Derived.bind kinds of an output's gradient (as given, or transposed), each with its view"""
+"""the Derived.bind kinds of a forward value the backward reads, each with the view of it that is bound, given the
+backward's declared shape (derive declares a flattened value only where its declared strides make it a view; a
+value laid out otherwise, an input the forward copied into its layout, is copied into the backward's:
+backward_inputs)"""
+GRADS = {"grad": VIEWS["value"], "grad_transposed": VIEWS["transposed"], "grad_rows": VIEWS["rows"]}
+"""the Derived.bind kinds of an output's gradient (as given, transposed, or in another shape), each with its view"""
 BUFFER_GRADS = {"buffer_grad": lambda t: t, "buffer_grad_zeroed": torch.Tensor.zero_}
 """the Derived.bind kinds of a buffer's gradient, each with how its memory is made ready: the backward writes the
 one whole, the other in part (the rest is zero)"""
@@ -52,21 +55,31 @@ def backward_inputs(d: Derived, values: dict, grads: dict, scalars: dict, device
     zeros: dict[str, torch.Tensor] = {}
     bound: dict = {}
     for name, kind, of in d.bind:
+        want = declared.type(name)
         if kind in GRADS:
             g = grads.get(of)
             if g is None:
                 g = zeros.get(of)
                 if g is None:
                     g = zeros[of] = empty(d.forward.instances[0].type(of), device).zero_()
-            t = GRADS[kind](g)
+            t = GRADS[kind](g, want.shape)
         elif kind in BUFFER_GRADS:
             t = BUFFER_GRADS[kind](empty(d.forward.instances[0].type(of), device))
         else:
-            t = VIEWS[kind](values[of])
-        want = declared.type(name)
+            t = VIEWS[kind](values[of], want.shape)
         bound[name] = in_layout(t, want.strides) if relayout and want.dtype != "bool" else t
     bound.update((v.name, scalars[v.name]) for v in d.backward.of_kind("scalar") if v.name in scalars)
     return bound
+
+
+def input_gradient(g: torch.Tensor, t: TensorType) -> torch.Tensor:
+    """A backward output as the gradient of the forward input of type t: in its shape (a fused op may write it in
+    another of as many elements row-major: Derived.grads) and its dtype (a gradient summed in float for a narrower
+    input is returned in the input's dtype: what the autograd engine would cast it to, and what a compiled
+    backward, Inductor's, takes it to be)."""
+    if tuple(g.shape) != t.shape:
+        g = g.reshape(t.shape)
+    return g.to(torch_dtype(t.dtype))
 
 
 class GradOps:
@@ -97,7 +110,6 @@ class GradOps:
         self.outputs = tuple(op.fresh)
         self.saved, self.kept = self._values(first)
         self.grads = tuple(w for w, _ in first.grads)
-        self.dtypes = {w: torch_dtype(op.graph.instances[0].type(w).dtype) for w in self.grads}
         mask = "".join("1" if n in wrt else "0" for n in op.tensor_names)
         self.name, self.backward_name = f"{op.name}_ad{mask}", f"{op.name}_bw{mask}"
         args = op.schema.split(" -> ")[0][1:-1]
@@ -172,9 +184,8 @@ class GradOps:
         )
         result = getattr(bwd, kernel)(*bwd.positional((), bound))
         got = {**bound, **dict(zip(bwd.fresh, results(result)))}  # a buffer's gradient: the one bound, written
-        # a gradient summed in float for a narrower input is returned in the input's dtype: what the autograd
-        # engine would cast it to, and what a compiled backward (Inductor) takes it to be
-        return [got[name].to(self.dtypes[w]) for w, name in d.grads]
+        types = d.forward.instances[0]
+        return [input_gradient(got[name], types.type(w)) for w, name in d.grads]
 
     def setup_context(self, ctx, inputs, output):
         # the saved values the augmented forward returns get no gradient: left None, not zeros allocated and filled

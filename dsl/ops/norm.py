@@ -21,7 +21,7 @@ from dsl.ops.base import (
     same_shape,
     x_of,
 )
-from dsl.types import TensorType, fmt_shape, stride_order
+from dsl.types import TensorType, dense_strides, fmt_shape, stride_order
 from dsl.values import Attr
 
 FAMILY = Family(
@@ -385,14 +385,26 @@ def _norm(
     def rule(e, n):
         x, scale = n.ins[0], n.ins[1]
         axes = over(x, scale)
-        stats = e.stats(n, 2 if centered else 1)
+        n_stats = 2 if centered else 1
         bias = len(n.inputs) > 2 and n.inputs[2] is not None
         wanted = all(n.need[: 3 if bias else 2]) and (bias or not centered)
+        given = {"dbias": bias} if dedicated == "rmsnorm_backward" else {}
         if dedicated and wanted and e.avoid(dedicated, x, scale, axes) is None:
-            given = {"dbias": bias} if dedicated == "rmsnorm_backward" else {}
             dy = e.cast(n.dy, x.dtype)
-            grads = e.call(dedicated, dy, e.fwd(n.inputs[0]), e.fwd(n.inputs[1]), *stats, **given)
+            grads = e.call(dedicated, dy, e.fwd(n.inputs[0]), e.fwd(n.inputs[1]), *e.stats(n, n_stats), **given)
             return (*grads, *(None,) * (len(n.inputs) - len(grads)))
+        rows = _as_rows(x, scale, axes)
+        # per sample where dx is the input's gradient alone: cuDNN writes it in x's dtype, not a float intermediate
+        if dedicated and wanted and rows and e.read_once(n.inputs[0]) and e.avoid(dedicated, *rows, (1,)) is None:
+            x4, scale4 = (t.shape for t in rows)
+            stats4 = (x4[0], 1, 1, 1)
+            dy = e.rows(e.cast(n.dy, x.dtype), x4)
+            read = [e.fwd_rows(n.inputs[0], x4), e.fwd_rows(n.inputs[1], scale4)]
+            read += [e.fwd_rows(s, stats4) for s in e.stat_names(n, n_stats)]
+            grads = e.call(dedicated, dy, *read, **given)
+            shapes = (x.shape, scale.shape, scale.shape)
+            return (*(e.reshape(g, s) for g, s in zip(grads, shapes)), *(None,) * (len(n.inputs) - len(grads)))
+        stats = e.stats(n, n_stats)
         count = math.prod(x.shape[a] for a in axes)
         xs = e.fwd(n.inputs[0])
         xhat = e.call("mul", e.call("sub", xs, stats[0]) if centered else xs, stats[-1])
@@ -407,6 +419,17 @@ def _norm(
         return (dx, dscale, dbias) + (None,) * (len(n.inputs) - 3)
 
     return rule
+
+
+def _as_rows(x: TensorType, scale: TensorType, axes: tuple[int, ...]) -> tuple[TensorType, TensorType] | None:
+    """x and scale as a norm's backward op takes them per sample, where the normalized axes are x's last ones and
+    scale is one for all samples: [rows, columns, 1, 1] and [1, columns, 1, 1], the leading axes merged into the rows
+    and the normalized ones into the columns (x [B, S, D] over D: [B*S, D, 1, 1]); else None."""
+    if not axes or axes != tuple(range(axes[0], len(x.shape))) or any(d != 1 for d in scale.shape[: axes[0]]):
+        return None  # another form, or a scale per sample (adalayernorm's)
+    rows, cols = math.prod(x.shape[: axes[0]]), math.prod(x.shape[axes[0] :])
+    x4, scale4 = (rows, cols, 1, 1), (1, cols, 1, 1)
+    return TensorType(x.dtype, x4, dense_strides(x4)), TensorType(scale.dtype, scale4, dense_strides(scale4))
 
 
 def _batchnorm_inference(e, n):

@@ -48,12 +48,13 @@ def test_a_half_channels_last_conv_batchnorm_relu_runs_cudnn_in_its_place(privat
     model = ConvBnRelu().eval().half().cuda().to(memory_format=torch.channels_last)
     x = torch.randn(6, 4, 16, 16, dtype=torch.half, device="cuda").to(memory_format=torch.channels_last)
     with patterns.install(EXAMPLES / "conv_bn_relu_half.cdg", device="cuda") as installed, torch.no_grad():
-        [graph] = installed.graphs
-        before = graph.op.launches
+        # searched twice, as F.batch_norm and as the pointwise ops (a BatchNorm of any eps): one graph op
+        [op] = {g.op for g in installed.graphs}
+        before = op.launches
         y, code = compiled_code(torch.compile(model, fullgraph=True), x)
         want = model(x)
     assert [r.training for r in installed.report.replaced] == [False], str(installed.report)
-    assert graph.op.launches == before + 1
+    assert op.launches == before + 1
     assert any(f"torch.ops.{NAMESPACE}." in c for c in code)
     close(y, want, "half")
 
