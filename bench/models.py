@@ -401,11 +401,17 @@ def main(argv=None) -> int:
         del model
         for phase in args.phases.split(","):
             entry = {"model": case.name, "phase": phase, "unit": case.unit, "per_step": case.per_step}
-            entry.update(config=case.config, forward_flops=flops, contenders=[])
+            config = {k: v for k, v in case.config.items() if phase == "training" or k != "training"}
+            entry.update(config=config, forward_flops=flops, contenders=[])
             reference = eager_out if phase == "inference" else None
             for name in contenders:
                 print(f"{case.name} {phase}: {name} ...", file=sys.stderr, flush=True)
-                r = run_contender(case, base, name, phase, args.device, args, reference)
+                try:
+                    r = run_contender(case, base, name, phase, args.device, args, reference)
+                except torch.AcceleratorError as e:  # raised while cleaning up: the device is lost for the rest
+                    entry["contenders"].append({"contender": name, "ok": False, "error": f"{type(e).__name__}: {e}"})
+                    _write(path, args, results + [entry])
+                    raise
                 if phase == "training" and name == "eager" and r["ok"]:
                     reference = r["losses"]
                 if "replaced_flops" in r:

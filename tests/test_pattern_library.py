@@ -355,14 +355,24 @@ def test_a_replaced_region_is_tuned_on_its_first_run_and_its_plan_kept():
     assert replaced <= tuned
 
 
+_WRONG_ON_CUDA = pytest.mark.xfail(
+    not library.TRAINING_ON_CUDA,
+    reason="seen on an H100 (cuDNN 9.19): NaN weight gradients (library.TRAINING_ON_CUDA)",
+    strict=True,
+)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("training", [False, True], ids=["eval-with-autograd", "training-mode"])
+@pytest.mark.parametrize(
+    "training", [False, pytest.param(True, marks=_WRONG_ON_CUDA)], ids=["eval-with-autograd", "training-mode"]
+)
 def test_on_cuda_resnet_blocks_under_autocast_run_cudnn_graphs_with_the_models_gradients(training):
     """cuDNN's convolutions, BatchNorms (their running statistics too) and their derived backward against
-    torch's, as AMP trains: autocast to bf16, channels-last."""
+    torch's, as AMP trains: autocast to bf16, channels-last. The training-mode graphs asked for: on CUDA they are
+    installed by default only once this passes."""
     model, twin = (_resnet_stack().train(training).cuda().to(memory_format=torch.channels_last) for _ in range(2))
     x = torch.randn(8, 16, 8, 8, device="cuda").to(memory_format=torch.channels_last)
-    library_ = patterns.install_library("resnet", dtype="bf16", autocast=True, device="cuda")
+    library_ = patterns.install_library("resnet", dtype="bf16", autocast=True, device="cuda", training=True)
     _trains_alike(model, twin, x, library_, autocast=torch.bfloat16)
     assert len(library_.report.replaced) == 6 and all(r.training for r in library_.report.replaced)
 
@@ -391,3 +401,11 @@ def test_bench_models_tiny_runs_and_its_numerics_hold(tmp_path):
     assert replaced[("resnet (tiny) batch 8", "inference")]["flops_in_cudnn"] > 0.75
     assert replaced[("resnet (tiny) batch 8", "training")]["flops_in_cudnn"] > 0.75  # BatchNorm in training mode
     assert replaced[("gpt2 (tiny)", "training")]["flops_in_cudnn"] > 0.1
+
+
+def test_the_training_mode_graphs_are_left_out_when_asked():
+    """install_library(training=False), the default on CUDA (library.TRAINING_ON_CUDA), has no graph of a
+    BatchNorm in training mode; the eval ones stay."""
+    with_training, without = (library.source(("resnet",), "bf16", autocast=True, training=t) for t in (True, False))
+    assert "_train_" in with_training and "_train_" not in without
+    assert without.count("graph ") == with_training.count("graph ") - len(library.FAMILIES["resnet"].training)

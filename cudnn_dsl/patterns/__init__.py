@@ -191,16 +191,20 @@ def install_library(
     device: str = "cpu",
     tune: bool = False,
     autocast: bool = False,
+    training: bool | None = None,
 ) -> Installed:
     """The bundled library's graphs (patterns.library: "resnet", "gpt", "llama"; all of them when none is
     named) in a dtype ("float", "half", "bf16") or several, as install() installs a file's. `autocast`: for a
     float model run under torch.autocast to `dtype`: its convolutions, matmuls and attention in `dtype` (their
-    BatchNorms' affine parameters float), its norms in float."""
+    BatchNorms' affine parameters float), its norms in float. `training`: with the graphs of a BatchNorm in
+    training mode (by default, except on CUDA: library.TRAINING_ON_CUDA says why)."""
     dtypes = (dtype,) if isinstance(dtype, str) else tuple(dtype)
     if autocast:
         dtypes += ("float",) * ("float" not in dtypes)
     names = families or tuple(library.FAMILIES)
-    text = "\n".join(library.source(names, d, channels_last, autocast) for d in dtypes)
+    if training is None:
+        training = device != "cuda" or library.TRAINING_ON_CUDA
+    text = "\n".join(library.source(names, d, channels_last, autocast, training) for d in dtypes)
     file = f"pattern library ({', '.join(dtypes)}{', autocast' if autocast else ''})"
     compiled = lambda name: compile_graph(text=text, graph=name, file=file)  # noqa: E731
     return Installed(_patterns(load(text=text, file=file), device, compiled, tune), Report())

@@ -247,10 +247,20 @@ FAMILIES = {
 }
 
 
-def source(families: tuple[str, ...], dtype: str, channels_last: bool = True, autocast: bool = False) -> str:
+TRAINING_ON_CUDA = False
+"""whether the training-mode BatchNorm graphs (Family.training) are installed for CUDA by default: not while their
+cuDNN runs are wrong. On an H100 with cuDNN 9.19, under bf16 autocast, their derived backward gave NaN weight
+gradients (tests/test_pattern_library.py, its CUDA check in training mode) and ResNet-50 at batch 64 faulted (an
+illegal address); on the CPU they train as torch does"""
+
+
+def source(
+    families: tuple[str, ...], dtype: str, channels_last: bool = True, autocast: bool = False, training: bool = True
+) -> str:
     """The .cdg text of the families' graphs in one dtype, convolutions' activations and weights channels-last
     or not. `autocast`: as a float model computes them under torch.autocast to `dtype`: its BatchNorms' affine
-    parameters stay float (graphs named `..._autocast`)."""
+    parameters stay float (graphs named `..._autocast`). `training`: with the graphs of a model in training mode
+    (Family.training), where the dtype has them."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: the library's graphs are {', '.join(DTYPES)}")
     unknown = [f for f in families if f not in FAMILIES]
@@ -258,8 +268,8 @@ def source(families: tuple[str, ...], dtype: str, channels_last: bool = True, au
         raise ValueError(f"no pattern family {unknown[0]!r}; the families are {', '.join(FAMILIES)}")
     parts = []
     for f in families:
-        training = FAMILIES[f].training if dtype == "float" or autocast else ()
-        for template in FAMILIES[f].templates + training:
+        trained = FAMILIES[f].training if training and (dtype == "float" or autocast) else ()
+        for template in FAMILIES[f].templates + trained:
             amp = autocast and dtype != "float"
             text = template.replace("{t}", dtype).replace("{a}", "float" if amp else dtype)
             text = text.replace("{amp}", "_autocast" if amp else "")

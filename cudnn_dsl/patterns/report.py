@@ -55,7 +55,8 @@ class Unmatched:
             return (
                 f"not replaced at {self.where}: {self.op}: batch statistics (a BatchNorm in training mode) that no "
                 "installed graph computes as the model does; the library's take a float or autocast model's, "
-                "affine, tracking running statistics, with torch's default eps and momentum (or an eval BatchNorm)"
+                "affine, tracking running statistics, with torch's default eps and momentum (or an eval BatchNorm), "
+                "and are not installed on CUDA by default (cudnn_dsl.patterns.library.TRAINING_ON_CUDA)"
             )
         if self.joint:
             return (
