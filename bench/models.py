@@ -104,7 +104,7 @@ def _resnet_cases(tiny: bool, dtype: torch.dtype, amp, batches: tuple[int, ...])
                 "images",
                 n,
                 channels_last=True,
-                config={"batch": n, "image": hw, "dtype": _NAMES[dtype], "layout": "channels_last"} | _amp(amp),
+                config={"batch": n, "image": hw, "dtype": _NAMES[dtype], "layout": "channels_last"},
                 amp=amp,
             )
         )
@@ -131,7 +131,7 @@ def _gpt2_case(tiny: bool, dtype: torch.dtype, amp) -> Case:
         ("gpt",),
         "tokens",
         b * t,
-        config={"B": b, "T": t, "n_layer": config.n_layer, "n_embd": config.n_embd, "dtype": _NAMES[dtype]} | _amp(amp),
+        config={"B": b, "T": t, "n_layer": config.n_layer, "n_embd": config.n_embd, "dtype": _NAMES[dtype]},
         amp=amp,
     )
 
@@ -153,8 +153,7 @@ def _llama_case(tiny: bool, dtype: torch.dtype, amp) -> Case:
         "tokens",
         b * t,
         config={"B": b, "T": t, "dim": config.dim, "heads": config.n_heads, "kv_heads": config.n_kv_heads}
-        | {"dtype": _NAMES[dtype]}
-        | _amp(amp),
+        | {"dtype": _NAMES[dtype]},
         amp=amp,
     )
 
@@ -174,10 +173,6 @@ def cases(models: list[str], tiny: bool, device: str, batches: tuple[int, ...] =
     if unknown:
         raise SystemExit(f"no model {unknown[0]!r}; the models are {', '.join(made)}")
     return [c for m in models for c in made[m]()]
-
-
-def _amp(amp: torch.dtype | None) -> dict:
-    return {"training": f"mixed precision ({_NAMES[amp]} autocast, float parameters)"} if amp else {}
 
 
 def _prepare(case: Case, base: torch.nn.Module, device: str, training: bool) -> torch.nn.Module:
@@ -401,7 +396,10 @@ def main(argv=None) -> int:
         del model
         for phase in args.phases.split(","):
             entry = {"model": case.name, "phase": phase, "unit": case.unit, "per_step": case.per_step}
-            config = {k: v for k, v in case.config.items() if phase == "training" or k != "training"}
+            amp = case.amp if phase == "training" else None
+            config = case.config | (
+                {"training": f"mixed precision ({_NAMES[amp]} autocast, float parameters)"} if amp else {}
+            )
             entry.update(config=config, forward_flops=flops, contenders=[])
             reference = eager_out if phase == "inference" else None
             for name in contenders:

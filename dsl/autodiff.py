@@ -333,13 +333,7 @@ class Emit:
         t = self.types[g]
         if kind != "grad" or not packed_row_major(t.shape, t.strides):
             return self.reshape(g, shape)
-        for b, (k, o) in self.bind.items():
-            if k == "grad_rows" and o == of and self.types[b].shape == tuple(shape):
-                return b
-        b = self.fresh(f"{g}_rows")
-        self.bind[b] = ("grad_rows", of)
-        self.types[b] = TensorType(t.dtype, tuple(shape), dense_strides(tuple(shape)))
-        return b
+        return self._grad_view(of, "grad_rows", TensorType(t.dtype, tuple(shape), dense_strides(tuple(shape))), g)
 
     def transposed(self, g: str) -> str:
         """A backward value with its last two axes swapped: a view where it is an output's gradient, else a
@@ -348,13 +342,18 @@ class Emit:
         if kind != "grad":
             rank = len(self.types[g].shape)
             return self.call("transpose", g, perm=(*range(rank - 2), rank - 1, rank - 2))
-        for b, (k, o) in self.bind.items():
-            if k == "grad_transposed" and o == of:
-                return b
         t = self.types[g]
-        b = self.fresh(f"{g}_t")
-        self.bind[b] = ("grad_transposed", of)
-        self.types[b] = TensorType(t.dtype, t.shape[:-2] + t.shape[:-3:-1], t.strides[:-2] + t.strides[:-3:-1])
+        swapped = TensorType(t.dtype, t.shape[:-2] + t.shape[:-3:-1], t.strides[:-2] + t.strides[:-3:-1])
+        return self._grad_view(of, "grad_transposed", swapped, g)
+
+    def _grad_view(self, of: str, kind: str, t: TensorType, g: str) -> str:
+        """The backward input that reads output `of`'s gradient (bound as g) as `kind`, of type t: once."""
+        for b, (k, o) in self.bind.items():
+            if k == kind and o == of and self.types[b] == t:
+                return b
+        b = self.fresh(f"{g}_t" if kind == "grad_transposed" else f"{g}_rows")
+        self.bind[b] = (kind, of)
+        self.types[b] = t
         return b
 
     def grad_buffer(self, buffer: str, whole: bool) -> str:

@@ -267,10 +267,10 @@ def source(
     if unknown:
         raise ValueError(f"no pattern family {unknown[0]!r}; the families are {', '.join(FAMILIES)}")
     parts = []
+    amp = autocast and dtype != "float"
     for f in families:
         trained = FAMILIES[f].training if training and (dtype == "float" or autocast) else ()
         for template in FAMILIES[f].templates + trained:
-            amp = autocast and dtype != "float"
             text = template.replace("{t}", dtype).replace("{a}", "float" if amp else dtype)
             text = text.replace("{amp}", "_autocast" if amp else "")
             parts.append(text if channels_last else text.replace(" nhwc", ""))
