@@ -65,8 +65,9 @@ def test_ray_and_local_executors_give_one_manifest_byte_for_byte(ray_cluster, fa
 @pytest.mark.slow
 def test_a_node_removed_mid_sweep_has_its_units_run_elsewhere(ray_cluster, fault_free, tmp_path):
     extra = ray_cluster.add_node(**LOOPBACK, num_cpus=2)
-    ray_cluster.wait_for_nodes()  # registered before the sweep submits, else every unit may go to the others
+    ray_cluster.wait_for_nodes()
     raylet = extra.all_processes["raylet"][0].process.pid
+    hogs = _hold_cpus_of_all_nodes_but(extra.node_id)  # else Ray's scheduler may give every unit to the others
     removed, stop = threading.Event(), threading.Event()
 
     def remove_it_once_it_runs_a_unit():
@@ -74,6 +75,7 @@ def test_a_node_removed_mid_sweep_has_its_units_run_elsewhere(ray_cluster, fault
             if set(processes(b"ray::sweep_unit")) & descendants(raylet):
                 ray_cluster.remove_node(extra)
                 removed.set()
+                _release(hogs)
                 return
 
     watcher = threading.Thread(target=remove_it_once_it_runs_a_unit)
@@ -84,11 +86,41 @@ def test_a_node_removed_mid_sweep_has_its_units_run_elsewhere(ray_cluster, fault
     finally:
         stop.set()
         watcher.join()
+        _release(hogs)
     assert removed.is_set(), "no unit ran on the added node"
     assert result.complete and result.merged.digest == fault_free.merged.digest, result.unfinished
     records = recorded_once(tmp_path / "staging", work)
     assert max(r.provenance["attempt"] for r in records) == 2
     no_temp_files(tmp_path)
+
+
+def _hold_cpus_of_all_nodes_but(node_id: str) -> list:
+    """Actors that hold every CPU of the cluster's other nodes, alive once this returns: the sweep's first units can
+    run on that node alone."""
+    ray = import_ray()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote
+    class Hog:
+        def ready(self) -> bool:
+            return True
+
+    hogs = [
+        Hog.options(
+            num_cpus=n["Resources"]["CPU"],
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+        ).remote()
+        for n in ray.nodes()
+        if n["Alive"] and n["NodeID"] != node_id and n["Resources"].get("CPU")
+    ]
+    ray.get([h.ready.remote() for h in hogs], timeout=120)
+    return hogs
+
+
+def _release(hogs: list) -> None:
+    ray = import_ray()
+    while hogs:
+        ray.kill(hogs.pop())
 
 
 @pytest.fixture(scope="module")
