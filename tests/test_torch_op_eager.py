@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cudnn_dsl
+from cudnn_dsl.torch_op import training
 from cudnn_dsl.torch_op.eager import GraphFunction
 from cudnn_dsl.torch_op.layout import LayoutWarning
 from tests.graphs import BLOCK, block_in_torch, block_params
@@ -77,6 +78,29 @@ def test_the_eager_path_keeps_one_shape_per_size_and_set_of_gradients():
     params["b"].requires_grad_()
     op(torch.randn(2, 8, 16), **params).sum().backward()
     assert 2 in sizes((False, True, True, False, False)) and params["b"].grad is not None
+
+
+def test_the_registered_training_ops_run_the_shape_the_eager_path_bound(monkeypatch):
+    """The augmented forward's and the backward's kernels (what compiled code calls) run a shape bound once
+    (torch_op.bound), the one the eager path runs: no binding by name per call."""
+    op = cudnn_dsl.as_torch_op(cudnn_dsl.compile(text=BLOCK))
+    params = {k: v.requires_grad_() for k, v in block_params(3).items()}
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    g = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(4))
+    y, eager = _grads(op, x, params, g, 0.5)
+    (shape,) = [s for (wants, sizes), s in op.eager.shapes.items() if all(wants) and sizes[0][0] == 2]
+
+    def by_name(*args, **kwargs):
+        raise AssertionError("a real kernel bound the backward by name")
+
+    monkeypatch.setattr(training, "backward_inputs", by_name)
+    with Seen() as seen:
+        y2, registered = _grads(op, x, params, g, 0.5)
+    assert f"cudnn_dsl::{op.name}_bw11111" in seen.ops
+    assert shape in training.grad_ops(op, tuple(op.tensor_names))._bound.values()
+    torch.testing.assert_close(y, y2, atol=0, rtol=0)
+    for a, b in zip(eager, registered):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 def test_a_kind_called_again_after_another_takes_its_own_plan():

@@ -13,7 +13,7 @@ written. Without a GPU both run their PyTorch references (the same graphs, the s
 A graph's torch op (cudnn_dsl.torch_op.op) derives the same graphs for inputs that require grad, as torch
 ops of their own with torch.library.register_autograd (torch_op.training.GradOps), so that torch.compile
 traces them; this Function is the path for a graph written in place (running statistics), which has no
-torch-op backward. Both bind the backward graph alike (training.backward_inputs), and both hold their
+torch-op backward. Both bind the backward graph from one table of views (torch_op.bound), and both hold their
 arguments to one layout contract (torch_op.layout): one laid out otherwise than declared is copied into its
 layout with a one-time LayoutWarning (a buffer written in place copied back after the call), or refused by a
 `strict` one, on every device.

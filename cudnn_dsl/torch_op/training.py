@@ -1,9 +1,9 @@
 """Training through derived backward graphs: what both training paths share, and the torch-op one.
 
-`backward_inputs` binds a derived backward graph's inputs (dsl.autodiff's `Derived.bind`: the forward
-values it reads, the outputs' gradients) for both paths: GradOps here, the torch-op path that
-torch.compile traces, and autograd.Differentiable, the torch.autograd.Function path for a graph written in
-place.
+`backward_inputs` binds a derived backward graph's inputs by name on each call (dsl.autodiff's `Derived.bind`:
+the forward values it reads, the outputs' gradients): for autograd.Differentiable, the torch.autograd.Function path
+for a graph written in place, and for the fake kernels of GradOps here, the torch-op path that torch.compile traces.
+GradOps's real kernels, as the eager path (torch_op.eager), run each shape bound once (torch_op.bound).
 """
 
 from __future__ import annotations
@@ -13,26 +13,11 @@ import torch
 from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.memory import empty
 from cudnn_dsl.target.quirks import backward_avoid, library_version
+from cudnn_dsl.torch_op.bound import BUFFER_GRADS, GRADS, VIEWS, Shape
 from cudnn_dsl.torch_op.layout import in_layout
 from cudnn_dsl.torch_op.library import LAYOUT_TAGS, NAMESPACE, fragment, results, returned
 from dsl.autodiff import Derived, derive
 from dsl.types import TensorType
-
-VIEWS = {
-    "value": lambda t, shape: t,
-    "transposed": lambda t, shape: t.transpose(-1, -2),
-    "flat_transposed": lambda t, shape: t.reshape(*(1,) * (t.dim() - 2), -1, t.shape[-1]).transpose(-1, -2),
-    "rows": lambda t, shape: t.reshape(shape),
-}
-"""the Derived.bind kinds of a forward value the backward reads, each with the view of it that is bound, given the
-backward's declared shape (derive declares a flattened value only where its declared strides make it a view; a
-value laid out otherwise, an input the forward copied into its layout, is copied into the backward's:
-backward_inputs)"""
-GRADS = {"grad": VIEWS["value"], "grad_transposed": VIEWS["transposed"], "grad_rows": VIEWS["rows"]}
-"""the Derived.bind kinds of an output's gradient (as given, transposed, or in another shape), each with its view"""
-BUFFER_GRADS = {"buffer_grad": lambda t: t, "buffer_grad_zeroed": torch.Tensor.zero_}
-"""the Derived.bind kinds of a buffer's gradient, each with how its memory is made ready: the backward writes the
-one whole, the other in part (the rest is zero)"""
 
 
 def values_read(d: Derived) -> tuple[str, ...]:
@@ -94,7 +79,8 @@ class GradOps:
 
     Both are shape-generic ops whose kernels run the graphs derived for the shape at hand (derived and
     compiled on first use of a shape, each as a graph op of its own: plans from the store, the reference on
-    the CPU); their fake kernels specialize on the sizes (the derived graphs are per shape).
+    the CPU), bound once per shape (bound.Shape: a later call of the shape is index lookups, as the eager
+    path's); their fake kernels specialize on the sizes (the derived graphs are per shape).
     """
 
     def __init__(self, op, wrt: tuple[str, ...]):
@@ -105,6 +91,10 @@ class GradOps:
             )
         self.op, self.wrt = op, wrt
         self._shapes: dict[tuple, tuple] = {}
+        self._bound: dict[tuple, Shape] = {}
+        """by the symbolic dims' values: each shape's bound.Shape"""
+        self._by_sizes: dict[tuple, Shape] = {}
+        """the same by the tensor arguments' sizes (the augmented forward's key)"""
         self.symbols = tuple(dict(op.graph.instances[0].binding))
         first = self.shape(op.graph.instances[0].binding)[0]
         self.outputs = tuple(op.fresh)
@@ -156,6 +146,14 @@ class GradOps:
             self._shapes[key] = (d, self.op.derived(d.forward), self.op.derived(d.backward))
         return self._shapes[key]
 
+    def bound(self, binding: dict) -> Shape:
+        """One shape's training path bound once (its forward and backward ops and their arguments' sources)."""
+        key = tuple(int(binding[s]) for s in self.symbols)
+        shape = self._bound.get(key)
+        if shape is None:
+            shape = self._bound[key] = Shape(self, dict(zip(self.symbols, key)))
+        return shape
+
     def _values(self, d: Derived) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(the values the augmented forward returns beyond the graph's outputs, the values the backward reads)"""
         outputs = {v.name for v in self.op.graph.outputs}
@@ -167,23 +165,38 @@ class GradOps:
         return self.op.graph.binding_of(shapes)
 
     def forward_kernel(self, kernel: str, args: tuple):
-        named = self.op.named(args)
-        binding = {k: int(v) for k, v in self.binding(named).items()}
-        _, fwd, _ = self.shape(binding)
-        result = getattr(fwd, kernel)(*fwd.positional((), named))
-        got = dict(zip(fwd.fresh, results(result)))
-        return returned([got[n] for n in self.outputs + self.saved])
+        if kernel == "fake_kernel":
+            return self._fake_forward(args)
+        count = len(self.op.tensor_names)
+        sizes = tuple([t.shape for t in args[:count]])
+        shape = self._by_sizes.get(sizes)
+        if shape is None:
+            shape = self._by_sizes[sizes] = self.bound(self.binding(self.op.named(args)))
+        outs = shape.forward(args + self.op.defaults[len(args) - count :], kernel)
+        return returned([outs[k] for k in shape.returned])
 
     def backward_kernel(self, kernel: str, args: tuple):
         kept, grads, dims = args[:3]
+        if kernel == "fake_kernel":
+            return self._fake_backward(kept, grads, dims, args[3:])
+        shape = self._bound.get(tuple(dims)) or self.bound(dict(zip(self.symbols, dims)))
+        got = shape.backward(kept, grads, args[3:] + self.op.defaults[len(args) - 3 :], kernel)
+        return [got[k] for k in shape.wrt]
+
+    def _fake_forward(self, args: tuple):
+        named = self.op.named(args)
+        _, fwd, _ = self.shape({k: int(v) for k, v in self.binding(named).items()})
+        got = dict(zip(fwd.fresh, results(fwd.fake_kernel(*fwd.positional((), named)))))
+        return returned([got[n] for n in self.outputs + self.saved])
+
+    def _fake_backward(self, kept, grads, dims, scalars: tuple):
         d, _, bwd = self.shape(dict(zip(self.symbols, map(int, dims))))
         device = kept[0].device if kept else next(g for g in grads if g is not None).device
-        scalars = dict(zip((v.name for v in self.op.scalars), args[3:]))
+        scalars = dict(zip((v.name for v in self.op.scalars), scalars))
         bound = backward_inputs(
-            d, dict(zip(self.kept, kept)), dict(zip(self.outputs, grads)), scalars, device, kernel != "fake_kernel"
+            d, dict(zip(self.kept, kept)), dict(zip(self.outputs, grads)), scalars, device, relayout=False
         )
-        result = getattr(bwd, kernel)(*bwd.positional((), bound))
-        got = {**bound, **dict(zip(bwd.fresh, results(result)))}  # a buffer's gradient: the one bound, written
+        got = {**bound, **dict(zip(bwd.fresh, results(bwd.fake_kernel(*bwd.positional((), bound)))))}
         types = d.forward.instances[0]
         return [input_gradient(got[name], types.type(w)) for w, name in d.grads]
 
