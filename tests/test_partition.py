@@ -400,3 +400,36 @@ print(json.dumps({{"asked": asked, "parts": [[q.first, q.end, q.kind] for q in p
     assert [q[0] for q in parts] == sorted(q[0] for q in parts) and parts[-1][1] == 256
     assert all(kind == "cuDNN graph" for *_, kind in parts) and len(parts) == 16  # 8 products a part
     assert all(r <= 8 for _, r in asked) and len(asked) == len(parts)  # each part the first end asked
+
+
+@pytest.mark.parametrize("mode", ["sum", "avg", "max", "norm2"])
+def test_a_torch_fallback_reduction_reads_a_narrow_input_without_a_float_copy_of_it(mode):
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cudnn_dsl.run.inputs import generate_inputs
+    from cudnn_dsl.run.partition import TORCH, Part, Partition
+    from cudnn_dsl.run.parts import Parts
+    from cudnn_dsl.run.reference import run_reference
+    from cudnn_dsl.target.memory import empty
+
+    text = (
+        "graph r {\n  io bf16\n  compute float\n  input x : bf16[4, 64, 32]\n"
+        f"  output y : float = reduction(x, mode={mode}, axes=[0, 1])\n}}\n"
+    )
+    g = program(text=text, file="r.cdg").graphs[0]
+    inst = g.instances[0]
+    ins = generate_inputs(g, inst, "cpu", 0)
+    outputs = {"y": empty(inst.type("y"), "cpu")}
+    copied = []
+
+    class Casts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].shape == ins["x"].shape:
+                copied.append(kwargs.get("dtype"))
+            return func(*args, **(kwargs or {}))
+
+    with Casts():
+        Parts(g, inst, Partition((Part(0, 1, TORCH, why="-"),), "-"), [None]).run(ins, outputs)
+    torch.testing.assert_close(outputs["y"], run_reference(g, inst, ins)["y"], rtol=1e-5, atol=1e-5)
+    assert copied == ([] if mode in ("sum", "avg") else [torch.float32])

@@ -29,6 +29,9 @@ class OpImpl:
     """(attributes) -> the results the device draws and the reference cannot compute (sdpa's seeded
     dropout mask): cuDNN always writes them (to scratch memory when no output asks), and the reference
     takes them as they were after the launch, passed to `ref` after the inputs"""
+    narrow: Callable[..., list] | None = None
+    """`ref` for half and bf16 inputs as stored, read in float32 as it computes: what a torch fallback of the op
+    on the GPU runs (run.parts), with no float copy of its inputs (a reduction's sum accumulates in float32)"""
 
 
 def sum_to(t: torch.Tensor, shape) -> torch.Tensor:

@@ -171,14 +171,20 @@ class Parts:
             if i is not None and not isinstance(env.get(i), torch.Tensor) and self.graph.value(i).view is None
         }
         types, attrs_ = [self.inst.type(o) for o in node.outputs], self.inst.attrs(part.first)
+        impl = IMPLS[node.op]
+        narrow = impl.narrow is not None
 
         def fallback():
             ins = [
-                None if i is None else scalars[i] if i in scalars else _wide(self._value(env, i), self.graph, i, device)
+                None
+                if i is None
+                else scalars[i]
+                if i in scalars
+                else _wide(self._value(env, i), self.graph, i, device, narrow)
                 for i in node.inputs
             ]
             with torch.no_grad():
-                results = IMPLS[node.op].ref(ins, attrs_, types)
+                results = (impl.narrow if narrow else impl.ref)(ins, attrs_, types)
             for name, r, t in zip(node.outputs, results, types):  # into a buffer as cuDNN would hold it
                 env[name].copy_(stored(r.to(torch_dtype(t.dtype)), t))
 
@@ -254,11 +260,14 @@ def _device(tensors: dict) -> torch.device:
     return next(t.device for t in tensors.values() if isinstance(t, torch.Tensor))
 
 
-def _wide(value, graph: Graph, name: str, device) -> torch.Tensor:
-    """An input of a fallback op as its reference wants it: float32 (float64 for double), on the GPU."""
+def _wide(value, graph: Graph, name: str, device, narrow: bool = False) -> torch.Tensor:
+    """An input of a fallback op as its reference wants it: float32 (float64 for double), on the GPU; with
+    `narrow` (an op with OpImpl.narrow), a half or bf16 one as it is."""
     if not isinstance(value, torch.Tensor):  # a scalar given by value
         value = torch.as_tensor(value if value is not None else graph.value(name).scalar)
     value = value.to(device)
+    if narrow and value.dtype in (torch.float16, torch.bfloat16):
+        return value
     return value.to(torch.float64 if value.dtype == torch.float64 else torch.float32)
 
 
