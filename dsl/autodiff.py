@@ -480,19 +480,46 @@ class Emit:
         axes = [i for i, (h, w) in enumerate(zip(have, want)) if w == 1 and h != 1]
         if not axes:
             return g
+        dtype = accumulation(self.inst.type(like).dtype)
         if self._tokens_in_memory(g, want):
-            return self._sum_tokens(g, accumulation(self.inst.type(like).dtype))
+            return self._sum_tokens(g, dtype)
+        if self._over_tokens(g, want):
+            return self._sum_tokens(g, dtype)
         return self.call("reduction", g, mode="sum", axes=axes)
 
     def _tokens_in_memory(self, g: str, want: tuple[int, ...]) -> bool:
         """Whether g [.., N] is summed to [1.., N] over every axis but the last, is packed (so [tokens, N, 1, 1]
         is a view of it) and is in memory whatever reads it: a backward input, or a result of an op no reduction
-        fuses after. Such a sum cuDNN plans only as the rank-4 view; fused after a pointwise op, a matmul or a
-        convolution it plans as it is."""
+        fuses after. Such a sum cuDNN plans only as the rank-4 view; fused after a matmul or a convolution it
+        plans as it is (after a pointwise op: _over_tokens)."""
         t, st = self.types[g], self.made.get(g)
         tokens = all(w == 1 for w in want[:-1]) and want[-1] == t.shape[-1] > 1
         packed = merged_stride(t.shape, t.strides) == 1
         return tokens and packed and (st is None or OPS[st.call[0]].family not in FUSES_REDUCTION)
+
+    def _over_tokens(self, g: str, want: tuple[int, ...]) -> bool:
+        """Where g [.., N], summed to [1.., N] over every axis but the last, is made by a pointwise op from backward
+        inputs of its shape that lie packed (an activation's backward from the output's gradient and a saved value),
+        and nothing reads it yet: remakes it over [tokens, N, 1, 1], that op on reshapes of its operands, g then a
+        reshape of its result (the same memory), and says True; else False. cuDNN declines a sum over the tokens
+        after a pointwise op at rank 3, and fuses the two at rank 4."""
+        t, st = self.types[g], self.made.get(g)
+        tokens = all(w == 1 for w in want[:-1]) and want[-1] == t.shape[-1] > 1
+        if not tokens or st is None or len(st.targets) != 1 or OPS[st.call[0]].family != "pointwise":
+            return False
+        op, args, given = st.call
+        operands = [a for a in args if isinstance(a, str) and a not in self.scalars]
+        if any(
+            a not in self.bind or self.types[a].shape != t.shape or not packed_row_major(t.shape, self.types[a].strides)
+            for a in operands
+        ) or any(g in other.call[1] for other in self.stmts):
+            return False
+        self.stmts.remove(st)
+        flat = (math.prod(t.shape[:-1]), t.shape[-1], 1, 1)
+        views = {a: self.reshape(a, flat) for a in operands}
+        made = self.call(op, *(views.get(a, a) if isinstance(a, str) else a for a in args), dtype=st.dtype, **given)
+        self._rename(self.reshape(made, t.shape), g)
+        return True
 
     def _sum_tokens(self, g: str, dtype: str) -> str:
         """g [.., N] summed over every axis but the last, as cuDNN plans it: the view [tokens, N, 1, 1] (which a

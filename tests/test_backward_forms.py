@@ -56,6 +56,20 @@ def _dgrad_drelu_dbias(dtype: str) -> str:
     )
 
 
+def _dgelu_dbias_tokens(rank4: bool) -> str:
+    shape, layout, out, axes = (
+        ("[1024, 128, 1, 1]", " nhwc", "[1, 128, 1, 1] nhwc", "[0, 2, 3]")
+        if rank4
+        else ("[8, 128, 128]", "", "[1, 1, 128]", "[0, 1]")
+    )
+    return _graph(
+        "bf16",
+        f"  input dy : bf16{shape}{layout}\n  input a : float{shape}{layout}\n"
+        "  output g : bf16 = gelu_tanh_backward(dy, a)\n"
+        f"  output db : float{out} = reduction(g, mode=sum, axes={axes})\n",
+    )
+
+
 def _layernorm(cast: bool) -> str:
     result = "  output h : bf16 = identity(hn)\n" if cast else "  output hn : bf16\n"
     return _graph(
@@ -98,6 +112,13 @@ FORMS = (
         "the tokens `[B, S, N]` viewed as `[B·S, N, 1, 1]` (channels-last): planned at rank 4, declined at rank 3",
         _reduction("float", "[1024, 128, 1, 1]", "[128, 1, 128, 128]", "[1, 128, 1, 1]", "[0, 2, 3]"),
         _reduction("float", "[8, 128, 128]", "[16384, 128, 1]", "[1, 1, 128]", "[0, 1]"),
+    ),
+    Form(
+        "an activation's backward + bias gradient over tokens",
+        "one graph over the tokens' `[B·S, N, 1, 1]` views (its result read by the matmuls as the same memory): "
+        "declined at rank 3",
+        _dgelu_dbias_tokens(rank4=True),
+        _dgelu_dbias_tokens(rank4=False),
     ),
     Form(
         "a rank-4 token view's layout",
