@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import cudnn_dsl  # noqa: E402
 from cudnn_dsl import patterns  # noqa: E402
+from cudnn_dsl.store.files import atomic_write  # noqa: E402
 from cudnn_dsl.target.dtypes import tolerance  # noqa: E402
 from cudnn_dsl.target.machine import environment  # noqa: E402
 from examples.torch_models.gpt2 import GPT, GPTConfig  # noqa: E402
@@ -212,9 +213,8 @@ def _profile(folder: Path | None, title: str, step: Callable[[], object], device
         _sync(device)
     sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=90)
-    folder.mkdir(parents=True, exist_ok=True)
     name = "".join(c if c.isalnum() or c == "-" else "_" for c in title)
-    (folder / f"{name}.txt").write_text(f"{title}: {steps} steps\n{table}\n")
+    atomic_write(folder / f"{name}.txt", f"{title}: {steps} steps\n{table}\n", follow_symlinks=False)
 
 
 def _forward_flops(case: Case, model: torch.nn.Module, inputs) -> int:
@@ -441,10 +441,7 @@ def _write(path: Path | None, args, results: list) -> None:
         "environment": environment(),
         "results": results,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(path.name + ".part")
-    part.write_text(json.dumps(report, indent=1) + "\n")
-    part.replace(path)
+    atomic_write(path, json.dumps(report, indent=1) + "\n", follow_symlinks=False)
 
 
 def _line(r: dict) -> str:

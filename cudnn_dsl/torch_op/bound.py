@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -19,9 +19,6 @@ from cudnn_dsl.target.dtypes import torch_dtype
 from cudnn_dsl.target.memory import allocator, empty
 from cudnn_dsl.torch_op.layout import laid_out
 from cudnn_dsl.torch_op.library import results
-
-if TYPE_CHECKING:
-    from cudnn_dsl.torch_op.training import GradOps
 
 VIEWS = {
     "value": lambda t, shape: t,
@@ -45,7 +42,8 @@ class Shape:
     their arguments comes from, as indices. Each op runs `via` its overload (the dispatcher: the eager path) or one
     of its kernels (`cuda_kernel`, `cpu_kernel`: from inside the training ops' own kernels, already dispatched)."""
 
-    def __init__(self, grads: GradOps, binding: dict):
+    def __init__(self, grads, binding: dict):
+        """`grads`: the graph op's training.GradOps for this set of gradients; `binding`: the shape's dims."""
         op = grads.op
         d, fwd, bwd = grads.shape(binding)
         self.fwd, self.bwd = fwd, bwd
