@@ -200,21 +200,26 @@ def _median_ms(step: Callable[[], object], device: str, iterations: int) -> floa
 
 
 def _profile(folder: Path | None, title: str, step: Callable[[], object], device: str, steps: int = 3) -> None:
-    """With --profile: a few steps under torch.profiler, its table of ops by device time (CPU time on the CPU)
-    written to FOLDER/<title>.txt. Where a contender's time goes, not a figure."""
+    """With --profile: a few steps under torch.profiler, its table of ops by device time (CPU time on the CPU),
+    then the same by the ops' input shapes (which copy, of what), written to FOLDER/<title>.txt. Where a
+    contender's time goes, not a figure."""
     if folder is None:
         return
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         for _ in range(steps):
             step()
         _sync(device)
     sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=90)
+    tables = [
+        prof.key_averages(group_by_input_shape=by_shape).table(sort_by=sort, row_limit=60, max_name_column_width=90)
+        for by_shape in (False, True)
+    ]
     name = "".join(c if c.isalnum() or c == "-" else "_" for c in title)
-    atomic_write(folder / f"{name}.txt", f"{title}: {steps} steps\n{table}\n", follow_symlinks=False)
+    text = f"{title}: {steps} steps\n{tables[0]}\n\nby input shape:\n{tables[1]}\n"
+    atomic_write(folder / f"{name}.txt", text, follow_symlinks=False)
 
 
 def _forward_flops(case: Case, model: torch.nn.Module, inputs) -> int:
