@@ -314,6 +314,20 @@ def test_a_llama_layer_trains_through_its_mlp_and_attention_with_the_models_grad
     assert _graphs(installed.report) == ["causal_attention_gqa_float", "rmsnorm_float", "swiglu_float"]
 
 
+def test_under_autocast_a_llama_layer_trains_through_its_mlp_whose_linears_each_cast_its_input():
+    """Autocast casts the float input of the MLP once per Linear (w1's and w3's): the autocast SwiGLU graph takes it
+    in float and casts it once, is searched with a cast per Linear, and trains with torch's autocast gradients."""
+    torch.manual_seed(0)
+    config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160)
+    model, twin = DecoderLayer(config, max_seq_len=32), DecoderLayer(config, max_seq_len=32)
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(2, 32, 64)
+    installed = patterns.install_library("llama", dtype="bf16", channels_last=False, autocast=True)
+    _trains_alike(model, twin, x, installed, autocast=torch.bfloat16)
+    assert all(r.training for r in installed.report.replaced)
+    assert "swiglu_bf16_autocast" in _graphs(installed.report)
+
+
 def test_the_library_is_every_family_in_every_dtype_and_names_what_it_lacks():
     for dtype in library.DTYPES:
         for autocast in (False, True):

@@ -123,6 +123,22 @@ graph swiglu_{{t}} {{
 }}
 """
 
+# under autocast a float input is cast by each Linear that reads it: the graph casts it once, the search per reader
+_SWIGLU_AUTOCAST = """\
+graph swiglu_{{t}}_autocast {{
+  io {{t}}
+  compute float
+{dims}  dim F in 1..65536
+
+  input x : float[B, T, D]
+  input w1 : {{t}}[1, D, F] col_major
+  input w3 : {{t}}[1, D, F] col_major
+
+  xt : {{t}} = identity(x)
+  output y = swish(matmul(xt, w1)) * matmul(xt, w3)
+}}
+"""
+
 _LAYERNORM = """\
 graph layernorm_{{t}} {{
   io {{t}}
@@ -209,6 +225,8 @@ class Family:
     templates: tuple[str, ...]
     training: tuple[str, ...] = ()
     """graphs of a model in training mode whose parameters are float (a float model, or one under autocast)"""
+    autocast: tuple[str, ...] = ()
+    """graphs of a float model under autocast only (in a narrower dtype): regions autocast writes otherwise"""
 
 
 FAMILIES = {
@@ -242,6 +260,7 @@ FAMILIES = {
                 _SWIGLU.format(dims=_TOKENS),
                 _ATTENTION_GQA,
             ),
+            autocast=(_SWIGLU_AUTOCAST.format(dims=_TOKENS),),
         ),
     )
 }
@@ -270,7 +289,7 @@ def source(
     amp = autocast and dtype != "float"
     for f in families:
         trained = FAMILIES[f].training if training and (dtype == "float" or autocast) else ()
-        for template in FAMILIES[f].templates + trained:
+        for template in FAMILIES[f].templates + trained + (FAMILIES[f].autocast if amp else ()):
             text = template.replace("{t}", dtype).replace("{a}", "float" if amp else dtype)
             text = text.replace("{amp}", "_autocast" if amp else "")
             parts.append(text if channels_last else text.replace(" nhwc", ""))

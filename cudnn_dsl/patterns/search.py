@@ -25,6 +25,7 @@ from cudnn_dsl.ops import pointwise
 from cudnn_dsl.patterns.library import BATCHNORM_EPS
 from cudnn_dsl.target.dtypes import torch_dtype
 from dsl.ir import Graph, Instance
+from dsl.types import itemsize
 
 
 @attrs.frozen
@@ -238,6 +239,13 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
                     BATCHNORM_EPS,
                 )
             ]
+    casts = _cast_per_linear(graph, inst, given)
+    found.update((k, FOLDED) for k, node in enumerate(graph.nodes) if node.outputs[0] in casts)
+
+    def read(env: dict, name: str) -> torch.Tensor:
+        cast = casts.get(name)
+        return env[name] if cast is None else env[cast[0]].to(cast[1])
+
     for k, node in enumerate(graph.nodes):
         if k in found:
             continue
@@ -248,9 +256,9 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
             if bias_add is not None:
                 j, b = bias_add
                 found[k] = FOLDED
-                found[j] = lambda env, a=a, w=w, b=b: [F.linear(env[a], env[w], env[b])]
+                found[j] = lambda env, a=a, w=w, b=b: [F.linear(read(env, a), env[w], env[b])]
             else:
-                found[k] = lambda env, a=a, w=w: [F.linear(env[a], env[w])]
+                found[k] = lambda env, a=a, w=w: [F.linear(read(env, a), env[w])]
         elif node.op == "swish" and inst.attrs(k).get("beta", 1.0) == 1.0:
             found[k] = lambda env, x=node.inputs[0]: [F.silu(env[x])]  # torch's silu, as nn.SiLU and F.silu
         elif node.op in ("layernorm", "rmsnorm") and len(node.outputs) == 1 and not node.scalars:
@@ -262,6 +270,29 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
                 ]
             elif node.op == "rmsnorm" and scale in given and not bias:
                 found[k] = lambda env, x=x, s=scale, e=eps: [_rms_norm(env[x], env[s], e)]
+    return found
+
+
+def _cast_per_linear(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[str, tuple[str, torch.dtype]]:
+    """The casts to a narrower dtype that only Linears read, several of them (their value -> what is cast, to
+    what): autocast casts a Linear's input for each Linear, so a model's graph holds a cast per reader where the
+    graph holds one."""
+    readers: dict[str, list] = {}
+    for node in graph.nodes:
+        for i in node.inputs:
+            readers.setdefault(i, []).append(node)
+    outputs = {v.name for v in graph.outputs}
+    found = {}
+    for node in graph.nodes:
+        out = node.outputs[0]
+        if node.op != "identity" or out in outputs or len(readers.get(out, ())) < 2:
+            continue
+        src, to = inst.type(node.inputs[0]).dtype, inst.type(out).dtype
+        linear = all(
+            r.op == "matmul" and r.inputs[0] == out and given.get(r.inputs[1], PLAIN).transposed for r in readers[out]
+        )
+        if linear and itemsize(to) < itemsize(src):
+            found[out] = (node.inputs[0], torch_dtype(to))
     return found
 
 
