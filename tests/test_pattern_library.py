@@ -326,6 +326,9 @@ def test_under_autocast_a_llama_layer_trains_through_its_mlp_whose_linears_each_
     _trains_alike(model, twin, x, installed, autocast=torch.bfloat16)
     assert all(r.training for r in installed.report.replaced)
     assert "swiglu_bf16_autocast" in _graphs(installed.report)
+    # the attention's four projections are plain Linears, which no graph holds: not a region to run without autograd
+    left = installed.report.unmatched
+    assert [u.op for u in left] == ["aten.mm"] * 4 and all("no installed graph has" in str(u) for u in left)
 
 
 def test_the_library_is_every_family_in_every_dtype_and_names_what_it_lacks():

@@ -229,6 +229,7 @@ class PatternGroup:
     def discover(self, match: Match) -> bool:
         """A region's forward in a joint graph: its pattern with the backward of the gradients it wants, traced
         the first time they are seen."""
+        self.report.discovered.update(where(n) for n in match.nodes)
         wanting = tuple(n for n in self.floats if match.kwargs[n] in self.wanting)
         if wanting and wanting not in self.traced:
             self.traced.add(wanting)

@@ -46,7 +46,8 @@ class Unmatched:
     op: str
     """the model's op as torch wrote it before decomposition (aten.addmm for nn.Linear)"""
     joint: bool = False
-    """in a graph with its backward (training, or autograd on): a region is taken only with its backward"""
+    """in a graph with its backward (training, or autograd on), a region whose forward an installed graph's search
+    matched: a region is taken only with its backward"""
     batch_statistics: bool = False
     """a BatchNorm in training mode, or the op whose result it normalizes by its batch's statistics"""
 
@@ -80,6 +81,8 @@ class Report:
     unmatched: list[Unmatched] = attrs.field(factory=list)
     pending: list[tuple[torch.fx.Node, NearMiss]] = attrs.field(factory=list, repr=False)
     taken: set[torch.fx.Node] = attrs.field(factory=set, repr=False)
+    discovered: set[str] = attrs.field(factory=set, repr=False)
+    """the model lines of the regions whose forward a graph's search matched in a graph with its backward"""
 
     def replace(self, node: torch.fx.Node, done: Replaced) -> None:
         self.replaced.append(done)
@@ -97,7 +100,7 @@ class Report:
         self.pending.clear()
         self.taken.clear()
         near = {m.where for m in self.missed}
-        for op in unmatched(graph, sizes, joint):
+        for op in unmatched(graph, sizes, self.discovered if joint else set()):
             if op not in self.unmatched and op.where not in near:
                 self.unmatched.append(op)
 
@@ -178,11 +181,12 @@ def _normalized_by_batch(node: torch.fx.Node) -> bool:
     )
 
 
-def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], joint: bool) -> list[Unmatched]:
+def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], discovered: set[str]) -> list[Unmatched]:
     """The forward compute ops left in a graph after the patterns ran, one per model line and op: those whose
     largest value (`sizes`, surveyed before) its outputs still read. What a replaced region's op takes from outside
     it (a BatchNorm's 1 / sqrt(var + eps)) is no op left behind, and a replaced region's nodes wait for Inductor's
-    dead code elimination."""
+    dead code elimination. `discovered`: in a graph with its backward, the model lines of the regions a graph's
+    search matched the forward of (Report.discovered)."""
     live: set[torch.fx.Node] = set()
     stack = [n for n in graph.nodes if n.op == "output"]
     while stack:
@@ -195,7 +199,7 @@ def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], joint: b
         op = _compute_op(node)
         if op is not None and _size(node) >= sizes.get((op, where(node)), 0):
             batch = "batch_norm_legit_functional" in op or _normalized_by_batch(node)
-            u = Unmatched(where(node), op.removesuffix(".default"), joint, batch)
+            u = Unmatched(where(node), op.removesuffix(".default"), where(node) in discovered, batch)
             if u not in found:
                 found.append(u)
     return found
