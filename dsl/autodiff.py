@@ -178,8 +178,10 @@ def check_text(name: str, text: str, at) -> Graph:
 
 # ---- the backward graph, emitted by the VJPs --------------------------------------------------
 
-FUSES_REDUCTION = ("pointwise", "matmul", "conv")
-"""the op families a reduction fuses after in one cuDNN graph (over their results, unmaterialized)"""
+TOKEN_SUM_FUSES = ("pointwise", "matmul", "conv")
+"""the op families a sum over every axis but the last is left at its own rank after, to fuse with them in one cuDNN
+graph (over their results, unmaterialized): cuDNN plans it so after a matmul or a convolution, and inside a norm's
+chain of pointwise ops; after one pointwise op alone it plans at rank 4 only (Emit._over_tokens)"""
 DTYPE_FREE = ("pointwise", "reduction")
 """the op families that compute in their own dtype, whatever dtype they read"""
 FUSES_PROLOGUE = ("pointwise", "reduction")
@@ -480,22 +482,18 @@ class Emit:
         axes = [i for i, (h, w) in enumerate(zip(have, want)) if w == 1 and h != 1]
         if not axes:
             return g
-        dtype = accumulation(self.inst.type(like).dtype)
-        if self._tokens_in_memory(g, want):
-            return self._sum_tokens(g, dtype)
-        if self._over_tokens(g, want):
-            return self._sum_tokens(g, dtype)
+        if self._over_tokens(g, want) or self._tokens_in_memory(g, want):
+            return self._sum_tokens(g, accumulation(self.inst.type(like).dtype))
         return self.call("reduction", g, mode="sum", axes=axes)
 
     def _tokens_in_memory(self, g: str, want: tuple[int, ...]) -> bool:
         """Whether g [.., N] is summed to [1.., N] over every axis but the last, is packed (so [tokens, N, 1, 1]
-        is a view of it) and is in memory whatever reads it: a backward input, or a result of an op no reduction
-        fuses after. Such a sum cuDNN plans only as the rank-4 view; fused after a matmul or a convolution it
-        plans as it is (after a pointwise op: _over_tokens)."""
+        is a view of it) and is in memory whatever reads it: a backward input, or a result of an op the sum is not
+        left to fuse after (TOKEN_SUM_FUSES). Such a sum cuDNN plans only as the rank-4 view."""
         t, st = self.types[g], self.made.get(g)
         tokens = all(w == 1 for w in want[:-1]) and want[-1] == t.shape[-1] > 1
         packed = merged_stride(t.shape, t.strides) == 1
-        return tokens and packed and (st is None or OPS[st.call[0]].family not in FUSES_REDUCTION)
+        return tokens and packed and (st is None or OPS[st.call[0]].family not in TOKEN_SUM_FUSES)
 
     def _over_tokens(self, g: str, want: tuple[int, ...]) -> bool:
         """Where g [.., N], summed to [1.., N] over every axis but the last, is made by a pointwise op from backward
@@ -681,6 +679,8 @@ class Emit:
         elif self._summed(g):
             t = attrs.evolve(t, dtype=accumulation(t.dtype))
         st = self.made.get(g)
+        if st is not None and st.call[0] == "reshape" and st.dtype is None and self.types[g].dtype != t.dtype:
+            self._retype(g, t.dtype)  # a reshape keeps its input's dtype: the op before it writes the output's
         if placed is None and st is not None and st.call[0] == "reshape" and st.dtype is None:
             src = self.made.get(st.call[1][0])
             if src is not None and len(src.targets) > 1 and st.call[1][0] not in src.outputs:

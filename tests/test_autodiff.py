@@ -207,6 +207,22 @@ def test_after_an_activations_backward_a_token_sum_is_fused_with_it_at_rank_4():
     check_grads(text, "cpu")
 
 
+@pytest.mark.parametrize("io", ["float", "bf16"])
+def test_a_token_sum_fused_at_rank_4_is_also_a_narrower_inputs_gradient(io):
+    """gelu(x + b): gelu_backward's result is x's gradient (in x's dtype) and, summed over the tokens, b's: the op
+    writes it in x's dtype over the rank-4 views, x's gradient a reshape of it."""
+    text = (
+        f"graph g {{\n  io {io}\n  intermediate float\n  compute float\n  input x : {io}[2, 3, 16]\n"
+        f"  input b : {io}[1, 1, 16]\n  output y = gelu(x + b)\n}}\n"
+    )
+    d = _backward(text)
+    assert {
+        f"gelu_backward_0{' : bf16' if io == 'bf16' else ''} = gelu_backward(reshape, reshape_0)",
+        f"output grad_x : {io}[2, 3, 16] strides [48, 16, 1] = reshape(gelu_backward_0, shape=[2, 3, 16])",
+    } <= _lines(d)
+    check_grads(text, "cpu")
+
+
 def test_a_cast_is_written_by_the_matmul_that_computes_the_value_through_its_reshape():
     """x's gradient needs dt in bf16 (a matmul operand); dt is a reshape of the matmul dU: dU is written in bf16,
     with no identity op. w1's gradient reads dt flattened to [1, 8, 8], dU's own shape: dU itself, no reshape of

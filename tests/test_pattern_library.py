@@ -331,6 +331,48 @@ def test_under_autocast_a_llama_layer_trains_through_its_mlp_whose_linears_each_
     assert [u.op for u in left] == ["aten.mm"] * 4 and all("no installed graph has" in str(u) for u in left)
 
 
+class _CastOnce(torch.nn.Module):
+    """A SwiGLU MLP of bf16 Linears whose float input is cast once, by the model, for both."""
+
+    def __init__(self, mlp: torch.nn.Module):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        h = x.to(torch.bfloat16)
+        return self.mlp.w2(torch.nn.functional.silu(self.mlp.w1(h)) * self.mlp.w3(h))
+
+
+def test_a_float_input_cast_once_for_its_linears_is_matched_as_one_cast_per_linear_is(tmp_path):
+    """A graph whose float input is cast once and read by two Linears is searched both ways: with a cast per
+    Linear (as autocast writes it) and with one (as a model that casts once does); each trains through it."""
+    graph = tmp_path / "swiglu.cdg"
+    graph.write_text(
+        "graph swiglu_cast {\n  io bf16\n  compute float\n  input x : float[2, 32, 64]\n"
+        "  input w1 : bf16[1, 64, 160] col_major\n  input w3 : bf16[1, 64, 160] col_major\n"
+        "  xt : bf16 = identity(x)\n  output y = swish(matmul(xt, w1)) * matmul(xt, w3)\n}\n"
+    )
+    config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160)
+    x = torch.randn(2, 32, 64)
+    torch.manual_seed(0)
+    mlp = DecoderLayer(config, max_seq_len=32).feed_forward
+    installed = patterns.install(graph)
+    _trains_alike(mlp, copy.deepcopy(mlp), x, installed, autocast=torch.bfloat16)  # a cast per Linear
+    assert _graphs(installed.report) == ["swiglu_cast"], str(installed.report)
+    # cast once: the graph rounds nothing between its matmuls and silu, the bf16 model rounds each
+    once = _CastOnce(copy.deepcopy(mlp).bfloat16())
+    twin = copy.deepcopy(once)
+    installed = patterns.install(graph)
+    with installed:
+        y = torch.compile(once, fullgraph=True)(x)
+        y.float().square().mean().backward()
+    want = twin(x)
+    want.float().square().mean().backward()
+    assert _graphs(installed.report) == ["swiglu_cast"], str(installed.report)
+    for got, expected in [(y, want)] + [(p.grad, q.grad) for p, q in zip(once.parameters(), twin.parameters())]:
+        torch.testing.assert_close(got.float(), expected.float(), atol=2**-6 * expected.abs().max().item(), rtol=0)
+
+
 def test_the_library_is_every_family_in_every_dtype_and_names_what_it_lacks():
     for dtype in library.DTYPES:
         for autocast in (False, True):

@@ -1,10 +1,10 @@
 """What every op family's back end shares: the row (OpImpl) of an op's torch reference and cuDNN lowering.
 
-A reference function takes the input tensors (float32 or wider, None for an absent optional), the node's
-attributes and its output types, and returns the output tensors. A lowering function takes a LowerCtx (the
-cuDNN graph and helpers), the input cuDNN tensors and the attributes, and returns the output cuDNN tensors;
-the lowering pass then stamps each with its IR uid, dtype, dims and strides. Attributes arrive canonical
-(dsl.ops.canonical): no row fills a default.
+A reference function takes the input tensors (float32 or wider, None for an absent optional; OpImpl.narrow takes
+half and bf16 ones as stored), the node's attributes and its output types, and returns the output tensors. A
+lowering function takes a LowerCtx (the cuDNN graph and helpers), the input cuDNN tensors and the attributes, and
+returns the output cuDNN tensors; the lowering pass then stamps each with its IR uid, dtype, dims and strides.
+Attributes arrive canonical (dsl.ops.canonical): no row fills a default.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class OpImpl:
     takes them as they were after the launch, passed to `ref` after the inputs"""
     narrow: Callable[..., list] | None = None
     """`ref` for half and bf16 inputs as stored, read in float32 as it computes: what a torch fallback of the op
-    on the GPU runs (run.parts), with no float copy of its inputs (a reduction's sum accumulates in float32)"""
+    in a graph run in parts runs (run.parts), with no float copy of its inputs (a reduction's sum accumulates in
+    float32)"""
 
 
 def sum_to(t: torch.Tensor, shape) -> torch.Tensor:

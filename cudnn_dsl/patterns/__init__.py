@@ -224,5 +224,7 @@ def _patterns(result, device: str, compiled, tune: bool) -> list[GraphPattern]:
             # also as the pointwise ops: a model's eval BatchNorm of any eps, or its own arithmetic, without
             # gradients (with them, torch's BatchNorm backward is matched through F.batch_norm only)
             graphs.append(GraphPattern(op, device, batchnorm=False))
+        if searched.cast_per_linear:  # also as a model that casts once for every Linear writes it
+            graphs.append(GraphPattern(op, device, cast_per_linear=False))
         graphs.append(searched)
     return graphs

@@ -28,7 +28,15 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from cudnn_dsl.interop.emit import traceable_reference
 from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, where
-from cudnn_dsl.patterns.search import PLAIN, batchnorms, forms, idioms, output_forms, running_statistics
+from cudnn_dsl.patterns.search import (
+    PLAIN,
+    batchnorms,
+    casts_per_linear,
+    forms,
+    idioms,
+    output_forms,
+    running_statistics,
+)
 from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
 from cudnn_dsl.target.dtypes import torch_dtype
@@ -42,7 +50,7 @@ class GraphPattern:
     its eval BatchNorms searched as `F.batch_norm` on running statistics (search.PerChannel), else as the
     pointwise ops they are."""
 
-    def __init__(self, op: TorchOp, device: str, batchnorm: bool = True):
+    def __init__(self, op: TorchOp, device: str, batchnorm: bool = True, cast_per_linear: bool = True):
         self.op, self.graph = op, op.graph
         self.label = f"{self.graph.name} ({self.graph.loc})"
         inst = _example_instance(self.graph)
@@ -56,6 +64,8 @@ class GraphPattern:
         pattern, and what its shape and place are read off), then the running statistics"""
         self.batchnorm = batchnorm and bool(batchnorms(self.graph, inst))
         """whether an eval BatchNorm is searched as F.batch_norm"""
+        self.cast_per_linear = cast_per_linear and bool(casts_per_linear(self.graph, inst, self.forms))
+        """whether a cast that Linears alone read is searched as one cast per Linear (search.casts_per_linear)"""
         # Inductor runs the search on its examples: drawn as `run` draws inputs, so that index inputs (page
         # tables, ragged offsets, sequence lengths) are valid.
         drawn = generate_inputs(self.graph, inst, device)
@@ -68,7 +78,8 @@ class GraphPattern:
             # at the inputs' own shape: a symbolic dim's attributes follow it (attention's default scale)
             now = self.instance_at(tensors) or inst
             values = dict(zip(names, tensors), **scalars)
-            outs = run_reference(graph, now, values, native=True, idioms=idioms(graph, now, self.forms))
+            found = idioms(graph, now, self.forms, cast_per_linear)
+            outs = run_reference(graph, now, values, native=True, idioms=found)
             return outs[graph.outputs[0].name] if len(graph.outputs) == 1 else tuple(outs[v] for v in self.order)
 
         search.__signature__ = _signature(names)

@@ -82,7 +82,8 @@ class Report:
     pending: list[tuple[torch.fx.Node, NearMiss]] = attrs.field(factory=list, repr=False)
     taken: set[torch.fx.Node] = attrs.field(factory=set, repr=False)
     discovered: set[str] = attrs.field(factory=set, repr=False)
-    """the model lines of the regions whose forward a graph's search matched in a graph with its backward"""
+    """the model lines of the regions whose forward a graph's search matched in a graph with its backward, in any
+    graph compiled while the patterns are installed (a model line is one region wherever it is compiled)"""
 
     def replace(self, node: torch.fx.Node, done: Replaced) -> None:
         self.replaced.append(done)

@@ -25,7 +25,6 @@ from cudnn_dsl.ops import pointwise
 from cudnn_dsl.patterns.library import BATCHNORM_EPS
 from cudnn_dsl.target.dtypes import torch_dtype
 from dsl.ir import Graph, Instance
-from dsl.types import itemsize
 
 
 @attrs.frozen
@@ -208,8 +207,9 @@ def batchnorms(graph: Graph, inst: Instance) -> list[BatchNorm]:
 FOLDED = None
 
 
-def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, object]:
-    """By node index, the torch idiom that computes it from the values so far (a function of them), or FOLDED."""
+def idioms(graph: Graph, inst: Instance, given: dict[str, Form], cast_per_linear: bool = True) -> dict[int, object]:
+    """By node index, the torch idiom that computes it from the values so far (a function of them), or FOLDED.
+    `cast_per_linear`: a cast that Linears alone read is cast by each (casts_per_linear), as autocast writes it."""
     uses: dict[str, int] = {}
     for node in graph.nodes:
         for i in node.inputs:
@@ -239,7 +239,7 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
                     BATCHNORM_EPS,
                 )
             ]
-    casts = _cast_per_linear(graph, inst, given)
+    casts = casts_per_linear(graph, inst, given) if cast_per_linear else {}
     found.update((k, FOLDED) for k, node in enumerate(graph.nodes) if node.outputs[0] in casts)
 
     def read(env: dict, name: str) -> torch.Tensor:
@@ -273,10 +273,10 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[int, ob
     return found
 
 
-def _cast_per_linear(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[str, tuple[str, torch.dtype]]:
-    """The casts to a narrower dtype that only Linears read, several of them (their value -> what is cast, to
-    what): autocast casts a Linear's input for each Linear, so a model's graph holds a cast per reader where the
-    graph holds one."""
+def casts_per_linear(graph: Graph, inst: Instance, given: dict[str, Form]) -> dict[str, tuple[str, torch.dtype]]:
+    """The casts from float to half or bf16 that only Linears read, several of them (their value -> what is cast,
+    to what): autocast casts a Linear's input for each Linear, so a model's graph holds a cast per reader where the
+    graph holds one (a model that casts once holds one too)."""
     readers: dict[str, list] = {}
     for node in graph.nodes:
         for i in node.inputs:
@@ -291,7 +291,7 @@ def _cast_per_linear(graph: Graph, inst: Instance, given: dict[str, Form]) -> di
         linear = all(
             r.op == "matmul" and r.inputs[0] == out and given.get(r.inputs[1], PLAIN).transposed for r in readers[out]
         )
-        if linear and itemsize(to) < itemsize(src):
+        if linear and src == "float" and to in ("half", "bf16"):
             found[out] = (node.inputs[0], torch_dtype(to))
     return found
 

@@ -111,7 +111,10 @@ class Shape:
         return [args[k] if where == "arg" else outs[k] for where, k in self.kept]
 
     def backward(self, kept: Sequence[torch.Tensor], grads: Sequence, scalars: tuple, via: str = "overload") -> tuple:
-        """Per op tensor argument, its gradient or None."""
+        """Per op tensor argument, its gradient or None. A gradient not given reads a zero kept across calls on the
+        eager path, and a fresh one from a kernel (compiled code's calls may be a CUDA graph's capture or warm-up,
+        whose allocations belong to the graph's pool: a zero kept from one would be a block the graph does not
+        track)."""
         device = kept[0].device if kept else next(g for g in grads if g is not None).device
         values = []
         for kind, k, make, strides in self.binds:
@@ -119,7 +122,7 @@ class Shape:
                 t = make(kept[k])
             elif kind == "grad":
                 g = grads[k]
-                t = make(g if g is not None else self._zero(k, device))
+                t = make(g if g is not None else self._zero(k, device, keep=via == "overload"))
             else:  # a buffer's gradient, made per call
                 t = BUFFER_GRADS[k](empty(make, device))
             if strides is not None and t.stride() != strides and stride_problem(t.shape, t.stride(), strides):
@@ -138,8 +141,10 @@ class Shape:
             out.append(g if cast is None else g.to(cast))
         return tuple(out)
 
-    def _zero(self, k: int, device: torch.device) -> torch.Tensor:
-        zero = self.zeros.get((k, device))
+    def _zero(self, k: int, device: torch.device, keep: bool) -> torch.Tensor:
+        zero = self.zeros.get((k, device)) if keep else None
         if zero is None:
-            zero = self.zeros[k, device] = allocator(self.zero_types[k], device)().zero_()
+            zero = allocator(self.zero_types[k], device)().zero_()
+            if keep:
+                self.zeros[k, device] = zero
         return zero
