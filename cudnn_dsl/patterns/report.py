@@ -144,14 +144,22 @@ _COMPUTE = frozenset(
 )
 
 
+#: the compute ops torch decomposes before the graph is traced (their nodes name no such op as their
+#: original_aten), by the module or function the model called, as dynamo records it (source_fn_stack)
+_SOURCES = {torch.nn.RMSNorm: "aten.rms_norm", torch.nn.functional.rms_norm: "aten.rms_norm"}
+
+
 def _compute_op(node: torch.fx.Node) -> str | None:
     """The model's compute op (as torch wrote it) that a node of torch's own is part of, if any."""
     op = str(node.meta.get("original_aten", ""))
     # a replacement's op keeps the meta of the node it replaced: only torch's own ops count
     torch_op = getattr(node.target, "namespace", None) in ("aten", "prims")
-    if torch_op and op in _COMPUTE and node.meta.get("partitioner_tag") != "is_backward":
+    if not torch_op or node.meta.get("partitioner_tag") == "is_backward":
+        return None
+    if op in _COMPUTE:
         return op
-    return None
+    source = node.meta.get("source_fn_stack") or ()
+    return _SOURCES.get(source[-1][1]) if source else None
 
 
 def _size(node: torch.fx.Node) -> int:
