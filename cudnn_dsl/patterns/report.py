@@ -50,22 +50,26 @@ class Unmatched:
     matched: a region is taken only with its backward"""
     batch_statistics: bool = False
     """a BatchNorm in training mode, or the op whose result it normalizes by its batch's statistics"""
+    module: str = ""
+    """the name of the model's module that ran the op, within its parent (`c_proj`), where it ran in one: two
+    Linears on one line are two ops, a layer's Linear repeated in each block one"""
 
     def __str__(self) -> str:
+        at = f"{self.where}, {self.module}" if self.module else self.where
         if self.batch_statistics:
             return (
-                f"not replaced at {self.where}: {self.op}: batch statistics (a BatchNorm in training mode) that no "
+                f"not replaced at {at}: {self.op}: batch statistics (a BatchNorm in training mode) that no "
                 "installed graph computes as the model does; the library's take a float or autocast model's, "
                 "affine, tracking running statistics, with torch's default eps and momentum (or an eval BatchNorm), "
                 "and are not installed on CUDA by default (cudnn_dsl.patterns.library.TRAINING_ON_CUDA)"
             )
         if self.joint:
             return (
-                f"not replaced at {self.where}: {self.op}: no installed graph took this region with its backward "
+                f"not replaced at {at}: {self.op}: no installed graph took this region with its backward "
                 "as the model computes it (autograd is on); for inference, run under torch.no_grad() or "
                 "torch.inference_mode()"
             )
-        return f"not replaced at {self.where}: {self.op}: no installed graph has this region's ops"
+        return f"not replaced at {at}: {self.op}: no installed graph has this region's ops"
 
 
 @attrs.define
@@ -81,9 +85,9 @@ class Report:
     unmatched: list[Unmatched] = attrs.field(factory=list)
     pending: list[tuple[torch.fx.Node, NearMiss]] = attrs.field(factory=list, repr=False)
     taken: set[torch.fx.Node] = attrs.field(factory=set, repr=False)
-    discovered: set[str] = attrs.field(factory=set, repr=False)
-    """the model lines of the regions whose forward a graph's search matched in a graph with its backward, in any
-    graph compiled while the patterns are installed (a model line is one region wherever it is compiled)"""
+    discovered: set[tuple[str, str]] = attrs.field(factory=set, repr=False)
+    """the model lines and modules (module_name) of the regions whose forward a graph's search matched in a graph
+    with its backward, in any graph compiled while the patterns are installed (one region wherever compiled)"""
 
     def replace(self, node: torch.fx.Node, done: Replaced) -> None:
         self.replaced.append(done)
@@ -92,7 +96,7 @@ class Report:
     def miss(self, node: torch.fx.Node, near: NearMiss) -> None:
         self.pending.append((node, near))
 
-    def settle(self, graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], joint: bool) -> None:
+    def settle(self, graph: torch.fx.Graph, sizes: dict[tuple[str, str, str], int], joint: bool) -> None:
         """After a pass over `graph` (`joint`: with its backward): its near misses, once each, and the compute ops
         no graph took (`sizes`: the largest value of each, surveyed before the pass)."""
         for node, near in self.pending:
@@ -162,19 +166,28 @@ def _compute_op(node: torch.fx.Node) -> str | None:
     return _SOURCES.get(source[-1][1]) if source else None
 
 
+def module_name(node: torch.fx.Node) -> str:
+    """The name, within its parent, of the innermost module of the model that ran the node ('' where none)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, _ = list(stack.values())[-1]
+    return str(path).rsplit(".", 1)[-1]
+
+
 def _size(node: torch.fx.Node) -> int:
     value = node.meta.get("val")
     return value.numel() if isinstance(value, torch.Tensor) and isinstance(value.numel(), int) else 0
 
 
-def largest(graph: torch.fx.Graph) -> dict[tuple[str, str], int]:
-    """Before the patterns run: by compute op and model line, the largest value its decomposition makes (a
+def largest(graph: torch.fx.Graph) -> dict[tuple[str, str, str], int]:
+    """Before the patterns run: by compute op, model line and module, the largest value its decomposition makes (a
     BatchNorm's normalized activation, not its [C] statistics)."""
-    sizes: dict[tuple[str, str], int] = {}
+    sizes: dict[tuple[str, str, str], int] = {}
     for node in graph.nodes:
         op = _compute_op(node)
         if op is not None:
-            key = (op, where(node))
+            key = (op, where(node), module_name(node))
             sizes[key] = max(sizes.get(key, 0), _size(node))
     return sizes
 
@@ -190,12 +203,12 @@ def _normalized_by_batch(node: torch.fx.Node) -> bool:
     )
 
 
-def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], discovered: set[str]) -> list[Unmatched]:
+def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str, str], int], discovered: set[str]) -> list[Unmatched]:
     """The forward compute ops left in a graph after the patterns ran, one per model line and op: those whose
     largest value (`sizes`, surveyed before) its outputs still read. What a replaced region's op takes from outside
     it (a BatchNorm's 1 / sqrt(var + eps)) is no op left behind, and a replaced region's nodes wait for Inductor's
-    dead code elimination. `discovered`: in a graph with its backward, the model lines of the regions a graph's
-    search matched the forward of (Report.discovered)."""
+    dead code elimination. `discovered`: in a graph with its backward, the model lines and modules of the regions a
+    graph's search matched the forward of (Report.discovered)."""
     live: set[torch.fx.Node] = set()
     stack = [n for n in graph.nodes if n.op == "output"]
     while stack:
@@ -206,9 +219,10 @@ def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str], int], discover
     found = []
     for node in (n for n in graph.nodes if n in live):
         op = _compute_op(node)
-        if op is not None and _size(node) >= sizes.get((op, where(node)), 0):
+        at, module = where(node), module_name(node)
+        if op is not None and _size(node) >= sizes.get((op, at, module), 0):
             batch = "batch_norm_legit_functional" in op or _normalized_by_batch(node)
-            u = Unmatched(where(node), op.removesuffix(".default"), where(node) in discovered, batch)
+            u = Unmatched(at, op.removesuffix(".default"), (at, module) in discovered, batch, module)
             if u not in found:
                 found.append(u)
     return found
