@@ -680,7 +680,10 @@ class Emit:
             t = attrs.evolve(t, dtype=accumulation(t.dtype))
         st = self.made.get(g)
         if st is not None and st.call[0] == "reshape" and st.dtype is None and self.types[g].dtype != t.dtype:
-            self._retype(g, t.dtype)  # a reshape keeps its input's dtype: the op before it writes the output's
+            # a reshape keeps its input's dtype: the op before it writes the output's, else an identity casts it
+            if not self._retype(g, t.dtype):
+                g = self.call("identity", g, dtype=t.dtype)
+                st = self.made[g]
         if placed is None and st is not None and st.call[0] == "reshape" and st.dtype is None:
             src = self.made.get(st.call[1][0])
             if src is not None and len(src.targets) > 1 and st.call[1][0] not in src.outputs:

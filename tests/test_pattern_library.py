@@ -253,6 +253,29 @@ def test_under_autocast_the_matmuls_take_the_bf16_graphs_and_the_norms_the_float
     ]
 
 
+def test_a_near_miss_hides_its_own_regions_ops_only_and_a_functional_rms_norm_is_named():
+    """A double GPT block beside the float graphs: the MLP's Linear + GELU is a near miss (its dtype), and its c_proj,
+    on the same model line, is still named; an RMSNorm a module of the model's own writes with F.rms_norm, which no
+    installed graph holds, is named too."""
+
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(64))
+
+        def forward(self, x):
+            return torch.nn.functional.rms_norm(x, (64,), self.weight, 1e-5)
+
+    block, x = _gpt_block()
+    model = torch.nn.Sequential(Norm(), block).double().eval()
+    with patterns.install_library("gpt", dtype="float", channels_last=False) as installed, torch.no_grad():
+        torch.compile(model, fullgraph=True)(x.double())
+    assert any(":57 " in m.where and "linear_gelu" in m.graph for m in installed.report.missed)
+    left = {(u.op, u.where.split(":")[1].split()[0], u.module) for u in installed.report.unmatched}
+    assert ("aten.addmm", "57", "c_proj") in left and ("aten.addmm", "57", "c_fc") not in left
+    assert any(op == "aten.rms_norm" for op, _, _ in left), installed.report
+
+
 def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradients():
     model, x = _gpt_block()
     twin = Block(GPTConfig(block_size=16, n_embd=64, n_head=4))

@@ -280,10 +280,11 @@ class PatternGroup:
             whys.append(why)
         first = self.members[0]
         if len(self.members) == 1:
-            self.report.miss(last, NearMiss(first.label, at, whys[0]))
+            self.report.miss(last, NearMiss(first.label, at, whys[0]), match.nodes)
         else:
             label = f"{first.graph.name} and {len(self.members) - 1} graphs of its form"
-            self.report.miss(last, NearMiss(label, at, f"none declares these inputs ({first.graph.name}: {whys[0]})"))
+            why = f"none declares these inputs ({first.graph.name}: {whys[0]})"
+            self.report.miss(last, NearMiss(label, at, why), match.nodes)
         return False
 
     def in_other_dtype(self, match: Match) -> bool:
@@ -294,7 +295,7 @@ class PatternGroup:
         """A region of the graph's ops in other dtypes, as a near miss; the graph is left as it is."""
         first, last = self.members[0], _last(match)
         why = first.dtype_mismatch(_matched(match, self.names))
-        self.report.miss(last, NearMiss(first.label, where(last), why))
+        self.report.miss(last, NearMiss(first.label, where(last), why), match.nodes)
 
 
 def _example_instance(graph: Graph) -> Instance:

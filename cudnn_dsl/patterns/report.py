@@ -83,7 +83,9 @@ class Report:
     replaced: list[Replaced] = attrs.field(factory=list)
     missed: list[NearMiss] = attrs.field(factory=list)
     unmatched: list[Unmatched] = attrs.field(factory=list)
-    pending: list[tuple[torch.fx.Node, NearMiss]] = attrs.field(factory=list, repr=False)
+    pending: list[tuple[torch.fx.Node, NearMiss, set]] = attrs.field(factory=list, repr=False)
+    near: set[tuple[str, str]] = attrs.field(factory=set, repr=False)
+    """the model lines and modules of the near misses' regions: their compute ops are no op left unmatched"""
     taken: set[torch.fx.Node] = attrs.field(factory=set, repr=False)
     discovered: set[tuple[str, str]] = attrs.field(factory=set, repr=False)
     """the model lines and modules (module_name) of the regions whose forward a graph's search matched in a graph
@@ -93,20 +95,21 @@ class Report:
         self.replaced.append(done)
         self.taken.add(node)
 
-    def miss(self, node: torch.fx.Node, near: NearMiss) -> None:
-        self.pending.append((node, near))
+    def miss(self, node: torch.fx.Node, near: NearMiss, region) -> None:
+        """A near miss of the region ending at `node`, whose nodes are `region`."""
+        self.pending.append((node, near, {(where(n), module_name(n)) for n in region}))
 
     def settle(self, graph: torch.fx.Graph, sizes: dict[tuple[str, str, str], int], joint: bool) -> None:
         """After a pass over `graph` (`joint`: with its backward): its near misses, once each, and the compute ops
         no graph took (`sizes`: the largest value of each, surveyed before the pass)."""
-        for node, near in self.pending:
+        for node, near, region in self.pending:
             if node not in self.taken and near not in self.missed:
                 self.missed.append(near)
+                self.near |= region
         self.pending.clear()
         self.taken.clear()
-        near = {m.where for m in self.missed}
         for op in unmatched(graph, sizes, self.discovered if joint else set()):
-            if op not in self.unmatched and op.where not in near:
+            if op not in self.unmatched and (op.where, op.module) not in self.near:
                 self.unmatched.append(op)
 
     def __str__(self) -> str:
@@ -149,8 +152,9 @@ _COMPUTE = frozenset(
 
 
 #: the compute ops torch decomposes before the graph is traced (their nodes name no such op as their
-#: original_aten), by the module or function the model called, as dynamo records it (source_fn_stack)
-_SOURCES = {torch.nn.RMSNorm: "aten.rms_norm", torch.nn.functional.rms_norm: "aten.rms_norm"}
+#: original_aten), by what dynamo records the model called (source_fn_stack): nn.RMSNorm, or torch.rms_norm
+#: (F.rms_norm's, called by a module of the model's own)
+_SOURCES = {torch.nn.RMSNorm: "aten.rms_norm", torch.rms_norm: "aten.rms_norm"}
 
 
 def _compute_op(node: torch.fx.Node) -> str | None:
@@ -203,7 +207,9 @@ def _normalized_by_batch(node: torch.fx.Node) -> bool:
     )
 
 
-def unmatched(graph: torch.fx.Graph, sizes: dict[tuple[str, str, str], int], discovered: set[str]) -> list[Unmatched]:
+def unmatched(
+    graph: torch.fx.Graph, sizes: dict[tuple[str, str, str], int], discovered: set[tuple[str, str]]
+) -> list[Unmatched]:
     """The forward compute ops left in a graph after the patterns ran, one per model line and op: those whose
     largest value (`sizes`, surveyed before) its outputs still read. What a replaced region's op takes from outside
     it (a BatchNorm's 1 / sqrt(var + eps)) is no op left behind, and a replaced region's nodes wait for Inductor's
