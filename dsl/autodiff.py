@@ -181,7 +181,7 @@ def check_text(name: str, text: str, at) -> Graph:
 TOKEN_SUM_FUSES = ("pointwise", "matmul", "conv")
 """the op families a sum over every axis but the last is left at its own rank after, to fuse with them in one cuDNN
 graph (over their results, unmaterialized): cuDNN plans it so after a matmul or a convolution, and inside a norm's
-chain of pointwise ops; after one pointwise op alone it plans at rank 4 only (Emit._over_tokens)"""
+chain of pointwise ops; after pointwise ops alone on inputs of its shape it plans at rank 4 only (Emit._over_tokens)"""
 DTYPE_FREE = ("pointwise", "reduction")
 """the op families that compute in their own dtype, whatever dtype they read"""
 FUSES_PROLOGUE = ("pointwise", "reduction")
@@ -496,28 +496,58 @@ class Emit:
         return tokens and packed and (st is None or OPS[st.call[0]].family not in TOKEN_SUM_FUSES)
 
     def _over_tokens(self, g: str, want: tuple[int, ...]) -> bool:
-        """Where g [.., N], summed to [1.., N] over every axis but the last, is made by a pointwise op from backward
-        inputs of its shape that lie packed (an activation's backward from the output's gradient and a saved value),
-        and nothing reads it yet: remakes it over [tokens, N, 1, 1], that op on reshapes of its operands, g then a
-        reshape of its result (the same memory), and says True; else False. cuDNN declines a sum over the tokens
-        after a pointwise op at rank 3, and fuses the two at rank 4."""
-        t, st = self.types[g], self.made.get(g)
+        """Where g [.., N], summed to [1.., N] over every axis but the last, is made by pointwise ops alone from
+        backward inputs of its shape that lie packed (an activation's backward from the output's gradient and a saved
+        value, that gradient scaled first, ...), and nothing reads it yet: remakes those ops over [tokens, N, 1, 1] on
+        reshapes of the inputs, g then a reshape of the last one's result (the same memory), and says True; else
+        False. cuDNN declines a sum over the tokens after pointwise ops at rank 3, and fuses them at rank 4."""
+        t = self.types[g]
         tokens = all(w == 1 for w in want[:-1]) and want[-1] == t.shape[-1] > 1
-        if not tokens or st is None or len(st.targets) != 1 or OPS[st.call[0]].family != "pointwise":
+        if not tokens or any(g in other.call[1] for other in self.stmts) or not self._pointwise_tree(g, t.shape):
             return False
-        op, args, given = st.call
-        operands = [a for a in args if isinstance(a, str) and a not in self.scalars]
-        if any(
-            a not in self.bind or self.types[a].shape != t.shape or not packed_row_major(t.shape, self.types[a].strides)
-            for a in operands
-        ) or any(g in other.call[1] for other in self.stmts):
-            return False
-        self.stmts.remove(st)
         flat = (math.prod(t.shape[:-1]), t.shape[-1], 1, 1)
-        views = {a: self.reshape(a, flat) for a in operands}
-        made = self.call(op, *(views.get(a, a) if isinstance(a, str) else a for a in args), dtype=st.dtype, **given)
-        self._rename(self.reshape(made, t.shape), g)
+        # the inputs' reshapes first: a view between two of the ops would cut them into two parts
+        views = {a: self.reshape(a, flat) for a in self._tree_inputs(g)}
+        self._rename(self.reshape(self._remade(g, views), t.shape), g)
         return True
+
+    def _pointwise_tree(self, v: str, shape: tuple[int, ...], root: bool = True) -> bool:
+        """Whether v is the one result of a pointwise op, no output, whose operands are backward inputs of `shape`
+        lying packed, or values made so that this op alone reads, once (and no cast reuses)."""
+        st = self.made.get(v)
+        if st is None or len(st.targets) != 1 or st.output is not None or OPS[st.call[0]].family != "pointwise":
+            return False
+        if not root and (v in self.casts.values() or sum(r.call[1].count(v) for r in self.stmts) != 1):
+            return False
+        for a in st.call[1]:
+            if not isinstance(a, str) or a in self.scalars:
+                continue
+            if a in self.bind:
+                if self.types[a].shape != shape or not packed_row_major(shape, self.types[a].strides):
+                    return False
+            elif not self._pointwise_tree(a, shape, root=False):
+                return False
+        return True
+
+    def _tree_inputs(self, v: str) -> dict[str, None]:
+        """The backward inputs the pointwise ops that make v read (_pointwise_tree), in order, once each."""
+        found: dict[str, None] = {}
+        for a in self.made[v].call[1]:
+            if isinstance(a, str) and a not in self.scalars:
+                found.update({a: None} if a in self.bind else self._tree_inputs(a))
+        return found
+
+    def _remade(self, v: str, views: dict[str, str]) -> str:
+        """The pointwise ops that make v (_pointwise_tree) emitted again on `views` of their inputs; their statements
+        at v's shape removed."""
+        st = self.made[v]
+        self.stmts.remove(st)
+        op, args, given = st.call
+        new = [
+            a if not isinstance(a, str) or a in self.scalars else views[a] if a in self.bind else self._remade(a, views)
+            for a in args
+        ]
+        return self.call(op, *new, dtype=st.dtype, **given)
 
     def _sum_tokens(self, g: str, dtype: str) -> str:
         """g [.., N] summed over every axis but the last, as cuDNN plans it: the view [tokens, N, 1, 1] (which a

@@ -154,6 +154,7 @@ def fusion_order(nodes: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]], 
       of its own, and placed early it readies more ops for the next run;
     - then a new run starts: at a matmul, conv or other op before a pointwise op (which may yet join a
       run), and at an op that readies one of its readers before one that does not.
+    Before all, the reshapes of inputs (views: they launch nothing, and between two ops they would cut a run).
     Among equals, the op whose inputs were made last, then the one given first: deterministic.
     A step looks at the ready pointwise ops and reductions and at their neighbours; the other ready nodes wait
     in a heap by `start` (a key that only grows, as nodes are placed): what is ready, and what the run reads, is
@@ -210,7 +211,10 @@ def fusion_order(nodes: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]], 
                     wait(d)
 
     for k in range(len(nodes)):
-        if not deps[k]:
+        if not deps[k] and nodes[k][0] == "reshape":
+            placed(k)  # an input's view, first: it launches nothing, and between two ops it would cut their run
+    for k in range(len(nodes)):
+        if not deps[k] and k not in pos:
             ready[_kind(family[k])].add(k)
             wait(k)
     while any(ready.values()):

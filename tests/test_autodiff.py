@@ -223,6 +223,28 @@ def test_a_token_sum_fused_at_rank_4_is_also_a_narrower_inputs_gradient(io):
     check_grads(text, "cpu")
 
 
+def test_after_a_chain_of_pointwise_ops_a_token_sum_is_fused_with_them_at_rank_4():
+    """gelu(matmul(x, w) + b) * c: b's gradient sums gelu_backward(grad_y * c, ...) over the tokens: both ops are
+    remade over the rank-4 views of their inputs, which go first, so that the two ops and the sum are one cuDNN
+    graph. Planned for an H200: three cuDNN graphs and no torch part."""
+    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.target.library import Target
+
+    text = LINEAR.replace("input b", "input c : bf16[2, 3, 16]\n  input b").replace(
+        "output y = matmul(x, w) + b", "output y = gelu(matmul(x, w) + b) * c"
+    )
+    d = _backward(text, wrt=("x", "w", "b"))
+    assert {
+        "mul_0 = mul(reshape, reshape_0)",
+        "gelu_backward_0 : bf16 = gelu_backward(mul_0, reshape_1)",
+        "reduction : float = reduction(gelu_backward_0, mode=sum, axes=[0, 2, 3])",
+    } <= _lines(d)
+    b = d.backward
+    _, partition = plan_for_target(b, b.instances[0], b.options, Target.named("h200"))
+    assert (partition.counts.launches, partition.counts.fallbacks) == (3, 0), partition.lines(b)
+    check_grads(text, "cpu", frozen=("c",))
+
+
 def test_a_cast_is_written_by_the_matmul_that_computes_the_value_through_its_reshape():
     """x's gradient needs dt in bf16 (a matmul operand); dt is a reshape of the matmul dU: dU is written in bf16,
     with no identity op. w1's gradient reads dt flattened to [1, 8, 8], dU's own shape: dU itself, no reshape of
