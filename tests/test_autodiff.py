@@ -139,6 +139,16 @@ def _lines(d) -> set[str]:
     return {line.strip() for line in d.backward_text.splitlines()}
 
 
+def _h200_parts(d) -> tuple[tuple[int, int], list[str]]:
+    """The derived backward as it runs planned for an H200 without a GPU: (cuDNN launches, torch parts), its parts."""
+    from cudnn_dsl.run.partition import plan_for_target
+    from cudnn_dsl.target.library import Target
+
+    b = d.backward
+    _, partition = plan_for_target(b, b.instances[0], b.options, Target.named("h200"))
+    return (partition.counts.launches, partition.counts.fallbacks), partition.lines(b)
+
+
 def test_a_token_sum_of_a_backward_input_is_a_float_sum_of_its_rank_4_view():
     """The bias's gradient sums grad_y [2, 3, 16] over its tokens: as the channels-last view [6, 16, 1, 1] summed
     over [0, 2, 3] to float (cuDNN declines the sum at rank 3, and with a bf16 output), reshaped back."""
@@ -180,31 +190,46 @@ def test_a_weight_gradient_whose_rows_make_no_view_stays_batched():
     check_grads(text, "cpu")
 
 
-def test_after_an_activations_backward_a_token_sum_is_fused_with_it_at_rank_4():
-    """The bias's sum of gelu_backward's result over the tokens: gelu_backward over the channels-last views
-    [6, 16, 1, 1] of its operands, summed over [0, 2, 3] to float, the matmuls reading its result as the same memory
-    in their shapes. Planned for an H200: three cuDNN graphs, no torch fallback (at rank 3 cuDNN declines the sum
-    after a pointwise op, and even alone)."""
-    from cudnn_dsl.run.partition import plan_for_target
-    from cudnn_dsl.target.library import Target
-
-    text = LINEAR.replace("output y = matmul(x, w) + b", "output y = gelu(matmul(x, w) + b)")
-    d = _backward(text)
-    assert {
-        "reshape = reshape(grad_y, shape=[6, 16, 1, 1])",
-        "reshape_0 = reshape(add_1, shape=[6, 16, 1, 1])",
-        "gelu_backward_0 : bf16 = gelu_backward(reshape, reshape_0)",
-        "reduction : float = reduction(gelu_backward_0, mode=sum, axes=[0, 2, 3])",
-        "output grad_b : float[1, 1, 16] strides [16, 16, 1] = reshape(reduction, shape=[1, 1, 16])",
-        "gelu_backward = reshape(gelu_backward_0, shape=[2, 3, 16])",
-        "output grad_x : bf16[2, 3, 8] strides [24, 8, 1] = matmul(gelu_backward, w_t)",
-        "reshape_3 = reshape(gelu_backward_0, shape=[1, 6, 16])",
-    } <= _lines(d)
-    b = d.backward
-    _, partition = plan_for_target(b, b.instances[0], b.options, Target.named("h200"))
-    counts = partition.counts
-    assert (counts.launches, counts.fallbacks) == (3, 0), partition.lines(b)
-    check_grads(text, "cpu")
+@pytest.mark.parametrize(
+    "y,written",
+    [
+        (
+            "gelu(matmul(x, w) + b)",
+            {
+                "reshape = reshape(grad_y, shape=[6, 16, 1, 1])",
+                "reshape_0 = reshape(add_1, shape=[6, 16, 1, 1])",
+                "gelu_backward_0 : bf16 = gelu_backward(reshape, reshape_0)",
+                "reduction : float = reduction(gelu_backward_0, mode=sum, axes=[0, 2, 3])",
+                "output grad_b : float[1, 1, 16] strides [16, 16, 1] = reshape(reduction, shape=[1, 1, 16])",
+                "gelu_backward = reshape(gelu_backward_0, shape=[2, 3, 16])",
+                "output grad_x : bf16[2, 3, 8] strides [24, 8, 1] = matmul(gelu_backward, w_t)",
+                "reshape_3 = reshape(gelu_backward_0, shape=[1, 6, 16])",
+            },
+        ),
+        (
+            "gelu(matmul(x, w) + b) * c",
+            {
+                "mul_0 = mul(reshape, reshape_0)",
+                "gelu_backward_0 : bf16 = gelu_backward(mul_0, reshape_1)",
+                "reduction : float = reduction(gelu_backward_0, mode=sum, axes=[0, 2, 3])",
+            },
+        ),
+    ],
+    ids=["activation", "chain"],
+)
+def test_after_pointwise_ops_on_backward_inputs_a_token_sum_is_fused_with_them_at_rank_4(y, written):
+    """The bias's sum over the tokens of what gelu_backward makes (from grad_y, or grad_y * c first): the pointwise
+    ops over the channels-last views [6, 16, 1, 1] of their inputs (which come first), summed over [0, 2, 3] to
+    float, the matmuls reading the result as the same memory in their shapes. Planned for an H200: three cuDNN
+    graphs, no torch part (at rank 3 cuDNN declines the sum after pointwise ops, and even alone)."""
+    scaled = y.endswith("* c")
+    text = LINEAR.replace("input b", "input c : bf16[2, 3, 16]\n  input b" if scaled else "input b")
+    text = text.replace("matmul(x, w) + b", y)
+    d = _backward(text, wrt=("x", "w", "b"))
+    assert written <= _lines(d)
+    counts, lines = _h200_parts(d)
+    assert counts == (3, 0), lines
+    check_grads(text, "cpu", frozen=("c",) if scaled else ())
 
 
 @pytest.mark.parametrize("io", ["float", "bf16"])
@@ -221,28 +246,6 @@ def test_a_token_sum_fused_at_rank_4_is_also_a_narrower_inputs_gradient(io):
         f"output grad_x : {io}[2, 3, 16] strides [48, 16, 1] = reshape(gelu_backward_0, shape=[2, 3, 16])",
     } <= _lines(d)
     check_grads(text, "cpu")
-
-
-def test_after_a_chain_of_pointwise_ops_a_token_sum_is_fused_with_them_at_rank_4():
-    """gelu(matmul(x, w) + b) * c: b's gradient sums gelu_backward(grad_y * c, ...) over the tokens: both ops are
-    remade over the rank-4 views of their inputs, which go first, so that the two ops and the sum are one cuDNN
-    graph. Planned for an H200: three cuDNN graphs and no torch part."""
-    from cudnn_dsl.run.partition import plan_for_target
-    from cudnn_dsl.target.library import Target
-
-    text = LINEAR.replace("input b", "input c : bf16[2, 3, 16]\n  input b").replace(
-        "output y = matmul(x, w) + b", "output y = gelu(matmul(x, w) + b) * c"
-    )
-    d = _backward(text, wrt=("x", "w", "b"))
-    assert {
-        "mul_0 = mul(reshape, reshape_0)",
-        "gelu_backward_0 : bf16 = gelu_backward(mul_0, reshape_1)",
-        "reduction : float = reduction(gelu_backward_0, mode=sum, axes=[0, 2, 3])",
-    } <= _lines(d)
-    b = d.backward
-    _, partition = plan_for_target(b, b.instances[0], b.options, Target.named("h200"))
-    assert (partition.counts.launches, partition.counts.fallbacks) == (3, 0), partition.lines(b)
-    check_grads(text, "cpu", frozen=("c",))
 
 
 def test_a_cast_is_written_by_the_matmul_that_computes_the_value_through_its_reshape():
