@@ -482,64 +482,63 @@ class Emit:
         axes = [i for i, (h, w) in enumerate(zip(have, want)) if w == 1 and h != 1]
         if not axes:
             return g
-        if self._over_tokens(g, want) or self._tokens_in_memory(g, want):
+        t = self.types[g]
+        tokens = all(w == 1 for w in want[:-1]) and want[-1] == t.shape[-1] > 1
+        if tokens and (self._over_tokens(g) or self._in_memory(g)):
             return self._sum_tokens(g, accumulation(self.inst.type(like).dtype))
         return self.call("reduction", g, mode="sum", axes=axes)
 
-    def _tokens_in_memory(self, g: str, want: tuple[int, ...]) -> bool:
-        """Whether g [.., N] is summed to [1.., N] over every axis but the last, is packed (so [tokens, N, 1, 1]
-        is a view of it) and is in memory whatever reads it: a backward input, or a result of an op the sum is not
-        left to fuse after (TOKEN_SUM_FUSES). Such a sum cuDNN plans only as the rank-4 view."""
+    def _in_memory(self, g: str) -> bool:
+        """Whether g, to be summed over its tokens, is packed (so [tokens, N, 1, 1] is a view of it) and is in memory
+        whatever reads it: a backward input, or a result of an op the sum is not left to fuse after
+        (TOKEN_SUM_FUSES). Such a sum cuDNN plans only as the rank-4 view."""
         t, st = self.types[g], self.made.get(g)
-        tokens = all(w == 1 for w in want[:-1]) and want[-1] == t.shape[-1] > 1
         packed = merged_stride(t.shape, t.strides) == 1
-        return tokens and packed and (st is None or OPS[st.call[0]].family not in TOKEN_SUM_FUSES)
+        return packed and (st is None or OPS[st.call[0]].family not in TOKEN_SUM_FUSES)
 
-    def _over_tokens(self, g: str, want: tuple[int, ...]) -> bool:
-        """Where g [.., N], summed to [1.., N] over every axis but the last, is made by pointwise ops alone from
-        backward inputs of its shape that lie packed (an activation's backward from the output's gradient and a saved
-        value, that gradient scaled first, ...), and nothing reads it yet: remakes those ops over [tokens, N, 1, 1] on
-        reshapes of the inputs, g then a reshape of the last one's result (the same memory), and says True; else
-        False. cuDNN declines a sum over the tokens after pointwise ops at rank 3, and fuses them at rank 4."""
+    def _over_tokens(self, g: str) -> bool:
+        """Where g [.., N], to be summed over its tokens, is made by pointwise ops alone from backward inputs of its
+        shape that lie packed (an activation's backward from the output's gradient and a saved value, that gradient
+        scaled first, ...), and nothing reads it yet: remakes those ops over [tokens, N, 1, 1] on reshapes of the
+        inputs, g then a reshape of the last one's result (the same memory), and says True; else False. cuDNN
+        declines a sum over the tokens after pointwise ops at rank 3, and fuses them at rank 4."""
         t = self.types[g]
-        tokens = all(w == 1 for w in want[:-1]) and want[-1] == t.shape[-1] > 1
-        if not tokens or any(g in other.call[1] for other in self.stmts) or not self._pointwise_tree(g, t.shape):
+        inputs = None if any(g in other.call[1] for other in self.stmts) else self._pointwise_inputs(g, t.shape)
+        if inputs is None:
             return False
         flat = (math.prod(t.shape[:-1]), t.shape[-1], 1, 1)
         # the inputs' reshapes first: a view between two of the ops would cut them into two parts
-        views = {a: self.reshape(a, flat) for a in self._tree_inputs(g)}
+        views = {a: self.reshape(a, flat) for a in inputs}
         self._rename(self.reshape(self._remade(g, views), t.shape), g)
         return True
 
-    def _pointwise_tree(self, v: str, shape: tuple[int, ...], root: bool = True) -> bool:
-        """Whether v is the one result of a pointwise op, no output, whose operands are backward inputs of `shape`
-        lying packed, or values made so that this op alone reads, once (and no cast reuses)."""
+    def _pointwise_inputs(self, v: str, shape: tuple[int, ...], root: bool = True) -> dict[str, None] | None:
+        """Where v is the one result of a pointwise op, no output, whose operands are backward inputs of `shape`
+        lying packed, or values made so that this op alone reads, once (and no cast reuses): those backward inputs,
+        in order, once each; else None."""
         st = self.made.get(v)
         if st is None or len(st.targets) != 1 or st.output is not None or OPS[st.call[0]].family != "pointwise":
-            return False
+            return None
         if not root and (v in self.casts.values() or sum(r.call[1].count(v) for r in self.stmts) != 1):
-            return False
+            return None
+        found: dict[str, None] = {}
         for a in st.call[1]:
             if not isinstance(a, str) or a in self.scalars:
                 continue
             if a in self.bind:
                 if self.types[a].shape != shape or not packed_row_major(shape, self.types[a].strides):
-                    return False
-            elif not self._pointwise_tree(a, shape, root=False):
-                return False
-        return True
-
-    def _tree_inputs(self, v: str) -> dict[str, None]:
-        """The backward inputs the pointwise ops that make v read (_pointwise_tree), in order, once each."""
-        found: dict[str, None] = {}
-        for a in self.made[v].call[1]:
-            if isinstance(a, str) and a not in self.scalars:
-                found.update({a: None} if a in self.bind else self._tree_inputs(a))
+                    return None
+                found[a] = None
+            else:
+                more = self._pointwise_inputs(a, shape, root=False)
+                if more is None:
+                    return None
+                found.update(more)
         return found
 
     def _remade(self, v: str, views: dict[str, str]) -> str:
-        """The pointwise ops that make v (_pointwise_tree) emitted again on `views` of their inputs; their statements
-        at v's shape removed."""
+        """The pointwise ops that make v (_pointwise_inputs) emitted again on `views` of their inputs; their
+        statements at v's shape removed."""
         st = self.made[v]
         self.stmts.remove(st)
         op, args, given = st.call

@@ -32,9 +32,10 @@ def narrow_reduction(ins, a, outs):
     """ref_reduction of a half or bf16 input as stored: a sum or mean accumulated in float32 as it reads (no float
     copy of the input); any other mode on a float32 copy."""
     x = ins[0]
-    if a["mode"] in ("sum", "avg") and x.dtype in (torch.float16, torch.bfloat16):
+    low = x.dtype in (torch.float16, torch.bfloat16)
+    if low and a["mode"] in ("sum", "avg"):
         return [getattr(x, "sum" if a["mode"] == "sum" else "mean")(list(a["axes"]), keepdim=True, dtype=torch.float32)]
-    return ref_reduction([x.float() if x.dtype in (torch.float16, torch.bfloat16) else x], a, outs)
+    return ref_reduction([x.float() if low else x], a, outs)
 
 
 def lower_reduction(ctx, ins, a):

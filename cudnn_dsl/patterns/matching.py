@@ -27,7 +27,7 @@ from torch._inductor.pattern_matcher import (
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from cudnn_dsl.interop.emit import traceable_reference
-from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, module_name, where
+from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, where
 from cudnn_dsl.patterns.search import (
     PLAIN,
     batchnorms,
@@ -240,7 +240,7 @@ class PatternGroup:
     def discover(self, match: Match) -> bool:
         """A region's forward in a joint graph: its pattern with the backward of the gradients it wants, traced
         the first time they are seen."""
-        self.report.discovered.update((where(n), module_name(n)) for n in match.nodes)
+        self.report.discover(match.nodes)
         wanting = tuple(n for n in self.floats if match.kwargs[n] in self.wanting)
         if wanting and wanting not in self.traced:
             self.traced.add(wanting)

@@ -88,7 +88,7 @@ class Report:
     """the model lines and modules of the near misses' regions: their compute ops are no op left unmatched"""
     taken: set[torch.fx.Node] = attrs.field(factory=set, repr=False)
     discovered: set[tuple[str, str]] = attrs.field(factory=set, repr=False)
-    """the model lines and modules (module_name) of the regions whose forward a graph's search matched in a graph
+    """the places (model line and module) of the regions whose forward a graph's search matched in a graph
     with its backward, in any graph compiled while the patterns are installed (one region wherever compiled)"""
 
     def replace(self, node: torch.fx.Node, done: Replaced) -> None:
@@ -97,7 +97,11 @@ class Report:
 
     def miss(self, node: torch.fx.Node, near: NearMiss, region) -> None:
         """A near miss of the region ending at `node`, whose nodes are `region`."""
-        self.pending.append((node, near, {(where(n), module_name(n)) for n in region}))
+        self.pending.append((node, near, {place(n) for n in region}))
+
+    def discover(self, region) -> None:
+        """A region whose forward a graph's search matched in a graph with its backward (its nodes)."""
+        self.discovered.update(place(n) for n in region)
 
     def settle(self, graph: torch.fx.Graph, sizes: dict[tuple[str, str, str], int], joint: bool) -> None:
         """After a pass over `graph` (`joint`: with its backward): its near misses, once each, and the compute ops
@@ -170,13 +174,12 @@ def _compute_op(node: torch.fx.Node) -> str | None:
     return _SOURCES.get(source[-1][1]) if source else None
 
 
-def module_name(node: torch.fx.Node) -> str:
-    """The name, within its parent, of the innermost module of the model that ran the node ('' where none)."""
+def place(node: torch.fx.Node) -> tuple[str, str]:
+    """Where in the model a node is: its line (`where`), and the name, within its parent, of the innermost module of
+    the model that ran it ('' where none)."""
     stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    path, _ = list(stack.values())[-1]
-    return str(path).rsplit(".", 1)[-1]
+    module = str(list(stack.values())[-1][0]).rsplit(".", 1)[-1] if stack else ""
+    return where(node), module
 
 
 def _size(node: torch.fx.Node) -> int:
@@ -191,7 +194,7 @@ def largest(graph: torch.fx.Graph) -> dict[tuple[str, str, str], int]:
     for node in graph.nodes:
         op = _compute_op(node)
         if op is not None:
-            key = (op, where(node), module_name(node))
+            key = (op, *place(node))
             sizes[key] = max(sizes.get(key, 0), _size(node))
     return sizes
 
@@ -225,7 +228,7 @@ def unmatched(
     found = []
     for node in (n for n in graph.nodes if n in live):
         op = _compute_op(node)
-        at, module = where(node), module_name(node)
+        at, module = place(node)
         if op is not None and _size(node) >= sizes.get((op, at, module), 0):
             batch = "batch_norm_legit_functional" in op or _normalized_by_batch(node)
             u = Unmatched(at, op.removesuffix(".default"), (at, module) in discovered, batch, module)

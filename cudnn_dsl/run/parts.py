@@ -172,7 +172,7 @@ class Parts:
         }
         types, attrs_ = [self.inst.type(o) for o in node.outputs], self.inst.attrs(part.first)
         impl = IMPLS[node.op]
-        narrow = impl.narrow is not None
+        narrow, ref = impl.narrow is not None, impl.narrow or impl.ref
 
         def fallback():
             ins = [
@@ -184,7 +184,7 @@ class Parts:
                 for i in node.inputs
             ]
             with torch.no_grad():
-                results = (impl.narrow if narrow else impl.ref)(ins, attrs_, types)
+                results = ref(ins, attrs_, types)
             for name, r, t in zip(node.outputs, results, types):  # into a buffer as cuDNN would hold it
                 env[name].copy_(stored(r.to(torch_dtype(t.dtype)), t))
 
