@@ -368,6 +368,29 @@ def test_under_autocast_a_llama_layer_trains_through_its_mlp_whose_linears_each_
     assert len(left["aten.rms_norm"]) == 1 and "took this region with its backward" in left["aten.rms_norm"][0]
 
 
+@pytest.mark.gpu
+def test_on_cuda_a_llama_layers_norms_and_mlp_are_replaced_as_torch_traces_them_there():
+    """On CUDA torch traces nn.RMSNorm as one fused op (aten._fused_rms_norm), not as the CPU's pointwise ops: the
+    search traces it so too, for inference and, under autocast, for training."""
+    torch.manual_seed(0)
+    config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160)
+    model = DecoderLayer(config, max_seq_len=32).cuda().bfloat16().eval()
+    x = torch.randn(2, 32, 64, device="cuda", dtype=torch.bfloat16)
+    library_ = patterns.install_library("llama", dtype="bf16", channels_last=False, device="cuda")
+    with library_ as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x), atol=2e-2, rtol=2e-2)
+    graphs = _graphs(installed.report)
+    assert graphs.count("rmsnorm_bf16") == 2 and "swiglu_bf16" in graphs, str(installed.report)
+
+    model, twin = (DecoderLayer(config, max_seq_len=32).cuda() for _ in range(2))
+    twin.load_state_dict(model.state_dict())
+    installed = patterns.install_library("llama", dtype="bf16", channels_last=False, autocast=True, device="cuda")
+    _trains_alike(model, twin, x.float(), installed, autocast=torch.bfloat16)
+    graphs = _graphs(installed.report)
+    assert "rmsnorm_float" in graphs and "swiglu_bf16_autocast" in graphs, str(installed.report)
+
+
 class _CastOnce(torch.nn.Module):
     """A SwiGLU MLP of bf16 Linears whose float input is cast once, by the model, for both."""
 

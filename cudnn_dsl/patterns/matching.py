@@ -36,6 +36,7 @@ from cudnn_dsl.patterns.search import (
     idioms,
     output_forms,
     running_statistics,
+    traces_fused_rms_norm,
 )
 from cudnn_dsl.run.inputs import generate_inputs
 from cudnn_dsl.run.reference import run_reference
@@ -66,6 +67,11 @@ class GraphPattern:
         """whether an eval BatchNorm is searched as F.batch_norm"""
         self.cast_per_linear = cast_per_linear and bool(casts_per_linear(self.graph, inst, self.forms))
         """whether a cast that Linears alone read is searched as one cast per Linear (search.casts_per_linear)"""
+        fused_rms_norm = any(
+            traces_fused_rms_norm(device, torch_dtype(inst.type(node.inputs[0]).dtype))
+            for node in self.graph.nodes
+            if node.op == "rmsnorm"
+        )
         # Inductor runs the search on its examples: drawn as `run` draws inputs, so that index inputs (page
         # tables, ragged offsets, sequence lengths) are valid.
         drawn = generate_inputs(self.graph, inst, device)
@@ -78,7 +84,7 @@ class GraphPattern:
             # at the inputs' own shape: a symbolic dim's attributes follow it (attention's default scale)
             now = self.instance_at(tensors) or inst
             values = dict(zip(names, tensors), **scalars)
-            found = idioms(graph, now, self.forms, cast_per_linear)
+            found = idioms(graph, now, self.forms, cast_per_linear, fused_rms_norm)
             outs = run_reference(graph, now, values, native=True, idioms=found)
             return outs[graph.outputs[0].name] if len(graph.outputs) == 1 else tuple(outs[v] for v in self.order)
 

@@ -7,19 +7,22 @@ model holds them as the weight's [N, K] and a [N] bias and calls `F.linear`, who
 addmm, view) shares no op with a batched matmul's. So a search takes each input in the model's form (`Form`: the
 declared tensor less its leading unit dims, transposed for a Linear weight) and runs the graph's reference with
 those ops written as torch's modules write them (`idioms`): `F.linear` with its bias, `F.layer_norm` and
-`F.rms_norm` on their [D] weights, an eval BatchNorm's `(y - mean) * inv_variance * scale + bias` as
-`F.batch_norm` on its running statistics, a training-mode `batchnorm` as the functional BatchNorm torch.compile
-holds (its next running statistics returned). The replacement views each matched input back to its declared form
-(no copy), but for a running variance, whose inverse square root it computes.
+`F.rms_norm` on their [D] weights (the RMSNorm as torch traces it on the model's device: one fused op on CUDA, its
+decomposition on the CPU), an eval BatchNorm's `(y - mean) * inv_variance * scale + bias` as `F.batch_norm` on its
+running statistics, a training-mode `batchnorm` as the functional BatchNorm torch.compile holds (its next running
+statistics returned). The replacement views each matched input back to its declared form (no copy), but for a
+running variance, whose inverse square root it computes.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 
 import attrs
 import torch
 import torch.nn.functional as F
+from torch._inductor.pattern_matcher import fwd_only
 
 from cudnn_dsl.ops import pointwise
 from cudnn_dsl.patterns.library import BATCHNORM_EPS
@@ -207,9 +210,12 @@ def batchnorms(graph: Graph, inst: Instance) -> list[BatchNorm]:
 FOLDED = None
 
 
-def idioms(graph: Graph, inst: Instance, given: dict[str, Form], cast_per_linear: bool = True) -> dict[int, object]:
+def idioms(
+    graph: Graph, inst: Instance, given: dict[str, Form], cast_per_linear: bool = True, fused_rms_norm: bool = False
+) -> dict[int, object]:
     """By node index, the torch idiom that computes it from the values so far (a function of them), or FOLDED.
-    `cast_per_linear`: a cast that Linears alone read is cast by each (casts_per_linear), as autocast writes it."""
+    `cast_per_linear`: a cast that Linears alone read is cast by each (casts_per_linear), as autocast writes it.
+    `fused_rms_norm`: F.rms_norm as torch traces it on the model's device (traces_fused_rms_norm)."""
     uses: dict[str, int] = {}
     for node in graph.nodes:
         for i in node.inputs:
@@ -269,7 +275,8 @@ def idioms(graph: Graph, inst: Instance, given: dict[str, Form], cast_per_linear
                     F.layer_norm(env[x], tuple(env[s].shape), env[s], env[b], e)
                 ]
             elif node.op == "rmsnorm" and scale in given and not bias:
-                found[k] = lambda env, x=x, s=scale, e=eps: [_rms_norm(env[x], env[s], e)]
+                norm = _fused_rms_norm if fused_rms_norm else _rms_norm
+                found[k] = lambda env, x=x, s=scale, e=eps, norm=norm: [norm(env[x], env[s], e)]
     return found
 
 
@@ -329,6 +336,20 @@ def _rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     inv = torch.ops.aten.rsqrt.default(torch.ops.aten.add.Scalar(wide.pow(2).mean(dims, keepdim=True), eps32))
     out = wide * inv * scale
     return convert(out, x.dtype) if low else out
+
+
+def _fused_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.rms_norm as torch traces it where it has a fused kernel: one op, its first result the norm."""
+    return torch.ops.aten._fused_rms_norm.default(x, list(scale.shape), scale, eps)[0]
+
+
+@functools.cache
+def traces_fused_rms_norm(device: str, dtype: torch.dtype) -> bool:
+    """Whether torch traces F.rms_norm on this device as its fused kernel (`aten._fused_rms_norm`, which a compiled
+    model's graph keeps: CUDA's in torch 2.11), rather than as the pointwise ops of its decomposition (the CPU's)."""
+    x, scale = torch.ones(2, 4, device=device, dtype=dtype), torch.ones(4, device=device, dtype=dtype)
+    traced = fwd_only(lambda x, scale: F.rms_norm(x, (4,), scale, 1e-6), [x, scale])
+    return any(n.target is torch.ops.aten._fused_rms_norm.default for n in traced.graph.nodes)
 
 
 def _bias_add(graph: Graph, inst: Instance, value: str, given: dict[str, Form]) -> tuple[int, str] | None:
