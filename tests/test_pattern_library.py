@@ -222,8 +222,8 @@ def test_a_gpt_block_is_replaced_region_by_region_for_inference():
             y = torch.compile(model.eval(), fullgraph=True)(x)
     torch.testing.assert_close(y, model(x))
     assert _graphs(installed.report) == [
+        "add_layernorm_float",  # ln_2 with the residual add it reads
         "causal_attention_packed_float",
-        "layernorm_float",
         "layernorm_float",
         "linear_gelu_tanh_float",
     ]
@@ -246,8 +246,8 @@ def test_under_autocast_the_matmuls_take_the_bf16_graphs_and_the_norms_the_float
         want = model(x)
     torch.testing.assert_close(y, want, atol=2e-2, rtol=2e-2)
     assert _graphs(installed.report) == [
+        "add_layernorm_bf16_autocast",  # the float residual stream and the bf16 projection's result
         "causal_attention_packed_bf16",
-        "layernorm_float",
         "layernorm_float",
         "linear_gelu_tanh_bf16",
     ]
@@ -284,8 +284,8 @@ def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradien
     _trains_alike(model, twin, x, installed)
     assert all(r.training for r in installed.report.replaced)
     assert _graphs(installed.report) == [
+        "add_layernorm_float",  # the residual's gradient summed into the norm's in its backward
         "causal_attention_packed_float",  # its q, k and v split from one projection want gradients through it
-        "layernorm_float",
         "layernorm_float",
         "linear_gelu_tanh_float",
     ]
@@ -300,8 +300,8 @@ def test_under_autocast_a_gpt_block_trains_through_the_bf16_graphs_and_the_float
     _trains_alike(model, twin, x, library_, autocast=torch.bfloat16)
     assert all(r.training for r in library_.report.replaced)
     assert _graphs(library_.report) == [
+        "add_layernorm_bf16_autocast",
         "causal_attention_packed_bf16",
-        "layernorm_float",
         "layernorm_float",
         "linear_gelu_tanh_bf16",
     ]
@@ -319,8 +319,11 @@ def test_a_llama_layer_is_replaced_region_by_region_for_inference(dtype):
         y = torch.compile(model, fullgraph=True)(x)
     tol = {} if dtype == "float" else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(y, model(x), **tol)
-    assert _graphs(installed.report) == [f"causal_attention_gqa_{dtype}", f"rmsnorm_{dtype}", f"rmsnorm_{dtype}"] + [
-        f"swiglu_{dtype}"
+    assert _graphs(installed.report) == [
+        f"add_rmsnorm_{dtype}",  # the norm before the MLP, with the residual add it reads
+        f"causal_attention_gqa_{dtype}",
+        f"rmsnorm_{dtype}",
+        f"swiglu_{dtype}",
     ]
     # where the report points: the model's lines (nn.RMSNorm's call, not torch's F.rms_norm inside it)
     assert all("llama.py:" in r.where for r in installed.report.replaced)
@@ -330,9 +333,10 @@ def test_a_llama_layer_is_replaced_region_by_region_for_inference(dtype):
     ]
 
 
-def test_a_llama_layer_trains_through_its_mlp_and_attention_with_the_models_gradients():
-    """The RMSNorm before the MLP stays in torch: autograd adds the residual's gradient into its backward's sum,
-    so no traced pattern holds it; the one on the layer's input (whose gradient nothing asks) is replaced."""
+def test_a_llama_layer_trains_through_its_norms_mlp_and_attention_with_the_models_gradients():
+    """The RMSNorm before the MLP is replaced with the residual add it reads: autograd adds the residual's gradient
+    into the norm's backward, which only a graph that holds the add holds too; the one on the layer's input (whose
+    gradient nothing asks) is replaced alone."""
     torch.manual_seed(0)
     config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160)
     model, twin = DecoderLayer(config, max_seq_len=32), DecoderLayer(config, max_seq_len=32)
@@ -341,14 +345,33 @@ def test_a_llama_layer_trains_through_its_mlp_and_attention_with_the_models_grad
     installed = patterns.install_library("llama", dtype="float", channels_last=False)
     _trains_alike(model, twin, x, installed)
     assert all(r.training for r in installed.report.replaced)
-    assert _graphs(installed.report) == ["causal_attention_gqa_float", "rmsnorm_float", "swiglu_float"]
-    norms = [u for u in installed.report.unmatched if u.op == "aten.rms_norm"]
-    assert len(norms) == 1 and norms[0].joint  # named in the report, with why
+    assert _graphs(installed.report) == ["add_rmsnorm_float", "causal_attention_gqa_float", "rmsnorm_float"] + [
+        "swiglu_float"
+    ]
+    assert not [u for u in installed.report.unmatched if u.op == "aten.rms_norm"]
+
+
+def test_a_norm_whose_backward_sums_the_residuals_gradient_is_named_when_only_the_norm_alone_is_installed(tmp_path):
+    """Without the graph of the residual add and the norm, the norm before the MLP is a region whose forward the norm's
+    graph matches and whose backward (the residual's gradient added in) it cannot take: named, with why."""
+    text = library.source(("llama",), "float", channels_last=False)
+    graph = tmp_path / "rmsnorm.cdg"
+    graph.write_text(text[text.index("graph rmsnorm_float") : text.index("graph swiglu_float")])
+    torch.manual_seed(0)
+    config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160)
+    model, twin = DecoderLayer(config, max_seq_len=32), DecoderLayer(config, max_seq_len=32)
+    twin.load_state_dict(model.state_dict())
+    installed = patterns.install(graph)
+    _trains_alike(model, twin, torch.randn(2, 32, 64), installed)
+    assert _graphs(installed.report) == ["rmsnorm_float"]  # the layer's first norm: its input wants no gradient
+    norms = [str(u) for u in installed.report.unmatched if u.op == "aten.rms_norm"]
+    assert len(norms) == 1 and "ffn_norm" in norms[0] and "took this region with its backward" in norms[0], norms
 
 
 def test_under_autocast_a_llama_layer_trains_through_its_mlp_whose_linears_each_cast_its_input():
     """Autocast casts the float input of the MLP once per Linear (w1's and w3's): the autocast SwiGLU graph takes it
-    in float and casts it once, is searched with a cast per Linear, and trains with torch's autocast gradients."""
+    in float and casts it once, is searched with a cast per Linear, and trains with torch's autocast gradients. The
+    norm before it reads the float residual stream plus the bf16 projection's result."""
     torch.manual_seed(0)
     config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160)
     model, twin = DecoderLayer(config, max_seq_len=32), DecoderLayer(config, max_seq_len=32)
@@ -357,15 +380,13 @@ def test_under_autocast_a_llama_layer_trains_through_its_mlp_whose_linears_each_
     installed = patterns.install_library("llama", dtype="bf16", channels_last=False, autocast=True)
     _trains_alike(model, twin, x, installed, autocast=torch.bfloat16)
     assert all(r.training for r in installed.report.replaced)
-    assert "swiglu_bf16_autocast" in _graphs(installed.report)
+    assert _graphs(installed.report) == ["add_rmsnorm_bf16_autocast", "causal_attention_gqa_bf16", "rmsnorm_float"] + [
+        "swiglu_bf16_autocast"
+    ]
     # the attention's four projections and the MLP's w2 are plain Linears, which no graph holds: not a region to run
-    # without autograd;
-    # the RMSNorm before the MLP is one, not taken with its backward
-    left = {u.op: [] for u in installed.report.unmatched}
-    for u in installed.report.unmatched:
-        left[u.op].append(str(u))
-    assert len(left["aten.mm"]) == 5 and all("no installed graph has" in u for u in left["aten.mm"])
-    assert len(left["aten.rms_norm"]) == 1 and "took this region with its backward" in left["aten.rms_norm"][0]
+    # without autograd
+    left = [str(u) for u in installed.report.unmatched]
+    assert len(left) == 5 and all("aten.mm: no installed graph has" in u for u in left), left
 
 
 @pytest.mark.gpu

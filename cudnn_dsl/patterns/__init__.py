@@ -102,6 +102,9 @@ class _Stack:
         self.before = None
 
     def push(self, installed: Installed) -> None:
+        # torch.compile serves a frame compiled before (another instance of the model's class too) without
+        # running Inductor's passes again: started afresh, what is compiled from now on sees these patterns
+        torch._dynamo.reset()
         if not self.sets:
             self.before = inductor_config.joint_custom_post_pass
         self.sets.append(installed)

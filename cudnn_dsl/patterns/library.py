@@ -164,6 +164,23 @@ graph rmsnorm_{{t}} {{
 }}
 """
 
+
+def _add_norm(norm: str, autocast: bool = False) -> str:
+    """A residual add and the norm that reads its sum, both outputs (the next residual add reads the sum too). Under
+    autocast the residual stream is float and the sublayer's result (a Linear's) is `{t}`: the sum and norm float.
+    The norm's output comes first: Inductor anchors a pattern at its first output, and there the norm's own pattern
+    must not be tried before this one."""
+    x = "float" if autocast else "{t}"
+    bias = "  input bias : {x}[1, 1, D]\n" if norm == "layernorm" else ""
+    args = "s, scale, bias" if norm == "layernorm" else "s, scale"
+    return (
+        f"graph add_{norm}_{{t}}{'_autocast' if autocast else ''} {{\n  io {x}\n  compute float\n{_TOKENS}\n"
+        f"  input x : {x}[B, T, D]\n  input r : {{t}}[B, T, D]\n  input scale : {x}[1, 1, D]\n"
+        + bias.format(x=x)
+        + f"\n  s = x + r\n  output y = {norm}({args}, epsilon=1e-5)\n  output s\n}}\n"
+    )
+
+
 # q, k and v as a fused projection's split gives them: [B, T, 3, H, Dh] in memory, viewed [B, H, T, Dh]
 _ATTENTION_PACKED = """\
 graph causal_attention_packed_{t} {
@@ -246,21 +263,24 @@ FAMILIES = {
             "GPT-2 as nanoGPT writes it: LayerNorm, the MLP's Linear + GELU (tanh), causal attention over a fused "
             "projection's q, k and v",
             (
+                _add_norm("layernorm"),
                 _LAYERNORM.format(dims=_TOKENS, eps="1e-5"),
                 _LINEAR_ACT.format(dims=_TOKENS, act="gelu_tanh"),
                 _LINEAR_ACT.format(dims=_TOKENS, act="gelu"),
                 _ATTENTION_PACKED,
             ),
+            autocast=(_add_norm("layernorm", autocast=True),),
         ),
         Family(
             "llama",
             "Llama-style decoders: RMSNorm, the SwiGLU MLP (silu(x W1) * x W3), causal grouped-query attention",
             (
+                _add_norm("rmsnorm"),
                 _RMSNORM.format(dims=_TOKENS, eps="1e-5"),
                 _SWIGLU.format(dims=_TOKENS),
                 _ATTENTION_GQA,
             ),
-            autocast=(_SWIGLU_AUTOCAST.format(dims=_TOKENS),),
+            autocast=(_SWIGLU_AUTOCAST.format(dims=_TOKENS), _add_norm("rmsnorm", autocast=True)),
         ),
     )
 }

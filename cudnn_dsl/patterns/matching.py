@@ -59,10 +59,12 @@ class GraphPattern:
         self.types = {n: inst.type(n) for n in names}
         self.forms = forms(self.graph, inst, batchnorm)
         self.out_forms = output_forms(self.graph, self.forms)
+        made = {o: k for k, node in enumerate(self.graph.nodes) for o in node.outputs}
         main = [v.name for v in self.graph.outputs if v.name not in self.out_forms]
-        self.order = main + list(self.out_forms)
-        """the outputs as the search returns them: the region's own first (its last op: where Inductor anchors the
-        pattern, and what its shape and place are read off), then the running statistics"""
+        self.order = sorted(main, key=lambda n: made.get(n, -1), reverse=True) + list(self.out_forms)
+        """the outputs as the search returns them: the region's own, the last made first (where Inductor anchors
+        the pattern, so that a larger region's pattern is tried where its last op's own is, and what its shape and
+        place are read off), then the running statistics"""
         self.batchnorm = batchnorm and bool(batchnorms(self.graph, inst))
         """whether an eval BatchNorm is searched as F.batch_norm"""
         self.cast_per_linear = cast_per_linear and bool(casts_per_linear(self.graph, inst, self.forms))
@@ -112,7 +114,7 @@ class GraphPattern:
 
     def replace(self, *tensors):
         outs = self.op(*self.declared(tensors).values())
-        if not self.out_forms:
+        if len(self.order) == 1:
             return outs
         made = dict(zip((v.name for v in self.graph.outputs), outs))
         # running statistics: no gradient, as the functional BatchNorm the search holds returns them, and no view
