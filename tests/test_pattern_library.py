@@ -412,6 +412,17 @@ def test_on_cuda_a_llama_layers_norms_and_mlp_are_replaced_as_torch_traces_them_
     assert "rmsnorm_float" in graphs and "swiglu_bf16_autocast" in graphs, str(installed.report)
 
 
+@pytest.mark.gpu
+def test_on_cuda_a_gpt_block_trains_under_autocast_through_its_norms_with_their_residual_adds():
+    model, x = _gpt_block()
+    twin = Block(GPTConfig(block_size=16, n_embd=64, n_head=4))
+    twin.load_state_dict(model.state_dict())
+    installed = patterns.install_library("gpt", dtype="bf16", autocast=True, channels_last=False, device="cuda")
+    _trains_alike(model.cuda(), twin.cuda(), x.cuda(), installed, autocast=torch.bfloat16)
+    graphs = _graphs(installed.report)
+    assert {"add_layernorm_bf16_autocast", "layernorm_float", "linear_gelu_tanh_bf16"} <= set(graphs), graphs
+
+
 class _CastOnce(torch.nn.Module):
     """A SwiGLU MLP of bf16 Linears whose float input is cast once, by the model, for both."""
 
