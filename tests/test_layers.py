@@ -63,6 +63,8 @@ TORCH_INTERNALS = {"_C", "_cuda_getDevice", "_cuda_getCurrentRawStream"}
 TORCH_INTERNALS |= {"_dynamo", "_len_torch_dispatch_stack", "_len_torch_function_stack", "_functorch"}
 #: aten ops whose names are private, as a functionalized export graph holds them (from_torch converts them)
 TORCH_INTERNALS |= {"_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional", "_softmax"}
+#: the fused RMSNorm op torch traces F.rms_norm as on CUDA (patterns.search writes its search so there)
+TORCH_INTERNALS |= {"_fused_rms_norm"}
 
 
 def _imports(module: str, tree) -> set[str]:

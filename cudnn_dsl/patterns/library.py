@@ -260,8 +260,8 @@ FAMILIES = {
         ),
         Family(
             "gpt",
-            "GPT-2 as nanoGPT writes it: LayerNorm, the MLP's Linear + GELU (tanh), causal attention over a fused "
-            "projection's q, k and v",
+            "GPT-2 as nanoGPT writes it: LayerNorm (alone, or with the residual add it reads), the MLP's Linear + "
+            "GELU (tanh), causal attention over a fused projection's q, k and v",
             (
                 _add_norm("layernorm"),
                 _LAYERNORM.format(dims=_TOKENS, eps="1e-5"),
@@ -273,7 +273,8 @@ FAMILIES = {
         ),
         Family(
             "llama",
-            "Llama-style decoders: RMSNorm, the SwiGLU MLP (silu(x W1) * x W3), causal grouped-query attention",
+            "Llama-style decoders: RMSNorm (alone, or with the residual add it reads), the SwiGLU MLP "
+            "(silu(x W1) * x W3), causal grouped-query attention",
             (
                 _add_norm("rmsnorm"),
                 _RMSNORM.format(dims=_TOKENS, eps="1e-5"),
