@@ -143,6 +143,25 @@ def test_installed_sets_uninstall_in_any_order():
     assert inductor_config.joint_custom_post_pass is before
 
 
+def test_a_model_compiled_before_the_install_is_compiled_again_with_its_patterns():
+    """torch.compile would serve the frame compiled before (another instance of the class too) without Inductor's
+    passes: the install starts it afresh."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 16, 16)
+    with torch.no_grad():
+        torch.compile(ConvBnRelu().eval(), fullgraph=True)(x)
+        with patterns.install(EXAMPLES / "conv_bn_relu.cdg") as installed:
+            model = ConvBnRelu().eval()
+            torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x))
+    assert len(installed.report.replaced) == 1, installed.report
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
+def test_patterns_for_cuda_without_a_gpu_are_a_clear_error():
+    with pytest.raises(ValueError, match="device='cuda': torch here sees no CUDA GPU"):
+        patterns.install_library("llama", dtype="bf16", device="cuda")
+
+
 def test_no_file_matching_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         patterns.install(tmp_path / "*.cdg")

@@ -214,6 +214,11 @@ def install_library(
 
 
 def _patterns(result, device: str, compiled, tune: bool) -> list[GraphPattern]:
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r}: torch here sees no CUDA GPU; the patterns are traced for the model's device "
+            "(device='cpu' for a model on the CPU)"
+        )
     result.raise_if_errors()
     graphs = []
     for g in result.program.graphs:
