@@ -1,4 +1,9 @@
-"""The bench's statistics, on the CPU (the timing itself is on the GPU: tests/gpu/test_bench_gpu.py)."""
+"""The bench's statistics, on the CPU (the timing itself is on the GPU: tests/gpu/test_bench_gpu.py), and the GPU
+run's script as far as a CPU machine can check it."""
+
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +49,11 @@ def test_the_published_bench_figures_plot_one_panel_per_graph_with_a_bar_per_con
         eager = next(r for r in res["rows"] if r["label"] == "torch eager")
         assert panel.medians[panel.labels.index("torch eager")] == eager["gpu_us_median"]
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_gpu_run_script_parses_and_refuses_an_unknown_section(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "bench" / "gpu_all.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    env = {**os.environ, "ONLY": "tests,nope", "OUT": str(tmp_path / "out")}
+    p = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "ONLY: no section 'nope'" in p.stderr and "tests,examples" in p.stderr
