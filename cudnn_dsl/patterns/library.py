@@ -89,6 +89,9 @@ def _conv_train(name: str, r: int, stride: int, pad: int, tail: str) -> str:
     )
 
 
+#: the norms' eps: torch's LayerNorm default, which nanoGPT keeps, and the Llama reference's norm_eps
+_NORM_EPS = "1e-5"
+
 _TOKENS = """\
   dim B in 1..1024
   dim T in 1..32768
@@ -171,13 +174,12 @@ def _add_norm(norm: str, autocast: bool = False) -> str:
     The norm's output comes first: Inductor anchors a pattern at its first output, and there the norm's own pattern
     must not be tried before this one."""
     x = "float" if autocast else "{t}"
-    bias = "  input bias : {x}[1, 1, D]\n" if norm == "layernorm" else ""
+    bias = f"  input bias : {x}[1, 1, D]\n" if norm == "layernorm" else ""
     args = "s, scale, bias" if norm == "layernorm" else "s, scale"
     return (
         f"graph add_{norm}_{{t}}{'_autocast' if autocast else ''} {{\n  io {x}\n  compute float\n{_TOKENS}\n"
-        f"  input x : {x}[B, T, D]\n  input r : {{t}}[B, T, D]\n  input scale : {x}[1, 1, D]\n"
-        + bias.format(x=x)
-        + f"\n  s = x + r\n  output y = {norm}({args}, epsilon=1e-5)\n  output s\n}}\n"
+        f"  input x : {x}[B, T, D]\n  input r : {{t}}[B, T, D]\n  input scale : {x}[1, 1, D]\n{bias}\n"
+        f"  s = x + r\n  output y = {norm}({args}, epsilon={_NORM_EPS})\n  output s\n}}\n"
     )
 
 
@@ -264,7 +266,7 @@ FAMILIES = {
             "GELU (tanh), causal attention over a fused projection's q, k and v",
             (
                 _add_norm("layernorm"),
-                _LAYERNORM.format(dims=_TOKENS, eps="1e-5"),
+                _LAYERNORM.format(dims=_TOKENS, eps=_NORM_EPS),
                 _LINEAR_ACT.format(dims=_TOKENS, act="gelu_tanh"),
                 _LINEAR_ACT.format(dims=_TOKENS, act="gelu"),
                 _ATTENTION_PACKED,
@@ -277,7 +279,7 @@ FAMILIES = {
             "(silu(x W1) * x W3), causal grouped-query attention",
             (
                 _add_norm("rmsnorm"),
-                _RMSNORM.format(dims=_TOKENS, eps="1e-5"),
+                _RMSNORM.format(dims=_TOKENS, eps=_NORM_EPS),
                 _SWIGLU.format(dims=_TOKENS),
                 _ATTENTION_GQA,
             ),
