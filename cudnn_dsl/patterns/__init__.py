@@ -210,10 +210,12 @@ def install_library(
     text = "\n".join(library.source(names, d, channels_last, autocast, training) for d in dtypes)
     file = f"pattern library ({', '.join(dtypes)}{', autocast' if autocast else ''})"
     compiled = lambda name: compile_graph(text=text, graph=name, file=file)  # noqa: E731
-    return Installed(_patterns(load(text=text, file=file), device, compiled, tune), Report())
+    graphs = _patterns(load(text=text, file=file), device, compiled, tune, library.INFERENCE_ONLY)
+    return Installed(graphs, Report())
 
 
-def _patterns(result, device: str, compiled, tune: bool) -> list[GraphPattern]:
+def _patterns(result, device: str, compiled, tune: bool, inference_only: tuple[str, ...] = ()) -> list[GraphPattern]:
+    """The graphs' patterns; those whose names start with one of `inference_only` are not taken with a backward."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"device={device!r}: torch here sees no CUDA GPU; the patterns are traced for the model's device "
@@ -227,12 +229,13 @@ def _patterns(result, device: str, compiled, tune: bool) -> list[GraphPattern]:
         if why is not None:
             raise DslError(Diagnostic("error", f"graph '{g.name}' cannot be a torch.compile pattern: {why}", g.loc))
         op.tune = tune
-        searched = GraphPattern(op, device)
+        training = not g.name.startswith(inference_only)
+        searched = GraphPattern(op, device, training=training)
         if searched.batchnorm:
             # also as the pointwise ops: a model's eval BatchNorm of any eps, or its own arithmetic, without
             # gradients (with them, torch's BatchNorm backward is matched through F.batch_norm only)
-            graphs.append(GraphPattern(op, device, batchnorm=False))
+            graphs.append(GraphPattern(op, device, batchnorm=False, training=training))
         if searched.cast_per_linear:  # also as a model that casts once for every Linear writes it
-            graphs.append(GraphPattern(op, device, cast_per_linear=False))
+            graphs.append(GraphPattern(op, device, cast_per_linear=False, training=training))
         graphs.append(searched)
     return graphs

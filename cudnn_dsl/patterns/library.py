@@ -92,6 +92,12 @@ def _conv_train(name: str, r: int, stride: int, pad: int, tail: str) -> str:
 #: the norms' eps: torch's LayerNorm default, which nanoGPT keeps, and the Llama reference's norm_eps
 _NORM_EPS = "1e-5"
 
+#: the graphs taken for inference only (by name): a residual add with its norm. Their derived backward sums the
+#: residual's gradient into the norm's, which as one graph faulted (an illegal address) on an H100 with cuDNN 9.19
+#: and as the chain of registry ops runs in many parts; in training the norm is taken alone (its backward one
+#: graph), the add left to Inductor
+INFERENCE_ONLY = ("add_layernorm_", "add_rmsnorm_")
+
 _TOKENS = """\
   dim B in 1..1024
   dim T in 1..32768
@@ -262,8 +268,8 @@ FAMILIES = {
         ),
         Family(
             "gpt",
-            "GPT-2 as nanoGPT writes it: LayerNorm (alone, or with the residual add it reads), the MLP's Linear + "
-            "GELU (tanh), causal attention over a fused projection's q, k and v",
+            "GPT-2 as nanoGPT writes it: LayerNorm (alone, or for inference with the residual add it reads), the "
+            "MLP's Linear + GELU (tanh), causal attention over a fused projection's q, k and v",
             (
                 _add_norm("layernorm"),
                 _LAYERNORM.format(dims=_TOKENS, eps=_NORM_EPS),
@@ -275,7 +281,7 @@ FAMILIES = {
         ),
         Family(
             "llama",
-            "Llama-style decoders: RMSNorm (alone, or with the residual add it reads), the SwiGLU MLP "
+            "Llama-style decoders: RMSNorm (alone, or for inference with the residual add it reads), the SwiGLU MLP "
             "(silu(x W1) * x W3), causal grouped-query attention",
             (
                 _add_norm("rmsnorm"),

@@ -51,8 +51,12 @@ class GraphPattern:
     its eval BatchNorms searched as `F.batch_norm` on running statistics (search.PerChannel), else as the
     pointwise ops they are."""
 
-    def __init__(self, op: TorchOp, device: str, batchnorm: bool = True, cast_per_linear: bool = True):
+    def __init__(
+        self, op: TorchOp, device: str, batchnorm: bool = True, cast_per_linear: bool = True, training: bool = True
+    ):
         self.op, self.graph = op, op.graph
+        self.training = training
+        """whether a region is also taken with its backward (else in a graph without gradients only)"""
         self.label = f"{self.graph.name} ({self.graph.loc})"
         inst = _example_instance(self.graph)
         names = op.tensor_names
@@ -217,6 +221,8 @@ class PatternGroup:
         come here: where the first graph cannot compute it at all, the trace fails (a RuntimeError, which Inductor
         takes for no match, quietly: torch logs each op that fails on fake tensors as an error), and the region is
         left to the group it belongs to."""
+        if not all(isinstance(t, torch.Tensor) for t in tensors):  # `x + 1.0` is an add too: not this region
+            raise RuntimeError(f"{self.members[0].graph.name}: a Python number where the graph declares a tensor")
         values = dict(zip(self.names, tensors))
         fitting = next((m for m in self.members if m.mismatch(values) is None), None)
         if fitting is not None:
@@ -247,7 +253,9 @@ class PatternGroup:
 
     def discover(self, match: Match) -> bool:
         """A region's forward in a joint graph: its pattern with the backward of the gradients it wants, traced
-        the first time they are seen."""
+        the first time they are seen (none for a graph taken for inference only)."""
+        if not self.members[0].training:
+            return False
         self.report.discover(match.nodes)
         wanting = tuple(n for n in self.floats if match.kwargs[n] in self.wanting)
         if wanting and wanting not in self.traced:
@@ -278,6 +286,10 @@ class PatternGroup:
         at = where(last)
         values = _matched(match, self.names)
         out = last.meta.get("val")
+        scaled = _scaled_operand(match)
+        if scaled is not None:
+            self.report.miss(last, NearMiss(self.members[0].label, at, scaled), match.nodes)
+            return False
         whys = []
         for member in self.members:
             why = member.mismatch(values, out)
@@ -297,6 +309,8 @@ class PatternGroup:
 
     def in_other_dtype(self, match: Match) -> bool:
         values = _matched(match, self.names)
+        if not all(isinstance(v, torch.Tensor) for v in values.values()):
+            return False  # a Python number (`x + 1.0`): not the graph's region in another dtype
         return all(m.dtype_mismatch(values) is not None for m in self.members)
 
     def report_other_dtype(self, match: Match, *args, **kwargs) -> None:
@@ -404,6 +418,16 @@ def _loose(arg):
     return Ignored() if constant else arg
 
 
+def _scaled_operand(match: Match) -> str | None:
+    """An add or sub of the region that scales its second operand (`torch.add(x, r, alpha=0.5)`), which no search
+    computes and Inductor's match does not compare."""
+    for node in match.nodes:
+        alpha = node.kwargs.get("alpha", 1) if node.op == "call_function" else 1
+        if alpha != 1:
+            return f"{node.target} scales its operand (alpha={alpha}), which the graph does not"
+    return None
+
+
 def _nothing(match: Match, *args, **kwargs) -> None:
     """A discovery match replaces nothing (its check did the work)."""
 
@@ -419,7 +443,7 @@ def _last(match: Match) -> torch.fx.Node:
 
 def _matched(match: Match, names) -> dict[str, torch.Tensor]:
     """The matched inputs' (fake) values by name."""
-    return {n: match.kwargs[n].meta["val"] for n in names}
+    return {n: v.meta["val"] if isinstance(v := match.kwargs[n], torch.fx.Node) else v for n in names}
 
 
 def _hint(size) -> int:

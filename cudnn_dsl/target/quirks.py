@@ -290,8 +290,7 @@ QUIRKS: tuple[Quirk, ...] = (
         "derive",
         "derives layernorm's and rmsnorm's backward as the chain of registry ops except per sample over "
         "[N, C, H, W] (statistics [N, 1, 1, 1]), where it is layernorm_backward or rmsnorm_backward; a norm over "
-        "its input's last axes whose input gradient is its own, or whose input is float, is read per sample, as "
-        "[rows, columns, 1, 1]",
+        "its input's last axes whose input gradient is its own is read per sample, as [rows, columns, 1, 1]",
         "layernorm_backward over tokens ([B, S, D], statistics [B, S, 1]): no engine (create_execution_plans); "
         "per sample over [N, C, H, W] it ran right. Planned for the H200, 9.28.1 takes the form over tokens with "
         "dx in x's dtype, and not with the float dx a derived backward writes under `intermediate float`",

@@ -394,10 +394,8 @@ def _norm(
             grads = e.call(dedicated, dy, e.fwd(n.inputs[0]), e.fwd(n.inputs[1]), *e.stats(n, n_stats), **given)
             return (*grads, *(None,) * (len(n.inputs) - len(grads)))
         rows = _as_rows(x, scale, axes)
-        # per sample where dx is the input's gradient alone, or where x is float: cuDNN writes dx in x's dtype, not
-        # a float intermediate a sum with another gradient would read (a residual add's before the norm)
-        fits = e.read_once(n.inputs[0]) or x.dtype == "float"
-        if dedicated and wanted and rows and fits and e.avoid(dedicated, *rows, (1,)) is None:
+        # per sample where dx is the input's gradient alone: cuDNN writes it in x's dtype, not a float intermediate
+        if dedicated and wanted and rows and e.read_once(n.inputs[0]) and e.avoid(dedicated, *rows, (1,)) is None:
             x4, scale4 = (t.shape for t in rows)
             stats4 = (x4[0], 1, 1, 1)
             dy = e.rows(e.cast(n.dy, x.dtype), x4)
