@@ -389,14 +389,9 @@ def test_under_autocast_a_llama_layer_trains_through_its_mlp_whose_linears_each_
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(
-    strict=True,
-    reason="seen on an H100 (torch 2.11): nn.RMSNorm's graph holds aten._fused_rms_norm, and the search traced as that "
-    "op on CUDA did not match it (no installed graph has this region's ops)",
-)
 def test_on_cuda_a_llama_layers_norms_are_replaced_as_torch_traces_them_there():
-    """On CUDA torch traces nn.RMSNorm as one fused op (aten._fused_rms_norm), not as the CPU's pointwise ops: the
-    search traces it so too."""
+    """On CUDA F.rms_norm dispatches to one fused op (aten._fused_rms_norm), which a compiled model's graph holds as
+    Inductor's decomposition of it, not as the CPU's composite: the search is traced so too."""
     torch.manual_seed(0)
     config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160)
     model = DecoderLayer(config, max_seq_len=32).cuda().bfloat16().eval()

@@ -22,7 +22,7 @@ import struct
 import attrs
 import torch
 import torch.nn.functional as F
-from torch._inductor.pattern_matcher import fwd_only
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from cudnn_dsl.ops import pointwise
 from cudnn_dsl.patterns.library import BATCHNORM_EPS
@@ -345,10 +345,12 @@ def _fused_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.T
 
 @functools.cache
 def traces_fused_rms_norm(device: str, dtype: torch.dtype) -> bool:
-    """Whether torch traces F.rms_norm on this device as its fused kernel (`aten._fused_rms_norm`, which a compiled
-    model's graph keeps: CUDA's in torch 2.11), rather than as the pointwise ops of its decomposition (the CPU's)."""
+    """Whether F.rms_norm dispatches on this device to its fused kernel (`aten._fused_rms_norm`: CUDA's in torch
+    2.11), which a compiled model's graph holds as Inductor's decomposition of that op (its eps as given), rather
+    than to the composite of pointwise ops (the CPU's: its eps added as a float32). Traced without decompositions:
+    with Inductor's, the fused op is decomposed, and only its nodes' `original_aten` would tell."""
     x, scale = torch.ones(2, 4, device=device, dtype=dtype), torch.ones(4, device=device, dtype=dtype)
-    traced = fwd_only(lambda x, scale: F.rms_norm(x, (4,), scale, 1e-6), [x, scale])
+    traced = make_fx(lambda x, scale: F.rms_norm(x, (4,), scale, 1e-6))(x, scale)
     return any(n.target is torch.ops.aten._fused_rms_norm.default for n in traced.graph.nodes)
 
 
