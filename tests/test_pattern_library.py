@@ -255,6 +255,15 @@ def test_an_add_that_is_no_residual_add_before_a_norm_leaves_the_norm_alone(add)
     assert _graphs(installed.report) == ["layernorm_float"], str(installed.report)
 
 
+def test_a_norm_of_fewer_dims_than_the_graph_declares_is_left_to_torch():
+    """[N, D] tokens: the graph would take them as [1, N, D] and return that, not the model's [N, D]."""
+    norm, x = torch.nn.LayerNorm(64), torch.randn(32, 64)
+    with patterns.install_library("gpt", dtype="float", channels_last=False) as installed, torch.no_grad():
+        y = torch.compile(norm, fullgraph=True)(x)
+    torch.testing.assert_close(y, norm(x))
+    assert installed.report.replaced == [] and "a 2-dim result, the graph a 3-dim one" in installed.report.missed[0].why
+
+
 def test_under_autocast_the_matmuls_take_the_bf16_graphs_and_the_norms_the_float_ones():
     model, x = _gpt_block()
     library_ = patterns.install_library("gpt", dtype="bf16", autocast=True, channels_last=False)

@@ -162,7 +162,9 @@ class GraphPattern:
         if isinstance(out, torch.Tensor):
             made = [_hint(d) for d in out.shape]
             first = inst.type(self.order[0])
-            if made[-len(first.shape) :] != list(first.shape)[-len(made) :]:
+            if len(made) != len(first.shape):  # the op's result has the declared rank: not the model's
+                return f"the region makes a {len(made)}-dim result, the graph a {len(first.shape)}-dim one"
+            if made != list(first.shape):
                 return f"the region makes {made}, the graph {list(first.shape)} (another stride or padding)"
         return self._guard(values)
 
