@@ -397,6 +397,80 @@ def test_under_autocast_a_llama_layer_trains_through_its_mlp_whose_linears_each_
     assert len(left["aten.rms_norm"]) == 1 and "took this region with its backward" in left["aten.rms_norm"][0]
 
 
+class _MetaRMSNorm(torch.nn.Module):
+    """RMSNorm spelled out as Meta's Llama reference (and torchtune) writes it."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        return self._norm(x.float()).type_as(x) * self.weight
+
+
+class _HFRMSNorm(_MetaRMSNorm):
+    """RMSNorm spelled out as HF transformers' LlamaRMSNorm writes it: the weight first."""
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.eps)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def _llama_written(norm, dtype=torch.float, eps: float = 1e-5) -> DecoderLayer:
+    """A small Llama layer whose RMSNorms are `norm` modules (weights of their own), with nn.RMSNorm's weights."""
+    torch.manual_seed(0)
+    model = DecoderLayer(LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160), max_seq_len=32)
+    for name in ("attention_norm", "ffn_norm"):
+        written = norm(64, eps)
+        with torch.no_grad():
+            written.weight.uniform_(0.5, 1.5)
+        setattr(model, name, written)
+    return model.to(dtype)
+
+
+@pytest.mark.parametrize(("norm", "dtype"), [(_MetaRMSNorm, "float"), (_HFRMSNorm, "bf16")])
+def test_a_llama_layer_whose_rms_norm_is_spelled_out_is_replaced_as_with_nn_rms_norm(norm, dtype):
+    """In bf16 the written norm rounds to bf16 before its weight's product, the graph after it: within bf16's
+    tolerance."""
+    dt = {"float": torch.float, "bf16": torch.bfloat16}[dtype]
+    model = _llama_written(norm, dt).eval()
+    x = torch.randn(2, 32, 64, dtype=dt)
+    with patterns.install_library("llama", dtype=dtype, channels_last=False) as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    tol = {} if dtype == "float" else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(y, model(x), **tol)
+    graphs = _graphs(installed.report)
+    assert {f"add_rmsnorm_{dtype}", f"rmsnorm_{dtype}"} <= set(graphs), installed.report
+    assert not any("rms_norm" in u.op for u in installed.report.unmatched)
+
+
+def test_a_llama_layer_whose_rms_norm_is_spelled_out_trains_with_the_models_gradients():
+    model, twin = _llama_written(_HFRMSNorm), _llama_written(_HFRMSNorm)
+    installed = patterns.install_library("llama", dtype="float", channels_last=False)
+    _trains_alike(model, twin, torch.randn(2, 32, 64), installed)
+    assert _graphs(installed.report) == ["causal_attention_gqa_float", "rmsnorm_float", "swiglu_float"]
+    # the norm before the MLP, whose input's gradient autograd sums with the residual's, is named
+    norms = [u for u in installed.report.unmatched if "rms_norm" in u.op]
+    assert len(norms) == 1 and norms[0].joint, installed.report
+
+
+def test_a_spelled_out_rms_norm_of_another_eps_is_named_and_left_to_torch():
+    model = _llama_written(_MetaRMSNorm, eps=1e-6).eval()
+    x = torch.randn(2, 32, 64)
+    with patterns.install_library("llama", dtype="float", channels_last=False) as installed, torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x))
+    assert not any("rmsnorm" in g for g in _graphs(installed.report))
+    norms = [u for u in installed.report.unmatched if u.op == "rms_norm (written out)"]
+    assert len(norms) == 2 and all("no installed graph has this region's ops" in str(u) for u in norms)
+
+
 @pytest.mark.gpu
 def test_on_cuda_a_llama_layers_norms_are_replaced_as_torch_traces_them_there():
     """On CUDA F.rms_norm dispatches to one fused op (aten._fused_rms_norm), which a compiled model's graph holds as

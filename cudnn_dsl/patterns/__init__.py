@@ -48,6 +48,7 @@ from cudnn_dsl.api import compile as compile_graph
 from cudnn_dsl.patterns import library
 from cudnn_dsl.patterns.matching import GraphPattern, PatternGroup, wanting_gradients
 from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, Unmatched, largest
+from cudnn_dsl.patterns.search import WRITTEN_RMS_NORMS
 from cudnn_dsl.run.reference import drawn_values
 from cudnn_dsl.torch_op.op import TorchOp, as_torch_op
 from dsl.diagnostics import Diagnostic, DslError
@@ -237,5 +238,7 @@ def _patterns(result, device: str, compiled, tune: bool, inference_only: tuple[s
             graphs.append(GraphPattern(op, device, batchnorm=False, training=training))
         if searched.cast_per_linear:  # also as a model that casts once for every Linear writes it
             graphs.append(GraphPattern(op, device, cast_per_linear=False, training=training))
+        if searched.written_rms_norm:  # also as a model's own RMSNorm module spells it out
+            graphs += [GraphPattern(op, device, training=training, rms_norm=f) for f in WRITTEN_RMS_NORMS]
         graphs.append(searched)
     return graphs

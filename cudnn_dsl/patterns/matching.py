@@ -49,10 +49,17 @@ from dsl.ir import Graph, Instance, NotFound
 class GraphPattern:
     """One graph's search, as a model computes it, and the conditions its matched inputs must meet. `batchnorm`:
     its eval BatchNorms searched as `F.batch_norm` on running statistics (search.PerChannel), else as the
-    pointwise ops they are."""
+    pointwise ops they are. `rms_norm`: its RMSNorms as F.rms_norm (None: as torch traces it on `device`), or spelled
+    out (one of search.WRITTEN_RMS_NORMS)."""
 
     def __init__(
-        self, op: TorchOp, device: str, batchnorm: bool = True, cast_per_linear: bool = True, training: bool = True
+        self,
+        op: TorchOp,
+        device: str,
+        batchnorm: bool = True,
+        cast_per_linear: bool = True,
+        training: bool = True,
+        rms_norm: str | None = None,
     ):
         self.op, self.graph = op, op.graph
         self.training = training
@@ -73,11 +80,19 @@ class GraphPattern:
         """whether an eval BatchNorm is searched as F.batch_norm"""
         self.cast_per_linear = cast_per_linear and bool(casts_per_linear(self.graph, inst, self.forms))
         """whether a cast that Linears alone read is searched as one cast per Linear (search.casts_per_linear)"""
-        fused_rms_norm = any(
-            traces_fused_rms_norm(device, torch_dtype(inst.type(node.inputs[0]).dtype))
-            for node in self.graph.nodes
-            if node.op == "rmsnorm"
+        norms = [node for node in self.graph.nodes if node.op == "rmsnorm"]
+        self.written_rms_norm = bool(norms) and all(
+            not node.scalars
+            and not (node.inputs[2:] and node.inputs[2])
+            and len(inst.type(node.inputs[1]).shape) - self.form(node.inputs[1]).lead == 1
+            for node in norms
         )
+        """whether a model may spell its RMSNorms out (each over the last dim, on a [D] weight)"""
+        if rms_norm is None:
+            fused = any(traces_fused_rms_norm(device, torch_dtype(inst.type(n.inputs[0]).dtype)) for n in norms)
+            rms_norm = "fused" if fused else "cpu"
+        elif not self.written_rms_norm:
+            raise ValueError(f"graph '{self.graph.name}': no RMSNorm of it is one a model spells out")
         # Inductor runs the search on its examples: drawn as `run` draws inputs, so that index inputs (page
         # tables, ragged offsets, sequence lengths) are valid.
         drawn = generate_inputs(self.graph, inst, device)
@@ -90,7 +105,7 @@ class GraphPattern:
             # at the inputs' own shape: a symbolic dim's attributes follow it (attention's default scale)
             now = self.instance_at(tensors) or inst
             values = dict(zip(names, tensors), **scalars)
-            found = idioms(graph, now, self.forms, cast_per_linear, fused_rms_norm)
+            found = idioms(graph, now, self.forms, cast_per_linear, rms_norm)
             outs = run_reference(graph, now, values, native=True, idioms=found)
             return outs[graph.outputs[0].name] if len(graph.outputs) == 1 else tuple(outs[v] for v in self.order)
 

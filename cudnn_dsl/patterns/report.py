@@ -161,6 +161,11 @@ _COMPUTE = frozenset(
 _SOURCES = {torch.nn.RMSNorm: "aten.rms_norm", torch.rms_norm: "aten.rms_norm"}
 
 
+#: the name the report gives an RMSNorm a model spells out (rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)), which
+#: holds no compute op of torch's
+WRITTEN_RMS_NORM = "rms_norm (written out)"
+
+
 def _compute_op(node: torch.fx.Node) -> str | None:
     """The model's compute op (as torch wrote it) that a node of torch's own is part of, if any."""
     op = str(node.meta.get("original_aten", ""))
@@ -171,7 +176,25 @@ def _compute_op(node: torch.fx.Node) -> str | None:
     if op in _COMPUTE:
         return op
     source = node.meta.get("source_fn_stack") or ()
-    return _SOURCES.get(source[-1][1]) if source else None
+    if source and source[-1][1] in _SOURCES:
+        return _SOURCES[source[-1][1]]
+    return WRITTEN_RMS_NORM if _written_rms_norm(node) else None
+
+
+def _written_rms_norm(node: torch.fx.Node) -> bool:
+    """Whether a node is the rsqrt of an RMSNorm spelled out: of a mean of squares plus a number."""
+    aten = torch.ops.aten
+
+    def arg(n, *targets):
+        return n.args[0] if isinstance(n, torch.fx.Node) and n.target in targets and n.args else None
+
+    total = arg(node, aten.rsqrt.default)
+    mean = arg(total, aten.add.Tensor, aten.add.Scalar)
+    squares = arg(mean, aten.mean.dim)
+    return isinstance(squares, torch.fx.Node) and (
+        (squares.target is aten.pow.Tensor_Scalar and squares.args[1:2] == (2,))
+        or (squares.target is aten.mul.Tensor and squares.args[0] is squares.args[1])
+    )
 
 
 def place(node: torch.fx.Node) -> tuple[str, str]:

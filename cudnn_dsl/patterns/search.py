@@ -8,7 +8,7 @@ addmm, view) shares no op with a batched matmul's. So a search takes each input 
 declared tensor less its leading unit dims, transposed for a Linear weight) and runs the graph's reference with
 those ops written as torch's modules write them (`idioms`): `F.linear` with its bias, `F.layer_norm` and
 `F.rms_norm` on their [D] weights (the RMSNorm as torch traces it on the model's device: one fused op on CUDA, its
-decomposition on the CPU), an eval BatchNorm's `(y - mean) * inv_variance * scale + bias` as `F.batch_norm` on its
+decomposition on the CPU; or spelled out, as Llama's reference code and its ports write it: RMS_NORM_FORMS), an eval BatchNorm's `(y - mean) * inv_variance * scale + bias` as `F.batch_norm` on its
 running statistics, a training-mode `batchnorm` as the functional BatchNorm torch.compile holds (its next running
 statistics returned). The replacement views each matched input back to its declared form (no copy), but for a
 running variance, whose inverse square root it computes.
@@ -211,11 +211,11 @@ FOLDED = None
 
 
 def idioms(
-    graph: Graph, inst: Instance, given: dict[str, Form], cast_per_linear: bool = True, fused_rms_norm: bool = False
+    graph: Graph, inst: Instance, given: dict[str, Form], cast_per_linear: bool = True, rms_norm: str = "cpu"
 ) -> dict[int, object]:
     """By node index, the torch idiom that computes it from the values so far (a function of them), or FOLDED.
     `cast_per_linear`: a cast that Linears alone read is cast by each (casts_per_linear), as autocast writes it.
-    `fused_rms_norm`: F.rms_norm as torch traces it on the model's device (traces_fused_rms_norm)."""
+    `rms_norm`: how the model writes an RMSNorm (one of RMS_NORM_FORMS)."""
     uses: dict[str, int] = {}
     for node in graph.nodes:
         for i in node.inputs:
@@ -275,7 +275,7 @@ def idioms(
                     F.layer_norm(env[x], tuple(env[s].shape), env[s], env[b], e)
                 ]
             elif node.op == "rmsnorm" and scale in given and not bias:
-                norm = _fused_rms_norm if fused_rms_norm else _rms_norm
+                norm = RMS_NORM_FORMS[rms_norm]
                 found[k] = lambda env, x=x, s=scale, e=eps, norm=norm: [norm(env[x], env[s], e)]
     return found
 
@@ -341,6 +341,31 @@ def _rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
 def _fused_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     """F.rms_norm as torch traces it where it has a fused kernel: one op, its first result the norm."""
     return torch.ops.aten._fused_rms_norm.default(x, list(scale.shape), scale, eps)[0]
+
+
+def _written_rms_norm(weight_first: bool):
+    """An RMSNorm over the last dim spelled out, as Meta's Llama reference and torchtune write it (`weight_first`:
+    as HF transformers' LlamaRMSNorm does): normalized in float, cast back to the input's dtype, then scaled."""
+
+    def norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+        wide = x.float()
+        out = (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+        return scale * out if weight_first else out * scale
+
+    return norm
+
+
+#: the forms of a model's RMSNorm a search takes, by name: F.rms_norm as torch traces it on the CPU (its composite)
+#: and where it has a fused kernel (traces_fused_rms_norm), and spelled out as models' own RMSNorm modules write it
+RMS_NORM_FORMS = {
+    "cpu": _rms_norm,
+    "fused": _fused_rms_norm,
+    "written": _written_rms_norm(weight_first=False),
+    "written, weight first": _written_rms_norm(weight_first=True),
+}
+
+#: the spelled-out forms, each searched besides F.rms_norm as torch traces it on the model's device
+WRITTEN_RMS_NORMS = ("written", "written, weight first")
 
 
 @functools.cache
