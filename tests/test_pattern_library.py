@@ -472,12 +472,14 @@ def test_a_spelled_out_rms_norm_of_another_eps_is_named_and_left_to_torch():
 
 
 @pytest.mark.gpu
-def test_on_cuda_a_llama_layers_norms_are_replaced_as_torch_traces_them_there():
+@pytest.mark.parametrize("norm", [None, _HFRMSNorm], ids=["nn.RMSNorm", "spelled out"])
+def test_on_cuda_a_llama_layers_norms_are_replaced_as_torch_traces_them_there(norm):
     """On CUDA F.rms_norm dispatches to one fused op (aten._fused_rms_norm), which a compiled model's graph holds as
     Inductor's decomposition of it, not as the CPU's composite: the search is traced so too."""
     torch.manual_seed(0)
     config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160)
-    model = DecoderLayer(config, max_seq_len=32).cuda().bfloat16().eval()
+    model = DecoderLayer(config, max_seq_len=32) if norm is None else _llama_written(norm)
+    model = model.cuda().bfloat16().eval()
     x = torch.randn(2, 32, 64, device="cuda", dtype=torch.bfloat16)
     library_ = patterns.install_library("llama", dtype="bf16", channels_last=False, device="cuda")
     with library_ as installed, torch.no_grad():

@@ -8,10 +8,11 @@ addmm, view) shares no op with a batched matmul's. So a search takes each input 
 declared tensor less its leading unit dims, transposed for a Linear weight) and runs the graph's reference with
 those ops written as torch's modules write them (`idioms`): `F.linear` with its bias, `F.layer_norm` and
 `F.rms_norm` on their [D] weights (the RMSNorm as torch traces it on the model's device: one fused op on CUDA, its
-decomposition on the CPU; or spelled out, as Llama's reference code and its ports write it: RMS_NORM_FORMS), an eval BatchNorm's `(y - mean) * inv_variance * scale + bias` as `F.batch_norm` on its
-running statistics, a training-mode `batchnorm` as the functional BatchNorm torch.compile holds (its next running
-statistics returned). The replacement views each matched input back to its declared form (no copy), but for a
-running variance, whose inverse square root it computes.
+decomposition on the CPU; or spelled out, as Llama's reference code and its ports write it: RMS_NORM_FORMS), an
+eval BatchNorm's `(y - mean) * inv_variance * scale + bias` as `F.batch_norm` on its running statistics, a
+training-mode `batchnorm` as the functional BatchNorm torch.compile holds (its next running statistics returned).
+The replacement views each matched input back to its declared form (no copy), but for a running variance, whose
+inverse square root it computes.
 """
 
 from __future__ import annotations
