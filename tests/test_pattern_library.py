@@ -461,14 +461,26 @@ def test_a_llama_layer_whose_rms_norm_is_spelled_out_trains_with_the_models_grad
     assert len(norms) == 1 and norms[0].joint, installed.report
 
 
-def test_a_spelled_out_rms_norm_of_another_eps_is_named_and_left_to_torch():
+def test_a_norm_of_another_eps_is_named_and_left_to_torch_unless_the_library_is_given_it():
     model = _llama_written(_MetaRMSNorm, eps=1e-6).eval()
+    model.ffn_norm = torch.nn.RMSNorm(64, eps=1e-6)
     x = torch.randn(2, 32, 64)
     with patterns.install_library("llama", dtype="float", channels_last=False) as installed, torch.no_grad():
         torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x))
     assert not any("rmsnorm" in g for g in _graphs(installed.report))
-    norms = [u for u in installed.report.unmatched if u.op == "rms_norm (written out)"]
-    assert len(norms) == 2 and all("no installed graph has this region's ops" in str(u) for u in norms)
+    norms = sorted(u.op for u in installed.report.unmatched if "rms_norm" in u.op)
+    assert norms == ["aten.rms_norm", "rms_norm (written out)"], installed.report
+    assert "norm_eps" in str(installed.report)
+    library_ = patterns.install_library("llama", dtype="float", channels_last=False, norm_eps=1e-6)
+    with library_ as installed, torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x))
+    assert {"add_rmsnorm_float", "rmsnorm_float"} <= set(_graphs(installed.report)), installed.report
+
+
+@pytest.mark.parametrize("eps", [0, -1e-5, 1.5, True, "1e-5"])
+def test_a_norm_eps_that_is_no_eps_is_refused(eps):
+    with pytest.raises(ValueError, match="norm_eps"):
+        patterns.install_library("llama", norm_eps=eps)
 
 
 @pytest.mark.gpu

@@ -196,19 +196,21 @@ def install_library(
     tune: bool = False,
     autocast: bool = False,
     training: bool | None = None,
+    norm_eps: float = library.NORM_EPS,
 ) -> Installed:
     """The bundled library's graphs (patterns.library: "resnet", "gpt", "llama"; all of them when none is
     named) in a dtype ("float", "half", "bf16") or several, as install() installs a file's. `autocast`: for a
     float model run under torch.autocast to `dtype`: its convolutions, matmuls and attention in `dtype` (their
     BatchNorms' affine parameters float), its norms in float. `training`: with the graphs of a BatchNorm in
-    training mode (by default, except on CUDA: library.TRAINING_ON_CUDA says why)."""
+    training mode (by default, except on CUDA: library.TRAINING_ON_CUDA says why). `norm_eps`: the eps of the
+    model's LayerNorms and RMSNorms (a norm of another is left to torch, named in the report)."""
     dtypes = (dtype,) if isinstance(dtype, str) else tuple(dtype)
     if autocast:
         dtypes += ("float",) * ("float" not in dtypes)
     names = families or tuple(library.FAMILIES)
     if training is None:
         training = device != "cuda" or library.TRAINING_ON_CUDA
-    text = "\n".join(library.source(names, d, channels_last, autocast, training) for d in dtypes)
+    text = "\n".join(library.source(names, d, channels_last, autocast, training, norm_eps) for d in dtypes)
     file = f"pattern library ({', '.join(dtypes)}{', autocast' if autocast else ''})"
     compiled = lambda name: compile_graph(text=text, graph=name, file=file)  # noqa: E731
     graphs = _patterns(load(text=text, file=file), device, compiled, tune, library.INFERENCE_ONLY)

@@ -89,8 +89,9 @@ def _conv_train(name: str, r: int, stride: int, pad: int, tail: str) -> str:
     )
 
 
-#: the norms' eps: torch's LayerNorm default, which nanoGPT keeps, and the Llama reference's norm_eps
-_NORM_EPS = "1e-5"
+NORM_EPS = 1e-5
+"""the norms' eps unless install_library is given another: torch's LayerNorm default, which nanoGPT keeps, and
+the Llama reference's norm_eps"""
 
 #: the graphs taken for inference only (by name): a residual add with its norm. Their derived backward sums the
 #: residual's gradient into the norm's, which as one graph faulted (an illegal address) on an H100 with cuDNN 9.19
@@ -185,7 +186,7 @@ def _add_norm(norm: str, autocast: bool = False) -> str:
     return (
         f"graph add_{norm}_{{t}}{'_autocast' if autocast else ''} {{\n  io {x}\n  compute float\n{_TOKENS}\n"
         f"  input x : {x}[B, T, D]\n  input r : {{t}}[B, T, D]\n  input scale : {x}[1, 1, D]\n{bias}\n"
-        f"  s = x + r\n  output y = {norm}({args}, epsilon={_NORM_EPS})\n  output s\n}}\n"
+        f"  s = x + r\n  output y = {norm}({args}, epsilon={{eps}})\n  output s\n}}\n"
     )
 
 
@@ -272,7 +273,7 @@ FAMILIES = {
             "MLP's Linear + GELU (tanh), causal attention over a fused projection's q, k and v",
             (
                 _add_norm("layernorm"),
-                _LAYERNORM.format(dims=_TOKENS, eps=_NORM_EPS),
+                _LAYERNORM.format(dims=_TOKENS, eps="{eps}"),
                 _LINEAR_ACT.format(dims=_TOKENS, act="gelu_tanh"),
                 _LINEAR_ACT.format(dims=_TOKENS, act="gelu"),
                 _ATTENTION_PACKED,
@@ -285,7 +286,7 @@ FAMILIES = {
             "(silu(x W1) * x W3), causal grouped-query attention",
             (
                 _add_norm("rmsnorm"),
-                _RMSNORM.format(dims=_TOKENS, eps=_NORM_EPS),
+                _RMSNORM.format(dims=_TOKENS, eps="{eps}"),
                 _SWIGLU.format(dims=_TOKENS),
                 _ATTENTION_GQA,
             ),
@@ -303,14 +304,22 @@ illegal address); on the CPU they train as torch does"""
 
 
 def source(
-    families: tuple[str, ...], dtype: str, channels_last: bool = True, autocast: bool = False, training: bool = True
+    families: tuple[str, ...],
+    dtype: str,
+    channels_last: bool = True,
+    autocast: bool = False,
+    training: bool = True,
+    norm_eps: float = NORM_EPS,
 ) -> str:
     """The .cdg text of the families' graphs in one dtype, convolutions' activations and weights channels-last
     or not. `autocast`: as a float model computes them under torch.autocast to `dtype`: its BatchNorms' affine
     parameters stay float (graphs named `..._autocast`). `training`: with the graphs of a model in training mode
-    (Family.training), where the dtype has them."""
+    (Family.training), where the dtype has them. `norm_eps`: the LayerNorms' and RMSNorms' eps (a search matches a
+    norm of its own eps only)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: the library's graphs are {', '.join(DTYPES)}")
+    if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not 0 < norm_eps < 1:
+        raise ValueError(f"norm_eps {norm_eps!r}: a norm's eps is a number between 0 and 1")
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise ValueError(f"no pattern family {unknown[0]!r}; the families are {', '.join(FAMILIES)}")
@@ -320,6 +329,6 @@ def source(
         trained = FAMILIES[f].training if training and (dtype == "float" or autocast) else ()
         for template in FAMILIES[f].templates + trained + (FAMILIES[f].autocast if amp else ()):
             text = template.replace("{t}", dtype).replace("{a}", "float" if amp else dtype)
-            text = text.replace("{amp}", "_autocast" if amp else "")
+            text = text.replace("{amp}", "_autocast" if amp else "").replace("{eps}", repr(float(norm_eps)))
             parts.append(text if channels_last else text.replace(" nhwc", ""))
     return "\n".join(parts)

@@ -69,7 +69,10 @@ class Unmatched:
                 "as the model computes it (autograd is on); for inference, run under torch.no_grad() or "
                 "torch.inference_mode()"
             )
-        return f"not replaced at {at}: {self.op}: no installed graph has this region's ops"
+        norm = any(n in self.op for n in ("layer_norm", "rms_norm"))
+        hint = " (a norm whose eps differs from the installed graphs' matches none: install_library(norm_eps=...))"
+        hint = hint if norm else ""
+        return f"not replaced at {at}: {self.op}: no installed graph has this region's ops{hint}"
 
 
 @attrs.define
