@@ -483,6 +483,64 @@ def test_a_norm_eps_that_is_no_eps_is_refused(eps):
         patterns.install_library("llama", norm_eps=eps)
 
 
+class _HFLlamaLayer(torch.nn.Module):
+    """HF transformers' LlamaDecoderLayer as its model calls it: SDPA attention, rotary embeddings of the positions."""
+
+    def __init__(self):
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        from transformers.models.llama import modeling_llama
+
+        config = transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=160, num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-5
+        )
+        config._attn_implementation = "sdpa"
+        self.layer = modeling_llama.LlamaDecoderLayer(config, layer_idx=0)
+        self.rotary = modeling_llama.LlamaRotaryEmbedding(config)
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[1], device=x.device)[None]
+        cos_sin = self.rotary(x, positions)
+        out = self.layer(x, attention_mask=None, position_ids=positions, position_embeddings=cos_sin)
+        return out[0] if isinstance(out, tuple) else out
+
+
+def _hf_llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = _HFLlamaLayer()
+    with torch.no_grad():
+        for norm in (model.layer.input_layernorm, model.layer.post_attention_layernorm):
+            norm.weight.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("dtype", ["float", "bf16"])
+def test_hf_transformers_llama_layer_is_replaced_region_by_region_for_inference(dtype):
+    dt = {"float": torch.float, "bf16": torch.bfloat16}[dtype]
+    model = _hf_llama().to(dt).eval()
+    x = torch.randn(2, 32, 64, dtype=dt)
+    with patterns.install_library("llama", dtype=dtype, channels_last=False) as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    tol = {} if dtype == "float" else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(y, model(x), **tol)
+    assert _graphs(installed.report) == [
+        f"add_rmsnorm_{dtype}",
+        f"causal_attention_gqa_{dtype}",
+        f"rmsnorm_{dtype}",
+        f"swiglu_{dtype}",
+    ]
+    assert sorted((u.op, u.module) for u in installed.report.unmatched) == [
+        ("aten.mm", m) for m in ("down_proj", "k_proj", "o_proj", "q_proj", "v_proj")
+    ]
+
+
+def test_hf_transformers_llama_layer_trains_with_the_models_gradients():
+    model, twin = _hf_llama(), _hf_llama()
+    installed = patterns.install_library("llama", dtype="float", channels_last=False)
+    _trains_alike(model, twin, torch.randn(2, 32, 64), installed)
+    assert _graphs(installed.report) == ["causal_attention_gqa_float", "rmsnorm_float", "swiglu_float"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("norm", [None, _HFRMSNorm], ids=["nn.RMSNorm", "spelled out"])
 def test_on_cuda_a_llama_layers_norms_are_replaced_as_torch_traces_them_there(norm):
