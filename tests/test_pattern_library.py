@@ -571,6 +571,22 @@ def test_on_cuda_a_gpt_block_trains_under_autocast_through_its_norms_and_mlp():
     assert graphs.count("layernorm_float") == 2 and "linear_gelu_tanh_bf16" in graphs, graphs
 
 
+@pytest.mark.gpu
+def test_on_cuda_a_llama_layer_trains_under_autocast_through_both_norms():
+    """On CUDA nn.RMSNorm's backward is one op (aten._fused_rms_norm_backward), whose input gradient autograd then
+    adds to the residual's: the norm before the MLP is matched with its backward there, as the CPU's pointwise
+    backward, summed with the residual's gradient term by term, is not."""
+    torch.manual_seed(0)
+    config = LlamaConfig(dim=64, n_heads=8, n_kv_heads=2, hidden_dim=160)
+    model, twin = DecoderLayer(config, max_seq_len=32), DecoderLayer(config, max_seq_len=32)
+    twin.load_state_dict(model.state_dict())
+    installed = patterns.install_library("llama", dtype="bf16", autocast=True, channels_last=False, device="cuda")
+    x = torch.randn(2, 32, 64, device="cuda")
+    _trains_alike(model.cuda(), twin.cuda(), x, installed, autocast=torch.bfloat16)
+    graphs = _graphs(installed.report)
+    assert graphs.count("rmsnorm_float") == 2 and "swiglu_bf16_autocast" in graphs, installed.report
+
+
 class _CastOnce(torch.nn.Module):
     """A SwiGLU MLP of bf16 Linears whose float input is cast once, by the model, for both."""
 
