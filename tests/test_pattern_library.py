@@ -541,6 +541,62 @@ def test_hf_transformers_llama_layer_trains_with_the_models_gradients():
     assert _graphs(installed.report) == ["causal_attention_gqa_float", "rmsnorm_float", "swiglu_float"]
 
 
+class _HFGPT2Block(torch.nn.Module):
+    """HF transformers' GPT2Block: Conv1D projections ([in, out] weights), gelu_new spelled out, SDPA attention."""
+
+    def __init__(self):
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        from transformers.models.gpt2 import modeling_gpt2
+
+        # no dropout, as GPT-2 is trained today (llm.c, nanoGPT): a dropout would make every run its own
+        config = transformers.GPT2Config(n_embd=64, n_head=4, n_positions=32, resid_pdrop=0.0, attn_pdrop=0.0)
+        config._attn_implementation = "sdpa"
+        self.block = modeling_gpt2.GPT2Block(config, layer_idx=0)
+
+    def forward(self, x):
+        out = self.block(x)
+        return out[0] if isinstance(out, tuple) else out
+
+
+def _hf_gpt2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return _HFGPT2Block()
+
+
+_HF_GPT2_GRAPHS = ["causal_attention_packed_{t}", "layernorm_{a}", "layernorm_{a}", "linear_kn_gelu_tanh_{t}"]
+
+
+@pytest.mark.parametrize("dtype", ["float", "bf16"])
+def test_hf_transformers_gpt2_block_is_replaced_region_by_region_for_inference(dtype):
+    """Its MLP's Conv1D and gelu_new as HF writes them; its norms with their residual adds."""
+    dt = {"float": torch.float, "bf16": torch.bfloat16}[dtype]
+    model = _hf_gpt2().to(dt).eval()
+    x = torch.randn(2, 16, 64, dtype=dt)
+    with patterns.install_library("gpt", dtype=dtype, channels_last=False) as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    tol = {} if dtype == "float" else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(y, model(x), **tol)
+    assert _graphs(installed.report) == [
+        f"add_layernorm_{dtype}",
+        f"causal_attention_packed_{dtype}",
+        f"layernorm_{dtype}",
+        f"linear_kn_gelu_tanh_{dtype}",
+    ]
+    # the attention's projections and the MLP's c_proj, without an activation, stay cuBLAS's
+    assert sorted(u.module for u in installed.report.unmatched) == ["c_attn", "c_proj"]
+
+
+@pytest.mark.parametrize("autocast", [None], ids=["float"])
+def test_hf_transformers_gpt2_block_trains_with_the_models_gradients(autocast):
+    model, twin = _hf_gpt2(), _hf_gpt2()
+    dtype = "float" if autocast is None else "bf16"
+    installed = patterns.install_library("gpt", dtype=dtype, channels_last=False, autocast=autocast is not None)
+    _trains_alike(model, twin, torch.randn(2, 16, 64), installed, autocast=autocast)
+    want = sorted(g.format(t=dtype, a="float") for g in _HF_GPT2_GRAPHS)
+    assert _graphs(installed.report) == want, installed.report
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("norm", [None, _HFRMSNorm], ids=["nn.RMSNorm", "spelled out"])
 def test_on_cuda_a_llama_layers_norms_are_replaced_as_torch_traces_them_there(norm):

@@ -119,6 +119,21 @@ graph linear_{act}_{{t}} {{
 }}
 """
 
+# HF transformers' Conv1D (GPT-2's): the weight [D, F], as a Linear's transposed
+_LINEAR_KN_ACT = """\
+graph linear_kn_{act}_{{t}} {{
+  io {{t}}
+  compute float
+{dims}  dim F in 1..65536
+
+  input x : {{t}}[B, T, D]
+  input w : {{t}}[1, D, F]
+  input b : {{t}}[1, 1, F]
+
+  output y = {act}(matmul(x, w) + b)
+}}
+"""
+
 _SWIGLU = """\
 graph swiglu_{{t}} {{
   io {{t}}
@@ -276,6 +291,7 @@ FAMILIES = {
                 _LAYERNORM.format(dims=_TOKENS, eps="{eps}"),
                 _LINEAR_ACT.format(dims=_TOKENS, act="gelu_tanh"),
                 _LINEAR_ACT.format(dims=_TOKENS, act="gelu"),
+                _LINEAR_KN_ACT.format(dims=_TOKENS, act="gelu_tanh"),
                 _ATTENTION_PACKED,
             ),
             autocast=(_add_norm("layernorm", autocast=True),),

@@ -30,8 +30,10 @@ from cudnn_dsl.interop.emit import traceable_reference
 from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, where
 from cudnn_dsl.patterns.search import (
     PLAIN,
+    Spelling,
     batchnorms,
     casts_per_linear,
+    conv1d_weight,
     forms,
     idioms,
     output_forms,
@@ -50,7 +52,8 @@ class GraphPattern:
     """One graph's search, as a model computes it, and the conditions its matched inputs must meet. `batchnorm`:
     its eval BatchNorms searched as `F.batch_norm` on running statistics (search.PerChannel), else as the
     pointwise ops they are. `rms_norm`: its RMSNorms as F.rms_norm (None: as torch traces it on `device`), or spelled
-    out (one of search.WRITTEN_RMS_NORMS)."""
+    out (one of search.WRITTEN_RMS_NORMS). `conv1d`, `written_gelu`: its Linears as HF's Conv1D, its tanh GELUs
+    spelled out as HF's gelu_new (search.Spelling)."""
 
     def __init__(
         self,
@@ -60,6 +63,8 @@ class GraphPattern:
         cast_per_linear: bool = True,
         training: bool = True,
         rms_norm: str | None = None,
+        conv1d: bool = False,
+        written_gelu: bool = False,
     ):
         self.op, self.graph = op, op.graph
         self.training = training
@@ -93,6 +98,13 @@ class GraphPattern:
             rms_norm = "fused" if fused else "cpu"
         elif not self.written_rms_norm:
             raise ValueError(f"graph '{self.graph.name}': no RMSNorm of it is one a model spells out")
+        self.conv1d = any(node.op == "matmul" and conv1d_weight(inst, node, self.forms) for node in self.graph.nodes)
+        """whether a model may hold a Linear's weight of the graph as [K, N] (HF's Conv1D)"""
+        self.written_gelu = any(node.op == "gelu_tanh" for node in self.graph.nodes)
+        """whether a model may spell a tanh GELU of the graph out (HF's gelu_new)"""
+        if (conv1d and not self.conv1d) or (written_gelu and not self.written_gelu):
+            raise ValueError(f"graph '{self.graph.name}' has no op that a model writes so")
+        spelling = Spelling(rms_norm, conv1d, written_gelu)
         # Inductor runs the search on its examples: drawn as `run` draws inputs, so that index inputs (page
         # tables, ragged offsets, sequence lengths) are valid.
         drawn = generate_inputs(self.graph, inst, device)
@@ -105,7 +117,7 @@ class GraphPattern:
             # at the inputs' own shape: a symbolic dim's attributes follow it (attention's default scale)
             now = self.instance_at(tensors) or inst
             values = dict(zip(names, tensors), **scalars)
-            found = idioms(graph, now, self.forms, cast_per_linear, rms_norm)
+            found = idioms(graph, now, self.forms, cast_per_linear, spelling)
             outs = run_reference(graph, now, values, native=True, idioms=found)
             return outs[graph.outputs[0].name] if len(graph.outputs) == 1 else tuple(outs[v] for v in self.order)
 

@@ -18,6 +18,7 @@ inverse square root it computes.
 from __future__ import annotations
 
 import functools
+import math
 import struct
 
 import attrs
@@ -211,12 +212,23 @@ def batchnorms(graph: Graph, inst: Instance) -> list[BatchNorm]:
 FOLDED = None
 
 
+@attrs.frozen
+class Spelling:
+    """How a model writes the ops a search holds besides torch's modules: its RMSNorm (one of RMS_NORM_FORMS), a
+    Linear of a [K, N] weight as HF transformers' Conv1D (`conv1d`: `torch.addmm(bias, x.view(-1, K), weight)`),
+    its tanh GELU as HF's NewGELUActivation spells it out (`written_gelu`)."""
+
+    rms_norm: str = "cpu"
+    conv1d: bool = False
+    written_gelu: bool = False
+
+
 def idioms(
-    graph: Graph, inst: Instance, given: dict[str, Form], cast_per_linear: bool = True, rms_norm: str = "cpu"
+    graph: Graph, inst: Instance, given: dict[str, Form], cast_per_linear: bool = True, spelling: Spelling = Spelling()
 ) -> dict[int, object]:
     """By node index, the torch idiom that computes it from the values so far (a function of them), or FOLDED.
     `cast_per_linear`: a cast that Linears alone read is cast by each (casts_per_linear), as autocast writes it.
-    `rms_norm`: how the model writes an RMSNorm (one of RMS_NORM_FORMS)."""
+    `spelling`: how the model writes its RMSNorms, Linears and GELUs where torch's modules are not all there is."""
     uses: dict[str, int] = {}
     for node in graph.nodes:
         for i in node.inputs:
@@ -256,7 +268,17 @@ def idioms(
     for k, node in enumerate(graph.nodes):
         if k in found:
             continue
-        if node.op == "matmul" and given.get(node.inputs[1], PLAIN).transposed:
+        if spelling.conv1d and node.op == "matmul" and conv1d_weight(inst, node, given):
+            a, w = node.inputs[:2]
+            out = node.outputs[0]
+            bias_add = _bias_add(graph, inst, out, given) if uses.get(out) == 1 and out not in outputs else None
+            if bias_add is not None:
+                j, b = bias_add
+                found[k] = FOLDED
+                found[j] = lambda env, a=a, w=w, b=b: [_conv1d(read(env, a), env[w], env[b])]
+        elif node.op == "gelu_tanh" and spelling.written_gelu:
+            found[k] = lambda env, x=node.inputs[0]: [_new_gelu(env[x])]
+        elif node.op == "matmul" and given.get(node.inputs[1], PLAIN).transposed:
             a, w = node.inputs[:2]
             out = node.outputs[0]
             bias_add = _bias_add(graph, inst, out, given) if uses.get(out) == 1 and out not in outputs else None
@@ -276,7 +298,7 @@ def idioms(
                     F.layer_norm(env[x], tuple(env[s].shape), env[s], env[b], e)
                 ]
             elif node.op == "rmsnorm" and scale in given and not bias:
-                norm = RMS_NORM_FORMS[rms_norm]
+                norm = RMS_NORM_FORMS[spelling.rms_norm]
                 found[k] = lambda env, x=x, s=scale, e=eps, norm=norm: [norm(env[x], env[s], e)]
     return found
 
@@ -378,6 +400,23 @@ def traces_fused_rms_norm(device: str, dtype: torch.dtype) -> bool:
     x, scale = torch.ones(2, 4, device=device, dtype=dtype), torch.ones(4, device=device, dtype=dtype)
     traced = make_fx(lambda x, scale: F.rms_norm(x, (4,), scale, 1e-6))(x, scale)
     return any(n.target is torch.ops.aten._fused_rms_norm.default for n in traced.graph.nodes)
+
+
+def conv1d_weight(inst: Instance, node, given: dict[str, Form]) -> bool:
+    """Whether a matmul's weight is an input the model holds as a [K, N] matrix (a Conv1D's, row-major)."""
+    w = node.inputs[1]
+    form = given.get(w)
+    return form is not None and not form.transposed and len(inst.type(w).shape) - form.lead == 2
+
+
+def _conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """HF transformers' Conv1D: a Linear of a [K, N] weight."""
+    return torch.addmm(b, x.view(-1, x.size(-1)), w).view(x.size()[:-1] + (w.size(-1),))
+
+
+def _new_gelu(x: torch.Tensor) -> torch.Tensor:
+    """The tanh GELU as HF transformers' NewGELUActivation (GPT-2's gelu_new) spells it out."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
 def _bias_add(graph: Graph, inst: Instance, value: str, given: dict[str, Form]) -> tuple[int, str] | None:
