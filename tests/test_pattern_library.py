@@ -564,7 +564,7 @@ def _hf_gpt2() -> torch.nn.Module:
     return _HFGPT2Block()
 
 
-_HF_GPT2_GRAPHS = ["causal_attention_packed_{t}", "layernorm_{a}", "layernorm_{a}", "linear_kn_gelu_tanh_{t}"]
+_HF_GPT2_GRAPHS = ["causal_attention_packed_{t}", "layernorm_{a}", "layernorm_{a}", "linear_kn_gelu_tanh_{t}{amp}"]
 
 
 @pytest.mark.parametrize("dtype", ["float", "bf16"])
@@ -587,13 +587,16 @@ def test_hf_transformers_gpt2_block_is_replaced_region_by_region_for_inference(d
     assert sorted(u.module for u in installed.report.unmatched) == ["c_attn", "c_proj"]
 
 
-@pytest.mark.parametrize("autocast", [None], ids=["float"])
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["float", "autocast"])
 def test_hf_transformers_gpt2_block_trains_with_the_models_gradients(autocast):
+    """Under autocast the Conv1D's float input is viewed, then cast by autocast's addmm: the autocast graph casts
+    it; the GELU stays bf16 on the CPU, whose autocast leaves pow alone."""
     model, twin = _hf_gpt2(), _hf_gpt2()
     dtype = "float" if autocast is None else "bf16"
     installed = patterns.install_library("gpt", dtype=dtype, channels_last=False, autocast=autocast is not None)
     _trains_alike(model, twin, torch.randn(2, 16, 64), installed, autocast=autocast)
-    want = sorted(g.format(t=dtype, a="float") for g in _HF_GPT2_GRAPHS)
+    amp = "" if autocast is None else "_autocast"
+    want = sorted(g.format(t=dtype, a="float", amp=amp) for g in _HF_GPT2_GRAPHS)
     assert _graphs(installed.report) == want, installed.report
 
 
@@ -641,6 +644,16 @@ def test_on_cuda_a_llama_layer_trains_under_autocast_through_both_norms():
     _trains_alike(model.cuda(), twin.cuda(), x, installed, autocast=torch.bfloat16)
     graphs = _graphs(installed.report)
     assert graphs.count("rmsnorm_float") == 2 and "swiglu_bf16_autocast" in graphs, installed.report
+
+
+@pytest.mark.gpu
+def test_on_cuda_hf_transformers_gpt2_block_trains_under_autocast_through_its_mlp():
+    """CUDA's autocast takes gelu_new's pow in float, so the GELU is float to its end: the `_float` autocast graph."""
+    model, twin = _hf_gpt2(), _hf_gpt2()
+    installed = patterns.install_library("gpt", dtype="bf16", channels_last=False, autocast=True, device="cuda")
+    x = torch.randn(2, 16, 64, device="cuda")
+    _trains_alike(model.cuda(), twin.cuda(), x, installed, autocast=torch.bfloat16)
+    assert "linear_kn_gelu_tanh_bf16_autocast_float" in _graphs(installed.report), installed.report
 
 
 class _CastOnce(torch.nn.Module):

@@ -244,7 +244,7 @@ def _patterns(result, device: str, compiled, tune: bool, inference_only: tuple[s
         if searched.written_rms_norm:  # also as a model's own RMSNorm module spells it out
             graphs += [GraphPattern(op, device, training=training, rms_norm=f) for f in WRITTEN_RMS_NORMS]
         # also as HF transformers writes a Linear (Conv1D) and GPT-2's GELU, each way with the other
-        for conv1d, gelu in itertools.product({False, searched.conv1d}, {False, searched.written_gelu}):
+        for conv1d, gelu in itertools.product({False, searched.kn_linear}, {False, searched.tanh_gelu}):
             if conv1d or gelu:
                 graphs.append(GraphPattern(op, device, training=training, conv1d=conv1d, written_gelu=gelu))
         graphs.append(searched)

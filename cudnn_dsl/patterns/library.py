@@ -134,6 +134,25 @@ graph linear_kn_{act}_{{t}} {{
 }}
 """
 
+# HF's Conv1D under autocast: the float input viewed [B*T, D], then cast by autocast's addmm (the cast is the
+# graph's); its spelled-out GELU (gelu_new) as autocast computes it: in `{t}` where autocast leaves `pow` alone (the
+# CPU's), from a float cube where it takes `pow` in float (CUDA's), and so in float to the end (`_float`)
+_LINEAR_KN_GELU_AUTOCAST = """\
+graph linear_kn_gelu_tanh_{{t}}_autocast{wide} {{
+  io {{t}}
+  compute float
+{dims}  dim F in 1..65536
+
+  input x : float[B, T, D]
+  input w : {{t}}[1, D, F]
+  input b : {{t}}[1, 1, F]
+
+  xt : {{t}} = identity(x)
+  h : {{t}} = matmul(xt, w) + b
+  output y : {out} = gelu_tanh(h)
+}}
+"""
+
 _SWIGLU = """\
 graph swiglu_{{t}} {{
   io {{t}}
@@ -294,7 +313,11 @@ FAMILIES = {
                 _LINEAR_KN_ACT.format(dims=_TOKENS, act="gelu_tanh"),
                 _ATTENTION_PACKED,
             ),
-            autocast=(_add_norm("layernorm", autocast=True),),
+            autocast=(
+                _add_norm("layernorm", autocast=True),
+                _LINEAR_KN_GELU_AUTOCAST.format(dims=_TOKENS, wide="", out="{t}"),
+                _LINEAR_KN_GELU_AUTOCAST.format(dims=_TOKENS, wide="_float", out="float"),
+            ),
         ),
         Family(
             "llama",

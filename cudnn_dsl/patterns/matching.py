@@ -98,13 +98,13 @@ class GraphPattern:
             rms_norm = "fused" if fused else "cpu"
         elif not self.written_rms_norm:
             raise ValueError(f"graph '{self.graph.name}': no RMSNorm of it is one a model spells out")
-        self.conv1d = any(node.op == "matmul" and conv1d_weight(inst, node, self.forms) for node in self.graph.nodes)
+        self.kn_linear = any(node.op == "matmul" and conv1d_weight(inst, node, self.forms) for node in self.graph.nodes)
         """whether a model may hold a Linear's weight of the graph as [K, N] (HF's Conv1D)"""
-        self.written_gelu = any(node.op == "gelu_tanh" for node in self.graph.nodes)
+        self.tanh_gelu = any(node.op == "gelu_tanh" for node in self.graph.nodes)
         """whether a model may spell a tanh GELU of the graph out (HF's gelu_new)"""
-        if (conv1d and not self.conv1d) or (written_gelu and not self.written_gelu):
+        if (conv1d and not self.kn_linear) or (written_gelu and not self.tanh_gelu):
             raise ValueError(f"graph '{self.graph.name}' has no op that a model writes so")
-        spelling = Spelling(rms_norm, conv1d, written_gelu)
+        self.spelling = spelling = Spelling(rms_norm, conv1d, written_gelu)
         # Inductor runs the search on its examples: drawn as `run` draws inputs, so that index inputs (page
         # tables, ragged offsets, sequence lengths) are valid.
         drawn = generate_inputs(self.graph, inst, device)

@@ -272,12 +272,20 @@ def idioms(
             a, w = node.inputs[:2]
             out = node.outputs[0]
             bias_add = _bias_add(graph, inst, out, given) if uses.get(out) == 1 and out not in outputs else None
+            cast = _autocast_cast(graph, inst, a, uses, outputs)
             if bias_add is not None:
                 j, b = bias_add
                 found[k] = FOLDED
-                found[j] = lambda env, a=a, w=w, b=b: [_conv1d(read(env, a), env[w], env[b])]
+                if cast is None:
+                    found[j] = lambda env, a=a, w=w, b=b: [_conv1d(read(env, a), env[w], env[b])]
+                else:
+                    i, source, to = cast
+                    found[i] = FOLDED
+                    found[j] = lambda env, x=source, w=w, b=b, to=to: [_conv1d(env[x], env[w], env[b], to)]
         elif node.op == "gelu_tanh" and spelling.written_gelu:
-            found[k] = lambda env, x=node.inputs[0]: [_new_gelu(env[x])]
+            # declared wider than its input: as autocast computes it, whose pow takes the input in float
+            wide = inst.type(node.outputs[0]).dtype == "float" != inst.type(node.inputs[0]).dtype
+            found[k] = lambda env, x=node.inputs[0], wide=wide: [_new_gelu(env[x], wide)]
         elif node.op == "matmul" and given.get(node.inputs[1], PLAIN).transposed:
             a, w = node.inputs[:2]
             out = node.outputs[0]
@@ -409,14 +417,38 @@ def conv1d_weight(inst: Instance, node, given: dict[str, Form]) -> bool:
     return form is not None and not form.transposed and len(inst.type(w).shape) - form.lead == 2
 
 
-def _conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """HF transformers' Conv1D: a Linear of a [K, N] weight."""
-    return torch.addmm(b, x.view(-1, x.size(-1)), w).view(x.size()[:-1] + (w.size(-1),))
+def _conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, to: torch.dtype | None = None) -> torch.Tensor:
+    """HF transformers' Conv1D: a Linear of a [K, N] weight. `to`: as autocast's addmm computes it, of the input
+    viewed in its own dtype, then cast."""
+    flat = x.view(-1, x.size(-1))
+    return torch.addmm(b, flat if to is None else flat.to(to), w).view(x.size()[:-1] + (w.size(-1),))
 
 
-def _new_gelu(x: torch.Tensor) -> torch.Tensor:
-    """The tanh GELU as HF transformers' NewGELUActivation (GPT-2's gelu_new) spells it out."""
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+def _autocast_cast(
+    graph: Graph, inst: Instance, value: str, uses: dict[str, int], outputs: set[str]
+) -> tuple[int, str, torch.dtype] | None:
+    """Where `value` is a cast of a float input to half or bf16 that one op alone reads, as autocast casts what an op
+    takes: the cast's node index, what it casts, to what."""
+    inputs = {v.name for v in graph.values if v.kind == "input"}
+    for k, node in enumerate(graph.nodes):
+        if node.outputs[0] != value or node.op != "identity" or uses.get(value) != 1 or value in outputs:
+            continue
+        src, to = inst.type(node.inputs[0]).dtype, inst.type(value).dtype
+        if node.inputs[0] in inputs and src == "float" and to in ("half", "bf16"):
+            return k, node.inputs[0], torch_dtype(to)
+    return None
+
+
+def _new_gelu(x: torch.Tensor, autocast: bool = False) -> torch.Tensor:
+    """The tanh GELU as HF transformers' NewGELUActivation (GPT-2's gelu_new) spells it out; `autocast`: as it runs
+    under torch.autocast, which computes `torch.pow` in float (the rest follows by type promotion)."""
+    # in HF's order of evaluation (autocast's cast made at the pow), which autograd's order of summing x's gradient
+    # terms follows
+    return (
+        0.5
+        * x
+        * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x.float() if autocast else x, 3.0))))
+    )
 
 
 def _bias_add(graph: Graph, inst: Instance, value: str, given: dict[str, Form]) -> tuple[int, str] | None:
