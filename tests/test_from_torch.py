@@ -201,6 +201,26 @@ def test_nanogpt_block_imports_as_written():
     assert "gelu_tanh(linear_2)" in text and text.count("layernorm(") == 2
 
 
+def test_hf_transformers_gpt2_mlp_imports_as_written():
+    """HF's Conv1D calls torch.addmm(bias, x.view(-1, in), weight): a matmul of its [in, out] weight plus the bias."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+
+    torch.manual_seed(0)
+    mlp = GPT2MLP(256, transformers.GPT2Config(n_embd=64)).eval()
+    imported = _round_trip(mlp, (torch.randn(2, 16, 64),), tol=1e-4)
+    assert imported.text.count("matmul(") == 2 and "c_fc_weight : float[64, 256]" in imported.text
+
+
+def addmm_scaled(bias, x, w):
+    return torch.addmm(bias, x, w, beta=0.5)
+
+
+def test_an_addmm_that_scales_its_terms_is_refused():
+    with pytest.raises(DslError, match="beta=0.5"):
+        from_torch(addmm_scaled, (torch.randn(4), torch.randn(3, 5), torch.randn(5, 4)))
+
+
 def test_a_half_block_reads_each_matmul_operand_in_its_dtype():
     """torch rounds each op's result to half; the language computes in float: the operand of a matmul, conv, norm or
     attention is declared half where torch has it half (cuDNN's ops take their operands in one dtype)."""

@@ -210,6 +210,14 @@ def _linear(imp, node, input, weight, bias=None):
     return expr if bias is None else f"{expr} + {imp.tensor(bias, node.meta['val'].dim())}"
 
 
+def _addmm(imp, node, input, mat1, mat2, beta=1, alpha=1):
+    """torch.addmm(bias, x, w): a Linear of an [in, out] weight, as HF transformers' Conv1D calls it."""
+    if beta != 1 or alpha != 1:
+        raise Refused(f"addmm scaling its terms (beta={beta}, alpha={alpha})")
+    a, b = _matmul_operands(imp, node, mat1, mat2, b_transposed=False)
+    return f"matmul({a}, {b}) + {imp.tensor(input, 2)}"
+
+
 def _sdpa(imp, node, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
     if dropout_p:
         raise Refused("dropout in attention: the language's dropout is cuDNN's seeded mask")
@@ -455,6 +463,7 @@ CONVERTERS = {
     aten.linear.default: _linear,
     aten.matmul.default: _matmul,
     aten.mm.default: _matmul,
+    aten.addmm.default: _addmm,
     aten.bmm.default: _matmul,
     aten.layer_norm.default: _layer_norm,
     aten.rms_norm.default: _rms_norm,
