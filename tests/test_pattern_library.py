@@ -514,26 +514,6 @@ def _hf_llama() -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("dtype", ["float", "bf16"])
-def test_hf_transformers_llama_layer_is_replaced_region_by_region_for_inference(dtype):
-    dt = {"float": torch.float, "bf16": torch.bfloat16}[dtype]
-    model = _hf_llama().to(dt).eval()
-    x = torch.randn(2, 32, 64, dtype=dt)
-    with patterns.install_library("llama", dtype=dtype, channels_last=False) as installed, torch.no_grad():
-        y = torch.compile(model, fullgraph=True)(x)
-    tol = {} if dtype == "float" else {"atol": 2e-2, "rtol": 2e-2}
-    torch.testing.assert_close(y, model(x), **tol)
-    assert _graphs(installed.report) == [
-        f"add_rmsnorm_{dtype}",
-        f"causal_attention_gqa_{dtype}",
-        f"rmsnorm_{dtype}",
-        f"swiglu_{dtype}",
-    ]
-    assert sorted((u.op, u.module) for u in installed.report.unmatched) == [
-        ("aten.mm", m) for m in ("down_proj", "k_proj", "o_proj", "q_proj", "v_proj")
-    ]
-
-
 def test_hf_transformers_llama_layer_trains_with_the_models_gradients():
     model, twin = _hf_llama(), _hf_llama()
     installed = patterns.install_library("llama", dtype="float", channels_last=False)
@@ -567,24 +547,36 @@ def _hf_gpt2() -> torch.nn.Module:
 _HF_GPT2_GRAPHS = ["causal_attention_packed_{t}", "layernorm_{a}", "layernorm_{a}", "linear_kn_gelu_tanh_{t}{amp}"]
 
 
+#: HF transformers' layers: the model, its family, the regions replaced for inference, and the modules whose Linear
+#: (without an activation) stays cuBLAS's
+_HF = {
+    "llama": (
+        _hf_llama,
+        ["add_rmsnorm_{t}", "causal_attention_gqa_{t}", "rmsnorm_{t}", "swiglu_{t}"],
+        ["down_proj", "k_proj", "o_proj", "q_proj", "v_proj"],
+    ),
+    "gpt": (
+        _hf_gpt2,
+        ["add_layernorm_{t}", "causal_attention_packed_{t}", "layernorm_{t}", "linear_kn_gelu_tanh_{t}"],
+        ["c_attn", "c_proj"],
+    ),
+}
+
+
 @pytest.mark.parametrize("dtype", ["float", "bf16"])
-def test_hf_transformers_gpt2_block_is_replaced_region_by_region_for_inference(dtype):
-    """Its MLP's Conv1D and gelu_new as HF writes them; its norms with their residual adds."""
+@pytest.mark.parametrize("family", sorted(_HF))
+def test_hf_transformers_layers_are_replaced_region_by_region_for_inference(family, dtype):
+    """HF's LlamaDecoderLayer (its RMSNorm spelled out) and GPT2Block (its MLP a Conv1D and gelu_new spelled out)."""
+    make, graphs, left = _HF[family]
     dt = {"float": torch.float, "bf16": torch.bfloat16}[dtype]
-    model = _hf_gpt2().to(dt).eval()
+    model = make().to(dt).eval()
     x = torch.randn(2, 16, 64, dtype=dt)
-    with patterns.install_library("gpt", dtype=dtype, channels_last=False) as installed, torch.no_grad():
+    with patterns.install_library(family, dtype=dtype, channels_last=False) as installed, torch.no_grad():
         y = torch.compile(model, fullgraph=True)(x)
     tol = {} if dtype == "float" else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(y, model(x), **tol)
-    assert _graphs(installed.report) == [
-        f"add_layernorm_{dtype}",
-        f"causal_attention_packed_{dtype}",
-        f"layernorm_{dtype}",
-        f"linear_kn_gelu_tanh_{dtype}",
-    ]
-    # the attention's projections and the MLP's c_proj, without an activation, stay cuBLAS's
-    assert sorted(u.module for u in installed.report.unmatched) == ["c_attn", "c_proj"]
+    assert _graphs(installed.report) == [g.format(t=dtype) for g in graphs]
+    assert sorted(u.module for u in installed.report.unmatched) == left
 
 
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["float", "autocast"])

@@ -105,34 +105,26 @@ _TOKENS = """\
   dim D in 2..16384
 """
 
+# a Linear and its activation: nn.Linear's weight [F, D] (col_major [1, D, F]), or HF transformers' Conv1D's [D, F]
+# (GPT-2's; the graph named linear_kn_...)
 _LINEAR_ACT = """\
-graph linear_{act}_{{t}} {{
+graph linear{kn}_{act}_{{t}} {{
   io {{t}}
   compute float
 {dims}  dim F in 1..65536
 
   input x : {{t}}[B, T, D]
-  input w : {{t}}[1, D, F] col_major
+  input w : {{t}}[1, D, F]{layout}
   input b : {{t}}[1, 1, F]
 
   output y = {act}(matmul(x, w) + b)
 }}
 """
 
-# HF transformers' Conv1D (GPT-2's): the weight [D, F], as a Linear's transposed
-_LINEAR_KN_ACT = """\
-graph linear_kn_{act}_{{t}} {{
-  io {{t}}
-  compute float
-{dims}  dim F in 1..65536
 
-  input x : {{t}}[B, T, D]
-  input w : {{t}}[1, D, F]
-  input b : {{t}}[1, 1, F]
+def _linear_act(act: str, conv1d: bool = False) -> str:
+    return _LINEAR_ACT.format(dims=_TOKENS, act=act, kn="_kn" if conv1d else "", layout="" if conv1d else " col_major")
 
-  output y = {act}(matmul(x, w) + b)
-}}
-"""
 
 # HF's Conv1D under autocast: the float input viewed [B*T, D], then cast by autocast's addmm (the cast is the
 # graph's); its spelled-out GELU (gelu_new) as autocast computes it: in `{t}` where autocast leaves `pow` alone (the
@@ -308,9 +300,9 @@ FAMILIES = {
             (
                 _add_norm("layernorm"),
                 _LAYERNORM.format(dims=_TOKENS, eps="{eps}"),
-                _LINEAR_ACT.format(dims=_TOKENS, act="gelu_tanh"),
-                _LINEAR_ACT.format(dims=_TOKENS, act="gelu"),
-                _LINEAR_KN_ACT.format(dims=_TOKENS, act="gelu_tanh"),
+                _linear_act("gelu_tanh"),
+                _linear_act("gelu"),
+                _linear_act("gelu_tanh", conv1d=True),
                 _ATTENTION_PACKED,
             ),
             autocast=(
