@@ -5,9 +5,10 @@ Usage: python bench/models.py [--device cuda|cpu] [--tiny] [--models resnet50,gp
 
 Models (examples/torch_models/, unmodified model code): torchvision's ResNet-50 channels-last (batch 64 and 256,
 half), nanoGPT's GPT-2 124M (B=8, T=1024, bf16), a Llama-style decoder layer (d=4096, RMSNorm, SwiGLU, GQA;
-B=1, T=4096, bf16), each trained as mixed precision trains (float parameters, the forward under bf16 autocast;
-the library installed for autocast). `--tiny` shrinks each to a few layers and small sizes (a check that runs on
-the CPU in CI time, in float, not a figure). Contenders, each in this process on the same weights and inputs:
+B=1, T=4096, bf16); and, when named (`--models hf_gpt2`), HF transformers' GPT2LMHeadModel of GPT-2 124M's size (its
+Conv1D and gelu_new as HF writes them), each trained as mixed precision trains (float parameters, the forward
+under bf16 autocast; the library installed for autocast). `--tiny` shrinks each to a few layers and small sizes (a
+check that runs on the CPU in CI time, in float, not a figure). Contenders, each in this process on the same weights and inputs:
 torch eager, torch.compile in the modes default, max-autotune and reduce-overhead, and each compiled mode with the
 pattern library installed ("+cudnn"; on CUDA each region's shape tuned on its first run unless --no-tune).
 
@@ -112,7 +113,35 @@ def _resnet_cases(tiny: bool, dtype: torch.dtype, amp, batches: tuple[int, ...])
     return cases
 
 
-def _gpt2_case(tiny: bool, dtype: torch.dtype, amp) -> Case:
+class _HFLogits(torch.nn.Module):
+    """An HF transformers causal LM as a function of token ids to logits."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=idx, use_cache=False).logits
+
+
+def _hf_gpt2(config: GPTConfig) -> torch.nn.Module:
+    """HF transformers' GPT2LMHeadModel of nanoGPT's config (no dropout, SDPA attention)."""
+    try:
+        import transformers
+    except ImportError:
+        raise SystemExit("hf_gpt2 is HF transformers' GPT-2: pip install transformers") from None
+    sizes = {"n_layer": config.n_layer, "n_head": config.n_head, "n_embd": config.n_embd}
+    last = config.vocab_size - 1  # GPT-2's <|endoftext|> is its vocabulary's last token
+    hf = transformers.GPT2Config(
+        **sizes, n_positions=config.block_size, vocab_size=config.vocab_size, bos_token_id=last, eos_token_id=last
+    )
+    hf.resid_pdrop = hf.embd_pdrop = hf.attn_pdrop = 0.0
+    hf._attn_implementation = "sdpa"
+    return _HFLogits(transformers.GPT2LMHeadModel(hf))
+
+
+def _gpt2_case(tiny: bool, dtype: torch.dtype, amp, hf: bool = False) -> Case:
+    """nanoGPT's GPT-2, or (`hf`) HF transformers' of the same size."""
     config = GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=4, n_embd=64) if tiny else GPTConfig()
     b, t = (2, 32) if tiny else (8, 1024)
 
@@ -124,8 +153,8 @@ def _gpt2_case(tiny: bool, dtype: torch.dtype, amp) -> Case:
         return F.cross_entropy(out.float().view(-1, out.size(-1)), targets.reshape(-1))
 
     return Case(
-        "gpt2 124M" if not tiny else "gpt2 (tiny)",
-        lambda: GPT(config),
+        ("hf " if hf else "") + ("gpt2 124M" if not tiny else "gpt2 (tiny)"),
+        (lambda: _hf_gpt2(config)) if hf else (lambda: GPT(config)),
         batch,
         loss,
         dtype,
@@ -168,6 +197,7 @@ def cases(models: list[str], tiny: bool, device: str, batches: tuple[int, ...] =
     made = {
         "resnet50": lambda: _resnet_cases(tiny, low or torch.half, amp, batches),
         "gpt2": lambda: [_gpt2_case(tiny, low or torch.bfloat16, amp)],
+        "hf_gpt2": lambda: [_gpt2_case(tiny, low or torch.bfloat16, amp, hf=True)],
         "llama_layer": lambda: [_llama_case(tiny, low or torch.bfloat16, amp)],
     }
     unknown = [m for m in models if m not in made]
@@ -359,7 +389,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--tiny", action="store_true", help="small models and sizes: a check, not a figure")
-    p.add_argument("--models", default="resnet50,gpt2,llama_layer")
+    p.add_argument("--models", default="resnet50,gpt2,llama_layer", help="of resnet50, gpt2, llama_layer, hf_gpt2")
     p.add_argument("--phases", default=",".join(PHASES))
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--resnet-batches", default="64,256", help="ResNet-50's batch sizes (default 64,256)")

@@ -756,7 +756,15 @@ def test_on_cuda_resnet_blocks_under_autocast_run_cudnn_graphs_with_the_models_g
 def test_bench_models_tiny_runs_and_its_numerics_hold(tmp_path):
     out = tmp_path / "models.json"
     p = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "models.py"), "--device", "cpu", "--tiny", "--models", "resnet50,gpt2"]
+        [
+            sys.executable,
+            str(ROOT / "bench" / "models.py"),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--models",
+            "resnet50,gpt2,hf_gpt2",
+        ]
         + ["--contenders", "eager,default+cudnn", "--steps", "3", "--iterations", "1", "--json", str(out)],
         capture_output=True,
         text=True,
@@ -771,12 +779,15 @@ def test_bench_models_tiny_runs_and_its_numerics_hold(tmp_path):
         ("resnet (tiny) batch 8", "training"),
         ("gpt2 (tiny)", "inference"),
         ("gpt2 (tiny)", "training"),
+        ("hf gpt2 (tiny)", "inference"),
+        ("hf gpt2 (tiny)", "training"),
     ]
     replaced = {(r["model"], r["phase"]): r["contenders"][1] for r in results}
     # every convolution but the stem's (torch's): in the tiny model, a fifth of its FLOPs
     assert replaced[("resnet (tiny) batch 8", "inference")]["flops_in_cudnn"] > 0.75
     assert replaced[("resnet (tiny) batch 8", "training")]["flops_in_cudnn"] > 0.75  # BatchNorm in training mode
     assert replaced[("gpt2 (tiny)", "training")]["flops_in_cudnn"] > 0.1
+    assert replaced[("hf gpt2 (tiny)", "training")]["flops_in_cudnn"] > 0.1  # its Conv1D MLP and attention
 
 
 def test_the_training_mode_graphs_are_left_out_when_asked():
