@@ -4,13 +4,13 @@ Usage: python bench/models.py [--device cuda|cpu] [--tiny] [--models resnet50,gp
                               [--phases inference,training] [--contenders eager,default,...] [--json FILE]
 
 Models (examples/torch_models/, unmodified model code): torchvision's ResNet-50 channels-last (batch 64 and 256,
-half), nanoGPT's GPT-2 124M (B=8, T=1024, bf16), a Llama-style decoder layer (d=4096, RMSNorm, SwiGLU, GQA;
-B=1, T=4096, bf16); and, when named (`--models hf_gpt2`), HF transformers' GPT2LMHeadModel of GPT-2 124M's size (its
-Conv1D and gelu_new as HF writes them), each trained as mixed precision trains (float parameters, the forward
-under bf16 autocast; the library installed for autocast). `--tiny` shrinks each to a few layers and small sizes (a
-check that runs on the CPU in CI time, in float, not a figure). Contenders, each in this process on the same weights and inputs:
-torch eager, torch.compile in the modes default, max-autotune and reduce-overhead, and each compiled mode with the
-pattern library installed ("+cudnn"; on CUDA each region's shape tuned on its first run unless --no-tune).
+half), nanoGPT's GPT-2 124M (B=8, T=1024, bf16), a Llama-style decoder layer (d=4096, RMSNorm, SwiGLU, GQA; B=1,
+T=4096, bf16); and, when named (`--models hf_gpt2`), HF transformers' GPT2LMHeadModel of GPT-2 124M's size (its
+Conv1D and gelu_new as HF writes them), each trained as mixed precision trains (float parameters, the forward under
+bf16 autocast; the library installed for autocast). `--tiny` shrinks each to a few layers and small sizes (a check
+that runs on the CPU in CI time, in float, not a figure). Contenders, each in this process on the same weights and
+inputs: torch eager, torch.compile in the modes default, max-autotune and reduce-overhead, and each compiled mode
+with the pattern library installed ("+cudnn"; on CUDA each region's shape tuned on its first run unless --no-tune).
 
 Per model, phase and contender: the median step time (inference: a forward under no_grad; training: forward,
 loss, backward and an SGD step), images or tokens per second, the share of the model's forward FLOPs inside
