@@ -33,8 +33,8 @@ from cudnn_dsl.patterns.search import (
     Spelling,
     batchnorms,
     casts_per_linear,
-    conv1d_weight,
     forms,
+    has_conv1d,
     idioms,
     output_forms,
     running_statistics,
@@ -98,8 +98,8 @@ class GraphPattern:
             rms_norm = "fused" if fused else "cpu"
         elif not self.written_rms_norm:
             raise ValueError(f"graph '{self.graph.name}': no RMSNorm of it is one a model spells out")
-        self.kn_linear = any(node.op == "matmul" and conv1d_weight(inst, node, self.forms) for node in self.graph.nodes)
-        """whether a model may hold a Linear's weight of the graph as [K, N] (HF's Conv1D)"""
+        self.kn_linear = has_conv1d(self.graph, inst, self.forms)
+        """whether a model may compute a Linear of the graph as HF's Conv1D (its weight [K, N])"""
         self.tanh_gelu = any(node.op == "gelu_tanh" for node in self.graph.nodes)
         """whether a model may spell a tanh GELU of the graph out (HF's gelu_new)"""
         if (conv1d and not self.kn_linear) or (written_gelu and not self.tanh_gelu):

@@ -417,6 +417,14 @@ def conv1d_weight(inst: Instance, node, given: dict[str, Form]) -> bool:
     return form is not None and not form.transposed and len(inst.type(w).shape) - form.lead == 2
 
 
+def has_conv1d(graph: Graph, inst: Instance, given: dict[str, Form]) -> bool:
+    """Whether the graph has a Linear that HF's Conv1D computes: a matmul of a [K, N] weight plus a bias."""
+    return any(
+        node.op == "matmul" and conv1d_weight(inst, node, given) and _bias_add(graph, inst, node.outputs[0], given)
+        for node in graph.nodes
+    )
+
+
 def _conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, to: torch.dtype | None = None) -> torch.Tensor:
     """HF transformers' Conv1D: a Linear of a [K, N] weight. `to`: as autocast's addmm computes it, of the input
     viewed in its own dtype, then cast."""
