@@ -131,7 +131,7 @@ def _hf_gpt2(config: GPTConfig) -> torch.nn.Module:
     except ImportError:
         raise SystemExit("hf_gpt2 is HF transformers' GPT-2: pip install transformers") from None
     sizes = {"n_layer": config.n_layer, "n_head": config.n_head, "n_embd": config.n_embd}
-    last = config.vocab_size - 1  # GPT-2's <|endoftext|> is its vocabulary's last token
+    last = config.vocab_size - 1  # HF's default ids (50256) lie outside a tiny vocabulary
     hf = transformers.GPT2Config(
         **sizes, n_positions=config.block_size, vocab_size=config.vocab_size, bos_token_id=last, eos_token_id=last
     )

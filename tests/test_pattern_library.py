@@ -255,6 +255,31 @@ def test_an_add_that_is_no_residual_add_before_a_norm_leaves_the_norm_alone(add)
     assert _graphs(installed.report) == ["layernorm_float"], str(installed.report)
 
 
+def test_a_region_whose_ops_take_arguments_no_search_passes_is_left_to_torch():
+    """Inductor's match ignores keyword arguments its pattern lacks: an addmm scaling its bias (`beta`) before
+    gelu_new, and a spelled-out RMSNorm whose mean computes in float64, are near misses, computed as written."""
+    from cudnn_dsl.patterns.search import _new_gelu
+
+    torch.manual_seed(0)
+    w, b, scale = torch.randn(64, 256), torch.randn(256), torch.rand(64) + 0.5
+
+    def mlp(x):
+        return _new_gelu(torch.addmm(b, x.view(-1, 64), w, beta=0.5).view(2, 16, 256))
+
+    def norm(x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True, dtype=torch.float64) + 1e-5) * scale
+
+    x = torch.randn(2, 16, 64)
+    for family, f, why in (("gpt", mlp, "beta=0.5"), ("llama", norm, "computes in torch.float64")):
+        with patterns.install_library(family, dtype="float", channels_last=False) as installed, torch.no_grad():
+            y = torch.compile(f, fullgraph=True)(x)
+        want = f(x)
+        assert y.dtype == want.dtype
+        torch.testing.assert_close(y, want)
+        assert installed.report.replaced == [] and any(why in m.why for m in installed.report.missed), installed.report
+        torch._dynamo.reset()
+
+
 def test_a_norm_of_fewer_dims_than_the_graph_declares_is_left_to_torch():
     """[N, D] tokens: the graph would take them as [1, N, D] and return that, not the model's [N, D]."""
     norm, x = torch.nn.LayerNorm(64), torch.randn(32, 64)

@@ -32,7 +32,6 @@ patterns are installed (the pass's uuid is None): a cached graph would skip the 
 from __future__ import annotations
 
 import glob
-import itertools
 import os
 
 import torch
@@ -243,9 +242,10 @@ def _patterns(result, device: str, compiled, tune: bool, inference_only: tuple[s
             graphs.append(GraphPattern(op, device, cast_per_linear=False, training=training))
         if searched.written_rms_norm:  # also as a model's own RMSNorm module spells it out
             graphs += [GraphPattern(op, device, training=training, rms_norm=f) for f in WRITTEN_RMS_NORMS]
-        # also as HF transformers writes a Linear (Conv1D) and GPT-2's GELU, each way with the other
-        for conv1d, gelu in itertools.product({False, searched.kn_linear}, {False, searched.tanh_gelu}):
-            if conv1d or gelu:
+        # also as HF transformers writes a Linear (Conv1D) and GPT-2's GELU, each with torch's spelling of the other
+        spellings = [(True, False), (False, True), (True, True)]
+        for conv1d, gelu in spellings:
+            if (searched.kn_linear or not conv1d) and (searched.tanh_gelu or not gelu):
                 graphs.append(GraphPattern(op, device, training=training, conv1d=conv1d, written_gelu=gelu))
         graphs.append(searched)
     return graphs

@@ -14,6 +14,8 @@ a match is replaced by the graph whose output shape is the region's too (pattern
 
 from __future__ import annotations
 
+import numbers
+
 import attrs
 
 DTYPES = ("float", "half", "bf16")
@@ -349,7 +351,7 @@ def source(
     norm of its own eps only)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: the library's graphs are {', '.join(DTYPES)}")
-    if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not 0 < norm_eps < 1:
+    if isinstance(norm_eps, bool) or not isinstance(norm_eps, numbers.Real) or not 0 < norm_eps < 1:
         raise ValueError(f"norm_eps {norm_eps!r}: a norm's eps is a number between 0 and 1")
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:

@@ -189,6 +189,8 @@ class GraphPattern:
         if isinstance(out, torch.Tensor):
             made = [_hint(d) for d in out.shape]
             first = inst.type(self.order[0])
+            if out.dtype != torch_dtype(first.dtype):  # the region's own arguments made another dtype
+                return f"the region makes {out.dtype}, the graph {torch_dtype(first.dtype)}"
             if len(made) != len(first.shape):  # the op's result has the declared rank: not the model's
                 return f"the region makes a {len(made)}-dim result, the graph a {len(first.shape)}-dim one"
             if made != list(first.shape):
@@ -315,9 +317,9 @@ class PatternGroup:
         at = where(last)
         values = _matched(match, self.names)
         out = last.meta.get("val")
-        scaled = _scaled_operand(match)
-        if scaled is not None:
-            self.report.miss(last, NearMiss(self.members[0].label, at, scaled), match.nodes)
+        unsearched = _unsearched_argument(match)
+        if unsearched is not None:
+            self.report.miss(last, NearMiss(self.members[0].label, at, unsearched), match.nodes)
             return False
         whys = []
         for member in self.members:
@@ -447,14 +449,20 @@ def _loose(arg):
     return Ignored() if constant else arg
 
 
-def _scaled_operand(match: Match) -> str | None:
-    """An add or sub of the region that scales its second operand (`torch.add(x, r, alpha=0.5)`), which no search
-    computes and Inductor's match does not compare."""
-    for node in match.nodes:
-        alpha = node.kwargs.get("alpha", 1) if node.op == "call_function" else 1
-        if alpha != 1:
-            return f"{node.target} scales its operand (alpha={alpha}), which the graph does not"
+def _unsearched_argument(match: Match) -> str | None:
+    """A keyword argument of the region's ops that no search passes and Inductor's match does not compare: an add or
+    addmm scaling a term (`torch.add(x, r, alpha=0.5)`, `torch.addmm(b, x, w, beta=0.5)`), a reduction computing
+    in a dtype of its own (`x.mean(-1, dtype=torch.float64)`)."""
+    for node in (n for n in match.nodes if n.op == "call_function"):
+        for scale in ("alpha", "beta"):
+            if node.kwargs.get(scale, 1) != 1:
+                return f"{node.target} scales a term ({scale}={node.kwargs[scale]}), which the graph does not"
+        if node.kwargs.get("dtype") is not None and node.target in _REDUCTIONS:
+            return f"{node.target} computes in {node.kwargs['dtype']}, which the graph does not"
     return None
+
+
+_REDUCTIONS = (torch.ops.aten.mean.dim, torch.ops.aten.sum.dim_IntList)
 
 
 def _nothing(match: Match, *args, **kwargs) -> None:

@@ -70,7 +70,7 @@ class Unmatched:
                 "torch.inference_mode()"
             )
         norm = any(n in self.op for n in ("layer_norm", "rms_norm"))
-        hint = " (a norm whose eps differs from the installed graphs' matches none: install_library(norm_eps=...))"
+        hint = " (if its eps is not the installed graphs', install_library(norm_eps=...) gives theirs another)"
         hint = hint if norm else ""
         return f"not replaced at {at}: {self.op}: no installed graph has this region's ops{hint}"
 
@@ -181,10 +181,10 @@ def _compute_op(node: torch.fx.Node) -> str | None:
     source = node.meta.get("source_fn_stack") or ()
     if source and source[-1][1] in _SOURCES:
         return _SOURCES[source[-1][1]]
-    return WRITTEN_RMS_NORM if _written_rms_norm(node) else None
+    return WRITTEN_RMS_NORM if _is_written_rms_norm(node) else None
 
 
-def _written_rms_norm(node: torch.fx.Node) -> bool:
+def _is_written_rms_norm(node: torch.fx.Node) -> bool:
     """Whether a node is the rsqrt of an RMSNorm spelled out: of a mean of squares plus a number."""
     aten = torch.ops.aten
 
