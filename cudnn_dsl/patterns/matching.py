@@ -449,6 +449,10 @@ def _loose(arg):
     return Ignored() if constant else arg
 
 
+#: the reductions a search holds, whose `dtype=` (a model's own) Inductor's match does not compare
+_REDUCTIONS = (torch.ops.aten.mean.dim, torch.ops.aten.sum.dim_IntList)
+
+
 def _unsearched_argument(match: Match) -> str | None:
     """A keyword argument of the region's ops that no search passes and Inductor's match does not compare: an add or
     addmm scaling a term (`torch.add(x, r, alpha=0.5)`, `torch.addmm(b, x, w, beta=0.5)`), a reduction computing
@@ -460,9 +464,6 @@ def _unsearched_argument(match: Match) -> str | None:
         if node.kwargs.get("dtype") is not None and node.target in _REDUCTIONS:
             return f"{node.target} computes in {node.kwargs['dtype']}, which the graph does not"
     return None
-
-
-_REDUCTIONS = (torch.ops.aten.mean.dim, torch.ops.aten.sum.dim_IntList)
 
 
 def _nothing(match: Match, *args, **kwargs) -> None:
