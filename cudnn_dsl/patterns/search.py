@@ -268,14 +268,23 @@ def idioms(
     for k, node in enumerate(graph.nodes):
         if k in found:
             continue
-        if spelling.conv1d and node.op == "matmul" and conv1d_weight(inst, node, given):
+        if node.op == "matmul" and (
+            given.get(node.inputs[1], PLAIN).transposed or (spelling.conv1d and conv1d_weight(inst, node, given))
+        ):
             a, w = node.inputs[:2]
             out = node.outputs[0]
             bias_add = _bias_add(graph, inst, out, given) if uses.get(out) == 1 and out not in outputs else None
-            cast = _autocast_cast(graph, inst, a, uses, outputs)
-            if bias_add is not None:
+            if given[w].transposed:  # nn.Linear
+                if bias_add is not None:
+                    j, b = bias_add
+                    found[k] = FOLDED
+                    found[j] = lambda env, a=a, w=w, b=b: [F.linear(read(env, a), env[w], env[b])]
+                else:
+                    found[k] = lambda env, a=a, w=w: [F.linear(read(env, a), env[w])]
+            elif bias_add is not None:  # HF's Conv1D, which always has a bias
                 j, b = bias_add
                 found[k] = FOLDED
+                cast = _autocast_cast(graph, inst, a, uses, outputs)
                 if cast is None:
                     found[j] = lambda env, a=a, w=w, b=b: [_conv1d(read(env, a), env[w], env[b])]
                 else:
@@ -286,16 +295,6 @@ def idioms(
             # declared wider than its input: as autocast computes it, whose pow takes the input in float
             wide = inst.type(node.outputs[0]).dtype == "float" != inst.type(node.inputs[0]).dtype
             found[k] = lambda env, x=node.inputs[0], wide=wide: [_new_gelu(env[x], wide)]
-        elif node.op == "matmul" and given.get(node.inputs[1], PLAIN).transposed:
-            a, w = node.inputs[:2]
-            out = node.outputs[0]
-            bias_add = _bias_add(graph, inst, out, given) if uses.get(out) == 1 and out not in outputs else None
-            if bias_add is not None:
-                j, b = bias_add
-                found[k] = FOLDED
-                found[j] = lambda env, a=a, w=w, b=b: [F.linear(read(env, a), env[w], env[b])]
-            else:
-                found[k] = lambda env, a=a, w=w: [F.linear(read(env, a), env[w])]
         elif node.op == "swish" and inst.attrs(k).get("beta", 1.0) == 1.0:
             found[k] = lambda env, x=node.inputs[0]: [F.silu(env[x])]  # torch's silu, as nn.SiLU and F.silu
         elif node.op in ("layernorm", "rmsnorm") and len(node.outputs) == 1 and not node.scalars:
@@ -323,15 +322,23 @@ def casts_per_linear(graph: Graph, inst: Instance, given: dict[str, Form]) -> di
     found = {}
     for node in graph.nodes:
         out = node.outputs[0]
-        if node.op != "identity" or out in outputs or len(readers.get(out, ())) < 2:
+        if out in outputs or len(readers.get(out, ())) < 2:
             continue
-        src, to = inst.type(node.inputs[0]).dtype, inst.type(out).dtype
         linear = all(
             r.op == "matmul" and r.inputs[0] == out and given.get(r.inputs[1], PLAIN).transposed for r in readers[out]
         )
-        if linear and src == "float" and to in ("half", "bf16"):
-            found[out] = (node.inputs[0], torch_dtype(to))
+        to = _narrowing_cast(node, inst)
+        if linear and to is not None:
+            found[out] = (node.inputs[0], to)
     return found
+
+
+def _narrowing_cast(node, inst: Instance) -> torch.dtype | None:
+    """Where a node casts float to half or bf16, as autocast casts what an op takes: the dtype it casts to."""
+    if node.op != "identity":
+        return None
+    src, to = inst.type(node.inputs[0]).dtype, inst.type(node.outputs[0]).dtype
+    return torch_dtype(to) if src == "float" and to in ("half", "bf16") else None
 
 
 def _training_batchnorm(node, given: dict[str, Form | PerChannel]) -> bool:
@@ -439,11 +446,10 @@ def _autocast_cast(
     takes: the cast's node index, what it casts, to what."""
     inputs = {v.name for v in graph.values if v.kind == "input"}
     for k, node in enumerate(graph.nodes):
-        if node.outputs[0] != value or node.op != "identity" or uses.get(value) != 1 or value in outputs:
+        if node.outputs[0] != value or uses.get(value) != 1 or value in outputs or node.inputs[0] not in inputs:
             continue
-        src, to = inst.type(node.inputs[0]).dtype, inst.type(value).dtype
-        if node.inputs[0] in inputs and src == "float" and to in ("half", "bf16"):
-            return k, node.inputs[0], torch_dtype(to)
+        to = _narrowing_cast(node, inst)
+        return None if to is None else (k, node.inputs[0], to)
     return None
 
 
