@@ -231,7 +231,8 @@ def _median_ms(step: Callable[[], object], device: str, iterations: int) -> floa
 
 def _profile(folder: Path | None, title: str, step: Callable[[], object], device: str, steps: int = 3) -> None:
     """With --profile: a few steps under torch.profiler, its table of ops by device time (CPU time on the CPU),
-    then the same by the ops' input shapes (which copy, of what), written to FOLDER/<title>.txt. Where a
+    then the same by the ops' input shapes (which copy, of what), and on CUDA by host time, written to
+    FOLDER/<title>.txt. Where a
     contender's time goes, not a figure."""
     if folder is None:
         return
@@ -249,6 +250,9 @@ def _profile(folder: Path | None, title: str, step: Callable[[], object], device
     ]
     name = "".join(c if c.isalnum() or c == "-" else "_" for c in title)
     text = f"{title}: {steps} steps\n{tables[0]}\n\nby input shape:\n{tables[1]}\n"
+    if device == "cuda":  # where the host's time goes, beside the device's
+        host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=90)
+        text += f"\nby host time:\n{host}\n"
     atomic_write(folder / f"{name}.txt", text, follow_symlinks=False)
 
 

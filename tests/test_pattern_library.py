@@ -358,6 +358,60 @@ def test_under_autocast_a_gpt_block_trains_through_the_bf16_graphs_and_the_float
     ]
 
 
+class _Mlp(torch.nn.Module):
+    """timm's and torchvision's MLP block: fc1, its activation, fc2."""
+
+    def __init__(self, act: torch.nn.Module, dim: int = 32, hidden: int = 64):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = torch.nn.Linear(dim, hidden), act, torch.nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+_ACTIVATIONS = {"relu": torch.nn.ReLU, "silu": torch.nn.SiLU, "gelu": torch.nn.GELU}
+
+
+def _mlp(act: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return _Mlp(_ACTIVATIONS[act]()), torch.randn(2, 8, 32)
+
+
+@pytest.mark.parametrize("act", sorted(_ACTIVATIONS))
+def test_an_mlp_blocks_linear_and_activation_are_one_region_for_inference_and_in_training(act):
+    model, x = _mlp(act)
+    with patterns.install_library("mlp", dtype="float") as installed, torch.no_grad():
+        y = torch.compile(model.eval(), fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x))
+    assert _graphs(installed.report) == [f"linear_{act}_float"]
+    assert [u.module for u in installed.report.unmatched] == ["fc2"]  # a Linear alone is cuBLAS's in torch
+    torch._dynamo.reset()
+    twin = _Mlp(_ACTIVATIONS[act]())
+    twin.load_state_dict(model.state_dict())
+    trained = patterns.install_library("mlp", dtype="float")
+    _trains_alike(model.train(), twin, x, trained)
+    assert [(r.graph.split()[0], r.training) for r in trained.report.replaced] == [(f"linear_{act}_float", True)]
+
+
+def test_under_autocast_an_mlp_block_trains_through_the_bf16_graph():
+    model, x = _mlp("silu")
+    twin = _Mlp(torch.nn.SiLU())
+    twin.load_state_dict(model.state_dict())
+    installed = patterns.install_library("mlp", dtype="bf16", autocast=True)
+    _trains_alike(model, twin, x, installed, autocast=torch.bfloat16)
+    assert _graphs(installed.report) == ["linear_silu_bf16"]
+
+
+def test_an_activation_other_than_the_graphs_leaves_the_linear_to_torch():
+    model, x = _mlp("relu")
+    model.act = torch.nn.LeakyReLU(0.1)
+    with patterns.install_library("mlp", dtype="float") as installed, torch.no_grad():
+        y = torch.compile(model.eval(), fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x))
+    assert installed.report.replaced == []
+    assert sorted(u.module for u in installed.report.unmatched) == ["fc1", "fc2"]
+
+
 @pytest.mark.parametrize("dtype", ["float", "bf16"])
 def test_a_llama_layer_is_replaced_region_by_region_for_inference(dtype):
     """nn.RMSNorm, the SwiGLU MLP and grouped-query attention (enable_gqa) after RoPE; in bf16 torch computes
@@ -648,6 +702,17 @@ def test_on_cuda_a_gpt_block_trains_under_autocast_through_its_norms_and_mlp():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("act", sorted(_ACTIVATIONS))
+def test_on_cuda_an_mlp_block_trains_under_autocast_through_its_linear_and_activation(act):
+    model, x = _mlp(act)
+    twin = _Mlp(_ACTIVATIONS[act]())
+    twin.load_state_dict(model.state_dict())
+    installed = patterns.install_library("mlp", dtype="bf16", autocast=True, device="cuda")
+    _trains_alike(model.cuda(), twin.cuda(), x.cuda(), installed, autocast=torch.bfloat16)
+    assert _graphs(installed.report) == [f"linear_{act}_bf16"]
+
+
+@pytest.mark.gpu
 def test_on_cuda_a_llama_layer_trains_under_autocast_through_both_norms():
     """On CUDA nn.RMSNorm's backward is one op (aten._fused_rms_norm_backward), whose input gradient autograd then
     adds to the residual's: the norm before the MLP is matched with its backward there, as the CPU's pointwise
@@ -720,7 +785,7 @@ def test_the_library_is_every_family_in_every_dtype_and_names_what_it_lacks():
         for autocast in (False, True):
             result = load(text=library.source(tuple(library.FAMILIES), dtype, autocast=autocast), file="lib")
             assert not result.diagnostics, result.render()
-    with pytest.raises(ValueError, match="no pattern family 'vgg'; the families are resnet, gpt, llama"):
+    with pytest.raises(ValueError, match="no pattern family 'vgg'; the families are resnet, gpt, llama, mlp"):
         library.source(("vgg",), "half")
     with pytest.raises(ValueError, match="dtype 'fp8'"):
         library.source(("gpt",), "fp8")

@@ -198,7 +198,7 @@ def install_library(
     training: bool | None = None,
     norm_eps: float = library.NORM_EPS,
 ) -> Installed:
-    """The bundled library's graphs (patterns.library: "resnet", "gpt", "llama"; all of them when none is
+    """The bundled library's graphs (patterns.library: "resnet", "gpt", "llama", "mlp"; all of them when none is
     named) in a dtype ("float", "half", "bf16") or several, as install() installs a file's. `autocast`: for a
     float model run under torch.autocast to `dtype`: its convolutions, matmuls and attention in `dtype` (their
     BatchNorms' affine parameters float), its norms in float. `training`: with the graphs of a BatchNorm in

@@ -107,10 +107,10 @@ _TOKENS = """\
   dim D in 2..16384
 """
 
-# a Linear and its activation: nn.Linear's weight [F, D] (col_major [1, D, F]), or HF transformers' Conv1D's [D, F]
-# (GPT-2's; the graph named linear_kn_...)
+# a Linear and its activation (an op's name, the graph named for `name`): nn.Linear's weight [F, D] (col_major
+# [1, D, F]), or HF transformers' Conv1D's [D, F] (GPT-2's; the graph named linear_kn_...)
 _LINEAR_ACT = """\
-graph linear{kn}_{act}_{{t}} {{
+graph linear{kn}_{name}_{{t}} {{
   io {{t}}
   compute float
 {dims}  dim F in 1..65536
@@ -124,8 +124,9 @@ graph linear{kn}_{act}_{{t}} {{
 """
 
 
-def _linear_act(act: str, conv1d: bool = False) -> str:
-    return _LINEAR_ACT.format(dims=_TOKENS, act=act, kn="_kn" if conv1d else "", layout="" if conv1d else " col_major")
+def _linear_act(act: str, conv1d: bool = False, name: str | None = None) -> str:
+    layout = "" if conv1d else " col_major"
+    return _LINEAR_ACT.format(dims=_TOKENS, act=act, name=name or act, kn="_kn" if conv1d else "", layout=layout)
 
 
 # HF's Conv1D under autocast: the float input viewed [B*T, D], then cast by autocast's addmm (the cast is the
@@ -303,7 +304,6 @@ FAMILIES = {
                 _add_norm("layernorm"),
                 _LAYERNORM.format(dims=_TOKENS, eps="{eps}"),
                 _linear_act("gelu_tanh"),
-                _linear_act("gelu"),
                 _linear_act("gelu_tanh", conv1d=True),
                 _ATTENTION_PACKED,
             ),
@@ -324,6 +324,12 @@ FAMILIES = {
                 _ATTENTION_GQA,
             ),
             autocast=(_SWIGLU_AUTOCAST.format(dims=_TOKENS), _add_norm("rmsnorm", autocast=True)),
+        ),
+        Family(
+            "mlp",
+            "a Linear (with its bias) and the activation that reads it, as MLPs write them: GELU (erf: BERT's, "
+            "ViT's), ReLU, SiLU",
+            (_linear_act("gelu"), _linear_act("relu"), _linear_act("swish", name="silu")),
         ),
     )
 }
