@@ -343,6 +343,23 @@ def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradien
     assert sorted(u.op for u in installed.report.unmatched) == ["aten.addmm"] * 3  # the plain Linears
 
 
+def test_an_eval_gpt_block_run_with_autograd_on_is_replaced_with_the_models_gradients():
+    """The docs' snippet without torch.no_grad(): each region is taken with its backward (the norms alone, as in
+    training), and the block's output and every gradient are the unmodified block's."""
+    model, x = _gpt_block()
+    twin = Block(GPTConfig(block_size=16, n_embd=64, n_head=4))
+    twin.load_state_dict(model.state_dict())
+    installed = patterns.install_library("gpt", dtype="float", channels_last=False)
+    _trains_alike(model.eval(), twin.eval(), x, installed)
+    assert all(r.training for r in installed.report.replaced)
+    assert _graphs(installed.report) == [
+        "causal_attention_packed_float",
+        "layernorm_float",
+        "layernorm_float",
+        "linear_gelu_tanh_float",
+    ]
+
+
 def test_under_autocast_a_gpt_block_trains_through_the_bf16_graphs_and_the_float_norms():
     model, x = _gpt_block()
     twin = Block(GPTConfig(block_size=16, n_embd=64, n_head=4))
