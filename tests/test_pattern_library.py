@@ -688,6 +688,77 @@ def test_hf_transformers_gpt2_block_trains_with_the_models_gradients(autocast):
     assert _graphs(installed.report) == want, installed.report
 
 
+class _HFGemmaLayer(torch.nn.Module):
+    """HF transformers' GemmaDecoderLayer (SDPA attention) with its rotary embedding: a GeGLU MLP (the tanh GELU),
+    RMSNorms of eps 1e-6 that scale by 1 + weight."""
+
+    def __init__(self):
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        from transformers.models.gemma import modeling_gemma
+
+        config = transformers.GemmaConfig(
+            hidden_size=64, intermediate_size=160, num_attention_heads=8, num_key_value_heads=2, head_dim=8
+        )
+        config._attn_implementation = "sdpa"
+        self.layer = modeling_gemma.GemmaDecoderLayer(config, layer_idx=0)
+        self.rotary = modeling_gemma.GemmaRotaryEmbedding(config)
+        with torch.no_grad():  # a fresh norm's weight is 0: a scale of 1
+            for norm in (self.layer.input_layernorm, self.layer.post_attention_layernorm):
+                norm.weight.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[1], device=x.device)[None]
+        cos_sin = self.rotary(x, positions)
+        return self.layer(x, attention_mask=None, position_ids=positions, position_embeddings=cos_sin)
+
+
+def _hf_gemma() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return _HFGemmaLayer()
+
+
+@pytest.mark.parametrize("dtype", ["float", "bf16"])
+def test_hf_transformers_gemma_layer_is_replaced_region_by_region_for_inference(dtype):
+    """Gemma's norm computes 1 + weight, then in float multiplies the normalized input by it: in a float model the
+    spelled-out RMSNorm with that scale; in bf16 it casts back after the product, where the graphs' forms cast
+    before it, so its norms are left to torch and named."""
+    dt = {"float": torch.float, "bf16": torch.bfloat16}[dtype]
+    model = _hf_gemma().to(dt).eval()
+    x = torch.randn(2, 16, 64, dtype=dt)
+    with patterns.install_library("llama", dtype=dtype, channels_last=False, norm_eps=1e-6) as installed:
+        with torch.no_grad():
+            y = torch.compile(model, fullgraph=True)(x)
+    tol = {} if dtype == "float" else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(y, model(x), **tol)
+    norms = ["add_rmsnorm_float", "rmsnorm_float"] if dtype == "float" else []
+    assert _graphs(installed.report) == sorted([f"causal_attention_gqa_{dtype}", f"geglu_{dtype}", *norms])
+    left = [u.op for u in installed.report.unmatched if u.module not in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    assert sorted(left) == ["aten.mm"] + ["rms_norm (written out)"] * (2 if dtype == "bf16" else 0), left
+
+
+def test_hf_transformers_gemma_layer_trains_with_the_models_gradients():
+    model, twin = _hf_gemma(), _hf_gemma()
+    installed = patterns.install_library("llama", dtype="float", channels_last=False, norm_eps=1e-6)
+    _trains_alike(model, twin, torch.randn(2, 16, 64), installed)
+    assert _graphs(installed.report) == ["causal_attention_gqa_float", "geglu_float", "rmsnorm_float"]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_under_autocast_a_gemma_mlp_trains_through_the_graph_that_casts_its_input_once(device):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gemma import modeling_gemma
+
+    config = transformers.GemmaConfig(hidden_size=64, intermediate_size=160)
+    torch.manual_seed(0)
+    model, twin = modeling_gemma.GemmaMLP(config), modeling_gemma.GemmaMLP(config)
+    twin.load_state_dict(model.state_dict())
+    installed = patterns.install_library("llama", dtype="bf16", channels_last=False, autocast=True, device=device)
+    x = torch.randn(2, 16, 64, device=device)
+    _trains_alike(model.to(device), twin.to(device), x, installed, autocast=torch.bfloat16)
+    assert _graphs(installed.report) == ["geglu_bf16_autocast"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("norm", [None, _HFRMSNorm], ids=["nn.RMSNorm", "spelled out"])
 def test_on_cuda_a_llama_layers_norms_are_replaced_as_torch_traces_them_there(norm):

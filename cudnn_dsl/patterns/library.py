@@ -148,35 +148,19 @@ graph linear_kn_gelu_tanh_{{t}}_autocast{wide} {{
 }}
 """
 
-_SWIGLU = """\
-graph swiglu_{{t}} {{
-  io {{t}}
-  compute float
-{dims}  dim F in 1..65536
 
-  input x : {{t}}[B, T, D]
-  input w1 : {{t}}[1, D, F] col_major
-  input w3 : {{t}}[1, D, F] col_major
+def _gated(name: str, act: str, autocast: bool = False) -> str:
+    """A gated MLP's two Linears (no bias) and its activation: SwiGLU (Llama's), GeGLU with the tanh GELU (Gemma's).
+    Under autocast a float input is cast by each Linear that reads it: the graph casts it once, the search per
+    reader."""
+    x, amp, read = ("float", "_autocast", "xt") if autocast else ("{t}", "", "x")
+    cast = "  xt : {t} = identity(x)\n" if autocast else ""
+    return (
+        f"graph {name}_{{t}}{amp} {{\n  io {{t}}\n  compute float\n{_TOKENS}  dim F in 1..65536\n\n"
+        f"  input x : {x}[B, T, D]\n  input w1 : {{t}}[1, D, F] col_major\n  input w3 : {{t}}[1, D, F] col_major\n\n"
+        f"{cast}  output y = {act}(matmul({read}, w1)) * matmul({read}, w3)\n}}\n"
+    )
 
-  output y = swish(matmul(x, w1)) * matmul(x, w3)
-}}
-"""
-
-# under autocast a float input is cast by each Linear that reads it: the graph casts it once, the search per reader
-_SWIGLU_AUTOCAST = """\
-graph swiglu_{{t}}_autocast {{
-  io {{t}}
-  compute float
-{dims}  dim F in 1..65536
-
-  input x : float[B, T, D]
-  input w1 : {{t}}[1, D, F] col_major
-  input w3 : {{t}}[1, D, F] col_major
-
-  xt : {{t}} = identity(x)
-  output y = swish(matmul(xt, w1)) * matmul(xt, w3)
-}}
-"""
 
 _LAYERNORM = """\
 graph layernorm_{{t}} {{
@@ -315,15 +299,20 @@ FAMILIES = {
         ),
         Family(
             "llama",
-            "Llama-style decoders: RMSNorm (alone, or for inference with the residual add it reads), the SwiGLU MLP "
-            "(silu(x W1) * x W3), causal grouped-query attention",
+            "Llama-style decoders: RMSNorm (alone, or for inference with the residual add it reads), the gated MLP "
+            "(SwiGLU, silu(x W1) * x W3, or Gemma's GeGLU with the tanh GELU), causal grouped-query attention",
             (
                 _add_norm("rmsnorm"),
                 _RMSNORM.format(dims=_TOKENS, eps="{eps}"),
-                _SWIGLU.format(dims=_TOKENS),
+                _gated("swiglu", "swish"),
+                _gated("geglu", "gelu_tanh"),
                 _ATTENTION_GQA,
             ),
-            autocast=(_SWIGLU_AUTOCAST.format(dims=_TOKENS), _add_norm("rmsnorm", autocast=True)),
+            autocast=(
+                _gated("swiglu", "swish", autocast=True),
+                _gated("geglu", "gelu_tanh", autocast=True),
+                _add_norm("rmsnorm", autocast=True),
+            ),
         ),
         Family(
             "mlp",
