@@ -378,9 +378,10 @@ def test_under_autocast_a_gpt_block_trains_through_the_bf16_graphs_and_the_float
 class _Mlp(torch.nn.Module):
     """timm's and torchvision's MLP block: fc1, its activation, fc2."""
 
-    def __init__(self, act: torch.nn.Module, dim: int = 32, hidden: int = 64):
+    def __init__(self, act: torch.nn.Module, bias: bool = True, dim: int = 32, hidden: int = 64):
         super().__init__()
-        self.fc1, self.act, self.fc2 = torch.nn.Linear(dim, hidden), act, torch.nn.Linear(hidden, dim)
+        self.fc1, self.act = torch.nn.Linear(dim, hidden, bias=bias), act
+        self.fc2 = torch.nn.Linear(hidden, dim, bias=bias)
 
     def forward(self, x):
         return self.fc2(self.act(self.fc1(x)))
@@ -389,25 +390,52 @@ class _Mlp(torch.nn.Module):
 _ACTIVATIONS = {"relu": torch.nn.ReLU, "silu": torch.nn.SiLU, "gelu": torch.nn.GELU}
 
 
-def _mlp(act: str) -> tuple[torch.nn.Module, torch.Tensor]:
+def _mlp(act: str, bias: bool = True) -> tuple[torch.nn.Module, torch.Tensor]:
     torch.manual_seed(0)
-    return _Mlp(_ACTIVATIONS[act]()), torch.randn(2, 8, 32)
+    return _Mlp(_ACTIVATIONS[act](), bias), torch.randn(2, 8, 32)
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no bias"])
 @pytest.mark.parametrize("act", sorted(_ACTIVATIONS))
-def test_an_mlp_blocks_linear_and_activation_are_one_region_for_inference_and_in_training(act):
-    model, x = _mlp(act)
+def test_an_mlp_blocks_linear_and_activation_are_one_region_for_inference_and_in_training(act, bias):
+    model, x = _mlp(act, bias)
+    graph = f"linear_{'' if bias else 'nobias_'}{act}_float"
     with patterns.install_library("mlp", dtype="float") as installed, torch.no_grad():
         y = torch.compile(model.eval(), fullgraph=True)(x)
     torch.testing.assert_close(y, model(x))
-    assert _graphs(installed.report) == [f"linear_{act}_float"]
+    assert _graphs(installed.report) == [graph]
     assert [u.module for u in installed.report.unmatched] == ["fc2"]  # a Linear alone is cuBLAS's in torch
     torch._dynamo.reset()
-    twin = _Mlp(_ACTIVATIONS[act]())
+    twin = _Mlp(_ACTIVATIONS[act](), bias)
     twin.load_state_dict(model.state_dict())
     trained = patterns.install_library("mlp", dtype="float")
     _trains_alike(model.train(), twin, x, trained)
-    assert [(r.graph.split()[0], r.training) for r in trained.report.replaced] == [(f"linear_{act}_float", True)]
+    assert [(r.graph.split()[0], r.training) for r in trained.report.replaced] == [(graph, True)]
+
+
+def _hf_t5_mlp(gated: bool) -> torch.nn.Module:
+    """HF transformers' T5 feed-forward: T5's (a Linear without bias, ReLU) or T5 v1.1's and Flan-T5's (gated, its
+    GELU gelu_new spelled out), dropout off."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.t5 import modeling_t5
+
+    act = "gelu_new" if gated else "relu"
+    config = transformers.T5Config(d_model=64, d_ff=160, dropout_rate=0.0, dense_act_fn=act, is_gated_act=gated)
+    torch.manual_seed(0)
+    return (modeling_t5.T5DenseGatedActDense if gated else modeling_t5.T5DenseActDense)(config)
+
+
+@pytest.mark.parametrize(("gated", "family", "graph"), [(False, "mlp", "linear_nobias_relu"), (True, "llama", "geglu")])
+def test_hf_transformers_t5_feed_forward_is_replaced_and_trains_with_the_models_gradients(gated, family, graph):
+    model, x = _hf_t5_mlp(gated).eval(), torch.randn(2, 16, 64)
+    with patterns.install_library(family, dtype="float") as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x))
+    assert _graphs(installed.report) == [f"{graph}_float"]
+    torch._dynamo.reset()
+    trained = patterns.install_library(family, dtype="float")
+    _trains_alike(model.train(), _hf_t5_mlp(gated), x, trained)
+    assert _graphs(trained.report) == [f"{graph}_float"]
 
 
 def test_under_autocast_an_mlp_block_trains_through_the_bf16_graph():

@@ -107,26 +107,18 @@ _TOKENS = """\
   dim D in 2..16384
 """
 
-# a Linear and its activation (an op's name, the graph named for `name`): nn.Linear's weight [F, D] (col_major
-# [1, D, F]), or HF transformers' Conv1D's [D, F] (GPT-2's; the graph named linear_kn_...)
-_LINEAR_ACT = """\
-graph linear{kn}_{name}_{{t}} {{
-  io {{t}}
-  compute float
-{dims}  dim F in 1..65536
 
-  input x : {{t}}[B, T, D]
-  input w : {{t}}[1, D, F]{layout}
-  input b : {{t}}[1, 1, F]
-
-  output y = {act}(matmul(x, w) + b)
-}}
-"""
-
-
-def _linear_act(act: str, conv1d: bool = False, name: str | None = None) -> str:
-    layout = "" if conv1d else " col_major"
-    return _LINEAR_ACT.format(dims=_TOKENS, act=act, name=name or act, kn="_kn" if conv1d else "", layout=layout)
+def _linear_act(act: str, name: str | None = None, conv1d: bool = False, bias: bool = True) -> str:
+    """A Linear and the activation that reads it (`act` an op's name, the graph named for `name`): nn.Linear's weight
+    [F, D] (col_major [1, D, F]), with its bias or without (`linear_nobias_...`: T5's, nanoGPT's with bias=False),
+    or HF transformers' Conv1D's [D, F] (GPT-2's, which always has one: `linear_kn_...`)."""
+    kind = "_kn" if conv1d else "" if bias else "_nobias"
+    b = "  input b : {t}[1, 1, F]\n" if bias else ""
+    return (
+        f"graph linear{kind}_{name or act}_{{t}} {{\n  io {{t}}\n  compute float\n{_TOKENS}  dim F in 1..65536\n\n"
+        f"  input x : {{t}}[B, T, D]\n  input w : {{t}}[1, D, F]{'' if conv1d else ' col_major'}\n{b}\n"
+        f"  output y = {act}(matmul(x, w){' + b' if bias else ''})\n}}\n"
+    )
 
 
 # HF's Conv1D under autocast: the float input viewed [B*T, D], then cast by autocast's addmm (the cast is the
@@ -283,11 +275,13 @@ FAMILIES = {
         Family(
             "gpt",
             "GPT-2 as nanoGPT writes it: LayerNorm (alone, or for inference with the residual add it reads), the "
-            "MLP's Linear + GELU (tanh), causal attention over a fused projection's q, k and v",
+            "MLP's Linear (with its bias or without) + GELU (tanh), causal attention over a fused projection's q, "
+            "k and v",
             (
                 _add_norm("layernorm"),
                 _LAYERNORM.format(dims=_TOKENS, eps="{eps}"),
                 _linear_act("gelu_tanh"),
+                _linear_act("gelu_tanh", bias=False),
                 _linear_act("gelu_tanh", conv1d=True),
                 _ATTENTION_PACKED,
             ),
@@ -316,9 +310,13 @@ FAMILIES = {
         ),
         Family(
             "mlp",
-            "a Linear (with its bias) and the activation that reads it, as MLPs write them: GELU (erf: BERT's, "
-            "ViT's), ReLU, SiLU",
-            (_linear_act("gelu"), _linear_act("relu"), _linear_act("swish", name="silu")),
+            "a Linear (with its bias or without) and the activation that reads it, as MLPs write them: GELU (erf: "
+            "BERT's, ViT's), ReLU (T5's, without a bias), SiLU",
+            tuple(
+                _linear_act(act, name, bias=bias)
+                for bias in (True, False)
+                for act, name in (("gelu", None), ("relu", None), ("swish", "silu"))
+            ),
         ),
     )
 }
