@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from cudnn_dsl import patterns
 from cudnn_dsl.patterns import library
 from cudnn_dsl.torch_op.layout import LayoutWarning
 from dsl.pipeline import load
 from examples.torch_models.gpt2 import Block, GPTConfig
-from examples.torch_models.llama import DecoderLayer, LlamaConfig
+from examples.torch_models.llama import DecoderLayer, FeedForward, LlamaConfig
 from examples.torch_models.resnet import BasicBlock, Bottleneck, conv1x1
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -411,6 +412,21 @@ def test_an_mlp_blocks_linear_and_activation_are_one_region_for_inference_and_in
     trained = patterns.install_library("mlp", dtype="float")
     _trains_alike(model.train(), twin, x, trained)
     assert [(r.graph.split()[0], r.training) for r in trained.report.replaced] == [(graph, True)]
+
+
+@pytest.mark.parametrize("gated", ["swiglu", "geglu"])
+def test_with_every_family_installed_a_gated_mlp_is_taken_whole(gated):
+    """linear_nobias_silu and linear_nobias_gelu_tanh hold a gated MLP's first Linear and activation; the gated
+    graph, which holds them and the rest, takes the region."""
+    torch.manual_seed(0)
+    model = FeedForward(LlamaConfig(dim=64, hidden_dim=160)).eval()
+    if gated == "geglu":
+        model.forward = lambda x: model.w2(F.gelu(model.w1(x), approximate="tanh") * model.w3(x))
+    x = torch.randn(2, 16, 64)
+    with patterns.install_library(dtype="float") as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x))
+    assert _graphs(installed.report) == [f"{gated}_float"]
 
 
 def _hf_t5_mlp(gated: bool) -> torch.nn.Module:
