@@ -454,6 +454,16 @@ def test_hf_transformers_t5_feed_forward_is_replaced_and_trains_with_the_models_
     assert _graphs(trained.report) == [f"{graph}_float"]
 
 
+@pytest.mark.parametrize("families", [("gpt",), ("gpt", "mlp")])
+def test_nanogpts_mlp_with_the_erf_gelu_is_replaced_by_the_gpt_family_whatever_else_is_installed(families):
+    """nanoGPT's MLP calls nn.GELU() (erf): a graph of the gpt family and of mlp, installed once with both."""
+    model, x = _mlp("gelu")
+    with patterns.install_library(*families, dtype="float") as installed, torch.no_grad():
+        y = torch.compile(model.eval(), fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x))
+    assert _graphs(installed.report) == ["linear_gelu_float"]
+
+
 def test_under_autocast_an_mlp_block_trains_through_the_bf16_graph():
     model, x = _mlp("silu")
     twin = _Mlp(torch.nn.SiLU())

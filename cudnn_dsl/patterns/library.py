@@ -275,13 +275,12 @@ FAMILIES = {
         Family(
             "gpt",
             "GPT-2 as nanoGPT writes it: LayerNorm (alone, or for inference with the residual add it reads), the "
-            "MLP's Linear (with its bias or without) + GELU (tanh), causal attention over a fused projection's q, "
-            "k and v",
+            "MLP's Linear (with its bias or without) + GELU (erf, nanoGPT's; or tanh, llm.c's), causal attention "
+            "over a fused projection's q, k and v",
             (
                 _add_norm("layernorm"),
                 _LAYERNORM.format(dims=_TOKENS, eps="{eps}"),
-                _linear_act("gelu_tanh"),
-                _linear_act("gelu_tanh", bias=False),
+                *(_linear_act(act, bias=bias) for bias in (True, False) for act in ("gelu", "gelu_tanh")),
                 _linear_act("gelu_tanh", conv1d=True),
                 _ATTENTION_PACKED,
             ),
@@ -351,10 +350,12 @@ def source(
         raise ValueError(f"no pattern family {unknown[0]!r}; the families are {', '.join(FAMILIES)}")
     parts = []
     amp = autocast and dtype != "float"
+    templates = []
     for f in families:
         trained = FAMILIES[f].training if training and (dtype == "float" or autocast) else ()
-        for template in FAMILIES[f].templates + trained + (FAMILIES[f].autocast if amp else ()):
-            text = template.replace("{t}", dtype).replace("{a}", "float" if amp else dtype)
-            text = text.replace("{amp}", "_autocast" if amp else "").replace("{eps}", repr(float(norm_eps)))
-            parts.append(text if channels_last else text.replace(" nhwc", ""))
+        templates += FAMILIES[f].templates + trained + (FAMILIES[f].autocast if amp else ())
+    for template in dict.fromkeys(templates):  # a graph of two families installed once
+        text = template.replace("{t}", dtype).replace("{a}", "float" if amp else dtype)
+        text = text.replace("{amp}", "_autocast" if amp else "").replace("{eps}", repr(float(norm_eps)))
+        parts.append(text if channels_last else text.replace(" nhwc", ""))
     return "\n".join(parts)
