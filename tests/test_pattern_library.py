@@ -282,12 +282,13 @@ def test_a_region_whose_ops_take_arguments_no_search_passes_is_left_to_torch():
 
 
 def test_a_norm_of_fewer_dims_than_the_graph_declares_is_left_to_torch():
-    """[N, D] tokens: the graph would take them as [1, N, D] and return that, not the model's [N, D]."""
-    norm, x = torch.nn.LayerNorm(64), torch.randn(32, 64)
+    """A single [D] token: the graph would take it as [1, 1, D] and return its rows, [1, D], not the model's [D]
+    ([N, D] rows are taken: test_a_2d_input_is_taken_as_the_graphs_tokens_for_inference_and_in_training)."""
+    norm, x = torch.nn.LayerNorm(64), torch.randn(64)
     with patterns.install_library("gpt", dtype="float", channels_last=False) as installed, torch.no_grad():
         y = torch.compile(norm, fullgraph=True)(x)
     torch.testing.assert_close(y, norm(x))
-    assert installed.report.replaced == [] and "a 2-dim result, the graph a 3-dim one" in installed.report.missed[0].why
+    assert installed.report.replaced == [] and "a 1-dim result, the graph a 2-dim one" in installed.report.missed[0].why
 
 
 def test_under_autocast_the_matmuls_take_the_bf16_graphs_and_the_norms_the_float_ones():
@@ -462,6 +463,28 @@ def test_nanogpts_mlp_with_the_erf_gelu_is_replaced_by_the_gpt_family_whatever_e
         y = torch.compile(model.eval(), fullgraph=True)(x)
     torch.testing.assert_close(y, model(x))
     assert _graphs(installed.report) == ["linear_gelu_float"]
+
+
+@pytest.mark.parametrize("act", sorted(_ACTIVATIONS))
+def test_a_2d_input_is_taken_as_the_graphs_tokens_for_inference_and_in_training(act):
+    """A Linear and its activation, and a LayerNorm, over [N, D] rows (a classifier head's, a recommender's):
+    the graphs over [B, T, D] tokens, at B = 1; the report names only the Linear left to torch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), _ACTIVATIONS[act](), torch.nn.Linear(64, 32), torch.nn.LayerNorm(32)
+    )
+    twin = copy.deepcopy(model)
+    x = torch.randn(8, 32)
+    with patterns.install_library("mlp", "gpt", dtype="float") as installed, torch.no_grad():
+        y = torch.compile(model.eval(), fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x))
+    assert _graphs(installed.report) == ["layernorm_float", f"linear_{act}_float"]
+    assert [u.op for u in installed.report.unmatched] == ["aten.addmm"] and installed.report.missed == []
+    torch._dynamo.reset()
+    trained = patterns.install_library("mlp", "gpt", dtype="float")
+    _trains_alike(model.train(), twin.train(), x.requires_grad_(), trained)
+    assert _graphs(trained.report) == ["layernorm_float", f"linear_{act}_float"]
+    assert all(r.training for r in trained.report.replaced)
 
 
 def test_under_autocast_an_mlp_block_trains_through_the_bf16_graph():

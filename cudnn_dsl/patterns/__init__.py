@@ -240,6 +240,8 @@ def _patterns(result, device: str, compiled, tune: bool, inference_only: tuple[s
             graphs.append(GraphPattern(op, device, batchnorm=False, training=training))
         if searched.cast_per_linear:  # also as a model that casts once for every Linear writes it
             graphs.append(GraphPattern(op, device, cast_per_linear=False, training=training))
+        if searched.token_rows is not None:  # also over a model's 2-D input: its tokens as rows
+            graphs.append(GraphPattern(op, device, training=training, rows=True))
         if searched.written_rms_norm:  # also as a model's own RMSNorm module spells it out
             graphs += [GraphPattern(op, device, training=training, rms_norm=f) for f in WRITTEN_RMS_NORMS]
         # also as HF transformers writes a Linear (Conv1D) and GPT-2's GELU, each with torch's spelling of the other

@@ -30,6 +30,7 @@ from cudnn_dsl.interop.emit import traceable_reference
 from cudnn_dsl.patterns.report import NearMiss, Replaced, Report, where
 from cudnn_dsl.patterns.search import (
     PLAIN,
+    ROWS,
     Spelling,
     batchnorms,
     casts_per_linear,
@@ -53,7 +54,8 @@ class GraphPattern:
     its eval BatchNorms searched as `F.batch_norm` on running statistics (search.PerChannel), else as the
     pointwise ops they are. `rms_norm`: its RMSNorms as F.rms_norm (None: as torch traces it on `device`), or spelled
     out (one of search.WRITTEN_RMS_NORMS). `conv1d`, `written_gelu`: its Linears as HF's Conv1D, its tanh GELUs
-    spelled out as HF's gelu_new (search.Spelling)."""
+    spelled out as HF's gelu_new (search.Spelling). `rows`: its tokens ([B, T, D]) as a model's rows ([T, D]: B = 1,
+    the graph's token_rows)."""
 
     def __init__(
         self,
@@ -65,15 +67,24 @@ class GraphPattern:
         rms_norm: str | None = None,
         conv1d: bool = False,
         written_gelu: bool = False,
+        rows: bool = False,
     ):
         self.op, self.graph = op, op.graph
         self.training = training
         """whether a region is also taken with its backward (else in a graph without gradients only)"""
         self.label = f"{self.graph.name} ({self.graph.loc})"
-        inst = _example_instance(self.graph)
+        self.token_rows = token_rows(self.graph)
+        """the tokens' batch dim where a model may hold the graph's tokens as rows (None: it may not)"""
+        if rows and self.token_rows is None:
+            raise ValueError(f"graph '{self.graph.name}' has no tokens a model holds as rows")
+        self.rows = rows
+        inst = _example_instance(self.graph, {self.token_rows: 1} if rows else {})
         names = op.tensor_names
         self.types = {n: inst.type(n) for n in names}
         self.forms = forms(self.graph, inst, batchnorm)
+        if rows:  # the model's tokens hold no batch dim
+            declared = dict(self.graph.input_dims)
+            self.forms.update((n, ROWS) for n in names if declared.get(n, ())[:1] == (self.token_rows,))
         self.out_forms = output_forms(self.graph, self.forms)
         made = {o: k for k, node in enumerate(self.graph.nodes) for o in node.outputs}
         main = [v.name for v in self.graph.outputs if v.name not in self.out_forms]
@@ -145,6 +156,8 @@ class GraphPattern:
 
     def replace(self, *tensors):
         outs = self.op(*self.declared(tensors).values())
+        if self.rows:  # each output a token tensor: the model's rows
+            outs = outs[0] if len(self.order) == 1 else tuple(o[0] for o in outs)
         if len(self.order) == 1:
             return outs
         made = dict(zip((v.name for v in self.graph.outputs), outs))
@@ -189,12 +202,13 @@ class GraphPattern:
         if isinstance(out, torch.Tensor):
             made = [_hint(d) for d in out.shape]
             first = inst.type(self.order[0])
+            shape = list(first.shape[1:] if self.rows else first.shape)  # as the model holds it
             if out.dtype != torch_dtype(first.dtype):  # the region's own arguments made another dtype
                 return f"the region makes {out.dtype}, the graph {torch_dtype(first.dtype)}"
-            if len(made) != len(first.shape):  # the op's result has the declared rank: not the model's
-                return f"the region makes a {len(made)}-dim result, the graph a {len(first.shape)}-dim one"
-            if made != list(first.shape):
-                return f"the region makes {made}, the graph {list(first.shape)} (another stride or padding)"
+            if len(made) != len(shape):  # the op's result has the declared rank: not the model's
+                return f"the region makes a {len(made)}-dim result, the graph a {len(shape)}-dim one"
+            if made != shape:
+                return f"the region makes {made}, the graph {shape} (another stride or padding)"
         return self._guard(values)
 
     def _guard(self, values: dict[str, torch.Tensor]) -> str | None:
@@ -351,21 +365,43 @@ class PatternGroup:
         self.report.miss(last, NearMiss(first.label, where(last), why), match.nodes)
 
 
-def _example_instance(graph: Graph) -> Instance:
+def _example_instance(graph: Graph, pinned: dict[str, int]) -> Instance:
     """The shape the search is traced at: each symbolic dim's first value from 2 + its place on, so that no size is
     1 (torch traces a matmul or attention over unit dims into other ops) and no two dims are equal (a view of
-    equal sizes can trace into nothing); the graph's first shape where that shape is not one it declares."""
+    equal sizes can trace into nothing), but the `pinned` ones (a unit dim the model's tensors do not hold); the
+    graph's first shape where that shape is not one it declares."""
     binding = {}
     for k, s in enumerate(graph.symbols):
         start = 2 + k
         values = range(start, start + 64) if s.span is not None else sorted(v for v in s.values if v >= start)
-        binding[s.name] = next((v for v in values if s.accepts(v)), None)
+        binding[s.name] = pinned.get(s.name) or next((v for v in values if s.accepts(v)), None)
     if not binding or None in binding.values():
         return graph.instances[0]
     try:
         return graph.instance(binding)
     except (NotFound, DslError):
         return graph.instances[0]
+
+
+def token_rows(graph: Graph) -> str | None:
+    """The batch dim B of a graph over tokens: every input that has B is [B, T, D], B first, and every output
+    [B, T, F], B of any size from 1, so that a model may hold them as rows [T, D] (B = 1: a Linear, a norm over a
+    2-D input); None for any other graph (attention's [B, H, T, E], a convolution's [N, C, H, W])."""
+    dims = dict(graph.input_dims)
+    firsts = {d[0] for d in dims.values() if len(d) == 3 and isinstance(d[0], str)}
+    if len(firsts) != 1:
+        return None
+    b = firsts.pop()
+    symbol = next(s for s in graph.symbols if s.name == b)
+    if any(b in d and (len(d) != 3 or d[0] != b) for d in dims.values()) or not symbol.accepts(1):
+        return None
+    for size in (1, 2):
+        inst = _example_instance(graph, {b: size})
+        if dict(inst.binding).get(b) != size:
+            return None
+        if any(len(s := inst.type(v.name).shape) != 3 or s[0] != size for v in graph.outputs):
+            return None
+    return b
 
 
 def wanting_gradients(graph: torch.fx.Graph) -> set[torch.fx.Node] | None:

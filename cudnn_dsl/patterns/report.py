@@ -172,9 +172,10 @@ WRITTEN_RMS_NORM = "rms_norm (written out)"
 def _compute_op(node: torch.fx.Node) -> str | None:
     """The model's compute op (as torch wrote it) that a node of torch's own is part of, if any."""
     op = str(node.meta.get("original_aten", ""))
-    # a replacement's op keeps the meta of the node it replaced: only torch's own ops count
+    # a replacement's op keeps the meta of the node it replaced: only torch's own ops count, and not the view a
+    # replacement takes of its op's result (a model's rows: GraphPattern.rows)
     torch_op = getattr(node.target, "namespace", None) in ("aten", "prims")
-    if not torch_op or node.meta.get("partitioner_tag") == "is_backward":
+    if not torch_op or node.meta.get("partitioner_tag") == "is_backward" or _view_of_replacement(node):
         return None
     if op in _COMPUTE:
         return op
@@ -182,6 +183,15 @@ def _compute_op(node: torch.fx.Node) -> str | None:
     if source and source[-1][1] in _SOURCES:
         return _SOURCES[source[-1][1]]
     return WRITTEN_RMS_NORM if _is_written_rms_norm(node) else None
+
+
+def _view_of_replacement(node: torch.fx.Node) -> bool:
+    return node.target in _VIEWS and any(
+        getattr(n.target, "namespace", None) not in ("aten", "prims") for n in node.all_input_nodes
+    )
+
+
+_VIEWS = frozenset((torch.ops.aten.select.int, torch.ops.aten.view.default, torch.ops.aten.squeeze.dim))
 
 
 def _is_written_rms_norm(node: torch.fx.Node) -> bool:

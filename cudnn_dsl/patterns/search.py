@@ -54,6 +54,8 @@ class Form:
 
 
 PLAIN = Form()
+ROWS = Form(lead=1)
+"""tokens [B, T, D] held as rows [T, D]: a Linear's or a norm's 2-D input"""
 
 
 @attrs.frozen
