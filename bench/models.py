@@ -232,8 +232,7 @@ def _median_ms(step: Callable[[], object], device: str, iterations: int) -> floa
 def _profile(folder: Path | None, title: str, step: Callable[[], object], device: str, steps: int = 3) -> None:
     """With --profile: a few steps under torch.profiler, its table of ops by device time (CPU time on the CPU),
     then the same by the ops' input shapes (which copy, of what), and on CUDA by host time, written to
-    FOLDER/<title>.txt. Where a
-    contender's time goes, not a figure."""
+    FOLDER/<title>.txt. Where a contender's time goes, not a figure."""
     if folder is None:
         return
     activities = [torch.profiler.ProfilerActivity.CPU]

@@ -329,12 +329,14 @@ def test_a_near_miss_hides_its_own_regions_ops_only_and_a_functional_rms_norm_is
     assert any(op == "aten.rms_norm" for op, _, _ in left), installed.report
 
 
-def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradients():
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradients(mode):
+    """In eval mode too, autograd on (the docs' snippet without torch.no_grad()): each region with its backward."""
     model, x = _gpt_block()
     twin = Block(GPTConfig(block_size=16, n_embd=64, n_head=4))
     twin.load_state_dict(model.state_dict())
     installed = patterns.install_library("gpt", dtype="float", channels_last=False)
-    _trains_alike(model, twin, x, installed)
+    _trains_alike(model.train(mode == "train"), twin.train(mode == "train"), x, installed)
     assert all(r.training for r in installed.report.replaced)
     assert _graphs(installed.report) == [
         "causal_attention_packed_float",  # its q, k and v split from one projection want gradients through it
@@ -343,23 +345,6 @@ def test_a_gpt_block_trains_through_the_replaced_regions_with_the_models_gradien
         "linear_gelu_tanh_float",
     ]
     assert sorted(u.op for u in installed.report.unmatched) == ["aten.addmm"] * 3  # the plain Linears
-
-
-def test_an_eval_gpt_block_run_with_autograd_on_is_replaced_with_the_models_gradients():
-    """The docs' snippet without torch.no_grad(): each region is taken with its backward (the norms alone, as in
-    training), and the block's output and every gradient are the unmodified block's."""
-    model, x = _gpt_block()
-    twin = Block(GPTConfig(block_size=16, n_embd=64, n_head=4))
-    twin.load_state_dict(model.state_dict())
-    installed = patterns.install_library("gpt", dtype="float", channels_last=False)
-    _trains_alike(model.eval(), twin.eval(), x, installed)
-    assert all(r.training for r in installed.report.replaced)
-    assert _graphs(installed.report) == [
-        "causal_attention_packed_float",
-        "layernorm_float",
-        "layernorm_float",
-        "linear_gelu_tanh_float",
-    ]
 
 
 def test_under_autocast_a_gpt_block_trains_through_the_bf16_graphs_and_the_float_norms():

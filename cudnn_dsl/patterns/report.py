@@ -185,13 +185,14 @@ def _compute_op(node: torch.fx.Node) -> str | None:
     return WRITTEN_RMS_NORM if _is_written_rms_norm(node) else None
 
 
+_VIEWS = frozenset((torch.ops.aten.select.int, torch.ops.aten.view.default, torch.ops.aten.squeeze.dim))
+
+
 def _view_of_replacement(node: torch.fx.Node) -> bool:
+    """Whether a node views the result of an op not torch's own (a replacement's graph op)."""
     return node.target in _VIEWS and any(
         getattr(n.target, "namespace", None) not in ("aten", "prims") for n in node.all_input_nodes
     )
-
-
-_VIEWS = frozenset((torch.ops.aten.select.int, torch.ops.aten.view.default, torch.ops.aten.squeeze.dim))
 
 
 def _is_written_rms_norm(node: torch.fx.Node) -> bool:
