@@ -2,7 +2,7 @@
 # Everything this project runs on the GPU machine, in one go. Usage, from the repo root:
 #   OUT=out bash bench/gpu_all.sh
 # Leaves in $OUT: pytest_gpu.txt, log.txt (every report), bench.json/.png, bench-cold.json, tune.json/.png,
-# reuse.json, eject.json, torch_op.json, partition_time.json, patterns.json, models.json. Plans go to a private store,
+# reuse.json, eject.json, torch_op.json, partition_time.json, patterns.json, library_ops.json, models.json. Plans go to a private store,
 # so the run starts cold.
 # GPU_TESTS=paths runs only those test files; GPU_TESTS=none runs no test. MODELS_ARGS narrows bench/models.py
 # (e.g. "--models resnet50 --contenders eager,default,default+cudnn"). ONLY=names runs only those sections (comma
@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDNN_DSL_CACHE_DIR="${TMPDIR:-/tmp}/cudnn-dsl-gpu-all-$$"
 LOG="$OUT/log.txt"
 cdsl() { python3 -m cudnn_dsl "$@"; }
-SECTIONS=tests,examples,reuse,tune,bench,eject,torch_op,partition,patterns,models,bmm,sweep
+SECTIONS=tests,examples,reuse,tune,bench,eject,torch_op,partition,patterns,library_ops,models,bmm,sweep
 for s in ${ONLY//,/ }; do
   [[ ",$SECTIONS," == *",$s,"* ]] || { echo "ONLY: no section '$s'; the sections are $SECTIONS" >&2; exit 2; }
 done
@@ -68,6 +68,10 @@ fi
 if want patterns; then
 section "bench/patterns.py (the example models compiled, without and with their regions replaced)"
 timeout 300 python3 bench/patterns.py --json "$OUT/patterns.json" 2>&1 | tee -a "$LOG" | tail -4
+fi
+if want library_ops; then
+section "bench/library_ops.py (the library's regions at GPT-2's and a Llama layer's sizes: each op beside torch's)"
+timeout 300 python3 bench/library_ops.py --json "$OUT/library_ops.json" 2>&1 | grep -v -i warn | tee -a "$LOG" | tail -8
 fi
 if want models; then
 section "bench/models.py (ResNet-50, GPT-2 124M, a Llama layer: every torch.compile mode, with and without the library)"
