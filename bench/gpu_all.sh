@@ -2,8 +2,8 @@
 # Everything this project runs on the GPU machine, in one go. Usage, from the repo root:
 #   OUT=out bash bench/gpu_all.sh
 # Leaves in $OUT: pytest_gpu.txt, log.txt (every report), bench.json/.png, bench-cold.json, tune.json/.png,
-# reuse.json, eject.json, torch_op.json, partition_time.json, patterns.json, library_ops.json, models.json. Plans go to a private store,
-# so the run starts cold.
+# reuse.json, eject.json, torch_op.json, partition_time.json, patterns.json, library_ops.json, models.json. Plans go
+# to a private store, so the run starts cold.
 # GPU_TESTS=paths runs only those test files; GPU_TESTS=none runs no test. MODELS_ARGS narrows bench/models.py
 # (e.g. "--models resnet50 --contenders eager,default,default+cudnn"). ONLY=names runs only those sections (comma
 # separated, from SECTIONS below), so that the whole can run in pieces where one command's time is short; bench and

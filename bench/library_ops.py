@@ -7,8 +7,9 @@ Per region (REGIONS: GPT-2 124M's MLP and LayerNorm at B=8, T=1024 as bf16 autoc
 SwiGLU MLP and RMSNorm at d=4096, T=4096), side by side in one process:
 - on CUDA, each op's GPU time (CUDA events around back-to-back calls: its kernels, host gaps hidden) and host
   time (the median of single calls, not synchronized: what the call costs the CPU), and the same of the torch
-  twin's forward and of autograd's backward through it; the inference op's output is checked against the twin's
-  first. Where a region's host time exceeds its GPU time, a step that calls it is host-bound there.
+  twin's forward and of autograd's backward through it, and the inference op's output's largest difference from
+  the twin's (max_abs_diff). Where a region's host time exceeds its GPU time, a step that calls it is host-bound
+  there.
 - on the CPU, the ops' CUDA host path under bench.nocudnn (planned for an H200 by the real cuDNN library, every
   launch a no-op): host time only, and the parts each op launches; the twin is left out (torch's CPU arithmetic
   at these sizes is no peer of a GPU's).
