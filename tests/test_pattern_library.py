@@ -1,7 +1,8 @@
 """The bundled pattern library (cudnn_dsl.patterns.install_library) on unmodified models as people write them,
-on the CPU (the ops run the graphs' references): torchvision's BasicBlock and Bottleneck stacks and nanoGPT's
-Block, region by region, with outputs and gradients equal to the model's, and every compute op left to torch
-named in the report; bench/models.py --tiny, whose numerics checks are its exit code."""
+on the CPU (the ops run the graphs' references): torchvision's BasicBlock and Bottleneck stacks, nanoGPT's
+Block, MLP blocks and HF transformers' layers, region by region, with outputs and gradients equal to the model's,
+and every compute op left to torch named in the report; bench/models.py --tiny, whose numerics checks are its exit
+code."""
 
 import contextlib
 import copy
