@@ -620,6 +620,43 @@ def test_a_llama_layer_whose_rms_norm_is_spelled_out_trains_with_the_models_grad
     assert len(norms) == 1 and norms[0].joint, installed.report
 
 
+class _HFConv1DMlp(torch.nn.Module):
+    """HF transformers' GPT-2 MLP: Conv1D projections and gelu_new spelled out."""
+
+    def __init__(self):
+        super().__init__()
+        pytest.importorskip("transformers")
+        from transformers.activations import NewGELUActivation
+        from transformers.pytorch_utils import Conv1D
+
+        self.c_fc, self.act, self.c_proj = Conv1D(64, 32), NewGELUActivation(), Conv1D(32, 64)
+
+    def forward(self, x):
+        return self.c_proj(self.act(self.c_fc(x)))
+
+
+@pytest.mark.parametrize(
+    ("make", "graph"),
+    [(lambda: _HFRMSNorm(32), "rmsnorm_float"), (_HFConv1DMlp, "linear_kn_gelu_tanh_float")],
+    ids=["rms_norm written out", "conv1d and gelu_new"],
+)
+def test_a_2d_input_is_taken_in_each_spelling_a_model_writes(make, graph):
+    torch.manual_seed(0)
+    model = make()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(0.5, 1.5)
+    twin, x = copy.deepcopy(model), torch.randn(8, 32)
+    with patterns.install_library("gpt", "llama", dtype="float") as installed, torch.no_grad():
+        y = torch.compile(model, fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x))
+    assert _graphs(installed.report) == [graph] and installed.report.missed == []
+    torch._dynamo.reset()
+    trained = patterns.install_library("gpt", "llama", dtype="float")
+    _trains_alike(model, twin, x, trained)
+    assert _graphs(trained.report) == [graph]
+
+
 def test_a_norm_of_another_eps_is_named_and_left_to_torch_unless_the_library_is_given_it():
     model = _llama_written(_MetaRMSNorm, eps=1e-6).eval()
     model.ffn_norm = torch.nn.RMSNorm(64, eps=1e-6)

@@ -234,20 +234,21 @@ def _patterns(result, device: str, compiled, tune: bool, inference_only: tuple[s
         op.tune = tune
         training = not g.name.startswith(inference_only)
         searched = GraphPattern(op, device, training=training)
+        variants: list[dict] = []
         if searched.batchnorm:
             # also as the pointwise ops: a model's eval BatchNorm of any eps, or its own arithmetic, without
             # gradients (with them, torch's BatchNorm backward is matched through F.batch_norm only)
-            graphs.append(GraphPattern(op, device, batchnorm=False, training=training))
+            variants.append({"batchnorm": False})
         if searched.cast_per_linear:  # also as a model that casts once for every Linear writes it
-            graphs.append(GraphPattern(op, device, cast_per_linear=False, training=training))
-        if searched.token_rows is not None:  # also over a model's 2-D input: its tokens as rows
-            graphs.append(GraphPattern(op, device, training=training, rows=True))
+            variants.append({"cast_per_linear": False})
         if searched.written_rms_norm:  # also as a model's own RMSNorm module spells it out
-            graphs += [GraphPattern(op, device, training=training, rms_norm=f) for f in WRITTEN_RMS_NORMS]
+            variants += [{"rms_norm": f} for f in WRITTEN_RMS_NORMS]
         # also as HF transformers writes a Linear (Conv1D) and GPT-2's GELU, each with torch's spelling of the other
-        spellings = [(True, False), (False, True), (True, True)]
-        for conv1d, gelu in spellings:
+        for conv1d, gelu in [(True, False), (False, True), (True, True)]:
             if (searched.kn_linear or not conv1d) and (searched.tanh_gelu or not gelu):
-                graphs.append(GraphPattern(op, device, training=training, conv1d=conv1d, written_gelu=gelu))
+                variants.append({"conv1d": conv1d, "written_gelu": gelu})
+        graphs += [GraphPattern(op, device, training=training, **v) for v in variants]
+        if searched.token_rows is not None:  # each also over a model's 2-D input: its tokens as rows
+            graphs += [GraphPattern(op, device, training=training, rows=True, **v) for v in [*variants, {}]]
         graphs.append(searched)
     return graphs

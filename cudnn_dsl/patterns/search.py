@@ -437,6 +437,8 @@ def has_conv1d(graph: Graph, inst: Instance, given: dict[str, Form]) -> bool:
 def _conv1d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, to: torch.dtype | None = None) -> torch.Tensor:
     """HF transformers' Conv1D: a Linear of a [K, N] weight. `to`: as autocast's addmm computes it, of the input
     viewed in its own dtype, then cast."""
+    if x.dim() == 2:  # rows: its views are no-ops, which a compiled model's graph does not hold
+        return torch.addmm(b, x if to is None else x.to(to), w)
     flat = x.view(-1, x.size(-1))
     return torch.addmm(b, flat if to is None else flat.to(to), w).view(x.size()[:-1] + (w.size(-1),))
 
