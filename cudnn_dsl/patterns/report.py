@@ -173,7 +173,7 @@ def _compute_op(node: torch.fx.Node) -> str | None:
     """The model's compute op (as torch wrote it) that a node of torch's own is part of, if any."""
     op = str(node.meta.get("original_aten", ""))
     # a replacement's op keeps the meta of the node it replaced: only torch's own ops count, and not the view a
-    # replacement takes of its op's result (a model's rows: GraphPattern.rows)
+    # replacement takes of its op's result
     torch_op = getattr(node.target, "namespace", None) in ("aten", "prims")
     if not torch_op or node.meta.get("partitioner_tag") == "is_backward" or _view_of_replacement(node):
         return None
@@ -185,12 +185,10 @@ def _compute_op(node: torch.fx.Node) -> str | None:
     return WRITTEN_RMS_NORM if _is_written_rms_norm(node) else None
 
 
-_VIEWS = frozenset((torch.ops.aten.select.int, torch.ops.aten.view.default, torch.ops.aten.squeeze.dim))
-
-
 def _view_of_replacement(node: torch.fx.Node) -> bool:
-    """Whether a node views the result of an op not torch's own (a replacement's graph op)."""
-    return node.target in _VIEWS and any(
+    """Whether a node selects from the result of an op not torch's own (a replacement's rows: GraphPattern.replace
+    drops the batch dim its graph op returns)."""
+    return node.target is torch.ops.aten.select.int and any(
         getattr(n.target, "namespace", None) not in ("aten", "prims") for n in node.all_input_nodes
     )
 
