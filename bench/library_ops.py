@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -114,7 +115,7 @@ def measure(region: Region, text: str, gpu: bool, iterations: int, stub=None) ->
             row[f"{key} launches"] = stub.launches - before
         row[f"{key} host_us"] = host_time_us(fn, iterations)
         if gpu:
-            row[f"{key} gpu_us"] = _median(gpu_time_us(fn))
+            row[f"{key} gpu_us"] = statistics.median(gpu_time_us(fn))
     if gpu:
         with torch.no_grad():
             want = region.twin(inputs)
@@ -141,12 +142,8 @@ def _twin(region: Region, inputs: dict, iterations: int) -> dict:
     row = {}
     for key, fn in (("torch forward", forward), ("torch backward", backward)):
         row[f"{key} host_us"] = host_time_us(fn, iterations)
-        row[f"{key} gpu_us"] = _median(gpu_time_us(fn))
+        row[f"{key} gpu_us"] = statistics.median(gpu_time_us(fn))
     return row
-
-
-def _median(times: list[float]) -> float:
-    return sorted(times)[len(times) // 2]
 
 
 def main(argv=None) -> int:
